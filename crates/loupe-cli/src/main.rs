@@ -1,0 +1,81 @@
+//! `loupe`: run, inspect and (soon) debug LLMs.
+//!
+//! Exit codes (design.md): 0 success; 1 divergence found (compare/parity); 2 bad usage or
+//! bad input, reported as one line on stderr naming the file or field.
+
+mod cmd_generate;
+mod cmd_inspect;
+mod model_path;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "loupe", version, about = "An LLM inference engine you can see into")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt.
+    Generate(cmd_generate::GenerateArgs),
+    /// List a GGUF or safetensors file's metadata and tensors.
+    Inspect(cmd_inspect::InspectArgs),
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
+    FetchModel,
+}
+
+/// An error the user caused (bad flag, bad file): exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Command::Generate(args) => cmd_generate::run(args),
+        Command::Inspect(args) => cmd_inspect::run(args),
+        Command::FetchModel => model_path::default_model().map(|p| println!("{}", p.display())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("loupe: error: {}", one_line(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The error and its causes on one line, without repeating a cause the message already holds.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out.replace('\n', " ")
+}
+
+/// Sets up the compute thread pool; `--threads 0` is a usage error.
+pub fn init_threads(threads: Option<usize>) -> anyhow::Result<usize> {
+    let n = match threads {
+        Some(0) => return Err(UsageError("--threads must be at least 1".into()).into()),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow::anyhow!("cannot start {n} threads: {e}"))?;
+    Ok(n)
+}

@@ -1,0 +1,96 @@
+//! Bad input fails with one clear line naming the file or field, exit code 2, no panic.
+
+mod common;
+use common::*;
+
+fn assert_clean_failure(out: &std::process::Output, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", out.status.code());
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
+    assert!(lines[0].starts_with("loupe: error: "), "{err}");
+    assert!(err.contains(needle), "error should mention '{needle}': {err}");
+    assert!(stdout(out).is_empty(), "no output expected on stdout: {}", stdout(out));
+}
+
+#[test]
+fn missing_model_file() {
+    let out = run(loupe().args(["generate", "--model", "/nonexistent/model.gguf", "hi"]));
+    assert_clean_failure(&out, "/nonexistent/model.gguf");
+}
+
+#[test]
+fn file_that_is_not_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("notes.gguf");
+    std::fs::write(&p, b"this is plain text, not a model").unwrap();
+    let out = run(loupe().arg("generate").arg("--model").arg(&p).arg("hi"));
+    assert_clean_failure(&out, "notes.gguf");
+    let out = run(loupe().arg("inspect").arg(&p));
+    assert_clean_failure(&out, "notes.gguf");
+}
+
+#[test]
+fn truncated_gguf() {
+    let Some(model) = real_model() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("truncated.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    for cut in [3usize, 24, 1000, 200_000, bytes.len() / 2, bytes.len() - 1] {
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let out = run(loupe().arg("generate").arg("--model").arg(&p).arg("hi"));
+        assert_clean_failure(&out, "truncated.gguf");
+    }
+}
+
+#[test]
+fn unsupported_architecture_and_tensor_type() {
+    use loupe_formats::gguf::writer::GgufWriter;
+    use loupe_formats::GgufValue;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("falcon.gguf");
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", GgufValue::String("falcon".into()));
+    w.add_f32_tensor("token_embd.weight", &[4, 2], &[0.0; 8]);
+    w.write_to_path(&p).unwrap();
+    let out = run(loupe().arg("generate").arg("--model").arg(&p).arg("hi"));
+    assert_clean_failure(&out, "unsupported architecture 'falcon'");
+
+    // A tensor whose ggml type id (an IQ type, 16) loupe cannot run.
+    let mut bytes = std::fs::read(&p).unwrap();
+    let name = b"token_embd.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    // name, then u32 n_dims (2), 2 x u64 dims, then the u32 type id
+    let type_at = at + 4 + 16;
+    bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
+    std::fs::write(&p, &bytes).unwrap();
+    let out = run(loupe().arg("generate").arg("--model").arg(&p).arg("hi"));
+    assert_clean_failure(&out, "token_embd.weight");
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let Some(model) = real_model() else { return };
+    // SmolLM2's window is 8192 tokens; " a" is one token each.
+    let prompt = " a".repeat(9000);
+    let out = run(loupe().arg("generate").arg("--model").arg(&model).arg(&prompt));
+    assert_clean_failure(&out, "context window");
+}
+
+#[test]
+fn zero_threads() {
+    let out = run(loupe().args(["generate", "--threads", "0", "hi"]));
+    assert_clean_failure(&out, "--threads");
+}
+
+#[test]
+fn inspect_lists_tensors() {
+    let Some(model) = real_model() else { return };
+    let out = run(loupe().arg("inspect").arg(&model));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("GGUF v3"), "{text}");
+    assert!(text.contains("token_embd.weight") && text.contains("q8_0") && text.contains("[49152, 576]"), "{text}");
+    assert!(text.contains("272 tensors"), "{text}");
+}

@@ -1,0 +1,43 @@
+//! `--precision native` (quantized activations): teacher-forced next-token argmax agrees
+//! with the f32 PyTorch reference on at least 99% of positions over all golden sequences.
+
+mod common;
+use common::*;
+use loupe_models::{LoadOptions, Precision};
+use loupe_runtime::Session;
+
+fn agreement(precision: Precision) -> Option<(usize, usize, usize, usize)> {
+    let model_path = real_model()?;
+    let model = loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None }).expect("load");
+    let (mut agree, mut total, mut gen_agree, mut gen_total) = (0, 0, 0, 0);
+    for g in goldens() {
+        let mut seq = g.prompt_tokens.clone();
+        seq.extend_from_slice(&g.tokens);
+        seq.pop(); // the last token has no next token to predict in the golden
+        let mut session = Session::new(&model.graph, seq.len());
+        let ours = session.teacher_forced_argmax(&seq).expect("forward");
+        assert_eq!(ours.len(), seq.len());
+        for (i, (a, b)) in ours.iter().zip(&g.argmax).enumerate() {
+            total += 1;
+            agree += (a == b) as usize;
+            if i + 1 >= g.prompt_tokens.len() {
+                gen_total += 1;
+                gen_agree += (a == b) as usize;
+            }
+        }
+    }
+    eprintln!("{precision:?}: teacher-forced argmax agreement {agree}/{total} = {:.2}% (generated positions {gen_agree}/{gen_total} = {:.2}%)", 100.0 * agree as f64 / total as f64, 100.0 * gen_agree as f64 / gen_total as f64);
+    Some((agree, total, gen_agree, gen_total))
+}
+
+#[test]
+fn native_teacher_forced_argmax_agreement_at_least_99_percent() {
+    let Some((agree, total, _, _)) = agreement(Precision::Native) else { return };
+    assert!(agree as f64 >= 0.99 * total as f64, "native agreement {agree}/{total} is below 99%");
+}
+
+#[test]
+fn f32_teacher_forced_argmax_matches_reference_everywhere_but_near_ties() {
+    let Some((agree, total, _, _)) = agreement(Precision::F32) else { return };
+    assert!(agree as f64 >= 0.999 * total as f64, "f32 agreement {agree}/{total} is below 99.9%");
+}

@@ -1,0 +1,25 @@
+//! loupe-formats: readers and writers of the tensor containers loupe meets.
+//!
+//! Every parser here reads untrusted bytes: sizes use checked arithmetic, counts and
+//! lengths are capped before anything is allocated, offsets are checked against the
+//! file length, and nothing panics on bad input (see `ARCHITECTURE.md`, "Invariants",
+//! and the product spec's parsers-security.md). Errors name the file and the field.
+//!
+//! - [`gguf`]: GGUF v2/v3 reader ([`GgufFile`]) and writer ([`gguf::writer::GgufWriter`]).
+//! - [`safetensors_file`]: safetensors files ([`SafetensorsFile`]) and sharded Hugging Face
+//!   checkpoints ([`SafetensorsCheckpoint`]).
+//! - [`fuzzing`]: the bodies of the `fuzz/` targets, also run by the test suite.
+
+pub mod error;
+pub mod fuzzing;
+pub mod ggml_type;
+pub mod gguf;
+pub mod safetensors_file;
+pub mod storage;
+
+pub use error::FormatError;
+pub use ggml_type::{GgmlType, QK_K};
+pub use gguf::writer::GgufWriter;
+pub use gguf::{GgufFile, GgufTensorInfo, GgufValue, GgufValueType};
+pub use safetensors_file::{SafetensorsCheckpoint, SafetensorsFile};
+pub use storage::SharedBytes;

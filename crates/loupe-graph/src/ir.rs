@@ -1,0 +1,252 @@
+//! The IR: values, weights, ops, nodes, and the builder models use.
+
+use std::panic::Location;
+use std::sync::Arc;
+
+use loupe_tensor::matmul::QMatrix;
+use loupe_tensor::ops::{AttentionShape, RopeTable};
+use loupe_tensor::GgmlType;
+
+/// Index of a value in [`Graph::values`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+/// Index of a weight in [`Graph::weights`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WeightId(pub u32);
+
+/// Index of a node in [`Graph::nodes`] (= its execution order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeId(pub u32);
+
+/// A dimension of a value's shape, resolved when the graph runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    /// The tokens of this forward call (the prompt in prefill, 1 in decode).
+    Tokens,
+    /// Every position the call attends over: cached tokens plus this call's.
+    Context,
+    Fixed(usize),
+}
+
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Tokens => f.write_str("T"),
+            Dim::Context => f.write_str("C"),
+            Dim::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// What a value is: its name (the contract with PyTorch hooks), shape and axes.
+#[derive(Debug, Clone)]
+pub struct ValueInfo {
+    /// Hugging Face module path of the module whose output this is, or that path plus a
+    /// dotted suffix for values PyTorch does not expose as a module output (`...q_rope`).
+    pub name: String,
+    /// Further names of the same value (`model.layers.3.self_attn` is the output of its
+    /// `o_proj`): a tap on any of them captures it.
+    pub aliases: Vec<String>,
+    pub shape: Vec<Dim>,
+    /// Axis meanings, e.g. `["token", "hidden"]`, written into dump manifests.
+    pub axes: Vec<&'static str>,
+    /// Where the model code created the node (`#[track_caller]`).
+    pub location: &'static Location<'static>,
+}
+
+impl ValueInfo {
+    /// Whether `name` is this value's name or one of its aliases.
+    pub fn answers_to(&self, name: &str) -> bool {
+        self.name == name || self.aliases.iter().any(|a| a == name)
+    }
+
+    /// The concrete shape for a call with `tokens` new tokens and `context` positions.
+    pub fn concrete_shape(&self, tokens: usize, context: usize) -> Vec<usize> {
+        self.shape
+            .iter()
+            .map(|d| match d {
+                Dim::Tokens => tokens,
+                Dim::Context => context,
+                Dim::Fixed(n) => *n,
+            })
+            .collect()
+    }
+}
+
+/// Weight storage: dequantized f32, or GGML blocks used by quantized dot products.
+#[derive(Debug, Clone)]
+pub enum WeightData {
+    /// Row-major `[rows, cols]`.
+    F32(Arc<Vec<f32>>),
+    Quant(Arc<QMatrix>),
+}
+
+/// A named constant tensor (`model.layers.0.self_attn.q_proj.weight`).
+#[derive(Debug, Clone)]
+pub struct Weight {
+    pub name: String,
+    /// `[rows, cols]` for matrices, `[len]` for vectors.
+    pub shape: Vec<usize>,
+    pub data: WeightData,
+    /// The element type it was stored as in the checkpoint.
+    pub source_type: GgmlType,
+}
+
+impl Weight {
+    /// The element type the kernels see.
+    pub fn compute_type(&self) -> GgmlType {
+        match &self.data {
+            WeightData::F32(_) => GgmlType::F32,
+            WeightData::Quant(q) => q.ty,
+        }
+    }
+}
+
+/// The operations. Matched exhaustively everywhere (no `_ =>`), so a new op fails to
+/// compile wherever it is not handled.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Rows of `table` for this call's token ids. No value inputs.
+    Embedding { table: WeightId },
+    /// `weight * x / rms(x)` per row.
+    RmsNorm { weight: WeightId, eps: f32 },
+    /// `x @ weight^T (+ bias)`.
+    Linear { weight: WeightId, bias: Option<WeightId> },
+    /// Rotary embedding of `n_heads` heads at the call's positions.
+    Rope { n_heads: usize, table: Arc<RopeTable> },
+    /// Writes k and v (inputs 1, 2) into the layer's cache, then attends with q (input 0).
+    Attention { layer: usize, shape: AttentionShape },
+    Silu,
+    Mul,
+    Add,
+}
+
+impl Op {
+    /// Short op name used in IR text, logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embedding { .. } => "embedding",
+            Op::RmsNorm { .. } => "rms_norm",
+            Op::Linear { .. } => "linear",
+            Op::Rope { .. } => "rope",
+            Op::Attention { .. } => "attention",
+            Op::Silu => "silu",
+            Op::Mul => "mul",
+            Op::Add => "add",
+        }
+    }
+
+    /// Number of value inputs the op takes.
+    pub fn arity(&self) -> usize {
+        match self {
+            Op::Embedding { .. } => 0,
+            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu => 1,
+            Op::Mul | Op::Add => 2,
+            Op::Attention { .. } => 3,
+        }
+    }
+}
+
+/// One step of the program: `output = op(inputs)`.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Vec<ValueId>,
+    pub output: ValueId,
+}
+
+/// A model as a flat program in execution order.
+#[derive(Debug, Clone, Default)]
+pub struct Graph {
+    pub values: Vec<ValueInfo>,
+    pub weights: Vec<Weight>,
+    pub nodes: Vec<Node>,
+    /// The value holding the logits.
+    pub logits: Option<ValueId>,
+    /// Number of attention layers with a KV cache, and each cache row's width.
+    pub kv_layers: usize,
+    pub kv_width: usize,
+    /// Positions the model was trained for (`max_position_embeddings`).
+    pub context_length: usize,
+}
+
+impl Graph {
+    pub fn value(&self, id: ValueId) -> &ValueInfo {
+        &self.values[id.0 as usize]
+    }
+
+    pub fn weight(&self, id: WeightId) -> &Weight {
+        &self.weights[id.0 as usize]
+    }
+
+    /// The value with this name or alias.
+    pub fn find_value(&self, name: &str) -> Option<ValueId> {
+        self.values.iter().position(|v| v.answers_to(name)).map(|i| ValueId(i as u32))
+    }
+
+    /// The node that produces `value`.
+    pub fn producer(&self, value: ValueId) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.output == value)
+    }
+}
+
+/// Builds a [`Graph`] node by node; models call it with module paths as names.
+#[derive(Debug, Default)]
+pub struct GraphBuilder {
+    graph: Graph,
+}
+
+impl GraphBuilder {
+    pub fn new() -> GraphBuilder {
+        GraphBuilder::default()
+    }
+
+    /// Registers a weight; returns its id.
+    pub fn weight(&mut self, weight: Weight) -> WeightId {
+        self.graph.weights.push(weight);
+        WeightId((self.graph.weights.len() - 1) as u32)
+    }
+
+    pub fn weight_info(&self, id: WeightId) -> &Weight {
+        self.graph.weight(id)
+    }
+
+    /// Appends `op(inputs)` producing a value called `name` of the given shape.
+    #[track_caller]
+    pub fn node(&mut self, name: impl Into<String>, op: Op, inputs: &[ValueId], shape: Vec<Dim>, axes: Vec<&'static str>) -> ValueId {
+        let id = ValueId(self.graph.values.len() as u32);
+        self.graph.values.push(ValueInfo {
+            name: name.into(),
+            aliases: Vec::new(),
+            shape,
+            axes,
+            location: Location::caller(),
+        });
+        self.graph.nodes.push(Node { op, inputs: inputs.to_vec(), output: id });
+        id
+    }
+
+    /// Gives `value` another name (a module whose output is this same value).
+    pub fn alias(&mut self, value: ValueId, name: impl Into<String>) {
+        self.graph.values[value.0 as usize].aliases.push(name.into());
+    }
+
+    pub fn value(&self, id: ValueId) -> &ValueInfo {
+        self.graph.value(id)
+    }
+
+    pub fn set_logits(&mut self, value: ValueId) {
+        self.graph.logits = Some(value);
+    }
+
+    pub fn set_kv(&mut self, layers: usize, width: usize, context_length: usize) {
+        self.graph.kv_layers = layers;
+        self.graph.kv_width = width;
+        self.graph.context_length = context_length;
+    }
+
+    pub fn finish(self) -> Graph {
+        self.graph
+    }
+}

@@ -1,0 +1,20 @@
+//! loupe-graph: the intermediate representation every model is built as, and its executor.
+//!
+//! * [`ir`]: a flat list of nodes in execution order; each node computes one value named by
+//!   the Hugging Face module path of what it computes (`model.layers.3.self_attn.q_proj`) and
+//!   remembers the source location that built it.
+//! * [`verify`]: structural checks run after building (and between passes).
+//! * [`exec`]: runs the graph on CPU over a KV cache, calling an [`exec::Observer`] that can
+//!   look at (never change) any value: the mechanism behind taps, dumps and checks.
+
+pub mod error;
+pub mod exec;
+pub mod ir;
+pub mod kv;
+pub mod print;
+pub mod verify;
+
+pub use error::GraphError;
+pub use exec::{Executor, Observer, RunOptions};
+pub use ir::{Dim, Graph, GraphBuilder, Node, NodeId, Op, ValueId, ValueInfo, Weight, WeightData, WeightId};
+pub use kv::KvCache;

@@ -1,0 +1,53 @@
+//! Readable text form of the IR, one node per line:
+//! `%12 model.layers.0.self_attn.q_proj = linear(%11) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/llama.rs:88`
+
+use std::fmt::Write;
+
+use crate::ir::{Graph, Op, WeightId};
+
+/// The whole graph as text.
+pub fn to_text(graph: &Graph) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# {} nodes, {} weights, kv cache {} layers x {}", graph.nodes.len(), graph.weights.len(), graph.kv_layers, graph.kv_width);
+    for node in &graph.nodes {
+        let v = graph.value(node.output);
+        let inputs: Vec<String> = node.inputs.iter().map(|i| format!("%{}", i.0)).collect();
+        let _ = write!(s, "%{} {} = {}({})", node.output.0, v.name, node.op.name(), inputs.join(", "));
+        let w = |id: &WeightId| {
+            let w = graph.weight(*id);
+            let dims: Vec<String> = w.shape.iter().map(|d| d.to_string()).collect();
+            format!("{}[{} {}]", w.name, dims.join("x"), w.compute_type())
+        };
+        match &node.op {
+            Op::Embedding { table } => {
+                let _ = write!(s, " table={}", w(table));
+            }
+            Op::RmsNorm { weight, eps } => {
+                let _ = write!(s, " w={} eps={eps:e}", w(weight));
+            }
+            Op::Linear { weight, bias } => {
+                let _ = write!(s, " w={}", w(weight));
+                if let Some(b) = bias {
+                    let _ = write!(s, " b={}", w(b));
+                }
+            }
+            Op::Rope { n_heads, table } => {
+                let _ = write!(s, " heads={n_heads} head_dim={}", table.head_dim());
+            }
+            Op::Attention { layer, shape } => {
+                let _ = write!(s, " layer={layer} heads={} kv_heads={} head_dim={} scale={}", shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale);
+            }
+            Op::Silu | Op::Mul | Op::Add => {}
+        }
+        let dims: Vec<String> = v.shape.iter().map(|d| d.to_string()).collect();
+        let _ = write!(s, " : [{}] f32", dims.join(", "));
+        if !v.aliases.is_empty() {
+            let _ = write!(s, " aka {}", v.aliases.join(", "));
+        }
+        let _ = writeln!(s, "  # {}", v.location);
+    }
+    if let Some(l) = graph.logits {
+        let _ = writeln!(s, "return %{} {}", l.0, graph.value(l).name);
+    }
+    s
+}

@@ -1,0 +1,125 @@
+//! Structural verification of a graph: run after building and between lowering passes.
+//! An error names the node, its value, the op and the source location that built it.
+
+use std::collections::HashSet;
+
+use crate::ir::{Dim, Graph, Node, Op, ValueInfo, WeightData};
+use crate::GraphError;
+
+/// Features per token of a `[T, ...]` value (product of its fixed dims), if it is one.
+pub fn row_width(v: &ValueInfo) -> Option<usize> {
+    match v.shape.split_first() {
+        Some((Dim::Tokens, rest)) => rest.iter().try_fold(1usize, |acc, d| match d {
+            Dim::Fixed(n) => acc.checked_mul(*n),
+            Dim::Tokens | Dim::Context => None,
+        }),
+        _ => None,
+    }
+}
+
+/// Checks that every value is produced once, before use, with consistent widths.
+pub fn verify(graph: &Graph) -> Result<(), GraphError> {
+    let mut defined = vec![false; graph.values.len()];
+    let mut names = HashSet::new();
+    for v in &graph.values {
+        for n in std::iter::once(&v.name).chain(&v.aliases) {
+            if !names.insert(n.as_str()) {
+                return Err(GraphError::Verify {
+                    node: 0,
+                    name: n.clone(),
+                    location: v.location.to_string(),
+                    reason: "duplicate value name".into(),
+                });
+            }
+        }
+    }
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let out = graph.values.get(node.output.0 as usize);
+        let Some(out) = out else {
+            return Err(fail(graph, i, node, format!("output %{} does not exist", node.output.0)));
+        };
+        if node.inputs.len() != node.op.arity() {
+            return Err(fail(graph, i, node, format!("{} takes {} inputs, got {}", node.op.name(), node.op.arity(), node.inputs.len())));
+        }
+        for inp in &node.inputs {
+            if !defined.get(inp.0 as usize).copied().unwrap_or(false) {
+                return Err(fail(graph, i, node, format!("input %{} is used before it is computed", inp.0)));
+            }
+        }
+        if defined[node.output.0 as usize] {
+            return Err(fail(graph, i, node, "value computed twice".into()));
+        }
+        check_widths(graph, i, node, out)?;
+        defined[node.output.0 as usize] = true;
+    }
+    match graph.logits {
+        Some(l) if defined.get(l.0 as usize).copied().unwrap_or(false) => Ok(()),
+        _ => Err(GraphError::Verify {
+            node: graph.nodes.len(),
+            name: "<logits>".into(),
+            location: "<graph>".into(),
+            reason: "no logits value is computed".into(),
+        }),
+    }
+}
+
+fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result<(), GraphError> {
+    let width = |k: usize| row_width(graph.value(node.inputs[k]));
+    let out_w = row_width(out);
+    let expect = |ok: bool, what: String| if ok { Ok(()) } else { Err(fail(graph, i, node, what)) };
+    match &node.op {
+        Op::Embedding { table } => {
+            let w = weight(graph, i, node, table.0)?;
+            expect(w.shape.len() == 2 && out_w == Some(w.shape[1]), format!("embedding table {:?} vs output width {:?}", w.shape, out_w))
+        }
+        Op::RmsNorm { weight: wid, .. } => {
+            let w = weight(graph, i, node, wid.0)?;
+            expect(width(0) == Some(w.shape[0]) && out_w == width(0), format!("norm weight {:?}, input width {:?}", w.shape, width(0)))
+        }
+        Op::Linear { weight: wid, bias } => {
+            let w = weight(graph, i, node, wid.0)?;
+            let ok = w.shape.len() == 2 && width(0) == Some(w.shape[1]) && out_w == Some(w.shape[0]);
+            expect(ok, format!("weight {} {:?} against input width {:?} and output width {:?}", w.name, w.shape, width(0), out_w))?;
+            if let Some(b) = bias {
+                let b = weight(graph, i, node, b.0)?;
+                expect(b.shape == [w.shape[0]], format!("bias {:?} for {} outputs", b.shape, w.shape[0]))?;
+            }
+            Ok(())
+        }
+        Op::Rope { n_heads, table } => {
+            let need = n_heads * table.head_dim();
+            expect(width(0) == Some(need) && out_w == Some(need), format!("rope over {n_heads} heads of {} needs width {need}, got {:?}", table.head_dim(), width(0)))
+        }
+        Op::Attention { layer, shape } => {
+            let q = shape.n_heads * shape.head_dim;
+            let kv = shape.n_kv_heads * shape.head_dim;
+            let ok = width(0) == Some(q) && width(1) == Some(kv) && width(2) == Some(kv) && out_w == Some(q);
+            expect(ok, format!("attention widths q {:?} k {:?} v {:?} out {:?} for {shape:?}", width(0), width(1), width(2), out_w))?;
+            expect(*layer < graph.kv_layers && kv == graph.kv_width, format!("layer {layer} / kv width {kv} outside the cache ({} layers x {})", graph.kv_layers, graph.kv_width))
+        }
+        Op::Silu => expect(width(0).is_some() && out_w == width(0), "silu changes width".into()),
+        Op::Mul | Op::Add => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
+    }
+}
+
+fn weight<'g>(graph: &'g Graph, i: usize, node: &Node, id: u32) -> Result<&'g crate::Weight, GraphError> {
+    let w = graph.weights.get(id as usize).ok_or_else(|| fail(graph, i, node, format!("weight #{id} does not exist")))?;
+    let len = match &w.data {
+        WeightData::F32(d) => d.len(),
+        WeightData::Quant(q) => q.rows * q.cols,
+    };
+    if w.shape.iter().product::<usize>() != len {
+        return Err(fail(graph, i, node, format!("weight {} has shape {:?} but {len} elements", w.name, w.shape)));
+    }
+    Ok(w)
+}
+
+fn fail(graph: &Graph, i: usize, node: &Node, reason: String) -> GraphError {
+    let v = graph.values.get(node.output.0 as usize);
+    GraphError::Verify {
+        node: i,
+        name: v.map(|v| v.name.clone()).unwrap_or_default(),
+        location: v.map(|v| v.location.to_string()).unwrap_or_default(),
+        reason,
+    }
+}

@@ -1,0 +1,228 @@
+//! The generation loop: prefill the prompt, then decode one token at a time until EOS, a
+//! stop string, or the token budget; text is streamed as it becomes final.
+
+use std::time::{Duration, Instant};
+
+use loupe_text::Tokenizer;
+
+use crate::sampling::{Sampler, SamplingParams};
+use crate::{RuntimeError, Session};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_tokens: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end generation (included in the output tokens, as transformers'
+    /// `generate` includes its EOS).
+    pub stop_ids: Vec<u32>,
+    /// Strings that end generation; the text is cut before the first occurrence.
+    pub stop_strings: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Eos,
+    StopString,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::StopString => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// The result of a generation, with timings.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    /// Prompt tokens processed per second of prefill.
+    pub fn prefill_tokens_per_s(&self, prompt_len: usize) -> f64 {
+        prompt_len as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Tokens per second of decode (the first token comes from prefill).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Holds back streamed text that could still turn out to start a stop string.
+struct StopMatcher<'a> {
+    stops: &'a [String],
+    text: String,
+    emitted: usize,
+}
+
+impl<'a> StopMatcher<'a> {
+    /// Adds `chunk`; returns the text now safe to emit and whether a stop string matched.
+    fn push(&mut self, chunk: &str) -> (String, bool) {
+        let search_from = self.emitted.saturating_sub(self.stops.iter().map(|s| s.len()).max().unwrap_or(0));
+        self.text.push_str(chunk);
+        let found = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text[floor_char(&self.text, search_from)..].find(s.as_str()).map(|i| i + floor_char(&self.text, search_from)))
+            .min();
+        if let Some(at) = found {
+            self.text.truncate(at);
+            let out = self.text[self.emitted.min(at)..].to_string();
+            self.emitted = self.text.len();
+            return (out, true);
+        }
+        // Keep the longest tail that is a proper prefix of some stop string.
+        let mut hold = 0;
+        for s in self.stops {
+            for k in (1..s.len()).rev() {
+                if k <= self.text.len() - self.emitted && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                    hold = hold.max(k);
+                    break;
+                }
+            }
+        }
+        let end = self.text.len() - hold;
+        let out = self.text[self.emitted..end].to_string();
+        self.emitted = end;
+        (out, false)
+    }
+
+    fn flush(&mut self) -> String {
+        let out = self.text[self.emitted..].to_string();
+        self.emitted = self.text.len();
+        out
+    }
+}
+
+fn floor_char(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Generates from `request.prompt_tokens`, calling `on_text` with each piece of final text.
+pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, request: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
+    request.sampling.validate().map_err(RuntimeError::InvalidRequest)?;
+    let prompt_len = request.prompt_tokens.len();
+    if prompt_len == 0 {
+        return Err(RuntimeError::InvalidRequest("the prompt is empty (no tokens)".into()));
+    }
+    if prompt_len >= session.capacity() {
+        return Err(RuntimeError::PromptTooLong { prompt: prompt_len, context: session.capacity() });
+    }
+    let budget = request.max_tokens.min(session.capacity() - prompt_len);
+    session.reset();
+    session.reserve(prompt_len + budget);
+
+    let mut sampler = Sampler::new(request.sampling.clone());
+    let mut context: Vec<u32> = Vec::with_capacity(prompt_len + budget);
+    context.extend_from_slice(&request.prompt_tokens);
+    let mut decoder = tokenizer.stream_decoder(true);
+    let mut stops = StopMatcher { stops: &request.stop_strings, text: String::new(), emitted: 0 };
+    let mut tokens = Vec::with_capacity(budget);
+    let mut finish = FinishReason::Length;
+    let mut logits_buf: Vec<f32> = Vec::new();
+
+    let start = Instant::now();
+    logits_buf.extend_from_slice(session.forward(&request.prompt_tokens, false, None)?);
+    let prefill_time = start.elapsed();
+    let decode_start = Instant::now();
+
+    while tokens.len() < budget {
+        let next = sampler.sample(&mut logits_buf, &context);
+        tokens.push(next);
+        context.push(next);
+        if request.stop_ids.contains(&next) {
+            finish = FinishReason::Eos;
+            break;
+        }
+        let piece = decoder.push(next)?;
+        let (out, stopped) = stops.push(&piece);
+        if !out.is_empty() {
+            on_text(&out);
+        }
+        if stopped {
+            finish = FinishReason::StopString;
+            break;
+        }
+        if tokens.len() == budget {
+            break;
+        }
+        logits_buf.clear();
+        logits_buf.extend_from_slice(session.forward(&[next], false, None)?);
+    }
+    if finish != FinishReason::StopString {
+        let (out, _) = stops.push(&decoder.finish()?);
+        let rest = out + &stops.flush();
+        if !rest.is_empty() {
+            on_text(&rest);
+        }
+    }
+    let decode_time = decode_start.elapsed();
+    Ok(Generation { tokens, text: stops.text, finish_reason: finish, prefill_time, decode_time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], chunks: &[&str]) -> (String, String, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut m = StopMatcher { stops: &stops, text: String::new(), emitted: 0 };
+        let mut streamed = String::new();
+        let mut hit = false;
+        for c in chunks {
+            let (out, stop) = m.push(c);
+            streamed += &out;
+            if stop {
+                hit = true;
+                break;
+            }
+        }
+        if !hit {
+            streamed += &m.flush();
+        }
+        (streamed, m.text, hit)
+    }
+
+    #[test]
+    fn stop_string_split_across_chunks_is_never_streamed() {
+        let (streamed, text, hit) = run(&["\n\nUser:"], &["Hello", "\n", "\nUs", "er: more"]);
+        assert!(hit);
+        assert_eq!(streamed, "Hello");
+        assert_eq!(text, "Hello");
+    }
+
+    #[test]
+    fn held_back_text_is_released_when_no_stop_follows() {
+        let (streamed, text, hit) = run(&["END"], &["the E", "ND", "x"]);
+        assert!(hit);
+        assert_eq!(streamed, "the ");
+        assert_eq!(text, "the ");
+        let (streamed, _, hit) = run(&["END"], &["the E", "nd"]);
+        assert!(!hit);
+        assert_eq!(streamed, "the End");
+    }
+
+    #[test]
+    fn multibyte_text_is_safe() {
+        let (streamed, _, hit) = run(&["é!"], &["caf", "é", " ok"]);
+        assert!(!hit);
+        assert_eq!(streamed, "café ok");
+    }
+}

@@ -1,0 +1,85 @@
+//! loupe-runtime: running a model graph over a sequence.
+//!
+//! * [`Session`]: a graph, its executor and a KV cache; `prefill`/`decode` and teacher forcing.
+//! * [`sampling`]: greedy and seeded sampling.
+//! * [`generate`]: the generation loop with streaming, EOS and stop strings.
+
+pub mod generate;
+pub mod sampling;
+
+use loupe_graph::exec::RunOptions;
+use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
+
+pub use generate::{generate, FinishReason, GenerateRequest, Generation};
+pub use sampling::{argmax, Sampler, SamplingParams};
+
+/// Errors of the runtime layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error(transparent)]
+    Text(#[from] loupe_text::TextError),
+    #[error("the prompt has {prompt} tokens but the context window is {context} tokens")]
+    PromptTooLong { prompt: usize, context: usize },
+    #[error("{0}")]
+    InvalidRequest(String),
+}
+
+/// One sequence being run through a model graph.
+pub struct Session<'g> {
+    graph: &'g Graph,
+    executor: Executor,
+    kv: KvCache,
+}
+
+impl<'g> Session<'g> {
+    /// A session whose cache holds up to `context` positions (at most the model's window).
+    pub fn new(graph: &'g Graph, context: usize) -> Session<'g> {
+        let capacity = context.min(graph.context_length);
+        Session { graph, executor: Executor::new(graph), kv: KvCache::new(graph.kv_layers, graph.kv_width, capacity) }
+    }
+
+    pub fn graph(&self) -> &Graph {
+        self.graph
+    }
+
+    /// Positions in the cache.
+    pub fn position(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Forgets the sequence.
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+    }
+
+    /// Pre-allocates cache rows for `positions` positions.
+    pub fn reserve(&mut self, positions: usize) {
+        self.kv.reserve(positions);
+    }
+
+    /// Runs `tokens` after what is cached; returns the last token's logits (or every
+    /// token's with `all_logits`), showing values to `observer`.
+    pub fn forward(&mut self, tokens: &[u32], all_logits: bool, observer: Option<&mut dyn Observer>) -> Result<&[f32], RuntimeError> {
+        Ok(self.executor.run(self.graph, tokens, &mut self.kv, RunOptions { all_logits }, observer)?)
+    }
+
+    /// Teacher forcing: one forward pass over `tokens` from an empty cache; returns the
+    /// argmax of the logits at every position.
+    pub fn teacher_forced_argmax(&mut self, tokens: &[u32]) -> Result<Vec<u32>, RuntimeError> {
+        self.reset();
+        let logits = self.forward(tokens, true, None)?;
+        let vocab = logits.len() / tokens.len();
+        Ok(logits.chunks_exact(vocab).map(argmax).collect())
+    }
+}

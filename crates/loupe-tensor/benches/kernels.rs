@@ -1,0 +1,136 @@
+//! Kernel benchmarks at SmolLM2-135M shapes (hidden 576, FFN 1536, vocab 49152).
+//!
+//! Groups: `vec_dot/<type>/k<k>/<isa>` (one row dot, bytes = weight row),
+//! `matmul_q/<type>/<n>x<k>/m<m>` and `matmul_f32/<n>x<k>/m<m>` (bytes = weight
+//! matrix for m = 1, so criterion's GB/s is the decode bandwidth; multiply-adds for
+//! m = 64), and `gemm_m1/<n>x<k>` (the gemm crate on a single row, the
+//! alternative the m = 1 GEMV in `matmul_f32` was chosen over).
+//!
+//! Filter by name: `cargo bench -p loupe-tensor --bench kernels -- 'q4_1'`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+
+use common::{random_act, random_row, Rng};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use loupe_tensor::matmul::{matmul_f32, matmul_q, QMatrix};
+use loupe_tensor::quant::{self, Isa};
+use loupe_tensor::GgmlType;
+
+/// SmolLM2 linear shapes as (n = out features, k = in features).
+const SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
+
+fn vec_dot(c: &mut Criterion) {
+    let mut rng = Rng::new(1);
+    let mut g = c.benchmark_group("vec_dot");
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for k in [576usize, 1536] {
+            if k % ty.block_size() != 0 {
+                continue;
+            }
+            let w = random_row(&mut rng, ty, k);
+            let (_, a) = random_act(&mut rng, ty, k);
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for isa in Isa::available() {
+                let dot = quant::vec_dot_fn(isa, ty);
+                g.bench_function(format!("{ty}/k{k}/{isa}"), |b| {
+                    b.iter(|| dot(black_box(&w), black_box(&a), k))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn matrix(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> QMatrix {
+    let data: Vec<u8> = (0..n).flat_map(|_| random_row(rng, ty, k)).collect();
+    QMatrix::new(ty, n, k, data).unwrap()
+}
+
+fn matmul_quantized(c: &mut Criterion) {
+    let mut rng = Rng::new(2);
+    let mut g = c.benchmark_group("matmul_q");
+    g.sample_size(20);
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (n, k) in SHAPES {
+            let w = matrix(&mut rng, ty, n, k);
+            for m in [1usize, 64] {
+                let x = rng.activations(m * k);
+                let mut y = vec![0f32; m * n];
+                let mut scratch = Vec::new();
+                g.throughput(if m == 1 {
+                    Throughput::Bytes(w.data.len() as u64)
+                } else {
+                    Throughput::Elements((m * n * k) as u64)
+                });
+                g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
+                    b.iter(|| matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn matmul_dense(c: &mut Criterion) {
+    let mut rng = Rng::new(3);
+    let mut g = c.benchmark_group("matmul_f32");
+    g.sample_size(20);
+    for (n, k) in SHAPES {
+        let w: Vec<f32> = rng.activations(n * k);
+        for m in [1usize, 64] {
+            let x = rng.activations(m * k);
+            let mut y = vec![0f32; m * n];
+            g.throughput(if m == 1 {
+                Throughput::Bytes((4 * n * k) as u64)
+            } else {
+                Throughput::Elements((m * n * k) as u64)
+            });
+            g.bench_function(format!("{n}x{k}/m{m}"), |b| {
+                b.iter(|| matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap())
+            });
+        }
+    }
+    g.finish();
+
+    // The alternative for m = 1: the gemm crate with the same strides as matmul_f32.
+    let mut g = c.benchmark_group("gemm_m1");
+    g.sample_size(20);
+    for (n, k) in SHAPES {
+        let w: Vec<f32> = rng.activations(n * k);
+        let x = rng.activations(k);
+        let mut y = vec![0f32; n];
+        g.throughput(Throughput::Bytes((4 * n * k) as u64));
+        g.bench_function(format!("{n}x{k}"), |b| {
+            b.iter(|| unsafe {
+                gemm::gemm(
+                    1,
+                    n,
+                    k,
+                    y.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    k as isize,
+                    w.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                )
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, vec_dot, matmul_quantized, matmul_dense);
+criterion_main!(benches);

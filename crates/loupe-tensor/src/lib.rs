@@ -1,0 +1,13 @@
+//! loupe-tensor: element types and the CPU kernels the graph executor calls.
+//!
+//! Layout convention everywhere: activations are row-major `[tokens, features]`;
+//! a linear weight is `[out_features, in_features]` (Hugging Face / GGML row order),
+//! so `y = x @ W^T`. Every SIMD kernel has a scalar twin and a test comparing them.
+
+pub mod error;
+pub mod matmul;
+pub mod ops;
+pub mod quant;
+
+pub use error::TensorError;
+pub use loupe_formats::{GgmlType, QK_K};

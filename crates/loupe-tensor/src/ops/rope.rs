@@ -1,0 +1,169 @@
+//! Rotary position embedding in Hugging Face's "split-half" convention
+//! (`rotate_half` in transformers' `modeling_llama.py`): within each head, element
+//! `i` is paired with element `i + head_dim/2`.
+//!
+//! GGUF files from llama.cpp's converter store q/k projection rows permuted for
+//! its interleaved convention; the model loader undoes that permutation, so this
+//! one kernel serves both GGUF and safetensors checkpoints and q/k values line
+//! up with PyTorch's element for element.
+
+use crate::TensorError;
+
+/// How the base frequencies are adjusted for long context.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (transformers' `rope_type="linear"`).
+    Linear { factor: f32 },
+    /// Llama 3.1's frequency-dependent scaling (transformers'
+    /// `_compute_llama3_parameters`).
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: f32,
+    },
+    /// Per-frequency divisors read from a GGUF `rope_freqs.weight` tensor
+    /// (llama.cpp's encoding of the same Llama 3 scaling).
+    FreqFactors(Vec<f32>),
+}
+
+/// Inverse frequencies for one head size, and the rotation they define.
+#[derive(Debug, Clone)]
+pub struct RopeTable {
+    head_dim: usize,
+    inv_freq: Vec<f32>,
+    position_scale: f32,
+}
+
+impl RopeTable {
+    /// `inv_freq[i] = 1 / theta^(2i / head_dim)`, computed in f32 as PyTorch does,
+    /// then adjusted by `scaling`.
+    pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Result<RopeTable, TensorError> {
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(TensorError::Shape {
+                op: "rope",
+                detail: format!("head_dim {head_dim} must be even and non-zero"),
+            });
+        }
+        let half = head_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        let mut position_scale = 1.0;
+        match scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old_ctx,
+            } => {
+                let low_freq_wavelen = old_ctx / low_freq_factor;
+                let high_freq_wavelen = old_ctx / high_freq_factor;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    if wavelen > low_freq_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_freq_wavelen {
+                        let smooth = (old_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+            RopeScaling::FreqFactors(factors) => {
+                if factors.len() != half {
+                    return Err(TensorError::Shape {
+                        op: "rope",
+                        detail: format!("{} frequency factors for head_dim {head_dim} (expected {half})", factors.len()),
+                    });
+                }
+                for (f, &d) in inv_freq.iter_mut().zip(factors) {
+                    *f /= d;
+                }
+            }
+        }
+        Ok(RopeTable { head_dim, inv_freq, position_scale })
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// cos and sin of every frequency at `position` (each `head_dim / 2` long).
+    pub fn cos_sin(&self, position: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let pos = position as f32 * self.position_scale;
+        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
+            let angle = f * pos;
+            *c = angle.cos();
+            *s = angle.sin();
+        }
+    }
+
+    /// Rotates `x` (`[tokens, n_heads * head_dim]`) in place; row `t` is at
+    /// position `first_position + t`.
+    pub fn apply(&self, x: &mut [f32], n_heads: usize, first_position: usize) -> Result<(), TensorError> {
+        let width = n_heads * self.head_dim;
+        if width == 0 || x.len() % width != 0 {
+            return Err(TensorError::Shape {
+                op: "rope",
+                detail: format!("{} elements is not a multiple of {n_heads} heads x {}", x.len(), self.head_dim),
+            });
+        }
+        let half = self.head_dim / 2;
+        let mut cos = vec![0.0f32; half];
+        let mut sin = vec![0.0f32; half];
+        for (t, row) in x.chunks_exact_mut(width).enumerate() {
+            self.cos_sin(first_position + t, &mut cos, &mut sin);
+            for head in row.chunks_exact_mut(self.head_dim) {
+                let (lo, hi) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (lo[i], hi[i]);
+                    // q*cos + rotate_half(q)*sin, rotate_half(q) = [-q2, q1]
+                    lo[i] = a * cos[i] - b * sin[i];
+                    hi[i] = b * cos[i] + a * sin[i];
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_zero_is_identity() {
+        let t = RopeTable::new(4, 10000.0, &RopeScaling::None).unwrap();
+        let mut x = [1.0f32, 2.0, 3.0, 4.0];
+        t.apply(&mut x, 1, 0).unwrap();
+        assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn rotation_preserves_pair_norms_and_uses_split_half_pairs() {
+        let t = RopeTable::new(4, 10000.0, &RopeScaling::None).unwrap();
+        let mut x = [1.0f32, 0.0, 0.0, 0.0];
+        t.apply(&mut x, 1, 1).unwrap();
+        // frequency 0 is 1 rad/position: (1, 0) rotates to (cos 1, sin 1) across the halves
+        assert!((x[0] - 1.0f32.cos()).abs() < 1e-6);
+        assert!((x[2] - 1.0f32.sin()).abs() < 1e-6);
+        assert_eq!(x[1], 0.0);
+    }
+
+    #[test]
+    fn llama3_scaling_leaves_high_frequencies_alone() {
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        };
+        let plain = RopeTable::new(128, 500000.0, &RopeScaling::None).unwrap();
+        let scaled = RopeTable::new(128, 500000.0, &s).unwrap();
+        assert_eq!(plain.inv_freq[0], scaled.inv_freq[0]);
+        assert!((scaled.inv_freq[63] - plain.inv_freq[63] / 8.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,375 @@
+//! AVX2 + FMA + F16C dot kernels (one 256-bit register = one 32-element block).
+//!
+//! Integer core: `vpmaddubsw` (u8 x i8 -> pairwise-summed i16) then `vpmaddwd` by
+//! ones (-> i32). maddubs needs one unsigned operand, so signed weights use the
+//! sign trick: `|w| * (a * sign(w))`. No sum here can saturate the i16 step:
+//! the largest is `2 * 128 * 127 = 32512` (Q8_0) or `2 * 63 * 127` (Q6_K).
+//!
+//! Safety: every `unsafe fn` here requires AVX2, FMA and F16C, and rows of the
+//! lengths [`super::check_dot`] verifies. The safe wrappers check the lengths; they
+//! are reachable only through [`super::vec_dot_fn`], which checks the CPU.
+
+use std::arch::x86_64::*;
+use std::ptr::read_unaligned;
+
+use loupe_formats::GgmlType;
+
+use super::blocks::{scale_min_k4, K_SCALE_SIZE, QK, QK_K};
+use super::VecDotFn;
+
+pub(super) fn dot_fn(ty: GgmlType) -> Option<VecDotFn> {
+    Some(match ty {
+        GgmlType::F32 => f32_f32,
+        GgmlType::F16 => f16_f32,
+        GgmlType::BF16 => bf16_f32,
+        GgmlType::Q4_0 => q4_0_q8_0,
+        GgmlType::Q4_1 => q4_1_q8_1,
+        GgmlType::Q5_0 => q5_0_q8_0,
+        GgmlType::Q5_1 => q5_1_q8_1,
+        GgmlType::Q8_0 => q8_0_q8_0,
+        GgmlType::Q4K => q4k_q8k,
+        GgmlType::Q5K => q5k_q8k,
+        GgmlType::Q6K => q6k_q8k,
+        _ => return None,
+    })
+}
+
+macro_rules! safe_wrappers {
+    ($($name:ident => $kernel:ident ($wty:ident);)*) => {$(
+        fn $name(w: &[u8], a: &[u8], n: usize) -> f32 {
+            super::check_dot(GgmlType::$wty, w, a, n);
+            // SAFETY: lengths checked above; the CPU was checked by `vec_dot_fn`,
+            // the only way to obtain this function.
+            unsafe { $kernel(w.as_ptr(), a.as_ptr(), n) }
+        }
+    )*};
+}
+
+safe_wrappers! {
+    f32_f32 => dot_f32(F32);
+    f16_f32 => dot_f16(F16);
+    bf16_f32 => dot_bf16(BF16);
+    q4_0_q8_0 => dot_q4_0(Q4_0);
+    q4_1_q8_1 => dot_q4_1(Q4_1);
+    q5_0_q8_0 => dot_q5_0(Q5_0);
+    q5_1_q8_1 => dot_q5_1(Q5_1);
+    q8_0_q8_0 => dot_q8_0(Q8_0);
+    q4k_q8k => dot_q4k(Q4K);
+    q5k_q8k => dot_q5k(Q5K);
+    q6k_q8k => dot_q6k(Q6K);
+}
+
+#[inline(always)]
+unsafe fn rd_u16(p: *const u8) -> u16 {
+    read_unaligned(p.cast::<u16>())
+}
+
+#[inline(always)]
+unsafe fn rd_u32(p: *const u8) -> u32 {
+    read_unaligned(p.cast::<u32>())
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+}
+
+/// The product of two f16 scales, `d_x * d_y`, in lane 0 (F16C converts both at once).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale2(dx: u16, dy: u16) -> __m128 {
+    let f = _mm_cvtph_ps(_mm_cvtsi32_si128((dx as u32 | (dy as u32) << 16) as i32));
+    _mm_mul_ss(f, _mm_movehdup_ps(f))
+}
+
+/// Unpacks 16 bytes of nibbles into 32 bytes: low nibbles (elements 0-15) in the
+/// low lane, high nibbles (16-31) in the high lane, the GGML element order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p.cast());
+    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F))
+}
+
+/// Expands the 32 bits of a Q5 `qh` word to 32 bytes, 0xFF where the bit is set
+/// (byte `j` <- bit `j`): broadcast byte `j / 8` into each byte, then test bit `j % 8`
+/// by OR-ing every other bit in and comparing with all-ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits_to_bytes(qh: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(qh as i32),
+        _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+    );
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1))
+}
+
+/// Signed x signed bytes -> 8 lanes of i32 sums (sign trick, see the module note).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_i8(w: __m256i, a: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// Unsigned x signed bytes -> 8 lanes of i32 sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_u8(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1))
+}
+
+/// Shared loop of the float kernels: `load(p, i)` yields 8 weights as f32.
+macro_rules! float_kernel {
+    ($name:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(w: *const u8, a: *const u8, n: usize) -> f32 {
+            let a = a.cast::<f32>();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for (u, s) in acc.iter_mut().enumerate() {
+                    let $p = w.add((i + 8 * u) * $wsize);
+                    *s = _mm256_fmadd_ps($load, _mm256_loadu_ps(a.add(i + 8 * u)), *s);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                let $p = w.add(i * $wsize);
+                acc[0] = _mm256_fmadd_ps($load, _mm256_loadu_ps(a.add(i)), acc[0]);
+                i += 8;
+            }
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut sum = hsum_ps(v);
+            if i < n {
+                let wt = std::slice::from_raw_parts(w.add(i * $wsize), (n - i) * $wsize);
+                let at = std::slice::from_raw_parts(a.add(i).cast::<u8>(), (n - i) * 4);
+                sum += $scalar(wt, at, n - i);
+            }
+            sum
+        }
+    };
+}
+
+float_kernel!(dot_f32, 4, |p| _mm256_loadu_ps(p.cast()), super::scalar::f32_f32);
+float_kernel!(dot_f16, 2, |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())), super::scalar::f16_f32);
+float_kernel!(
+    dot_bf16,
+    2,
+    |p| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())), 16)),
+    super::scalar::bf16_f32
+);
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4_0(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / QK {
+        let (x, y) = (w.add(i * 18), a.add(i * 34));
+        let q = _mm256_sub_epi8(nibbles(x.add(2)), _mm256_set1_epi8(8));
+        let p = dot_i8(q, _mm256_loadu_si256(y.add(2).cast()));
+        let d = _mm256_broadcastss_ps(scale2(rd_u16(x), rd_u16(y)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Q4_1: the header pairs `(d, m)` and `(d, s)` convert together; lane 0 of their
+/// product is `d_x d_y`, lane 1 is `m_x s_y` (the offset term, summed separately).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4_1(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for i in 0..n / QK {
+        let (x, y) = (w.add(i * 20), a.add(i * 36));
+        let h = _mm_cvtph_ps(_mm_set_epi32(0, 0, rd_u32(y) as i32, rd_u32(x) as i32));
+        let prod = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+        acc_m = _mm_add_ps(acc_m, prod);
+        let p = dot_u8(nibbles(x.add(4)), _mm256_loadu_si256(y.add(4).cast()));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(prod), acc);
+    }
+    hsum_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+}
+
+/// Q5_0: `q - 16` is the nibble when the high bit is set and the nibble with its
+/// upper four bits set (i.e. minus 16, as an i8) when it is clear.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q5_0(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / QK {
+        let (x, y) = (w.add(i * 22), a.add(i * 34));
+        let hi = _mm256_andnot_si256(bits_to_bytes(rd_u32(x.add(2))), _mm256_set1_epi8(0xF0u8 as i8));
+        let q = _mm256_or_si256(nibbles(x.add(6)), hi);
+        let p = dot_i8(q, _mm256_loadu_si256(y.add(2).cast()));
+        let d = _mm256_broadcastss_ps(scale2(rd_u16(x), rd_u16(y)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q5_1(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for i in 0..n / QK {
+        let (x, y) = (w.add(i * 24), a.add(i * 36));
+        let h = _mm_cvtph_ps(_mm_set_epi32(0, 0, rd_u32(y) as i32, rd_u32(x) as i32));
+        let prod = _mm_mul_ps(h, _mm_movehl_ps(h, h));
+        acc_m = _mm_add_ps(acc_m, prod);
+        let hi = _mm256_and_si256(bits_to_bytes(rd_u32(x.add(4))), _mm256_set1_epi8(0x10));
+        let q = _mm256_or_si256(nibbles(x.add(8)), hi);
+        let p = dot_u8(q, _mm256_loadu_si256(y.add(4).cast()));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(prod), acc);
+    }
+    hsum_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q8_0(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / QK {
+        let (x, y) = (w.add(i * 34), a.add(i * 34));
+        let p = dot_i8(_mm256_loadu_si256(x.add(2).cast()), _mm256_loadu_si256(y.add(2).cast()));
+        let d = _mm256_broadcastss_ps(scale2(rd_u16(x), rd_u16(y)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+    }
+    hsum_ps(acc)
+}
+
+// K-quants: byte offsets inside `block_q8_K` (f32 d, qs[256], bsums[16]).
+const Q8K_SIZE: usize = 292;
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 4 + QK_K;
+
+#[inline(always)]
+unsafe fn q8k_d(y: *const u8) -> f32 {
+    read_unaligned(y.cast::<f32>())
+}
+
+#[inline(always)]
+unsafe fn q8k_bsum(y: *const u8, g: usize) -> i32 {
+    read_unaligned(y.add(Q8K_BSUMS + 2 * g).cast::<i16>()) as i32
+}
+
+/// Two i16 scales as a madd multiplier: `lo` for the low 16 bytes, `hi` for the high.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_pair(lo: i16, hi: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
+}
+
+/// Q4_K and Q5_K: 4 chunks of 64 elements per super-block; each chunk is 32 bytes of
+/// `qs` whose low nibbles are sub-block `2c` and high nibbles sub-block `2c + 1`.
+/// For Q5_K, `qh` holds the 5th bits: bit `j` of `qh[l]` belongs to sub-block `j`,
+/// element `l`. Returns `sum_scaled_products - mins_term` for the super-block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_block(x: *const u8, qs: *const u8, qh: Option<__m256i>, y: *const u8) -> f32 {
+    let d = rd_u16(x);
+    let dmin = rd_u16(x.add(2));
+    let (sc, mn) = scale_min_k4(&read_unaligned(x.add(4).cast::<[u8; K_SCALE_SIZE]>()));
+    let m4 = _mm256_set1_epi8(0x0F);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut isum = _mm256_setzero_si256();
+    for c in 0..4 {
+        let q = _mm256_loadu_si256(qs.add(32 * c).cast());
+        let mut q0 = _mm256_and_si256(q, m4);
+        let mut q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if let Some(qh) = qh {
+            // (qh >> j) << 4, masked to bit 4 of each byte; 16-bit shifts are exact
+            // here because only bit 4 of each byte survives the mask.
+            let h0 = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
+            let h1 = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1));
+            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi16(h0, 4), bit4));
+            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_slli_epi16(h1, 4), bit4));
+        }
+        let a0 = _mm256_loadu_si256(y.add(Q8K_QS + 64 * c).cast());
+        let a1 = _mm256_loadu_si256(y.add(Q8K_QS + 64 * c + 32).cast());
+        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, a0), _mm256_set1_epi16(sc[2 * c] as i16));
+        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, a1), _mm256_set1_epi16(sc[2 * c + 1] as i16));
+        isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+    }
+    let summs: i32 = (0..8).map(|j| mn[j] as i32 * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1))).sum();
+    let yd = q8k_d(y);
+    let h = _mm_cvtph_ps(_mm_cvtsi32_si128((d as u32 | (dmin as u32) << 16) as i32));
+    let (df, dminf) = (_mm_cvtss_f32(h), _mm_cvtss_f32(_mm_movehdup_ps(h)));
+    yd * df * hsum_epi32(isum) as f32 - yd * dminf * summs as f32
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for i in 0..n / QK_K {
+        let x = w.add(i * 144);
+        sum += k4_block(x, x.add(16), None, a.add(i * Q8K_SIZE));
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for i in 0..n / QK_K {
+        let x = w.add(i * 176);
+        let qh = _mm256_loadu_si256(x.add(16).cast());
+        sum += k4_block(x, x.add(48), Some(qh), a.add(i * Q8K_SIZE));
+    }
+    sum
+}
+
+/// Q6_K: per half (128 elements), 64 bytes of `ql` and 32 of `qh`; chunk `c`
+/// (32 elements) takes nibble `c / 2` of `ql[32 (c % 2) ..]` and bits `2c` of `qh`.
+/// The -32 bias is applied through `bsums`: `sum s_g (q - 32) a = sum s_g q a -
+/// 32 sum s_g bsum_g`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut acc = _mm256_setzero_ps();
+    let mut bias = 0.0f32;
+    for i in 0..n / QK_K {
+        let (x, y) = (w.add(i * 210), a.add(i * Q8K_SIZE));
+        let scales = read_unaligned(x.add(192).cast::<[i8; 16]>());
+        let d = q8k_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd_u16(x.add(208)) as i32)));
+        let mut isum = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(x.add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(x.add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(x.add(128 + 32 * h).cast());
+            let lows = [
+                _mm256_and_si256(ql0, m4),
+                _mm256_and_si256(ql1, m4),
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            ];
+            let highs = [
+                _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
+            ];
+            for c in 0..4 {
+                let q = _mm256_or_si256(lows[c], highs[c]);
+                let av = _mm256_loadu_si256(y.add(Q8K_QS + 128 * h + 32 * c).cast());
+                let g = 8 * h + 2 * c;
+                let s = scale_pair(scales[g] as i16, scales[g + 1] as i16);
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
+            }
+        }
+        let corr: i32 = (0..16).map(|g| scales[g] as i32 * q8k_bsum(y, g)).sum();
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
+        bias += d * (32 * corr) as f32;
+    }
+    hsum_ps(acc) - bias
+}

@@ -1,0 +1,113 @@
+//! Which instruction-set level the quantized kernels run at.
+//!
+//! Detected once per process; `LOUPE_ISA=scalar|avx2|avx512` lowers it (never
+//! raises it past what the CPU has), to bisect a numeric difference to a SIMD path
+//! or to run the scalar reference end to end.
+
+use std::sync::OnceLock;
+
+/// An instruction-set level, ordered: each level implies the ones below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust; the reference every SIMD kernel is tested against.
+    Scalar,
+    /// AVX2 + FMA + F16C (Haswell and later, Zen).
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI on top of `Avx2` (Ice Lake, Sapphire Rapids, Zen 4).
+    Avx512,
+}
+
+impl Isa {
+    /// All levels, lowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// The `LOUPE_ISA` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses a `LOUPE_ISA` value (case-insensitive).
+    pub fn parse(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// The highest level this CPU supports (detected once).
+    pub fn detected() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(detect)
+    }
+
+    /// The level kernels use: [`Isa::detected`], lowered by `LOUPE_ISA` if set.
+    /// Read once; later changes to the environment have no effect.
+    pub fn active() -> Isa {
+        static ACTIVE: OnceLock<Isa> = OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let hw = Isa::detected();
+            match std::env::var("LOUPE_ISA") {
+                Err(_) => hw,
+                Ok(v) => match Isa::parse(&v) {
+                    Some(want) if want <= hw => want,
+                    Some(want) => {
+                        eprintln!(
+                            "loupe: LOUPE_ISA={} is not supported by this CPU; using {}",
+                            want.name(),
+                            hw.name()
+                        );
+                        hw
+                    }
+                    None => {
+                        eprintln!(
+                            "loupe: LOUPE_ISA={v:?} is not one of scalar, avx2, avx512; using {}",
+                            hw.name()
+                        );
+                        hw
+                    }
+                },
+            }
+        })
+    }
+
+    /// Whether this CPU can run kernels of this level.
+    pub fn is_supported(self) -> bool {
+        self <= Isa::detected()
+    }
+
+    /// Every level this CPU supports, lowest first (what tests iterate over).
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    // VNNI is required, not just F/BW: the int8 kernels are built on vpdpbusd.
+    let avx512 = avx2
+        && has!("avx512f")
+        && has!("avx512bw")
+        && has!("avx512vl")
+        && has!("avx512vnni");
+    if avx512 {
+        Isa::Avx512
+    } else if avx2 {
+        Isa::Avx2
+    } else {
+        Isa::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> Isa {
+    Isa::Scalar
+}

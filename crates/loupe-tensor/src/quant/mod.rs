@@ -1,0 +1,208 @@
+//! GGML block quantization: dequantize, quantize, and quantized dot products.
+//!
+//! Data flow of a quantized linear layer (`y = x @ W^T`, see `crate::matmul`):
+//! the weight rows stay in their GGUF block type; each activation row is quantized
+//! once to the weight's [`vec_dot_type`] (Q8_0, Q8_1 or Q8_K, as ggml does); then
+//! [`vec_dot`] multiplies one weight row by one activation row with integer
+//! arithmetic per block and one f32 scale multiply per block.
+//!
+//! Every dot kernel has a scalar reference (`scalar.rs`); AVX2 (`avx2.rs`) and
+//! AVX-512 VNNI (`avx512.rs`) versions are picked at run time by [`Isa::active`]
+//! and tested against the reference over every ISA this CPU has.
+//!
+//! | weight | activations | scalar | AVX2 | AVX-512 VNNI |
+//! | --- | --- | --- | --- | --- |
+//! | F32, F16, BF16 | F32 | yes | yes | yes |
+//! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes |
+//! | Q4_1, Q5_1 | Q8_1 | yes | yes | yes |
+//! | Q8_1 | Q8_1 | yes | - | - |
+//! | Q2_K .. Q6_K | Q8_K | yes | Q4_K, Q6_K | (AVX2) |
+//! | Q8_K | Q8_K | yes | - | - |
+
+pub mod blocks;
+mod dequant;
+mod isa;
+mod quantize;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(target_endian = "big")]
+compile_error!("loupe reads GGML blocks in place as little-endian; big-endian targets are unsupported");
+
+pub use isa::Isa;
+
+use crate::TensorError;
+use loupe_formats::GgmlType;
+
+/// A dot-product kernel: `(weight_row, activation_row, n_elements) -> sum`.
+/// The rows are raw bytes of `n` elements of the weight type and of its
+/// [`vec_dot_type`]; both may sit at any alignment.
+pub type VecDotFn = fn(&[u8], &[u8], usize) -> f32;
+
+/// The type activations are quantized to before a dot product with weights of
+/// type `ty` (ggml's `type_traits_cpu[ty].vec_dot_type`). Float weights take f32
+/// activations as they are.
+pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K => GgmlType::Q8K,
+        GgmlType::Q5K | GgmlType::Q6K | GgmlType::Q8K => GgmlType::Q8K,
+        // F32, F16, BF16 (and any float type added to GgmlType later).
+        _ => GgmlType::F32,
+    }
+}
+
+/// [`vec_dot_type`] as a method on [`GgmlType`].
+pub trait GgmlTypeExt {
+    /// See [`vec_dot_type`].
+    fn vec_dot_type(self) -> GgmlType;
+}
+
+impl GgmlTypeExt for GgmlType {
+    fn vec_dot_type(self) -> GgmlType {
+        vec_dot_type(self)
+    }
+}
+
+/// Bytes of one row of `n` elements of `ty`, or a shape error naming `op` when `n`
+/// is not a whole number of blocks.
+pub fn row_bytes(op: &'static str, ty: GgmlType, n: usize) -> Result<usize, TensorError> {
+    ty.bytes_for(n as u64).map(|b| b as usize).ok_or_else(|| TensorError::Shape {
+        op,
+        detail: format!("{n} elements is not a multiple of the {ty} block size {}", ty.block_size()),
+    })
+}
+
+fn check_len(op: &'static str, ty: GgmlType, elements: usize, got: usize) -> Result<(), TensorError> {
+    let expected = row_bytes(op, ty, elements)?;
+    if got != expected {
+        return Err(TensorError::ByteLength { op, dtype: ty, elements, expected, got });
+    }
+    Ok(())
+}
+
+/// Converts `dst.len()` elements of type `ty` from `src` (exactly that many
+/// elements' bytes, any alignment) to f32. Results are bit-identical to
+/// gguf-py's `quants.dequantize` and ggml's `dequantize_row_*`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
+    check_len("dequantize_row", ty, dst.len(), src.len())?;
+    match ty {
+        GgmlType::F32 => dequant::f32_row(src, dst),
+        GgmlType::F16 => dequant::f16_row(src, dst),
+        GgmlType::BF16 => dequant::bf16_row(src, dst),
+        GgmlType::Q4_0 => dequant::q4_0(src, dst),
+        GgmlType::Q4_1 => dequant::q4_1(src, dst),
+        GgmlType::Q5_0 => dequant::q5_0(src, dst),
+        GgmlType::Q5_1 => dequant::q5_1(src, dst),
+        GgmlType::Q8_0 => dequant::q8_0(src, dst),
+        GgmlType::Q8_1 => dequant::q8_1(src, dst),
+        GgmlType::Q2K => dequant::q2_k(src, dst),
+        GgmlType::Q3K => dequant::q3_k(src, dst),
+        GgmlType::Q4K => dequant::q4_k(src, dst),
+        GgmlType::Q5K => dequant::q5_k(src, dst),
+        GgmlType::Q6K => dequant::q6_k(src, dst),
+        GgmlType::Q8K => dequant::q8_k(src, dst),
+        _ => return Err(TensorError::UnsupportedType { op: "dequantize_row", dtype: ty }),
+    }
+    Ok(())
+}
+
+/// Quantizes `src` into `dst` (exactly the bytes for `src.len()` elements of
+/// `ty`), as ggml's `quantize_row_*_ref` would. Supported: F32, F16, BF16, Q4_0,
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K; the K-quant weight types are not.
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), TensorError> {
+    check_len("quantize_row", ty, src.len(), dst.len())?;
+    match ty {
+        GgmlType::F32 => quantize::f32_row(src, dst),
+        GgmlType::F16 => quantize::f16_row(src, dst),
+        GgmlType::BF16 => quantize::bf16_row(src, dst),
+        GgmlType::Q4_0 => quantize::q4_0(src, dst),
+        GgmlType::Q4_1 => quantize::q4_1(src, dst),
+        GgmlType::Q5_0 => quantize::q5_0(src, dst),
+        GgmlType::Q5_1 => quantize::q5_1(src, dst),
+        GgmlType::Q8_0 => quantize::q8_0(src, dst),
+        GgmlType::Q8_1 => quantize::q8_1(src, dst),
+        GgmlType::Q8K => quantize::q8_k(src, dst),
+        _ => return Err(TensorError::UnsupportedType { op: "quantize_row", dtype: ty }),
+    }
+    Ok(())
+}
+
+/// Whether [`quantize_row`] supports `ty`.
+pub fn can_quantize(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+    ) && GgmlType::ALL.contains(&ty)
+}
+
+/// Dot product of `n` elements: a weight row of type `wty` with an activation row
+/// already quantized to `vec_dot_type(wty)` (for float weights: f32 bytes).
+///
+/// Uses the kernels of [`Isa::active`]. Activation rows must come from
+/// [`quantize_row`] (the AVX-512 Q8_0 kernel relies on int8 values never being -128,
+/// which the quantizers guarantee).
+///
+/// # Panics
+/// If `n` is not a multiple of the block size or a row is shorter than `n`
+/// elements.
+pub fn vec_dot(wty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> f32 {
+    vec_dot_fn(Isa::active(), wty)(w_row, act_row, n)
+}
+
+/// [`vec_dot`] with the kernels of a given ISA level (for tests and bisecting).
+///
+/// # Panics
+/// As [`vec_dot`], and if this CPU does not support `isa`.
+pub fn vec_dot_with(isa: Isa, wty: GgmlType, w_row: &[u8], act_row: &[u8], n: usize) -> f32 {
+    vec_dot_fn(isa, wty)(w_row, act_row, n)
+}
+
+/// The dot kernel for weights of type `wty` at ISA level `isa`: the most
+/// specialized kernel at or below that level. Fetch it once per matmul, call it
+/// per row.
+///
+/// # Panics
+/// If this CPU does not support `isa` (the returned function would execute
+/// unsupported instructions) or `wty` is not a type loupe knows.
+pub fn vec_dot_fn(isa: Isa, wty: GgmlType) -> VecDotFn {
+    assert!(isa.is_supported(), "vec_dot_fn: this CPU does not support {isa}");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 {
+            if let Some(f) = avx512::dot_fn(wty) {
+                return f;
+            }
+        }
+        if isa >= Isa::Avx2 {
+            if let Some(f) = avx2::dot_fn(wty) {
+                return f;
+            }
+        }
+    }
+    scalar::dot_fn(wty)
+}
+
+/// Checks the row lengths a dot kernel is about to read; the SIMD kernels read
+/// through raw pointers after this.
+#[inline]
+fn check_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) {
+    let bs = wty.block_size();
+    assert!(n % bs == 0, "vec_dot: n = {n} is not a multiple of the {wty} block size {bs}");
+    let aty = vec_dot_type(wty);
+    let (wb, ab) = (n / bs * wty.type_size(), n / aty.block_size() * aty.type_size());
+    assert!(
+        w.len() >= wb && a.len() >= ab,
+        "vec_dot: {wty} x {aty} over {n} elements needs {wb} + {ab} bytes, got {} + {}",
+        w.len(),
+        a.len()
+    );
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+//! Scalar quantizers: the activation types (Q8_0, Q8_1, Q8_K) used on every
+//! matmul, plus the legacy weight types and F16/BF16 for tests and test-model
+//! writers.
+//!
+//! Each follows ggml's `quantize_row_*_ref` (ggml/src/ggml-quants.c) step for step,
+//! including its rounding (`roundf` = half away from zero for Q8_0/Q8_1;
+//! truncation after `+ 0.5`/`+ 8.5` for Q4/Q5; `nearest_int` = half to even for
+//! Q8_K), so a model written here quantizes as ggml would write it. K-quant weight
+//! quantizers (ggml's iterative `make_qkx2_quants` search) are not implemented.
+//!
+//! Callers (`quant::quantize_row`) have already checked the lengths.
+
+use half::{bf16, f16};
+
+use super::blocks::*;
+
+pub(crate) fn f32_row(src: &[f32], dst: &mut [u8]) {
+    for (x, o) in src.iter().zip(dst.chunks_exact_mut(4)) {
+        o.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
+pub(crate) fn f16_row(src: &[f32], dst: &mut [u8]) {
+    for (x, o) in src.iter().zip(dst.chunks_exact_mut(2)) {
+        o.copy_from_slice(&f16::from_f32(*x).to_le_bytes());
+    }
+}
+
+/// f32 -> bf16 as ggml's `ggml_compute_fp32_to_bf16`: NaNs are quieted (keeping
+/// the sign), everything else rounds to nearest even (overflowing to inf).
+pub(crate) fn to_bf16(x: f32) -> bf16 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return bf16::from_bits(((u >> 16) | 64) as u16);
+    }
+    bf16::from_bits(((u as u64 + (0x7fff + ((u as u64 >> 16) & 1))) >> 16) as u16)
+}
+
+pub(crate) fn bf16_row(src: &[f32], dst: &mut [u8]) {
+    for (x, o) in src.iter().zip(dst.chunks_exact_mut(2)) {
+        o.copy_from_slice(&to_bf16(*x).to_le_bytes());
+    }
+}
+
+/// C's `roundf`: halfway cases away from zero (not the ties-to-even of
+/// `_mm_round_ps`), as ggml's reference Q8_0/Q8_1 quantizers use.
+#[inline(always)]
+fn roundf(x: f32) -> i8 {
+    x.round() as i8
+}
+
+/// The element of largest magnitude, with its sign (first one on ties), as the
+/// symmetric quantizers pick their scale from it.
+#[inline(always)]
+fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+#[inline(always)]
+fn absmax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |a, v| a.max(v.abs()))
+}
+
+#[inline(always)]
+fn min_max(x: &[f32]) -> (f32, f32) {
+    x.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
+#[inline(always)]
+fn inv(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+pub(crate) fn q4_0(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK).enumerate() {
+        let d = signed_absmax(x) / -8.0;
+        let id = inv(d);
+        let mut b = BlockQ4_0 { d: f16::from_f32(d), qs: [0; QK / 2] };
+        for j in 0..QK / 2 {
+            let q0 = ((x[j] * id + 8.5) as i8).min(15) as u8;
+            let q1 = ((x[j + QK / 2] * id + 8.5) as i8).min(15) as u8;
+            b.qs[j] = q0 | (q1 << 4);
+        }
+        write(dst, i, &b);
+    }
+}
+
+pub(crate) fn q4_1(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK).enumerate() {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = inv(d);
+        let mut b = BlockQ4_1 { d: f16::from_f32(d), m: f16::from_f32(min), qs: [0; QK / 2] };
+        for j in 0..QK / 2 {
+            let q0 = (((x[j] - min) * id + 0.5) as i8).min(15) as u8;
+            let q1 = (((x[j + QK / 2] - min) * id + 0.5) as i8).min(15) as u8;
+            b.qs[j] = q0 | (q1 << 4);
+        }
+        write(dst, i, &b);
+    }
+}
+
+/// Packs 32 five-bit values into Q5's nibbles and high-bit word.
+#[inline(always)]
+fn pack_q5(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
+    let mut qs = [0u8; QK / 2];
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        qs[j] = (q[j] & 0x0F) | ((q[j + QK / 2] & 0x0F) << 4);
+        qh |= ((q[j] >> 4) as u32 & 1) << j;
+        qh |= ((q[j + QK / 2] >> 4) as u32 & 1) << (j + QK / 2);
+    }
+    (qh.to_le_bytes(), qs)
+}
+
+pub(crate) fn q5_0(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK).enumerate() {
+        let d = signed_absmax(x) / -16.0;
+        let id = inv(d);
+        let mut q = [0u8; QK];
+        for (qj, &v) in q.iter_mut().zip(x) {
+            *qj = ((v * id + 16.5) as i8).min(31) as u8;
+        }
+        let (qh, qs) = pack_q5(&q);
+        write(dst, i, &BlockQ5_0 { d: f16::from_f32(d), qh, qs });
+    }
+}
+
+pub(crate) fn q5_1(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK).enumerate() {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = inv(d);
+        let mut q = [0u8; QK];
+        for (qj, &v) in q.iter_mut().zip(x) {
+            *qj = (((v - min) * id + 0.5) as i8).min(31) as u8;
+        }
+        let (qh, qs) = pack_q5(&q);
+        write(dst, i, &BlockQ5_1 { d: f16::from_f32(d), m: f16::from_f32(min), qh, qs });
+    }
+}
+
+pub(crate) fn q8_0(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK).enumerate() {
+        let d = absmax(x) / 127.0;
+        let id = inv(d);
+        let mut b = BlockQ8_0 { d: f16::from_f32(d), qs: [0; QK] };
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = roundf(v * id);
+        }
+        write(dst, i, &b);
+    }
+}
+
+/// Q8_1: as Q8_0, plus `s = d * sum(q)` computed with the *unrounded* f32 `d`
+/// before both are stored as f16 (ggml's `quantize_row_q8_1_ref`).
+pub(crate) fn q8_1(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK).enumerate() {
+        let d = absmax(x) / 127.0;
+        let id = inv(d);
+        let mut b = BlockQ8_1 { d: f16::from_f32(d), s: f16::ZERO, qs: [0; QK] };
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = roundf(v * id);
+            sum += *q as i32;
+        }
+        b.s = f16::from_f32(sum as f32 * d);
+        write(dst, i, &b);
+    }
+}
+
+/// Q8_K: the scale maps the signed extreme to -127 (`iscale = -127 / max`), values
+/// round half to even (ggml's `nearest_int`), and `d = 1 / iscale` stays f32.
+pub(crate) fn q8_k(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK_K).enumerate() {
+        let max = signed_absmax(x);
+        let mut b = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+        if max != 0.0 {
+            let iscale = -127.0 / max;
+            for (q, &v) in b.qs.iter_mut().zip(x) {
+                *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+            }
+            for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+                *s = g.iter().map(|&q| q as i16).sum();
+            }
+            b.d = 1.0 / iscale;
+        }
+        write(dst, i, &b);
+    }
+}

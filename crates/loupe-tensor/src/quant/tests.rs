@@ -1,0 +1,215 @@
+//! Hand-built blocks with closed-form expected values, one test per type.
+//!
+//! The patterns are chosen so the expected value of element `e` follows from `e`
+//! directly (not by re-running the unpacking logic), which pins down the element
+//! order of every packing: nibble halves, 2-bit fields, Q3_K's inverted high bit,
+//! the 6-bit K-scales.
+
+use half::{bf16, f16};
+
+use super::blocks::*;
+use super::dequantize_row;
+use crate::GgmlType;
+
+fn h(x: f32) -> f16 {
+    f16::from_f32(x)
+}
+
+fn deq(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n];
+    dequantize_row(ty, bytes, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn floats() {
+    let f32s: Vec<u8> = [1.5f32, -2.0, 0.1].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(deq(GgmlType::F32, &f32s, 3), [1.5, -2.0, 0.1]);
+    let f16s = [0x00, 0x3C, 0x00, 0xC0, 0x01, 0x00]; // 1.0, -2.0, smallest subnormal
+    assert_eq!(deq(GgmlType::F16, &f16s, 3), [1.0, -2.0, 2f32.powi(-24)]);
+    let bf16s = [0x80, 0x3F, 0x40, 0xC0]; // 1.0, -3.0
+    assert_eq!(deq(GgmlType::BF16, &bf16s, 2), [1.0, -3.0]);
+    assert_eq!(bf16::from_f32(1.0).to_bits(), 0x3F80);
+}
+
+/// `qs[j] = j | (15 - j) << 4`: element `j` has code `j`, element `16 + j` code `15 - j`.
+fn ramp_nibbles() -> [u8; 16] {
+    std::array::from_fn(|j| j as u8 | ((15 - j as u8) << 4))
+}
+
+fn nibble_code(e: usize) -> i32 {
+    if e < 16 {
+        e as i32
+    } else {
+        15 - (e as i32 - 16)
+    }
+}
+
+#[test]
+fn q4_0() {
+    let b = BlockQ4_0 { d: h(0.5), qs: ramp_nibbles() };
+    let got = deq(GgmlType::Q4_0, as_bytes(&[b]), 32);
+    for (e, v) in got.iter().enumerate() {
+        assert_eq!(*v, 0.5 * (nibble_code(e) - 8) as f32, "element {e}");
+    }
+}
+
+#[test]
+fn q4_1() {
+    let b = BlockQ4_1 { d: h(0.25), m: h(-1.0), qs: ramp_nibbles() };
+    let got = deq(GgmlType::Q4_1, as_bytes(&[b]), 32);
+    for (e, v) in got.iter().enumerate() {
+        assert_eq!(*v, 0.25 * nibble_code(e) as f32 - 1.0, "element {e}");
+    }
+}
+
+/// `qh = 0xAAAA_AAAA`: odd elements have the 5th bit set.
+#[test]
+fn q5_0_and_q5_1() {
+    let qh = 0xAAAA_AAAAu32.to_le_bytes();
+    let code = |e: usize| nibble_code(e) + if e % 2 == 1 { 16 } else { 0 };
+    let b0 = BlockQ5_0 { d: h(1.0), qh, qs: ramp_nibbles() };
+    for (e, v) in deq(GgmlType::Q5_0, as_bytes(&[b0]), 32).iter().enumerate() {
+        assert_eq!(*v, (code(e) - 16) as f32, "q5_0 element {e}");
+    }
+    let b1 = BlockQ5_1 { d: h(2.0), m: h(0.5), qh, qs: ramp_nibbles() };
+    for (e, v) in deq(GgmlType::Q5_1, as_bytes(&[b1]), 32).iter().enumerate() {
+        assert_eq!(*v, 2.0 * code(e) as f32 + 0.5, "q5_1 element {e}");
+    }
+}
+
+#[test]
+fn q8_0_q8_1_q8_k() {
+    let b = BlockQ8_0 { d: h(0.125), qs: std::array::from_fn(|j| j as i8 - 16) };
+    for (e, v) in deq(GgmlType::Q8_0, as_bytes(&[b]), 32).iter().enumerate() {
+        assert_eq!(*v, (e as f32 - 16.0) / 8.0);
+    }
+    let b = BlockQ8_1 { d: h(0.5), s: h(123.0), qs: std::array::from_fn(|j| -(j as i8)) };
+    for (e, v) in deq(GgmlType::Q8_1, as_bytes(&[b]), 32).iter().enumerate() {
+        assert_eq!(*v, -0.5 * e as f32);
+    }
+    let b = BlockQ8K { d: 0.25, qs: std::array::from_fn(|j| ((j % 200) as i32 - 100) as i8), bsums: [0; 16] };
+    for (e, v) in deq(GgmlType::Q8K, as_bytes(&[b]), 256).iter().enumerate() {
+        assert_eq!(*v, 0.25 * ((e % 200) as f32 - 100.0));
+    }
+}
+
+/// Every `qs` byte is `0b11_10_01_00`: the 2-bit field at shift `2s` is `s`, so
+/// element `e` has low bits `(e % 128) / 32`.
+const FIELDS_0123: u8 = 0b1110_0100;
+
+#[test]
+fn q2_k() {
+    let scales: [u8; 16] = std::array::from_fn(|g| (1 + g as u8 % 3) | ((g as u8 % 2) << 4));
+    let b = BlockQ2K { scales, qs: [FIELDS_0123; 64], d: h(1.0), dmin: h(0.5) };
+    for (e, v) in deq(GgmlType::Q2K, as_bytes(&[b]), 256).iter().enumerate() {
+        let g = e / 16;
+        let want = (1 + g % 3) as f32 * ((e % 128) / 32) as f32 - 0.5 * (g % 2) as f32;
+        assert_eq!(*v, want, "element {e}");
+    }
+}
+
+/// Packs 16 biased 6-bit Q3_K scales (the inverse of `scales_q3k`, written from
+/// ggml's description rather than from that function).
+fn pack_q3k_scales(raw: [u8; 16]) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    for (i, &s) in raw.iter().enumerate() {
+        out[i % 8] |= (s & 0x0F) << (4 * (i / 8));
+        out[8 + i % 4] |= (s >> 4) << (2 * (i / 4));
+    }
+    out
+}
+
+#[test]
+fn q3_k() {
+    // Scale of group g is g - 5 (raw 6-bit value g + 27), spanning negative,
+    // zero and values needing the high bits.
+    let scales = pack_q3k_scales(std::array::from_fn(|g| g as u8 + 27));
+    // hmask bit c set for even chunks c = e / 32: those have no -4 offset.
+    let b = BlockQ3K { hmask: [0x55; 32], qs: [FIELDS_0123; 64], scales, d: h(0.5) };
+    for (e, v) in deq(GgmlType::Q3K, as_bytes(&[b]), 256).iter().enumerate() {
+        let low = ((e % 128) / 32) as i32;
+        let q = low - if (e / 32) % 2 == 1 { 4 } else { 0 };
+        let want = 0.5 * ((e / 16) as i32 - 5) as f32 * q as f32;
+        assert_eq!(*v, want, "element {e}");
+    }
+}
+
+const SC: [u8; 8] = [1, 2, 3, 4, 17, 33, 50, 63];
+const MN: [u8; 8] = [0, 5, 10, 15, 20, 40, 60, 63];
+
+/// Packs Q4_K/Q5_K scales and mins per ggml-common.h's comment on `block_q4_K`.
+fn pack_k4_scales(sc: [u8; 8], mn: [u8; 8]) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    for j in 0..4 {
+        out[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        out[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        out[j + 8] = (sc[j + 4] & 0x0F) | ((mn[j + 4] & 0x0F) << 4);
+    }
+    out
+}
+
+/// `qs` bytes `b` with low nibble `b % 16` and high nibble `15 - b % 16`; element
+/// `e` (sub-block `j = e / 32`, `l = e % 32`) has code `l % 16` for even `j`.
+fn k4_code(e: usize) -> u8 {
+    let l = (e % 32) as u8;
+    if (e / 32) % 2 == 0 {
+        l % 16
+    } else {
+        15 - l % 16
+    }
+}
+
+#[test]
+fn q4_k() {
+    let qs: [u8; 128] = std::array::from_fn(|b| (b % 16) as u8 | ((15 - (b % 16) as u8) << 4));
+    let b = BlockQ4K { d: h(0.5), dmin: h(0.25), scales: pack_k4_scales(SC, MN), qs };
+    for (e, v) in deq(GgmlType::Q4K, as_bytes(&[b]), 256).iter().enumerate() {
+        let j = e / 32;
+        let want = 0.5 * SC[j] as f32 * k4_code(e) as f32 - 0.25 * MN[j] as f32;
+        assert_eq!(*v, want, "element {e}");
+    }
+}
+
+#[test]
+fn q5_k() {
+    let qs: [u8; 128] = std::array::from_fn(|b| (b % 16) as u8 | ((15 - (b % 16) as u8) << 4));
+    // qh[l] = 0b1010_0101 for even l, 0 for odd l: sub-blocks 0, 2, 5, 7 get the
+    // 5th bit on even elements.
+    let qh: [u8; 32] = std::array::from_fn(|l| if l % 2 == 0 { 0b1010_0101 } else { 0 });
+    let b = BlockQ5K { d: h(0.5), dmin: h(0.25), scales: pack_k4_scales(SC, MN), qh, qs };
+    for (e, v) in deq(GgmlType::Q5K, as_bytes(&[b]), 256).iter().enumerate() {
+        let j = e / 32;
+        let high = if e % 2 == 0 && [0, 2, 5, 7].contains(&j) { 16 } else { 0 };
+        let want = 0.5 * SC[j] as f32 * (k4_code(e) + high) as f32 - 0.25 * MN[j] as f32;
+        assert_eq!(*v, want, "element {e}");
+    }
+}
+
+#[test]
+fn q6_k() {
+    // ql = 0x21: low 4 bits are 1 in the first 64 of each half, 2 in the second;
+    // qh fields at shift 2s are s, so element r of a half has high bits r / 32.
+    let scales: [i8; 16] = std::array::from_fn(|g| g as i8 - 8);
+    let b = BlockQ6K { ql: [0x21; 128], qh: [FIELDS_0123; 64], scales, d: h(0.5) };
+    for (e, v) in deq(GgmlType::Q6K, as_bytes(&[b]), 256).iter().enumerate() {
+        let r = e % 128;
+        let q = if r < 64 { 1 } else { 2 } + 16 * (r / 32) as i32 - 32;
+        let want = 0.5 * ((e / 16) as i32 - 8) as f32 * q as f32;
+        assert_eq!(*v, want, "element {e}");
+    }
+}
+
+#[test]
+fn rejects_wrong_lengths_and_unaligned_ok() {
+    let mut out = [0f32; 32];
+    let err = dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut out).unwrap_err();
+    assert!(err.to_string().contains("expected 18"), "{err}");
+    let err = dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out[..31]).unwrap_err();
+    assert!(err.to_string().contains("multiple"), "{err}");
+    // A block at an odd address reads the same as an aligned one.
+    let b = BlockQ4_1 { d: h(0.25), m: h(-1.0), qs: ramp_nibbles() };
+    let mut buf = vec![0u8; 21];
+    buf[1..].copy_from_slice(as_bytes(&[b]));
+    assert_eq!(deq(GgmlType::Q4_1, &buf[1..], 32), deq(GgmlType::Q4_1, as_bytes(&[b]), 32));
+}

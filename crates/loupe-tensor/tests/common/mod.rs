@@ -1,0 +1,127 @@
+//! Shared test helpers: a seeded RNG and random rows/blocks for every GGML type.
+#![allow(dead_code)]
+
+use half::{bf16, f16};
+use loupe_tensor::quant::{self, vec_dot_type};
+use loupe_tensor::GgmlType;
+
+/// SplitMix64: tiny, seeded, reproducible across platforms.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+    /// A row of activations: mostly N(0,1)-ish, with occasional outliers as real
+    /// hidden states have.
+    pub fn activations(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let v: f32 = (0..4).map(|_| self.uniform(-1.0, 1.0)).sum();
+                if self.next_u64() % 64 == 0 {
+                    v * 8.0
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+}
+
+/// A "sane" f16 scale: magnitude in [1e-3, 0.1], random sign unless `positive`.
+fn scale(rng: &mut Rng, positive: bool) -> [u8; 2] {
+    let mag = 10f32.powf(rng.uniform(-3.0, -1.0));
+    let s = if positive || rng.next_u64() % 2 == 0 { mag } else { -mag };
+    f16::from_f32(s).to_le_bytes()
+}
+
+/// Byte offsets of the f16 scale fields in each block type (from the `block_*`
+/// structs), and whether ggml's quantizers only produce non-negative values there.
+fn f16_fields(ty: GgmlType) -> &'static [(usize, bool)] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[(0, false)],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => &[(0, false), (2, false)],
+        GgmlType::Q2K => &[(80, true), (82, true)],
+        GgmlType::Q3K => &[(108, false)],
+        GgmlType::Q4K | GgmlType::Q5K => &[(0, true), (2, true)],
+        GgmlType::Q6K => &[(208, false)],
+        _ => &[],
+    }
+}
+
+/// `n` elements of `ty` as bytes: random quants with sane scales (no NaN/Inf), or
+/// random finite values for the float types.
+pub fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
+    match ty {
+        GgmlType::F32 => rng.activations(n).iter().flat_map(|v| (v * 0.05).to_le_bytes()).collect(),
+        GgmlType::F16 => rng.activations(n).iter().flat_map(|v| f16::from_f32(v * 0.05).to_le_bytes()).collect(),
+        GgmlType::BF16 => rng.activations(n).iter().flat_map(|v| bf16::from_f32(v * 0.05).to_le_bytes()).collect(),
+        GgmlType::Q8K => {
+            // d is an f32 here; bsums only matter for activations (not used for weights).
+            let mut out = Vec::new();
+            for _ in 0..n / 256 {
+                let mut b = rng.bytes(292);
+                b[..4].copy_from_slice(&(rng.uniform(1e-4, 1e-2)).to_le_bytes());
+                out.extend(b);
+            }
+            out
+        }
+        _ => {
+            let ts = ty.type_size();
+            let mut out = rng.bytes(n / ty.block_size() * ts);
+            for blk in out.chunks_exact_mut(ts) {
+                for &(off, positive) in f16_fields(ty) {
+                    blk[off..off + 2].copy_from_slice(&scale(rng, positive));
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Random activations of `n` elements quantized to `vec_dot_type(wty)`, with the
+/// f32 values they came from.
+pub fn random_act(rng: &mut Rng, wty: GgmlType, n: usize) -> (Vec<f32>, Vec<u8>) {
+    let x = rng.activations(n);
+    let aty = vec_dot_type(wty);
+    let mut q = vec![0u8; aty.bytes_for(n as u64).unwrap() as usize];
+    quant::quantize_row(aty, &x, &mut q).unwrap();
+    (x, q)
+}
+
+pub fn dequant(ty: GgmlType, bytes: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    quant::dequantize_row(ty, bytes, &mut out).unwrap();
+    out
+}
+
+/// Every type a weight can have, i.e. every type with a dot kernel.
+pub fn all_types() -> Vec<GgmlType> {
+    GgmlType::ALL.to_vec()
+}
+
+/// Lengths to test for a type: 1, 2, 3 blocks, and SmolLM2-like sizes.
+pub fn lengths(ty: GgmlType) -> Vec<usize> {
+    let bs = ty.block_size();
+    let mut v = vec![bs, 2 * bs, 3 * bs];
+    for n in [576, 1536, 4096, 63, 129] {
+        if n % bs == 0 && !v.contains(&n) {
+            v.push(n);
+        }
+    }
+    v
+}

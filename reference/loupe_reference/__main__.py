@@ -1,0 +1,5 @@
+import sys
+
+from loupe_reference.cli import main
+
+sys.exit(main())

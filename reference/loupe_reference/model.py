@@ -1,0 +1,254 @@
+"""Loading the reference model and running it: greedy generation and teacher forcing.
+
+The reference is transformers in float32 with the eager attention path on CPU.
+A later ``dump`` subcommand attaches forward hooks to ``Reference.model`` by
+module path (``model.named_modules()``); nothing here hides the module tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import loupe_reference  # noqa: F401  (sets HF_HUB_OFFLINE before transformers is imported)
+from loupe_reference import InputError
+
+import torch
+
+DEFAULT_THREADS = 2
+
+
+def configure_torch(threads: int = DEFAULT_THREADS) -> None:
+    torch.set_num_threads(max(1, int(threads)))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already set, or parallel work already started
+
+
+def quiet_transformers(verbose: bool = False) -> None:
+    """Silence transformers' progress bars and warnings unless verbose."""
+    import transformers
+
+    if verbose:
+        transformers.utils.logging.set_verbosity_info()
+        return
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:  # the GGUF loader uses a plain tqdm bar ("Converting and de-quantizing GGUF tensors...")
+        import functools
+
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+        if hasattr(gguf_utils, "tqdm"):
+            gguf_utils.tqdm = functools.partial(gguf_utils.tqdm, disable=True)
+    except Exception:  # pragma: no cover - module layout differs between versions
+        pass
+    try:
+        import huggingface_hub.utils as hub_utils
+
+        hub_utils.disable_progress_bars()
+    except Exception:  # pragma: no cover - depends on the hub version
+        pass
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@dataclass
+class Reference:
+    model: Any
+    tokenizer: Any
+    kind: str  # "gguf" or "hf-dir"
+    path: str
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos]
+
+
+def load(gguf: str | None = None, hf_dir: str | None = None, verbose: bool = False) -> Reference:
+    """Load tokenizer and model from a GGUF file or a local HF checkpoint directory (f32, eager)."""
+    if (gguf is None) == (hf_dir is None):
+        raise InputError("give exactly one of --gguf or --hf-dir")
+    quiet_transformers(verbose)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_kwargs = dict(dtype=torch.float32, attn_implementation="eager", local_files_only=True)
+    if gguf is not None:
+        path = os.path.abspath(gguf)
+        if not os.path.isfile(path):
+            raise InputError(f"{gguf}: no such file")
+        directory, name = os.path.split(path)
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+        # Always the plain dense f32 model: every GGML block dequantized once at load (for Llama,
+        # transformers 5.23 does so anyway, through gguf-py: Q4_1 = (d * q) + m, Q8_0 = q * d, in f32,
+        # no FMA). Asking explicitly keeps an installed `kernels` package from switching to packed
+        # GGUF matmuls, which would round differently.
+        try:
+            from transformers import GgufConfig
+
+            model_kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        except ImportError:  # transformers < 5
+            pass
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, **model_kwargs)
+        kind = "gguf"
+    else:
+        path = os.path.abspath(hf_dir)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise InputError(f"{hf_dir}: not a Hugging Face checkpoint directory (no config.json)")
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+        kind = "hf-dir"
+    model.eval()
+    pad = tokenizer.pad_token_id
+    eos = _eos_ids(model, tokenizer)
+    if pad is None and eos:
+        pad = eos[0]
+    return Reference(model=model, tokenizer=tokenizer, kind=kind, path=path, eos_token_ids=eos, pad_token_id=pad)
+
+
+def _ids_tensor(ids: Sequence[int]) -> torch.Tensor:
+    if len(ids) == 0:
+        raise InputError("empty input: the prompt produced no tokens")
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # generated ids only; ends with the EOS id if generation stopped on it
+    text: str
+    stopped_on_eos: bool
+    margins: list[float]  # top1 - top2 raw logit at each generated step
+    runner_up: list[int]  # the second-best id at each generated step
+
+
+def top2(logits: torch.Tensor) -> tuple[list[int], list[int], list[float]]:
+    """For logits [T, V]: (argmax ids, runner-up ids, top1 - top2 margins), computed in f32 as given."""
+    vals, idx = torch.topk(logits.float(), k=2, dim=-1)
+    margins = (vals[:, 0] - vals[:, 1]).tolist()
+    return idx[:, 0].tolist(), idx[:, 1].tolist(), [float(m) for m in margins]
+
+
+@torch.no_grad()
+def generate(ref: Reference, prompt_ids: Sequence[int], max_new_tokens: int) -> Generation:
+    """Greedy decoding exactly as ``model.generate(do_sample=False, max_new_tokens=N)``.
+
+    A fresh GenerationConfig is used so no processor (repetition penalty, temperature, ...)
+    from a checkpoint's generation_config.json changes the choice; the raw logits of every
+    step are checked to agree with the chosen token.
+    """
+    from transformers import GenerationConfig
+
+    if max_new_tokens < 0:
+        raise InputError("--max-tokens must be >= 0")
+    if max_new_tokens == 0:
+        return Generation([], "", False, [], [])
+    input_ids = _ids_tensor(prompt_ids)
+    cfg = GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=int(max_new_tokens),
+        eos_token_id=list(ref.eos_token_ids) or None,
+        pad_token_id=ref.pad_token_id,
+        bos_token_id=getattr(ref.model.config, "bos_token_id", None),
+        use_cache=True,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    out = ref.model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        generation_config=cfg,
+    )
+    seq = out.sequences[0].tolist()
+    if seq[: len(prompt_ids)] != list(prompt_ids):
+        raise RuntimeError("generate() did not return the prompt as the sequence prefix")
+    tokens = [int(t) for t in seq[len(prompt_ids) :]]
+    logits = torch.cat([step.float() for step in out.logits], dim=0)  # [steps, V]
+    if logits.shape[0] != len(tokens):
+        raise RuntimeError(f"generate() returned {len(tokens)} tokens but {logits.shape[0]} logit rows")
+    best, second, margins = top2(logits)
+    for i, (tok, b) in enumerate(zip(tokens, best)):
+        if tok != b and float(logits[i, tok]) != float(logits[i, b]):
+            raise RuntimeError(f"step {i}: generate() chose {tok} but the raw argmax is {b}")
+    stopped = bool(tokens) and tokens[-1] in ref.eos_token_ids
+    text = ref.tokenizer.decode(tokens, skip_special_tokens=True)
+    return Generation(tokens, text, stopped, margins, second)
+
+
+@dataclass
+class TeacherForced:
+    argmax: list[int]  # one per position of prompt + tokens
+    runner_up: list[int]
+    margins: list[float]
+    top_logits: list[list[list[float]]] | None  # per position: [[id, logit], ...] best first
+
+
+@torch.no_grad()
+def teacher_force(
+    ref: Reference, prompt_ids: Sequence[int], tokens: Sequence[int], top_k: int = 0
+) -> TeacherForced:
+    """One forward pass (no KV cache) over prompt + tokens; the argmax at every position."""
+    ids = list(prompt_ids) + list(tokens)
+    input_ids = _ids_tensor(ids)
+    logits = ref.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits[0]
+    logits = logits.float()
+    best, second, margins = top2(logits)
+    top = None
+    if top_k and top_k > 0:
+        vals, idx = torch.topk(logits, k=min(int(top_k), logits.shape[-1]), dim=-1)
+        top = [
+            [[int(i), float(v)] for i, v in zip(irow, vrow)]
+            for irow, vrow in zip(idx.tolist(), vals.tolist())
+        ]
+    return TeacherForced(best, second, margins, top)
+
+
+def export_hf(ref: Reference, out_dir: str) -> list[str]:
+    """Write the loaded model as a Hugging Face checkpoint directory (f32 safetensors, config.json,
+    tokenizer.json, chat template), so the HF-directory code paths can be tested without a hub.
+    Loading that directory with ``--hf-dir`` reproduces the GGUF's outputs exactly."""
+    model = ref.model
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # weights are already dense f32 (see load); drop the GGUF marker
+        quantizer.remove_quantization_config(model)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    ref.tokenizer.save_pretrained(out_dir)
+    return sorted(os.listdir(out_dir))
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def stack_versions() -> dict[str, str]:
+    """Versions of the reference stack, as recorded in goldens."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("torch", "transformers", "gguf", "accelerate", "numpy", "safetensors"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["torch"] = torch.__version__
+    return out
