@@ -17,8 +17,10 @@ use crate::{model_path, UsageError};
 pub enum PrecisionArg {
     /// Dequantize weights at load and compute in f32 (closest to PyTorch).
     F32,
-    /// Keep GGML blocks and use quantized dot products (fast).
+    /// Keep GGML blocks in memory; dequantize in registers against f32 activations (fast).
     Native,
+    /// Keep GGML blocks and quantize activations to 8-bit blocks, as llama.cpp does.
+    Q8,
 }
 
 impl From<PrecisionArg> for Precision {
@@ -26,6 +28,7 @@ impl From<PrecisionArg> for Precision {
         match p {
             PrecisionArg::F32 => Precision::F32,
             PrecisionArg::Native => Precision::Native,
+            PrecisionArg::Q8 => Precision::Q8,
         }
     }
 }
@@ -168,6 +171,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         match model.precision {
             Precision::F32 => "f32",
             Precision::Native => "native",
+            Precision::Q8 => "q8",
         },
         load_s,
         prompt_tokens.len(),

@@ -41,3 +41,11 @@ fn f32_teacher_forced_argmax_matches_reference_everywhere_but_near_ties() {
     let Some((agree, total, _, _)) = agreement(Precision::F32) else { return };
     assert!(agree as f64 >= 0.999 * total as f64, "f32 agreement {agree}/{total} is below 99.9%");
 }
+
+/// llama.cpp's scheme (8-bit activations) is reported, not held to 99%: its rounding flips
+/// near ties (SmolLM2's logit margins are often < 0.05). The floor catches a broken kernel.
+#[test]
+fn q8_activation_agreement_is_reported() {
+    let Some((agree, total, _, _)) = agreement(Precision::Q8) else { return };
+    assert!(agree as f64 >= 0.93 * total as f64, "q8 agreement {agree}/{total} is below 93%: a kernel is broken");
+}

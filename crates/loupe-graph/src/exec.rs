@@ -6,7 +6,7 @@
 
 use loupe_tensor::matmul::{matmul_f32, matmul_q};
 use loupe_tensor::ops::{add_in_place, causal_attention, mul_in_place, rms_norm, silu};
-use loupe_tensor::quant::dequantize_row;
+use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
 use crate::ir::{Graph, Node, Op, ValueInfo, WeightData};
@@ -128,7 +128,7 @@ impl Executor {
                     }
                     match &w.data {
                         WeightData::F32(d) => row.copy_from_slice(&d[r * dim..(r + 1) * dim]),
-                        WeightData::Quant(q) => dequantize_row(q.ty, q.row(r), row)?,
+                        WeightData::Quant(q) => dequantize_row_fast(q.ty, q.row(r), row)?,
                     }
                 }
                 Ok(())
@@ -148,7 +148,8 @@ impl Executor {
                 let x = &x_all[x_all.len() - rows * k..];
                 match &w.data {
                     WeightData::F32(d) => matmul_f32(x, d, out, rows, k, n)?,
-                    WeightData::Quant(q) => matmul_q(x, q, out, rows, &mut self.quant_scratch)?,
+                    WeightData::Quant(q) if graph.quantize_activations => matmul_q(x, q, out, rows, &mut self.quant_scratch)?,
+                    WeightData::Quant(q) => matmul_wq(x, q, out, rows)?,
                 }
                 if let Some(b) = bias {
                     if let WeightData::F32(b) = &graph.weight(*b).data {

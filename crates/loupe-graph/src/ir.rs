@@ -169,6 +169,9 @@ pub struct Graph {
     pub kv_width: usize,
     /// Positions the model was trained for (`max_position_embeddings`).
     pub context_length: usize,
+    /// Quantize activations to 8-bit blocks for block-quantized weights (llama.cpp's
+    /// scheme) instead of multiplying dequantized weights by f32 activations.
+    pub quantize_activations: bool,
 }
 
 impl Graph {
@@ -244,6 +247,10 @@ impl GraphBuilder {
         self.graph.kv_layers = layers;
         self.graph.kv_width = width;
         self.graph.context_length = context_length;
+    }
+
+    pub fn set_quantize_activations(&mut self, on: bool) {
+        self.graph.quantize_activations = on;
     }
 
     pub fn finish(self) -> Graph {

@@ -93,7 +93,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, config.num_attention_heads, config.num_key_value_heads, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers)?;
+            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8)?;
             Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
         }
         ModelFormat::HfDir(dir) => {
@@ -107,7 +107,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             };
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
             let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers)?;
+            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8)?;
             Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
         }
     }

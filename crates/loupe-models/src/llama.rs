@@ -13,12 +13,13 @@ use crate::ModelError;
 
 /// Builds the graph, loading weights from `source` as each module needs them.
 /// `layers` keeps only the first N decoder layers (for layer-truncated parity runs).
-pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Option<usize>) -> Result<Graph, ModelError> {
+pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Option<usize>, quantize_activations: bool) -> Result<Graph, ModelError> {
     let n_layers = layers.unwrap_or(cfg.num_hidden_layers).min(cfg.num_hidden_layers);
     let d = cfg.hidden_size;
     let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let mut b = GraphBuilder::new();
     b.set_kv(n_layers, kvh * hd, cfg.max_position_embeddings);
+    b.set_quantize_activations(quantize_activations);
 
     let rope_scaling = match source.rope_freq_factors()? {
         Some(f) => RopeScaling::FreqFactors(f),

@@ -24,8 +24,13 @@ use crate::ModelError;
 pub enum Precision {
     /// Dequantize at load; compute in f32 (closest to the PyTorch reference).
     F32,
-    /// Keep GGML blocks; quantize activations for integer dot products (fast path).
+    /// Keep GGML blocks (4-8 bits per weight in memory); multiply weights dequantized in
+    /// registers by f32 activations. As fast as 8-bit activations where decode is bound by
+    /// memory bandwidth, without their rounding.
     Native,
+    /// Keep GGML blocks and quantize activations to 8-bit blocks for integer dot products,
+    /// as llama.cpp does (to compare with llama.cpp's numbers).
+    Q8,
 }
 
 /// Where a model's weights come from.
@@ -96,7 +101,7 @@ fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[
     let tensor_err = |e| ModelError::Tensor { path: path.to_path_buf(), name: name.to_string(), source: e };
     let cols = *shape.last().unwrap_or(&1);
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
-    let keep_blocks = precision == Precision::Native && shape.len() == 2 && ty != GgmlType::F32;
+    let keep_blocks = precision != Precision::F32 && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
         WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, bytes.to_vec()).map_err(tensor_err)?))
     } else {

@@ -8,6 +8,7 @@ pub mod error;
 pub mod matmul;
 pub mod ops;
 pub mod quant;
+pub mod wq;
 
 pub use error::TensorError;
 pub use loupe_formats::{GgmlType, QK_K};

@@ -167,8 +167,25 @@ impl QMatrix {
 ///
 /// Activations are quantized to `vec_dot_type(w.ty)` (Q8_0 / Q8_1 / Q8_K) into
 /// `scratch`, which grows as needed and is reused across calls (no allocation once
-/// it is large enough); float weights use `x` directly.
+/// it is large enough); float weights use `x` directly. Runs the kernels of
+/// [`Isa::active`].
 pub fn matmul_q(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+    matmul_q_with(Isa::active(), x, w, y, m, scratch)
+}
+
+/// [`matmul_q`] on the kernels of a given ISA level (tests, bisecting).
+///
+/// # Panics
+/// If this CPU does not support `isa`.
+pub fn matmul_q_with(
+    isa: Isa,
+    x: &[f32],
+    w: &QMatrix,
+    y: &mut [f32],
+    m: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
+    assert!(isa.is_supported(), "matmul_q_with: this CPU does not support {isa}");
     let (n, k) = (w.rows, w.cols);
     check_len("matmul_q", "x", x.len(), m, k)?;
     check_len("matmul_q", "y", y.len(), m, n)?;
@@ -204,11 +221,16 @@ pub fn matmul_q(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, scratch: &mut V
         }
         buf
     };
-    let dot = quant::vec_dot_fn(Isa::active(), w.ty);
-    if m == 1 {
-        parallel_rows(y, n, w.row_bytes(), |j| dot(w.row(j), act, k));
-    } else {
-        tiled(act, act_row, w, y, m, dot);
+    match (w.layout, quant::tile_fn(isa, w.ty)) {
+        (Layout::RowMajor, Some(t)) => tiled_kernel(act, act_row, w, y, m, t),
+        (Layout::RowMajor, None) => {
+            let dot = quant::vec_dot_fn(isa, w.ty);
+            if m == 1 {
+                parallel_rows(y, n, w.row_bytes(), |j| dot(w.row(j), act, k));
+            } else {
+                tiled(act, act_row, w, y, m, dot);
+            }
+        }
     }
     Ok(())
 }
@@ -228,18 +250,26 @@ fn parallel_rows(y: &mut [f32], n: usize, row_bytes: usize, f: impl Fn(usize) ->
     });
 }
 
-/// `m > 1`: each task owns a tile of weight rows (output columns) and runs every
-/// activation row over it, so the tile is fetched from memory once and then
-/// served from L1/L2.
+/// Runs `task(t)` for every tile `t < tiles`, in parallel when there is more than one.
+fn for_each_tile(tiles: usize, task: impl Fn(usize) + Sync + Send) {
+    if tiles == 1 {
+        task(0);
+    } else {
+        (0..tiles).into_par_iter().for_each(task);
+    }
+}
+
+/// Each task owns a tile of weight rows (output columns) and runs every activation
+/// row over it, so the tile is fetched from memory once and then served from
+/// L1/L2. Without a tiled kernel: one `vec_dot` per output.
 fn tiled(act: &[u8], act_row: usize, w: &QMatrix, y: &mut [f32], m: usize, dot: VecDotFn) {
     let (n, k) = (w.rows, w.cols);
     let tile = tile_rows(n, w.row_bytes());
     let out = OutPtr(y.as_mut_ptr());
-    let run = |t: usize| {
-        let cols = t * tile..((t + 1) * tile).min(n);
+    for_each_tile(n.div_ceil(tile), |t| {
         for i in 0..m {
             let a = &act[i * act_row..(i + 1) * act_row];
-            for j in cols.clone() {
+            for j in t * tile..((t + 1) * tile).min(n) {
                 let v = dot(w.row(j), a, k);
                 // SAFETY: i < m and j < n, and y.len() == m * n was checked by the
                 // caller; tasks own disjoint column ranges, so no two write the same
@@ -247,13 +277,47 @@ fn tiled(act: &[u8], act_row: usize, w: &QMatrix, y: &mut [f32], m: usize, dot: 
                 unsafe { out.get().add(i * n + j).write(v) };
             }
         }
-    };
-    let tiles = n.div_ceil(tile);
-    if tiles == 1 {
-        run(0);
-    } else {
-        (0..tiles).into_par_iter().for_each(run);
-    }
+    });
+}
+
+/// As [`tiled`], with the register-tiled microkernel: within a task, blocks of
+/// `max_ca` activation rows sweep the task's weight rows `max_rw` at a time.
+fn tiled_kernel(act: &[u8], act_row: usize, w: &QMatrix, y: &mut [f32], m: usize, t: quant::Tile) {
+    let (n, k) = (w.rows, w.cols);
+    let rb = w.row_bytes();
+    let tile = tile_rows(n, rb).next_multiple_of(t.max_rw);
+    let out = OutPtr(y.as_mut_ptr());
+    for_each_tile(n.div_ceil(tile), |task| {
+        let (j0, j1) = (task * tile, ((task + 1) * tile).min(n));
+        let mut i = 0;
+        while i < m {
+            let na = t.max_ca.min(m - i);
+            let mut j = j0;
+            while j < j1 {
+                let nw = t.max_rw.min(j1 - j);
+                // SAFETY (TileFn contract): rows j..j + nw < n of `w` (row-major,
+                // rb bytes each) and rows i..i + na < m of `act` (act_row bytes each,
+                // quantized from k elements) are in bounds; outputs (i + c) * n + j + r
+                // lie in y (m * n, checked by the caller), inside this task's column
+                // range, which no other task writes.
+                unsafe {
+                    (t.f)(
+                        w.data.as_ptr().add(j * rb),
+                        rb,
+                        nw,
+                        act.as_ptr().add(i * act_row),
+                        act_row,
+                        na,
+                        k,
+                        out.get().add(i * n + j),
+                        n,
+                    )
+                };
+                j += nw;
+            }
+            i += na;
+        }
+    });
 }
 
 /// Rows per task: about [`TILE_BYTES`] of weights, but small enough that every

@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use loupe_tensor::matmul::{matmul_f32, matmul_q, QMatrix};
-use loupe_tensor::quant::{self, vec_dot_type};
+use loupe_tensor::matmul::{matmul_f32, matmul_q, matmul_q_with, QMatrix};
+use loupe_tensor::quant::{self, vec_dot_type, Isa};
 use loupe_tensor::GgmlType;
 
 fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
@@ -67,30 +67,38 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QMatr
     QMatrix::new(ty, rows, cols, data).unwrap()
 }
 
+/// Every output against the f64 dot of its dequantized weight and activation
+/// rows, on every ISA: catches tiling and indexing slips (which are never small)
+/// as well as kernel errors. Shapes cover partial tiles in both directions and an
+/// odd block count (the one-block tail).
 #[test]
-fn matmul_q_equals_per_element_vec_dot() {
+fn matmul_q_every_output_on_every_isa() {
     let mut rng = Rng::new(11);
     for ty in all_types() {
-        let k = if ty.block_size() == 256 { 512 } else { 96 };
-        for &(m, n) in &[(1, 1), (1, 300), (2, 7), (5, 130), (40, 517)] {
-            let w = random_matrix(&mut rng, ty, n, k);
-            let x = rng.activations(m * k);
-            let mut y = vec![f32::NAN; m * n];
-            let mut scratch = Vec::new();
-            matmul_q(&x, &w, &mut y, m, &mut scratch).unwrap();
-            let aty = vec_dot_type(ty);
-            let mut act = vec![0u8; aty.bytes_for(k as u64).unwrap() as usize];
-            for i in 0..m {
-                quant::quantize_row(aty, &x[i * k..(i + 1) * k], &mut act).unwrap();
-                for j in 0..n {
-                    let want = quant::vec_dot(ty, w.row(j), &act, k);
-                    let got = y[i * n + j];
-                    // F32 weights with m > 1 go through gemm: same math, other order.
-                    let exact = !(ty == GgmlType::F32 && m > 1);
-                    assert!(
-                        if exact { got.to_bits() == want.to_bits() } else { (got - want).abs() <= 1e-4 * want.abs().max(1.0) },
-                        "{ty} m={m} n={n} y[{i},{j}] = {got}, vec_dot gives {want}"
-                    );
+        for k in if ty.block_size() == 256 { [256, 512] } else { [64, 96] } {
+            for &(m, n) in &[(1, 1), (1, 300), (2, 7), (5, 130), (40, 517)] {
+                let w = random_matrix(&mut rng, ty, n, k);
+                let x = rng.activations(m * k);
+                let aty = vec_dot_type(ty);
+                let mut act = vec![0u8; aty.bytes_for(k as u64).unwrap() as usize];
+                let mut want = vec![(0f64, 0f64); m * n];
+                for i in 0..m {
+                    quant::quantize_row(aty, &x[i * k..(i + 1) * k], &mut act).unwrap();
+                    for j in 0..n {
+                        want[i * n + j] = reference(ty, w.row(j), &act, k);
+                    }
+                }
+                for isa in Isa::available() {
+                    let mut y = vec![f32::NAN; m * n];
+                    matmul_q_with(isa, &x, &w, &mut y, m, &mut Vec::new()).unwrap();
+                    for (idx, (&got, &(exact, mag))) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (got as f64 - exact).abs() <= 1e-5 * mag + 1e-30,
+                            "{ty} k={k} m={m} n={n} {isa}: y[{}, {}] = {got}, f64 reference {exact}",
+                            idx / n,
+                            idx % n
+                        );
+                    }
                 }
             }
         }

@@ -138,6 +138,20 @@ impl ChatTemplate {
         }
     }
 
+    /// Sets a variable from JSON text, keeping object key order as Python would (a
+    /// `serde_json::Value` passed to [`Self::set_var`] has its keys sorted). For OpenAI `tools`.
+    pub fn set_var_json(&mut self, name: impl Into<String>, json: &str) -> Result<()> {
+        let value: Value = serde_json::from_str(json).map_err(|e| TextError::TemplateRender {
+            message: format!("variable is not valid JSON: {e}"),
+        })?;
+        let name = name.into();
+        match self.vars.iter_mut().find(|(k, _)| *k == name) {
+            Some(slot) => slot.1 = value,
+            None => self.vars.push((name, value)),
+        }
+        Ok(())
+    }
+
     /// `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(Value::from_serialize).collect();
@@ -424,6 +438,13 @@ mod tests {
         )
         .unwrap();
         t.set_var("enable_thinking", false);
+        t.set_var_json("tools", r#"[{"z": 1, "a": 2}]"#).unwrap();
+        assert!(t.set_var_json("tools", "{").is_err());
+        let order = ChatTemplate::new("{{ tools|tojson }}", "", "").map(|mut o| {
+            o.set_var_json("tools", r#"[{"z": 1, "a": 2}]"#).unwrap();
+            o.render(&[ChatMessage::user("x")], false).unwrap()
+        });
+        assert_eq!(order.unwrap(), r#"[{"z": 1, "a": 2}]"#);
         assert_eq!(
             t.render(&[ChatMessage::user("x")], false).unwrap(),
             "<s>False4"

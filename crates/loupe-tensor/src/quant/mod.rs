@@ -29,6 +29,8 @@ mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tile;
 
 #[cfg(target_endian = "big")]
 compile_error!("loupe reads GGML blocks in place as little-endian; big-endian targets are unsupported");
@@ -186,6 +188,54 @@ pub fn vec_dot_fn(isa: Isa, wty: GgmlType) -> VecDotFn {
         }
     }
     scalar::dot_fn(wty)
+}
+
+/// A register-tiled dot kernel (the matmul microkernel): for `r < nw` weight rows
+/// and `c < na` activation rows, `out[c * out_stride + r] = dot(w_r, a_c)`, where
+/// `w_r = w + r * w_stride` and `a_c = a + c * a_stride` are rows of `n` elements.
+///
+/// # Safety
+/// `1 <= nw <= max_rw`, `1 <= na <= max_ca` of the [`Tile`] it came from; every row
+/// named must be readable for `n` elements of its type, and every `out` element
+/// named must be writable and not aliased by anything else during the call.
+pub(crate) type TileFn = unsafe fn(
+    w: *const u8,
+    w_stride: usize,
+    nw: usize,
+    a: *const u8,
+    a_stride: usize,
+    na: usize,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+);
+
+/// A [`TileFn`] with its largest tile.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    pub f: TileFn,
+    pub max_rw: usize,
+    pub max_ca: usize,
+}
+
+/// The tiled kernel for weights of type `wty` at ISA level `isa`, where one exists
+/// (AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); otherwise matmul calls
+/// [`vec_dot_fn`] per output.
+///
+/// # Panics
+/// If this CPU does not support `isa`.
+pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
+    assert!(isa.is_supported(), "tile_fn: this CPU does not support {isa}");
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 {
+        return avx512_tile::tile_fn(wty).map(|f| Tile {
+            f,
+            max_rw: avx512_tile::MAX_RW,
+            max_ca: avx512_tile::MAX_CA,
+        });
+    }
+    let _ = wty;
+    None
 }
 
 /// Checks the row lengths a dot kernel is about to read; the SIMD kernels read

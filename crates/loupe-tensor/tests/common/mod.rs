@@ -125,3 +125,34 @@ pub fn lengths(ty: GgmlType) -> Vec<usize> {
     }
     v
 }
+
+/// The exact value `vec_dot` approximates, in f64, and a scale for tolerances
+/// (the sum of magnitudes of everything the kernel adds up).
+///
+/// For Q4_1/Q5_1 the kernel adds `m * s` with the Q8_1 block's stored `s`
+/// (`f16(d_unrounded * sum(q))`), not the sum of the dequantized activations; the
+/// reference does the same so that only f32 rounding separates the two.
+pub fn reference(wty: GgmlType, w: &[u8], act: &[u8], n: usize) -> (f64, f64) {
+    let aty = vec_dot_type(wty);
+    let (wd, ad) = (dequant(wty, w, n), dequant(aty, act, n));
+    let mut exact = 0f64;
+    let mut mag = 0f64;
+    for (x, y) in wd.iter().zip(&ad) {
+        exact += *x as f64 * *y as f64;
+        mag += (*x as f64 * *y as f64).abs();
+    }
+    let wmax = wd.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    mag += wmax * ad.iter().map(|v| v.abs() as f64).sum::<f64>();
+    if matches!(wty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        let (ws, as_) = (wty.type_size(), aty.type_size());
+        for b in 0..n / 32 {
+            let m = f16::from_le_bytes([w[b * ws + 2], w[b * ws + 3]]).to_f32() as f64;
+            let s = f16::from_le_bytes([act[b * as_ + 2], act[b * as_ + 3]]).to_f32() as f64;
+            let s_exact: f64 = ad[b * 32..(b + 1) * 32].iter().map(|v| *v as f64).sum();
+            exact += m * (s - s_exact);
+            mag += (m * s).abs();
+        }
+    }
+    (exact, mag)
+}
+

@@ -1,0 +1,387 @@
+//! Weight-only quantization: `y = x @ W^T` with `W` kept in GGML blocks and `x` in f32.
+//!
+//! Unlike [`crate::matmul::matmul_q`], which quantizes activations to 8-bit blocks as
+//! llama.cpp does, these kernels dequantize weights in registers and multiply by the f32
+//! activations. The weight bytes read per token are the same (the memory-bound decode
+//! costs the same), but no activation rounding is added: on SmolLM2 Q4_1, teacher-forced
+//! argmax agreement with the f32 PyTorch reference is ~100% instead of ~96% with 8-bit
+//! activations (see BENCHMARKS.md / the engine issue's closing note).
+//!
+//! * decode (`m == 1`): a fused dequantize-and-dot per weight row, rows split over threads;
+//! * prefill (`m > 1`): each task dequantizes a tile of weight rows into an L2-sized f32
+//!   buffer and multiplies it with all of `x` through `gemm`.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::matmul::QMatrix;
+use crate::quant::{dequantize_row, Isa};
+use crate::{GgmlType, TensorError};
+
+/// Weight rows per prefill task: 64 rows x 1536 columns of f32 is 384 KiB, inside the
+/// 2 MiB L2 of Sapphire Rapids cores, next to the activations it is multiplied with.
+const PREFILL_TILE_ROWS: usize = 64;
+/// Weight rows per decode task: enough work (~tens of µs) to amortize rayon's overhead.
+const DECODE_TILE_ROWS: usize = 64;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// y[m, n] = x[m, k] @ W^T for a block-quantized `W` (`n = w.rows`, `k = w.cols`), with f32
+/// activations.
+pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
+    let (n, k) = (w.rows, w.cols);
+    if x.len() != m * k || y.len() != m * n {
+        return Err(TensorError::Shape { op: "matmul_wq", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if m == 1 {
+        let block = w.ty.block_size();
+        let sums: Vec<f32> = x.chunks(block).map(|c| c.iter().sum()).collect();
+        let isa = Isa::active();
+        let err = std::sync::Mutex::new(None);
+        y.par_chunks_mut(DECODE_TILE_ROWS).enumerate().for_each(|(t, ys)| {
+            for (o, v) in ys.iter_mut().enumerate() {
+                match dot_row(isa, w.ty, w.row(t * DECODE_TILE_ROWS + o), x, &sums) {
+                    Ok(d) => *v = d,
+                    Err(e) => *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                }
+            }
+        });
+        return match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+    }
+    let tiles = n.div_ceil(PREFILL_TILE_ROWS);
+    let out = OutPtr(y.as_mut_ptr());
+    (0..tiles).into_par_iter().try_for_each(|t| {
+        let j0 = t * PREFILL_TILE_ROWS;
+        let rows = PREFILL_TILE_ROWS.min(n - j0);
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            s.resize(PREFILL_TILE_ROWS * k, 0.0);
+            for r in 0..rows {
+                dequantize_row_fast(w.ty, w.row(j0 + r), &mut s[r * k..(r + 1) * k])?;
+            }
+            // SAFETY: x is m x k (row stride k); the tile is rows x k read as its transpose
+            // (k x rows: row stride 1, column stride k); the destination is columns
+            // j0..j0+rows of y (m x n, row stride n), disjoint between tasks.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    rows,
+                    k,
+                    out.get().add(j0),
+                    1,
+                    n as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    k as isize,
+                    s.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            Ok(())
+        })
+    })
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint columns of y through it.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Dot of one weight row with f32 `x`; `sums` holds the sum of `x` over each weight block
+/// (used by types with an offset term, Q4_1/Q5_1).
+pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) -> Result<f32, TensorError> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 {
+        match ty {
+            // SAFETY: the CPU supports AVX-512 F/BW (Isa::Avx512); lengths are checked inside.
+            GgmlType::Q4_1 => return unsafe { avx512::dot_q4_1(w_row, x, sums) },
+            GgmlType::Q8_0 => return unsafe { avx512::dot_q8_0(w_row, x) },
+            _ => {}
+        }
+    }
+    let _ = (isa, sums);
+    dot_row_scalar(ty, w_row, x)
+}
+
+/// Reference: dequantize block by block, multiply in f32.
+pub fn dot_row_scalar(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, TensorError> {
+    let block = ty.block_size();
+    let bytes = ty.type_size();
+    if w_row.len() * block != x.len() * bytes {
+        return Err(TensorError::Shape { op: "dot_row", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), x.len()) });
+    }
+    let mut buf = [0f32; 256];
+    let mut acc = 0f32;
+    for (wb, xb) in w_row.chunks_exact(bytes).zip(x.chunks_exact(block)) {
+        let vals = &mut buf[..block];
+        dequantize_row(ty, wb, vals)?;
+        acc += vals.iter().zip(xb).map(|(a, b)| a * b).sum::<f32>();
+    }
+    Ok(acc)
+}
+
+/// Dequantizes one row, with AVX-512 for the types SmolLM2 uses.
+pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() >= Isa::Avx512 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && src.len() * ty.block_size() == dst.len() * ty.type_size() {
+        // SAFETY: AVX-512 is available; lengths were checked just above.
+        unsafe { avx512::dequant(ty, src, dst) };
+        return Ok(());
+    }
+    dequantize_row(ty, src, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! Block layouts (ggml-common.h): `block_q4_1 { f16 d; f16 m; u8 qs[16] }`, element `j`
+    //! in the low nibble of `qs[j]` and element `j + 16` in the high nibble, value
+    //! `d * q + m`; `block_q8_0 { f16 d; i8 qs[32] }`, value `d * q`.
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use crate::{GgmlType, TensorError};
+
+    fn f16_at(b: &[u8], i: usize) -> f32 {
+        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
+
+    fn check(w: &[u8], x: &[f32], bytes: usize) -> Result<usize, TensorError> {
+        let blocks = x.len() / 32;
+        if x.len() % 32 != 0 || w.len() != blocks * bytes {
+            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} weight bytes against {} activations", w.len(), x.len()) });
+        }
+        Ok(blocks)
+    }
+
+    /// The 32 nibbles of a Q4_1 block as two vectors of 16 f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn nibbles(qs: *const u8) -> (__m512, __m512) {
+        let raw = _mm_loadu_si128(qs as *const __m128i);
+        let lo = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F));
+        (_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn bytes_i8(qs: *const u8) -> (__m512, __m512) {
+        let a = _mm_loadu_si128(qs as *const __m128i);
+        let b = _mm_loadu_si128(qs.add(16) as *const __m128i);
+        (_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)))
+    }
+
+    /// An f16 at `p` (unaligned), converted with F16C.
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    unsafe fn f16_ptr(p: *const u8) -> f32 {
+        let bits = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// `sum_b d_b * (q_b . x_b) + m_b * sum(x_b)`. Two accumulators hide FMA latency.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub unsafe fn dot_q4_1(w: &[u8], x: &[f32], sums: &[f32]) -> Result<f32, TensorError> {
+        let blocks = check(w, x, 20)?;
+        if sums.len() != blocks {
+            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
+        }
+        let (wp, xp, sp) = (w.as_ptr(), x.as_ptr(), sums.as_ptr());
+        let block = |b: usize, acc: __m512| {
+            let blk = wp.add(b * 20);
+            let (lo, hi) = nibbles(blk.add(4));
+            let xb = xp.add(b * 32);
+            let s = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xb), _mm512_mul_ps(hi, _mm512_loadu_ps(xb.add(16))));
+            (_mm512_fmadd_ps(_mm512_set1_ps(f16_ptr(blk)), s, acc), f16_ptr(blk.add(2)) * *sp.add(b))
+        };
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let (mut off0, mut off1) = (0f32, 0f32);
+        let mut b = 0;
+        while b + 2 <= blocks {
+            let (a, o) = block(b, acc0);
+            acc0 = a;
+            off0 += o;
+            let (a, o) = block(b + 1, acc1);
+            acc1 = a;
+            off1 += o;
+            b += 2;
+        }
+        if b < blocks {
+            let (a, o) = block(b, acc0);
+            acc0 = a;
+            off0 += o;
+        }
+        Ok(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (off0 + off1))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub unsafe fn dot_q8_0(w: &[u8], x: &[f32]) -> Result<f32, TensorError> {
+        let blocks = check(w, x, 34)?;
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let block = |b: usize, acc: __m512| {
+            let blk = wp.add(b * 34);
+            let (a, c) = bytes_i8(blk.add(2));
+            let xb = xp.add(b * 32);
+            let s = _mm512_fmadd_ps(a, _mm512_loadu_ps(xb), _mm512_mul_ps(c, _mm512_loadu_ps(xb.add(16))));
+            _mm512_fmadd_ps(_mm512_set1_ps(f16_ptr(blk)), s, acc)
+        };
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut b = 0;
+        while b + 2 <= blocks {
+            acc0 = block(b, acc0);
+            acc1 = block(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            acc0 = block(b, acc0);
+        }
+        Ok(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)))
+    }
+
+    /// Dequantizes a Q4_1 or Q8_0 row; lengths checked by the caller. The value is formed
+    /// as a separate multiply and add (`d * q + m`, no FMA), as gguf-py's numpy code does,
+    /// so the f32 weights equal those the PyTorch reference computes with.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn dequant(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+        let blocks = dst.len() / 32;
+        for b in 0..blocks {
+            let out = dst.as_mut_ptr().add(b * 32);
+            match ty {
+                GgmlType::Q4_1 => {
+                    let blk = &src[b * 20..b * 20 + 20];
+                    let (lo, hi) = nibbles(blk.as_ptr().add(4));
+                    let d = _mm512_set1_ps(f16_at(blk, 0));
+                    let m = _mm512_set1_ps(f16_at(blk, 2));
+                    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(d, lo), m));
+                    _mm512_storeu_ps(out.add(16), _mm512_add_ps(_mm512_mul_ps(d, hi), m));
+                }
+                _ => {
+                    let blk = &src[b * 34..b * 34 + 34];
+                    let (a, c) = bytes_i8(blk.as_ptr().add(2));
+                    let d = _mm512_set1_ps(f16_at(blk, 0));
+                    _mm512_storeu_ps(out, _mm512_mul_ps(d, a));
+                    _mm512_storeu_ps(out.add(16), _mm512_mul_ps(d, c));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::quantize_row;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn qmatrix(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
+        let w = data(rows * cols, 7);
+        let row_bytes = cols / ty.block_size() * ty.type_size();
+        let mut bytes = vec![0u8; rows * row_bytes];
+        for (r, chunk) in bytes.chunks_mut(row_bytes).enumerate() {
+            quantize_row(ty, &w[r * cols..(r + 1) * cols], chunk).unwrap();
+        }
+        let mut deq = vec![0f32; rows * cols];
+        for (r, chunk) in bytes.chunks(row_bytes).enumerate() {
+            dequantize_row(ty, chunk, &mut deq[r * cols..(r + 1) * cols]).unwrap();
+        }
+        (QMatrix::new(ty, rows, cols, bytes).unwrap(), deq)
+    }
+
+    #[test]
+    fn simd_dequant_equals_reference_bit_for_bit() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (q, deq) = qmatrix(ty, 3, 128);
+            let mut fast = vec![0f32; 128];
+            for r in 0..3 {
+                dequantize_row_fast(ty, q.row(r), &mut fast).unwrap();
+                assert_eq!(fast, deq[r * 128..(r + 1) * 128], "{ty} row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_isa_dot_matches_the_scalar_reference() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_1] {
+            let (q, _) = qmatrix(ty, 2, 256);
+            let x = data(256, 3);
+            let sums: Vec<f32> = x.chunks(32).map(|c| c.iter().sum()).collect();
+            let reference = dot_row_scalar(ty, q.row(1), &x).unwrap();
+            for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
+                let got = dot_row(isa, ty, q.row(1), &x, &sums).unwrap();
+                assert!((got - reference).abs() <= 1e-4 * (1.0 + reference.abs()), "{ty} {isa:?}: {got} vs {reference}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_equals_dequantized_f32_matmul() {
+        for (m, n, k) in [(1, 70, 64), (5, 130, 96), (17, 64, 32)] {
+            for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q6K] {
+                let k = if ty == GgmlType::Q6K { 256 } else { k };
+                let (q, deq) = qmatrix_or_random(ty, n, k);
+                let x = data(m * k, 11);
+                let mut y = vec![0f32; m * n];
+                matmul_wq(&x, &q, &mut y, m).unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k).map(|c| x[i * k + c] as f64 * deq[j * k + c] as f64).sum();
+                        let got = y[i * n + j] as f64;
+                        assert!((got - want).abs() < 1e-3 * (1.0 + want.abs()), "{ty} m={m} ({i},{j}): {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Types without a quantizer get random bytes with sane f16 scales.
+    fn qmatrix_or_random(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
+        if crate::quant::can_quantize(ty) {
+            return qmatrix(ty, rows, cols);
+        }
+        let row_bytes = cols / ty.block_size() * ty.type_size();
+        let mut bytes: Vec<u8> = data(rows * row_bytes, 5).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
+        // Q6_K ends each block with an f16 scale: make it small and finite.
+        for blk in bytes.chunks_mut(ty.type_size()) {
+            let n = blk.len();
+            blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        }
+        let mut deq = vec![0f32; rows * cols];
+        for (r, chunk) in bytes.chunks(row_bytes).enumerate() {
+            dequantize_row(ty, chunk, &mut deq[r * cols..(r + 1) * cols]).unwrap();
+        }
+        (QMatrix::new(ty, rows, cols, bytes).unwrap(), deq)
+    }
+}
