@@ -3,9 +3,11 @@
 //! Exit codes (design.md): 0 success; 1 divergence found (compare/parity); 2 bad usage or
 //! bad input, reported as one line on stderr naming the file or field.
 
+mod cmd_dump;
 mod cmd_generate;
 mod cmd_inspect;
 mod model_path;
+mod tensor_print;
 
 use std::process::ExitCode;
 
@@ -22,6 +24,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Generate(cmd_generate::GenerateArgs),
+    /// Capture named intermediate tensors (taps) into a dump directory, or print them.
+    Dump(cmd_dump::DumpArgs),
     /// List a GGUF or safetensors file's metadata and tensors.
     Inspect(cmd_inspect::InspectArgs),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => cmd_generate::run(args),
         Command::Inspect(args) => cmd_inspect::run(args),
+        Command::Dump(args) => cmd_dump::run(args),
         Command::FetchModel => model_path::default_model().map(|p| println!("{}", p.display())),
     };
     match result {

@@ -77,8 +77,18 @@ impl Executor {
             let mut out = self.pool.pop().unwrap_or_default();
             out.clear();
             out.resize(rows * width, 0.0);
-            self.exec_node(graph, node, tokens, kv, past, rows, &mut out)
+            let side = match (node.side, observer.as_deref_mut()) {
+                (Some(s), Some(obs)) => obs.wants(graph.value(s)).then_some(s),
+                _ => None,
+            };
+            let mut side_buf = side.map(|_| self.pool.pop().unwrap_or_default());
+            self.exec_node(graph, node, tokens, kv, past, rows, &mut out, side_buf.as_mut())
                 .map_err(|source| GraphError::Kernel { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), source })?;
+            if let (Some(s), Some(buf), Some(obs)) = (side, side_buf, observer.as_deref_mut()) {
+                let sinfo = graph.value(s);
+                obs.observe(sinfo, &sinfo.concrete_shape(n_tokens, context), &buf);
+                self.pool.push(buf);
+            }
             if let Some(obs) = observer.as_deref_mut() {
                 if obs.wants(info) {
                     let mut shape = info.concrete_shape(rows, context);
@@ -116,7 +126,7 @@ impl Executor {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], kv: &mut KvCache, past: usize, rows: usize, out: &mut [f32]) -> Result<(), TensorError> {
+    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], kv: &mut KvCache, past: usize, rows: usize, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
         match &node.op {
             Op::Embedding { table } => {
                 let w = graph.weight(*table);
@@ -169,7 +179,13 @@ impl Executor {
                 let k = self.buffers[node.inputs[1].0 as usize].as_deref().unwrap_or(&[]);
                 let v = self.buffers[node.inputs[2].0 as usize].as_deref().unwrap_or(&[]);
                 let (keys, values) = kv.append(*layer, k, v);
-                causal_attention(*shape, q, keys, values, past + tokens.len(), out, None)
+                let ctx = past + tokens.len();
+                let probs = side.map(|buf| {
+                    buf.clear();
+                    buf.resize(shape.n_heads * tokens.len() * ctx, 0.0);
+                    buf.as_mut_slice()
+                });
+                causal_attention(*shape, q, keys, values, ctx, out, probs)
             }
             Op::Silu => {
                 out.copy_from_slice(self.input(node, 0));

@@ -154,6 +154,10 @@ pub struct Node {
     pub op: Op,
     pub inputs: Vec<ValueId>,
     pub output: ValueId,
+    /// An intermediate the op computes on the way that PyTorch users want to see
+    /// (attention probabilities). Written out only when an observer asks for it, by the
+    /// same kernel call, so tapping it cannot change the numbers.
+    pub side: Option<ValueId>,
 }
 
 /// A model as a flat program in execution order.
@@ -226,7 +230,18 @@ impl GraphBuilder {
             axes,
             location: Location::caller(),
         });
-        self.graph.nodes.push(Node { op, inputs: inputs.to_vec(), output: id });
+        self.graph.nodes.push(Node { op, inputs: inputs.to_vec(), output: id, side: None });
+        id
+    }
+
+    /// Declares a side output of the node that computes `of` (see [`Node::side`]).
+    #[track_caller]
+    pub fn side_output(&mut self, of: ValueId, name: impl Into<String>, shape: Vec<Dim>, axes: Vec<&'static str>) -> ValueId {
+        let id = ValueId(self.graph.values.len() as u32);
+        self.graph.values.push(ValueInfo { name: name.into(), aliases: Vec::new(), shape, axes, location: Location::caller() });
+        if let Some(node) = self.graph.nodes.iter_mut().find(|n| n.output == of) {
+            node.side = Some(id);
+        }
         id
     }
 

@@ -51,6 +51,12 @@ pub fn verify(graph: &Graph) -> Result<(), GraphError> {
         }
         check_widths(graph, i, node, out)?;
         defined[node.output.0 as usize] = true;
+        if let Some(side) = node.side {
+            match defined.get_mut(side.0 as usize) {
+                Some(d) if !*d => *d = true,
+                _ => return Err(fail(graph, i, node, format!("side output %{} is missing or computed twice", side.0))),
+            }
+        }
     }
     match graph.logits {
         Some(l) if defined.get(l.0 as usize).copied().unwrap_or(false) => Ok(()),

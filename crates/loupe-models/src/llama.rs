@@ -51,6 +51,7 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let q = b.node(format!("{p}.self_attn.q_rope"), Op::Rope { n_heads: h, table: rope.clone() }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
         let k = b.node(format!("{p}.self_attn.k_rope"), Op::Rope { n_heads: kvh, table: rope.clone() }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
         let attn = b.node(format!("{p}.self_attn.attn_output"), Op::Attention { layer: l, shape }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
+        b.side_output(attn, format!("{p}.self_attn.attn_probs"), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
         let o = linear(&mut b, &mut load, &format!("{p}.self_attn.o_proj"), attn, d, h * hd, cfg.attention_bias)?;
         b.alias(o, format!("{p}.self_attn"));
         let resid = b.node(format!("{p}.attn_residual"), Op::Add, &[x, o], hidden(d), axes());
