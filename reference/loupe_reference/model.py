@@ -1,7 +1,7 @@
 """Loading the reference model and running it: greedy generation and teacher forcing.
 
 The reference is transformers in float32 with the eager attention path on CPU.
-A later ``dump`` subcommand attaches forward hooks to ``Reference.model`` by
+The ``dump`` subcommand (dump.py) attaches forward hooks to ``Reference.model`` by
 module path (``model.named_modules()``); nothing here hides the module tree.
 """
 
@@ -80,8 +80,18 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return [int(e) for e in eos]
 
 
-def load(gguf: str | None = None, hf_dir: str | None = None, verbose: bool = False) -> Reference:
-    """Load tokenizer and model from a GGUF file or a local HF checkpoint directory (f32, eager)."""
+def load(
+    gguf: str | None = None,
+    hf_dir: str | None = None,
+    verbose: bool = False,
+    layers: int | None = None,
+    native_dtype: bool = False,
+) -> Reference:
+    """Load tokenizer and model from a GGUF file or a local HF checkpoint directory (f32, eager).
+
+    ``layers``: keep only the first N decoder layers (``truncate_layers`` on the config; the
+    weights of the dropped layers are ignored). ``native_dtype``: load an HF checkpoint in its
+    stored dtype (``dtype="auto"``) instead of float32 (a GGUF is float32 either way)."""
     if (gguf is None) == (hf_dir is None):
         raise InputError("give exactly one of --gguf or --hf-dir")
     quiet_transformers(verbose)
@@ -104,6 +114,12 @@ def load(gguf: str | None = None, hf_dir: str | None = None, verbose: bool = Fal
             model_kwargs["quantization_config"] = GgufConfig(dequantize=True)
         except ImportError:  # transformers < 5
             pass
+        if layers is not None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(directory, gguf_file=name, local_files_only=True)
+            truncate_layers(config, layers)
+            model_kwargs["config"] = config
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, **model_kwargs)
         kind = "gguf"
     else:
@@ -111,6 +127,14 @@ def load(gguf: str | None = None, hf_dir: str | None = None, verbose: bool = Fal
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise InputError(f"{hf_dir}: not a Hugging Face checkpoint directory (no config.json)")
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if native_dtype:
+            model_kwargs["dtype"] = "auto"
+        if layers is not None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            truncate_layers(config, layers)
+            model_kwargs["config"] = config
         model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
         kind = "hf-dir"
     model.eval()
@@ -119,6 +143,143 @@ def load(gguf: str | None = None, hf_dir: str | None = None, verbose: bool = Fal
     if pad is None and eos:
         pad = eos[0]
     return Reference(model=model, tokenizer=tokenizer, kind=kind, path=path, eos_token_ids=eos, pad_token_id=pad)
+
+
+#: Config keys that hold a layer count (MAX's debug_model --num-hidden-layers writes them all).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def truncate_layers(config: Any, n: int) -> list[str]:
+    """Write ``n`` into every layer-count key of ``config`` (a transformers config or a dict),
+    nested sub-configs (``text_config``, ``vision_config``, ...) included; per-layer lists
+    (``layer_types``) are cut to ``n``. Returns the dotted keys written; raises InputError when
+    none matched or when ``n`` is not in 1..(the model's layer count)."""
+    if n < 1:
+        raise InputError(f"--layers must be >= 1 (or 'all'), got {n}")
+    written: list[str] = []
+    seen: set[int] = set()
+
+    def items(obj: Any):
+        if isinstance(obj, dict):
+            return list(obj.items())
+        return list(vars(obj).items())
+
+    def put(obj: Any, key: str, value: Any) -> None:
+        if isinstance(obj, dict):
+            obj[key] = value
+        else:
+            setattr(obj, key, value)
+
+    def walk(obj: Any, prefix: str) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        counts = {}
+        for key, value in items(obj):
+            if key in LAYER_COUNT_KEYS and isinstance(value, int) and not isinstance(value, bool):
+                if n > value:
+                    raise InputError(f"--layers {n}: the model has only {value} layers ({prefix}{key})")
+                counts[key] = value
+        for key in counts:
+            put(obj, key, n)
+            written.append(prefix + key)
+        old = max(counts.values()) if counts else None
+        for key, value in items(obj):
+            if key == "layer_types" and isinstance(value, list) and old is not None and len(value) == old:
+                put(obj, key, value[:n])
+            elif isinstance(value, dict) or _is_config(value):
+                walk(value, prefix + key + ".")
+
+    walk(config, "")
+    if not written:
+        raise InputError(f"--layers: no layer-count key ({', '.join(LAYER_COUNT_KEYS)}) in the model config")
+    return written
+
+
+def _is_config(x: Any) -> bool:
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(x, PretrainedConfig)
+
+
+class ByteTokenizer:
+    """The fallback tokenizer of ``dump --config`` without ``--tokenizer``: one id per UTF-8 byte.
+    No chat template, no special tokens."""
+
+    eos_token_id = None
+    pad_token_id = None
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": list(text.encode("utf-8"))}
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        raise InputError("--chat needs a tokenizer with a chat template (give --tokenizer)")
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def load_tokenizer(path: str) -> Any:
+    """A tokenizer from an HF directory (tokenizer.json ...) or a GGUF file."""
+    from transformers import AutoTokenizer
+
+    if os.path.isdir(path):
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if os.path.isfile(path):
+        directory, name = os.path.split(os.path.abspath(path))
+        return AutoTokenizer.from_pretrained(directory, gguf_file=name, local_files_only=True)
+    raise InputError(f"{path}: no such tokenizer file or directory")
+
+
+def load_from_config(
+    config_path: str,
+    seed: int,
+    tokenizer: str | None = None,
+    verbose: bool = False,
+    layers: int | None = None,
+    native_dtype: bool = False,
+) -> Reference:
+    """A model with random weights from a ``config.json``: ``torch.manual_seed(seed)`` then
+    ``AutoModelForCausalLM.from_config`` (eager attention; float32 unless ``native_dtype``, which
+    uses the config's dtype). Tokenizer: ``tokenizer`` (HF dir or GGUF), else ``ByteTokenizer``."""
+    import json
+
+    quiet_transformers(verbose)
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    try:
+        with open(config_path, "r", encoding="utf-8") as f:
+            d = json.load(f)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{config_path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict) or "model_type" not in d:
+        raise InputError(f"{config_path}: no model_type")
+    try:
+        cls = CONFIG_MAPPING[d["model_type"]]
+    except KeyError:
+        raise InputError(f"{config_path}: unknown model_type {d['model_type']!r}") from None
+    config = cls.from_dict(d)
+    if layers is not None:
+        truncate_layers(config, layers)
+    dtype = torch.float32
+    if native_dtype:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+    tok = load_tokenizer(tokenizer) if tokenizer else ByteTokenizer()
+    torch.manual_seed(int(seed))
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+    model.eval()
+    if tokenizer is None and config.vocab_size < 256:
+        raise InputError(f"the byte fallback tokenizer needs vocab_size >= 256 (config has {config.vocab_size}); give --tokenizer")
+    eos = _eos_ids(model, tok) if tokenizer else []
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None and eos:
+        pad = eos[0]
+    return Reference(model=model, tokenizer=tok, kind="config", path=os.path.abspath(config_path),
+                     eos_token_ids=eos, pad_token_id=pad)
 
 
 def _ids_tensor(ids: Sequence[int]) -> torch.Tensor:

@@ -110,7 +110,11 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
     check(args.nmse.is_finite() && args.nmse >= 0.0, "--nmse must be a non-negative number")?;
     check(args.norm_tol.is_finite() && args.norm_tol >= 0.0, "--norm-tol must be a non-negative number")?;
     for (flag, v) in [("--rtol", args.rtol), ("--atol", args.atol)] {
-        check(v.is_none_or(|x| x.is_finite() && x >= 0.0), &format!("{flag} must be a non-negative number"))?;
+        let ok = match v {
+            None => true,
+            Some(x) => x.is_finite() && x >= 0.0,
+        };
+        check(ok, &format!("{flag} must be a non-negative number"))?;
     }
     let defaults = Thresholds::default();
     let thresholds = Thresholds {

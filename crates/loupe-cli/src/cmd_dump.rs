@@ -14,7 +14,7 @@ use loupe_runtime::{argmax, Session};
 use regex::Regex;
 use serde_json::{json, Value};
 
-use crate::cmd_generate::{load_model, prompt_tokens, ModelArgs, PrecisionArg};
+use crate::cmd_generate::{load_model_with_faults, prompt_tokens, ModelArgs, PrecisionArg};
 use crate::{tensor_print, UsageError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -71,6 +71,11 @@ pub struct DumpArgs {
     pub mode: PrecisionArg,
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// Plant a bug in loupe's own graph at decoder layer LAYER (repeatable), to test the
+    /// parity tools against a known answer. CLASS: rope-interleaved, transposed-weight,
+    /// norm-eps, gelu-tanh, softmax-scale, gqa-mapping, missing-residual, bf16, kv-write, mask.
+    #[arg(long = "inject", value_name = "CLASS@LAYER")]
+    pub inject: Vec<loupe_models::Fault>,
 }
 
 /// Chooses values by regex.
@@ -217,7 +222,7 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
     }
     let style = args.style.unwrap_or(if args.output.is_some() { Style::Npy } else { Style::Compact });
     let model_args = ModelArgs { model: args.model.clone(), precision: args.mode, threads: args.threads };
-    let (model, _) = load_model(&model_args, layers)?;
+    let (model, _) = load_model_with_faults(&model_args, layers, args.inject.clone())?;
     let tokens = prompt_tokens(&model, &args.prompt, args.chat, args.system.as_deref())?;
 
     let files = matches!(style, Style::Npy | Style::Binary | Style::Max);
@@ -245,7 +250,7 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
         }
     };
     if let (Some(tmp), Some(out)) = (tmp, &args.output) {
-        let manifest = json!({
+        let mut manifest = json!({
             "format": "loupe-dump", "version": 1,
             "producer": {"engine": "loupe", "version": env!("CARGO_PKG_VERSION")},
             "model": {"path": model.path, "sha256": Value::Null},
@@ -255,6 +260,10 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
             "layers": model.graph.kv_layers,
             "tensors": obs.entries,
         });
+        // Only a dump with planted faults says so: a normal manifest is unchanged.
+        if !args.inject.is_empty() {
+            manifest["faults"] = json!(args.inject.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+        }
         let finish = || -> anyhow::Result<()> {
             std::fs::write(tmp.join("manifest.json"), serde_json::to_vec_pretty(&manifest)?)?;
             if out.exists() {

@@ -90,6 +90,11 @@ pub struct GenerateArgs {
 
 /// Loads a model with a progress bar on stderr.
 pub fn load_model(args: &ModelArgs, layers: Option<usize>) -> anyhow::Result<(Model, f64)> {
+    load_model_with_faults(args, layers, Vec::new())
+}
+
+/// [`load_model`] with planted faults (`loupe dump --inject`).
+pub fn load_model_with_faults(args: &ModelArgs, layers: Option<usize>, faults: Vec<loupe_models::Fault>) -> anyhow::Result<(Model, f64)> {
     let path = model_path::resolve(args.model.as_deref())?;
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}").map(|s| s.progress_chars("=> ")).unwrap_or_else(|_| ProgressStyle::default_bar()));
@@ -99,7 +104,7 @@ pub fn load_model(args: &ModelArgs, layers: Option<usize>) -> anyhow::Result<(Mo
         bar.set_position(done);
     };
     let start = Instant::now();
-    let model = loupe_models::load(&path, LoadOptions { precision: args.precision.into(), layers, progress: Some(&progress) })
+    let model = loupe_models::load(&path, LoadOptions { precision: args.precision.into(), layers, progress: Some(&progress), faults })
         .map_err(|e| UsageError(e.to_string()))?;
     bar.finish_and_clear();
     Ok((model, start.elapsed().as_secs_f64()))

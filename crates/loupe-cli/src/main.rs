@@ -3,9 +3,13 @@
 //! Exit codes (design.md): 0 success; 1 divergence found (compare/parity); 2 bad usage or
 //! bad input, reported as one line on stderr naming the file or field.
 
+mod cmd_compare;
 mod cmd_dump;
+mod cmd_explain;
 mod cmd_generate;
 mod cmd_inspect;
+mod cmd_parity;
+mod explain;
 mod model_path;
 mod tensor_print;
 
@@ -26,6 +30,12 @@ enum Command {
     Generate(cmd_generate::GenerateArgs),
     /// Capture named intermediate tensors (taps) into a dump directory, or print them.
     Dump(cmd_dump::DumpArgs),
+    /// Compare two dumps (or tensor files): metrics per tensor, first divergence, likely cause.
+    Compare(cmd_compare::CompareArgs),
+    /// Dump loupe and the PyTorch reference on one prompt, compare, and give one verdict.
+    Parity(cmd_parity::ParityArgs),
+    /// Test fix hypotheses for one divergent tensor on the reference's inputs of its op.
+    Explain(cmd_explain::ExplainArgs),
     /// List a GGUF or safetensors file's metadata and tensors.
     Inspect(cmd_inspect::InspectArgs),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
@@ -47,13 +57,19 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Generate(args) => cmd_generate::run(args),
-        Command::Inspect(args) => cmd_inspect::run(args),
-        Command::Dump(args) => cmd_dump::run(args),
-        Command::FetchModel => model_path::default_model().map(|p| println!("{}", p.display())),
+        Command::Generate(args) => cmd_generate::run(args).map(|()| 0),
+        Command::Inspect(args) => cmd_inspect::run(args).map(|()| 0),
+        Command::Dump(args) => cmd_dump::run(args).map(|()| 0),
+        Command::Compare(args) => cmd_compare::run(args),
+        Command::Parity(args) => cmd_parity::run(args),
+        Command::Explain(args) => cmd_explain::run(args),
+        Command::FetchModel => model_path::default_model().map(|p| {
+            println!("{}", p.display());
+            0
+        }),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("loupe: error: {}", one_line(&e));
             ExitCode::from(2)

@@ -63,7 +63,7 @@ fn bad_input_is_an_error() {
     assert!(e.contains("missing"), "{e}");
     assert!(cmd_compare::run(args(&[&a, &a, "--cos", "1.5"])).unwrap_err().to_string().contains("--cos"));
     assert!(cmd_compare::run(args(&[&a, &a, "--only", "("])).unwrap_err().to_string().contains("--only"));
-    assert!(cmd_compare::run(args(&[&a, &a, "--rtol", "-1"])).is_err());
+    assert!(cmd_compare::run(args(&[&a, &a, "--rtol=-1"])).is_err());
     let e = cmd_compare::run(args(&[&a, &a, "--map", &missing])).unwrap_err().to_string();
     assert!(e.contains("missing"), "{e}");
 }

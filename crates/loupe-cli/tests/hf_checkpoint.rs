@@ -46,8 +46,12 @@ fn checked(what: &str, o: Output) -> String {
 }
 
 fn make_tiny(dir: &Path, tokenizer_gguf: &Path, tie: bool, rope: &str) {
+    make_tiny_with(dir, tokenizer_gguf, tie, rope, &[]);
+}
+
+fn make_tiny_with(dir: &Path, tokenizer_gguf: &Path, tie: bool, rope: &str, extra: &[&str]) {
     let mut c = python(&["make-tiny", "--seed", "0", "--rope-scaling", rope, "--out"]);
-    c.arg(dir).arg("--tokenizer-gguf").arg(tokenizer_gguf);
+    c.arg(dir).arg("--tokenizer-gguf").arg(tokenizer_gguf).args(extra);
     if tie {
         c.arg("--tie");
     }
@@ -136,4 +140,46 @@ fn tiny_untied_llama3_rope_matches_reference() {
     std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
     let unscaled: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
     assert_ne!(unscaled, tokens, "llama3 RoPE scaling changes nothing on these prompts; the test cannot detect its absence");
+}
+
+/// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:
+/// on the raw prompt, loupe's tokens equal the reference's, or loupe fails cleanly.
+fn matches_or_refuses(extra: &[&str], field: &str) {
+    let Some((_guard, gguf)) = setup() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-variant");
+    make_tiny_with(&dir, &gguf, false, "none", extra);
+    let (prompt, chat) = PROMPTS[0];
+    let mut c = loupe();
+    c.arg("generate").arg("--model").arg(&dir);
+    c.args(["--precision", "f32", "--temperature", "0", "--json", "--max-tokens", MAX_TOKENS, prompt]);
+    let o = run(&mut c);
+    if !o.status.success() {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(field), "the error should name {field}: {}", stderr(&o));
+        return;
+    }
+    let ours: JsonOut = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let r = reference(&dir, prompt, chat);
+    assert_eq!(ours.tokens, r.tokens, "{extra:?}: loupe ran the checkpoint but generated other tokens (is {field} ignored?)");
+}
+
+#[test]
+fn tiny_attention_bias_matches_reference() {
+    matches_or_refuses(&["--attention-bias"], "attention_bias");
+}
+
+/// Known loupe bug (found by this test): `mlp_bias` is not read from config.json
+/// (loupe-models/src/config.rs, from_hf_config) and the MLP projections are built without bias
+/// (loupe-models/src/llama.rs, gate/up/down `linear(..., false, ..)`), so the biases are silently dropped.
+#[test]
+fn tiny_mlp_bias_matches_reference_or_is_refused() {
+    matches_or_refuses(&["--mlp-bias"], "mlp_bias");
+}
+
+/// Known loupe bug (found by this test): `hidden_act` is not read from config.json; every
+/// checkpoint runs SiLU, so e.g. gelu_pytorch_tanh silently produces other tokens.
+#[test]
+fn tiny_gelu_matches_reference_or_is_refused() {
+    matches_or_refuses(&["--hidden-act", "gelu_pytorch_tanh"], "hidden_act");
 }

@@ -8,7 +8,7 @@ use loupe_runtime::Session;
 
 fn agreement(precision: Precision) -> Option<(usize, usize, usize, usize)> {
     let model_path = real_model()?;
-    let model = loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None }).expect("load");
+    let model = loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).expect("load");
     let (mut agree, mut total, mut gen_agree, mut gen_total) = (0, 0, 0, 0);
     for g in goldens() {
         let mut seq = g.prompt_tokens.clone();

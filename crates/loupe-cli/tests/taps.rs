@@ -27,7 +27,7 @@ impl Observer for TapAll {
 fn logits_are_bit_identical_with_every_tap_on_and_with_none() {
     let Some(path) = real_model() else { return };
     for precision in [Precision::F32, Precision::Native] {
-        let model = loupe_models::load(&path, LoadOptions { precision, layers: None, progress: None }).unwrap();
+        let model = loupe_models::load(&path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).unwrap();
         let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
         let next = model.tokenizer.encode(" it", false).unwrap()[0];
         let run = |tap: Option<&mut TapAll>| {

@@ -9,15 +9,33 @@
 //! - [`safetensors_file`]: safetensors files ([`SafetensorsFile`]) and sharded Hugging Face
 //!   checkpoints ([`SafetensorsCheckpoint`]).
 //! - [`fuzzing`]: the bodies of the `fuzz/` targets, also run by the test suite.
+//! - Dump formats (parity tooling): [`npy`] (`.npy` reader/writer), [`npz`], [`pt`]
+//!   (`torch.save` archives through the allow-listed pickle VM in [`pickle`]), [`max_file`]
+//!   (Modular MAX `.max` reader/writer), [`raw`] (headerless bytes + manifest). Each yields
+//!   [`elem::StoredTensor`]s that convert to f32; [`dump_fuzzing`] holds their fuzz bodies.
 
+pub mod dump_fuzzing;
+pub mod elem;
 pub mod error;
 pub mod fuzzing;
 pub mod ggml_type;
 pub mod gguf;
+pub mod max_file;
+pub mod npy;
+pub mod npz;
+pub mod pickle;
+pub mod pt;
+pub mod raw;
 pub mod safetensors_file;
 pub mod storage;
+pub mod zip_archive;
 
+pub use elem::{ElemType, StoredTensor};
 pub use error::FormatError;
+pub use max_file::MaxFile;
+pub use npy::{write_npy, NpyFile};
+pub use npz::NpzFile;
+pub use pt::PtFile;
 pub use ggml_type::{GgmlType, QK_K};
 pub use gguf::writer::GgufWriter;
 pub use gguf::{GgufFile, GgufTensorInfo, GgufValue, GgufValueType};

@@ -5,13 +5,13 @@
 //! written it, and buffer reuse depends only on the graph, never on what is observed.
 
 use loupe_tensor::matmul::{matmul_f32, matmul_q};
-use loupe_tensor::ops::{add_in_place, causal_attention, mul_in_place, rms_norm, silu};
+use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, rms_norm, round_bf16, silu};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
 use crate::ir::{Graph, Node, Op, ValueInfo, WeightData};
 use crate::verify::row_width;
-use crate::{GraphError, KvCache};
+use crate::{GraphError, KvCache, KvWrite};
 
 /// Looks at values as the executor computes them.
 pub trait Observer {
@@ -170,26 +170,43 @@ impl Executor {
                 }
                 Ok(())
             }
-            Op::Rope { n_heads, table } => {
+            Op::Rope { n_heads, table, mode } => {
                 out.copy_from_slice(self.input(node, 0));
-                table.apply(out, *n_heads, past)
+                table.apply_mode(out, *n_heads, past, *mode)
             }
-            Op::Attention { layer, shape } => {
+            Op::Attention { layer, shape, variant, kv_write } => {
                 let q = self.buffers[node.inputs[0].0 as usize].as_deref().unwrap_or(&[]);
                 let k = self.buffers[node.inputs[1].0 as usize].as_deref().unwrap_or(&[]);
                 let v = self.buffers[node.inputs[2].0 as usize].as_deref().unwrap_or(&[]);
-                let (keys, values) = kv.append(*layer, k, v);
+                let (keys, values) = match kv_write {
+                    KvWrite::InPlace => kv.append(*layer, k, v),
+                    KvWrite::OneLate => kv.append_late(*layer, k, v),
+                };
                 let ctx = past + tokens.len();
                 let probs = side.map(|buf| {
                     buf.clear();
                     buf.resize(shape.n_heads * tokens.len() * ctx, 0.0);
                     buf.as_mut_slice()
                 });
-                causal_attention(*shape, q, keys, values, ctx, out, probs)
+                attention(*shape, *variant, q, keys, values, ctx, out, probs)
             }
             Op::Silu => {
                 out.copy_from_slice(self.input(node, 0));
                 silu(out);
+                Ok(())
+            }
+            Op::Gelu { tanh } => {
+                out.copy_from_slice(self.input(node, 0));
+                gelu(out, *tanh);
+                Ok(())
+            }
+            Op::Copy => {
+                out.copy_from_slice(self.input(node, 0));
+                Ok(())
+            }
+            Op::RoundBf16 => {
+                out.copy_from_slice(self.input(node, 0));
+                round_bf16(out);
                 Ok(())
             }
             Op::Mul => {

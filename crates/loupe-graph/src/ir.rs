@@ -4,8 +4,11 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use loupe_tensor::matmul::QMatrix;
-use loupe_tensor::ops::{AttentionShape, RopeTable};
+use loupe_tensor::ops::{AttentionShape, AttentionVariant, RopeMode, RopeTable};
 use loupe_tensor::GgmlType;
+
+use crate::fault::FaultClass;
+use crate::kv::KvWrite;
 
 /// Index of a value in [`Graph::values`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -113,13 +116,22 @@ pub enum Op {
     RmsNorm { weight: WeightId, eps: f32 },
     /// `x @ weight^T (+ bias)`.
     Linear { weight: WeightId, bias: Option<WeightId> },
-    /// Rotary embedding of `n_heads` heads at the call's positions.
-    Rope { n_heads: usize, table: Arc<RopeTable> },
-    /// Writes k and v (inputs 1, 2) into the layer's cache, then attends with q (input 0).
-    Attention { layer: usize, shape: AttentionShape },
+    /// Rotary embedding of `n_heads` heads at the call's positions, pairing elements as
+    /// `mode` says.
+    Rope { n_heads: usize, table: Arc<RopeTable>, mode: RopeMode },
+    /// Writes k and v (inputs 1, 2) into the layer's cache as `kv_write` says, then attends
+    /// with q (input 0) under `variant` (head map, mask).
+    Attention { layer: usize, shape: AttentionShape, variant: AttentionVariant, kv_write: KvWrite },
     Silu,
+    /// GELU, exact (erf) or with the tanh approximation.
+    Gelu { tanh: bool },
     Mul,
     Add,
+    /// The input unchanged, as a new value (a value that should have been computed from more
+    /// inputs, e.g. a residual sum whose add is missing).
+    Copy,
+    /// The input rounded to bfloat16 and widened back (what a bf16 activation holds).
+    RoundBf16,
 }
 
 impl Op {
@@ -132,8 +144,12 @@ impl Op {
             Op::Rope { .. } => "rope",
             Op::Attention { .. } => "attention",
             Op::Silu => "silu",
+            Op::Gelu { tanh: true } => "gelu_tanh",
+            Op::Gelu { tanh: false } => "gelu",
             Op::Mul => "mul",
             Op::Add => "add",
+            Op::Copy => "copy",
+            Op::RoundBf16 => "round_bf16",
         }
     }
 
@@ -141,7 +157,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } => 0,
-            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu => 1,
+            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 => 1,
             Op::Mul | Op::Add => 2,
             Op::Attention { .. } => 3,
         }
@@ -158,6 +174,8 @@ pub struct Node {
     /// (attention probabilities). Written out only when an observer asks for it, by the
     /// same kernel call, so tapping it cannot change the numbers.
     pub side: Option<ValueId>,
+    /// The planted fault this node carries, if any (see [`crate::fault`]); shown in IR text.
+    pub fault: Option<FaultClass>,
 }
 
 /// A model as a flat program in execution order.
@@ -230,7 +248,7 @@ impl GraphBuilder {
             axes,
             location: Location::caller(),
         });
-        self.graph.nodes.push(Node { op, inputs: inputs.to_vec(), output: id, side: None });
+        self.graph.nodes.push(Node { op, inputs: inputs.to_vec(), output: id, side: None, fault: None });
         id
     }
 
@@ -243,6 +261,19 @@ impl GraphBuilder {
             node.side = Some(id);
         }
         id
+    }
+
+    /// Records that the node computing `value` carries a planted fault.
+    pub fn mark_fault(&mut self, value: ValueId, fault: FaultClass) {
+        if let Some(node) = self.graph.nodes.iter_mut().find(|n| n.output == value) {
+            node.fault = Some(fault);
+        }
+    }
+
+    /// Renames a value: a node inserted after the one that computed a module's output (a
+    /// planted fault) takes over the module's name, so dumps keep pairing by name.
+    pub fn rename(&mut self, value: ValueId, name: impl Into<String>) {
+        self.graph.values[value.0 as usize].name = name.into();
     }
 
     /// Gives `value` another name (a module whose output is this same value).

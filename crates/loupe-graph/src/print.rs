@@ -1,9 +1,14 @@
 //! Readable text form of the IR, one node per line:
 //! `%12 model.layers.0.self_attn.q_proj = linear(%11) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/llama.rs:88`
+//!
+//! A node carrying a planted fault says so after its attributes: `... FAULT=rope-interleaved`.
 
 use std::fmt::Write;
 
+use loupe_tensor::ops::{AttentionMask, HeadMap, RopeMode};
+
 use crate::ir::{Graph, Op, WeightId};
+use crate::kv::KvWrite;
 
 /// The whole graph as text.
 pub fn to_text(graph: &Graph) -> String {
@@ -31,13 +36,33 @@ pub fn to_text(graph: &Graph) -> String {
                     let _ = write!(s, " b={}", w(b));
                 }
             }
-            Op::Rope { n_heads, table } => {
+            Op::Rope { n_heads, table, mode } => {
                 let _ = write!(s, " heads={n_heads} head_dim={}", table.head_dim());
+                // Only the non-default pairing is spelled out, so the text of a normal graph
+                // does not change.
+                if *mode != RopeMode::default() {
+                    let _ = write!(s, " pairs={}", mode.name());
+                }
             }
-            Op::Attention { layer, shape } => {
+            Op::Attention { layer, shape, variant, kv_write } => {
                 let _ = write!(s, " layer={layer} heads={} kv_heads={} head_dim={} scale={}", shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale);
+                match variant.head_map {
+                    HeadMap::Grouped => {}
+                    HeadMap::Modulo => s.push_str(" head_map=modulo"),
+                }
+                match variant.mask {
+                    AttentionMask::Causal => {}
+                    AttentionMask::None => s.push_str(" mask=none"),
+                }
+                match kv_write {
+                    KvWrite::InPlace => {}
+                    KvWrite::OneLate => s.push_str(" kv_write=one-late"),
+                }
             }
-            Op::Silu | Op::Mul | Op::Add => {}
+            Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 => {}
+        }
+        if let Some(f) = node.fault {
+            let _ = write!(s, " FAULT={f}");
         }
         let dims: Vec<String> = v.shape.iter().map(|d| d.to_string()).collect();
         let _ = write!(s, " : [{}] f32", dims.join(", "));

@@ -92,18 +92,18 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
             }
             Ok(())
         }
-        Op::Rope { n_heads, table } => {
+        Op::Rope { n_heads, table, mode: _ } => {
             let need = n_heads * table.head_dim();
             expect(width(0) == Some(need) && out_w == Some(need), format!("rope over {n_heads} heads of {} needs width {need}, got {:?}", table.head_dim(), width(0)))
         }
-        Op::Attention { layer, shape } => {
+        Op::Attention { layer, shape, variant: _, kv_write: _ } => {
             let q = shape.n_heads * shape.head_dim;
             let kv = shape.n_kv_heads * shape.head_dim;
             let ok = width(0) == Some(q) && width(1) == Some(kv) && width(2) == Some(kv) && out_w == Some(q);
             expect(ok, format!("attention widths q {:?} k {:?} v {:?} out {:?} for {shape:?}", width(0), width(1), width(2), out_w))?;
             expect(*layer < graph.kv_layers && kv == graph.kv_width, format!("layer {layer} / kv width {kv} outside the cache ({} layers x {})", graph.kv_layers, graph.kv_width))
         }
-        Op::Silu => expect(width(0).is_some() && out_w == width(0), "silu changes width".into()),
+        Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 => expect(width(0).is_some() && out_w == width(0), format!("{} changes width", node.op.name())),
         Op::Mul | Op::Add => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
     }
 }

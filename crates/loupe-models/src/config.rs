@@ -88,7 +88,9 @@ impl LlamaConfig {
         let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: "config.json".into(), reason: e.to_string() })?;
         let bad = |field: &str, reason: String| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.to_string(), reason };
         let archs: Vec<&str> = v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-        if !archs.iter().any(|a| HF_LLAMA_ARCHS.contains(a)) {
+        // transformers loads a config without `architectures` by its `model_type`.
+        let llama_by_type = archs.is_empty() && v.get("model_type").and_then(Value::as_str) == Some("llama");
+        if !llama_by_type && !archs.iter().any(|a| HF_LLAMA_ARCHS.contains(a)) {
             let found = if archs.is_empty() { v.get("model_type").and_then(Value::as_str).unwrap_or("<none>").to_string() } else { archs.join(", ") };
             return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), arch: found, supported: HF_LLAMA_ARCHS.join(", ") });
         }
@@ -102,6 +104,14 @@ impl LlamaConfig {
                 Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| bad(k, "not a number".into())),
             }
         };
+        // Features the Llama graph does not build are refused by name, never ignored.
+        match v.get("hidden_act").and_then(Value::as_str) {
+            None | Some("silu") => {}
+            Some(other) => return Err(bad("hidden_act", format!("'{other}' is not supported (loupe's Llama graph uses silu)"))),
+        }
+        if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+            return Err(bad("mlp_bias", "true is not supported (loupe's Llama MLP has no biases)".into()));
+        }
         let hidden_size = usize_field("hidden_size")?;
         let num_attention_heads = usize_field("num_attention_heads")?;
         if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {

@@ -20,6 +20,7 @@ use loupe_graph::Graph;
 use loupe_text::{ChatTemplate, Tokenizer};
 
 pub use config::LlamaConfig;
+pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
 pub use weights::{Precision, Progress};
 
@@ -43,12 +44,22 @@ pub struct Model {
 }
 
 /// Options for [`load`].
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct LoadOptions<'a> {
     pub precision: Precision,
     /// Keep only the first N decoder layers.
     pub layers: Option<usize>,
     pub progress: Option<Progress<'a>>,
+    /// Bugs to plant in the graph (`loupe dump --inject`), to test the parity tools against
+    /// a known answer; empty in normal use.
+    pub faults: Vec<Fault>,
+}
+
+impl Default for LoadOptions<'_> {
+    /// f32 weights (the parity baseline), every layer, no progress, no faults.
+    fn default() -> Self {
+        LoadOptions { precision: Precision::F32, layers: None, progress: None, faults: Vec::new() }
+    }
 }
 
 /// Detects the checkpoint kind: a GGUF file (by magic), or a directory / `.safetensors`
@@ -93,7 +104,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, config.num_attention_heads, config.num_key_value_heads, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8)?;
+            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
             Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
         }
         ModelFormat::HfDir(dir) => {
@@ -107,7 +118,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             };
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
             let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8)?;
+            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
             Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
         }
     }

@@ -1,22 +1,32 @@
 //! The Llama-family decoder as a graph whose values carry Hugging Face module paths
 //! (`transformers/models/llama/modeling_llama.py`): embedding, N x (RMSNorm, GQA
 //! self-attention with RoPE, residual, RMSNorm, SwiGLU MLP, residual), final norm, lm_head.
+//!
+//! Planted faults ([`loupe_graph::fault`]) are built here, into the layer they name: the
+//! faulty node keeps the module's name and is marked with its class. A graph built without
+//! faults takes exactly the nodes it always did.
 
 use std::sync::Arc;
 
-use loupe_graph::{Dim, Graph, GraphBuilder, Op, ValueId, WeightId};
-use loupe_tensor::ops::{AttentionShape, RopeScaling, RopeTable};
+use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, ValueId, Weight, WeightData, WeightId};
+use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
 use crate::config::LlamaConfig;
 use crate::weights::WeightSource;
 use crate::ModelError;
 
+/// The eps `norm-eps` plants: large enough to shrink small-norm rows visibly, while the
+/// direction of each row barely changes (a scale bug).
+pub const FAULT_NORM_EPS: f32 = 1e-1;
+
 /// Builds the graph, loading weights from `source` as each module needs them.
-/// `layers` keeps only the first N decoder layers (for layer-truncated parity runs).
-pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Option<usize>, quantize_activations: bool) -> Result<Graph, ModelError> {
+/// `layers` keeps only the first N decoder layers (for layer-truncated parity runs);
+/// `faults` plants bugs into the layers they name (none in normal use).
+pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Option<usize>, quantize_activations: bool, faults: &[Fault]) -> Result<Graph, ModelError> {
     let n_layers = layers.unwrap_or(cfg.num_hidden_layers).min(cfg.num_hidden_layers);
     let d = cfg.hidden_size;
     let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    check_faults(cfg, source, faults, n_layers)?;
     let mut b = GraphBuilder::new();
     b.set_kv(n_layers, kvh * hd, cfg.max_position_embeddings);
     b.set_quantize_activations(quantize_activations);
@@ -30,50 +40,318 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
 
     let hidden = |n: usize| vec![Dim::Tokens, Dim::Fixed(n)];
     let axes = || vec!["token", "hidden"];
-    let mut load = |b: &mut GraphBuilder, name: &str, shape: &[usize]| -> Result<WeightId, ModelError> { Ok(b.weight(source.load(name, shape)?)) };
+    let mut load = |name: &str, shape: &[usize]| -> Result<Weight, ModelError> { source.load(name, shape) };
 
-    let embed = load(&mut b, "model.embed_tokens.weight", &[cfg.vocab_size, d])?;
+    let embed = b.weight(load("model.embed_tokens.weight", &[cfg.vocab_size, d])?);
     let mut x = b.node("model.embed_tokens", Op::Embedding { table: embed }, &[], hidden(d), axes());
 
     for l in 0..n_layers {
         let p = format!("model.layers.{l}");
-        let linear = |b: &mut GraphBuilder, load: &mut dyn FnMut(&mut GraphBuilder, &str, &[usize]) -> Result<WeightId, ModelError>, module: &str, input: ValueId, rows: usize, cols: usize, bias: bool| -> Result<ValueId, ModelError> {
-            let weight = load(b, &format!("{module}.weight"), &[rows, cols])?;
-            let bias = if bias { Some(load(b, &format!("{module}.bias"), &[rows])?) } else { None };
-            Ok(b.node(module, Op::Linear { weight, bias }, &[input], vec![Dim::Tokens, Dim::Fixed(rows)], vec!["token", "feature"]))
+        let has = |c: FaultClass| faults.iter().any(|f| f.layer == l && f.class == c);
+
+        let w = b.weight(load(&format!("{p}.input_layernorm.weight"), &[d])?);
+        let eps = if has(FaultClass::NormEps) { FAULT_NORM_EPS } else { cfg.rms_norm_eps };
+        let normed = b.node(format!("{p}.input_layernorm"), Op::RmsNorm { weight: w, eps }, &[x], hidden(d), axes());
+        mark_if(&mut b, normed, has(FaultClass::NormEps), FaultClass::NormEps);
+        let q = linear(&mut b, &mut load, &format!("{p}.self_attn.q_proj"), normed, h * hd, d, cfg.attention_bias, false)?;
+        let k = linear(&mut b, &mut load, &format!("{p}.self_attn.k_proj"), normed, kvh * hd, d, cfg.attention_bias, false)?;
+        let v = linear(&mut b, &mut load, &format!("{p}.self_attn.v_proj"), normed, kvh * hd, d, cfg.attention_bias, false)?;
+
+        let interleaved = has(FaultClass::RopeInterleaved);
+        let mode = if interleaved { RopeMode::Interleaved } else { RopeMode::SplitHalf };
+        let q = b.node(format!("{p}.self_attn.q_rope"), Op::Rope { n_heads: h, table: rope.clone(), mode }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
+        let k = b.node(format!("{p}.self_attn.k_rope"), Op::Rope { n_heads: kvh, table: rope.clone(), mode }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
+        mark_if(&mut b, q, interleaved, FaultClass::RopeInterleaved);
+        mark_if(&mut b, k, interleaved, FaultClass::RopeInterleaved);
+
+        // At most one class marks the node; several attention faults at one layer are all
+        // applied, and the IR text shows each as an attribute anyway.
+        let mut layer_shape = shape;
+        let mut variant = AttentionVariant::default();
+        let mut kv_write = KvWrite::InPlace;
+        let mut attn_fault = None;
+        if has(FaultClass::SoftmaxScale) {
+            layer_shape.scale = 1.0 / hd as f32;
+            attn_fault = Some(FaultClass::SoftmaxScale);
+        }
+        if has(FaultClass::GqaMapping) {
+            variant.head_map = HeadMap::Modulo;
+            attn_fault = Some(FaultClass::GqaMapping);
+        }
+        if has(FaultClass::Mask) {
+            variant.mask = AttentionMask::None;
+            attn_fault = Some(FaultClass::Mask);
+        }
+        if has(FaultClass::KvWrite) {
+            kv_write = KvWrite::OneLate;
+            attn_fault = Some(FaultClass::KvWrite);
+        }
+        let attn = b.node(format!("{p}.self_attn.attn_output"), Op::Attention { layer: l, shape: layer_shape, variant, kv_write }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
+        if let Some(f) = attn_fault {
+            b.mark_fault(attn, f);
+        }
+        b.side_output(attn, format!("{p}.self_attn.attn_probs"), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
+
+        let o_name = format!("{p}.self_attn.o_proj");
+        let mut o = linear(&mut b, &mut load, &o_name, attn, d, h * hd, cfg.attention_bias, has(FaultClass::TransposedWeight))?;
+        if has(FaultClass::Bf16) {
+            // The exact product keeps a suffixed name; the rounded value takes the module's.
+            b.rename(o, format!("{o_name}.unrounded"));
+            let (shape, axes) = feature(d);
+            o = b.node(o_name, Op::RoundBf16, &[o], shape, axes);
+            b.mark_fault(o, FaultClass::Bf16);
+        }
+        b.alias(o, format!("{p}.self_attn"));
+        let resid = if has(FaultClass::MissingResidual) {
+            let r = b.node(format!("{p}.attn_residual"), Op::Copy, &[o], hidden(d), axes());
+            b.mark_fault(r, FaultClass::MissingResidual);
+            r
+        } else {
+            b.node(format!("{p}.attn_residual"), Op::Add, &[x, o], hidden(d), axes())
         };
 
-        let w = load(&mut b, &format!("{p}.input_layernorm.weight"), &[d])?;
-        let normed = b.node(format!("{p}.input_layernorm"), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[x], hidden(d), axes());
-        let q = linear(&mut b, &mut load, &format!("{p}.self_attn.q_proj"), normed, h * hd, d, cfg.attention_bias)?;
-        let k = linear(&mut b, &mut load, &format!("{p}.self_attn.k_proj"), normed, kvh * hd, d, cfg.attention_bias)?;
-        let v = linear(&mut b, &mut load, &format!("{p}.self_attn.v_proj"), normed, kvh * hd, d, cfg.attention_bias)?;
-        let q = b.node(format!("{p}.self_attn.q_rope"), Op::Rope { n_heads: h, table: rope.clone() }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
-        let k = b.node(format!("{p}.self_attn.k_rope"), Op::Rope { n_heads: kvh, table: rope.clone() }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
-        let attn = b.node(format!("{p}.self_attn.attn_output"), Op::Attention { layer: l, shape }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
-        b.side_output(attn, format!("{p}.self_attn.attn_probs"), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
-        let o = linear(&mut b, &mut load, &format!("{p}.self_attn.o_proj"), attn, d, h * hd, cfg.attention_bias)?;
-        b.alias(o, format!("{p}.self_attn"));
-        let resid = b.node(format!("{p}.attn_residual"), Op::Add, &[x, o], hidden(d), axes());
-
-        let w = load(&mut b, &format!("{p}.post_attention_layernorm.weight"), &[d])?;
+        let w = b.weight(load(&format!("{p}.post_attention_layernorm.weight"), &[d])?);
         let normed = b.node(format!("{p}.post_attention_layernorm"), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[resid], hidden(d), axes());
         let f = cfg.intermediate_size;
-        let gate = linear(&mut b, &mut load, &format!("{p}.mlp.gate_proj"), normed, f, d, false)?;
-        let up = linear(&mut b, &mut load, &format!("{p}.mlp.up_proj"), normed, f, d, false)?;
-        let act = b.node(format!("{p}.mlp.act_fn"), Op::Silu, &[gate], hidden(f), vec!["token", "feature"]);
+        let gate = linear(&mut b, &mut load, &format!("{p}.mlp.gate_proj"), normed, f, d, false, false)?;
+        let up = linear(&mut b, &mut load, &format!("{p}.mlp.up_proj"), normed, f, d, false, false)?;
+        let gelu = has(FaultClass::GeluTanh);
+        let act_op = if gelu { Op::Gelu { tanh: true } } else { Op::Silu };
+        let act = b.node(format!("{p}.mlp.act_fn"), act_op, &[gate], hidden(f), vec!["token", "feature"]);
+        mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
         let prod = b.node(format!("{p}.mlp.act_mul"), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
-        let down = linear(&mut b, &mut load, &format!("{p}.mlp.down_proj"), prod, d, f, false)?;
+        let down = linear(&mut b, &mut load, &format!("{p}.mlp.down_proj"), prod, d, f, false, false)?;
         b.alias(down, format!("{p}.mlp"));
         x = b.node(p.clone(), Op::Add, &[resid, down], hidden(d), axes());
     }
 
-    let w = load(&mut b, "model.norm.weight", &[d])?;
+    let w = b.weight(load("model.norm.weight", &[d])?);
     let normed = b.node("model.norm", Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[x], hidden(d), axes());
-    let head = if cfg.tie_word_embeddings { embed } else { load(&mut b, "lm_head.weight", &[cfg.vocab_size, d])? };
+    let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load("lm_head.weight", &[cfg.vocab_size, d])?) };
     let logits = b.node("lm_head", Op::Linear { weight: head, bias: None }, &[normed], vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)], vec!["token", "vocab"]);
     b.set_logits(logits);
     let graph = b.finish();
     loupe_graph::verify::verify(&graph)?;
     Ok(graph)
+}
+
+/// Loads a parameter by HF name, checking its shape.
+type Load<'a> = dyn FnMut(&str, &[usize]) -> Result<Weight, ModelError> + 'a;
+
+/// `x @ W^T (+ b)` named after the module; `transpose` plants transposed-weight.
+#[allow(clippy::too_many_arguments)]
+fn linear(
+    b: &mut GraphBuilder,
+    load: &mut Load<'_>,
+    module: &str,
+    input: ValueId,
+    rows: usize,
+    cols: usize,
+    bias: bool,
+    transpose: bool,
+) -> Result<ValueId, ModelError> {
+    let mut w = load(&format!("{module}.weight"), &[rows, cols])?;
+    if transpose {
+        w = transposed(w);
+    }
+    let weight = b.weight(w);
+    let bias = if bias { Some(b.weight(load(&format!("{module}.bias"), &[rows])?)) } else { None };
+    let (shape, axes) = feature(rows);
+    let v = b.node(module, Op::Linear { weight, bias }, &[input], shape, axes);
+    if transpose {
+        b.mark_fault(v, FaultClass::TransposedWeight);
+    }
+    Ok(v)
+}
+
+fn feature(n: usize) -> (Vec<Dim>, Vec<&'static str>) {
+    (vec![Dim::Tokens, Dim::Fixed(n)], vec!["token", "feature"])
+}
+
+fn mark_if(b: &mut GraphBuilder, v: ValueId, on: bool, class: FaultClass) {
+    if on {
+        b.mark_fault(v, class);
+    }
+}
+
+/// Rejects faults that cannot be planted in this model, before any weight is loaded.
+fn check_faults(cfg: &LlamaConfig, source: &dyn WeightSource, faults: &[Fault], n_layers: usize) -> Result<(), ModelError> {
+    for f in faults {
+        let bad = |reason: String| ModelError::InvalidConfig { source_file: source.path().to_path_buf(), field: format!("fault {f}"), reason };
+        if f.layer >= n_layers {
+            return Err(bad(format!("layer {} does not exist (the graph has {n_layers} decoder layers)", f.layer)));
+        }
+        let o_cols = cfg.num_attention_heads * cfg.head_dim;
+        if f.class == FaultClass::TransposedWeight && o_cols != cfg.hidden_size {
+            return Err(bad(format!("o_proj's weight is {}x{o_cols}, not square, so it cannot be used transposed", cfg.hidden_size)));
+        }
+    }
+    Ok(())
+}
+
+/// A square weight with rows and columns swapped, as f32 (block-quantized rows cannot be
+/// transposed block-wise, so they are dequantized first).
+fn transposed(w: Weight) -> Weight {
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    let src: Vec<f32> = match &w.data {
+        WeightData::F32(d) => d.as_ref().clone(),
+        WeightData::Quant(q) => q.dequantize(),
+    };
+    let mut t = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = src[r * cols + c];
+        }
+    }
+    Weight { name: w.name, shape: vec![cols, rows], data: WeightData::F32(Arc::new(t)), source_type: w.source_type }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+
+    use loupe_graph::{Executor, KvCache, Observer, RunOptions, ValueInfo};
+
+    use super::*;
+
+    /// Deterministic pseudo-random weights for a tiny model.
+    struct FakeSource {
+        path: PathBuf,
+        seed: u64,
+    }
+
+    impl WeightSource for FakeSource {
+        fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
+            let n: usize = shape.iter().product();
+            let norm = hf_name.contains("norm");
+            let data = (0..n)
+                .map(|_| {
+                    self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let u = ((self.seed >> 33) as f32) / (1u64 << 31) as f32 - 0.5;
+                    if norm { 1.0 + 0.2 * u } else { 0.4 * u }
+                })
+                .collect();
+            Ok(Weight { name: hf_name.into(), shape: shape.to_vec(), data: WeightData::F32(Arc::new(data)), source_type: loupe_tensor::GgmlType::F32 })
+        }
+        fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
+            Ok(None)
+        }
+        fn path(&self) -> &Path {
+            &self.path
+        }
+    }
+
+    fn tiny() -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: 50,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 3,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 4,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            attention_bias: false,
+        }
+    }
+
+    fn build(faults: &[Fault]) -> Graph {
+        let mut src = FakeSource { path: "fake".into(), seed: 7 };
+        build_llama(&tiny(), &mut src, None, false, faults).unwrap()
+    }
+
+    struct Capture(HashMap<String, Vec<f32>>);
+    impl Observer for Capture {
+        fn wants(&mut self, _: &ValueInfo) -> bool {
+            true
+        }
+        fn observe(&mut self, v: &ValueInfo, _: &[usize], data: &[f32]) {
+            self.0.insert(v.name.clone(), data.to_vec());
+        }
+    }
+
+    /// Every value of a prefill of 6 tokens and one decode step, by `name@step`.
+    fn run(graph: &Graph) -> HashMap<String, Vec<f32>> {
+        let mut exec = Executor::new(graph);
+        let mut kv = KvCache::new(graph.kv_layers, graph.kv_width, 16);
+        let mut all = HashMap::new();
+        for (step, tokens) in [vec![3u32, 14, 15, 9, 26, 5], vec![35]].iter().enumerate() {
+            let mut cap = Capture(HashMap::new());
+            exec.run(graph, tokens, &mut kv, RunOptions { all_logits: true }, Some(&mut cap)).unwrap();
+            all.extend(cap.0.into_iter().map(|(k, v)| (format!("{k}@{step}"), v)));
+        }
+        all
+    }
+
+    /// The node that plants each class at layer 1, by the value name it keeps.
+    fn planted_value(c: FaultClass) -> &'static str {
+        match c {
+            FaultClass::RopeInterleaved => "model.layers.1.self_attn.q_rope",
+            FaultClass::TransposedWeight | FaultClass::Bf16 => "model.layers.1.self_attn.o_proj",
+            FaultClass::NormEps => "model.layers.1.input_layernorm",
+            FaultClass::GeluTanh => "model.layers.1.mlp.act_fn",
+            FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
+            FaultClass::MissingResidual => "model.layers.1.attn_residual",
+        }
+    }
+
+    #[test]
+    fn each_fault_changes_its_node_and_nothing_before_it() {
+        let clean = build(&[]);
+        let base = run(&clean);
+        let text = loupe_graph::print::to_text(&clean);
+        assert!(!text.contains("FAULT="), "{text}");
+        for class in FaultClass::ALL {
+            let g = build(&[Fault { class, layer: 1 }]);
+            let text = loupe_graph::print::to_text(&g);
+            let name = planted_value(class);
+            let line = text.lines().find(|l| l.contains(&format!(" {name} ="))).unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
+            assert!(line.contains(&format!("FAULT={}", class.name())), "{class}: {line}");
+            let vals = run(&g);
+            // Everything of layer 0 is bit-identical; the planted value differs at some step
+            // (kv-write only shows from position 1; mask only in a multi-token call).
+            for (k, v) in &base {
+                if k.starts_with("model.layers.0.") || k.starts_with("model.embed_tokens") {
+                    assert_eq!(vals.get(k), Some(v), "{class}: {k} changed");
+                }
+            }
+            let differs = ["@0", "@1"].iter().any(|s| {
+                let key = format!("{name}{s}");
+                vals[&key] != base[&key]
+            });
+            assert!(differs, "{class}: {name} did not change");
+            assert_ne!(vals["lm_head@0"], base["lm_head@0"], "{class}: logits unchanged");
+        }
+    }
+
+    #[test]
+    fn faults_are_checked() {
+        let mut src = FakeSource { path: "fake".into(), seed: 7 };
+        let e = build_llama(&tiny(), &mut src, Some(2), false, &[Fault { class: FaultClass::Mask, layer: 2 }]).unwrap_err();
+        assert!(e.to_string().contains("layer 2 does not exist"), "{e}");
+        let mut cfg = tiny();
+        cfg.num_attention_heads = 2;
+        cfg.num_key_value_heads = 1;
+        let e = build_llama(&cfg, &mut src, None, false, &[Fault { class: FaultClass::TransposedWeight, layer: 0 }]).unwrap_err();
+        assert!(e.to_string().contains("not square"), "{e}");
+    }
+
+    #[test]
+    fn transposed_weight_is_the_transpose() {
+        let g = build(&[Fault { class: FaultClass::TransposedWeight, layer: 1 }]);
+        let clean = build(&[]);
+        let find = |g: &Graph| g.weights.iter().find(|w| w.name == "model.layers.1.self_attn.o_proj.weight").cloned().unwrap();
+        let (WeightData::F32(a), WeightData::F32(t)) = (find(&clean).data, find(&g).data) else { panic!("f32 expected") };
+        let n = 16;
+        for r in 0..n {
+            for c in 0..n {
+                assert_eq!(a[r * n + c], t[c * n + r]);
+            }
+        }
+    }
 }

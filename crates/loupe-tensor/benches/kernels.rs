@@ -6,12 +6,17 @@
 //! m = 64), and `gemm_m1/<n>x<k>` (the gemm crate on a single row, the
 //! alternative the m = 1 GEMV in `matmul_f32` was chosen over).
 //!
+//! The matmul groups time their loop inside the rayon pool (`iter_custom` under
+//! `ThreadPool::install`), as an executor that runs the forward pass in the pool
+//! would call them; from outside the pool each fork-join adds a thread wake-up.
+//!
 //! Filter by name: `cargo bench -p loupe-tensor --bench kernels -- 'q4_1'`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use common::{random_act, random_row, Rng};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -44,6 +49,17 @@ fn vec_dot(c: &mut Criterion) {
     g.finish();
 }
 
+/// Times `iters` calls of `f` on a worker thread of `pool`.
+fn in_pool(pool: &rayon::ThreadPool, iters: u64, mut f: impl FnMut() + Send) -> Duration {
+    pool.install(|| {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        t.elapsed()
+    })
+}
+
 fn matrix(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> QMatrix {
     let data: Vec<u8> = (0..n).flat_map(|_| random_row(rng, ty, k)).collect();
     QMatrix::new(ty, n, k, data).unwrap()
@@ -51,6 +67,7 @@ fn matrix(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> QMatrix {
 
 fn matmul_quantized(c: &mut Criterion) {
     let mut rng = Rng::new(2);
+    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
     let mut g = c.benchmark_group("matmul_q");
     g.sample_size(20);
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
@@ -66,7 +83,9 @@ fn matmul_quantized(c: &mut Criterion) {
                     Throughput::Elements((m * n * k) as u64)
                 });
                 g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
-                    b.iter(|| matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
+                    b.iter_custom(|iters| {
+                        in_pool(&pool, iters, || matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
+                    })
                 });
             }
         }
@@ -76,6 +95,7 @@ fn matmul_quantized(c: &mut Criterion) {
 
 fn matmul_dense(c: &mut Criterion) {
     let mut rng = Rng::new(3);
+    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
     let mut g = c.benchmark_group("matmul_f32");
     g.sample_size(20);
     for (n, k) in SHAPES {
@@ -89,7 +109,7 @@ fn matmul_dense(c: &mut Criterion) {
                 Throughput::Elements((m * n * k) as u64)
             });
             g.bench_function(format!("{n}x{k}/m{m}"), |b| {
-                b.iter(|| matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap())
+                b.iter_custom(|iters| in_pool(&pool, iters, || matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap()))
             });
         }
     }
@@ -103,13 +123,14 @@ fn matmul_dense(c: &mut Criterion) {
         let x = rng.activations(k);
         let mut y = vec![0f32; n];
         g.throughput(Throughput::Bytes((4 * n * k) as u64));
+        let yp = SendPtr(y.as_mut_ptr());
         g.bench_function(format!("{n}x{k}"), |b| {
-            b.iter(|| unsafe {
+            b.iter_custom(|iters| in_pool(&pool, iters, || unsafe {
                 gemm::gemm(
                     1,
                     n,
                     k,
-                    y.as_mut_ptr(),
+                    yp.get(),
                     1,
                     n as isize,
                     false,
@@ -126,10 +147,22 @@ fn matmul_dense(c: &mut Criterion) {
                     false,
                     gemm::Parallelism::Rayon(rayon::current_num_threads()),
                 )
-            })
+            }))
         });
     }
     g.finish();
+}
+
+/// `y`'s pointer for the gemm closure (which must be `Send`); only this thread
+/// and gemm's own tasks touch `y`.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 criterion_group!(benches, vec_dot, matmul_quantized, matmul_dense);

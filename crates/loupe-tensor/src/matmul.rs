@@ -1,26 +1,51 @@
 //! Linear layers: `y = x @ W^T` with `x: [m, k]`, `W: [n, k]` (out_features x
 //! in_features, the GGUF / Hugging Face row order), `y: [m, n]`, all row-major.
 //!
-//! - [`matmul_f32`]: f32 weights. `m == 1` (decode) runs a row-parallel GEMV over
-//!   the f32 dot kernels of `quant`; larger `m` goes to the `gemm` crate.
+//! - [`matmul_f32`]: f32 weights. Small `m` (decode, short prompts) runs the row
+//!   kernels below, which read W once; from `GEMM_MIN_M` rows on, the `gemm`
+//!   crate.
 //! - [`matmul_q`]: weights kept in their GGML type ([`QMatrix`]). Each row of `x` is
 //!   quantized once to the weight's `vec_dot_type` into a caller-owned scratch
-//!   buffer, then every output is one `vec_dot`. Work is split over tiles of weight
-//!   rows sized to stay in L1/L2 while all `m` activation rows pass over them, so
-//!   each weight byte is read from memory once per call.
+//!   buffer; then a register-tiled kernel (4 weight rows x 2 activation rows on
+//!   AVX-512) or one `vec_dot` per output computes `y`.
+//!
+//! Both split work over rayon tasks that each own a band of weight rows sized to
+//! stay in L1/L2 while all `m` activation rows pass over it, so each weight byte is
+//! read from memory once per call. Call from inside the rayon pool
+//! (`ThreadPool::install`): a fork-join from outside costs a thread wake-up round
+//! trip per call (see `OUTSIDE_POOL_MIN_NS`).
 
 use rayon::prelude::*;
 
-use crate::quant::{self, Isa, VecDotFn};
+use crate::quant::{self, Isa};
 use crate::{GgmlType, TensorError};
 
 /// Below this many multiply-adds `gemm` runs single-threaded; its rayon fork/join
 /// costs more than it saves on small products.
 const GEMM_PARALLEL_MIN_FLOPS: usize = 1 << 18;
 
-/// Target bytes of weight rows per task: a tile that fits in L1 (48 KiB on
-/// Sapphire Rapids) with room for one activation row, so the `m` passes over it
-/// hit cache.
+/// From this many activation rows `matmul_f32` hands over to `gemm`. Below it the
+/// row kernels win: gemm packs all of W first, so for a few rows it reads W twice
+/// (measured at 576 x 576: m = 2 took 5x as long as m = 1).
+const GEMM_MIN_M: usize = 16;
+
+/// Least estimated single-thread work (ns) worth a fork-join from inside the
+/// rayon pool, where idle workers are still spinning and a split costs well
+/// under a microsecond.
+const INSIDE_POOL_MIN_NS: usize = 2_000;
+
+/// The same from outside the pool, where a fork-join is a sleep/wake round trip
+/// between threads: measured 16-24 us per call on the 2-vCPU VM (0.02 us inside).
+const OUTSIDE_POOL_MIN_NS: usize = 50_000;
+
+/// Work estimates for the thresholds above (one core, cache-resident, measured
+/// on the AVX-512 kernels): weight bytes streamed per ns by the dot kernels, and
+/// ns per element to quantize activations.
+const KERNEL_BYTES_PER_NS: usize = 16;
+const QUANTIZE_NS_PER_ELEM: usize = 1;
+
+/// Target bytes of weight rows per task: a band that fits in L1 (32-48 KiB) or
+/// at worst L2 beside the activation rows, so the `m` passes over it hit cache.
 const TILE_BYTES: usize = 32 << 10;
 
 /// Tasks per thread to aim for, so uneven tiles still balance.
@@ -39,13 +64,9 @@ pub fn matmul_f32(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: us
         y.fill(0.0);
         return Ok(());
     }
-    if m == 1 {
-        // Decode: gemm packs W before multiplying, which for a single row means
-        // touching W twice; a row-parallel dot reads it once (memory-bound).
-        let dot = quant::vec_dot_fn(Isa::active(), GgmlType::F32);
-        let wb = f32_bytes(w);
-        let row = 4 * k;
-        parallel_rows(y, n, row, |j| dot(&wb[j * row..(j + 1) * row], f32_bytes(x), k));
+    if m < GEMM_MIN_M {
+        let rows = Rows { ty: GgmlType::F32, data: f32_bytes(w), n, k, row_bytes: 4 * k };
+        run(Isa::active(), rows, f32_bytes(x), 4 * k, m, y);
         return Ok(());
     }
     let par = if m * n * k >= GEMM_PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1 {
@@ -196,7 +217,7 @@ pub fn matmul_q_with(
         y.fill(0.0);
         return Ok(());
     }
-    if w.ty == GgmlType::F32 && m > 1 {
+    if w.ty == GgmlType::F32 && m >= GEMM_MIN_M {
         if let Some(wf) = aligned_f32(&w.data) {
             return matmul_f32(x, wf, y, m, k, n);
         }
@@ -214,110 +235,127 @@ pub fn matmul_q_with(
         let quantize = |(d, s): (&mut [u8], &[f32])| {
             quant::quantize_row(aty, s, d).expect("row sizes were checked");
         };
-        if m >= 8 {
+        if worth_splitting(m, m * k * QUANTIZE_NS_PER_ELEM) {
             buf.par_chunks_mut(act_row).zip(x.par_chunks(k)).for_each(quantize);
         } else {
             buf.chunks_mut(act_row).zip(x.chunks(k)).for_each(quantize);
         }
         buf
     };
-    match (w.layout, quant::tile_fn(isa, w.ty)) {
-        (Layout::RowMajor, Some(t)) => tiled_kernel(act, act_row, w, y, m, t),
-        (Layout::RowMajor, None) => {
-            let dot = quant::vec_dot_fn(isa, w.ty);
-            if m == 1 {
-                parallel_rows(y, n, w.row_bytes(), |j| dot(w.row(j), act, k));
-            } else {
-                tiled(act, act_row, w, y, m, dot);
-            }
+    match w.layout {
+        Layout::RowMajor => {
+            let rows = Rows { ty: w.ty, data: &w.data, n, k, row_bytes: w.row_bytes() };
+            run(isa, rows, act, act_row, m, y);
         }
     }
     Ok(())
 }
 
-/// `y[j] = f(j)` for `j < n`, split over rayon tasks of about [`TILE_BYTES`] of
-/// weights each (`row_bytes` per `j`).
-fn parallel_rows(y: &mut [f32], n: usize, row_bytes: usize, f: impl Fn(usize) -> f32 + Sync) {
-    let tile = tile_rows(n, row_bytes);
-    if tile >= n {
-        y.iter_mut().enumerate().for_each(|(j, v)| *v = f(j));
-        return;
-    }
-    y[..n].par_chunks_mut(tile).enumerate().for_each(|(t, ys)| {
-        for (o, v) in ys.iter_mut().enumerate() {
-            *v = f(t * tile + o);
-        }
-    });
+/// A row-major weight matrix as bytes: `n` rows of `k` elements of `ty`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    n: usize,
+    k: usize,
+    row_bytes: usize,
 }
 
-/// Runs `task(t)` for every tile `t < tiles`, in parallel when there is more than one.
-fn for_each_tile(tiles: usize, task: impl Fn(usize) + Sync + Send) {
-    if tiles == 1 {
-        task(0);
+impl Rows<'_> {
+    fn row(&self, j: usize) -> &[u8] {
+        &self.data[j * self.row_bytes..(j + 1) * self.row_bytes]
+    }
+}
+
+/// `y[i, j] = dot(w_j, act_i)` for `m` activation rows already in
+/// `vec_dot_type(w.ty)` (`act_row` bytes each), with the tiled kernel when the ISA
+/// has one for the type, else one `vec_dot` per output.
+///
+/// Work is split over tasks that each own a tile of weight rows (output columns)
+/// and run every activation row over it, so the tile is fetched from memory once
+/// and then served from L1/L2.
+fn run(isa: Isa, w: Rows<'_>, act: &[u8], act_row: usize, m: usize, y: &mut [f32]) {
+    let n = w.n;
+    let mut tile = quant::tile_fn(isa, w.ty);
+    if let (Some(t), Ok(v)) = (tile.as_mut(), std::env::var("XRW")) { t.max_rw = v.parse().unwrap(); }
+    let step = tile.map_or(1, |t| t.max_rw);
+    let per_task = tile_rows(n, w.row_bytes).next_multiple_of(step);
+    let tasks = n.div_ceil(per_task);
+    let out = OutPtr(y.as_mut_ptr());
+    let task = |t: usize| {
+        let cols = t * per_task..((t + 1) * per_task).min(n);
+        match tile {
+            // SAFETY: `y` has m * n elements (checked by the callers) and is
+            // exclusively borrowed for this call; this task writes only columns in
+            // `cols`, which no other task owns.
+            Some(tk) => unsafe { task_tiled(w, act, act_row, m, cols, tk, out) },
+            None => {
+                let dot = quant::vec_dot_fn(isa, w.ty);
+                for i in 0..m {
+                    let a = &act[i * act_row..(i + 1) * act_row];
+                    for j in cols.clone() {
+                        let v = dot(w.row(j), a, w.k);
+                        // SAFETY: as above; i < m, j < n.
+                        unsafe { out.get().add(i * n + j).write(v) };
+                    }
+                }
+            }
+        }
+    };
+    if worth_splitting(tasks, w.data.len().saturating_mul(m) / KERNEL_BYTES_PER_NS) {
+        (0..tasks).into_par_iter().for_each(task);
     } else {
-        (0..tiles).into_par_iter().for_each(task);
+        (0..tasks).for_each(task);
     }
 }
 
-/// Each task owns a tile of weight rows (output columns) and runs every activation
-/// row over it, so the tile is fetched from memory once and then served from
-/// L1/L2. Without a tiled kernel: one `vec_dot` per output.
-fn tiled(act: &[u8], act_row: usize, w: &QMatrix, y: &mut [f32], m: usize, dot: VecDotFn) {
-    let (n, k) = (w.rows, w.cols);
-    let tile = tile_rows(n, w.row_bytes());
-    let out = OutPtr(y.as_mut_ptr());
-    for_each_tile(n.div_ceil(tile), |t| {
-        for i in 0..m {
-            let a = &act[i * act_row..(i + 1) * act_row];
-            for j in t * tile..((t + 1) * tile).min(n) {
-                let v = dot(w.row(j), a, k);
-                // SAFETY: i < m and j < n, and y.len() == m * n was checked by the
-                // caller; tasks own disjoint column ranges, so no two write the same
-                // element, and `y` is exclusively borrowed for the whole call.
-                unsafe { out.get().add(i * n + j).write(v) };
-            }
+/// One task of [`run`] with the register-tiled microkernel: blocks of `max_ca`
+/// activation rows sweep the task's weight rows `max_rw` at a time.
+///
+/// # Safety
+/// `out` points to `y[m, w.n]`; no one else reads or writes columns `cols` of it
+/// during the call.
+unsafe fn task_tiled(
+    w: Rows<'_>,
+    act: &[u8],
+    act_row: usize,
+    m: usize,
+    cols: std::ops::Range<usize>,
+    t: quant::Tile,
+    out: OutPtr,
+) {
+    let mut i = 0;
+    while i < m {
+        let na = t.max_ca.min(m - i);
+        let mut j = cols.start;
+        while j < cols.end {
+            let nw = t.max_rw.min(cols.end - j);
+            // SAFETY (TileFn contract): 1 <= nw <= max_rw, 1 <= na <= max_ca; rows
+            // j..j + nw <= n of `w` and i..i + na <= m of `act` are in bounds (the
+            // slices' lengths were checked by the callers); outputs
+            // (i + c) * n + j + r are in `y` and in this task's columns.
+            (t.f)(
+                w.data.as_ptr().add(j * w.row_bytes),
+                w.row_bytes,
+                nw,
+                act.as_ptr().add(i * act_row),
+                act_row,
+                na,
+                w.k,
+                out.get().add(i * w.n + j),
+                w.n,
+            );
+            j += nw;
         }
-    });
+        i += na;
+    }
 }
 
-/// As [`tiled`], with the register-tiled microkernel: within a task, blocks of
-/// `max_ca` activation rows sweep the task's weight rows `max_rw` at a time.
-fn tiled_kernel(act: &[u8], act_row: usize, w: &QMatrix, y: &mut [f32], m: usize, t: quant::Tile) {
-    let (n, k) = (w.rows, w.cols);
-    let rb = w.row_bytes();
-    let tile = tile_rows(n, rb).next_multiple_of(t.max_rw);
-    let out = OutPtr(y.as_mut_ptr());
-    for_each_tile(n.div_ceil(tile), |task| {
-        let (j0, j1) = (task * tile, ((task + 1) * tile).min(n));
-        let mut i = 0;
-        while i < m {
-            let na = t.max_ca.min(m - i);
-            let mut j = j0;
-            while j < j1 {
-                let nw = t.max_rw.min(j1 - j);
-                // SAFETY (TileFn contract): rows j..j + nw < n of `w` (row-major,
-                // rb bytes each) and rows i..i + na < m of `act` (act_row bytes each,
-                // quantized from k elements) are in bounds; outputs (i + c) * n + j + r
-                // lie in y (m * n, checked by the caller), inside this task's column
-                // range, which no other task writes.
-                unsafe {
-                    (t.f)(
-                        w.data.as_ptr().add(j * rb),
-                        rb,
-                        nw,
-                        act.as_ptr().add(i * act_row),
-                        act_row,
-                        na,
-                        k,
-                        out.get().add(i * n + j),
-                        n,
-                    )
-                };
-                j += nw;
-            }
-            i += na;
-        }
-    });
+/// Whether to fan `tasks` out over the pool, given an estimate of the work in
+/// single-thread nanoseconds.
+fn worth_splitting(tasks: usize, work_ns: usize) -> bool {
+    let min_ns = if rayon::current_thread_index().is_some() { INSIDE_POOL_MIN_NS } else { OUTSIDE_POOL_MIN_NS };
+    tasks > 1 && rayon::current_num_threads() > 1 && work_ns >= min_ns
 }
 
 /// Rows per task: about [`TILE_BYTES`] of weights, but small enough that every
@@ -332,10 +370,10 @@ fn tile_rows(n: usize, row_bytes: usize) -> usize {
     by_cache.min(by_balance).max(1)
 }
 
-/// The output pointer shared by the tasks of [`tiled`].
+/// The output pointer shared by the tasks of [`run`].
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements through it (see `tiled`).
+// SAFETY: tasks write disjoint elements through it (see `run`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 impl OutPtr {

@@ -27,6 +27,7 @@ fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f
 #[test]
 fn matmul_f32_matches_f64() {
     let mut rng = Rng::new(10);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     for &(m, k, n) in &[
         (1, 1, 1),
         (1, 7, 5),
@@ -40,13 +41,20 @@ fn matmul_f32_matches_f64() {
     ] {
         let x = rng.activations(m * k);
         let w: Vec<f32> = rng.activations(n * k).iter().map(|v| v * 0.05).collect();
-        let mut y = vec![f32::NAN; m * n];
-        matmul_f32(&x, &w, &mut y, m, k, n).unwrap();
         let (want, mag) = naive(&x, &w, m, k, n);
-        for i in 0..m * n {
-            let err = (y[i] as f64 - want[i]).abs();
-            // f32 accumulation: a few ulps of the sum of magnitudes.
-            assert!(err <= 2e-6 * mag[i] + 1e-30, "m={m} k={k} n={n} [{i}]: {} vs {}", y[i], want[i]);
+        for pooled in [false, true] {
+            let mut y = vec![f32::NAN; m * n];
+            let mut run = || matmul_f32(&x, &w, &mut y, m, k, n).unwrap();
+            if pooled {
+                pool.install(run);
+            } else {
+                run();
+            }
+            for i in 0..m * n {
+                let err = (y[i] as f64 - want[i]).abs();
+                // f32 accumulation: a few ulps of the sum of magnitudes.
+                assert!(err <= 2e-6 * mag[i] + 1e-30, "m={m} k={k} n={n} pooled={pooled} [{i}]: {} vs {}", y[i], want[i]);
+            }
         }
     }
 }
@@ -74,8 +82,13 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QMatr
 #[test]
 fn matmul_q_every_output_on_every_isa() {
     let mut rng = Rng::new(11);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     for ty in all_types() {
-        for k in if ty.block_size() == 256 { [256, 512] } else { [64, 96] } {
+        for k in match ty.block_size() {
+            256 => [256, 512],
+            32 => [64, 96],
+            _ => [70, 96], // float types: a masked tail of 6
+        } {
             for &(m, n) in &[(1, 1), (1, 300), (2, 7), (5, 130), (40, 517)] {
                 let w = random_matrix(&mut rng, ty, n, k);
                 let x = rng.activations(m * k);
@@ -88,13 +101,20 @@ fn matmul_q_every_output_on_every_isa() {
                         want[i * n + j] = reference(ty, w.row(j), &act, k);
                     }
                 }
-                for isa in Isa::available() {
+                // Inside a 2-thread pool even small products are split over tasks,
+                // so the parallel paths are exercised too.
+                for (isa, pooled) in Isa::available().into_iter().flat_map(|i| [(i, false), (i, true)]) {
                     let mut y = vec![f32::NAN; m * n];
-                    matmul_q_with(isa, &x, &w, &mut y, m, &mut Vec::new()).unwrap();
+                    let mut run = || matmul_q_with(isa, &x, &w, &mut y, m, &mut Vec::new()).unwrap();
+                    if pooled {
+                        pool.install(run);
+                    } else {
+                        run();
+                    }
                     for (idx, (&got, &(exact, mag))) in y.iter().zip(&want).enumerate() {
                         assert!(
                             (got as f64 - exact).abs() <= 1e-5 * mag + 1e-30,
-                            "{ty} k={k} m={m} n={n} {isa}: y[{}, {}] = {got}, f64 reference {exact}",
+                            "{ty} k={k} m={m} n={n} {isa} pooled={pooled}: y[{}, {}] = {got}, f64 reference {exact}",
                             idx / n,
                             idx % n
                         );

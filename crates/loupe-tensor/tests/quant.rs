@@ -104,7 +104,8 @@ fn quantize_dequantize_error_bounds() {
     let n = 4096;
     // (type, max error in a block, max NMSE over the row); NMSE limits are about
     // 1.5x what these 4-uniform-sum activations with outliers give.
-    let cases: [(GgmlType, fn(&[f32]) -> f32, f64); 9] = [
+    type Bound = fn(&[f32]) -> f32;
+    let cases: [(GgmlType, Bound, f64); 9] = [
         (GgmlType::Q4_0, |b| amax(b) / 8.0 * 1.01, 3e-2),
         (GgmlType::Q4_1, |b| range(b) / 15.0 * 0.51 + amax(b) * 1e-3, 1.5e-2),
         (GgmlType::Q5_0, |b| amax(b) / 16.0 * 1.01, 8e-3),
@@ -221,5 +222,36 @@ fn isa_levels() {
     assert_eq!(Isa::parse("neon"), None);
     assert!(Isa::active() <= Isa::detected());
     assert_eq!(Isa::available()[0], Isa::Scalar);
-    eprintln!("detected ISA: {}", Isa::detected());
+    // Run with LOUPE_ISA=scalar (or avx2) to check the override end to end.
+    if let Some(want) = std::env::var("LOUPE_ISA").ok().and_then(|v| Isa::parse(&v)) {
+        assert_eq!(Isa::active(), want.min(Isa::detected()));
+    }
+    eprintln!("detected ISA: {}, active: {}", Isa::detected(), Isa::active());
+}
+
+/// The SIMD quantizers must produce exactly the scalar bytes, including the
+/// halfway cases where `roundf` (away from zero) differs from round-to-even.
+#[test]
+fn quantizers_identical_on_every_isa() {
+    let mut rng = Rng::new(6);
+    let mut rows = vec![rng.activations(4096), vec![0.0; 64]];
+    // amax 127 gives d = 1 exactly, so these land on k + 0.5 after scaling.
+    let mut halfway: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
+    halfway[0] = 127.0;
+    rows.push(halfway.repeat(2));
+    for x in rows {
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K, GgmlType::Q4_1, GgmlType::F16] {
+            if x.len() % ty.block_size() != 0 {
+                continue;
+            }
+            let size = ty.bytes_for(x.len() as u64).unwrap() as usize;
+            let mut want = vec![0u8; size];
+            quant::quantize_row_with(Isa::Scalar, ty, &x, &mut want).unwrap();
+            for isa in Isa::available() {
+                let mut got = vec![0u8; size];
+                quant::quantize_row_with(isa, ty, &x, &mut got).unwrap();
+                assert!(got == want, "{ty} on {isa} differs from scalar");
+            }
+        }
+    }
 }

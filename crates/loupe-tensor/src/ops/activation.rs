@@ -7,6 +7,66 @@ pub fn silu(x: &mut [f32]) {
     }
 }
 
+/// GELU in place, as `torch.nn.functional.gelu`: with `tanh`, the tanh approximation
+/// (`approximate="tanh"`, GPT-2's `gelu_new`, Gemma's `gelu_pytorch_tanh`)
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`; without, the exact
+/// `0.5 x (1 + erf(x / sqrt 2))`.
+pub fn gelu(x: &mut [f32], tanh: bool) {
+    if tanh {
+        // PyTorch's kBeta = M_SQRT2 * M_2_SQRTPI * 0.5 = sqrt(2/pi), computed in f32.
+        const BETA: f32 = 0.797_884_6;
+        const KAPPA: f32 = 0.044_715;
+        for v in x {
+            let inner = BETA * (*v + KAPPA * *v * *v * *v);
+            *v = 0.5 * *v * (1.0 + inner.tanh());
+        }
+    } else {
+        for v in x {
+            let e = erf(*v as f64 * std::f64::consts::FRAC_1_SQRT_2) as f32;
+            *v = *v * 0.5 * (1.0 + e);
+        }
+    }
+}
+
+/// The error function in f64 (std has none on stable), accurate to a few ulps of f64,
+/// far inside f32 rounding.
+///
+/// Series `erf(x) = 2/sqrt(pi) exp(-x^2) sum_n (2x^2)^n x / (1*3*...*(2n+1))`
+/// (Abramowitz & Stegun 7.1.6): every term is positive, so nothing cancels. Beyond |x| = 6,
+/// `1 - erf(x) < 2e-17` and the answer is +-1.
+pub fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    if a >= 6.0 {
+        return x.signum();
+    }
+    let two_x2 = 2.0 * a * a;
+    let mut term = a;
+    let mut sum = a;
+    let mut n = 0.0;
+    // The terms grow while 2n+1 < 2x^2 (n < 36 at |x| = 6), then shrink geometrically.
+    for _ in 0..400 {
+        n += 1.0;
+        term *= two_x2 / (2.0 * n + 1.0);
+        sum += term;
+        if term < sum * 1e-17 {
+            break;
+        }
+    }
+    let r = std::f64::consts::FRAC_2_SQRT_PI * (-a * a).exp() * sum;
+    r.min(1.0).copysign(x)
+}
+
+/// Rounds each value to the nearest bfloat16 (ties to even, as `tensor.to(torch.bfloat16)`)
+/// and widens it back to f32: the numbers a bf16 activation would hold.
+pub fn round_bf16(x: &mut [f32]) {
+    for v in x {
+        *v = half::bf16::from_f32(*v).to_f32();
+    }
+}
+
 /// SwiGLU's combination `silu(gate) * up`, written into `gate`.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -39,6 +99,44 @@ mod tests {
         assert_eq!(x[0], 0.0);
         assert!((x[1] - 0.731_058_6).abs() < 1e-6);
         assert!((x[2] + 0.238_405_84).abs() < 1e-6);
+    }
+
+    #[test]
+    fn erf_matches_known_values() {
+        // erf(0.5), erf(1), erf(2), erf(3) to 15 digits (A&S table 7.1)
+        for (x, e) in [(0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.0, 0.995_322_265_018_952_7), (3.0, 0.999_977_909_503_001_4)] {
+            assert!((erf(x) - e).abs() < 1e-14, "erf({x}) = {}", erf(x));
+            assert!((erf(-x) + e).abs() < 1e-14);
+        }
+        assert_eq!(erf(0.0), 0.0);
+        assert_eq!(erf(7.0), 1.0);
+    }
+
+    #[test]
+    fn gelu_variants_match_pytorch() {
+        // torch.nn.functional.gelu(torch.tensor([-1., 0.5, 2.]), approximate=...) in f32
+        let mut exact = [-1.0f32, 0.5, 2.0];
+        gelu(&mut exact, false);
+        let mut tanh = [-1.0f32, 0.5, 2.0];
+        gelu(&mut tanh, true);
+        for (a, e) in exact.iter().zip([-0.158_655_26f32, 0.345_731_14, 1.954_499_7]) {
+            assert!((a - e).abs() < 1e-6, "{a} vs {e}");
+        }
+        for (a, e) in tanh.iter().zip([-0.158_808f32, 0.345_714, 1.954_597_7]) {
+            assert!((a - e).abs() < 2e-6, "{a} vs {e}");
+        }
+    }
+
+    #[test]
+    fn bf16_rounding_is_nearest_even() {
+        // 1 + 2^-8 lies halfway between bf16 1.0 and 1 + 2^-7: ties go to even (1.0);
+        // 1 + 3*2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: goes to 1 + 2^-6.
+        let mut x = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2f32.powi(-8) + 2f32.powi(-20), f32::INFINITY];
+        round_bf16(&mut x);
+        assert_eq!(x, [1.0, 1.0 + 2f32.powi(-6), 1.0 + 2f32.powi(-7), f32::INFINITY]);
+        let mut nan = [f32::NAN];
+        round_bf16(&mut nan);
+        assert!(nan[0].is_nan());
     }
 
     #[test]

@@ -2,6 +2,10 @@
 //! transformers' `eager_attention_forward`: `softmax(q k^T * scale + mask) v`
 //! with the softmax in f32, query head `h` reading kv head `h / (n_heads / n_kv_heads)`
 //! (`repeat_kv`).
+//!
+//! [`AttentionVariant`] selects two other conventions that models (or porting bugs) use: a
+//! query-to-kv head map by modulo, and no causal mask within the call (encoders, prefix-LM
+//! prompts). The default is the Llama one; [`causal_attention`] takes it.
 
 use rayon::prelude::*;
 
@@ -17,6 +21,54 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// Which kv head a query head reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeadMap {
+    /// `h / (n_heads / n_kv_heads)`: consecutive query heads share a kv head
+    /// (transformers' `repeat_kv`, which repeats each kv head in place).
+    #[default]
+    Grouped,
+    /// `h % n_kv_heads`: the kv heads cycle (what tiling the kv heads, `k.repeat(1, g, 1)`,
+    /// instead of `repeat_interleave` gives).
+    Modulo,
+}
+
+/// Which keys a query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionMask {
+    /// Query `t` of the call sees the cache and the call's tokens up to itself.
+    #[default]
+    Causal,
+    /// Every query sees the whole context, later tokens of the same call included.
+    None,
+}
+
+/// Conventions of one attention call beyond its geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttentionVariant {
+    pub head_map: HeadMap,
+    pub mask: AttentionMask,
+}
+
+impl AttentionVariant {
+    pub fn is_default(&self) -> bool {
+        *self == AttentionVariant::default()
+    }
+}
+
+/// [`attention`] with the default variant: causal, grouped heads.
+pub fn causal_attention(
+    shape: AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    ctx: usize,
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+) -> Result<(), TensorError> {
+    attention(shape, AttentionVariant::default(), q, k, v, ctx, out, probs)
+}
+
 /// Attention of `tokens` new queries over a context of `ctx` keys/values whose
 /// last `tokens` rows belong to the queries themselves.
 ///
@@ -25,8 +77,10 @@ pub struct AttentionShape {
 /// * `out`: `[tokens, n_heads * head_dim]`
 /// * `probs`: when given, receives the attention probabilities `[n_heads, tokens, ctx]`
 ///   (masked entries are 0), for taps.
-pub fn causal_attention(
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
     shape: AttentionShape,
+    variant: AttentionVariant,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -71,12 +125,18 @@ pub fn causal_attention(
     let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..n_heads)
         .into_par_iter()
         .map(|h| {
-            let kv_h = h / group;
+            let kv_h = match variant.head_map {
+                HeadMap::Grouped => h / group,
+                HeadMap::Modulo => h % n_kv_heads,
+            };
             let mut head_out = vec![0.0f32; tokens * head_dim];
             let mut head_probs = vec![0.0f32; tokens * ctx];
             for t in 0..tokens {
                 let q_row = &q[t * q_width + h * head_dim..][..head_dim];
-                let visible = past + t + 1;
+                let visible = match variant.mask {
+                    AttentionMask::Causal => past + t + 1,
+                    AttentionMask::None => ctx,
+                };
                 let scores = &mut head_probs[t * ctx..t * ctx + visible];
                 let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
@@ -137,6 +197,29 @@ mod tests {
             let row = &probs[h * 4 + 2..h * 4 + 4];
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn variants_change_head_map_and_mask() {
+        // 4 query heads over 2 kv heads of dim 1; two tokens. v of kv head 0 is 10+pos,
+        // of kv head 1 is 20+pos; all scores equal, so outputs are means of visible v.
+        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 1, scale: 1.0 };
+        let q = [0.0; 8];
+        let k = [0.0; 4];
+        let v = [10.0, 20.0, 11.0, 21.0];
+        let run = |variant: AttentionVariant| {
+            let mut out = [0.0f32; 8];
+            attention(shape, variant, &q, &k, &v, 2, &mut out, None).unwrap();
+            out
+        };
+        let grouped = run(AttentionVariant::default());
+        assert_eq!(&grouped[..4], &[10.0, 10.0, 20.0, 20.0]);
+        let modulo = run(AttentionVariant { head_map: HeadMap::Modulo, ..Default::default() });
+        assert_eq!(&modulo[..4], &[10.0, 20.0, 10.0, 20.0]);
+        let open = run(AttentionVariant { mask: AttentionMask::None, ..Default::default() });
+        // token 0 now also sees token 1
+        assert_eq!(&open[..4], &[10.5, 10.5, 20.5, 20.5]);
+        assert_eq!(&open[4..], &grouped[4..]);
     }
 
     #[test]

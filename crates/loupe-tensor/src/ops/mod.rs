@@ -10,7 +10,7 @@ pub mod attention;
 pub mod norm;
 pub mod rope;
 
-pub use activation::{add_in_place, mul_in_place, silu, silu_mul};
-pub use attention::{causal_attention, AttentionShape};
+pub use activation::{add_in_place, erf, gelu, mul_in_place, round_bf16, silu, silu_mul};
+pub use attention::{attention, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
 pub use norm::rms_norm;
-pub use rope::{RopeTable, RopeScaling};
+pub use rope::{RopeMode, RopeScaling, RopeTable};

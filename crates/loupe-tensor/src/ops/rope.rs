@@ -1,6 +1,9 @@
 //! Rotary position embedding in Hugging Face's "split-half" convention
 //! (`rotate_half` in transformers' `modeling_llama.py`): within each head, element
-//! `i` is paired with element `i + head_dim/2`.
+//! `i` is paired with element `i + head_dim/2`. The "interleaved" convention (GPT-J,
+//! Meta's original Llama code, llama.cpp's `LLAMA_ROPE_TYPE_NORM`) pairs `2i` with `2i+1`
+//! instead; it is here because applying one convention to weights laid out for the other is
+//! a classic porting bug, and the parity tools plant and recognise it.
 //!
 //! GGUF files from llama.cpp's converter store q/k projection rows permuted for
 //! its interleaved convention; the model loader undoes that permutation, so this
@@ -26,6 +29,25 @@ pub enum RopeScaling {
     /// Per-frequency divisors read from a GGUF `rope_freqs.weight` tensor
     /// (llama.cpp's encoding of the same Llama 3 scaling).
     FreqFactors(Vec<f32>),
+}
+
+/// Which elements of a head rotate together; pair `i` always turns at frequency `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RopeMode {
+    /// `(i, i + head_dim/2)`: transformers' `rotate_half` (GPT-NeoX style).
+    #[default]
+    SplitHalf,
+    /// `(2i, 2i + 1)`: GPT-J / original Llama style.
+    Interleaved,
+}
+
+impl RopeMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            RopeMode::SplitHalf => "split-half",
+            RopeMode::Interleaved => "interleaved",
+        }
+    }
 }
 
 /// Inverse frequencies for one head size, and the rotation they define.
@@ -101,9 +123,14 @@ impl RopeTable {
         }
     }
 
-    /// Rotates `x` (`[tokens, n_heads * head_dim]`) in place; row `t` is at
-    /// position `first_position + t`.
+    /// Rotates `x` (`[tokens, n_heads * head_dim]`) in place in the split-half convention;
+    /// row `t` is at position `first_position + t`.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, first_position: usize) -> Result<(), TensorError> {
+        self.apply_mode(x, n_heads, first_position, RopeMode::SplitHalf)
+    }
+
+    /// [`RopeTable::apply`] with the pairing of `mode`.
+    pub fn apply_mode(&self, x: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
         let width = n_heads * self.head_dim;
         if width == 0 || x.len() % width != 0 {
             return Err(TensorError::Shape {
@@ -117,12 +144,23 @@ impl RopeTable {
         for (t, row) in x.chunks_exact_mut(width).enumerate() {
             self.cos_sin(first_position + t, &mut cos, &mut sin);
             for head in row.chunks_exact_mut(self.head_dim) {
-                let (lo, hi) = head.split_at_mut(half);
-                for i in 0..half {
-                    let (a, b) = (lo[i], hi[i]);
-                    // q*cos + rotate_half(q)*sin, rotate_half(q) = [-q2, q1]
-                    lo[i] = a * cos[i] - b * sin[i];
-                    hi[i] = b * cos[i] + a * sin[i];
+                match mode {
+                    RopeMode::SplitHalf => {
+                        let (lo, hi) = head.split_at_mut(half);
+                        for i in 0..half {
+                            let (a, b) = (lo[i], hi[i]);
+                            // q*cos + rotate_half(q)*sin, rotate_half(q) = [-q2, q1]
+                            lo[i] = a * cos[i] - b * sin[i];
+                            hi[i] = b * cos[i] + a * sin[i];
+                        }
+                    }
+                    RopeMode::Interleaved => {
+                        for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                            let (a, b) = (pair[0], pair[1]);
+                            pair[0] = a * cos[i] - b * sin[i];
+                            pair[1] = b * cos[i] + a * sin[i];
+                        }
+                    }
                 }
             }
         }
@@ -151,6 +189,38 @@ mod tests {
         assert!((x[0] - 1.0f32.cos()).abs() < 1e-6);
         assert!((x[2] - 1.0f32.sin()).abs() < 1e-6);
         assert_eq!(x[1], 0.0);
+    }
+
+    #[test]
+    fn interleaved_pairs_adjacent_elements() {
+        let t = RopeTable::new(4, 10000.0, &RopeScaling::None).unwrap();
+        let mut x = [1.0f32, 0.0, 0.0, 0.0];
+        t.apply_mode(&mut x, 1, 1, RopeMode::Interleaved).unwrap();
+        // frequency 0 turns (x0, x1): (1, 0) -> (cos 1, sin 1); x2, x3 untouched
+        assert!((x[0] - 1.0f32.cos()).abs() < 1e-6);
+        assert!((x[1] - 1.0f32.sin()).abs() < 1e-6);
+        assert_eq!(&x[2..], &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn interleaved_is_split_half_on_permuted_elements() {
+        // Interleaved RoPE equals split-half RoPE applied after moving element 2i to i and
+        // 2i+1 to i + hd/2 (the permutation llama.cpp's converter applies to q/k rows).
+        let hd = 8;
+        let t = RopeTable::new(hd, 10000.0, &RopeScaling::None).unwrap();
+        let x: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut inter = x.clone();
+        t.apply_mode(&mut inter, 1, 5, RopeMode::Interleaved).unwrap();
+        let mut perm = vec![0.0; hd];
+        for i in 0..hd / 2 {
+            perm[i] = x[2 * i];
+            perm[i + hd / 2] = x[2 * i + 1];
+        }
+        t.apply(&mut perm, 1, 5).unwrap();
+        for i in 0..hd / 2 {
+            assert!((inter[2 * i] - perm[i]).abs() < 1e-6);
+            assert!((inter[2 * i + 1] - perm[i + hd / 2]).abs() < 1e-6);
+        }
     }
 
     #[test]

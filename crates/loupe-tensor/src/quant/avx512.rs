@@ -247,3 +247,49 @@ pair_kernel!(dot_q5_1, 24, 36, avx2::dot_q5_1, |x0, x1, y0, y1| {
     let s = scales_dm(x0, x1, y0, y1);
     (p, spread2(s, 0, 2), s)
 });
+
+/// Q8_0 / Q8_1 quantization of one row, byte-identical to `quantize::q8_0` /
+/// `q8_1` (same f32 operations in the same order; `roundf` as truncate, then step
+/// away from zero when the dropped fraction is at least one half).
+///
+/// # Safety
+/// AVX-512 F/BW/VL; `src.len()` is a multiple of 32 and `dst` holds its blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn quantize_q8(src: &[f32], dst: &mut [u8], with_sum: bool) {
+    let bs = if with_sum { 36 } else { 34 };
+    let qs_off = if with_sum { 4 } else { 2 };
+    let sign = _mm512_set1_ps(-0.0);
+    let half = _mm512_set1_ps(0.5);
+    let one = _mm512_set1_ps(1.0);
+    for (x, out) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(bs)) {
+        let v = [_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))];
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1])));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let mut sum = _mm512_setzero_si512();
+        for (h, &vh) in v.iter().enumerate() {
+            let s = _mm512_mul_ps(vh, id);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
+            let frac = _mm512_sub_ps(s, t);
+            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+            let down = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(frac, _mm512_set1_ps(-0.5));
+            let t = _mm512_mask_add_ps(t, up, t, one);
+            let r = _mm512_mask_sub_ps(t, down, t, one);
+            let q = _mm512_cvttps_epi32(r);
+            sum = _mm512_add_epi32(sum, q);
+            _mm_storeu_si128(out.as_mut_ptr().add(qs_off + 16 * h).cast(), _mm512_cvtepi32_epi8(q));
+        }
+        out[..2].copy_from_slice(&to_f16(d).to_le_bytes());
+        if with_sum {
+            let s = _mm512_reduce_add_epi32(sum) as f32 * d;
+            out[2..4].copy_from_slice(&to_f16(s).to_le_bytes());
+        }
+    }
+}
+
+/// f32 -> f16 bits, round to nearest even (as `half::f16::from_f32`), inline.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn to_f16(x: f32) -> u16 {
+    _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))) as u16
+}

@@ -29,6 +29,13 @@ use super::avx2;
 use super::blocks::QK;
 use super::TileFn;
 
+/// How many tiles of rows ahead to prefetch weights. Rows are short (360 bytes for
+/// Q4_1, 612 for Q8_0 at k = 576), and reading four of them side by side splits
+/// the sequential stream into short ones the hardware prefetcher barely trains
+/// on: streaming the 30 MB Q8_0 lm_head from DRAM ran 3x slower than one row at a
+/// time until this prefetch was added.
+const PREFETCH_TILES: usize = 2;
+
 /// Largest tile: weight rows x activation rows.
 pub(super) const MAX_RW: usize = 4;
 pub(super) const MAX_CA: usize = 2;
@@ -215,6 +222,7 @@ impl Fmt for Q8_0 {
 }
 
 /// Picks the instantiation for an edge tile of `nw x na`.
+#[allow(clippy::too_many_arguments)] // the TileFn signature
 unsafe fn dispatch<F: Fmt>(
     w: *const u8,
     w_stride: usize,
@@ -242,6 +250,8 @@ unsafe fn dispatch<F: Fmt>(
 
 type Args = (*const u8, usize, *const u8, usize, usize, *mut f32, usize);
 
+// Index loops over the const-size register arrays keep the tile shape explicit.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<F: Fmt, const RW: usize, const CA: usize>(args: Args) {
     let (w, w_stride, a, a_stride, n, out, out_stride) = args;
@@ -269,6 +279,14 @@ unsafe fn tile<F: Fmt, const RW: usize, const CA: usize>(args: Args) {
         for r in 0..RW {
             let x0 = w.add(r * w_stride + i * F::WS);
             let x1 = x0.add(F::WS);
+            // The bytes this pair reads, PREFETCH_TILES tiles (rows) further on: see
+            // the module note. `wrapping_add`, as the address may lie past the matrix
+            // (prefetches never fault).
+            let ahead = x0.wrapping_add(PREFETCH_TILES * MAX_RW * w_stride);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            if 2 * F::WS > 64 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+            }
             let q = F::codes(x0, x1);
             let wh = head(x0, x1, F::HAS_MIN);
             let wd = spread(wh);

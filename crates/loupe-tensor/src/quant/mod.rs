@@ -8,16 +8,22 @@
 //!
 //! Every dot kernel has a scalar reference (`scalar.rs`); AVX2 (`avx2.rs`) and
 //! AVX-512 VNNI (`avx512.rs`) versions are picked at run time by [`Isa::active`]
-//! and tested against the reference over every ISA this CPU has.
+//! and tested against the reference over every ISA this CPU has. Matmul uses
+//! register-tiled variants (`avx512_tile.rs`, `avx512_ftile.rs`: several weight
+//! rows x several activation rows per call) where they exist.
 //!
-//! | weight | activations | scalar | AVX2 | AVX-512 VNNI |
-//! | --- | --- | --- | --- | --- |
-//! | F32, F16, BF16 | F32 | yes | yes | yes |
-//! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes |
-//! | Q4_1, Q5_1 | Q8_1 | yes | yes | yes |
-//! | Q8_1 | Q8_1 | yes | - | - |
-//! | Q2_K .. Q6_K | Q8_K | yes | Q4_K, Q6_K | (AVX2) |
-//! | Q8_K | Q8_K | yes | - | - |
+//! | weight | activations | scalar | AVX2 | AVX-512 | AVX-512 tile |
+//! | --- | --- | --- | --- | --- | --- |
+//! | F32, F16, BF16 | F32 | yes | yes | yes | 4 x 4 |
+//! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes (VNNI) | 4 x 2 |
+//! | Q4_1, Q5_1 | Q8_1 | yes | yes | yes (VNNI) | 4 x 2 |
+//! | Q8_1 | Q8_1 | yes | - | - | - |
+//! | Q4_K, Q5_K, Q6_K | Q8_K | yes | yes | (AVX2) | - |
+//! | Q2_K, Q3_K | Q8_K | yes | - | - | - |
+//! | Q8_K | Q8_K | yes | - | - | - |
+//!
+//! Quantizing activations: scalar for every type, AVX-512 for Q8_0 and Q8_1
+//! (byte-identical).
 
 pub mod blocks;
 mod dequant;
@@ -29,6 +35,8 @@ mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_ftile;
 #[cfg(target_arch = "x86_64")]
 mod avx512_tile;
 
@@ -118,7 +126,24 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), T
 /// `ty`), as ggml's `quantize_row_*_ref` would. Supported: F32, F16, BF16, Q4_0,
 /// Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K; the K-quant weight types are not.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), TensorError> {
+    quantize_row_with(Isa::active(), ty, src, dst)
+}
+
+/// [`quantize_row`] on the kernels of a given ISA level. Every level produces the
+/// same bytes; only speed differs (Q8_0 and Q8_1, the activation types of the
+/// legacy quants, have AVX-512 versions).
+///
+/// # Panics
+/// If this CPU does not support `isa`.
+pub fn quantize_row_with(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), TensorError> {
+    assert!(isa.is_supported(), "quantize_row_with: this CPU does not support {isa}");
     check_len("quantize_row", ty, src.len(), dst.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q8_1) {
+        // SAFETY: the CPU supports AVX-512 (asserted above); lengths checked.
+        unsafe { avx512::quantize_q8(src, dst, ty == GgmlType::Q8_1) };
+        return Ok(());
+    }
     match ty {
         GgmlType::F32 => quantize::f32_row(src, dst),
         GgmlType::F16 => quantize::f16_row(src, dst),
@@ -147,8 +172,10 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 /// already quantized to `vec_dot_type(wty)` (for float weights: f32 bytes).
 ///
 /// Uses the kernels of [`Isa::active`]. Activation rows must come from
-/// [`quantize_row`] (the AVX-512 Q8_0 kernel relies on int8 values never being -128,
-/// which the quantizers guarantee).
+/// [`quantize_row`]: the kernels that multiply signed by signed bytes with the
+/// `|w| * (a * sign(w))` trick (AVX2 Q4_0/Q5_0/Q8_0, AVX-512 Q8_0) need activation
+/// quants in -127..=127, which the quantizers guarantee (-128 would negate to
+/// itself).
 ///
 /// # Panics
 /// If `n` is not a multiple of the block size or a row is shorter than `n`
@@ -219,7 +246,7 @@ pub(crate) struct Tile {
 }
 
 /// The tiled kernel for weights of type `wty` at ISA level `isa`, where one exists
-/// (AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); otherwise matmul calls
+/// (AVX-512: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F32, F16, BF16); otherwise matmul calls
 /// [`vec_dot_fn`] per output.
 ///
 /// # Panics
@@ -228,11 +255,12 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
     assert!(isa.is_supported(), "tile_fn: this CPU does not support {isa}");
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
-        return avx512_tile::tile_fn(wty).map(|f| Tile {
-            f,
-            max_rw: avx512_tile::MAX_RW,
-            max_ca: avx512_tile::MAX_CA,
-        });
+        if let Some(f) = avx512_tile::tile_fn(wty) {
+            return Some(Tile { f, max_rw: avx512_tile::MAX_RW, max_ca: avx512_tile::MAX_CA });
+        }
+        if let Some(f) = avx512_ftile::tile_fn(wty) {
+            return Some(Tile { f, max_rw: avx512_ftile::MAX_RW, max_ca: avx512_ftile::MAX_CA });
+        }
     }
     let _ = wty;
     None

@@ -209,7 +209,7 @@ fn rejects_wrong_lengths_and_unaligned_ok() {
     assert!(err.to_string().contains("multiple"), "{err}");
     // A block at an odd address reads the same as an aligned one.
     let b = BlockQ4_1 { d: h(0.25), m: h(-1.0), qs: ramp_nibbles() };
-    let mut buf = vec![0u8; 21];
+    let mut buf = [0u8; 21];
     buf[1..].copy_from_slice(as_bytes(&[b]));
     assert_eq!(deq(GgmlType::Q4_1, &buf[1..], 32), deq(GgmlType::Q4_1, as_bytes(&[b]), 32));
 }

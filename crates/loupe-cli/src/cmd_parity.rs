@@ -1,0 +1,198 @@
+//! `loupe parity`: the whole protocol in one command (parity-protocol.md steps 0-2): dump
+//! loupe and the PyTorch reference on the same prompt, validate the dumpers (identical
+//! prompt tokens, embedding cosine 1.0), compare, and print one verdict.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use clap::Args;
+use loupe_parity::report::{render, to_json, RenderOptions};
+use loupe_parity::{compare, CompareOptions, NoProgress, Thresholds};
+
+use crate::cmd_dump::{DumpArgs, Style};
+use crate::cmd_generate::PrecisionArg;
+use crate::{model_path, UsageError};
+
+/// The dumper guard (parity-protocol.md, step 1): on a correct model the embeddings must
+/// agree to rounding, and every layer to cosine 0.999 or better.
+const GUARD_EMBEDDING_COS: f64 = 0.999_999;
+const GUARD_LAYER_COS: f64 = 0.999;
+
+#[derive(Args, Debug)]
+pub struct ParityArgs {
+    /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2]
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub prompt: String,
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long)]
+    pub system: Option<String>,
+    /// `hf` runs transformers through `python -m loupe_reference dump`; a path uses an
+    /// existing reference dump directory.
+    #[arg(long, default_value = "hf")]
+    pub reference: String,
+    /// Keep only the first N decoder layers on both sides.
+    #[arg(long, default_value = "all")]
+    pub layers: String,
+    /// Capture only values matching these regexes (both sides).
+    #[arg(long = "taps")]
+    pub taps: Vec<String>,
+    /// Also compare K greedy decode steps.
+    #[arg(long, default_value_t = 0)]
+    pub steps: usize,
+    /// Keep both dumps here (`DIR/loupe`, `DIR/reference`); default: a temporary directory.
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// loupe's weight precision for the run.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub mode: PrecisionArg,
+    /// A tensor diverges below this cosine.
+    #[arg(long, default_value_t = 0.99)]
+    pub cos: f64,
+    /// Write the JSON report here (`-` for stdout).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+}
+
+pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
+    let model = model_path::resolve(args.model.as_deref())?;
+    crate::cmd_dump::parse_layers(&args.layers)?;
+    let tmp;
+    let root = match &args.output {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| UsageError(format!("{}: {e}", d.display())))?;
+            d.clone()
+        }
+        None => {
+            tmp = tempfile::tempdir().context("creating a temporary directory")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let reference_dir = match args.reference.as_str() {
+        "hf" => {
+            let dir = root.join("reference");
+            run_reference(&args, &model, &dir)?;
+            dir
+        }
+        path => {
+            let p = PathBuf::from(path);
+            if !p.join("manifest.json").is_file() {
+                return Err(UsageError(format!("--reference {path}: not a dump directory (no manifest.json)")).into());
+            }
+            p
+        }
+    };
+    let loupe_dir = root.join("loupe");
+    eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
+    crate::cmd_dump::run(DumpArgs {
+        model: Some(model.clone()),
+        prompt: args.prompt.clone(),
+        chat: args.chat,
+        system: args.system.clone(),
+        layers: args.layers.clone(),
+        taps: args.taps.clone(),
+        steps: args.steps,
+        teacher_force: None,
+        output: Some(loupe_dir.clone()),
+        style: Some(Style::Npy),
+        precision: 6,
+        dtype: "f32".into(),
+        mode: args.mode,
+        threads: None,
+        inject: Vec::new(),
+    })?;
+
+    // Step 1's guard, part one: both sides must have seen the same token ids.
+    let tokens = |dir: &Path| -> anyhow::Result<serde_json::Value> {
+        let text = std::fs::read_to_string(dir.join("manifest.json")).with_context(|| format!("{}: no manifest.json", dir.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: bad manifest.json", dir.display()))?;
+        Ok(v["prompt_tokens"].clone())
+    };
+    let (ref_tokens, our_tokens) = (tokens(&reference_dir)?, tokens(&loupe_dir)?);
+    if ref_tokens != our_tokens {
+        println!("verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {ref_tokens}\n  loupe:     {our_tokens}\n  fix the tokenizer or chat template before comparing the graph (parity-protocol.md, step 0)");
+        return Ok(1);
+    }
+
+    let opts = CompareOptions { thresholds: Thresholds { cos: args.cos, ..Thresholds::default() }, ..CompareOptions::default() };
+    let report = compare(&reference_dir, &loupe_dir, &opts, &mut NoProgress)?;
+    let json_stdout = args.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
+    if !json_stdout {
+        print!("{}", render(&report, RenderOptions { per_token: false, per_dim: false }));
+    }
+    match &args.json {
+        Some(_) if json_stdout => println!("{}", to_json(&report)),
+        Some(p) => std::fs::write(p, to_json(&report) + "\n").with_context(|| p.display().to_string())?,
+        None => {}
+    }
+
+    // Step 1's guard, part two: embeddings equal, every layer close.
+    let cos_of = |name: &str| report.pairs.iter().find(|p| p.name == name && p.step == 0).and_then(|p| p.metrics.as_ref()).map(|m| m.cosine);
+    let embed = cos_of("model.embed_tokens");
+    let layers: Vec<(String, f64)> = report
+        .pairs
+        .iter()
+        .filter(|p| p.step == 0 && loupe_parity::names::is_layer_output(&p.name))
+        .filter_map(|p| p.metrics.as_ref().map(|m| (p.name.clone(), m.cosine)))
+        .collect();
+    let worst = layers.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    let guard_ok = embed.is_some_and(|c| c >= GUARD_EMBEDDING_COS) && worst.is_none_or(|w| w.1 >= GUARD_LAYER_COS);
+    if !json_stdout {
+        println!(
+            "dumper guard: prompt tokens identical ({} tokens); embedding cosine {}; {} layer outputs, lowest cosine {} — {}",
+            our_tokens.as_array().map_or(0, |a| a.len()),
+            embed.map_or("missing".into(), |c| format!("{c:.7}")),
+            layers.len(),
+            worst.map_or("n/a".into(), |(n, c)| format!("{c:.6} ({n})")),
+            if guard_ok { format!("pass (>= {GUARD_EMBEDDING_COS} / >= {GUARD_LAYER_COS})") } else { "FAIL".into() }
+        );
+        if args.output.is_some() {
+            println!("dumps kept in {}", root.display());
+        }
+    }
+    // A failed guard in f32 mode means the dumpers (or the f32 path) are broken: not a pass.
+    let guard_fails = !guard_ok && matches!(args.mode, PrecisionArg::F32);
+    Ok(report.exit_code().max(u8::from(guard_fails)))
+}
+
+/// Runs the Python reference dumper with the same prompt, layers and taps.
+fn run_reference(args: &ParityArgs, model: &Path, out: &Path) -> anyhow::Result<()> {
+    let ok = Command::new("python3").args(["-c", "import loupe_reference"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        return Err(UsageError("--reference hf needs the Python reference: pip install -e reference/ (torch, transformers, gguf, accelerate)".into()).into());
+    }
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "loupe_reference", "dump"]);
+    if model.is_dir() {
+        cmd.arg("--hf-dir").arg(model);
+    } else {
+        cmd.arg("--gguf").arg(model);
+    }
+    cmd.args(["--prompt", &args.prompt, "--layers", &args.layers]);
+    if args.chat {
+        cmd.arg("--chat");
+    }
+    if let Some(s) = &args.system {
+        cmd.args(["--chat", "--system", s]);
+    }
+    for t in &args.taps {
+        cmd.args(["--taps", t]);
+    }
+    if args.steps > 0 {
+        cmd.args(["--steps", &args.steps.to_string()]);
+    }
+    cmd.arg("-o").arg(out);
+    eprintln!("loupe: running the transformers reference (python -m loupe_reference dump); loading takes ~20 s");
+    let output = cmd.output().context("cannot run python3")?;
+    if !output.status.success() {
+        let err = String::from_utf8_lossy(&output.stderr);
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+        anyhow::bail!("the reference dumper failed ({}): {last}", output.status);
+    }
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! The hypotheses per op: which op produced a tensor (from its name, the contract of
+//! ARCHITECTURE.md invariant 1), which reference tensors are its inputs, and the outputs the
+//! correct op and each candidate bug compute from them.
+//!
+//! Kernels are loupe's own (`loupe_tensor::ops`), which track PyTorch to rounding in f32
+//! mode; a hypothesis is a different kernel mode or parameter, never a separate
+//! re-implementation.
+
+use std::sync::Arc;
+
+use loupe_graph::{Op, WeightData};
+use loupe_models::{LlamaConfig, Model};
+use loupe_tensor::matmul::matmul_f32;
+use loupe_tensor::ops::{attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeTable};
+
+use super::dump::Tensor;
+use super::{Context, ExplainError};
+
+/// One way of computing the op, not yet compared.
+pub struct Candidate {
+    pub id: &'static str,
+    pub label: String,
+    pub cause: String,
+    pub data: Vec<f32>,
+}
+
+fn cand(id: &'static str, label: impl Into<String>, cause: impl Into<String>, data: Vec<f32>) -> Candidate {
+    Candidate { id, label: label.into(), cause: cause.into(), data }
+}
+
+/// What to evaluate for one tensor.
+pub struct Plan {
+    /// The op, in words.
+    pub op: String,
+    /// Reference tensors the hypotheses read (checked against the target's copies).
+    pub inputs: Vec<String>,
+    /// The correct op first.
+    pub candidates: Vec<Candidate>,
+}
+
+/// The op behind a value name.
+enum Site {
+    Rope { layer: usize, input: String, kv: bool },
+    Attention { layer: usize, probs: bool },
+    Linear { module: String, input: String, layers: usize },
+    Norm { module: String, input: String, layers: usize },
+    Act { layer: usize },
+    AttnResidual { layer: usize },
+    LayerOut { layer: usize },
+    /// No op model: only value-level hypotheses (bf16).
+    Other,
+}
+
+/// The input of decoder layer `l`: the previous layer's output, or the embeddings.
+fn layer_input(l: usize) -> String {
+    match l.checked_sub(1) {
+        Some(prev) => format!("model.layers.{prev}"),
+        None => "model.embed_tokens".to_string(),
+    }
+}
+
+fn site(ctx: &Context<'_>, name: &str) -> Site {
+    if name == "model.norm" {
+        return match ctx.reference.last_layer(ctx.step) {
+            Some(last) => Site::Norm { module: "model.norm".into(), input: format!("model.layers.{last}"), layers: 1 },
+            None => Site::Other,
+        };
+    }
+    if name == "lm_head" {
+        return Site::Linear { module: "lm_head".into(), input: "model.norm".into(), layers: 1 };
+    }
+    let Some(rest) = name.strip_prefix("model.layers.") else { return Site::Other };
+    let (num, sub) = rest.split_once('.').unwrap_or((rest, ""));
+    let Ok(l) = num.parse::<usize>() else { return Site::Other };
+    let p = format!("model.layers.{l}");
+    let linear = |module: &str, input: &str| Site::Linear { module: format!("{p}.{module}"), input: format!("{p}.{input}"), layers: l + 1 };
+    match sub {
+        "" => Site::LayerOut { layer: l },
+        "input_layernorm" => Site::Norm { module: format!("{p}.input_layernorm"), input: layer_input(l), layers: l + 1 },
+        "post_attention_layernorm" => Site::Norm { module: format!("{p}.post_attention_layernorm"), input: format!("{p}.attn_residual"), layers: l + 1 },
+        "self_attn.q_rope" => Site::Rope { layer: l, input: format!("{p}.self_attn.q_proj"), kv: false },
+        "self_attn.k_rope" => Site::Rope { layer: l, input: format!("{p}.self_attn.k_proj"), kv: true },
+        "self_attn.attn_output" => Site::Attention { layer: l, probs: false },
+        "self_attn.attn_probs" => Site::Attention { layer: l, probs: true },
+        "self_attn.q_proj" | "self_attn.k_proj" | "self_attn.v_proj" => linear(sub, "input_layernorm"),
+        "self_attn.o_proj" | "self_attn" => linear("self_attn.o_proj", "self_attn.attn_output"),
+        "mlp.gate_proj" | "mlp.up_proj" => linear(sub, "post_attention_layernorm"),
+        "mlp.down_proj" | "mlp" => linear("mlp.down_proj", "mlp.act_mul"),
+        "mlp.act_fn" => Site::Act { layer: l },
+        "attn_residual" => Site::AttnResidual { layer: l },
+        _ => Site::Other,
+    }
+}
+
+/// The hypotheses for `name` at the context's step.
+pub fn plan(ctx: &mut Context<'_>, name: &str) -> Result<Plan, ExplainError> {
+    let mut plan = match site(ctx, name) {
+        Site::Rope { layer, input, kv } => rope(ctx, layer, &input, kv)?,
+        Site::Attention { layer, probs } => attn(ctx, layer, probs)?,
+        Site::Linear { module, input, layers } => linear(ctx, &module, &input, layers)?,
+        Site::Norm { module, input, layers } => norm(ctx, &module, &input, layers)?,
+        Site::Act { layer } => act(ctx, layer)?,
+        Site::AttnResidual { layer } => {
+            let p = format!("model.layers.{layer}");
+            // `self_attn` is an alias of `self_attn.o_proj`: either may have been dumped.
+            let o_proj = format!("{p}.self_attn.o_proj");
+            let o = ctx.reference.first_of(&[&o_proj, &format!("{p}.self_attn")], ctx.step).map(str::to_string).unwrap_or(o_proj);
+            residual(ctx, &layer_input(layer), &o, "attention")?
+        }
+        Site::LayerOut { layer } => {
+            let p = format!("model.layers.{layer}");
+            let down = format!("{p}.mlp.down_proj");
+            let mlp = ctx.reference.first_of(&[&down, &format!("{p}.mlp")], ctx.step).map(str::to_string).unwrap_or(down);
+            residual(ctx, &format!("{p}.attn_residual"), &mlp, "MLP")?
+        }
+        Site::Other => {
+            let r = ctx.reference(name)?;
+            Plan { op: "no op model for this tensor: value-level hypotheses only".into(), inputs: Vec::new(), candidates: vec![cand("correct", "the reference value", "", r.data)] }
+        }
+    };
+    // Any tensor: the reference value held in bf16 (reduced-precision activations).
+    if let Ok(r) = ctx.reference(name) {
+        let mut data = r.data;
+        round_bf16(&mut data);
+        plan.candidates.push(cand("bf16", "reference value rounded to bf16", "the value is rounded to bf16 (a reduced-precision activation or cast)", data));
+    }
+    Ok(plan)
+}
+
+fn rows_of(t: &Tensor, width: usize, what: &str) -> Result<usize, ExplainError> {
+    if width == 0 || t.data.len() % width != 0 {
+        return Err(ExplainError::Shape { what: format!("'{what}' has shape {:?}, not rows of {width}", t.shape) });
+    }
+    Ok(t.data.len() / width)
+}
+
+fn rope(ctx: &mut Context<'_>, layer: usize, input: &str, kv: bool) -> Result<Plan, ExplainError> {
+    let x = ctx.reference(input)?;
+    let first = ctx.first_position()?;
+    let model = ctx.model(layer + 1)?;
+    let cfg = &model.config;
+    let heads = if kv { cfg.num_key_value_heads } else { cfg.num_attention_heads };
+    rows_of(&x, heads * cfg.head_dim, input)?;
+    let table = rope_table(model, layer)?;
+    let run = |mode: RopeMode| -> Result<Vec<f32>, ExplainError> {
+        let mut d = x.data.clone();
+        table.apply_mode(&mut d, heads, first, mode)?;
+        Ok(d)
+    };
+    let candidates = vec![
+        cand("correct", "RoPE split-half (i, i+d/2)", "", run(RopeMode::SplitHalf)?),
+        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1)", "rotary embedding pairs adjacent elements (2i, 2i+1) instead of (i, i+head_dim/2): the interleaved (GPT-J) convention on split-half weights, or q/k rows not un-permuted", run(RopeMode::Interleaved)?),
+        cand("rope-missing", "no RoPE", "rotary embedding not applied", x.data.clone()),
+    ];
+    let op = format!("rotary embedding of `{input}` ({heads} heads x {}, theta {}, first position {first})", cfg.head_dim, cfg.rope_theta);
+    Ok(Plan { op, inputs: vec![input.to_string()], candidates })
+}
+
+/// The graph's own table for `layer` (it carries GGUF frequency factors, if any).
+fn rope_table(model: &Model, layer: usize) -> Result<Arc<RopeTable>, ExplainError> {
+    let name = format!("model.layers.{layer}.self_attn.q_rope");
+    let node = model.graph.find_value(&name).and_then(|v| model.graph.producer(v));
+    if let Some(Op::Rope { table, .. }) = node.map(|n| &n.op) {
+        return Ok(table.clone());
+    }
+    Err(ExplainError::Shape { what: format!("the model has no RoPE node '{name}'") })
+}
+
+fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, ExplainError> {
+    let p = format!("model.layers.{layer}.self_attn");
+    let (qn, kn, vn) = (format!("{p}.q_rope"), format!("{p}.k_rope"), format!("{p}.v_proj"));
+    let q = ctx.reference(&qn)?;
+    // The cache at step K holds the keys and values of every step up to K.
+    let k = ctx.reference.rows_through(&kn, ctx.step)?;
+    let v = ctx.reference.rows_through(&vn, ctx.step)?;
+    let cfg: LlamaConfig = ctx.config()?;
+    let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let tokens = rows_of(&q, h * hd, &qn)?;
+    let context = rows_of(&k, kvh * hd, &kn)?;
+    if rows_of(&v, kvh * hd, &vn)? != context || tokens > context || tokens == 0 {
+        return Err(ExplainError::Shape { what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)) });
+    }
+    let base = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let run = |shape: AttentionShape, variant: AttentionVariant, keys: &[f32]| -> Result<Vec<f32>, ExplainError> {
+        let mut out = vec![0.0f32; tokens * h * hd];
+        let mut pr = vec![0.0f32; h * tokens * context];
+        attention(shape, variant, &q.data, keys, &v.data, context, &mut out, Some(&mut pr))?;
+        Ok(if probs { pr } else { out })
+    };
+    let plain = AttentionVariant::default();
+    // Row p holds the key of p-1, row 0 zeros.
+    let w = kvh * hd;
+    let mut late = vec![0.0f32; k.data.len()];
+    late[w..].copy_from_slice(&k.data[..k.data.len() - w]);
+    let candidates = vec![
+        cand("correct", format!("causal, scale 1/sqrt({hd}), kv head h/{}", h / kvh.max(1)), "", run(base, plain, &k.data)?),
+        cand("softmax-scale", format!("scale 1/{hd}"), "attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim)", run(AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, &k.data)?),
+        cand("no-scale", "scale 1", "attention scores not scaled by 1/sqrt(head_dim)", run(AttentionShape { scale: 1.0, ..base }, plain, &k.data)?),
+        cand("gqa-mapping", format!("kv head h % {kvh}"), "query head h reads kv head h % n_kv (kv heads tiled) instead of h / (n_heads/n_kv) (repeat_kv / repeat_interleave)", run(base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, &k.data)?),
+        cand("mask", "no causal mask", "the causal mask is missing: queries see later tokens of the same call", run(base, AttentionVariant { mask: AttentionMask::None, ..plain }, &k.data)?),
+        cand("kv-write", "keys written one position late", "the KV cache write is off by one: row p holds the key of position p-1", run(base, plain, &late)?),
+    ];
+    let op = format!("attention of `{qn}` over `{kn}`, `{vn}` (steps 0..={}: {context} positions; {h} heads, {kvh} kv heads, head_dim {hd})", ctx.step);
+    Ok(Plan { op, inputs: vec![qn, kn, vn], candidates })
+}
+
+/// A weight of the loaded model as f32 `[rows, cols]`.
+fn weight(model: &Model, name: &str) -> Option<(Vec<usize>, Arc<Vec<f32>>)> {
+    let w = model.graph.weights.iter().find(|w| w.name == name)?;
+    let data = match &w.data {
+        WeightData::F32(d) => d.clone(),
+        WeightData::Quant(q) => Arc::new(q.dequantize()),
+    };
+    Some((w.shape.clone(), data))
+}
+
+fn linear(ctx: &mut Context<'_>, module: &str, input: &str, layers: usize) -> Result<Plan, ExplainError> {
+    let x = ctx.reference(input)?;
+    let model = ctx.model(layers)?;
+    let wname = format!("{module}.weight");
+    // A tied lm_head is the embedding table.
+    let found = weight(model, &wname).or_else(|| if module == "lm_head" { weight(model, "model.embed_tokens.weight") } else { None });
+    let (shape, w) = found.ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
+    let (n, k) = (shape[0], shape.get(1).copied().unwrap_or(1));
+    let m = rows_of(&x, k, input)?;
+    let bias = weight(model, &format!("{module}.bias")).map(|(_, b)| b);
+    let apply = |w: &[f32]| -> Result<Vec<f32>, ExplainError> {
+        let mut y = vec![0.0f32; m * n];
+        matmul_f32(&x.data, w, &mut y, m, k, n)?;
+        if let Some(b) = &bias {
+            for row in y.chunks_exact_mut(n) {
+                for (o, &bb) in row.iter_mut().zip(b.iter()) {
+                    *o += bb;
+                }
+            }
+        }
+        Ok(y)
+    };
+    let mut candidates = vec![cand("correct", "x W^T", "", apply(&w)?)];
+    if n == k {
+        let mut t = vec![0.0f32; n * k];
+        for r in 0..n {
+            for c in 0..k {
+                t[c * n + r] = w[r * k + c];
+            }
+        }
+        candidates.push(cand("transposed-weight", "x W (weight transposed)", format!("`{wname}` is used transposed ([in, out] read as [out, in])"), apply(&t)?));
+    }
+    Ok(Plan { op: format!("linear `{module}` ({n}x{k}) of `{input}`"), inputs: vec![input.to_string()], candidates })
+}
+
+fn norm(ctx: &mut Context<'_>, module: &str, input: &str, layers: usize) -> Result<Plan, ExplainError> {
+    let x = ctx.reference(input)?;
+    let model = ctx.model(layers)?;
+    let cfg_eps = model.config.rms_norm_eps;
+    let wname = format!("{module}.weight");
+    let (_, w) = weight(model, &wname).ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
+    rows_of(&x, w.len(), input)?;
+    let run = |eps: f32| -> Result<Vec<f32>, ExplainError> {
+        let mut out = vec![0.0f32; x.data.len()];
+        rms_norm(&x.data, &w, eps, &mut out)?;
+        Ok(out)
+    };
+    let mut candidates = vec![cand("correct", format!("RMSNorm eps = {cfg_eps:e} (config)"), "", run(cfg_eps)?)];
+    for eps in [1e-6f32, 1e-5, 1e-2, 1e-1, 1.0] {
+        if (eps - cfg_eps).abs() <= 1e-3 * cfg_eps {
+            continue;
+        }
+        candidates.push(cand("norm-eps", format!("RMSNorm eps = {eps:e}"), format!("RMSNorm epsilon is {eps:e} instead of the config's {cfg_eps:e}"), run(eps)?));
+    }
+    Ok(Plan { op: format!("RMSNorm `{module}` of `{input}`"), inputs: vec![input.to_string()], candidates })
+}
+
+fn act(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError> {
+    let input = format!("model.layers.{layer}.mlp.gate_proj");
+    let x = ctx.reference(&input)?;
+    let with = |f: &dyn Fn(&mut [f32])| {
+        let mut d = x.data.clone();
+        f(&mut d);
+        d
+    };
+    let candidates = vec![
+        cand("correct", "SiLU", "", with(&silu)),
+        cand("gelu-tanh", "GELU (tanh approximation)", "the activation is GELU with the tanh approximation instead of SiLU (hidden_act mixed up)", with(&|d| gelu(d, true))),
+        cand("gelu-erf", "GELU (erf)", "the activation is exact GELU instead of SiLU (hidden_act mixed up)", with(&|d| gelu(d, false))),
+    ];
+    Ok(Plan { op: format!("activation of `{input}`"), inputs: vec![input], candidates })
+}
+
+fn residual(ctx: &mut Context<'_>, skip: &str, branch: &str, what: &str) -> Result<Plan, ExplainError> {
+    let x = ctx.reference(skip)?;
+    let o = ctx.reference(branch)?;
+    if x.data.len() != o.data.len() {
+        return Err(ExplainError::Shape { what: format!("`{skip}` {:?} and `{branch}` {:?}", x.shape, o.shape) });
+    }
+    let sum = x.data.iter().zip(&o.data).map(|(a, b)| a + b).collect();
+    let candidates = vec![
+        cand("correct", format!("{skip} + {what} output"), "", sum),
+        cand("missing-residual", format!("{what} output only"), format!("the residual add around the {what} block is missing (its input is not added back)"), o.data.clone()),
+    ];
+    Ok(Plan { op: format!("residual add of `{skip}` and `{branch}`"), inputs: vec![skip.to_string(), branch.to_string()], candidates })
+}

@@ -1,0 +1,42 @@
+//! loupe-parity: the comparator side of loupe's parity toolkit.
+//!
+//! Given two sets of dumped tensors, a reference (A, usually PyTorch) and a target (B,
+//! usually loupe), it pairs them by name, measures each pair, finds the first divergence
+//! in execution order, recognizes false cliffs, and names the likely cause from the
+//! signature table of the product spec's parity-protocol.md.
+//!
+//! - [`source`]: open a dump directory, a directory of tensor files, or one file
+//!   (npy, npz, pt, max, safetensors, gguf) as named entries, loaded lazily as f32.
+//! - [`mapping`] and [`pairing`]: align names (exact, MAX labels, transformers-debugger
+//!   names, optional llama.cpp names, a declarative mapping file with renames, fused
+//!   splits and layout transforms). Nothing is paired by position.
+//! - [`metrics`] and [`logits`]: cosine, abs/rel diffs with positions, NMSE, SQNR,
+//!   isclose mismatches, NaN/Inf counts, per-token/per-dim cosines; argmax, top-k, KL.
+//! - [`result`], [`verdict`], [`signatures`]: the divergence rule, false cliffs, the
+//!   token-0 invariant, and the table of signatures.
+//! - [`compare`]: the driver; [`report`]: terminal table and JSON.
+//! - [`manifest`]: the dump manifest and a writer of dumps.
+
+pub mod compare;
+pub mod error;
+pub mod logits;
+pub mod manifest;
+pub mod mapping;
+pub mod metrics;
+pub mod names;
+pub mod pairing;
+pub mod report;
+pub mod result;
+pub mod signatures;
+pub mod source;
+pub mod tensor;
+pub mod verdict;
+
+pub use compare::{compare, compare_sources, CompareOptions, NoProgress, Progress, Report};
+pub use error::ParityError;
+pub use manifest::{DumpStyle, DumpWriter, Manifest};
+pub use mapping::Mapping;
+pub use result::Thresholds;
+pub use source::TensorSource;
+pub use tensor::Tensor;
+pub use regex;

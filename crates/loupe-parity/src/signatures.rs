@@ -1,0 +1,273 @@
+//! The signature table of parity-protocol.md ("Signatures and what they usually mean"),
+//! as data: each row pairs a test over the comparison with a likely cause and a first
+//! check. Rows are tried in order and the first that matches names the cause; rows for
+//! harness and dump problems come first (protocol: "Fix in this order: comparator/harness,
+//! graph, decode state, server"). The last row localizes by op kind.
+
+use crate::names::{is_embedding, is_layer_output, is_logits_name, layer_index};
+use crate::result::{PairReport, Reason, Status};
+use crate::verdict::{magnitude_only, Evidence, FalseCliff};
+
+/// What a signature test sees.
+pub struct Ctx<'a> {
+    pub ev: &'a Evidence<'a>,
+    /// Index of the first failing pair.
+    pub first: Option<usize>,
+    pub cliffs: &'a [FalseCliff],
+}
+
+impl Ctx<'_> {
+    fn first(&self) -> Option<&PairReport> {
+        self.first.and_then(|i| self.ev.pairs.get(i))
+    }
+    fn cos(&self) -> f64 {
+        self.ev.thresholds.cos
+    }
+    /// Layer-output cosines at `step`, by layer, the embedding standing for layer -1.
+    fn layer_series(&self, step: u32) -> Vec<(i64, &PairReport)> {
+        let mut v: Vec<(i64, &PairReport)> = self
+            .ev
+            .pairs
+            .iter()
+            .filter(|p| p.step == step && p.metrics.is_some())
+            .filter_map(|p| {
+                if is_layer_output(&p.name) {
+                    layer_index(&p.name).map(|l| (l as i64, p))
+                } else if is_embedding(&p.name) {
+                    Some((-1, p))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v
+    }
+    /// The first failing pair's layer output and the one before it (a "sudden cliff" is a
+    /// drop of at least 0.05 in cosine from one to the other).
+    fn cliff(&self) -> Option<(&PairReport, bool)> {
+        let f = self.first()?;
+        let l = layer_index(&f.name)? as i64;
+        let series = self.layer_series(f.step);
+        let at = series.iter().position(|(i, _)| *i == l)?;
+        let here = series[at].1;
+        let prev = at.checked_sub(1).map(|j| series[j]).filter(|(i, _)| *i == l - 1)?;
+        let sudden = prev.1.cosine()? - here.cosine()? >= 0.05;
+        Some((here, sudden))
+    }
+}
+
+/// One row of the table.
+pub struct Signature {
+    pub id: &'static str,
+    /// The signature as parity-protocol.md states it.
+    pub signature: &'static str,
+    pub first_check: &'static str,
+    /// Returns the likely cause when the signature matches.
+    pub test: fn(&Ctx) -> Option<String>,
+}
+
+pub const SIGNATURES: &[Signature] = &[
+    Signature {
+        id: "prompt_tokens",
+        signature: "the two dumps saw different prompt token ids",
+        first_check: "tokenizer and chat template (protocol step 0)",
+        test: |c| {
+            let (a, b) = c.ev.prompt_tokens.as_ref()?;
+            if a == b {
+                return None;
+            }
+            let i = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+            Some(format!(
+                "prompt token ids differ (first at position {i}: {} vs {}; lengths {} and {}): the tokenizer or chat template, not the graph",
+                a.get(i).map_or("end".into(), |t| t.to_string()),
+                b.get(i).map_or("end".into(), |t| t.to_string()),
+                a.len(),
+                b.len()
+            ))
+        },
+    },
+    Signature {
+        id: "false_cliff",
+        signature: "a false cliff: the dump, not the model",
+        first_check: "fix the dumper, then compare again",
+        test: |c| c.cliffs.first().map(|f| format!("a dump bug, not a model bug: {}", f.message)),
+    },
+    Signature {
+        id: "non_finite",
+        signature: "NaN or Inf on one side only",
+        first_check: "LOUPE_DEBUG=nan-check to stop at the op that produces it",
+        test: |c| {
+            let f = c.first().filter(|f| f.reasons.contains(&Reason::NonFinite))?;
+            let m = f.metrics.as_ref()?;
+            Some(if m.nan_b + m.inf_b > m.nan_a + m.inf_a {
+                format!("the target produces NaN/Inf at {} ({} NaN, {} Inf): overflow of a narrow dtype, an uninitialized read, a division by zero or an unguarded scale reciprocal", f.name, m.nan_b, m.inf_b)
+            } else {
+                format!("the reference has NaN/Inf at {} ({} NaN, {} Inf): fix or re-dump the reference before trusting this comparison", f.name, m.nan_a, m.inf_a)
+            })
+        },
+    },
+    Signature {
+        id: "shape_mismatch",
+        signature: "the two sides have different shapes",
+        first_check: "a --map rule (transpose, head reshape, split) or --allow-reshape",
+        test: |c| {
+            let f = c.first().filter(|f| f.status == Status::ShapeMismatch)?;
+            Some(format!("{} has shape {:?} in the reference and {:?} in the target: a layout difference (transpose, head split, batch dim) or a wrong pairing", f.name, f.shape_a, f.shape_b))
+        },
+    },
+    Signature {
+        id: "scale",
+        signature: "cosine ~1 with the magnitude off",
+        first_check: "norm epsilon, embedding/residual multipliers, norm weight offset (1 + w)",
+        test: |c| {
+            // The norm ratio must be off: an NMSE-only failure is a small direction error.
+            let f = c.first().filter(|f| magnitude_only(f) && f.reasons.contains(&Reason::NormRatio))?;
+            let r = f.metrics.as_ref()?.norm_ratio;
+            let what = if is_embedding(&f.name) {
+                "a missing or wrong embedding multiplier (e.g. sqrt(hidden_size))"
+            } else if f.name.contains("norm") {
+                "the norm epsilon or the norm weight (an offset of 1 + w)"
+            } else {
+                "a scale bug: a norm epsilon, a missing multiplier (embedding, residual, attention scale) or a dtype rounding"
+            };
+            Some(format!("{what}: the direction matches but ‖target‖/‖reference‖ = {r:.4} at {}", f.name))
+        },
+    },
+    Signature {
+        id: "embedding",
+        signature: "embedding cosine < 0.99",
+        first_check: "weight names; same token ids",
+        test: |c| c.first().filter(|f| is_embedding(&f.name)).map(|_| "embedding load, vocabulary sharding, or dtype".to_string()),
+    },
+    Signature {
+        id: "layer0_token0",
+        signature: "layer 0 < 0.99 already at token 0",
+        first_check: "the token-0 invariant",
+        test: |c| {
+            let f = c.first().filter(|f| layer_index(&f.name) == Some(0))?;
+            (f.tokens.as_ref()?.token0_cosine < c.cos()).then(|| "layer-0 attention or MLP (not RoPE: token 0 is already wrong)".to_string())
+        },
+    },
+    Signature {
+        id: "later_tokens",
+        signature: "token 0 perfect, tokens >= 1 bad from layer 0/1",
+        first_check: "the reference's RoPE cos/sin and head layout",
+        test: |c| {
+            let f = c.first().filter(|f| matches!(layer_index(&f.name), Some(0 | 1)))?;
+            let t = f.tokens.as_ref()?;
+            (t.token0_cosine >= c.cos() && t.worst_later_cosine? < c.cos()).then(|| "RoPE, the attention mask, the KV cache, or the GQA head mapping".to_string())
+        },
+    },
+    Signature {
+        id: "cliff_reference_spikes",
+        signature: "sudden cliff; reference spikes, target flat",
+        first_check: "the attention output at that layer",
+        test: |c| {
+            let (here, sudden) = c.cliff()?;
+            let m = here.metrics.as_ref()?;
+            (sudden && m.absmax_a >= 10.0 * m.absmax_b).then(|| format!("an attention sink/anchor not forming at {} (reference max |x| {:.3e}, target {:.3e})", here.name, m.absmax_a, m.absmax_b))
+        },
+    },
+    Signature {
+        id: "cliff_target_spikes",
+        signature: "sudden cliff; target spikes, reference near 0",
+        first_check: "is the reference dump really that layer's output?",
+        test: |c| {
+            let (here, sudden) = c.cliff()?;
+            let m = here.metrics.as_ref()?;
+            (sudden && m.absmax_b >= 10.0 * m.absmax_a).then(|| format!("norm order, a residual connection, or a dump bug at {} (target max |x| {:.3e}, reference {:.3e})", here.name, m.absmax_b, m.absmax_a))
+        },
+    },
+    Signature {
+        id: "slow_decay",
+        signature: "slow monotonic decay of cosine with depth",
+        first_check: "rerun both in f32",
+        test: |c| {
+            let f = c.first()?;
+            let l = layer_index(&f.name)? as i64;
+            let series: Vec<f64> = c.layer_series(f.step).iter().filter(|(i, _)| *i >= 0 && *i <= l).filter_map(|(_, p)| p.cosine()).collect();
+            if l < 2 || series.len() < 3 {
+                return None;
+            }
+            // Gentle, monotonic, and spread over several layers (one drop is a local bug).
+            let steps: Vec<f64> = series.windows(2).map(|w| w[0] - w[1]).collect();
+            let monotonic = steps.iter().all(|&d| d >= -1e-4);
+            let gentle = steps.iter().all(|&d| d < 0.05);
+            let decreasing = steps.iter().filter(|&&d| d > 1e-4).count();
+            let total = series[0] - series[series.len() - 1];
+            (monotonic && gentle && decreasing >= 2 && total > 1e-3).then(|| format!("reduced-precision accumulation or the attention scale: cosine decays gently from {:.4} to {:.4} over {} layers", series[0], series[series.len() - 1], series.len()))
+        },
+    },
+    Signature {
+        id: "last_token",
+        signature: "whole-sequence cosine ~1, last token bad",
+        first_check: "compare the last token alone (--token-index)",
+        test: |c| {
+            let f = c.first().filter(|f| f.reasons.contains(&Reason::LastToken))?;
+            let t = f.tokens.as_ref()?;
+            Some(format!("a position-specific bug: {} matches overall but its last token has cosine {:.4}", f.name, t.last_token_cosine))
+        },
+    },
+    Signature {
+        id: "near_tie",
+        signature: "logits cosine >= 0.98 but argmax differs",
+        first_check: "diff of the top-10 logits",
+        test: |c| {
+            let f = c.first().filter(|f| f.reasons.contains(&Reason::Argmax) && (f.logits.is_some() || is_logits_name(&f.name)))?;
+            if f.cosine()? < 0.98 {
+                return None;
+            }
+            let l = f.logits.as_ref()?;
+            let gap = l.argmax_mismatches.first().map_or(String::new(), |m| format!(" (row {}: reference prefers {} over {} by {:.3e})", m.row, m.reference_top, m.target_top, m.reference_gap));
+            Some(format!("small numeric drift flipping a close top-1 token{gap}"))
+        },
+    },
+    Signature {
+        id: "op",
+        signature: "first value out of tolerance, by op kind",
+        first_check: "feed the reference's input to that op alone (protocol step 3)",
+        test: |c| {
+            let f = c.first()?;
+            Some(match op_hint(&f.name) {
+                Some(h) => format!("{h} (first value out of tolerance: {})", f.name),
+                None => format!("the first value out of tolerance is {}", f.name),
+            })
+        },
+    },
+];
+
+/// What each kind of value usually gets wrong, by name suffix (the localization table of
+/// protocol step 3, with the hypotheses of step 4).
+const OP_HINTS: &[(&str, &str)] = &[
+    (".self_attn.q_proj", "the q projection: weight layout (transpose, llama.cpp's q/k row permutation) or the norm feeding it"),
+    (".self_attn.k_proj", "the k projection: weight layout (transpose, llama.cpp's q/k row permutation) or the norm feeding it"),
+    (".self_attn.v_proj", "the v projection weight or the norm feeding it"),
+    (".self_attn.q_rope", "RoPE: split-half vs interleaved pairs, theta, scaling, or positions"),
+    (".self_attn.k_rope", "RoPE: split-half vs interleaved pairs, theta, scaling, or positions"),
+    (".self_attn.attn_output", "the attention core: softmax scale, causal mask, GQA head mapping, or the KV cache"),
+    (".self_attn.o_proj", "the o_proj weight (its input matched)"),
+    (".self_attn", "the o_proj weight (its input matched)"),
+    (".attn_residual", "the residual connection: a missing or doubled skip, or a residual multiplier"),
+    ("_layernorm", "RMSNorm: epsilon, the weight (or a 1 + w offset), or the f32 upcast"),
+    ("model.norm", "the final RMSNorm: epsilon or weight"),
+    (".mlp.gate_proj", "the gate projection weight (or gate and up swapped)"),
+    (".mlp.up_proj", "the up projection weight (or gate and up swapped)"),
+    (".mlp.act_fn", "the activation: SiLU vs GELU, tanh vs erf approximation"),
+    (".mlp.act_mul", "the gating product act(gate) * up"),
+    (".mlp.down_proj", "the down projection weight"),
+    (".mlp", "the down projection weight"),
+    ("lm_head", "the lm_head weight (tied to the embedding?) or the final norm"),
+    ("logits", "the lm_head weight (tied to the embedding?) or the final norm"),
+];
+
+/// The localization hint for a value name.
+pub fn op_hint(name: &str) -> Option<String> {
+    if is_layer_output(name) {
+        return Some(format!("layer {}'s output: tap its sub-ops to find the first one out of tolerance", layer_index(name).unwrap_or(0)));
+    }
+    if is_embedding(name) {
+        return Some("the embedding lookup: weights, vocabulary, token ids".into());
+    }
+    OP_HINTS.iter().find(|(suffix, _)| name.ends_with(suffix)).map(|(_, h)| h.to_string())
+}

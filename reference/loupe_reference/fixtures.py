@@ -1,0 +1,311 @@
+"""Test fixtures written by the reference stack for loupe's Rust tests.
+
+``make-tiny``: a tiny random Llama checkpoint directory (config.json, model.safetensors, the
+SmolLM2 tokenizer files), so the HF-directory path of both sides can be compared in seconds.
+
+``save-pt``: tensors written with ``torch.save`` and ``numpy.save`` plus ``expected.json`` with
+their values, so the Rust readers of ``.pt`` / ``.npy`` / ``.npz`` can be checked against the
+real writers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import loupe_reference  # noqa: F401  (offline environment first)
+from loupe_reference import InputError
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# The tiny model's shape (make-tiny).
+TINY = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=2048,
+)
+# Llama 3 RoPE scaling for make-tiny --rope-scaling llama3. original_max_position_embeddings is
+# small so that, with head_dim 16 and theta 1e4, the 8 frequencies fall in all three regimes
+# (wavelengths 6.3 .. 19869: 3 kept, 1 interpolated, 4 divided by the factor).
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=256)
+WEIGHT_STD = 0.15  # projection and embedding weights ~ N(0, 0.15^2)
+NORM_JITTER = 0.1  # norm weights 1 + N(0, 0.1^2), so a loader that ignores them is caught
+
+
+def default_tokenizer_gguf() -> str:
+    """The SmolLM2 GGUF: $LOUPE_MODEL, else loupe's cache path (as crates/loupe-cli/tests/common.rs)."""
+    env = os.environ.get("LOUPE_MODEL")
+    if env:
+        return env
+    return os.path.join(_cache_root(), "models", DEFAULT_MODEL_FILE)
+
+
+def _cache_root() -> str:
+    base = os.environ.get("LOUPE_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = os.path.join(xdg, "loupe") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "loupe")
+    return base
+
+
+def cached_gguf_tokenizer(gguf: str) -> Any:
+    """The GGUF's tokenizer as transformers builds it, converted once (5-7 s of gguf-py parsing)
+    and kept as an HF tokenizer directory under ``<loupe cache>/tokenizers/``, keyed by the file's
+    name, size and mtime. Written atomically (concurrent tests may race); falls back to the direct
+    conversion when the cache is not writable."""
+    import shutil
+    import tempfile
+
+    from loupe_reference import model as M
+
+    st = os.stat(gguf)
+    key = f"{os.path.basename(gguf)}-{st.st_size}-{st.st_mtime_ns}"
+    cache = os.path.join(_cache_root(), "tokenizers", key)
+    if os.path.isfile(os.path.join(cache, "tokenizer.json")):
+        return M.load_tokenizer(cache)
+    tok = M.load_tokenizer(gguf)
+    try:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=key + ".tmp-", dir=os.path.dirname(cache))
+        try:
+            tok.save_pretrained(tmp)
+            os.rename(tmp, cache)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process won the race
+    except OSError:
+        pass
+    return tok
+
+
+def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos: int | None, eos: int | None,
+                attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu") -> Any:
+    from transformers import LlamaConfig
+
+    kw: dict[str, Any] = dict(TINY)
+    kw.update(
+        vocab_size=int(vocab_size),
+        num_hidden_layers=int(layers),
+        tie_word_embeddings=bool(tie),
+        bos_token_id=bos,
+        eos_token_id=eos,
+        hidden_act=hidden_act,
+        attention_bias=bool(attention_bias),
+        mlp_bias=bool(mlp_bias),
+    )
+    if rope_scaling == "llama3":
+        kw["rope_scaling"] = dict(LLAMA3_ROPE)
+    elif rope_scaling != "none":
+        raise InputError(f"--rope-scaling must be llama3 or none, got {rope_scaling!r}")
+    return LlamaConfig(**kw)
+
+
+def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "none", layers: int = 2,
+              tokenizer_gguf: str | None = None, attention_bias: bool = False, mlp_bias: bool = False,
+              hidden_act: str = "silu") -> list[str]:
+    """Write the tiny random checkpoint into ``out`` (created; must not hold a config.json).
+    Biases (``attention_bias``, ``mlp_bias``) are random like the weights."""
+    import torch
+
+    from loupe_reference import model as M
+
+    if layers < 1:
+        raise InputError("--layers must be >= 1")
+    gguf = tokenizer_gguf or default_tokenizer_gguf()
+    if not os.path.isfile(gguf):
+        raise InputError(f"{gguf}: no such file (the SmolLM2 GGUF supplies the tokenizer; set LOUPE_MODEL or --tokenizer-gguf)")
+    if os.path.exists(os.path.join(out, "config.json")):
+        raise InputError(f"{out}: already holds a checkpoint (config.json)")
+    M.quiet_transformers(False)
+    from transformers import LlamaForCausalLM
+
+    tok = cached_gguf_tokenizer(gguf)
+    from transformers.activations import ACT2FN
+
+    if hidden_act not in ACT2FN:
+        raise InputError(f"--hidden-act: unknown activation {hidden_act!r}")
+    config = tiny_config(len(tok), tie, rope_scaling, layers, tok.bos_token_id, tok.eos_token_id,
+                         attention_bias=attention_bias, mlp_bias=mlp_bias, hidden_act=hidden_act)
+    torch.manual_seed(int(seed))
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(config)
+    # Deterministic weights from the seed, independent of transformers' init code: parameters in
+    # name order, tied ones once.
+    gen = torch.Generator().manual_seed(int(seed))
+    state = {}
+    for name, p in sorted(meta.state_dict().items()):
+        if tie and name == "lm_head.weight":
+            continue
+        if name.endswith("norm.weight"):
+            state[name] = 1.0 + NORM_JITTER * torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        else:
+            state[name] = WEIGHT_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    bad = [k for k in missing if not (tie and k == "lm_head.weight")]
+    if bad or unexpected:
+        raise RuntimeError(f"tiny model state mismatch: missing {bad}, unexpected {unexpected}")
+    if tie:
+        model.tie_weights()
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.eval()
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return sorted(os.listdir(out))
+
+
+# ---------------------------------------------------------------------------------- save-pt
+
+
+def _tensor_record(t: Any) -> dict[str, Any]:
+    """dtype, shape, stride, storage offset and the values in logical row-major order."""
+    import torch
+
+    names = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+             torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool"}
+    flat = t.contiguous().reshape(-1)
+    if t.is_floating_point():
+        values = [float(x) for x in flat.to(torch.float64).tolist()]
+    elif t.dtype == torch.bool:
+        values = [bool(x) for x in flat.tolist()]
+    else:
+        values = [int(x) for x in flat.tolist()]
+    return {
+        "dtype": names[t.dtype],
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "storage_offset": int(t.storage_offset()),
+        "contiguous": bool(t.is_contiguous()),
+        "values": values,
+    }
+
+
+def _array_record(a: Any) -> dict[str, Any]:
+    import numpy as np
+
+    names = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.float64): "f64",
+             np.dtype(np.int64): "i64", np.dtype(np.int32): "i32", np.dtype(np.uint8): "u8", np.dtype(np.bool_): "bool",
+             np.dtype(">f4"): "f32"}
+    flat = np.asarray(a).reshape(-1, order="C")
+    if flat.dtype.kind == "f":
+        values = [float(x) for x in flat.astype(np.float64)]
+    elif flat.dtype.kind == "b":
+        values = [bool(x) for x in flat]
+    else:
+        values = [int(x) for x in flat]
+    return {
+        "dtype": names[a.dtype],
+        "shape": list(a.shape),
+        "fortran_order": bool(a.flags.f_contiguous and not a.flags.c_contiguous),
+        "byte_order": "big" if a.dtype.byteorder == ">" else "little",
+        "values": values,
+    }
+
+
+def save_pt(out: str) -> dict[str, Any]:
+    """Write the torch/numpy fixture files and expected.json into ``out``; returns expected.json.
+
+    Files (all small, deterministic):
+      single.pt           torch.save(tensor f32 [2, 3])
+      state_dict.pt       torch.save({"w_f32": f32 [3, 4], "w_f16": f16 [4], "w_bf16": bf16 [2, 2],
+                                      "ids_i64": i64 [5] (values beyond 2^53), "scalar_f32": f32 []})
+      noncontig.pt        torch.save(a view: base[1:3, 1::2].t(), shape [3, 2], stride [2, 6], offset 7;
+                                     torch saves the whole 4x6 storage)
+      shared.pt           torch.save({"a": base, "b": base[1]}): two tensors sharing one storage
+      module_state.pt     torch.save(nn.Linear(3, 2).state_dict()): an OrderedDict with `_metadata`
+                          ("weight" f32 [2, 3], "bias" f32 [2])
+      list.pt             torch.save([f32 [2], i64 [3]])
+      single.npy          numpy.save(f32 [2, 3])      (same values as single.pt)
+      f16.npy, i64.npy    numpy.save of state_dict.pt's w_f16 and ids_i64
+      fortran.npy         numpy.save(a transposed f32 [3, 2] array) -> header fortran_order: True
+      bigendian.npy       numpy.save(">f4" [4])
+      arrays.npz          numpy.savez(x=f32 [2, 3], y=i64 [3])              (stored zip members)
+      arrays_compressed.npz  numpy.savez_compressed(same)                  (deflated members)
+    expected.json:
+      {"format": "loupe-pt-fixtures", "version": 1, "torch": ..., "numpy": ...,
+       "files": {FILE: {"kind": "tensor"|"dict"|"list"|"npy"|"npz",
+                        "tensors": {KEY: {"dtype", "shape", "values" (row-major, logical order),
+                                          + "stride", "storage_offset", "contiguous" for .pt,
+                                          + "fortran_order", "byte_order" for .npy/.npz}}}}}
+      KEY is "" for a single tensor, the dict key, the list index as a string, or the npz member name
+      (without ".npy").
+    """
+    import numpy as np
+    import torch
+
+    os.makedirs(out, exist_ok=True)
+    files: dict[str, Any] = {}
+
+    single = torch.tensor([[1.5, -2.25, 3.0], [0.1, 1e-8, -7e30]], dtype=torch.float32)
+    torch.save(single, os.path.join(out, "single.pt"))
+    files["single.pt"] = {"kind": "tensor", "tensors": {"": _tensor_record(single)}}
+
+    sd = {
+        "w_f32": torch.arange(12, dtype=torch.float32).reshape(3, 4) / 8 - 0.5,
+        "w_f16": torch.tensor([0.5, -1.0, 65504.0, 6.1035e-05], dtype=torch.float16),
+        "w_bf16": torch.tensor([[1.0, -2.5], [3.140625, 1e38]], dtype=torch.bfloat16),
+        "ids_i64": torch.tensor([0, -5, 2**40 + 1, 2**62 + 3, -(2**63)], dtype=torch.int64),
+        "scalar_f32": torch.tensor(42.5, dtype=torch.float32),
+    }
+    torch.save(sd, os.path.join(out, "state_dict.pt"))
+    files["state_dict.pt"] = {"kind": "dict", "tensors": {k: _tensor_record(v) for k, v in sd.items()}}
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    view = base[1:3, 1::2].t()
+    assert not view.is_contiguous() and view.storage_offset() == 7
+    torch.save(view, os.path.join(out, "noncontig.pt"))
+    files["noncontig.pt"] = {"kind": "tensor", "tensors": {"": _tensor_record(view)}}
+
+    shared = {"a": base, "b": base[1]}
+    torch.save(shared, os.path.join(out, "shared.pt"))
+    files["shared.pt"] = {"kind": "dict", "tensors": {k: _tensor_record(v) for k, v in shared.items()}}
+
+    # What real checkpoints hold: a module's state_dict (an OrderedDict carrying a `_metadata`
+    # attribute, pickled with BUILD), here of a Linear(3, 2) with fixed weights.
+    lin = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.25, -0.125]]))
+        lin.bias.copy_(torch.tensor([1.0, -1.0]))
+    msd = lin.state_dict()
+    torch.save(msd, os.path.join(out, "module_state.pt"))
+    files["module_state.pt"] = {"kind": "dict", "tensors": {k: _tensor_record(v) for k, v in msd.items()}}
+
+    lst = [torch.tensor([0.25, -0.75], dtype=torch.float32), torch.tensor([7, 8, 9], dtype=torch.int64)]
+    torch.save(lst, os.path.join(out, "list.pt"))
+    files["list.pt"] = {"kind": "list", "tensors": {str(i): _tensor_record(t) for i, t in enumerate(lst)}}
+
+    def npy(name: str, arr: Any) -> None:
+        np.save(os.path.join(out, name), arr, allow_pickle=False)
+        files[name] = {"kind": "npy", "tensors": {"": _array_record(arr)}}
+
+    npy("single.npy", single.numpy())
+    npy("f16.npy", sd["w_f16"].numpy())
+    npy("i64.npy", sd["ids_i64"].numpy())
+    fortran = np.arange(6, dtype=np.float32).reshape(2, 3).T  # [3, 2], Fortran-contiguous
+    npy("fortran.npy", fortran)
+    npy("bigendian.npy", np.array([1.0, -2.0, 0.5, 3e-5], dtype=">f4"))
+
+    members = {"x": single.numpy(), "y": np.array([3, 1, 4], dtype=np.int64)}
+    np.savez(os.path.join(out, "arrays.npz"), **members)
+    files["arrays.npz"] = {"kind": "npz", "tensors": {k: _array_record(v) for k, v in members.items()}}
+    np.savez_compressed(os.path.join(out, "arrays_compressed.npz"), **members)
+    files["arrays_compressed.npz"] = {"kind": "npz", "tensors": {k: _array_record(v) for k, v in members.items()}}
+
+    expected = {
+        "format": "loupe-pt-fixtures",
+        "version": 1,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "files": files,
+    }
+    with open(os.path.join(out, "expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, indent=1, allow_nan=False)
+        f.write("\n")
+    return expected
