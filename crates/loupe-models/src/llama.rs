@@ -139,7 +139,9 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
 type Load<'a> = dyn FnMut(&str, &[usize]) -> Result<Weight, ModelError> + 'a;
 
 /// `x @ W^T (+ b)` named after the module; `transpose` plants transposed-weight.
+/// `#[track_caller]` so the node records the layer code's line, not this helper's.
 #[allow(clippy::too_many_arguments)]
+#[track_caller]
 fn linear(
     b: &mut GraphBuilder,
     load: &mut Load<'_>,
