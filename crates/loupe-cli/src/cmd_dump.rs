@@ -92,31 +92,6 @@ impl TapFilter {
     }
 }
 
-/// Summary statistics of a tensor, in f64.
-pub fn stats(data: &[f32]) -> Value {
-    let (mut min, mut max, mut sum, mut sum_sq, mut nan, mut inf, mut n) = (f64::INFINITY, f64::NEG_INFINITY, 0f64, 0f64, 0u64, 0u64, 0u64);
-    for &v in data {
-        if v.is_nan() {
-            nan += 1;
-            continue;
-        }
-        if v.is_infinite() {
-            inf += 1;
-            continue;
-        }
-        let v = v as f64;
-        min = min.min(v);
-        max = max.max(v);
-        sum += v;
-        sum_sq += v * v;
-        n += 1;
-    }
-    let mean = if n > 0 { sum / n as f64 } else { 0.0 };
-    let std = if n > 0 { (sum_sq / n as f64 - mean * mean).max(0.0).sqrt() } else { 0.0 };
-    let finite = |x: f64| if x.is_finite() { json!(x) } else { Value::Null };
-    json!({"min": finite(min), "max": finite(max), "mean": mean, "std": std, "nan": nan, "inf": inf})
-}
-
 /// Where captured tensors go.
 enum Sink {
     Files { dir: PathBuf, style: Style },
@@ -172,7 +147,7 @@ impl DumpObserver {
                 };
                 self.entries.push(json!({
                     "name": label, "step": self.step, "order": self.order, "file": file, "dtype": "f32",
-                    "shape": shape, "axes": info.axes, "stats": stats(data),
+                    "shape": shape, "axes": info.axes, "stats": loupe_parity::manifest::Stats::of(data),
                 }));
             }
         }
