@@ -370,15 +370,15 @@ fn tile_rows(n: usize, row_bytes: usize) -> usize {
     by_cache.min(by_balance).max(1)
 }
 
-/// The output pointer shared by the tasks of [`run`].
+/// The output pointer shared by the tasks of [`run`] (and of `wq::matmul_wq`).
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint elements through it (see `run`).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     // A method (not field access) so closures capture the whole `Sync` wrapper.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -15,7 +15,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::matmul::QMatrix;
+use crate::matmul::{OutPtr, QMatrix};
 use crate::quant::{dequantize_row, Isa};
 use crate::{GgmlType, TensorError};
 
@@ -43,19 +43,12 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
         let block = w.ty.block_size();
         let sums: Vec<f32> = x.chunks(block).map(|c| c.iter().sum()).collect();
         let isa = Isa::active();
-        let err = std::sync::Mutex::new(None);
-        y.par_chunks_mut(DECODE_TILE_ROWS).enumerate().for_each(|(t, ys)| {
+        return y.par_chunks_mut(DECODE_TILE_ROWS).enumerate().try_for_each(|(t, ys)| {
             for (o, v) in ys.iter_mut().enumerate() {
-                match dot_row(isa, w.ty, w.row(t * DECODE_TILE_ROWS + o), x, &sums) {
-                    Ok(d) => *v = d,
-                    Err(e) => *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
-                }
+                *v = dot_row(isa, w.ty, w.row(t * DECODE_TILE_ROWS + o), x, &sums)?;
             }
+            Ok(())
         });
-        return match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        };
     }
     let tiles = n.div_ceil(PREFILL_TILE_ROWS);
     let out = OutPtr(y.as_mut_ptr());
@@ -97,17 +90,6 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
             Ok(())
         })
     })
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint columns of y through it.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Dot of one weight row with f32 `x`; `sums` holds the sum of `x` over each weight block
