@@ -97,6 +97,8 @@ pub fn init_threads(threads: Option<usize>) -> anyhow::Result<usize> {
         Some(n) => n,
         None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     };
+    // The kernels run on loupe-tensor's pool; rayon only parallelizes weight loading.
+    loupe_tensor::pool::init_global(n)?;
     rayon::ThreadPoolBuilder::new().num_threads(n).build_global().map_err(|e| anyhow::anyhow!("cannot start {n} threads: {e}"))?;
     Ok(n)
 }

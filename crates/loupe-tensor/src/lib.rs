@@ -7,6 +7,7 @@
 pub mod error;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 pub mod quant;
 pub mod wq;
 

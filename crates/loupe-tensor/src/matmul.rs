@@ -9,34 +9,31 @@
 //!   buffer; then a register-tiled kernel (4 weight rows x 2 activation rows on
 //!   AVX-512) or one `vec_dot` per output computes `y`.
 //!
-//! Both split work over rayon tasks that each own a band of weight rows sized to
-//! stay in L1/L2 while all `m` activation rows pass over it, so each weight byte is
-//! read from memory once per call. Call from inside the rayon pool
-//! (`ThreadPool::install`): a fork-join from outside costs a thread wake-up round
-//! trip per call (see `OUTSIDE_POOL_MIN_NS`).
+//! Both split work over [`crate::pool`] tasks that each own a band of weight rows
+//! sized to stay in L1/L2 while all `m` activation rows pass over it, so each weight
+//! byte is read from memory once per call.
 
-use rayon::prelude::*;
-
+use crate::pool;
 use crate::quant::{self, Isa};
 use crate::{GgmlType, TensorError};
 
-/// Below this many multiply-adds `gemm` runs single-threaded; its rayon fork/join
-/// costs more than it saves on small products.
+/// Below this many multiply-adds `gemm` runs single-threaded: a fork-join costs more
+/// than it saves on small products.
 const GEMM_PARALLEL_MIN_FLOPS: usize = 1 << 18;
+
+/// Output columns per `gemm` task when a large product is split over the pool: a
+/// multiple of the AVX-512 micro-kernel's width, and small enough that each thread
+/// gets a few tasks on SmolLM2's narrowest projections (192 columns).
+const GEMM_TASK_COLS: usize = 48;
 
 /// From this many activation rows `matmul_f32` hands over to `gemm`. Below it the
 /// row kernels win: gemm packs all of W first, so for a few rows it reads W twice
 /// (measured at 576 x 576: m = 2 took 5x as long as m = 1).
 const GEMM_MIN_M: usize = 16;
 
-/// Least estimated single-thread work (ns) worth a fork-join from inside the
-/// rayon pool, where idle workers are still spinning and a split costs well
-/// under a microsecond.
-const INSIDE_POOL_MIN_NS: usize = 2_000;
-
-/// The same from outside the pool, where a fork-join is a sleep/wake round trip
-/// between threads: measured 16-24 us per call on the 2-vCPU VM (0.02 us inside).
-const OUTSIDE_POOL_MIN_NS: usize = 50_000;
+/// Least estimated single-thread work (ns) worth a fork-join over the pool: with hot
+/// workers a job costs about a microsecond to publish and join.
+const SPLIT_MIN_NS: usize = 3_000;
 
 /// Work estimates for the thresholds above (one core, cache-resident, measured
 /// on the AVX-512 kernels): weight bytes streamed per ns by the dot kernels, and
@@ -69,37 +66,46 @@ pub fn matmul_f32(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: us
         run(Isa::active(), rows, f32_bytes(x), 4 * k, m, y);
         return Ok(());
     }
-    let par = if m * n * k >= GEMM_PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1 {
-        gemm::Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the lengths were checked above: x is m x k (row stride k), w is n x k
-    // read as the k x n matrix W^T (row stride 1, column stride k), y is m x n
-    // (row stride n). read_dst = false, so y's old contents are ignored.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
+    let threads = pool::threads();
+    let tasks = if m * n * k >= GEMM_PARALLEL_MIN_FLOPS && threads > 1 { n.div_ceil(GEMM_TASK_COLS) } else { 1 };
+    let cols_per_task = n.div_ceil(tasks);
+    let out = OutPtr(y.as_mut_ptr());
+    pool::run(tasks, &|t| {
+        let j0 = t * cols_per_task;
+        if j0 >= n {
+            return;
+        }
+        let cols = cols_per_task.min(n - j0);
+        // SAFETY: the lengths were checked above: x is m x k (row stride k), rows
+        // j0..j0+cols of w (n x k) are read as the k x cols matrix W^T (row stride 1,
+        // column stride k), and the destination is columns j0..j0+cols of y (m x n,
+        // row stride n), disjoint between tasks. read_dst = false, so y's old
+        // contents are ignored. The split is over output columns only, so each
+        // element's reduction over k is the same whatever the thread count.
+        unsafe {
+            gemm::gemm(
+                m,
+                cols,
+                k,
+                out.get().add(j0),
+                1,
+                n as isize,
+                false,
+                x.as_ptr(),
+                1,
+                k as isize,
+                w.as_ptr().add(j0 * k),
+                k as isize,
+                1,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    });
     Ok(())
 }
 
@@ -236,7 +242,13 @@ pub fn matmul_q_with(
             quant::quantize_row(aty, s, d).expect("row sizes were checked");
         };
         if worth_splitting(m, m * k * QUANTIZE_NS_PER_ELEM) {
-            buf.par_chunks_mut(act_row).zip(x.par_chunks(k)).for_each(quantize);
+            let dst = OutPtr(buf.as_mut_ptr());
+            pool::run(m, &|i| {
+                // SAFETY: task i alone writes row i (bytes i*act_row..(i+1)*act_row) of
+                // `buf`, which is borrowed exclusively for this call.
+                let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * act_row), act_row) };
+                quantize((d, &x[i * k..(i + 1) * k]));
+            });
         } else {
             buf.chunks_mut(act_row).zip(x.chunks(k)).for_each(quantize);
         }
@@ -276,8 +288,7 @@ impl Rows<'_> {
 /// and then served from L1/L2.
 fn run(isa: Isa, w: Rows<'_>, act: &[u8], act_row: usize, m: usize, y: &mut [f32]) {
     let n = w.n;
-    let mut tile = quant::tile_fn(isa, w.ty);
-    if let (Some(t), Ok(v)) = (tile.as_mut(), std::env::var("XRW")) { t.max_rw = v.parse().unwrap(); }
+    let tile = quant::tile_fn(isa, w.ty);
     let step = tile.map_or(1, |t| t.max_rw);
     let per_task = tile_rows(n, w.row_bytes).next_multiple_of(step);
     let tasks = n.div_ceil(per_task);
@@ -303,7 +314,7 @@ fn run(isa: Isa, w: Rows<'_>, act: &[u8], act_row: usize, m: usize, y: &mut [f32
         }
     };
     if worth_splitting(tasks, w.data.len().saturating_mul(m) / KERNEL_BYTES_PER_NS) {
-        (0..tasks).into_par_iter().for_each(task);
+        pool::run(tasks, &task);
     } else {
         (0..tasks).for_each(task);
     }
@@ -354,15 +365,14 @@ unsafe fn task_tiled(
 /// Whether to fan `tasks` out over the pool, given an estimate of the work in
 /// single-thread nanoseconds.
 fn worth_splitting(tasks: usize, work_ns: usize) -> bool {
-    let min_ns = if rayon::current_thread_index().is_some() { INSIDE_POOL_MIN_NS } else { OUTSIDE_POOL_MIN_NS };
-    tasks > 1 && rayon::current_num_threads() > 1 && work_ns >= min_ns
+    tasks > 1 && pool::threads() > 1 && work_ns >= SPLIT_MIN_NS
 }
 
 /// Rows per task: about [`TILE_BYTES`] of weights, but small enough that every
 /// thread gets several tasks.
 fn tile_rows(n: usize, row_bytes: usize) -> usize {
     let by_cache = (TILE_BYTES / row_bytes.max(1)).max(4);
-    let threads = rayon::current_num_threads();
+    let threads = pool::threads();
     if threads <= 1 {
         return n.max(1);
     }
@@ -370,15 +380,21 @@ fn tile_rows(n: usize, row_bytes: usize) -> usize {
     by_cache.min(by_balance).max(1)
 }
 
-/// The output pointer shared by the tasks of [`run`] (and of `wq::matmul_wq`).
-#[derive(Clone, Copy)]
-pub(crate) struct OutPtr(pub(crate) *mut f32);
+/// An output pointer shared by pool tasks that write disjoint elements (see `run`,
+/// `wq::matmul_wq`, attention).
+pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for OutPtr<T> {}
 // SAFETY: tasks write disjoint elements through it (see `run`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
+unsafe impl<T: Send> Send for OutPtr<T> {}
+unsafe impl<T: Send> Sync for OutPtr<T> {}
+impl<T> OutPtr<T> {
     // A method (not field access) so closures capture the whole `Sync` wrapper.
-    pub(crate) fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -13,17 +13,24 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use crate::matmul::{OutPtr, QMatrix};
+use crate::pool;
 use crate::quant::{dequantize_row, Isa};
 use crate::{GgmlType, TensorError};
 
-/// Weight rows per prefill task: 64 rows x 1536 columns of f32 is 384 KiB, inside the
-/// 2 MiB L2 of Sapphire Rapids cores, next to the activations it is multiplied with.
+/// Weight rows per prefill task: 64 rows x 1536 columns of f32 is 384 KiB, inside a
+/// 1-2 MiB L2 (Zen 4: 1 MiB, Sapphire Rapids: 2 MiB), next to the activations it is
+/// multiplied with.
 const PREFILL_TILE_ROWS: usize = 64;
-/// Weight rows per decode task: enough work (~tens of µs) to amortize rayon's overhead.
-const DECODE_TILE_ROWS: usize = 64;
+/// Decode tasks per compute thread: several, so a thread that starts late (woken from
+/// sleep, or preempted) is balanced by the others claiming more.
+const DECODE_TASKS_PER_THREAD: usize = 4;
+/// Fewest weight rows per decode task (~1-3 µs of work on a 576-wide row), so the
+/// claim and the cache-line traffic of the output stay negligible.
+const DECODE_MIN_ROWS: usize = 16;
+/// Block sums for up to this many blocks live on the stack (k <= 16384 at 32 per
+/// block), so decode allocates nothing.
+const MAX_STACK_BLOCKS: usize = 512;
 
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -40,19 +47,11 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
         return Ok(());
     }
     if m == 1 {
-        let block = w.ty.block_size();
-        let sums: Vec<f32> = x.chunks(block).map(|c| c.iter().sum()).collect();
-        let isa = Isa::active();
-        return y.par_chunks_mut(DECODE_TILE_ROWS).enumerate().try_for_each(|(t, ys)| {
-            for (o, v) in ys.iter_mut().enumerate() {
-                *v = dot_row(isa, w.ty, w.row(t * DECODE_TILE_ROWS + o), x, &sums)?;
-            }
-            Ok(())
-        });
+        return gemv(x, w, y);
     }
     let tiles = n.div_ceil(PREFILL_TILE_ROWS);
     let out = OutPtr(y.as_mut_ptr());
-    (0..tiles).into_par_iter().try_for_each(|t| {
+    pool::try_run(tiles, &|t| {
         let j0 = t * PREFILL_TILE_ROWS;
         let rows = PREFILL_TILE_ROWS.min(n - j0);
         SCRATCH.with(|s| {
@@ -89,6 +88,38 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
             }
             Ok(())
         })
+    })
+}
+
+/// Decode: `y[n] = W x`, one fused dequantize-and-dot per weight row, bands of rows
+/// spread over the pool. Allocates nothing.
+fn gemv(x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
+    let n = w.rows;
+    let block = w.ty.block_size();
+    let blocks = x.len() / block;
+    let mut stack_sums = [0f32; MAX_STACK_BLOCKS];
+    let heap_sums: Vec<f32>;
+    let sums: &[f32] = if blocks <= MAX_STACK_BLOCKS {
+        for (s, c) in stack_sums.iter_mut().zip(x.chunks(block)) {
+            *s = c.iter().sum();
+        }
+        &stack_sums[..blocks]
+    } else {
+        heap_sums = x.chunks(block).map(|c| c.iter().sum()).collect();
+        &heap_sums
+    };
+    let isa = Isa::active();
+    let tasks = (pool::threads() * DECODE_TASKS_PER_THREAD).min(n.div_ceil(DECODE_MIN_ROWS)).max(1);
+    let rows_per_task = n.div_ceil(tasks);
+    let out = OutPtr(y.as_mut_ptr());
+    pool::try_run(tasks, &|t| {
+        let j0 = t * rows_per_task;
+        for j in j0..(j0 + rows_per_task).min(n) {
+            let v = dot_row(isa, w.ty, w.row(j), x, sums)?;
+            // SAFETY: j < n = y.len(); each row index belongs to exactly one task.
+            unsafe { out.get().add(j).write(v) };
+        }
+        Ok(())
     })
 }
 

@@ -27,7 +27,7 @@ fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> (Vec<f64>, Vec<f
 #[test]
 fn matmul_f32_matches_f64() {
     let mut rng = Rng::new(10);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    loupe_tensor::pool::init_global(2).unwrap();
     for &(m, k, n) in &[
         (1, 1, 1),
         (1, 7, 5),
@@ -46,9 +46,9 @@ fn matmul_f32_matches_f64() {
             let mut y = vec![f32::NAN; m * n];
             let mut run = || matmul_f32(&x, &w, &mut y, m, k, n).unwrap();
             if pooled {
-                pool.install(run);
-            } else {
                 run();
+            } else {
+                loupe_tensor::pool::run_serially(run);
             }
             for i in 0..m * n {
                 let err = (y[i] as f64 - want[i]).abs();
@@ -82,7 +82,7 @@ fn random_matrix(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> QMatr
 #[test]
 fn matmul_q_every_output_on_every_isa() {
     let mut rng = Rng::new(11);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    loupe_tensor::pool::init_global(2).unwrap();
     for ty in all_types() {
         for k in match ty.block_size() {
             256 => [256, 512],
@@ -101,15 +101,15 @@ fn matmul_q_every_output_on_every_isa() {
                         want[i * n + j] = reference(ty, w.row(j), &act, k);
                     }
                 }
-                // Inside a 2-thread pool even small products are split over tasks,
-                // so the parallel paths are exercised too.
+                // On the 2-thread pool products above a few microseconds of work are
+                // split over tasks, so the parallel paths are exercised too.
                 for (isa, pooled) in Isa::available().into_iter().flat_map(|i| [(i, false), (i, true)]) {
                     let mut y = vec![f32::NAN; m * n];
                     let mut run = || matmul_q_with(isa, &x, &w, &mut y, m, &mut Vec::new()).unwrap();
                     if pooled {
-                        pool.install(run);
-                    } else {
                         run();
+                    } else {
+                        loupe_tensor::pool::run_serially(run);
                     }
                     for (idx, (&got, &(exact, mag))) in y.iter().zip(&want).enumerate() {
                         assert!(

@@ -7,9 +7,24 @@
 //! query-to-kv head map by modulo, and no causal mask within the call (encoders, prefix-LM
 //! prompts). The default is the Llama one; [`causal_attention`] takes it.
 
-use rayon::prelude::*;
+use std::cell::RefCell;
 
+use crate::matmul::OutPtr;
+use crate::pool;
+use crate::quant::Isa;
 use crate::TensorError;
+
+/// Query rows per prefill task: 9 heads x 512 tokens gives 144 tasks, enough for the
+/// causal imbalance (late rows see more keys) to even out over dynamic claiming.
+const TOKENS_PER_TASK: usize = 32;
+
+/// Per-thread score rows are allocated at least this long (32 KiB of f32), so decode
+/// below 8192 positions never allocates; beyond it they grow by doubling.
+const MIN_SCORE_SCRATCH: usize = 8192;
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Head geometry of one attention call.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -120,61 +135,141 @@ pub fn attention(
     }
     let past = ctx - tokens;
     let group = n_heads / n_kv_heads;
+    let isa = Isa::active();
+    let chunks = tokens.div_ceil(TOKENS_PER_TASK);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let probs_ptr = probs.map(|p| OutPtr(p.as_mut_ptr()));
 
-    // One task per head; each produces its [tokens, head_dim] slice and its probabilities.
-    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..n_heads)
-        .into_par_iter()
-        .map(|h| {
-            let kv_h = match variant.head_map {
-                HeadMap::Grouped => h / group,
-                HeadMap::Modulo => h % n_kv_heads,
-            };
-            let mut head_out = vec![0.0f32; tokens * head_dim];
-            let mut head_probs = vec![0.0f32; tokens * ctx];
-            for t in 0..tokens {
+    // One task per (head, chunk of query rows); each writes only its rows of its head's
+    // slice of `out` and `probs`.
+    pool::run(n_heads * chunks, &|task| {
+        let (h, chunk) = (task / chunks, task % chunks);
+        let kv_h = match variant.head_map {
+            HeadMap::Grouped => h / group,
+            HeadMap::Modulo => h % n_kv_heads,
+        };
+        SCORES.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            if scratch.len() < ctx {
+                let len = ctx.max(MIN_SCORE_SCRATCH).next_power_of_two();
+                scratch.resize(len, 0.0);
+            }
+            for t in chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens) {
                 let q_row = &q[t * q_width + h * head_dim..][..head_dim];
                 let visible = match variant.mask {
                     AttentionMask::Causal => past + t + 1,
                     AttentionMask::None => ctx,
                 };
-                let scores = &mut head_probs[t * ctx..t * ctx + visible];
+                let scores = match probs_ptr {
+                    // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to this
+                    // task alone; the length was checked above.
+                    Some(p) => unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) },
+                    None => &mut scratch[..ctx],
+                };
                 let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
+                for (j, s) in scores[..visible].iter_mut().enumerate() {
                     let k_row = &k[j * kv_width + kv_h * head_dim..][..head_dim];
-                    let dot: f32 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
-                    *s = dot * scale;
+                    *s = dot(isa, q_row, k_row) * scale;
                     max = max.max(*s);
                 }
                 let mut sum = 0.0f32;
-                for s in scores.iter_mut() {
+                for s in scores[..visible].iter_mut() {
                     *s = (*s - max).exp();
                     sum += *s;
                 }
                 let inv = 1.0 / sum;
-                let o = &mut head_out[t * head_dim..][..head_dim];
-                for (j, s) in scores.iter_mut().enumerate() {
+                // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
+                // this task alone; out.len() == q.len() was checked above.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
+                o.fill(0.0);
+                for (j, s) in scores[..visible].iter_mut().enumerate() {
                     *s *= inv;
                     let v_row = &v[j * kv_width + kv_h * head_dim..][..head_dim];
-                    for (acc, &x) in o.iter_mut().zip(v_row) {
-                        *acc += *s * x;
-                    }
+                    axpy(isa, *s, v_row, o);
                 }
+                scores[visible..].fill(0.0);
             }
-            (head_out, head_probs)
-        })
-        .collect();
-
-    for (h, (head_out, _)) in per_head.iter().enumerate() {
-        for t in 0..tokens {
-            out[t * q_width + h * head_dim..][..head_dim].copy_from_slice(&head_out[t * head_dim..][..head_dim]);
-        }
-    }
-    if let Some(p) = probs {
-        for (h, (_, head_probs)) in per_head.iter().enumerate() {
-            p[h * tokens * ctx..][..tokens * ctx].copy_from_slice(head_probs);
-        }
-    }
+        });
+    });
     Ok(())
+}
+
+/// `a . b` (equal lengths): AVX-512 with four accumulators when available, else the
+/// scalar reference [`dot_scalar`].
+#[inline]
+fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && a.len() == b.len() {
+        // SAFETY: the CPU has AVX-512F (Isa::Avx512); equal lengths checked.
+        return unsafe { simd::dot(a, b) };
+    }
+    let _ = isa;
+    dot_scalar(a, b)
+}
+
+/// Reference dot product, summed left to right.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `y += alpha * x` (equal lengths).
+#[inline]
+fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && x.len() == y.len() {
+        // SAFETY: the CPU has AVX-512F; equal lengths checked.
+        return unsafe { simd::axpy(alpha, x, y) };
+    }
+    let _ = isa;
+    for (acc, &v) in y.iter_mut().zip(x) {
+        *acc += alpha * v;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Four 16-lane accumulators (head_dim 64 is one pass), then a scalar tail.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 16 * r)), _mm512_loadu_ps(pb.add(i + 16 * r)), *acc);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
+            i += 16;
+        }
+        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+        while i < n {
+            sum += a[i] * b[i];
+            i += 1;
+        }
+        sum
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len();
+        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+        let va = _mm512_set1_ps(alpha);
+        let mut i = 0;
+        while i + 16 <= n {
+            _mm512_storeu_ps(py.add(i), _mm512_fmadd_ps(va, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i))));
+            i += 16;
+        }
+        while i < n {
+            y[i] += alpha * x[i];
+            i += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -220,6 +315,47 @@ mod tests {
         // token 0 now also sees token 1
         assert_eq!(&open[..4], &[10.5, 10.5, 20.5, 20.5]);
         assert_eq!(&open[4..], &grouped[4..]);
+    }
+
+    #[test]
+    fn simd_dot_and_axpy_match_scalar() {
+        for n in [1, 15, 16, 64, 100, 128] {
+            let a: Vec<f32> = (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.13).collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 53 % 7) as f32 - 3.0) * 0.29).collect();
+            let want = dot_scalar(&a, &b);
+            for isa in Isa::available() {
+                let got = dot(isa, &a, &b);
+                assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{isa:?} n={n}: {got} vs {want}");
+                let mut y = b.clone();
+                axpy(isa, 0.75, &a, &mut y);
+                for i in 0..n {
+                    assert!((y[i] - (b[i] + 0.75 * a[i])).abs() <= 1e-6, "{isa:?} n={n} i={i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn prefill_in_chunks_equals_token_by_token_decode() {
+        // 70 tokens spans three query chunks; the result must equal running the same
+        // queries one at a time over a growing context, with and without probs.
+        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
+        let tokens = 70;
+        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
+        let q = gen(tokens * 64, 1);
+        let k = gen(tokens * 32, 2);
+        let v = gen(tokens * 32, 3);
+        let mut out = vec![0.0; tokens * 64];
+        let mut probs = vec![0.0; 4 * tokens * tokens];
+        causal_attention(shape, &q, &k, &v, tokens, &mut out, Some(&mut probs)).unwrap();
+        let mut out_np = vec![0.0; tokens * 64];
+        causal_attention(shape, &q, &k, &v, tokens, &mut out_np, None).unwrap();
+        assert_eq!(out, out_np);
+        for t in 0..tokens {
+            let mut o = vec![0.0; 64];
+            causal_attention(shape, &q[t * 64..(t + 1) * 64], &k[..(t + 1) * 32], &v[..(t + 1) * 32], t + 1, &mut o, None).unwrap();
+            assert_eq!(&out[t * 64..(t + 1) * 64], &o[..], "token {t}");
+        }
     }
 
     #[test]

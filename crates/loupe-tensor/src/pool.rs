@@ -1,0 +1,397 @@
+//! The compute thread pool: `threads - 1` persistent workers plus the calling thread.
+//!
+//! Why not rayon: a decode step of SmolLM2 runs ~300 small parallel ops of 5-50 µs
+//! each. rayon's idle workers spin with `sched_yield` and then sleep on a futex; in
+//! `perf` that showed as ~20% of decode time in the scheduler on the 2-core machine.
+//! Here a job is published through one atomic generation counter; workers that have
+//! run a job recently spin on it (no syscalls) for [`SPIN`], then sleep on a condvar,
+//! so the pool costs nothing while the program is idle and a fork-join costs well
+//! under a microsecond while it is busy. The caller takes part in its own job, so
+//! `threads` compute threads never oversubscribe `threads` cores.
+//!
+//! Tasks are claimed one index at a time from an atomic counter, so uneven tasks
+//! balance; callers choose task sizes (a band of weight rows, a head) big enough that
+//! the claim (one `fetch_add`) is noise.
+//!
+//! Re-entrancy: a `run` from inside a task, or while another thread's job holds the
+//! pool, runs its tasks serially on the calling thread instead of waiting, so tests
+//! that run in parallel and nested calls never deadlock.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker polls for the next job before sleeping. Decode's gaps
+/// between parallel ops (norms, RoPE, sampling on the caller) are 1-30 µs; a token
+/// of SmolLM2 takes ~10 ms, so 2 ms keeps workers hot through a whole generation and
+/// still lets them sleep soon after it ends.
+const SPIN: Duration = Duration::from_millis(2);
+
+/// A job as the workers see it: the task body with its lifetime erased. Valid only
+/// while the publishing `run` call is on the stack, which waits for every worker to
+/// finish with it before returning.
+#[derive(Clone, Copy)]
+struct JobRef {
+    body: *const (dyn Fn(usize) + Sync),
+    n_tasks: usize,
+}
+// SAFETY: the pointee is `Sync` and outlives every use (see `JobRef`).
+unsafe impl Send for JobRef {}
+
+struct Shared {
+    /// `generation << 1 | closed`: bumped (under `job`'s lock) when a job is published;
+    /// the low bit is set once every task of the job has been claimed, after which
+    /// workers that wake late must not touch it.
+    state: AtomicU64,
+    job: Mutex<Option<JobRef>>,
+    wake: Condvar,
+    /// The next unclaimed task index of the current job.
+    next_task: AtomicUsize,
+    /// Workers inside the current job (registered and not yet done).
+    active_workers: AtomicUsize,
+    /// A task panicked; the caller re-raises after the job.
+    panicked: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    shutdown: AtomicBool,
+}
+
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Held by the thread whose job is running.
+    running: Mutex<()>,
+}
+
+thread_local! {
+    /// Set while this thread runs pool tasks (nested `run` goes serial).
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Spins of a waiting caller before it starts yielding its core (a worker it waits for
+/// may have been preempted by another process).
+const CALLER_SPINS_BEFORE_YIELD: u32 = 1 << 12;
+
+impl ThreadPool {
+    /// A pool of `threads` compute threads (the caller and `threads - 1` workers).
+    pub fn new(threads: usize) -> std::io::Result<ThreadPool> {
+        let shared = Arc::new(Shared {
+            state: AtomicU64::new(0),
+            job: Mutex::new(None),
+            wake: Condvar::new(),
+            next_task: AtomicUsize::new(0),
+            active_workers: AtomicUsize::new(0),
+            panicked: Mutex::new(None),
+            shutdown: AtomicBool::new(false),
+        });
+        let mut workers = Vec::new();
+        for i in 1..threads.max(1) {
+            let s = Arc::clone(&shared);
+            workers.push(std::thread::Builder::new().name(format!("loupe-worker-{i}")).spawn(move || worker_loop(&s))?);
+        }
+        Ok(ThreadPool { shared, workers, running: Mutex::new(()) })
+    }
+
+    /// Compute threads, the caller included.
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `body(i)` for every `i` in `0..n_tasks`, spread over the pool, and returns
+    /// when all have finished. A panic in a task is re-raised here.
+    ///
+    /// The caller claims tasks too and never waits for a worker that has not started:
+    /// once every task is claimed the job is closed, and a worker that wakes after
+    /// that skips it. So a machine busy with other processes slows a job down to the
+    /// caller's own speed, never to a scheduler tick per job.
+    pub fn run(&self, n_tasks: usize, body: &(dyn Fn(usize) + Sync)) {
+        if n_tasks == 0 {
+            return;
+        }
+        let serial = n_tasks == 1 || self.workers.is_empty() || IN_TASK.with(Cell::get);
+        let guard = if serial { None } else { self.running.try_lock().ok() };
+        let Some(_guard) = guard else {
+            (0..n_tasks).for_each(body);
+            return;
+        };
+        let s = &*self.shared;
+        // SAFETY: erases the borrow's lifetime; the job is closed and every worker that
+        // entered it has left (active_workers == 0) before this call returns.
+        let body_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(body as *const (dyn Fn(usize) + Sync)) };
+        s.next_task.store(0, Ordering::SeqCst);
+        let open_state = {
+            let mut job = s.job.lock().unwrap_or_else(|e| e.into_inner());
+            *job = Some(JobRef { body: body_static, n_tasks });
+            let open = (s.state.load(Ordering::SeqCst) | 1) + 1;
+            s.state.store(open, Ordering::SeqCst);
+            open
+        };
+        s.wake.notify_all();
+        IN_TASK.with(|t| t.set(true));
+        let mine = catch_unwind(AssertUnwindSafe(|| claim_tasks(s, body, n_tasks)));
+        IN_TASK.with(|t| t.set(false));
+        s.state.store(open_state | 1, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while s.active_workers.load(Ordering::SeqCst) != 0 {
+            spins = spins.saturating_add(1);
+            if spins < CALLER_SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Err(p) = mine {
+            resume_unwind(p);
+        }
+        if let Some(p) = s.panicked.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            resume_unwind(p);
+        }
+    }
+
+    /// [`ThreadPool::run`] for fallible tasks: the first error found is returned;
+    /// tasks already started still run to completion.
+    pub fn try_run<E: Send>(&self, n_tasks: usize, body: &(dyn Fn(usize) -> Result<(), E> + Sync)) -> Result<(), E> {
+        let first_error: Mutex<Option<E>> = Mutex::new(None);
+        self.run(n_tasks, &|i| {
+            if let Err(e) = body(i) {
+                let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_none() {
+                    *slot = Some(e);
+                }
+            }
+        });
+        match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _job = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
+            let next = (self.shared.state.load(Ordering::SeqCst) | 1) + 2;
+            self.shared.state.store(next, Ordering::SeqCst);
+        }
+        self.shared.wake.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn claim_tasks(s: &Shared, body: &(dyn Fn(usize) + Sync), n_tasks: usize) {
+    loop {
+        let i = s.next_task.fetch_add(1, Ordering::Relaxed);
+        if i >= n_tasks {
+            return;
+        }
+        body(i);
+    }
+}
+
+fn worker_loop(s: &Shared) {
+    IN_TASK.with(|t| t.set(true));
+    // Generation 0 is the state before any job: a worker that starts after jobs (or
+    // the shutdown) were published still sees them as new.
+    let mut seen = 0u64;
+    loop {
+        // Poll for a new generation, then sleep.
+        let spin_until = Instant::now() + SPIN;
+        let mut polls = 0u32;
+        let mut state = s.state.load(Ordering::Acquire);
+        while state >> 1 == seen {
+            std::hint::spin_loop();
+            polls = polls.wrapping_add(1);
+            if polls % 256 == 0 && Instant::now() >= spin_until {
+                let mut job = s.job.lock().unwrap_or_else(|e| e.into_inner());
+                while s.state.load(Ordering::SeqCst) >> 1 == seen {
+                    job = s.wake.wait(job).unwrap_or_else(|e| e.into_inner());
+                }
+                drop(job);
+            }
+            state = s.state.load(Ordering::Acquire);
+        }
+        seen = state >> 1;
+        if s.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        if state & 1 == 1 {
+            continue; // every task was claimed before this worker woke
+        }
+        // Register, then confirm the job is still open: the caller closes it before it
+        // reads active_workers, so either it sees this worker or this worker sees the
+        // close (both sides use SeqCst).
+        s.active_workers.fetch_add(1, Ordering::SeqCst);
+        if s.state.load(Ordering::SeqCst) == state {
+            let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(job) = job {
+                // SAFETY: the publisher keeps `body` alive until active_workers is 0,
+                // and this worker is counted until the fetch_sub below.
+                let body = unsafe { &*job.body };
+                if let Err(p) = catch_unwind(AssertUnwindSafe(|| claim_tasks(s, body, job.n_tasks))) {
+                    let mut slot = s.panicked.lock().unwrap_or_else(|e| e.into_inner());
+                    slot.get_or_insert(p);
+                }
+            }
+        }
+        s.active_workers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+static GLOBAL: OnceLock<ThreadPool> = OnceLock::new();
+
+/// Error from [`init_global`].
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("the compute pool is already running with {running} threads; it cannot be resized to {requested}")]
+    AlreadyStarted { running: usize, requested: usize },
+    #[error("cannot start {threads} compute threads: {source}")]
+    Spawn { threads: usize, source: std::io::Error },
+}
+
+/// Starts the process-wide pool with `threads` compute threads. Call once, before the
+/// first kernel runs; later calls with the same size are no-ops.
+pub fn init_global(threads: usize) -> Result<(), PoolError> {
+    let threads = threads.max(1);
+    if let Some(p) = GLOBAL.get() {
+        return if p.threads() == threads { Ok(()) } else { Err(PoolError::AlreadyStarted { running: p.threads(), requested: threads }) };
+    }
+    let pool = ThreadPool::new(threads).map_err(|source| PoolError::Spawn { threads, source })?;
+    let _ = GLOBAL.set(pool);
+    match GLOBAL.get() {
+        Some(p) if p.threads() == threads => Ok(()),
+        Some(p) => Err(PoolError::AlreadyStarted { running: p.threads(), requested: threads }),
+        None => Ok(()),
+    }
+}
+
+/// The process-wide pool; started with one thread per available core if
+/// [`init_global`] was not called first.
+pub fn global() -> &'static ThreadPool {
+    GLOBAL.get_or_init(|| {
+        let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        ThreadPool::new(n).unwrap_or_else(|_| ThreadPool::new(1).expect("a pool without workers spawns nothing"))
+    })
+}
+
+/// Compute threads of the global pool.
+pub fn threads() -> usize {
+    global().threads()
+}
+
+/// Runs `f` with every pool job it starts executed serially on this thread (tests
+/// comparing threaded and single-threaded results, bisecting a threading bug).
+pub fn run_serially<R>(f: impl FnOnce() -> R) -> R {
+    let was = IN_TASK.with(|t| t.replace(true));
+    let r = f();
+    IN_TASK.with(|t| t.set(was));
+    r
+}
+
+/// Runs `body(i)` for `i` in `0..n_tasks` on the global pool.
+pub fn run(n_tasks: usize, body: &(dyn Fn(usize) + Sync)) {
+    global().run(n_tasks, body)
+}
+
+/// [`run`] for fallible tasks.
+pub fn try_run<E: Send>(n_tasks: usize, body: &(dyn Fn(usize) -> Result<(), E> + Sync)) -> Result<(), E> {
+    global().try_run(n_tasks, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_exactly_once() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for n in [0, 1, 2, 7, 1000] {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(n, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "threads {threads} n {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn many_short_jobs_back_to_back() {
+        let pool = ThreadPool::new(2).unwrap();
+        let total = AtomicUsize::new(0);
+        for _ in 0..20_000 {
+            pool.run(4, &|i| {
+                total.fetch_add(i, Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 20_000 * 6);
+    }
+
+    #[test]
+    fn workers_sleep_then_wake() {
+        let pool = ThreadPool::new(2).unwrap();
+        pool.run(2, &|_| {});
+        std::thread::sleep(SPIN * 3);
+        let count = AtomicUsize::new(0);
+        pool.run(8, &|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn nested_and_concurrent_calls_do_not_deadlock() {
+        let pool = Arc::new(ThreadPool::new(2).unwrap());
+        let total = AtomicUsize::new(0);
+        pool.run(4, &|_| {
+            pool.run(3, &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 12);
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let p = Arc::clone(&pool);
+                std::thread::spawn(move || {
+                    let c = AtomicUsize::new(0);
+                    for _ in 0..500 {
+                        p.run(5, &|_| {
+                            c.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                    c.load(Ordering::Relaxed)
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), 2500);
+        }
+    }
+
+    #[test]
+    fn errors_and_panics_reach_the_caller() {
+        let pool = ThreadPool::new(2).unwrap();
+        let r = pool.try_run(10, &|i| if i == 7 { Err(i) } else { Ok(()) });
+        assert_eq!(r, Err(7));
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(10, &|i| {
+                if i == 3 {
+                    panic!("task 3");
+                }
+            })
+        }));
+        assert!(caught.is_err());
+        // The pool still works afterwards.
+        let count = AtomicUsize::new(0);
+        pool.run(6, &|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 6);
+    }
+}
