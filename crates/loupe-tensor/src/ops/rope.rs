@@ -139,10 +139,19 @@ impl RopeTable {
             });
         }
         let half = self.head_dim / 2;
-        let mut cos = vec![0.0f32; half];
-        let mut sin = vec![0.0f32; half];
+        // On the stack for head_dim <= 512 (every model we know), so decode allocates
+        // nothing; the heap beyond.
+        let (mut cos_stack, mut sin_stack) = ([0.0f32; 256], [0.0f32; 256]);
+        let (mut cos_heap, mut sin_heap) = (Vec::new(), Vec::new());
+        let (cos, sin): (&mut [f32], &mut [f32]) = if half <= 256 {
+            (&mut cos_stack[..half], &mut sin_stack[..half])
+        } else {
+            cos_heap.resize(half, 0.0);
+            sin_heap.resize(half, 0.0);
+            (&mut cos_heap, &mut sin_heap)
+        };
         for (t, row) in x.chunks_exact_mut(width).enumerate() {
-            self.cos_sin(first_position + t, &mut cos, &mut sin);
+            self.cos_sin(first_position + t, cos, sin);
             for head in row.chunks_exact_mut(self.head_dim) {
                 match mode {
                     RopeMode::SplitHalf => {
