@@ -212,7 +212,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let rss = peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
         writeln!(
             out,
-            "\nload {load_s:.2} s | peak RSS {rss} | {} timed repetitions after {} warm-up | {}",
+            "\nload {load_s:.2} s | peak RSS {rss} | timed runs per test: {}, warm-up runs: {} | {}",
             args.repetitions,
             args.warmup,
             tests.iter().map(|t| format!("{} {} tokens", t.name, t.tokens)).collect::<Vec<_>>().join(", ")
