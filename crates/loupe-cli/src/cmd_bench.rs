@@ -77,6 +77,23 @@ impl TestResult {
     }
 }
 
+/// Bytes a decode step reads from memory: every weight it multiplies by (read once per token,
+/// as stored: blocks for native/q8, f32 for f32) and the KV cache rows attention reads.
+/// Activations stay in cache and are not counted. Decode is memory-bound, so
+/// bytes per token x tokens/s is the bandwidth the engine draws, to set against the machine's.
+struct DecodeTraffic {
+    weight_bytes: u64,
+    /// KV cache bytes per position of context (all layers, K and V).
+    kv_bytes_per_position: u64,
+}
+
+impl DecodeTraffic {
+    /// Mean bytes per step of a tg run of `n_gen` steps from an empty cache (context 1..=n_gen).
+    fn bytes_per_token(&self, n_gen: usize) -> f64 {
+        self.weight_bytes as f64 + self.kv_bytes_per_position as f64 * (n_gen as f64 + 1.0) / 2.0
+    }
+}
+
 /// Tensor bytes and parameter count of the checkpoint (what llama-bench calls size and params).
 struct ModelSize {
     bytes: u64,
@@ -104,6 +121,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
     let size = model_size(&model);
+    let traffic = decode_traffic(&model);
 
     let needed = args.n_prompt.max(args.n_gen);
     let mut session = Session::new(&model.graph, needed);
@@ -163,6 +181,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let model_name = model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| model.path.display().to_string());
     let pp = tests.iter().find(|t| t.name.starts_with("pp"));
     let tg = tests.iter().find(|t| t.name.starts_with("tg"));
+    let tg_bytes_per_token = tg.map(|t| traffic.bytes_per_token(t.tokens));
+    let tg_read_gb_per_s = tg.zip(tg_bytes_per_token).map(|(t, b)| b * t.mean() / 1e9);
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -187,6 +207,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "tg_stddev": tg.map(TestResult::stddev),
             "tg_runs": tg.map(|t| t.runs.clone()),
             "peak_rss_bytes": peak_rss,
+            "weight_bytes_per_token": traffic.weight_bytes,
+            "kv_bytes_per_position": traffic.kv_bytes_per_position,
+            "tg_bytes_per_token": tg_bytes_per_token,
+            "tg_read_gb_per_s": tg_read_gb_per_s,
         });
         writeln!(out, "{obj}").context("writing stdout")?;
     } else {
@@ -218,6 +242,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             tests.iter().map(|t| format!("{} {} tokens", t.name, t.tokens)).collect::<Vec<_>>().join(", ")
         )
         .context("writing stdout")?;
+        if let (Some(t), Some(bytes), Some(gbs)) = (tg, tg_bytes_per_token, tg_read_gb_per_s) {
+            writeln!(
+                out,
+                "decode reads {:.1} MB per token ({:.1} MB of weights + KV cache, mean over {}): {gbs:.1} GB/s at {:.1} t/s",
+                bytes / 1e6,
+                traffic.weight_bytes as f64 / 1e6,
+                t.name,
+                t.mean()
+            )
+            .context("writing stdout")?;
+        }
     }
     out.flush().context("writing stdout")?;
     Ok(())
@@ -248,6 +283,28 @@ fn precision_name(p: Precision) -> &'static str {
         Precision::Native => "native",
         Precision::Q8 => "q8",
     }
+}
+
+fn decode_traffic(model: &Model) -> DecodeTraffic {
+    let graph = &model.graph;
+    let stored = |w: &loupe_graph::Weight| match &w.data {
+        loupe_graph::WeightData::F32(v) => 4 * v.len() as u64,
+        loupe_graph::WeightData::Quant(q) => q.data.len() as u64,
+    };
+    let mut weight_bytes = 0;
+    for w in &graph.weights {
+        let bytes = stored(w);
+        // An untied embedding table is only looked up (one row per token); a tied one is also
+        // the lm_head and read whole.
+        if w.name == "model.embed_tokens.weight" && !model.config.tie_word_embeddings {
+            weight_bytes += bytes / w.shape.first().copied().unwrap_or(1).max(1) as u64;
+        } else {
+            weight_bytes += bytes;
+        }
+    }
+    // The KV cache holds f32 rows (loupe_graph::KvCache).
+    let kv_bytes_per_position = (graph.kv_layers * 2 * graph.kv_width * std::mem::size_of::<f32>()) as u64;
+    DecodeTraffic { weight_bytes, kv_bytes_per_position }
 }
 
 /// Size and parameters of the tensors in the file, as stored (GGUF only; `None` otherwise).

@@ -48,6 +48,13 @@ fn json_report_on_the_real_model() {
     assert_eq!(v["model_size_bytes"].as_u64(), Some(96_576_768), "{v}");
     assert!(v["model_params"].as_u64().is_some_and(|p| p > 100_000_000), "{v}");
     assert!(positive_finite(&v, "peak_rss_bytes") > 50e6, "{v}");
+    // Native keeps the GGUF blocks: a decode step reads them all (the embedding is the tied
+    // lm_head) plus 30 layers x (K + V) x 192 f32 per cached position.
+    assert_eq!(v["weight_bytes_per_token"].as_u64(), Some(96_576_768), "{v}");
+    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some(46_080), "{v}");
+    let per_token = positive_finite(&v, "tg_bytes_per_token");
+    assert!((per_token - (96_576_768.0 + 46_080.0 * 2.5)).abs() < 1.0, "{v}");
+    positive_finite(&v, "tg_read_gb_per_s");
 }
 
 #[test]
