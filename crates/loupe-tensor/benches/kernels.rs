@@ -9,13 +9,14 @@
 //! f32 ops of a layer: `rms_norm/t<tokens>`, `rope/<q|k>/t<tokens>`,
 //! `attention/t<tokens>/ctx<ctx>` (decode: t1; prefill: t = ctx).
 //!
-//! Threads: the pools here take rayon's default (all cores, or `RAYON_NUM_THREADS`); the
-//! issue's figures are for 2 threads: `RAYON_NUM_THREADS=2 cargo bench ...`.
+//! Threads: the kernels run on loupe-tensor's compute pool, started here with
+//! `LOUPE_BENCH_THREADS` threads (default: all cores); the figures are for 2 threads:
+//! `LOUPE_BENCH_THREADS=2 cargo bench ...`. The `gemm_m1` comparison runs on a rayon pool of
+//! the same size.
 //! Defaults are short (10 samples, 1 s each); `--sample-size`, `--measurement-time` raise them.
 //!
-//! The matmul groups time their loop inside the rayon pool (`iter_custom` under
-//! `ThreadPool::install`), as an executor that runs the forward pass in the pool
-//! would call them; from outside the pool each fork-join adds a thread wake-up.
+//! The kernels are called from the bench thread, which takes part in each pool job as the
+//! executor's thread does in a forward pass.
 //!
 //! Filter by name: `cargo bench -p loupe-tensor --bench kernels -- 'q4_1'`;
 //! a quick check that everything runs: `cargo bench -p loupe-tensor --bench kernels -- --quick`.
@@ -59,7 +60,20 @@ fn vec_dot(c: &mut Criterion) {
     g.finish();
 }
 
-/// Times `iters` calls of `f` on a worker thread of `pool`.
+/// Compute threads for the benches: `LOUPE_BENCH_THREADS`, else every core. Starts
+/// loupe-tensor's global pool with that many threads (once).
+fn bench_threads() -> usize {
+    let threads = std::env::var("LOUPE_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    loupe_tensor::pool::init_global(threads).expect("start the compute pool");
+    threads
+}
+
+/// Times `iters` calls of `f` on a worker thread of a rayon `pool` (for the gemm crate,
+/// whose parallelism is rayon's).
 fn in_pool(pool: &rayon::ThreadPool, iters: u64, mut f: impl FnMut() + Send) -> Duration {
     pool.install(|| {
         let t = Instant::now();
@@ -77,7 +91,7 @@ fn matrix(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> QMatrix {
 
 fn matmul_quantized(c: &mut Criterion) {
     let mut rng = Rng::new(2);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    bench_threads();
     let mut g = c.benchmark_group("matmul_q");
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
         for (n, k) in SHAPES {
@@ -92,9 +106,7 @@ fn matmul_quantized(c: &mut Criterion) {
                     Throughput::Elements((m * n * k) as u64)
                 });
                 g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
-                    b.iter_custom(|iters| {
-                        in_pool(&pool, iters, || matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
-                    })
+                    b.iter(|| matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
                 });
             }
         }
@@ -104,7 +116,7 @@ fn matmul_quantized(c: &mut Criterion) {
 
 fn matmul_dense(c: &mut Criterion) {
     let mut rng = Rng::new(3);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    let threads = bench_threads();
     let mut g = c.benchmark_group("matmul_f32");
     for (n, k) in SHAPES {
         let w: Vec<f32> = rng.activations(n * k);
@@ -117,13 +129,14 @@ fn matmul_dense(c: &mut Criterion) {
                 Throughput::Elements((m * n * k) as u64)
             });
             g.bench_function(format!("{n}x{k}/m{m}"), |b| {
-                b.iter_custom(|iters| in_pool(&pool, iters, || matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap()))
+                b.iter(|| matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap())
             });
         }
     }
     g.finish();
 
     // The alternative for m = 1: the gemm crate with the same strides as matmul_f32.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let mut g = c.benchmark_group("gemm_m1");
     for (n, k) in SHAPES {
         let w: Vec<f32> = rng.activations(n * k);
@@ -177,7 +190,7 @@ impl SendPtr {
 /// logits of its last token alone, in prefill too.
 fn matmul_weight_quantized(c: &mut Criterion) {
     let mut rng = Rng::new(4);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    bench_threads();
     let mut g = c.benchmark_group("matmul_wq");
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
         for (n, k) in SHAPES {
@@ -192,7 +205,7 @@ fn matmul_weight_quantized(c: &mut Criterion) {
                     Throughput::Elements((m * n * k) as u64)
                 });
                 g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
-                    b.iter_custom(|iters| in_pool(&pool, iters, || matmul_wq(black_box(&x), &w, &mut y, m).unwrap()))
+                    b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap())
                 });
             }
         }
@@ -208,7 +221,7 @@ const HIDDEN: usize = N_HEADS * HEAD_DIM;
 
 fn layer_ops(c: &mut Criterion) {
     let mut rng = Rng::new(5);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    bench_threads();
 
     let mut g = c.benchmark_group("rms_norm");
     let weight = rng.activations(HIDDEN);
@@ -242,7 +255,7 @@ fn layer_ops(c: &mut Criterion) {
         let mut out = vec![0f32; tokens * HIDDEN];
         g.throughput(Throughput::Elements(tokens as u64));
         g.bench_function(format!("t{tokens}/ctx{ctx}"), |b| {
-            b.iter_custom(|iters| in_pool(&pool, iters, || causal_attention(shape, black_box(&q), &k, &v, ctx, &mut out, None).unwrap()))
+            b.iter(|| causal_attention(shape, black_box(&q), &k, &v, ctx, &mut out, None).unwrap())
         });
     }
     g.finish();
