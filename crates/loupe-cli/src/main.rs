@@ -3,6 +3,7 @@
 //! Exit codes (design.md): 0 success; 1 divergence found (compare/parity); 2 bad usage or
 //! bad input, reported as one line on stderr naming the file or field.
 
+mod cmd_bench;
 mod cmd_compare;
 mod cmd_dump;
 mod cmd_explain;
@@ -38,6 +39,8 @@ enum Command {
     Explain(cmd_explain::ExplainArgs),
     /// List a GGUF or safetensors file's metadata and tensors.
     Inspect(cmd_inspect::InspectArgs),
+    /// Measure prefill and decode tokens/s like llama-bench (pp<N>, tg<N>; mean ± stddev, peak RSS).
+    Bench(cmd_bench::BenchArgs),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
     FetchModel,
 }
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Compare(args) => cmd_compare::run(args),
         Command::Parity(args) => cmd_parity::run(args),
         Command::Explain(args) => cmd_explain::run(args),
+        Command::Bench(args) => cmd_bench::run(args).map(|()| 0),
         Command::FetchModel => model_path::default_model().map(|p| {
             println!("{}", p.display());
             0

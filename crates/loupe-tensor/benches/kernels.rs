@@ -1,16 +1,25 @@
 //! Kernel benchmarks at SmolLM2-135M shapes (hidden 576, FFN 1536, vocab 49152).
 //!
 //! Groups: `vec_dot/<type>/k<k>/<isa>` (one row dot, bytes = weight row),
-//! `matmul_q/<type>/<n>x<k>/m<m>` and `matmul_f32/<n>x<k>/m<m>` (bytes = weight
-//! matrix for m = 1, so criterion's GB/s is the decode bandwidth; multiply-adds for
-//! m = 64), and `gemm_m1/<n>x<k>` (the gemm crate on a single row, the
-//! alternative the m = 1 GEMV in `matmul_f32` was chosen over).
+//! `matmul_wq/<type>/<n>x<k>/m<m>` (GGML weights x f32 activations, `--precision native`),
+//! `matmul_q/<type>/<n>x<k>/m<m>` (8-bit activations, `--precision q8`) and
+//! `matmul_f32/<n>x<k>/m<m>` (bytes = weight matrix for m = 1, so criterion's GB/s is the
+//! decode bandwidth; multiply-adds for m > 1), `gemm_m1/<n>x<k>` (the gemm crate on a
+//! single row, the alternative the m = 1 GEMV in `matmul_f32` was chosen over), and the
+//! f32 ops of a layer: `rms_norm/t<tokens>`, `rope/<q|k>/t<tokens>`,
+//! `attention/t<tokens>/ctx<ctx>` (decode: t1; prefill: t = ctx).
 //!
-//! The matmul groups time their loop inside the rayon pool (`iter_custom` under
-//! `ThreadPool::install`), as an executor that runs the forward pass in the pool
-//! would call them; from outside the pool each fork-join adds a thread wake-up.
+//! Threads: the kernels run on loupe-tensor's compute pool, started here with
+//! `LOUPE_BENCH_THREADS` threads (default: all cores); the figures are for 2 threads:
+//! `LOUPE_BENCH_THREADS=2 cargo bench ...`. The `gemm_m1` comparison runs on a rayon pool of
+//! the same size.
+//! Defaults are short (10 samples, 1 s each); `--sample-size`, `--measurement-time` raise them.
 //!
-//! Filter by name: `cargo bench -p loupe-tensor --bench kernels -- 'q4_1'`.
+//! The kernels are called from the bench thread, which takes part in each pool job as the
+//! executor's thread does in a forward pass.
+//!
+//! Filter by name: `cargo bench -p loupe-tensor --bench kernels -- 'q4_1'`;
+//! a quick check that everything runs: `cargo bench -p loupe-tensor --bench kernels -- --quick`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -21,6 +30,8 @@ use std::time::{Duration, Instant};
 use common::{random_act, random_row, Rng};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use loupe_tensor::matmul::{matmul_f32, matmul_q, QMatrix};
+use loupe_tensor::ops::{causal_attention, rms_norm, AttentionShape, RopeScaling, RopeTable};
+use loupe_tensor::wq::matmul_wq;
 use loupe_tensor::quant::{self, Isa};
 use loupe_tensor::GgmlType;
 
@@ -49,7 +60,20 @@ fn vec_dot(c: &mut Criterion) {
     g.finish();
 }
 
-/// Times `iters` calls of `f` on a worker thread of `pool`.
+/// Compute threads for the benches: `LOUPE_BENCH_THREADS`, else every core. Starts
+/// loupe-tensor's global pool with that many threads (once).
+fn bench_threads() -> usize {
+    let threads = std::env::var("LOUPE_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    loupe_tensor::pool::init_global(threads).expect("start the compute pool");
+    threads
+}
+
+/// Times `iters` calls of `f` on a worker thread of a rayon `pool` (for the gemm crate,
+/// whose parallelism is rayon's).
 fn in_pool(pool: &rayon::ThreadPool, iters: u64, mut f: impl FnMut() + Send) -> Duration {
     pool.install(|| {
         let t = Instant::now();
@@ -67,9 +91,8 @@ fn matrix(rng: &mut Rng, ty: GgmlType, n: usize, k: usize) -> QMatrix {
 
 fn matmul_quantized(c: &mut Criterion) {
     let mut rng = Rng::new(2);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    bench_threads();
     let mut g = c.benchmark_group("matmul_q");
-    g.sample_size(20);
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
         for (n, k) in SHAPES {
             let w = matrix(&mut rng, ty, n, k);
@@ -83,9 +106,7 @@ fn matmul_quantized(c: &mut Criterion) {
                     Throughput::Elements((m * n * k) as u64)
                 });
                 g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
-                    b.iter_custom(|iters| {
-                        in_pool(&pool, iters, || matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
-                    })
+                    b.iter(|| matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
                 });
             }
         }
@@ -95,9 +116,8 @@ fn matmul_quantized(c: &mut Criterion) {
 
 fn matmul_dense(c: &mut Criterion) {
     let mut rng = Rng::new(3);
-    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    let threads = bench_threads();
     let mut g = c.benchmark_group("matmul_f32");
-    g.sample_size(20);
     for (n, k) in SHAPES {
         let w: Vec<f32> = rng.activations(n * k);
         for m in [1usize, 64] {
@@ -109,15 +129,15 @@ fn matmul_dense(c: &mut Criterion) {
                 Throughput::Elements((m * n * k) as u64)
             });
             g.bench_function(format!("{n}x{k}/m{m}"), |b| {
-                b.iter_custom(|iters| in_pool(&pool, iters, || matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap()))
+                b.iter(|| matmul_f32(black_box(&x), &w, &mut y, m, k, n).unwrap())
             });
         }
     }
     g.finish();
 
     // The alternative for m = 1: the gemm crate with the same strides as matmul_f32.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let mut g = c.benchmark_group("gemm_m1");
-    g.sample_size(20);
     for (n, k) in SHAPES {
         let w: Vec<f32> = rng.activations(n * k);
         let x = rng.activations(k);
@@ -165,5 +185,86 @@ impl SendPtr {
     }
 }
 
-criterion_group!(benches, vec_dot, matmul_quantized, matmul_dense);
+/// `matmul_wq` (the `--precision native` path) at decode (m = 1) and prefill (m = 64, 512)
+/// shapes. The lm_head (49152 x 576) is timed at m = 1 only: a forward pass computes the
+/// logits of its last token alone, in prefill too.
+fn matmul_weight_quantized(c: &mut Criterion) {
+    let mut rng = Rng::new(4);
+    bench_threads();
+    let mut g = c.benchmark_group("matmul_wq");
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (n, k) in SHAPES {
+            let w = matrix(&mut rng, ty, n, k);
+            let batch_sizes: &[usize] = if n == 49152 { &[1] } else { &[1, 64, 512] };
+            for &m in batch_sizes {
+                let x = rng.activations(m * k);
+                let mut y = vec![0f32; m * n];
+                g.throughput(if m == 1 {
+                    Throughput::Bytes(w.data.len() as u64)
+                } else {
+                    Throughput::Elements((m * n * k) as u64)
+                });
+                g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
+                    b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap())
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+/// SmolLM2-135M attention geometry: 9 query heads, 3 kv heads, head_dim 64, theta 1e5.
+const N_HEADS: usize = 9;
+const N_KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+const HIDDEN: usize = N_HEADS * HEAD_DIM;
+
+fn layer_ops(c: &mut Criterion) {
+    let mut rng = Rng::new(5);
+    bench_threads();
+
+    let mut g = c.benchmark_group("rms_norm");
+    let weight = rng.activations(HIDDEN);
+    for tokens in [1usize, 512] {
+        let x = rng.activations(tokens * HIDDEN);
+        let mut out = vec![0f32; tokens * HIDDEN];
+        g.throughput(Throughput::Bytes((4 * tokens * HIDDEN) as u64));
+        g.bench_function(format!("t{tokens}"), |b| b.iter(|| rms_norm(black_box(&x), &weight, 1e-5, &mut out).unwrap()));
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("rope");
+    let table = RopeTable::new(HEAD_DIM, 100_000.0, &RopeScaling::None).unwrap();
+    for tokens in [1usize, 512] {
+        for (label, heads) in [("q", N_HEADS), ("k", N_KV_HEADS)] {
+            // Rotating the same buffer again and again keeps its norm: no drift to inf/NaN.
+            let mut x = rng.activations(tokens * heads * HEAD_DIM);
+            g.throughput(Throughput::Elements((tokens * heads * HEAD_DIM) as u64));
+            g.bench_function(format!("{label}/t{tokens}"), |b| b.iter(|| table.apply(black_box(&mut x), heads, 100).unwrap()));
+        }
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("attention");
+    let shape = AttentionShape { n_heads: N_HEADS, n_kv_heads: N_KV_HEADS, head_dim: HEAD_DIM, scale: (HEAD_DIM as f32).powf(-0.5) };
+    // Decode after a 128- and a 512-token context; prefill of 64 and 512 tokens.
+    for (tokens, ctx) in [(1usize, 128usize), (1, 512), (64, 64), (512, 512)] {
+        let q = rng.activations(tokens * HIDDEN);
+        let k = rng.activations(ctx * N_KV_HEADS * HEAD_DIM);
+        let v = rng.activations(ctx * N_KV_HEADS * HEAD_DIM);
+        let mut out = vec![0f32; tokens * HIDDEN];
+        g.throughput(Throughput::Elements(tokens as u64));
+        g.bench_function(format!("t{tokens}/ctx{ctx}"), |b| {
+            b.iter(|| causal_attention(shape, black_box(&q), &k, &v, ctx, &mut out, None).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    // Short by default (a few seconds per group); raise with --sample-size / --measurement-time.
+    config = Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(1));
+    targets = vec_dot, matmul_weight_quantized, matmul_quantized, matmul_dense, layer_ops
+}
 criterion_main!(benches);

@@ -1,0 +1,388 @@
+//! `loupe bench`: prefill and decode throughput, measured the way llama.cpp's `llama-bench`
+//! measures it, so the two can be compared on the same file and threads
+//! (`scripts/bench-vs-llama-cpp`).
+//!
+//! * `pp<N>` (prompt processing): one forward pass over `N` tokens from an empty cache,
+//!   logits of the last token only. Tokens are BOS (when the model adds one) followed by
+//!   seeded pseudo-random ids, as llama-bench's `test_prompt` does with `rand() % n_vocab`.
+//! * `tg<N>` (text generation): `N` single-token forward passes from an empty cache, each
+//!   feeding a pseudo-random id rather than a sampled one (llama-bench's `test_gen`), so the
+//!   figure is the cost of the decode step and nothing else.
+//! * Warm-up, also as llama-bench: a full `pp` run and one decode step before the timed
+//!   repetitions, so buffers and the cache are allocated and pages are resident.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use loupe_models::{Model, ModelFormat, Precision};
+use loupe_runtime::Session;
+
+use crate::cmd_generate::{load_model, ModelArgs};
+use crate::UsageError;
+
+/// Seed of the benchmark token ids: fixed, so every run feeds the same sequence.
+const TOKEN_SEED: u64 = 0x6c6f_7570_655f_6265; // "loupe_be"
+
+#[derive(Args, Debug)]
+#[command(after_help = "Like llama-bench: pp<N> is one forward pass over N tokens (BOS, then seeded random ids) \
+from an empty cache; tg<N> is N single-token decode steps from an empty cache, each feeding a random id (no \
+sampling). Before the timed repetitions, each warm-up runs one full pp pass and one decode step. t/s is \
+the mean ± sample standard deviation over the repetitions. Peak RSS is the process's high-water mark \
+(VmHWM), model load included.")]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens of the prefill test (0 skips it).
+    #[arg(long = "n-prompt", short = 'p', default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Decode steps of the generation test (0 skips it).
+    #[arg(long = "n-gen", short = 'n', default_value_t = 128)]
+    pub n_gen: usize,
+    /// Timed repetitions of each test.
+    #[arg(long, short = 'r', default_value_t = 5)]
+    pub repetitions: usize,
+    /// Untimed warm-up runs before the repetitions (0 for none).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The timings of one test (`pp512`, `tg128`).
+struct TestResult {
+    name: String,
+    tokens: usize,
+    /// Tokens per second of each repetition, in run order.
+    runs: Vec<f64>,
+}
+
+impl TestResult {
+    fn mean(&self) -> f64 {
+        self.runs.iter().sum::<f64>() / self.runs.len() as f64
+    }
+
+    /// Sample standard deviation (n - 1), as llama-bench reports; 0 for one run.
+    fn stddev(&self) -> f64 {
+        let n = self.runs.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let mean = self.mean();
+        (self.runs.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1) as f64).sqrt()
+    }
+}
+
+/// Bytes a decode step reads from memory: every weight it multiplies by (read once per token,
+/// as stored: blocks for native/q8, f32 for f32) and the KV cache rows attention reads.
+/// Activations stay in cache and are not counted. Decode is memory-bound, so
+/// bytes per token x tokens/s is the bandwidth the engine draws, to set against the machine's.
+struct DecodeTraffic {
+    weight_bytes: u64,
+    /// KV cache bytes per position of context (all layers, K and V).
+    kv_bytes_per_position: u64,
+}
+
+impl DecodeTraffic {
+    /// Mean bytes per step of a tg run of `n_gen` steps from an empty cache (context 1..=n_gen).
+    fn bytes_per_token(&self, n_gen: usize) -> f64 {
+        self.weight_bytes as f64 + self.kv_bytes_per_position as f64 * (n_gen as f64 + 1.0) / 2.0
+    }
+}
+
+/// Tensor bytes and parameter count of the checkpoint (what llama-bench calls size and params).
+struct ModelSize {
+    bytes: u64,
+    params: u64,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.repetitions == 0 {
+        return Err(UsageError("--repetitions must be at least 1".into()).into());
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
+    }
+    let threads = crate::init_threads(args.model.threads)?;
+    let (model, load_s) = load_model(&args.model, None)?;
+    let context = model.config.max_position_embeddings.min(model.graph.context_length);
+    for (flag, n) in [("--n-prompt", args.n_prompt), ("--n-gen", args.n_gen)] {
+        if n > context {
+            return Err(UsageError(format!("{flag} {n}: more tokens than the context window of {context} tokens")).into());
+        }
+    }
+    let vocab = model.config.vocab_size;
+    if vocab == 0 {
+        return Err(UsageError(format!("{}: the model has an empty vocabulary", model.path.display())).into());
+    }
+    let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
+    let size = model_size(&model);
+    let traffic = decode_traffic(&model);
+
+    let needed = args.n_prompt.max(args.n_gen);
+    let mut session = Session::new(&model.graph, needed);
+    session.reserve(needed);
+    let runs_per_test = args.warmup + args.repetitions;
+    let total_steps = if args.n_prompt > 0 { runs_per_test } else { 0 } + if args.n_gen > 0 { runs_per_test } else { 0 };
+    let bar = ProgressBar::new(total_steps as u64);
+    bar.set_style(ProgressStyle::with_template("bench {msg} [{bar:30}] {pos}/{len}").map(|s| s.progress_chars("=> ")).unwrap_or_else(|_| ProgressStyle::default_bar()));
+
+    let mut tests = Vec::new();
+    if args.n_prompt > 0 {
+        let tokens = bench_tokens(args.n_prompt, bos, vocab, TOKEN_SEED);
+        let name = format!("pp{}", args.n_prompt);
+        let mut runs = Vec::with_capacity(args.repetitions);
+        for i in 0..runs_per_test {
+            let warm = i < args.warmup;
+            bar.set_message(format!("{name} {}", if warm { "warm-up" } else { "run" }));
+            session.reset();
+            let start = Instant::now();
+            session.forward(&tokens, false, None).with_context(|| format!("{name}: forward pass"))?;
+            let seconds = start.elapsed().as_secs_f64();
+            if !warm {
+                runs.push(args.n_prompt as f64 / seconds);
+            }
+            bar.inc(1);
+        }
+        tests.push(TestResult { name, tokens: args.n_prompt, runs });
+    }
+    if args.n_gen > 0 {
+        // A different seed from pp's, as llama-bench's rand() stream has moved on by then.
+        let tokens = bench_tokens(args.n_gen, bos, vocab, TOKEN_SEED ^ 0x7467);
+        let name = format!("tg{}", args.n_gen);
+        let mut runs = Vec::with_capacity(args.repetitions);
+        for i in 0..runs_per_test {
+            let warm = i < args.warmup;
+            bar.set_message(format!("{name} {}", if warm { "warm-up" } else { "run" }));
+            session.reset();
+            // llama-bench warms generation up with a single decode step.
+            let steps = if warm { &tokens[..1] } else { &tokens[..] };
+            let start = Instant::now();
+            for token in steps {
+                session.forward(std::slice::from_ref(token), false, None).with_context(|| format!("{name}: decode step"))?;
+            }
+            let seconds = start.elapsed().as_secs_f64();
+            if !warm {
+                runs.push(args.n_gen as f64 / seconds);
+            }
+            bar.inc(1);
+        }
+        tests.push(TestResult { name, tokens: args.n_gen, runs });
+    }
+    bar.finish_and_clear();
+
+    let peak_rss = peak_rss_bytes();
+    let precision = precision_name(model.precision);
+    let isa = loupe_tensor::quant::Isa::active().name();
+    let model_name = model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| model.path.display().to_string());
+    let pp = tests.iter().find(|t| t.name.starts_with("pp"));
+    let tg = tests.iter().find(|t| t.name.starts_with("tg"));
+    let tg_bytes_per_token = tg.map(|t| traffic.bytes_per_token(t.tokens));
+    let tg_read_gb_per_s = tg.zip(tg_bytes_per_token).map(|(t, b)| b * t.mean() / 1e9);
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let obj = serde_json::json!({
+            "loupe_version": env!("CARGO_PKG_VERSION"),
+            "model": model.path.display().to_string(),
+            "model_size_bytes": size.as_ref().map(|s| s.bytes),
+            "model_params": size.as_ref().map(|s| s.params),
+            "precision": precision,
+            "isa": isa,
+            "threads": threads,
+            "n_prompt": args.n_prompt,
+            "n_gen": args.n_gen,
+            "repetitions": args.repetitions,
+            "warmup": args.warmup,
+            "load_s": load_s,
+            "pp_tokens_per_s": pp.map(TestResult::mean),
+            "pp_stddev": pp.map(TestResult::stddev),
+            "pp_runs": pp.map(|t| t.runs.clone()),
+            "tg_tokens_per_s": tg.map(TestResult::mean),
+            "tg_stddev": tg.map(TestResult::stddev),
+            "tg_runs": tg.map(|t| t.runs.clone()),
+            "peak_rss_bytes": peak_rss,
+            "weight_bytes_per_token": traffic.weight_bytes,
+            "kv_bytes_per_position": traffic.kv_bytes_per_position,
+            "tg_bytes_per_token": tg_bytes_per_token,
+            "tg_read_gb_per_s": tg_read_gb_per_s,
+        });
+        writeln!(out, "{obj}").context("writing stdout")?;
+    } else {
+        let size_cell = size.as_ref().map(|s| format!("{:.2} MiB", s.bytes as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "-".into());
+        let params_cell = size.as_ref().map(|s| format!("{:.2} M", s.params as f64 / 1e6)).unwrap_or_else(|| "-".into());
+        let backend = format!("CPU {precision} {isa}");
+        let rows: Vec<[String; 7]> = tests
+            .iter()
+            .map(|t| {
+                [
+                    model_name.clone(),
+                    size_cell.clone(),
+                    params_cell.clone(),
+                    backend.clone(),
+                    threads.to_string(),
+                    t.name.clone(),
+                    format!("{:.2} ± {:.2}", t.mean(), t.stddev()),
+                ]
+            })
+            .collect();
+        let header = ["model", "size", "params", "backend", "threads", "test", "t/s"];
+        write_table(&mut out, &header, &rows).context("writing stdout")?;
+        let rss = peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
+        writeln!(
+            out,
+            "\nload {load_s:.2} s | peak RSS {rss} | timed runs per test: {}, warm-up runs: {} | {}",
+            args.repetitions,
+            args.warmup,
+            tests.iter().map(|t| format!("{} {} tokens", t.name, t.tokens)).collect::<Vec<_>>().join(", ")
+        )
+        .context("writing stdout")?;
+        if let (Some(t), Some(bytes), Some(gbs)) = (tg, tg_bytes_per_token, tg_read_gb_per_s) {
+            writeln!(
+                out,
+                "decode reads {:.1} MB per token ({:.1} MB of weights + KV cache, mean over {}): {gbs:.1} GB/s at {:.1} t/s",
+                bytes / 1e6,
+                traffic.weight_bytes as f64 / 1e6,
+                t.name,
+                t.mean()
+            )
+            .context("writing stdout")?;
+        }
+    }
+    out.flush().context("writing stdout")?;
+    Ok(())
+}
+
+/// `n` token ids: BOS first when given, then ids drawn uniformly from `0..vocab` by SplitMix64.
+/// Special ids may be drawn, as in llama-bench; a forward pass costs the same for any id.
+fn bench_tokens(n: usize, bos: Option<u32>, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    (0..n)
+        .map(|i| match (i, bos) {
+            (0, Some(b)) => b,
+            _ => (next() % vocab as u64) as u32,
+        })
+        .collect()
+}
+
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "f32",
+        Precision::Native => "native",
+        Precision::Q8 => "q8",
+    }
+}
+
+fn decode_traffic(model: &Model) -> DecodeTraffic {
+    let graph = &model.graph;
+    let stored = |w: &loupe_graph::Weight| match &w.data {
+        loupe_graph::WeightData::F32(v) => 4 * v.len() as u64,
+        loupe_graph::WeightData::Quant(q) => q.data.len() as u64,
+    };
+    let mut weight_bytes = 0;
+    for w in &graph.weights {
+        let bytes = stored(w);
+        // An untied embedding table is only looked up (one row per token); a tied one is also
+        // the lm_head and read whole.
+        if w.name == "model.embed_tokens.weight" && !model.config.tie_word_embeddings {
+            weight_bytes += bytes / w.shape.first().copied().unwrap_or(1).max(1) as u64;
+        } else {
+            weight_bytes += bytes;
+        }
+    }
+    // The KV cache holds f32 rows (loupe_graph::KvCache).
+    let kv_bytes_per_position = (graph.kv_layers * 2 * graph.kv_width * std::mem::size_of::<f32>()) as u64;
+    DecodeTraffic { weight_bytes, kv_bytes_per_position }
+}
+
+/// Size and parameters of the tensors in the file, as stored (GGUF only; `None` otherwise).
+fn model_size(model: &Model) -> Option<ModelSize> {
+    match model.format {
+        ModelFormat::Gguf => gguf_size(&model.path),
+        ModelFormat::HfDir(_) => None,
+    }
+}
+
+fn gguf_size(path: &Path) -> Option<ModelSize> {
+    let g = loupe_formats::GgufFile::open(path).ok()?;
+    Some(ModelSize { bytes: g.tensors.iter().map(|t| t.size_bytes).sum(), params: g.tensors.iter().map(|t| t.n_elements()).sum() })
+}
+
+/// The process's peak resident set (`VmHWM` in /proc/self/status), in bytes; `None` where
+/// /proc is not available.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A Markdown table with padded columns, as llama-bench prints.
+fn write_table(out: &mut impl Write, header: &[&str; 7], rows: &[[String; 7]]) -> std::io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    // Numbers align right, text left, as in llama-bench's table.
+    let right = |col: usize| matches!(col, 1 | 2 | 4 | 6);
+    let line = |cells: Vec<String>| -> String {
+        let padded: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pad = widths[i] - c.chars().count();
+                if right(i) {
+                    format!("{}{c}", " ".repeat(pad))
+                } else {
+                    format!("{c}{}", " ".repeat(pad))
+                }
+            })
+            .collect();
+        format!("| {} |", padded.join(" | "))
+    };
+    writeln!(out, "{}", line(header.iter().map(|h| h.to_string()).collect()))?;
+    let rule: Vec<String> = widths.iter().enumerate().map(|(i, w)| if right(i) { format!("{}:", "-".repeat(w + 1)) } else { "-".repeat(w + 2) }).collect();
+    writeln!(out, "|{}|", rule.join("|"))?;
+    for row in rows {
+        writeln!(out, "{}", line(row.to_vec()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_start_with_bos_and_stay_in_vocab() {
+        let t = bench_tokens(1000, Some(1), 49152, TOKEN_SEED);
+        assert_eq!(t[0], 1);
+        assert!(t.iter().all(|&id| id < 49152));
+        assert_eq!(t, bench_tokens(1000, Some(1), 49152, TOKEN_SEED), "deterministic");
+        let no_bos = bench_tokens(3, None, 10, TOKEN_SEED);
+        assert!(no_bos.iter().all(|&id| id < 10));
+    }
+
+    #[test]
+    fn stddev_is_sample_stddev() {
+        let t = TestResult { name: "pp8".into(), tokens: 8, runs: vec![1.0, 2.0, 3.0] };
+        assert!((t.mean() - 2.0).abs() < 1e-12);
+        assert!((t.stddev() - 1.0).abs() < 1e-12);
+        let one = TestResult { name: "tg4".into(), tokens: 4, runs: vec![5.0] };
+        assert_eq!(one.stddev(), 0.0);
+    }
+}

@@ -1,0 +1,88 @@
+//! `loupe bench`: the JSON report on the real model at tiny sizes, and bad input.
+
+mod common;
+use common::*;
+
+fn assert_usage_error(out: &std::process::Output, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", out.status.code());
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
+    assert!(lines[0].starts_with("loupe: error: "), "{err}");
+    assert!(err.contains(needle), "error should mention '{needle}': {err}");
+    assert!(stdout(out).is_empty(), "no output expected on stdout: {}", stdout(out));
+}
+
+fn positive_finite(v: &serde_json::Value, field: &str) -> f64 {
+    let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} is not a number: {v}"));
+    assert!(x.is_finite() && x > 0.0, "{field} = {x}");
+    x
+}
+
+#[test]
+fn json_report_on_the_real_model() {
+    let Some(model) = real_model() else { return };
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "8", "-n", "4", "-r", "2", "-t", "2", "--json"]));
+    assert!(out.status.success(), "loupe bench failed: {}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.trim().lines().count(), 1, "one JSON object expected: {text}");
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"));
+    for test in ["pp", "tg"] {
+        positive_finite(&v, &format!("{test}_tokens_per_s"));
+        let sd = v[format!("{test}_stddev")].as_f64().expect("stddev");
+        assert!(sd.is_finite() && sd >= 0.0, "{test}_stddev = {sd}");
+        let runs = v[format!("{test}_runs")].as_array().expect("runs array");
+        assert_eq!(runs.len(), 2, "{test}_runs: {v}");
+        assert!(runs.iter().all(|r| r.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)), "{test}_runs: {v}");
+    }
+    assert_eq!(v["threads"], 2);
+    assert_eq!(v["precision"], "native");
+    assert_eq!(v["n_prompt"], 8);
+    assert_eq!(v["n_gen"], 4);
+    assert_eq!(v["repetitions"], 2);
+    assert!(["scalar", "avx2", "avx512"].contains(&v["isa"].as_str().expect("isa")), "{v}");
+    assert!(v["loupe_version"].is_string());
+    assert!(v["model"].as_str().expect("model").ends_with(".gguf"));
+    // 96.6 MB of tensors in SmolLM2-135M Q4_1; the process holds at least the weights.
+    assert_eq!(v["model_size_bytes"].as_u64(), Some(96_576_768), "{v}");
+    assert!(v["model_params"].as_u64().is_some_and(|p| p > 100_000_000), "{v}");
+    assert!(positive_finite(&v, "peak_rss_bytes") > 50e6, "{v}");
+    // Native keeps the GGUF blocks: a decode step reads them all (the embedding is the tied
+    // lm_head) plus 30 layers x (K + V) x 192 f32 per cached position.
+    assert_eq!(v["weight_bytes_per_token"].as_u64(), Some(96_576_768), "{v}");
+    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some(46_080), "{v}");
+    let per_token = positive_finite(&v, "tg_bytes_per_token");
+    assert!((per_token - (96_576_768.0 + 46_080.0 * 2.5)).abs() < 1.0, "{v}");
+    positive_finite(&v, "tg_read_gb_per_s");
+}
+
+#[test]
+fn table_and_single_test() {
+    let Some(model) = real_model() else { return };
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "2", "-r", "1", "-t", "1", "--precision", "f32"]));
+    assert!(out.status.success(), "loupe bench failed: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("| model"), "{text}");
+    assert!(text.contains("| tg2 ") && !text.contains("pp0"), "{text}");
+    assert!(text.contains("CPU f32"), "{text}");
+    assert!(text.contains("peak RSS"), "{text}");
+}
+
+#[test]
+fn bad_input() {
+    // Checked before the model is touched: no model needed.
+    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-r", "0"])), "--repetitions");
+    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "0", "-n", "0"])), "nothing to measure");
+    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "8"])), "/nonexistent/m.gguf");
+    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-t", "0"])), "--threads");
+    let out = run(loupe().args(["bench", "-p", "abc"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    let Some(model) = real_model() else { return };
+    // SmolLM2's window is 8192 tokens.
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "9000", "-n", "0", "-r", "1"]));
+    assert_usage_error(&out, "context window");
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "9000", "-r", "1"]));
+    assert_usage_error(&out, "--n-gen");
+}
