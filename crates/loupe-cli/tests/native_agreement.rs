@@ -49,3 +49,27 @@ fn q8_activation_agreement_is_reported() {
     let Some((agree, total, _, _)) = agreement(Precision::Q8) else { return };
     assert!(agree as f64 >= 0.93 * total as f64, "q8 agreement {agree}/{total} is below 93%: a kernel is broken");
 }
+
+/// The same agreement through the decode path: each golden sequence fed one token per
+/// step, as generation runs it. Decode uses other kernels than the teacher-forced pass
+/// (GEMV with 16-bit activation blocks for Q4_1/Q8_0 instead of f32 GEMM), so it is
+/// measured on its own.
+#[test]
+fn native_decode_path_argmax_agreement_at_least_99_percent() {
+    let Some(model_path) = real_model() else { return };
+    let model = loupe_models::load(&model_path, LoadOptions { precision: Precision::Native, layers: None, progress: None, faults: Vec::new() }).expect("load");
+    let (mut agree, mut total) = (0, 0);
+    for g in goldens() {
+        let mut seq = g.prompt_tokens.clone();
+        seq.extend_from_slice(&g.tokens);
+        seq.pop();
+        let mut session = Session::new(&model.graph, seq.len());
+        for (&token, &want) in seq.iter().zip(&g.argmax) {
+            let got = loupe_runtime::argmax(session.forward(&[token], false, None).expect("decode step"));
+            total += 1;
+            agree += (got == want) as usize;
+        }
+    }
+    eprintln!("Native decode path: argmax agreement {agree}/{total} = {:.2}%", 100.0 * agree as f64 / total as f64);
+    assert!(agree as f64 >= 0.99 * total as f64, "native decode-path agreement {agree}/{total} is below 99%");
+}
