@@ -18,6 +18,10 @@ use crate::TensorError;
 /// causal imbalance (late rows see more keys) to even out over dynamic claiming.
 const TOKENS_PER_TASK: usize = 32;
 
+/// From this many query rows per call, each task computes its scores and outputs with
+/// two `gemm` products (prefill); below it, one SIMD dot / axpy per key (decode).
+const GEMM_MIN_TOKENS: usize = 8;
+
 /// Per-thread score rows are allocated at least this long (32 KiB of f32), so decode
 /// below 8192 positions never allocates; beyond it they grow by doubling.
 const MIN_SCORE_SCRATCH: usize = 8192;
@@ -148,13 +152,64 @@ pub fn attention(
             HeadMap::Grouped => h / group,
             HeadMap::Modulo => h % n_kv_heads,
         };
+        let rows = chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens);
         SCORES.with(|cell| {
             let mut scratch = cell.borrow_mut();
-            if scratch.len() < ctx {
-                let len = ctx.max(MIN_SCORE_SCRATCH).next_power_of_two();
+            let need = if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
+            if scratch.len() < need {
+                let len = need.max(MIN_SCORE_SCRATCH).next_power_of_two();
                 scratch.resize(len, 0.0);
             }
-            for t in chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens) {
+            if tokens >= GEMM_MIN_TOKENS {
+                // Prefill: the chunk's scores and outputs as two small matrix products.
+                let n_keys = match variant.mask {
+                    AttentionMask::Causal => past + rows.end,
+                    AttentionMask::None => ctx,
+                };
+                let s_all = &mut scratch[..rows.len() * n_keys];
+                // SAFETY (both gemm calls): q rows `rows` of head h are rows.len() x
+                // head_dim at row stride q_width; K^T is head_dim x n_keys read from the
+                // cache rows 0..n_keys <= ctx of kv head kv_h (column stride kv_width);
+                // s_all is rows.len() x n_keys, contiguous; V is n_keys x head_dim at row
+                // stride kv_width; the destination is rows `rows`, head h of `out` (row
+                // stride q_width), which only this task writes. Lengths were checked above.
+                unsafe {
+                    gemm::gemm(
+                        rows.len(), n_keys, head_dim,
+                        s_all.as_mut_ptr(), 1, n_keys as isize, false,
+                        q.as_ptr().add(rows.start * q_width + h * head_dim), 1, q_width as isize,
+                        k.as_ptr().add(kv_h * head_dim), kv_width as isize, 1,
+                        0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None,
+                    );
+                }
+                for (i, t) in rows.clone().enumerate() {
+                    let visible = match variant.mask {
+                        AttentionMask::Causal => past + t + 1,
+                        AttentionMask::None => ctx,
+                    };
+                    let srow = &mut s_all[i * n_keys..(i + 1) * n_keys];
+                    softmax_row(&mut srow[..visible], scale);
+                    srow[visible..].fill(0.0);
+                    if let Some(p) = probs_ptr {
+                        // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to
+                        // this task alone; the length was checked above.
+                        let prow = unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) };
+                        prow[..n_keys].copy_from_slice(srow);
+                        prow[n_keys..].fill(0.0);
+                    }
+                }
+                unsafe {
+                    gemm::gemm(
+                        rows.len(), head_dim, n_keys,
+                        out_ptr.get().add(rows.start * q_width + h * head_dim), 1, q_width as isize, false,
+                        s_all.as_ptr(), 1, n_keys as isize,
+                        v.as_ptr().add(kv_h * head_dim), 1, kv_width as isize,
+                        0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None,
+                    );
+                }
+                return;
+            }
+            for t in rows {
                 let q_row = &q[t * q_width + h * head_dim..][..head_dim];
                 let visible = match variant.mask {
                     AttentionMask::Causal => past + t + 1,
@@ -166,32 +221,43 @@ pub fn attention(
                     Some(p) => unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) },
                     None => &mut scratch[..ctx],
                 };
-                let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores[..visible].iter_mut().enumerate() {
                     let k_row = &k[j * kv_width + kv_h * head_dim..][..head_dim];
-                    *s = dot(isa, q_row, k_row) * scale;
-                    max = max.max(*s);
+                    *s = dot(isa, q_row, k_row);
                 }
-                let mut sum = 0.0f32;
-                for s in scores[..visible].iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
+                softmax_row(&mut scores[..visible], scale);
                 // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
                 // this task alone; out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
                 o.fill(0.0);
-                for (j, s) in scores[..visible].iter_mut().enumerate() {
-                    *s *= inv;
+                for (j, &p) in scores[..visible].iter().enumerate() {
                     let v_row = &v[j * kv_width + kv_h * head_dim..][..head_dim];
-                    axpy(isa, *s, v_row, o);
+                    axpy(isa, p, v_row, o);
                 }
                 scores[visible..].fill(0.0);
             }
         });
     });
     Ok(())
+}
+
+/// Scales raw scores `q . k` by `scale` and turns them into probabilities in place
+/// (max-subtracted exp, as torch.softmax does, in f32).
+fn softmax_row(scores: &mut [f32], scale: f32) {
+    let mut max = f32::NEG_INFINITY;
+    for s in scores.iter_mut() {
+        *s *= scale;
+        max = max.max(*s);
+    }
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    for s in scores.iter_mut() {
+        *s *= inv;
+    }
 }
 
 /// `a . b` (equal lengths): AVX-512 with four accumulators when available, else the
@@ -337,7 +403,7 @@ mod tests {
 
     #[test]
     fn prefill_in_chunks_equals_token_by_token_decode() {
-        // 70 tokens spans three query chunks; the result must equal running the same
+        // 70 tokens spans three query chunks; the result must match running the same
         // queries one at a time over a growing context, with and without probs.
         let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
         let tokens = 70;
@@ -354,7 +420,59 @@ mod tests {
         for t in 0..tokens {
             let mut o = vec![0.0; 64];
             causal_attention(shape, &q[t * 64..(t + 1) * 64], &k[..(t + 1) * 32], &v[..(t + 1) * 32], t + 1, &mut o, None).unwrap();
-            assert_eq!(&out[t * 64..(t + 1) * 64], &o[..], "token {t}");
+            // Prefill runs matrix products, decode one dot per key: same math, other
+            // summation order.
+            for (a, b) in out[t * 64..(t + 1) * 64].iter().zip(&o) {
+                assert!((a - b).abs() <= 1e-5, "token {t}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// Straightforward f64 attention over any variant.
+    fn naive(shape: AttentionShape, variant: AttentionVariant, q: &[f32], k: &[f32], v: &[f32], ctx: usize) -> Vec<f64> {
+        let AttentionShape { n_heads, n_kv_heads, head_dim, scale } = shape;
+        let tokens = q.len() / (n_heads * head_dim);
+        let (qw, kw) = (n_heads * head_dim, n_kv_heads * head_dim);
+        let mut out = vec![0.0; q.len()];
+        for h in 0..n_heads {
+            let kh = match variant.head_map {
+                HeadMap::Grouped => h / (n_heads / n_kv_heads),
+                HeadMap::Modulo => h % n_kv_heads,
+            };
+            for t in 0..tokens {
+                let visible = if variant.mask == AttentionMask::Causal { ctx - tokens + t + 1 } else { ctx };
+                let s: Vec<f64> = (0..visible).map(|j| (0..head_dim).map(|d| q[t * qw + h * head_dim + d] as f64 * k[j * kw + kh * head_dim + d] as f64).sum::<f64>() * scale as f64).collect();
+                let max = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..head_dim {
+                    out[t * qw + h * head_dim + d] = (0..visible).map(|j| e[j] / z * v[j * kw + kh * head_dim + d] as f64).sum();
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn prefill_and_decode_paths_match_a_naive_reference_for_every_variant() {
+        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
+        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
+        for head_map in [HeadMap::Grouped, HeadMap::Modulo] {
+            for mask in [AttentionMask::Causal, AttentionMask::None] {
+                let variant = AttentionVariant { head_map, mask };
+                // 40 new tokens after 5 cached (prefill path), and 1 after 44 (decode).
+                for (tokens, ctx) in [(40, 45), (1, 45)] {
+                    let q = gen(tokens * 64, 7);
+                    let k = gen(ctx * 32, 8);
+                    let v = gen(ctx * 32, 9);
+                    let mut out = vec![0.0; tokens * 64];
+                    attention(shape, variant, &q, &k, &v, ctx, &mut out, None).unwrap();
+                    let want = naive(shape, variant, &q, &k, &v, ctx);
+                    for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                        assert!((*a as f64 - b).abs() < 1e-5, "{variant:?} tokens {tokens} [{i}]: {a} vs {b}");
+                    }
+                }
+            }
         }
     }
 
