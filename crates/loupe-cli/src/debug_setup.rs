@@ -129,12 +129,14 @@ pub mod crash {
 
     const SIGNALS: [(libc::c_int, &str); 5] = [(libc::SIGSEGV, "SIGSEGV"), (libc::SIGBUS, "SIGBUS"), (libc::SIGILL, "SIGILL"), (libc::SIGFPE, "SIGFPE"), (libc::SIGABRT, "SIGABRT")];
     const MAX_FRAMES: usize = 64;
+    static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     const ALT_STACK_BYTES: usize = 256 * 1024;
 
     /// Installs the handlers once, on an alternate stack (a stack overflow is a SIGSEGV
     /// with no stack left to run a handler on).
     pub fn install() {
         static ONCE: Once = Once::new();
+        INSTALLED.store(true, std::sync::atomic::Ordering::SeqCst);
         ONCE.call_once(|| unsafe {
             // Leaked on purpose: the handler may run until the process ends.
             let stack = Box::leak(vec![0u8; ALT_STACK_BYTES].into_boxed_slice());
@@ -244,7 +246,12 @@ pub mod crash {
                 std::arch::asm!("xor edx, edx", "xor eax, eax", "xor ecx, ecx", "div ecx", out("eax") _, out("edx") _, out("ecx") _);
             },
             // A real SIGBUS needs a truncated mapping; raising it exercises the same handler.
+            // Rust's runtime handles SIGBUS itself (stack-overflow detection) and ignores a
+            // raised one, so without our handler the default action is restored first.
             "bus" => unsafe {
+                if !INSTALLED.load(std::sync::atomic::Ordering::SeqCst) {
+                    libc::signal(libc::SIGBUS, libc::SIG_DFL);
+                }
                 libc::raise(libc::SIGBUS);
             },
             other => return Err(crate::UsageError(format!("__crash: unknown kind '{other}' (segv, abort, ill, fpe, bus)")).into()),

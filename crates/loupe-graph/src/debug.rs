@@ -66,7 +66,10 @@ pub enum OpLogLevel {
 
 impl OpLogLevel {
     pub fn logs_ops(self) -> bool {
-        matches!(self, OpLogLevel::Trace | OpLogLevel::Debug | OpLogLevel::Info)
+        matches!(
+            self,
+            OpLogLevel::Trace | OpLogLevel::Debug | OpLogLevel::Info
+        )
     }
 }
 
@@ -190,14 +193,23 @@ pub fn parse_list(s: &str) -> Layer {
 
 /// The per-key variable's name: `nan-check-stride` -> `LOUPE_DEBUG_NAN_CHECK_STRIDE`.
 pub fn env_key(key: &str) -> String {
-    format!("LOUPE_DEBUG_{}", key.to_ascii_uppercase().replace(['-', '.'], "_"))
+    format!(
+        "LOUPE_DEBUG_{}",
+        key.to_ascii_uppercase().replace(['-', '.'], "_")
+    )
 }
 
 /// The `[debug]` table of a `loupe.toml` text, as a layer (values of any scalar type).
 pub fn parse_toml(text: &str, path: &Path) -> Result<Layer, String> {
-    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| format!("{}: {}", path.display(), e.message()))?;
-    let Some(debug) = table.get("debug") else { return Ok(Vec::new()) };
-    let debug = debug.as_table().ok_or_else(|| format!("{}: [debug] must be a table", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("{}: {}", path.display(), e.message()))?;
+    let Some(debug) = table.get("debug") else {
+        return Ok(Vec::new());
+    };
+    let debug = debug
+        .as_table()
+        .ok_or_else(|| format!("{}: [debug] must be a table", path.display()))?;
     debug
         .iter()
         .map(|(k, v)| {
@@ -206,7 +218,13 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<Layer, String> {
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
                 toml::Value::Float(f) => f.to_string(),
-                other => return Err(format!("{}: [debug] {k}: expected a string, number or boolean, got {}", path.display(), other.type_str())),
+                other => {
+                    return Err(format!(
+                        "{}: [debug] {k}: expected a string, number or boolean, got {}",
+                        path.display(),
+                        other.type_str()
+                    ))
+                }
             };
             Ok((k.clone(), Some(v)))
         })
@@ -229,7 +247,14 @@ impl Layers {
         if let Ok(s) = std::env::var("LOUPE_DEBUG") {
             self.env_list = parse_list(&s);
         }
-        self.env_keys = KEYS.iter().filter_map(|k| std::env::var(env_key(k)).ok().map(|v| (k.to_string(), Some(v)))).collect();
+        self.env_keys = KEYS
+            .iter()
+            .filter_map(|k| {
+                std::env::var(env_key(k))
+                    .ok()
+                    .map(|v| (k.to_string(), Some(v)))
+            })
+            .collect();
         self
     }
 }
@@ -238,7 +263,13 @@ impl Layers {
 pub fn resolve(layers: &Layers) -> Result<(DebugOptions, Vec<String>), DebugError> {
     let mut opts = DebugOptions::default();
     let mut warnings = Vec::new();
-    for (source, layer) in [(Source::File, &layers.file), (Source::EnvList, &layers.env_list), (Source::EnvKey, &layers.env_keys), (Source::Flag, &layers.flags), (Source::Api, &layers.api)] {
+    for (source, layer) in [
+        (Source::File, &layers.file),
+        (Source::EnvList, &layers.env_list),
+        (Source::EnvKey, &layers.env_keys),
+        (Source::Flag, &layers.flags),
+        (Source::Api, &layers.api),
+    ] {
         for (key, value) in layer {
             if !opts.apply(key, value.as_deref(), source)? {
                 warnings.push(format!("LOUPE_DEBUG: unknown option '{key}'; ignoring"));
@@ -259,14 +290,28 @@ fn parse_bool(v: &str) -> Option<bool> {
 impl DebugOptions {
     /// Sets one option; `Ok(false)` for an unknown key. A bare key means `true` for a
     /// boolean option and is a bad value for the others.
-    pub fn apply(&mut self, key: &str, value: Option<&str>, source: Source) -> Result<bool, DebugError> {
+    pub fn apply(
+        &mut self,
+        key: &str,
+        value: Option<&str>,
+        source: Source,
+    ) -> Result<bool, DebugError> {
         let key_norm = key.trim().to_ascii_lowercase().replace('_', "-");
-        let Some(&name) = KEYS.iter().find(|k| **k == key_norm) else { return Ok(false) };
-        let bad = |expected: &'static str| DebugError { key: name.to_string(), value: value.unwrap_or("").to_string(), expected, origin: source };
+        let Some(&name) = KEYS.iter().find(|k| **k == key_norm) else {
+            return Ok(false);
+        };
+        let bad = |expected: &'static str| DebugError {
+            key: name.to_string(),
+            value: value.unwrap_or("").to_string(),
+            expected,
+            origin: source,
+        };
         let flag = || -> Result<bool, DebugError> {
             match value {
                 None => Ok(true),
-                Some(v) => parse_bool(v).ok_or_else(|| bad("a boolean (1/0, true/false, yes/no, on/off)")),
+                Some(v) => {
+                    parse_bool(v).ok_or_else(|| bad("a boolean (1/0, true/false, yes/no, on/off)"))
+                }
             }
         };
         let text = || value.filter(|v| !v.is_empty());
@@ -274,7 +319,13 @@ impl DebugOptions {
             "sensible" => {
                 if flag()? {
                     // MAX's set: the checks cheap enough to leave on while developing.
-                    for k in ["nan-check", "device-sync-mode", "stack-trace-on-error", "stack-trace-on-crash", "source-tracebacks"] {
+                    for k in [
+                        "nan-check",
+                        "device-sync-mode",
+                        "stack-trace-on-error",
+                        "stack-trace-on-crash",
+                        "source-tracebacks",
+                    ] {
                         self.apply(k, None, source)?;
                     }
                     self.apply("assert-level", Some("all"), source)?;
@@ -282,11 +333,15 @@ impl DebugOptions {
             }
             "nan-check" => self.nan_check = flag()?,
             "nan-check-stride" => {
-                self.nan_check_stride = text().and_then(|v| v.parse::<u32>().ok()).filter(|n| *n >= 1).ok_or_else(|| bad("a positive integer"))?;
+                self.nan_check_stride = text()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| bad("a positive integer"))?;
             }
             "uninitialized-read-check" => self.uninitialized_read_check = flag()?,
             "uninitialized-read-mode" => {
-                self.uninitialized_read_mode = match text().map(str::to_ascii_lowercase).as_deref() {
+                self.uninitialized_read_mode = match text().map(str::to_ascii_lowercase).as_deref()
+                {
                     Some("abort") => UninitMode::Abort,
                     Some("report") => UninitMode::Report,
                     _ => return Err(bad("abort or report")),
@@ -306,7 +361,11 @@ impl DebugOptions {
                     Some("warning") | Some("warn") => OpLogLevel::Warning,
                     Some("error") => OpLogLevel::Error,
                     Some("critical") => OpLogLevel::Critical,
-                    _ => return Err(bad("notset, trace, debug, info, warning, error or critical")),
+                    _ => {
+                        return Err(bad(
+                            "notset, trace, debug, info, warning, error or critical",
+                        ))
+                    }
                 }
             }
             "assert-level" => {
@@ -323,13 +382,25 @@ impl DebugOptions {
                     Some("compact") => PrintStyle::Compact,
                     Some("full") => PrintStyle::Full,
                     Some("binary") => PrintStyle::Binary,
-                    Some("binary_max_checkpoint") | Some("binary-max-checkpoint") => PrintStyle::BinaryMaxCheckpoint,
+                    Some("binary_max_checkpoint") | Some("binary-max-checkpoint") => {
+                        PrintStyle::BinaryMaxCheckpoint
+                    }
                     Some("none") => PrintStyle::None,
                     _ => return Err(bad("compact, full, binary, binary_max_checkpoint or none")),
                 }
             }
-            "ir-output-dir" => self.ir_output_dir = Some(PathBuf::from(text().ok_or_else(|| bad("a directory path"))?)),
-            "stop-after" => self.stop_after = Some(text().ok_or_else(|| bad("a lowering pass name (loupe ir --list-passes)"))?.to_string()),
+            "ir-output-dir" => {
+                self.ir_output_dir = Some(PathBuf::from(
+                    text().ok_or_else(|| bad("a directory path"))?,
+                ))
+            }
+            "stop-after" => {
+                self.stop_after = Some(
+                    text()
+                        .ok_or_else(|| bad("a lowering pass name (loupe ir --list-passes)"))?
+                        .to_string(),
+                )
+            }
             // MAX's pre-jit: stop once kernels are chosen (and written to ir-output-dir).
             "pre-jit" => {
                 if flag()? {
@@ -351,7 +422,9 @@ impl DebugOptions {
                 "nan-check" => self.nan_check.to_string(),
                 "nan-check-stride" => self.nan_check_stride.to_string(),
                 "uninitialized-read-check" => self.uninitialized_read_check.to_string(),
-                "uninitialized-read-mode" => format!("{:?}", self.uninitialized_read_mode).to_lowercase(),
+                "uninitialized-read-mode" => {
+                    format!("{:?}", self.uninitialized_read_mode).to_lowercase()
+                }
                 "device-sync-mode" => self.device_sync_mode.to_string(),
                 "stack-trace-on-error" => self.stack_trace_on_error.to_string(),
                 "stack-trace-on-crash" => self.stack_trace_on_crash.to_string(),
@@ -359,7 +432,11 @@ impl DebugOptions {
                 "op-log-level" => format!("{:?}", self.op_log_level).to_lowercase(),
                 "assert-level" => format!("{:?}", self.assert_level).to_lowercase(),
                 "print-style" => format!("{:?}", self.print_style).to_lowercase(),
-                "ir-output-dir" => self.ir_output_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into()),
+                "ir-output-dir" => self
+                    .ir_output_dir
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "-".into()),
                 "stop-after" | "pre-jit" => self.stop_after.clone().unwrap_or_else(|| "-".into()),
                 "verify-ir" => self.verify_ir.to_string(),
                 _ => String::new(),
@@ -387,7 +464,11 @@ pub fn install(opts: DebugOptions) {
 
 /// The process's options: what was installed, with the API layer applied on top.
 pub fn current() -> DebugOptions {
-    let mut opts = CURRENT.read().ok().and_then(|g| g.clone()).unwrap_or_default();
+    let mut opts = CURRENT
+        .read()
+        .ok()
+        .and_then(|g| g.clone())
+        .unwrap_or_default();
     if let Ok(api) = API.lock() {
         for (k, v) in api.iter() {
             // Values were validated by set_option.
@@ -402,7 +483,12 @@ pub fn current() -> DebugOptions {
 pub fn set_option(key: &str, value: Option<&str>) -> Result<(), DebugError> {
     let mut probe = DebugOptions::default();
     if !probe.apply(key, value, Source::Api)? {
-        return Err(DebugError { key: key.to_string(), value: value.unwrap_or("").to_string(), expected: "a known option (see docs/debugging.md)", origin: Source::Api });
+        return Err(DebugError {
+            key: key.to_string(),
+            value: value.unwrap_or("").to_string(),
+            expected: "a known option (see docs/debugging.md)",
+            origin: Source::Api,
+        });
     }
     if let Ok(mut api) = API.lock() {
         api.push((key.to_string(), value.map(str::to_string)));
@@ -425,18 +511,52 @@ mod tests {
 
     #[test]
     fn parses_lists_trimming_and_skipping_empty_tokens() {
-        assert_eq!(kv(" nan-check , ,nan-check-stride = 5,"), vec![("nan-check".into(), None), ("nan-check-stride".into(), Some("5".into()))]);
-        let (o, w) = resolve(&Layers { env_list: kv("nan-check,nan-check-stride=5,print-style=full"), ..Default::default() }).unwrap();
-        assert!(o.nan_check && o.nan_check_stride == 5 && o.print_style == PrintStyle::Full && w.is_empty());
+        assert_eq!(
+            kv(" nan-check , ,nan-check-stride = 5,"),
+            vec![
+                ("nan-check".into(), None),
+                ("nan-check-stride".into(), Some("5".into()))
+            ]
+        );
+        let (o, w) = resolve(&Layers {
+            env_list: kv("nan-check,nan-check-stride=5,print-style=full"),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            o.nan_check
+                && o.nan_check_stride == 5
+                && o.print_style == PrintStyle::Full
+                && w.is_empty()
+        );
         assert_eq!(o.sources["nan-check"], Source::EnvList);
     }
 
     #[test]
     fn unknown_options_warn_and_bad_values_fail() {
-        let (_, w) = resolve(&Layers { env_list: kv("frobnicate,nan-check"), ..Default::default() }).unwrap();
-        assert_eq!(w, vec!["LOUPE_DEBUG: unknown option 'frobnicate'; ignoring".to_string()]);
-        for bad in ["nan-check-stride=abc", "nan-check-stride=0", "uninitialized-read-mode=maybe", "nan-check=perhaps", "ir-output-dir", "op-log-level=loud", "assert-level=x"] {
-            let e = resolve(&Layers { flags: kv(bad), ..Default::default() }).unwrap_err();
+        let (_, w) = resolve(&Layers {
+            env_list: kv("frobnicate,nan-check"),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            w,
+            vec!["LOUPE_DEBUG: unknown option 'frobnicate'; ignoring".to_string()]
+        );
+        for bad in [
+            "nan-check-stride=abc",
+            "nan-check-stride=0",
+            "uninitialized-read-mode=maybe",
+            "nan-check=perhaps",
+            "ir-output-dir",
+            "op-log-level=loud",
+            "assert-level=x",
+        ] {
+            let e = resolve(&Layers {
+                flags: kv(bad),
+                ..Default::default()
+            })
+            .unwrap_err();
             assert_eq!(e.origin, Source::Flag, "{bad}");
             assert!(e.to_string().starts_with("LOUPE_DEBUG: bad value"), "{e}");
         }
@@ -452,30 +572,88 @@ mod tests {
             api: Vec::new(),
         };
         let (o, _) = resolve(&layers).unwrap();
-        assert_eq!((o.nan_check_stride, o.print_style, o.op_log_level), (5, PrintStyle::Binary, OpLogLevel::Info));
+        assert_eq!(
+            (o.nan_check_stride, o.print_style, o.op_log_level),
+            (5, PrintStyle::Binary, OpLogLevel::Info)
+        );
         assert_eq!(o.sources["op-log-level"], Source::File);
         assert_eq!(o.sources["print-style"], Source::EnvList);
-        let (o, _) = resolve(&Layers { api: kv("nan-check-stride=6"), ..layers }).unwrap();
-        assert_eq!((o.nan_check_stride, o.sources["nan-check-stride"]), (6, Source::Api));
+        let (o, _) = resolve(&Layers {
+            api: kv("nan-check-stride=6"),
+            ..layers
+        })
+        .unwrap();
+        assert_eq!(
+            (o.nan_check_stride, o.sources["nan-check-stride"]),
+            (6, Source::Api)
+        );
     }
 
     #[test]
     fn sensible_turns_on_maxs_set_and_later_tokens_override() {
-        let (o, _) = resolve(&Layers { env_list: kv("sensible,nan-check=0"), ..Default::default() }).unwrap();
-        assert!(!o.nan_check && o.device_sync_mode && o.stack_trace_on_error && o.stack_trace_on_crash && o.source_tracebacks);
+        let (o, _) = resolve(&Layers {
+            env_list: kv("sensible,nan-check=0"),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            !o.nan_check
+                && o.device_sync_mode
+                && o.stack_trace_on_error
+                && o.stack_trace_on_crash
+                && o.source_tracebacks
+        );
         assert_eq!(o.assert_level, AssertLevel::All);
         assert!(!o.uninitialized_read_check);
     }
 
     #[test]
+    fn api_setter_wins_over_installed_options() {
+        let (o, _) = resolve(&Layers {
+            flags: kv("nan-check-stride=5,op-log-level=info"),
+            ..Default::default()
+        })
+        .unwrap();
+        install(o);
+        set_option("nan-check-stride", Some("9")).unwrap();
+        assert!(set_option("nan-check-stride", Some("x")).is_err());
+        assert!(set_option("nope", None).is_err());
+        let c = current();
+        assert_eq!(
+            (c.nan_check_stride, c.sources["nan-check-stride"]),
+            (9, Source::Api)
+        );
+        assert_eq!(
+            (c.op_log_level, c.sources["op-log-level"]),
+            (OpLogLevel::Info, Source::Flag)
+        );
+    }
+
+    #[test]
     fn env_keys_and_toml() {
         assert_eq!(env_key("nan-check-stride"), "LOUPE_DEBUG_NAN_CHECK_STRIDE");
-        let layer = parse_toml("[debug]\nnan-check = true\nnan-check-stride = 7\nir-output-dir = \"out\"\n", Path::new("loupe.toml")).unwrap();
-        let (o, _) = resolve(&Layers { file: layer, ..Default::default() }).unwrap();
-        assert!(o.nan_check && o.nan_check_stride == 7 && o.ir_output_dir == Some(PathBuf::from("out")));
-        assert!(parse_toml("[debug\n", Path::new("loupe.toml")).unwrap_err().contains("loupe.toml"));
+        let layer = parse_toml(
+            "[debug]\nnan-check = true\nnan-check-stride = 7\nir-output-dir = \"out\"\n",
+            Path::new("loupe.toml"),
+        )
+        .unwrap();
+        let (o, _) = resolve(&Layers {
+            file: layer,
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(
+            o.nan_check && o.nan_check_stride == 7 && o.ir_output_dir == Some(PathBuf::from("out"))
+        );
+        assert!(parse_toml("[debug\n", Path::new("loupe.toml"))
+            .unwrap_err()
+            .contains("loupe.toml"));
         // Underscores are accepted for dashes, as in the per-key variables.
-        let (o, w) = resolve(&Layers { flags: kv("NAN_CHECK=yes"), ..Default::default() }).unwrap();
+        let (o, w) = resolve(&Layers {
+            flags: kv("NAN_CHECK=yes"),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(o.nan_check && w.is_empty());
     }
 }
