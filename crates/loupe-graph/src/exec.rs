@@ -48,6 +48,10 @@ pub struct Executor {
     debug: ExecDebug,
     /// Nodes run so far (all runs): `nan-check-stride` counts kernel outputs across calls.
     ops_run: u64,
+    /// `uninitialized-read-mode=report`: values computed from poison in this run. NaN
+    /// arithmetic carries the poison's bit pattern on, so their own reads are not reported
+    /// again: each report names a value that really was left unwritten.
+    tainted: Vec<bool>,
 }
 
 /// The `LOUPE_DEBUG` options the executor acts on, copied into plain fields once, so an
@@ -104,6 +108,7 @@ impl Executor {
             logits: Vec::new(),
             debug: ExecDebug::from_options(debug),
             ops_run: 0,
+            tainted: Vec::new(),
         }
     }
 
@@ -129,6 +134,10 @@ impl Executor {
         let past = kv.len();
         let context = past + n_tokens;
         let fill = if self.debug.uninit { f32::from_bits(POISON_BITS) } else { 0.0 };
+        if self.debug.uninit {
+            self.tainted.clear();
+            self.tainted.resize(graph.values.len(), false);
+        }
 
         for (i, node) in graph.nodes.iter().enumerate() {
             let info = graph.value(node.output);
@@ -196,6 +205,10 @@ impl Executor {
         }
         if self.debug.uninit {
             for inp in &node.inputs {
+                if self.tainted[inp.0 as usize] {
+                    self.tainted[node.output.0 as usize] = true;
+                    continue;
+                }
                 let data = &self.slots[self.slot_of[inp.0 as usize] as usize];
                 let poisoned = data.iter().filter(|x| x.to_bits() == POISON_BITS).count();
                 if poisoned > 0 {
@@ -215,6 +228,7 @@ impl Executor {
                         return Err(err);
                     }
                     eprintln!("loupe: warning: {err}");
+                    self.tainted[node.output.0 as usize] = true;
                 }
             }
         }
