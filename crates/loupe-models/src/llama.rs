@@ -350,6 +350,13 @@ mod tests {
         assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)));
         let plan = lowered.memory_plan.as_ref().unwrap();
         assert!(plan.n_slots < lowered.values.len() / 2, "{} slots for {} values", plan.n_slots, lowered.values.len());
+        // The verifier rejects a plan that puts two live values in one slot.
+        let mut bad = lowered.clone();
+        if let Some(p) = bad.memory_plan.as_mut() {
+            p.slot.iter_mut().for_each(|s| *s = 0);
+        }
+        let e = loupe_graph::verify::verify(&bad).unwrap_err();
+        assert!(e.to_string().contains("which still holds live"), "{e}");
         let (a, b) = (run(&built), run(&lowered));
         assert_eq!(a.len(), b.len());
         for (k, v) in &a {
