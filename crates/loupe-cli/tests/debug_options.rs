@@ -373,7 +373,7 @@ fn ir_output_dir_writes_one_file_per_pass_and_fuse_changes_the_ir() {
     let Some(m) = real_model() else { return };
     let dir = tempfile::tempdir().unwrap();
     let ir = dir.path().join("ir");
-    let o = generate(&m, &[&format!("ir-output-dir={}", ir.display())]);
+    let o = generate(&m, &[&format!("ir-output-dir={}", ir.display()), "verify-ir"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let passes = stdout(&run(clean().args(["ir", "--list-passes"])));
     let names: Vec<String> = passes

@@ -30,7 +30,7 @@ fn logits_are_bit_identical_with_every_tap_on_and_with_none() {
         let model = loupe_models::load(&path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).unwrap();
         // The graph as built and as lowered (fused, memory-planned): taps must not change
         // either, and lowering must not change the numbers.
-        let lowered = loupe_graph::passes::lower(model.graph.clone(), &Default::default()).unwrap().graph;
+        let lowered = loupe_graph::passes::lower(model.graph.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
         let mut results = Vec::new();
         for graph in [&model.graph, &lowered] {
         let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
