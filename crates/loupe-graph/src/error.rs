@@ -29,13 +29,13 @@ pub enum GraphError {
         len: usize,
         first: (usize, usize),
     },
-    #[error("uninitialized-read-check: op {op} computing '{name}' (built at {location}) reads {poisoned} of {len} values of '{input}' (built at {input_location}) never written; first at index {first}")]
+    #[error("uninitialized-read-check: op {op} computing '{name}' (built at {location}) reads {poisoned} of {len} values of {input} never written; first at index {first}")]
     UninitializedRead {
         op: &'static str,
         name: String,
         location: String,
+        /// `'name' (built at file:line:col)`: one string keeps the error small.
         input: String,
-        input_location: String,
         poisoned: usize,
         len: usize,
         first: usize,

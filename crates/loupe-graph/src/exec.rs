@@ -218,8 +218,7 @@ impl Executor {
                         op: node.op.name(),
                         name: info.name.clone(),
                         location: info.location.to_string(),
-                        input: input.name.clone(),
-                        input_location: input.location.to_string(),
+                        input: format!("'{}' (built at {})", input.name, input.location),
                         poisoned,
                         len: data.len(),
                         first,
@@ -244,7 +243,7 @@ impl Executor {
         }
         if self.debug.nan_check {
             self.ops_run += 1;
-            if self.ops_run % self.debug.nan_stride == 0 {
+            if self.ops_run.is_multiple_of(self.debug.nan_stride) {
                 let (mut nans, mut infs, mut first) = (0usize, 0usize, None);
                 for (k, x) in out.iter().enumerate() {
                     if !x.is_finite() {

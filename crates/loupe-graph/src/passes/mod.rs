@@ -117,7 +117,7 @@ pub enum LowerError {
     Pass {
         pass: &'static str,
         #[source]
-        source: GraphError,
+        source: Box<GraphError>,
     },
     #[error("ir-output-dir {path}: {source}")]
     Io {
@@ -139,9 +139,9 @@ pub fn lower(mut graph: Graph, options: &LowerOptions) -> Result<Lowered, LowerE
     let verify_between = options.verify_between || cfg!(debug_assertions);
     let mut files = Vec::new();
     for (i, pass) in PASSES.iter().enumerate() {
-        (pass.run)(&mut graph).map_err(|source| LowerError::Pass { pass: pass.name, source })?;
+        (pass.run)(&mut graph).map_err(|source| LowerError::Pass { pass: pass.name, source: Box::new(source) })?;
         if verify_between {
-            verify::verify(&graph).map_err(|source| LowerError::Pass { pass: pass.name, source })?;
+            verify::verify(&graph).map_err(|source| LowerError::Pass { pass: pass.name, source: Box::new(source) })?;
         }
         if let Some(dir) = &options.ir_output_dir {
             files.push(write_stage(dir, i, pass, &graph)?);
