@@ -29,6 +29,8 @@ pub enum Style {
     Compact,
     /// Print every value to stdout (no files).
     Full,
+    /// Print nothing (print-style=none): run the taps for their side effects only.
+    None,
 }
 
 #[derive(Args, Debug)]
@@ -116,6 +118,7 @@ impl DumpObserver {
         let label = if *count == 0 { name.to_string() } else { format!("{name}({count})") };
         *count += 1;
         match &self.sink {
+            Sink::Print { style: Style::None, .. } => {}
             Sink::Print { style, digits } => {
                 let line = match style {
                     Style::Full => tensor_print::full(&label, shape, data, *digits),
@@ -170,6 +173,23 @@ impl Observer for DumpObserver {
     }
 }
 
+/// The style without `--style`: LOUPE_DEBUG's `print-style` when set, else npy files with
+/// `-o` and COMPACT prints without.
+fn default_style(to_files: bool) -> Style {
+    use loupe_graph::debug::PrintStyle;
+    let opts = loupe_graph::debug::current();
+    if !opts.sources.contains_key("print-style") {
+        return if to_files { Style::Npy } else { Style::Compact };
+    }
+    match opts.print_style {
+        PrintStyle::Compact => Style::Compact,
+        PrintStyle::Full => Style::Full,
+        PrintStyle::Binary => Style::Binary,
+        PrintStyle::BinaryMaxCheckpoint => Style::Max,
+        PrintStyle::None => Style::None,
+    }
+}
+
 /// `--layers N|all`.
 pub fn parse_layers(s: &str) -> anyhow::Result<Option<usize>> {
     if s == "all" {
@@ -195,7 +215,7 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
             return Err(UsageError(format!("--teacher-force gives {} ids for --steps {}", f.len(), args.steps)).into());
         }
     }
-    let style = args.style.unwrap_or(if args.output.is_some() { Style::Npy } else { Style::Compact });
+    let style = args.style.unwrap_or_else(|| default_style(args.output.is_some()));
     let model_args = ModelArgs { model: args.model.clone(), precision: args.mode, threads: args.threads };
     let (model, _) = load_model_with_faults(&model_args, layers, args.inject.clone())?;
     let tokens = prompt_tokens(&model, &args.prompt, args.chat, args.system.as_deref())?;

@@ -93,8 +93,17 @@ pub fn load_model(args: &ModelArgs, layers: Option<usize>) -> anyhow::Result<(Mo
     load_model_with_faults(args, layers, Vec::new())
 }
 
-/// [`load_model`] with planted faults (`loupe dump --inject`).
+/// [`load_model`] with planted faults (`loupe dump --inject`); the graph is lowered
+/// through the pass list (under `LOUPE_DEBUG`'s `ir-output-dir` and `stop-after`).
 pub fn load_model_with_faults(args: &ModelArgs, layers: Option<usize>, faults: Vec<loupe_models::Fault>) -> anyhow::Result<(Model, f64)> {
+    let (mut model, load_s) = load_built_model(args, layers, faults)?;
+    let graph = std::mem::take(&mut model.graph);
+    model.graph = crate::debug_setup::lower(graph, None)?;
+    Ok((model, load_s))
+}
+
+/// The model with its graph as the builder made it (before lowering).
+pub fn load_built_model(args: &ModelArgs, layers: Option<usize>, faults: Vec<loupe_models::Fault>) -> anyhow::Result<(Model, f64)> {
     let path = model_path::resolve(args.model.as_deref())?;
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}").map(|s| s.progress_chars("=> ")).unwrap_or_else(|_| ProgressStyle::default_bar()));

@@ -9,7 +9,9 @@ mod cmd_dump;
 mod cmd_explain;
 mod cmd_generate;
 mod cmd_inspect;
+mod cmd_ir;
 mod cmd_parity;
+mod debug_setup;
 mod explain;
 mod model_path;
 mod tensor_print;
@@ -21,6 +23,10 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "loupe", version, about = "An LLM inference engine you can see into")]
 struct Cli {
+    /// Set a LOUPE_DEBUG option (`--debug nan-check --debug nan-check-stride=1`, or a comma
+    /// list); overrides LOUPE_DEBUG, LOUPE_DEBUG_<KEY> and loupe.toml. See docs/debugging.md.
+    #[arg(long = "debug", global = true, value_name = "KEY[=VALUE]")]
+    debug: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,6 +49,13 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
     FetchModel,
+    /// Print the model's graph IR after a lowering pass (`--list-passes` lists them).
+    Ir(cmd_ir::IrArgs),
+    /// List the LOUPE_DEBUG options in effect and where each value came from.
+    DebugOptions,
+    /// Crash on purpose (segv, abort, ill, fpe, bus): tests stack-trace-on-crash.
+    #[command(name = "__crash", hide = true)]
+    Crash { kind: String },
 }
 
 /// An error the user caused (bad flag, bad file): exit code 2.
@@ -59,7 +72,20 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    let debug = match debug_setup::configure(&cli.debug) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("loupe: error: {}", one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
+        Command::Ir(args) => cmd_ir::run(args).map(|()| 0),
+        Command::DebugOptions => {
+            print!("{}", debug.listing());
+            Ok(0)
+        }
+        Command::Crash { kind } => debug_setup::crash::crash(&kind).map(|()| 0),
         Command::Generate(args) => cmd_generate::run(args).map(|()| 0),
         Command::Inspect(args) => cmd_inspect::run(args).map(|()| 0),
         Command::Dump(args) => cmd_dump::run(args).map(|()| 0),
@@ -74,8 +100,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        Err(e) if e.downcast_ref::<debug_setup::StoppedAfter>().is_some() => {
+            eprintln!("loupe: {e}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("loupe: error: {}", one_line(&e));
+            debug_setup::report_error(&e, &one_line(&e));
             ExitCode::from(2)
         }
     }

@@ -28,10 +28,15 @@ fn logits_are_bit_identical_with_every_tap_on_and_with_none() {
     let Some(path) = real_model() else { return };
     for precision in [Precision::F32, Precision::Native] {
         let model = loupe_models::load(&path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).unwrap();
+        // The graph as built and as lowered (fused, memory-planned): taps must not change
+        // either, and lowering must not change the numbers.
+        let lowered = loupe_graph::passes::lower(model.graph.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        let mut results = Vec::new();
+        for graph in [&model.graph, &lowered] {
         let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
         let next = model.tokenizer.encode(" it", false).unwrap()[0];
         let run = |tap: Option<&mut TapAll>| {
-            let mut s = Session::new(&model.graph, 64);
+            let mut s = Session::new(graph, 64);
             match tap {
                 None => {
                     let a = s.forward(&prompt, true, None).unwrap().to_vec();
@@ -50,6 +55,9 @@ fn logits_are_bit_identical_with_every_tap_on_and_with_none() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&plain.0), bits(&tapped.0), "{precision:?}: prefill logits changed when tapped");
         assert_eq!(bits(&plain.1), bits(&tapped.1), "{precision:?}: decode logits changed when tapped");
+        results.push((bits(&plain.0), bits(&plain.1), tap.values));
+        }
+        assert_eq!(results[0], results[1], "{precision:?}: lowering changed the logits or the observable values");
     }
 }
 

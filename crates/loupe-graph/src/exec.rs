@@ -1,15 +1,21 @@
-//! The CPU executor: runs nodes in order over per-value buffers, reusing a buffer once
-//! its value's last reader has run, and shows each computed value to an [`Observer`].
+//! The CPU executor: runs nodes in order over the buffer slots of the memory plan (a slot
+//! is reused once its value's last reader has run), and shows each computed value to an
+//! [`Observer`]. The `LOUPE_DEBUG` checks (nan-check, uninitialized-read-check, op-log-level,
+//! assert-level) run around each kernel call when on.
 //!
 //! Taps cannot change the numbers: the observer gets a shared slice after the node has
 //! written it, and buffer reuse depends only on the graph, never on what is observed.
 
 use loupe_tensor::matmul::{matmul_f32, matmul_q};
-use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, rms_norm, round_bf16, silu};
+use std::time::Instant;
+
+use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, rms_norm, round_bf16, silu, silu_mul};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
-use crate::ir::{Graph, Node, Op, ValueInfo, WeightData};
+use crate::debug::{AssertLevel, DebugOptions, UninitMode};
+use crate::ir::{Graph, Node, Op, Plant, ValueInfo, WeightData};
+use crate::passes::plan_memory;
 use crate::verify::row_width;
 use crate::{GraphError, KvCache, KvWrite};
 
@@ -32,22 +38,78 @@ pub struct RunOptions {
 /// Reusable execution state for one graph.
 #[derive(Debug, Default)]
 pub struct Executor {
-    buffers: Vec<Option<Vec<f32>>>,
-    pool: Vec<Vec<f32>>,
-    last_use: Vec<usize>,
+    /// Buffer slots of the memory plan; a slot's capacity grows to its largest value and is
+    /// then reused, so a warm decode loop allocates nothing.
+    slots: Vec<Vec<f32>>,
+    /// Slot of each value (the graph's `plan-memory` result, or planned here).
+    slot_of: Vec<u32>,
     quant_scratch: Vec<u8>,
     logits: Vec<f32>,
+    debug: ExecDebug,
+    /// Nodes run so far (all runs): `nan-check-stride` counts kernel outputs across calls.
+    ops_run: u64,
+    /// `uninitialized-read-mode=report`: values computed from poison in this run. NaN
+    /// arithmetic carries the poison's bit pattern on, so their own reads are not reported
+    /// again: each report names a value that really was left unwritten.
+    tainted: Vec<bool>,
+}
+
+/// The `LOUPE_DEBUG` options the executor acts on, copied into plain fields once, so an
+/// option that is off costs one branch per node (`any`) and nothing else.
+#[derive(Debug, Clone, Default)]
+struct ExecDebug {
+    any: bool,
+    nan_check: bool,
+    nan_stride: u64,
+    uninit: bool,
+    uninit_abort: bool,
+    op_log: bool,
+    source: bool,
+    asserts: AssertLevel,
+}
+
+/// The poison that `uninitialized-read-check` fills fresh buffers with: all bytes 0xFF, as
+/// MAX does on the host (a NaN no kernel produces from real inputs).
+const POISON_BITS: u32 = 0xFFFF_FFFF;
+
+impl ExecDebug {
+    fn from_options(o: &DebugOptions) -> ExecDebug {
+        let asserts = o.assert_level;
+        let op_log = o.op_log_level.logs_ops();
+        ExecDebug {
+            any: o.nan_check || o.uninitialized_read_check || op_log || asserts != AssertLevel::None,
+            nan_check: o.nan_check,
+            nan_stride: u64::from(o.nan_check_stride.max(1)),
+            uninit: o.uninitialized_read_check,
+            uninit_abort: o.uninitialized_read_mode == UninitMode::Abort,
+            op_log,
+            source: o.source_tracebacks,
+            asserts,
+        }
+    }
 }
 
 impl Executor {
+    /// An executor for `graph` under the process's debug options ([`crate::debug::current`]).
     pub fn new(graph: &Graph) -> Executor {
-        let mut last_use = vec![0usize; graph.values.len()];
-        for (i, node) in graph.nodes.iter().enumerate() {
-            for inp in &node.inputs {
-                last_use[inp.0 as usize] = i;
-            }
+        Executor::with_debug(graph, &crate::debug::current())
+    }
+
+    /// An executor for `graph` under the given debug options.
+    pub fn with_debug(graph: &Graph, debug: &DebugOptions) -> Executor {
+        let plan = match &graph.memory_plan {
+            Some(p) if p.slot.len() == graph.values.len() => p.clone(),
+            _ => plan_memory(graph),
+        };
+        Executor {
+            slots: vec![Vec::new(); plan.n_slots],
+            slot_of: plan.slot,
+            quant_scratch: Vec::new(),
+            logits: Vec::new(),
+            debug: ExecDebug::from_options(debug),
+            ops_run: 0,
+            tainted: Vec::new(),
         }
-        Executor { buffers: vec![None; graph.values.len()], pool: Vec::new(), last_use, quant_scratch: Vec::new(), logits: Vec::new() }
     }
 
     /// Runs the graph on `tokens`, appending to `kv`, and returns the logits: one row of
@@ -65,29 +127,41 @@ impl Executor {
         }
         kv.check_room(tokens.len())?;
         let logits_id = graph.logits.ok_or_else(|| GraphError::Input("graph has no logits".into()))?;
+        if self.slot_of.len() != graph.values.len() {
+            return Err(GraphError::Input(format!("executor planned for {} values, graph has {}", self.slot_of.len(), graph.values.len())));
+        }
         let n_tokens = tokens.len();
         let past = kv.len();
         let context = past + n_tokens;
+        let fill = if self.debug.uninit { f32::from_bits(POISON_BITS) } else { 0.0 };
+        if self.debug.uninit {
+            self.tainted.clear();
+            self.tainted.resize(graph.values.len(), false);
+        }
 
         for (i, node) in graph.nodes.iter().enumerate() {
             let info = graph.value(node.output);
             let width = row_width(info).ok_or_else(|| GraphError::Input(format!("value {} has no row width", info.name)))?;
             let is_logits = node.output == logits_id;
             let rows = if is_logits && !options.all_logits { 1 } else { n_tokens };
-            let mut out = self.pool.pop().unwrap_or_default();
+            let out_slot = self.slot_of[node.output.0 as usize] as usize;
+            let mut out = std::mem::take(&mut self.slots[out_slot]);
             out.clear();
-            out.resize(rows * width, 0.0);
+            out.resize(rows * width, fill);
             let side = match (node.side, observer.as_deref_mut()) {
                 (Some(s), Some(obs)) => obs.wants(graph.value(s)).then_some(s),
                 _ => None,
             };
-            let mut side_buf = side.map(|_| self.pool.pop().unwrap_or_default());
+            let mut side_buf = side.map(|s| std::mem::take(&mut self.slots[self.slot_of[s.0 as usize] as usize]));
+            let started = if self.debug.any { self.before_node(graph, i, node, n_tokens)? } else { None };
             self.exec_node(graph, node, tokens, kv, past, rows, &mut out, side_buf.as_mut())
                 .map_err(|source| GraphError::Kernel { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), source })?;
-            if let (Some(s), Some(buf), Some(obs)) = (side, side_buf, observer.as_deref_mut()) {
+            if self.debug.any {
+                self.after_node(i, node, info, &out, started)?;
+            }
+            if let (Some(s), Some(buf), Some(obs)) = (side, side_buf.as_ref(), observer.as_deref_mut()) {
                 let sinfo = graph.value(s);
-                obs.observe(sinfo, &sinfo.concrete_shape(n_tokens, context), &buf);
-                self.pool.push(buf);
+                obs.observe(sinfo, &sinfo.concrete_shape(n_tokens, context), buf);
             }
             if let Some(obs) = observer.as_deref_mut() {
                 if obs.wants(info) {
@@ -98,31 +172,118 @@ impl Executor {
                     obs.observe(info, &shape, &out);
                 }
             }
-            self.buffers[node.output.0 as usize] = Some(out);
-            for inp in &node.inputs {
-                let id = inp.0 as usize;
-                if self.last_use[id] == i && *inp != logits_id {
-                    if let Some(buf) = self.buffers[id].take() {
-                        self.pool.push(buf);
-                    }
-                }
+            self.slots[out_slot] = out;
+            if let (Some(s), Some(buf)) = (side, side_buf) {
+                self.slots[self.slot_of[s.0 as usize] as usize] = buf;
             }
         }
         kv.commit(n_tokens);
-        let logits = self.buffers[logits_id.0 as usize].take().unwrap_or_default();
-        let old = std::mem::replace(&mut self.logits, logits);
-        self.pool.push(old);
-        // Anything still held (values nobody reads, e.g. side outputs) goes back to the pool.
-        for b in self.buffers.iter_mut() {
-            if let Some(buf) = b.take() {
-                self.pool.push(buf);
-            }
-        }
+        // The logits change places with the previous call's buffer: both keep their capacity.
+        let logits_slot = self.slot_of[logits_id.0 as usize] as usize;
+        std::mem::swap(&mut self.slots[logits_slot], &mut self.logits);
         Ok(&self.logits)
     }
 
+    /// Debug checks before a kernel: `op-log-level`'s LAUNCH line, `assert-level`'s input
+    /// lengths, `uninitialized-read-check`'s poisoned inputs. Returns the launch time.
+    fn before_node(&mut self, graph: &Graph, i: usize, node: &Node, n_tokens: usize) -> Result<Option<Instant>, GraphError> {
+        let info = graph.value(node.output);
+        if self.debug.op_log {
+            let at = if self.debug.source { format!(" @ {}", info.location) } else { String::new() };
+            eprintln!("[OP] LAUNCH {} [id={i}] target=cpu op={}{at}", info.name, node.op.name());
+        }
+        if self.debug.asserts != AssertLevel::None {
+            for inp in &node.inputs {
+                let v = graph.value(*inp);
+                let have = self.slots[self.slot_of[inp.0 as usize] as usize].len();
+                let want = row_width(v).map(|w| w * n_tokens);
+                if want != Some(have) {
+                    let msg = format!("input '{}' holds {have} values, its shape [T={n_tokens}, ...] needs {want:?}", v.name);
+                    self.assert_failed(node, info, msg)?;
+                }
+            }
+        }
+        if self.debug.uninit {
+            for inp in &node.inputs {
+                if self.tainted[inp.0 as usize] {
+                    self.tainted[node.output.0 as usize] = true;
+                    continue;
+                }
+                let data = &self.slots[self.slot_of[inp.0 as usize] as usize];
+                let poisoned = data.iter().filter(|x| x.to_bits() == POISON_BITS).count();
+                if poisoned > 0 {
+                    let input = graph.value(*inp);
+                    let first = data.iter().position(|x| x.to_bits() == POISON_BITS).unwrap_or(0);
+                    let err = GraphError::UninitializedRead {
+                        op: node.op.name(),
+                        name: info.name.clone(),
+                        location: info.location.to_string(),
+                        input: format!("'{}' (built at {})", input.name, input.location),
+                        poisoned,
+                        len: data.len(),
+                        first,
+                    };
+                    if self.debug.uninit_abort {
+                        return Err(err);
+                    }
+                    eprintln!("loupe: warning: {err}");
+                    self.tainted[node.output.0 as usize] = true;
+                }
+            }
+        }
+        Ok(self.debug.op_log.then(Instant::now))
+    }
+
+    /// Debug checks after a kernel: `nan-check` (every stride-th op), `op-log-level`'s
+    /// COMPLETE line.
+    fn after_node(&mut self, i: usize, node: &Node, info: &ValueInfo, out: &[f32], started: Option<Instant>) -> Result<(), GraphError> {
+        if let Some(t) = started {
+            let at = if self.debug.source { format!(" @ {}", info.location) } else { String::new() };
+            eprintln!("[OP] COMPLETE {} [id={i}] target=cpu op={} ({:.1} us){at}", info.name, node.op.name(), t.elapsed().as_secs_f64() * 1e6);
+        }
+        if self.debug.nan_check {
+            self.ops_run += 1;
+            if self.ops_run.is_multiple_of(self.debug.nan_stride) {
+                let (mut nans, mut infs, mut first) = (0usize, 0usize, None);
+                for (k, x) in out.iter().enumerate() {
+                    if !x.is_finite() {
+                        if x.is_nan() {
+                            nans += 1;
+                        } else {
+                            infs += 1;
+                        }
+                        first.get_or_insert(k);
+                    }
+                }
+                if let Some(first) = first {
+                    let width = row_width(info).unwrap_or(1).max(1);
+                    return Err(GraphError::NanCheck {
+                        op: node.op.name(),
+                        name: info.name.clone(),
+                        location: info.location.to_string(),
+                        nans,
+                        infs,
+                        len: out.len(),
+                        first: (first / width, first % width),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn assert_failed(&self, node: &Node, info: &ValueInfo, detail: String) -> Result<(), GraphError> {
+        let err = GraphError::Assert { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), detail };
+        if self.debug.asserts == AssertLevel::Warn {
+            eprintln!("loupe: warning: {err}");
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+
     fn input(&self, node: &Node, k: usize) -> &[f32] {
-        self.buffers[node.inputs[k].0 as usize].as_deref().unwrap_or(&[])
+        &self.slots[self.slot_of[node.inputs[k].0 as usize] as usize]
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -153,7 +314,7 @@ impl Executor {
             Op::Linear { weight, bias } => {
                 let w = graph.weight(*weight);
                 let (n, k) = (w.shape[0], w.shape[1]);
-                let x_all = self.buffers[node.inputs[0].0 as usize].as_deref().unwrap_or(&[]);
+                let x_all = &self.slots[self.slot_of[node.inputs[0].0 as usize] as usize];
                 // The logits of generation need only the last token's row.
                 let x = &x_all[x_all.len() - rows * k..];
                 match &w.data {
@@ -175,9 +336,8 @@ impl Executor {
                 table.apply_mode(out, *n_heads, past, *mode)
             }
             Op::Attention { layer, shape, variant, kv_write } => {
-                let q = self.buffers[node.inputs[0].0 as usize].as_deref().unwrap_or(&[]);
-                let k = self.buffers[node.inputs[1].0 as usize].as_deref().unwrap_or(&[]);
-                let v = self.buffers[node.inputs[2].0 as usize].as_deref().unwrap_or(&[]);
+                let slot = |k: usize| self.slot_of[node.inputs[k].0 as usize] as usize;
+                let (q, k, v) = (&self.slots[slot(0)], &self.slots[slot(1)], &self.slots[slot(2)]);
                 let (keys, values) = match kv_write {
                     KvWrite::InPlace => kv.append(*layer, k, v),
                     KvWrite::OneLate => kv.append_late(*layer, k, v),
@@ -217,6 +377,41 @@ impl Executor {
             Op::Add => {
                 out.copy_from_slice(self.input(node, 0));
                 add_in_place(out, self.input(node, 1));
+                Ok(())
+            }
+            Op::SwiGlu => {
+                out.copy_from_slice(self.input(node, 0));
+                match side {
+                    // Observed: the activation goes through the side buffer, with the same
+                    // arithmetic as the unfused silu then mul (tested bit-identical).
+                    Some(act) => {
+                        act.clear();
+                        act.extend_from_slice(out);
+                        silu(act);
+                        out.copy_from_slice(act);
+                        mul_in_place(out, self.input(node, 1));
+                    }
+                    None => silu_mul(out, self.input(node, 1)),
+                }
+                Ok(())
+            }
+            Op::Plant(plant) => {
+                let x = self.input(node, 0);
+                match plant {
+                    Plant::NanInf => {
+                        out.copy_from_slice(x);
+                        if let Some(v) = out.get_mut(0) {
+                            *v = f32::NAN;
+                        }
+                        if let Some(v) = out.get_mut(1) {
+                            *v = f32::INFINITY;
+                        }
+                    }
+                    Plant::HalfUnwritten => {
+                        let half = out.len() / 2;
+                        out[..half].copy_from_slice(&x[..half]);
+                    }
+                }
                 Ok(())
             }
         }

@@ -34,6 +34,11 @@ pub enum FaultClass {
     KvWrite,
     /// No causal mask within a call: queries see later tokens of the same forward.
     Mask,
+    /// Test-only (for `LOUPE_DEBUG=nan-check`): `o_proj`'s output gets one NaN and one +Inf.
+    Nan,
+    /// Test-only (for `LOUPE_DEBUG=uninitialized-read-check`): `o_proj`'s output is
+    /// written only in its first half; the rest is whatever the buffer held.
+    Uninit,
 }
 
 impl FaultClass {
@@ -50,6 +55,10 @@ impl FaultClass {
         FaultClass::Mask,
     ];
 
+    /// Classes that exist to test the debugging options, not the parity tools; accepted by
+    /// `--inject` but not listed in its help nor in [`FaultClass::ALL`].
+    pub const TEST_ONLY: [FaultClass; 2] = [FaultClass::Nan, FaultClass::Uninit];
+
     /// The name used on the command line and in IR text.
     pub fn name(self) -> &'static str {
         match self {
@@ -63,6 +72,8 @@ impl FaultClass {
             FaultClass::Bf16 => "bf16",
             FaultClass::KvWrite => "kv-write",
             FaultClass::Mask => "mask",
+            FaultClass::Nan => "nan",
+            FaultClass::Uninit => "uninit",
         }
     }
 
@@ -71,7 +82,7 @@ impl FaultClass {
         if s == "activation" {
             return Some(FaultClass::GeluTanh);
         }
-        FaultClass::ALL.into_iter().find(|c| c.name() == s)
+        FaultClass::ALL.into_iter().chain(FaultClass::TEST_ONLY).find(|c| c.name() == s)
     }
 
     /// One line on what the faulty node does.
@@ -87,6 +98,8 @@ impl FaultClass {
             FaultClass::Bf16 => "o_proj's output rounded to bf16",
             FaultClass::KvWrite => "keys written to the cache one position late",
             FaultClass::Mask => "no causal mask within a forward call",
+            FaultClass::Nan => "o_proj's output holds one NaN and one +Inf (tests nan-check)",
+            FaultClass::Uninit => "o_proj's output is half unwritten (tests uninitialized-read-check)",
         }
     }
 }

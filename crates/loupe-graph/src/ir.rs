@@ -132,6 +132,22 @@ pub enum Op {
     Copy,
     /// The input rounded to bfloat16 and widened back (what a bf16 activation holds).
     RoundBf16,
+    /// `silu(gate) * up` (inputs 0, 1): the `fuse` pass's replacement for `mlp.act_fn`
+    /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
+    /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
+    SwiGlu,
+    /// The input with a test-only defect (faults `nan`, `uninit`), for testing the debug
+    /// checks against a known answer.
+    Plant(Plant),
+}
+
+/// What an [`Op::Plant`] node does to its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// Element 0 becomes NaN and element 1 +Inf.
+    NanInf,
+    /// Only the first half of the elements is written.
+    HalfUnwritten,
 }
 
 impl Op {
@@ -150,6 +166,9 @@ impl Op {
             Op::Add => "add",
             Op::Copy => "copy",
             Op::RoundBf16 => "round_bf16",
+            Op::SwiGlu => "swiglu",
+            Op::Plant(Plant::NanInf) => "plant_nan",
+            Op::Plant(Plant::HalfUnwritten) => "plant_unwritten",
         }
     }
 
@@ -157,8 +176,8 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } => 0,
-            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 => 1,
-            Op::Mul | Op::Add => 2,
+            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Plant(_) => 1,
+            Op::Mul | Op::Add | Op::SwiGlu => 2,
             Op::Attention { .. } => 3,
         }
     }
@@ -194,6 +213,21 @@ pub struct Graph {
     /// Quantize activations to 8-bit blocks for block-quantized weights (llama.cpp's
     /// scheme) instead of multiplying dequantized weights by f32 activations.
     pub quantize_activations: bool,
+    /// Buffer slot of every value, set by the `plan-memory` pass (the executor plans one
+    /// itself for a graph that was not lowered).
+    pub memory_plan: Option<MemoryPlan>,
+    /// Per node, the kernel the `select-kernels` pass chose (empty before it ran).
+    pub kernels: Vec<String>,
+}
+
+/// Which buffer slot holds each value while it is live. Two values share a slot only if
+/// their lifetimes (producing node to last reader) do not overlap; the logits keep a slot
+/// of their own, as the executor hands them out after the run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MemoryPlan {
+    /// Indexed by value id.
+    pub slot: Vec<u32>,
+    pub n_slots: usize,
 }
 
 impl Graph {

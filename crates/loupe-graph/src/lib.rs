@@ -4,20 +4,24 @@
 //!   the Hugging Face module path of what it computes (`model.layers.3.self_attn.q_proj`) and
 //!   remembers the source location that built it.
 //! * [`verify`]: structural checks run after building (and between passes).
+//! * [`passes`]: lowering as a flat, named list of passes (fuse, plan-memory, ...).
+//! * [`debug`]: `LOUPE_DEBUG` options, read by lowering and the executor.
 //! * [`fault`]: named bugs a builder can plant in one layer, for testing the parity tools.
 //! * [`exec`]: runs the graph on CPU over a KV cache, calling an [`exec::Observer`] that can
 //!   look at (never change) any value: the mechanism behind taps, dumps and checks.
 
+pub mod debug;
 pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod ir;
 pub mod kv;
+pub mod passes;
 pub mod print;
 pub mod verify;
 
 pub use error::GraphError;
 pub use exec::{Executor, Observer, RunOptions};
 pub use fault::{Fault, FaultClass, FaultParseError};
-pub use ir::{Dim, Graph, GraphBuilder, Node, NodeId, Op, ValueId, ValueInfo, Weight, WeightData, WeightId};
+pub use ir::{Dim, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, Plant, ValueId, ValueInfo, Weight, WeightData, WeightId};
 pub use kv::{KvCache, KvWrite};

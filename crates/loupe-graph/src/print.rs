@@ -1,5 +1,7 @@
 //! Readable text form of the IR, one node per line:
-//! `%12 model.layers.0.self_attn.q_proj = linear(%11) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/llama.rs:88`
+//! `%12 model.layers.0.self_attn.q_proj = linear(%11 model.layers.0.input_layernorm) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/llama.rs:88`
+//! then, once the lowering passes have set them, ` kernel=NAME` and ` buf=N` (the buffer slot
+//! of `plan-memory`; `side=%N name buf=M` for a side output).
 //!
 //! A node carrying a planted fault says so after its attributes: `... FAULT=rope-interleaved`.
 
@@ -14,9 +16,12 @@ use crate::kv::KvWrite;
 pub fn to_text(graph: &Graph) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# {} nodes, {} weights, kv cache {} layers x {}", graph.nodes.len(), graph.weights.len(), graph.kv_layers, graph.kv_width);
-    for node in &graph.nodes {
+    if let Some(p) = &graph.memory_plan {
+        let _ = writeln!(s, "# memory plan: {} buffer slots for {} values", p.n_slots, graph.values.len());
+    }
+    for (i, node) in graph.nodes.iter().enumerate() {
         let v = graph.value(node.output);
-        let inputs: Vec<String> = node.inputs.iter().map(|i| format!("%{}", i.0)).collect();
+        let inputs: Vec<String> = node.inputs.iter().map(|i| format!("%{} {}", i.0, graph.value(*i).name)).collect();
         let _ = write!(s, "%{} {} = {}({})", node.output.0, v.name, node.op.name(), inputs.join(", "));
         let w = |id: &WeightId| {
             let w = graph.weight(*id);
@@ -59,7 +64,7 @@ pub fn to_text(graph: &Graph) -> String {
                     KvWrite::OneLate => s.push_str(" kv_write=one-late"),
                 }
             }
-            Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 => {}
+            Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::SwiGlu | Op::Plant(_) => {}
         }
         if let Some(f) = node.fault {
             let _ = write!(s, " FAULT={f}");
@@ -68,6 +73,14 @@ pub fn to_text(graph: &Graph) -> String {
         let _ = write!(s, " : [{}] f32", dims.join(", "));
         if !v.aliases.is_empty() {
             let _ = write!(s, " aka {}", v.aliases.join(", "));
+        }
+        let buf = |id: crate::ValueId| graph.memory_plan.as_ref().and_then(|p| p.slot.get(id.0 as usize)).map(|b| format!(" buf={b}")).unwrap_or_default();
+        let _ = write!(s, "{}", buf(node.output));
+        if let Some(side) = node.side {
+            let _ = write!(s, " side=%{} {}{}", side.0, graph.value(side).name, buf(side));
+        }
+        if let Some(k) = graph.kernels.get(i) {
+            let _ = write!(s, " kernel={k}");
         }
         let _ = writeln!(s, "  # {}", v.location);
     }

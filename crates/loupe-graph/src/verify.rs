@@ -58,6 +58,9 @@ pub fn verify(graph: &Graph) -> Result<(), GraphError> {
             }
         }
     }
+    if let Some(plan) = &graph.memory_plan {
+        verify_plan(graph, plan)?;
+    }
     match graph.logits {
         Some(l) if defined.get(l.0 as usize).copied().unwrap_or(false) => Ok(()),
         _ => Err(GraphError::Verify {
@@ -67,6 +70,37 @@ pub fn verify(graph: &Graph) -> Result<(), GraphError> {
             reason: "no logits value is computed".into(),
         }),
     }
+}
+
+/// A memory plan never gives a value a slot that holds another value still to be read
+/// (or the logits, which outlive the run).
+fn verify_plan(graph: &Graph, plan: &crate::ir::MemoryPlan) -> Result<(), GraphError> {
+    if plan.slot.len() != graph.values.len() {
+        return Err(GraphError::Verify { node: 0, name: "<memory plan>".into(), location: "<graph>".into(), reason: format!("{} slots planned for {} values", plan.slot.len(), graph.values.len()) });
+    }
+    let mut last_use = vec![None::<usize>; graph.values.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for inp in &node.inputs {
+            last_use[inp.0 as usize] = Some(i);
+        }
+    }
+    let mut owner: Vec<Option<crate::ValueId>> = vec![None; plan.n_slots];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        for v in std::iter::once(node.output).chain(node.side) {
+            let slot = plan.slot[v.0 as usize] as usize;
+            let Some(o) = owner.get_mut(slot) else {
+                return Err(fail(graph, i, node, format!("%{} has slot {slot} of {}", v.0, plan.n_slots)));
+            };
+            if let Some(prev) = *o {
+                let live = graph.logits == Some(prev) || last_use[prev.0 as usize].is_some_and(|l| l >= i);
+                if live {
+                    return Err(fail(graph, i, node, format!("%{} is planned into buf={slot}, which still holds live %{} {}", v.0, prev.0, graph.value(prev).name)));
+                }
+            }
+            *o = Some(v);
+        }
+    }
+    Ok(())
 }
 
 fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result<(), GraphError> {
@@ -103,8 +137,8 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
             expect(ok, format!("attention widths q {:?} k {:?} v {:?} out {:?} for {shape:?}", width(0), width(1), width(2), out_w))?;
             expect(*layer < graph.kv_layers && kv == graph.kv_width, format!("layer {layer} / kv width {kv} outside the cache ({} layers x {})", graph.kv_layers, graph.kv_width))
         }
-        Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 => expect(width(0).is_some() && out_w == width(0), format!("{} changes width", node.op.name())),
-        Op::Mul | Op::Add => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
+        Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Plant(_) => expect(width(0).is_some() && out_w == width(0), format!("{} changes width", node.op.name())),
+        Op::Mul | Op::Add | Op::SwiGlu => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, ValueId, Weight, WeightData, WeightId};
+use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData, WeightId};
 use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
 use crate::config::LlamaConfig;
@@ -98,8 +98,17 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             // The exact product keeps a suffixed name; the rounded value takes the module's.
             b.rename(o, format!("{o_name}.unrounded"));
             let (shape, axes) = feature(d);
-            o = b.node(o_name, Op::RoundBf16, &[o], shape, axes);
+            o = b.node(o_name.clone(), Op::RoundBf16, &[o], shape, axes);
             b.mark_fault(o, FaultClass::Bf16);
+        }
+        // Test-only defects for the debug checks (nan-check, uninitialized-read-check).
+        for (class, plant) in [(FaultClass::Nan, Plant::NanInf), (FaultClass::Uninit, Plant::HalfUnwritten)] {
+            if has(class) {
+                b.rename(o, format!("{o_name}.unplanted"));
+                let (shape, axes) = feature(d);
+                o = b.node(o_name.clone(), Op::Plant(plant), &[o], shape, axes);
+                b.mark_fault(o, class);
+            }
         }
         b.alias(o, format!("{p}.self_attn"));
         let resid = if has(FaultClass::MissingResidual) {
@@ -294,7 +303,7 @@ mod tests {
     fn planted_value(c: FaultClass) -> &'static str {
         match c {
             FaultClass::RopeInterleaved => "model.layers.1.self_attn.q_rope",
-            FaultClass::TransposedWeight | FaultClass::Bf16 => "model.layers.1.self_attn.o_proj",
+            FaultClass::TransposedWeight | FaultClass::Bf16 | FaultClass::Nan | FaultClass::Uninit => "model.layers.1.self_attn.o_proj",
             FaultClass::NormEps => "model.layers.1.input_layernorm",
             FaultClass::GeluTanh => "model.layers.1.mlp.act_fn",
             FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
@@ -329,6 +338,37 @@ mod tests {
             assert!(differs, "{class}: {name} did not change");
             assert_ne!(vals["lm_head@0"], base["lm_head@0"], "{class}: logits unchanged");
         }
+    }
+
+    /// Lowering (fuse, plan-memory, ...) changes no number, and a tap on a fused-away value
+    /// still sees it.
+    #[test]
+    fn lowered_graph_is_bit_identical_and_keeps_every_value_observable() {
+        let built = build(&[]);
+        let lowered = loupe_graph::passes::lower(built.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        assert!(lowered.nodes.len() < built.nodes.len(), "fuse removed no node");
+        assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)));
+        let plan = lowered.memory_plan.as_ref().unwrap();
+        assert!(plan.n_slots < lowered.values.len() / 2, "{} slots for {} values", plan.n_slots, lowered.values.len());
+        // The verifier rejects a plan that puts two live values in one slot.
+        let mut bad = lowered.clone();
+        if let Some(p) = bad.memory_plan.as_mut() {
+            p.slot.iter_mut().for_each(|s| *s = 0);
+        }
+        let e = loupe_graph::verify::verify(&bad).unwrap_err();
+        assert!(e.to_string().contains("which still holds live"), "{e}");
+        let (a, b) = (run(&built), run(&lowered));
+        assert_eq!(a.len(), b.len());
+        for (k, v) in &a {
+            assert_eq!(b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{k}");
+        }
+        // Without observers the fused kernel takes its other path: same logits.
+        let logits = |g: &Graph| {
+            let mut exec = Executor::new(g);
+            let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
+            exec.run(g, &[3, 14, 15, 9], &mut kv, RunOptions { all_logits: true }, None).unwrap().to_vec()
+        };
+        assert_eq!(logits(&built), logits(&lowered));
     }
 
     #[test]

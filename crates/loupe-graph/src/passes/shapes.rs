@@ -1,0 +1,37 @@
+//! The `infer-shapes` pass: each node's output shape derived from its op, its inputs'
+//! shapes and its weights. The builder declares shapes (they carry axis names for dumps);
+//! this pass recomputes them and rejects a node whose declaration disagrees, so a builder
+//! bug surfaces here, named, rather than as a kernel length error at run time.
+
+use crate::ir::{Dim, Graph, Op};
+use crate::GraphError;
+
+pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let input = |k: usize| graph.value(node.inputs[k]).shape.clone();
+        let with_last = |mut s: Vec<Dim>, n: usize| {
+            if let Some(l) = s.last_mut() {
+                *l = Dim::Fixed(n);
+            }
+            s
+        };
+        let inferred = match &node.op {
+            Op::Embedding { table } => vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))],
+            Op::Linear { weight, .. } => with_last(input(0), graph.weight(*weight).shape.first().copied().unwrap_or(0)),
+            Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Plant(_) => input(0),
+            Op::Mul | Op::Add | Op::SwiGlu => input(0),
+            Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
+        };
+        let out = graph.value(node.output);
+        if inferred != out.shape {
+            let show = |s: &[Dim]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+            return Err(GraphError::Verify {
+                node: i,
+                name: out.name.clone(),
+                location: out.location.to_string(),
+                reason: format!("{} computes [{}] but the node declares [{}]", node.op.name(), show(&inferred), show(&out.shape)),
+            });
+        }
+    }
+    Ok(())
+}
