@@ -76,37 +76,50 @@ pub fn matmul_f32(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: us
             return;
         }
         let cols = cols_per_task.min(n - j0);
-        // SAFETY: the lengths were checked above: x is m x k (row stride k), rows
-        // j0..j0+cols of w (n x k) are read as the k x cols matrix W^T (row stride 1,
-        // column stride k), and the destination is columns j0..j0+cols of y (m x n,
-        // row stride n), disjoint between tasks. read_dst = false, so y's old
-        // contents are ignored. The split is over output columns only, so each
+        // SAFETY: the lengths were checked above: x is m x k, rows j0..j0+cols of w
+        // are in w (n x k), and the destination is columns j0..j0+cols of y (m x n),
+        // disjoint between tasks. The split is over output columns only, so each
         // element's reduction over k is the same whatever the thread count.
-        unsafe {
-            gemm::gemm(
-                m,
-                cols,
-                k,
-                out.get().add(j0),
-                1,
-                n as isize,
-                false,
-                x.as_ptr(),
-                1,
-                k as isize,
-                w.as_ptr().add(j0 * k),
-                k as isize,
-                1,
-                0.0f32,
-                1.0f32,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
+        unsafe { gemm_x_wt(m, cols, k, out.get().add(j0), n, x.as_ptr(), k, w.as_ptr().add(j0 * k), k) };
     });
     Ok(())
+}
+
+/// `dst[i, j] = sum_c x[i, c] * w[j, c]` for `i < m`, `j < n`, `c < k` (`x Wᵀ`), single
+/// threaded through `gemm`; each operand row-major with its own row stride (in
+/// elements), so callers can pass a band of columns of a wider output or one head of a
+/// wider activation. `dst`'s old contents are ignored.
+///
+/// # Safety
+/// `x` must be readable at `i * x_stride + c`, `w` at `j * w_stride + c`, and `dst`
+/// writable at `i * dst_stride + j`, for all `i, j, c` above, with nothing else reading
+/// or writing those `dst` elements during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_x_wt(m: usize, n: usize, k: usize, dst: *mut f32, dst_stride: usize, x: *const f32, x_stride: usize, w: *const f32, w_stride: usize) {
+    // gemm's arguments: (m, n, k, dst, dst column stride, dst row stride, read_dst,
+    // lhs, lhs col stride, lhs row stride, rhs, rhs col stride, rhs row stride, alpha,
+    // beta, conj..., parallelism); `Wᵀ` is `w` read with its strides swapped.
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_stride as isize,
+        false,
+        x,
+        1,
+        x_stride as isize,
+        w,
+        w_stride as isize,
+        1,
+        0.0f32,
+        1.0f32,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    );
 }
 
 /// How a [`QMatrix`] stores its rows. Only plain GGUF row order today; a

@@ -17,7 +17,7 @@
 
 use std::cell::RefCell;
 
-use crate::matmul::{OutPtr, QMatrix};
+use crate::matmul::{gemm_x_wt, OutPtr, QMatrix};
 use crate::pool;
 use crate::quant::{dequantize_row, Isa};
 use crate::{GgmlType, TensorError};
@@ -64,32 +64,9 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
             for r in 0..rows {
                 dequantize_row_fast(w.ty, w.row(j0 + r), &mut s[r * k..(r + 1) * k])?;
             }
-            // SAFETY: x is m x k (row stride k); the tile is rows x k read as its transpose
-            // (k x rows: row stride 1, column stride k); the destination is columns
-            // j0..j0+rows of y (m x n, row stride n), disjoint between tasks.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    rows,
-                    k,
-                    out.get().add(j0),
-                    1,
-                    n as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    s.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
+            // SAFETY: x is m x k; the tile holds `rows` dequantized rows of k; the
+            // destination is columns j0..j0+rows of y (m x n), disjoint between tasks.
+            unsafe { gemm_x_wt(m, rows, k, out.get().add(j0), n, x.as_ptr(), k, s.as_ptr(), k) };
             Ok(())
         })
     })

@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 
-use crate::matmul::OutPtr;
+use crate::matmul::{gemm_x_wt, OutPtr};
 use crate::pool;
 use crate::quant::Isa;
 use crate::TensorError;
@@ -174,13 +174,7 @@ pub fn attention(
                 // stride kv_width; the destination is rows `rows`, head h of `out` (row
                 // stride q_width), which only this task writes. Lengths were checked above.
                 unsafe {
-                    gemm::gemm(
-                        rows.len(), n_keys, head_dim,
-                        s_all.as_mut_ptr(), 1, n_keys as isize, false,
-                        q.as_ptr().add(rows.start * q_width + h * head_dim), 1, q_width as isize,
-                        k.as_ptr().add(kv_h * head_dim), kv_width as isize, 1,
-                        0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None,
-                    );
+                    gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, k.as_ptr().add(kv_h * head_dim), kv_width);
                 }
                 for (i, t) in rows.clone().enumerate() {
                     let visible = match variant.mask {
