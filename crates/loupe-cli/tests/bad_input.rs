@@ -3,17 +3,6 @@
 mod common;
 use common::*;
 
-fn assert_clean_failure(out: &std::process::Output, needle: &str) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", out.status.code());
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
-    assert!(lines[0].starts_with("loupe: error: "), "{err}");
-    assert!(err.contains(needle), "error should mention '{needle}': {err}");
-    assert!(stdout(out).is_empty(), "no output expected on stdout: {}", stdout(out));
-}
-
 #[test]
 fn missing_model_file() {
     let out = run(loupe().args(["generate", "--model", "/nonexistent/model.gguf", "hi"]));

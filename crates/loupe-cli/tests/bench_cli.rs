@@ -3,17 +3,6 @@
 mod common;
 use common::*;
 
-fn assert_usage_error(out: &std::process::Output, needle: &str) {
-    let err = stderr(out);
-    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", out.status.code());
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
-    assert!(lines[0].starts_with("loupe: error: "), "{err}");
-    assert!(err.contains(needle), "error should mention '{needle}': {err}");
-    assert!(stdout(out).is_empty(), "no output expected on stdout: {}", stdout(out));
-}
-
 fn positive_finite(v: &serde_json::Value, field: &str) -> f64 {
     let x = v[field].as_f64().unwrap_or_else(|| panic!("{field} is not a number: {v}"));
     assert!(x.is_finite() && x > 0.0, "{field} = {x}");
@@ -72,17 +61,17 @@ fn table_and_single_test() {
 #[test]
 fn bad_input() {
     // Checked before the model is touched: no model needed.
-    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-r", "0"])), "--repetitions");
-    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "0", "-n", "0"])), "nothing to measure");
-    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "8"])), "/nonexistent/m.gguf");
-    assert_usage_error(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-t", "0"])), "--threads");
+    assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-r", "0"])), "--repetitions");
+    assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "0", "-n", "0"])), "nothing to measure");
+    assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "8"])), "/nonexistent/m.gguf");
+    assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-t", "0"])), "--threads");
     let out = run(loupe().args(["bench", "-p", "abc"]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 
     let Some(model) = real_model() else { return };
     // SmolLM2's window is 8192 tokens.
     let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "9000", "-n", "0", "-r", "1"]));
-    assert_usage_error(&out, "context window");
+    assert_clean_failure(&out, "context window");
     let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "9000", "-r", "1"]));
-    assert_usage_error(&out, "--n-gen");
+    assert_clean_failure(&out, "--n-gen");
 }

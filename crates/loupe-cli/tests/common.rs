@@ -53,6 +53,19 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A clean usage/input failure: exit 2, no panic, exactly one `loupe: error:` line on
+/// stderr that mentions `needle`, nothing on stdout.
+pub fn assert_clean_failure(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "expected exit 2, got {:?}; stderr: {err}", out.status.code());
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
+    assert!(lines[0].starts_with("loupe: error: "), "{err}");
+    assert!(err.contains(needle), "error should mention '{needle}': {err}");
+    assert!(stdout(out).is_empty(), "no output expected on stdout: {}", stdout(out));
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
