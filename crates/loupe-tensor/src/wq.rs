@@ -88,19 +88,23 @@ fn gemv(x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
     let tasks = (pool::threads() * DECODE_TASKS_PER_THREAD).min(n.div_ceil(DECODE_MIN_ROWS)).max(1);
     let rows_per_task = n.div_ceil(tasks);
     let out = OutPtr(y.as_mut_ptr());
-    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && blocks <= MAX_STACK_BLOCKS && x.len() % 32 == 0 {
-        let mut q = [0i16; MAX_STACK_BLOCKS * 32];
-        let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
-        let act = Act16::quantize(x, &mut q[..x.len()], &mut scale_sum[..2 * blocks]);
-        return pool::try_run(tasks, &|t| {
+    // Bands of rows over the pool, one dot per row.
+    let rows = |dot: &(dyn Fn(&[u8]) -> Result<f32, TensorError> + Sync)| {
+        pool::try_run(tasks, &|t| {
             let j0 = t * rows_per_task;
             for j in j0..(j0 + rows_per_task).min(n) {
-                let v = dot_row_act16(isa, w.ty, w.row(j), &act)?;
+                let v = dot(w.row(j))?;
                 // SAFETY: j < n = y.len(); each row index belongs to exactly one task.
                 unsafe { out.get().add(j).write(v) };
             }
             Ok(())
-        });
+        })
+    };
+    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && blocks <= MAX_STACK_BLOCKS && x.len() % 32 == 0 {
+        let mut q = [0i16; MAX_STACK_BLOCKS * 32];
+        let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
+        let act = Act16::quantize(x, &mut q[..x.len()], &mut scale_sum[..2 * blocks]);
+        return rows(&|w_row| dot_row_act16(isa, w.ty, w_row, &act));
     }
     let mut stack_sums = [0f32; MAX_STACK_BLOCKS];
     let heap_sums: Vec<f32>;
@@ -113,15 +117,7 @@ fn gemv(x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
         heap_sums = x.chunks(block).map(|c| c.iter().sum()).collect();
         &heap_sums
     };
-    pool::try_run(tasks, &|t| {
-        let j0 = t * rows_per_task;
-        for j in j0..(j0 + rows_per_task).min(n) {
-            let v = dot_row(isa, w.ty, w.row(j), x, sums)?;
-            // SAFETY: j < n = y.len(); each row index belongs to exactly one task.
-            unsafe { out.get().add(j).write(v) };
-        }
-        Ok(())
-    })
+    rows(&|w_row| dot_row(isa, w.ty, w_row, x, sums))
 }
 
 /// One activation row quantized to 16-bit blocks of 32: `x[i] ~= scale[b] * q[i]` for

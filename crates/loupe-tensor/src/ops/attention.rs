@@ -143,6 +143,11 @@ pub fn attention(
     let chunks = tokens.div_ceil(TOKENS_PER_TASK);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let probs_ptr = probs.map(|p| OutPtr(p.as_mut_ptr()));
+    // Keys query row `t` of this call sees.
+    let visible_keys = |t: usize| match variant.mask {
+        AttentionMask::Causal => past + t + 1,
+        AttentionMask::None => ctx,
+    };
 
     // One task per (head, chunk of query rows); each writes only its rows of its head's
     // slice of `out` and `probs`.
@@ -162,10 +167,8 @@ pub fn attention(
             }
             if tokens >= GEMM_MIN_TOKENS {
                 // Prefill: the chunk's scores and outputs as two small matrix products.
-                let n_keys = match variant.mask {
-                    AttentionMask::Causal => past + rows.end,
-                    AttentionMask::None => ctx,
-                };
+                // Keys any row of the chunk sees: those of its last row.
+                let n_keys = visible_keys(rows.end - 1);
                 let s_all = &mut scratch[..rows.len() * n_keys];
                 // SAFETY (both gemm calls): q rows `rows` of head h are rows.len() x
                 // head_dim at row stride q_width; K^T is head_dim x n_keys read from the
@@ -177,10 +180,7 @@ pub fn attention(
                     gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, k.as_ptr().add(kv_h * head_dim), kv_width);
                 }
                 for (i, t) in rows.clone().enumerate() {
-                    let visible = match variant.mask {
-                        AttentionMask::Causal => past + t + 1,
-                        AttentionMask::None => ctx,
-                    };
+                    let visible = visible_keys(t);
                     let srow = &mut s_all[i * n_keys..(i + 1) * n_keys];
                     softmax_row(&mut srow[..visible], scale);
                     srow[visible..].fill(0.0);
@@ -205,10 +205,7 @@ pub fn attention(
             }
             for t in rows {
                 let q_row = &q[t * q_width + h * head_dim..][..head_dim];
-                let visible = match variant.mask {
-                    AttentionMask::Causal => past + t + 1,
-                    AttentionMask::None => ctx,
-                };
+                let visible = visible_keys(t);
                 let scores = match probs_ptr {
                     // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to this
                     // task alone; the length was checked above.
