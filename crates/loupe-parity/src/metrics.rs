@@ -127,27 +127,8 @@ fn block(xa: &[f32], xb: &[f32], o: &MetricOptions) -> Option<Block> {
     let mut bad = [false; L];
     let (mut ab, mut aa, mut bb, mut sad, mut sd2) = ([0f64; L], [0f64; L], [0f64; L], [0f64; L], [0f64; L]);
     let (mut mabs, mut mrel, mut ama, mut amb, mut mism) = ([0f64; L], [0f64; L], [0f64; L], [0f64; L], [0u64; L]);
-    let (ca, cb) = (xa.chunks_exact(L), xb.chunks_exact(L));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (pa, pb) in ca.zip(cb) {
-        for j in 0..L {
-            bad[j] |= !(pa[j].is_finite() & pb[j].is_finite());
-            let (x, y) = (f64::from(pa[j]), f64::from(pb[j]));
-            let d = y - x;
-            let (ad, ax) = (d.abs(), x.abs());
-            ab[j] += x * y;
-            aa[j] += x * x;
-            bb[j] += y * y;
-            sad[j] += ad;
-            sd2[j] += d * d;
-            mabs[j] = mabs[j].max(ad);
-            mrel[j] = mrel[j].max(ad / ax.max(REL_FLOOR));
-            ama[j] = ama[j].max(ax);
-            amb[j] = amb[j].max(y.abs());
-            mism[j] += u64::from(ad > o.atol + o.rtol * ax);
-        }
-    }
-    for (j, (&fa, &fb)) in ra.iter().zip(rb).enumerate() {
+    // One element into lane j's partial sums and maxima.
+    let mut add = |j: usize, fa: f32, fb: f32| {
         bad[j] |= !(fa.is_finite() & fb.is_finite());
         let (x, y) = (f64::from(fa), f64::from(fb));
         let d = y - x;
@@ -162,6 +143,16 @@ fn block(xa: &[f32], xb: &[f32], o: &MetricOptions) -> Option<Block> {
         ama[j] = ama[j].max(ax);
         amb[j] = amb[j].max(y.abs());
         mism[j] += u64::from(ad > o.atol + o.rtol * ax);
+    };
+    let (ca, cb) = (xa.chunks_exact(L), xb.chunks_exact(L));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (pa, pb) in ca.zip(cb) {
+        for j in 0..L {
+            add(j, pa[j], pb[j]);
+        }
+    }
+    for (j, (&fa, &fb)) in ra.iter().zip(rb).enumerate() {
+        add(j, fa, fb);
     }
     if bad.iter().any(|&b| b) {
         return None;
