@@ -33,18 +33,27 @@ pub enum Style {
     None,
 }
 
-#[derive(Args, Debug)]
-pub struct DumpArgs {
+/// The model and prompt flags that `loupe dump` and `loupe parity` share.
+#[derive(Args, Debug, Clone)]
+pub struct PromptArgs {
     /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// The prompt (the user message with --chat).
     #[arg(long)]
     pub prompt: String,
+    /// Wrap the prompt in the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// A system message for the chat template (implies --chat).
     #[arg(long)]
     pub system: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    #[command(flatten)]
+    pub input: PromptArgs,
     /// Keep only the first N decoder layers (`all` keeps every layer).
     #[arg(long, default_value = "all")]
     pub layers: String,
@@ -216,9 +225,9 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
         }
     }
     let style = args.style.unwrap_or_else(|| default_style(args.output.is_some()));
-    let model_args = ModelArgs { model: args.model.clone(), precision: args.mode, threads: args.threads };
+    let model_args = ModelArgs { model: args.input.model.clone(), precision: args.mode, threads: args.threads };
     let (model, _) = load_model_with_faults(&model_args, layers, args.inject.clone())?;
-    let tokens = prompt_tokens(&model, &args.prompt, args.chat, args.system.as_deref())?;
+    let tokens = prompt_tokens(&model, &args.input.prompt, args.input.chat, args.input.system.as_deref())?;
 
     let files = matches!(style, Style::Npy | Style::Binary | Style::Max);
     let (tmp, sink) = match (&args.output, files) {
@@ -249,7 +258,7 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
             "format": "loupe-dump", "version": 1,
             "producer": {"engine": "loupe", "version": env!("CARGO_PKG_VERSION")},
             "model": {"path": model.path, "sha256": Value::Null},
-            "prompt": args.prompt, "chat": args.chat || args.system.is_some(), "system": args.system,
+            "prompt": args.input.prompt, "chat": args.input.chat || args.input.system.is_some(), "system": args.input.system,
             "prompt_tokens": tokens, "generated_tokens": generated,
             "precision": format!("{:?}", model.precision).to_lowercase(),
             "layers": model.graph.kv_layers,

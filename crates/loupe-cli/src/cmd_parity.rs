@@ -10,7 +10,7 @@ use clap::Args;
 use loupe_parity::report::{render, to_json, RenderOptions};
 use loupe_parity::{compare, CompareOptions, NoProgress, Thresholds};
 
-use crate::cmd_dump::{DumpArgs, Style};
+use crate::cmd_dump::{DumpArgs, PromptArgs, Style};
 use crate::cmd_generate::PrecisionArg;
 use crate::{model_path, UsageError};
 
@@ -21,15 +21,8 @@ const GUARD_LAYER_COS: f64 = 0.999;
 
 #[derive(Args, Debug)]
 pub struct ParityArgs {
-    /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2]
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
-    #[arg(long)]
-    pub prompt: String,
-    #[arg(long)]
-    pub chat: bool,
-    #[arg(long)]
-    pub system: Option<String>,
+    #[command(flatten)]
+    pub input: PromptArgs,
     /// `hf` runs transformers through `python -m loupe_reference dump`; a path uses an
     /// existing reference dump directory.
     #[arg(long, default_value = "hf")]
@@ -60,7 +53,7 @@ pub struct ParityArgs {
 }
 
 pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
-    let model = model_path::resolve(args.model.as_deref())?;
+    let model = model_path::resolve(args.input.model.as_deref())?;
     crate::cmd_dump::parse_layers(&args.layers)?;
     let tmp;
     let root = match &args.output {
@@ -90,10 +83,7 @@ pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
     let loupe_dir = root.join("loupe");
     eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
     crate::cmd_dump::run(DumpArgs {
-        model: Some(model.clone()),
-        prompt: args.prompt.clone(),
-        chat: args.chat,
-        system: args.system.clone(),
+        input: PromptArgs { model: Some(model.clone()), ..args.input.clone() },
         layers: args.layers.clone(),
         taps: args.taps.clone(),
         steps: args.steps,
@@ -173,11 +163,11 @@ fn run_reference(args: &ParityArgs, model: &Path, out: &Path) -> anyhow::Result<
     } else {
         cmd.arg("--gguf").arg(model);
     }
-    cmd.args(["--prompt", &args.prompt, "--layers", &args.layers]);
-    if args.chat {
+    cmd.args(["--prompt", &args.input.prompt, "--layers", &args.layers]);
+    if args.input.chat {
         cmd.arg("--chat");
     }
-    if let Some(s) = &args.system {
+    if let Some(s) = &args.input.system {
         cmd.args(["--chat", "--system", s]);
     }
     for t in &args.taps {
