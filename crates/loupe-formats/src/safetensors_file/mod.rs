@@ -256,6 +256,7 @@ fn decode_f32(
 }
 
 /// Parses sharded-checkpoint index JSON without opening shards (the fuzzing entry point).
+#[cfg(feature = "fuzzing")]
 pub(crate) fn checkpoint_index_for_fuzzing(bytes: &[u8]) -> bool {
     checkpoint::parse_index(Path::new("fuzz.index.json"), bytes).is_ok()
 }
