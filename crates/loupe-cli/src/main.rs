@@ -1,6 +1,6 @@
-//! `loupe`: run, inspect and (soon) debug LLMs.
+//! `loupe`: run, inspect and debug LLMs.
 //!
-//! Exit codes (design.md): 0 success; 1 divergence found (compare/parity); 2 bad usage or
+//! Exit codes (README.md, "Usage"): 0 success; 1 divergence found (compare/parity); 2 bad usage or
 //! bad input, reported as one line on stderr naming the file or field.
 
 mod cmd_bench;

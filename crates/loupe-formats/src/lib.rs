@@ -3,7 +3,7 @@
 //! Every parser here reads untrusted bytes: sizes use checked arithmetic, counts and
 //! lengths are capped before anything is allocated, offsets are checked against the
 //! file length, and nothing panics on bad input (see `ARCHITECTURE.md`, "Invariants",
-//! and the product spec's parsers-security.md). Errors name the file and the field.
+//! and docs/parsers-threat-model.md). Errors name the file and the field.
 //!
 //! - [`gguf`]: GGUF v2/v3 reader ([`GgufFile`]) and writer ([`gguf::writer::GgufWriter`]).
 //! - [`safetensors_file`]: safetensors files ([`SafetensorsFile`]) and sharded Hugging Face

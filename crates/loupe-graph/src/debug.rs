@@ -1,5 +1,5 @@
 //! `LOUPE_DEBUG`: runtime debugging options with MAX's names and meanings
-//! (max-debugging.md, section 1), read by lowering and by the executor.
+//! (docs/max-debugging-options.md), read by lowering and by the executor.
 //!
 //! Options come from four places; a later layer overrides an earlier one, key by key:
 //! `loupe.toml` `[debug]` table < environment (`LOUPE_DEBUG=a,b,key=value`, then per-key
