@@ -21,7 +21,7 @@ class (Llama-family code), restored on exit.
 
 A module called more than once in one step records ``name``, then ``name(1)``, ``name(2)``, ...
 (MAX's convention: the k-th extra call gets ``(k)``), so no capture overwrites another
-(parity-protocol.md, false cliff 3).
+(docs/parity-protocol.md, false cliff 3).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ _NP_NAMES = {
     np.dtype(np.bool_): "bool",
 }
 
-#: MAX ``.max`` dtype codes (max-debugging.md section 5).
+#: MAX ``.max`` dtype codes (docs/dump-format.md, "The .max file").
 MAX_DTYPE_CODES = {
     "bool": 1,
     "u8": 134, "u16": 136, "u32": 138, "u64": 140,
@@ -181,7 +181,7 @@ def _little_endian() -> bool:
 
 
 def max_file_bytes(label: str, data: np.ndarray, dtype: str) -> bytes:
-    """A MAX ``.max`` checkpoint file (max-debugging.md section 5), little-endian:
+    """A MAX ``.max`` checkpoint file (docs/dump-format.md, "The .max file"), little-endian:
 
     magic(8) | u32 major=0 | u32 minor=1 | u64 metadata_size | u32 keylen | key | u8 dtype | u8 rank |
     u32 dims[rank] | u64 data_offset (= 24 + metadata_size) | data (C order)

@@ -50,7 +50,7 @@ class GoldenSpec:
 
 
 GOLDEN_SPECS: tuple[GoldenSpec, ...] = (
-    # Near tie at the first step: "The" over "L" (0.08 logit apart, measured.md).
+    # Near tie at the first step: "The" over "L" (0.08 logit apart, docs/models.md).
     GoldenSpec("chat-capital-france", "What is the capital of France?", chat=True),
     GoldenSpec("chat-system-primary-colors", "Name three primary colors.", chat=True,
                system="You are a terse assistant."),

@@ -263,14 +263,8 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
 /// `n` token ids: BOS first when given, then ids drawn uniformly from `0..vocab` by SplitMix64.
 /// Special ids may be drawn, as in llama-bench; a forward pass costs the same for any id.
 fn bench_tokens(n: usize, bos: Option<u32>, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = loupe_core::SplitMix64(seed);
+    let mut next = || rng.next_u64();
     (0..n)
         .map(|i| match (i, bos) {
             (0, Some(b)) => b,

@@ -1,5 +1,5 @@
 //! `loupe dump`: run the model and capture named values (taps) without touching model code,
-//! into the dump layout of design.md (manifest.json + one file per tensor) or printed in
+//! into the dump layout of docs/dump-format.md (manifest.json + one file per tensor) or printed in
 //! MAX's COMPACT / FULL styles.
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! `loupe explain A B --tensor NAME`: which bug makes the target's NAME differ from the
 //! reference's? Tests fix hypotheses numerically on the op's dumped inputs
-//! (parity-protocol.md, step 4); the work is in [`crate::explain`].
+//! (docs/parity-protocol.md, step 4); the work is in [`crate::explain`].
 //!
 //! Exit code: 0 whatever the verdict (the answer is the table and the conclusion line);
 //! 2 on bad input (a missing tensor, dump or model).

@@ -1,4 +1,4 @@
-//! `loupe parity`: the whole protocol in one command (parity-protocol.md steps 0-2): dump
+//! `loupe parity`: the whole protocol in one command (docs/parity-protocol.md steps 0-2): dump
 //! loupe and the PyTorch reference on the same prompt, validate the dumpers (identical
 //! prompt tokens, embedding cosine 1.0), compare, and print one verdict.
 
@@ -17,7 +17,7 @@ use crate::cmd_dump::{DumpArgs, Style};
 use crate::load::model_path;
 use crate::UsageError;
 
-/// The dumper guard (parity-protocol.md, step 1): on a correct model the embeddings must
+/// The dumper guard (docs/parity-protocol.md, step 1): on a correct model the embeddings must
 /// agree to rounding, and every layer to cosine 0.999 or better.
 const GUARD_EMBEDDING_COS: f64 = 0.999_999;
 const GUARD_LAYER_COS: f64 = 0.999;
@@ -104,7 +104,7 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     };
     let (ref_tokens, our_tokens) = (tokens(&reference_dir)?, tokens(&loupe_dir)?);
     if ref_tokens != our_tokens {
-        println!("verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {ref_tokens}\n  loupe:     {our_tokens}\n  fix the tokenizer or chat template before comparing the graph (parity-protocol.md, step 0)");
+        println!("verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {ref_tokens}\n  loupe:     {our_tokens}\n  fix the tokenizer or chat template before comparing the graph (docs/parity-protocol.md, step 0)");
         return Ok(1);
     }
 

@@ -1,4 +1,4 @@
-//! MAX's tensor print styles (max-debugging.md, section 2), following MAX's serializer so
+//! MAX's tensor print styles (docs/dump-format.md, "Styles"), following MAX's serializer so
 //! that loupe's prints and `python -m loupe_reference dump` prints diff cleanly:
 //! the tensor is a series of 2-D matrices (leading dims flattened), each `[` rows `]`, rows
 //! `[a, b, c, ..., x, y, z]` joined by `",\n"`, one extra bracket pair per dimension beyond

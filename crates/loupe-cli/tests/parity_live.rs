@@ -1,4 +1,4 @@
-//! The dumper guard on the real model (parity-protocol.md, step 1): `loupe parity` against
+//! The dumper guard on the real model (docs/parity-protocol.md, step 1): `loupe parity` against
 //! the live transformers reference finds identical prompt tokens, embedding cosine 1.0,
 //! every layer at cosine >= 0.999, and exits 0.
 

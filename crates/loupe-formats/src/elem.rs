@@ -4,7 +4,7 @@
 //! GGUF and safetensors keep their own dtype enums (`GgmlType`, `safetensors::Dtype`); this
 //! one covers what numpy, PyTorch and MAX write for activations: floats (f64/f32/f16/bf16
 //! and the two common fp8 formats), integers and bool. Everything converts to f32, the
-//! comparator's working type (parity-protocol.md, step 1: "dump ... as f32").
+//! comparator's working type (docs/parity-protocol.md, step 1: dump in f32).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};

@@ -222,28 +222,8 @@ pub fn arbitrary_gguf(ch: &mut Choices) -> GgufWriter {
     w
 }
 
-/// SplitMix64 (Steele, Lea, Flood, "Fast splittable pseudorandom number generators",
-/// OOPSLA 2014): tiny, seedable, good enough to drive a mutator deterministically.
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (`n >= 1`).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
-}
+/// The mutator's generator (one definition for all of loupe, in loupe-core).
+pub use loupe_core::SplitMix64;
 
 /// Values that tend to break size arithmetic: zero, one, sign bits, all ones, and the
 /// counts and type ids just past each cap.

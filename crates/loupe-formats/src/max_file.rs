@@ -1,5 +1,5 @@
 //! Modular MAX's `.max` tensor files (the `BINARY_MAX_CHECKPOINT` print style): one tensor
-//! per file. Reader and writer, byte for byte as shared/spec/max-debugging.md section 5:
+//! per file. Reader and writer, byte for byte as docs/dump-format.md, "The `.max` file":
 //!
 //! | offset | size | field |
 //! | --- | --- | --- |
@@ -32,7 +32,7 @@ pub const MAX_VERSION: (u32, u32) = (0, 1);
 /// Longest key accepted: labels are module paths plus a suffix, well under 1 KiB.
 pub const MAX_KEY_LEN: u32 = 64 * 1024;
 
-/// MAX's dtype code for an element type (max-debugging.md section 5).
+/// MAX's dtype code for an element type (docs/dump-format.md, "The `.max` file").
 pub fn max_dtype_code(t: ElemType) -> u8 {
     match t {
         ElemType::Bool => 1,

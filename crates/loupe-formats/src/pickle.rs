@@ -1,7 +1,7 @@
 //! An allow-listed pickle reader for the `data.pkl` of `torch.save` archives.
 //!
 //! Unpickling normally runs code: `GLOBAL` imports any callable and `REDUCE` calls it
-//! (parsers-security.md, "Pickle"). This VM interprets only the opcodes that tensor files
+//! (docs/parsers-threat-model.md). This VM interprets only the opcodes that tensor files
 //! use and resolves only the globals that rebuild tensors, storages, dtypes and ordered
 //! dicts; it calls nothing. Everything else stops the read with an error naming the opcode
 //! or the global and its byte offset. What `torch.save` (torch 2.15) writes, seen with

@@ -1,6 +1,6 @@
 //! Hand-made valid and corrupt dump files: npy, npz, `.pt` (pickle), `.max`. Each corrupt
-//! file must be refused with an error naming the file and the field (parsers-security.md,
-//! "Practice for loupe"); hostile pickles must be refused without running anything.
+//! file must be refused with an error naming the file and the field (docs/parsers-threat-model.md,
+//! "How the defences are tested"); hostile pickles must be refused without running anything.
 
 use loupe_formats::dump_fuzzing::tiny_pt;
 use loupe_formats::elem::ElemType;
@@ -299,7 +299,7 @@ fn pt_storage_references_are_checked() {
 
 // ---------------------------------------------------------------- .max
 
-/// A `.max` file built field by field from max-debugging.md section 5, not by our writer.
+/// A `.max` file built field by field from docs/dump-format.md ("The `.max` file"), not by our writer.
 fn hand_built_max() -> Vec<u8> {
     let key = b"model.layers.0-output";
     let mut v = vec![0x93, 0xF0, 0x9F, 0x94, 0xA5, 0x2B, 0x2B, 0x93]; // magic

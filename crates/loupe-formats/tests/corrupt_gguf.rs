@@ -1,5 +1,5 @@
 //! Hand-made corrupt GGUF files, one test per category of parser failure seen in the wild
-//! (shared/spec/parsers-security.md). Each file is built byte by byte, and each must be
+//! (docs/parsers-threat-model.md). Each file is built byte by byte, and each must be
 //! rejected with a typed error whose message names the file and the field at fault.
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! Hand-made corrupt safetensors files and sharded checkpoints, one test per category
-//! (shared/spec/parsers-security.md, "safetensors-style containers"). Each must be
+//! (docs/parsers-threat-model.md). Each must be
 //! rejected with an error naming the file and the field.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! Opens the real SmolLM2 model when it is on this machine (`$LOUPE_MODEL`, else
 //! `~/.cache/loupe/models/SmolLM2-135M-Instruct.Q4_1.gguf`; `scripts/fetch-model` gets it).
-//! Expected figures: shared/spec/measured.md, "SmolLM2-135M-Instruct.Q4_1.gguf".
+//! Expected figures: docs/models.md, "The default model".
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 //! `LOUPE_DEBUG`: runtime debugging options with MAX's names and meanings
-//! (docs/debugging.md), as a plain struct that lowering and the executor are given.
+//! (docs/max-debugging-options.md), as a plain struct that lowering and the executor are given.
 //!
 //! This crate holds the options and their per-key parser ([`DebugOptions::apply`]); where
 //! they come from (`loupe.toml`, `LOUPE_DEBUG`, `LOUPE_DEBUG_<KEY>`, `--debug`, the API)

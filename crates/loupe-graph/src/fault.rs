@@ -1,7 +1,7 @@
 //! Planted faults: named, deliberate bugs that a model builder puts into one decoder layer
 //! of loupe's own graph (`loupe dump --inject rope-interleaved@1`).
 //!
-//! Each class is one of the porting bugs that parity-protocol.md's signatures and
+//! Each class is one of the porting bugs that docs/parity-protocol.md's signatures and
 //! hypotheses are about. Planting them in a graph that is otherwise right gives the parity
 //! tools (compare, explain) a known answer to be tested against: the first divergence must
 //! land on the planted node, and the hypothesis that names the class must reproduce it.

@@ -233,7 +233,7 @@ pub fn compare_sources(sa: &TensorSource, sb: &TensorSource, opts: &CompareOptio
 }
 
 /// For the first few diverged layer outputs: cosine of the target against the
-/// reference's previous and next layer (false cliff 1, parity-protocol.md).
+/// reference's previous and next layer (false cliff 1, docs/parity-protocol.md).
 fn layer_shifts(sa: &TensorSource, sb: &TensorSource, pairs: &[(Candidate, Candidate)], reports: &[PairReport], opts: &CompareOptions) -> Result<Vec<LayerShift>, ParityError> {
     let by_name: HashMap<(u32, &str), &Candidate> = pairs.iter().map(|(a, _)| ((a.step, a.name.as_str()), a)).collect();
     let mut out = Vec::new();

@@ -3,7 +3,7 @@
 //! Given two sets of dumped tensors, a reference (A, usually PyTorch) and a target (B,
 //! usually loupe), it pairs them by name, measures each pair, finds the first divergence
 //! in execution order, recognizes false cliffs, and names the likely cause from the
-//! signature table of the product spec's parity-protocol.md.
+//! signature table of docs/parity-protocol.md.
 //!
 //! - [`source`]: open a dump directory, a directory of tensor files, or one file
 //!   (npy, npz, pt, max, safetensors, gguf) as named entries, loaded lazily as f32.

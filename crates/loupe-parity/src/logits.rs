@@ -1,6 +1,6 @@
 //! Logit metrics, per row (token): argmax agreement, top-k overlap and KL(ref ‖ target)
 //! on softmax probabilities smoothed as MAX's logit comparison does,
-//! `(1 - N·eps)·p + eps` (max-debugging.md section 4), so that a zero probability on
+//! `(1 - N·eps)·p + eps` (docs/max-debugging-options.md, "Comparing logits"), so that a zero probability on
 //! either side cannot make the divergence infinite. MAX's docs do not state eps; we use
 //! 1e-10 (and shrink it to 0.1/N for vocabularies where N·eps would reach 0.1).
 
@@ -18,7 +18,7 @@ pub struct ArgmaxMismatch {
     pub reference_top: usize,
     pub target_top: usize,
     /// Reference logit gap between its top-1 and the target's top-1 token: a small gap is
-    /// a near tie (parity-protocol.md: "small drift flipping a close top-1").
+    /// a near tie (docs/parity-protocol.md, signature `near_tie`).
     pub reference_gap: f64,
 }
 

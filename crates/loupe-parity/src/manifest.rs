@@ -1,6 +1,6 @@
 //! The dump manifest (`manifest.json`, format `loupe-dump` version 1): the contract
-//! between `loupe dump`, the Python reference dumper and this comparator (design.md, "The
-//! dump layout"). Unknown fields are ignored so that producers can add some; the fields
+//! between `loupe dump`, the Python reference dumper and this comparator
+//! (docs/dump-format.md). Unknown fields are ignored so that producers can add some; the fields
 //! read here are validated when a dump is opened (`source.rs`). Also a small writer,
 //! [`DumpWriter`], used by tests, the benchmark and any Rust producer.
 

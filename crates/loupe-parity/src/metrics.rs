@@ -1,9 +1,9 @@
 //! Error metrics of one tensor pair, accumulated in f64 in one pass over the flattened
-//! data. `a` is the reference, `b` the target (parity-protocol.md, step 2).
+//! data. `a` is the reference, `b` the target (docs/parity-protocol.md, step 2).
 //!
 //! | metric | definition | source |
 //! | --- | --- | --- |
-//! | cosine | a.b / (‖a‖‖b‖ + 1e-20) | parity-protocol.md step 2 |
+//! | cosine | a.b / (‖a‖‖b‖ + 1e-20) | docs/parity-protocol.md step 2 |
 //! | max abs diff | max \|a-b\|, with its index and both values | MAX compare_tensors |
 //! | max rel diff | max \|a-b\| / max(\|a\|, 1e-10) | MAX compare_tensors |
 //! | NMSE | Σ(a-b)² / Σa² | llama.cpp conversion scripts (pass < 1e-2) |
@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::tensor::Tensor;
 
-/// Added to the cosine denominator (parity-protocol.md, step 2).
+/// Added to the cosine denominator (docs/parity-protocol.md, step 2).
 pub const COS_EPS: f64 = 1e-20;
 /// Floor of the relative-difference denominator (MAX compare_tensors).
 pub const REL_FLOOR: f64 = 1e-10;
@@ -60,7 +60,7 @@ pub struct Metrics {
     pub inf_b: u64,
     /// Positions where one side is non-finite and the other differs.
     pub nonfinite_mismatches: u64,
-    /// Largest |value| on each side (spikes: parity-protocol.md signature table).
+    /// Largest |value| on each side (spikes: docs/parity-protocol.md signature table).
     pub absmax_a: f64,
     pub absmax_b: f64,
     /// Cosine of each row (token) when read as `[rows, cols]`.

@@ -3,9 +3,9 @@
 //!
 //! loupe and its PyTorch reference name values by Hugging Face module path
 //! (ARCHITECTURE.md, invariant 1). Other tools add suffixes: MAX labels are
-//! `<layer>-output`, `-output_<i>`, `-input_<i>` (max-debugging.md section 3); the
+//! `<layer>-output`, `-output_<i>`, `-input_<i>` (docs/max-debugging-options.md); the
 //! transformers model-addition debugger writes `<module>_outputs` / `_inputs`
-//! (peers.md). A module called twice is labelled `name(k)` by MAX's hooks.
+//! (docs/dump-format.md). A module called twice is labelled `name(k)` by MAX's hooks.
 
 use std::cmp::Ordering;
 
@@ -132,7 +132,7 @@ pub fn is_logits_name(name: &str) -> bool {
 }
 
 /// Whether `name` is an attention output that the token-0 invariant speaks about
-/// (parity-protocol.md, "The token-0 invariant").
+/// (docs/parity-protocol.md, "The token-0 invariant").
 pub fn is_attention_output(name: &str) -> bool {
     name.ends_with(".self_attn") || name.ends_with(".self_attn.o_proj") || name.ends_with(".self_attn.attn_output")
 }

@@ -3,8 +3,8 @@
 //! (mapping rules, built-in canonical forms); a pair needs the same (step, derived name)
 //! on both sides. A derived name claimed by two raw names of one side pairs only if one
 //! of them is that name exactly; otherwise both are reported as ambiguous. Nothing is
-//! paired by position or substring (Polygraphy's fallback that "can silently pair the
-//! wrong tensors", peers.md), except two single-tensor files, which is what the user
+//! paired by position or substring (Polygraphy's fallback, which can silently pair the
+//! wrong tensors), except two single-tensor files, which is what the user
 //! asked for by naming them.
 
 use std::collections::HashMap;

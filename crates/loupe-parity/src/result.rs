@@ -6,10 +6,10 @@ use serde::Serialize;
 use crate::logits::LogitMetrics;
 use crate::metrics::Metrics;
 
-/// Pass/fail thresholds (parity-protocol.md "Tolerances"; peers.md for NMSE).
+/// Pass/fail thresholds (docs/parity-protocol.md, "Thresholds").
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Thresholds {
-    /// A tensor diverges below this cosine (parity-protocol.md: 0.99 per layer; 0.999 for
+    /// A tensor diverges below this cosine (docs/parity-protocol.md: 0.99 per layer; 0.999 for
     /// the dumper guard).
     pub cos: f64,
     /// ... or above this NMSE (llama.cpp's conversion scripts pass below 1e-2). For equal
@@ -170,7 +170,7 @@ pub fn judge(m: &Metrics, tokens: Option<&TokenSummary>, logits: Option<&LogitMe
     if logits.is_some_and(|l| l.argmax_mismatch_count > 0) {
         r.push(Reason::Argmax);
     }
-    // parity-protocol.md: "whole-sequence cosine ~1, last token bad".
+    // docs/parity-protocol.md, signature `last_token`: whole-sequence cosine ~1, last token bad.
     if let Some(tk) = tokens {
         if tk.rows >= 2 && tk.last_token_cosine < t.cos && !r.contains(&Reason::Cosine) {
             r.push(Reason::LastToken);

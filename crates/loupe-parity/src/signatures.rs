@@ -1,4 +1,4 @@
-//! The signature table of parity-protocol.md ("Signatures and what they usually mean"),
+//! The signature table of docs/parity-protocol.md ("Signatures"),
 //! as data: each row pairs a test over the comparison with a likely cause and a first
 //! check. Rows are tried in order and the first that matches names the cause; rows for
 //! harness and dump problems come first (protocol: "Fix in this order: comparator/harness,
@@ -60,7 +60,7 @@ impl Ctx<'_> {
 /// One row of the table.
 pub struct Signature {
     pub id: &'static str,
-    /// The signature as parity-protocol.md states it.
+    /// The signature as docs/parity-protocol.md states it.
     pub signature: &'static str,
     pub first_check: &'static str,
     /// Returns the likely cause when the signature matches.

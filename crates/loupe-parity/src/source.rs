@@ -3,7 +3,7 @@
 //!
 //! - a dump directory (`manifest.json`; files in the `npy`, `binary` or `max` style);
 //! - a directory of tensor files: MAX's flat `DIR/<label>.max`, its PyTorch side's
-//!   `DIR/<step>/<label>.pt` with `tensor_names.txt` (max-debugging.md section 4), or any
+//!   `DIR/<step>/<label>.pt` with `tensor_names.txt` (docs/dump-format.md, "Other inputs"), or any
 //!   mix of `.npy`, `.pt`, `.max`, `.npz`, `.safetensors` files; a numeric first folder
 //!   is the step, and a file holding one tensor is named by its stem;
 //! - a single file: `.npy`, `.npz`, `.safetensors`, `.pt`, `.max`, `.gguf`.

@@ -1,6 +1,6 @@
 //! From per-pair results to a verdict: the first divergence in execution order, false
 //! cliffs (dump bugs that look like model bugs), the token-0 invariant, and the likely
-//! cause from parity-protocol.md's signature table, evaluated in order (first match wins).
+//! cause from docs/parity-protocol.md's signature table, evaluated in order (first match wins).
 
 use serde::Serialize;
 
@@ -8,7 +8,7 @@ use crate::names::{is_attention_output, is_embedding, is_layer_output, is_logits
 use crate::result::{PairReport, Reason, Status, Thresholds};
 use crate::signatures::{op_hint, SIGNATURES};
 
-/// A dump bug that imitates a divergence (parity-protocol.md, "False cliffs").
+/// A dump bug that imitates a divergence (docs/parity-protocol.md, "False cliffs").
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FalseCliff {
     /// `layer_offset`, `decode_mask` or `double_hook`.
@@ -205,13 +205,13 @@ pub fn decide(ev: &Evidence) -> Verdict {
         _ => cause.clone(),
     });
     let next_step = match first_pair {
-        None => Some("every paired tensor is within tolerance; if generation still diverges, follow the bisect ladder: teacher-forced dump at decode step K, incremental decode, server vs pipeline (parity-protocol.md, step 5)".into()),
+        None => Some("every paired tensor is within tolerance; if generation still diverges, follow the bisect ladder: teacher-forced dump at decode step K, incremental decode, server vs pipeline (docs/parity-protocol.md, step 5)".into()),
         Some(p) if is_layer_output(&p.name) => {
             let l = layer_index(&p.name).unwrap_or(0);
             Some(format!("dump the sub-ops of layer {l} (norms, q/k/v, rope, attention, o_proj, residual, mlp) and compare them: --only 'model\\.layers\\.{l}\\.'"))
         }
         Some(p) if is_logits_name(&p.name) => Some("compare the top-10 logits of the mismatching rows (--token-index ROW --per-dim)".into()),
-        Some(_) => Some("feed the reference's input to this op alone to tell a wrong op from inherited error (parity-protocol.md, step 3)".into()),
+        Some(_) => Some("feed the reference's input to this op alone to tell a wrong op from inherited error (docs/parity-protocol.md, step 3)".into()),
     };
     // Different prompt token ids invalidate every comparison after them (protocol step 0).
     let (first_divergence, first_divergence_step) = if tokens_differ {

@@ -1,5 +1,5 @@
 //! Each row of the signature table, and each false cliff, recognized on synthetic dumps
-//! built to show it (parity-protocol.md, "Signatures and what they usually mean").
+//! built to show it (docs/parity-protocol.md, "Signatures").
 
 mod common;
 

@@ -51,15 +51,8 @@ struct Rng([u64; 4]);
 
 impl Rng {
     fn new(seed: u64) -> Rng {
-        let mut z = seed;
-        let mut next = || {
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            x ^ (x >> 31)
-        };
-        Rng([next(), next(), next(), next()])
+        let mut z = loupe_core::SplitMix64(seed);
+        Rng([z.next_u64(), z.next_u64(), z.next_u64(), z.next_u64()])
     }
 
     fn next_u64(&mut self) -> u64 {

@@ -1,6 +1,6 @@
 //! Typed kernel errors with the shapes and dtypes involved.
 
-use loupe_formats::GgmlType;
+use loupe_core::GgmlType;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -12,4 +12,4 @@ pub mod quant;
 pub mod wq;
 
 pub use error::TensorError;
-pub use loupe_formats::{GgmlType, QK_K};
+pub use loupe_core::{GgmlType, QK_K};

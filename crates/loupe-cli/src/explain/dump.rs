@@ -1,4 +1,4 @@
-//! Reading tensors from a dump directory (design.md, "The dump layout"): `manifest.json`
+//! Reading tensors from a dump directory (docs/dump-format.md): `manifest.json`
 //! lists each tensor's name, step and file; files are `.npy` (the default style) or raw
 //! little-endian `.bin` with dtype and shape in the manifest. Both loupe's and the Python
 //! reference's dumps have this layout.

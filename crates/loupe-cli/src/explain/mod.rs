@@ -1,4 +1,4 @@
-//! `loupe explain`: step 4 of parity-protocol.md, "verify hypotheses numerically before
+//! `loupe explain`: step 4 of docs/parity-protocol.md, "verify hypotheses numerically before
 //! changing code".
 //!
 //! For the op that produces a suspect tensor, each hypothesis is a way of computing that op
@@ -43,7 +43,7 @@ pub enum ExplainError {
     Kernel(#[from] loupe_tensor::TensorError),
 }
 
-/// Similarity of two tensors, in f64 (parity-protocol.md, step 2).
+/// Similarity of two tensors, in f64 (docs/parity-protocol.md, step 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Metrics {
     /// Cosine over the flattened tensors (denominator + 1e-20).

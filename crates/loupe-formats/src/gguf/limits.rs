@@ -5,7 +5,7 @@
 //! proportion to its own size. The caps bound what remains: the in-memory blow-up of a
 //! large honest-looking file, and recursion. They sit far above any real model: the
 //! largest vocabularies are ~256k tokens (Gemma 3: 262,144), merges ~500k, ~1-2k tensors.
-//! Motivation: parsers-security.md (llama.cpp's missing caps, the Python reader's hang on
+//! Motivation: docs/parsers-threat-model.md (llama.cpp's missing caps, the Python reader's hang on
 //! a 2^63-element array, candle's divide by zero on `general.alignment = 0`).
 
 /// Most metadata key/value pairs.

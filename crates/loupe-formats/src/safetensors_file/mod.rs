@@ -12,7 +12,7 @@
 //!
 //! Header size cap: [`MAX_HEADER_LEN`], 100,000,000 bytes, the crate's own hard limit
 //! (`MAX_HEADER_SIZE` in safetensors 0.8.0 `tensor.rs`). It is a trade-off
-//! (parsers-security.md): checkpoints with tens of thousands of tensors can approach it,
+//! (docs/parsers-threat-model.md): checkpoints with tens of thousands of tensors can approach it,
 //! and such a file is refused with a `TooLarge` error naming the limit rather than read
 //! by a second, uncapped parser. The header is checked against the file length first, so
 //! a huge declared length in a small file fails before anything is allocated.
@@ -256,6 +256,7 @@ fn decode_f32(
 }
 
 /// Parses sharded-checkpoint index JSON without opening shards (the fuzzing entry point).
+#[cfg(feature = "fuzzing")]
 pub(crate) fn checkpoint_index_for_fuzzing(bytes: &[u8]) -> bool {
     checkpoint::parse_index(Path::new("fuzz.index.json"), bytes).is_ok()
 }

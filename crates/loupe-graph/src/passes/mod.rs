@@ -1,5 +1,5 @@
 //! Lowering: the graph a model builder made, through a flat, named list of passes, to the
-//! graph the executor runs (design.md, "Lowering stages").
+//! graph the executor runs (docs/debugging.md, "Lowering stages and `loupe ir`").
 //!
 //! [`PASSES`] is data: `loupe ir --pass NAME`, `LOUPE_DEBUG=stop-after=NAME` and
 //! `LOUPE_DEBUG=ir-output-dir=DIR` (one `NN-name.ir` file per pass) all iterate it. The IR

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use loupe_formats::GgmlType;
+use loupe_core::GgmlType;
 
 use super::blocks::{scale_min_k4, K_SCALE_SIZE, QK, QK_K};
 use super::VecDotFn;

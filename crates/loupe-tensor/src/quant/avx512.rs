@@ -22,7 +22,7 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use loupe_formats::GgmlType;
+use loupe_core::GgmlType;
 
 use super::avx2;
 use super::blocks::QK;

@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use loupe_formats::GgmlType;
+use loupe_core::GgmlType;
 
 use super::TileFn;
 

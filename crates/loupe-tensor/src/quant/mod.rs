@@ -46,7 +46,7 @@ compile_error!("loupe reads GGML blocks in place as little-endian; big-endian ta
 pub use isa::Isa;
 
 use crate::TensorError;
-use loupe_formats::GgmlType;
+use loupe_core::GgmlType;
 
 /// A dot-product kernel: `(weight_row, activation_row, n_elements) -> sum`.
 /// The rows are raw bytes of `n` elements of the weight type and of its

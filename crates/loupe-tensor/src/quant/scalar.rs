@@ -7,7 +7,7 @@
 //! tested against; they favour clarity over speed.
 
 use half::{bf16, f16};
-use loupe_formats::GgmlType;
+use loupe_core::GgmlType;
 
 use super::blocks::*;
 use super::dequant::{q5_values, q6_value};

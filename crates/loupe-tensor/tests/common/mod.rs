@@ -5,19 +5,15 @@ use half::{bf16, f16};
 use loupe_tensor::quant::{self, vec_dot_type};
 use loupe_tensor::GgmlType;
 
-/// SplitMix64: tiny, seeded, reproducible across platforms.
-pub struct Rng(u64);
+/// loupe_core's SplitMix64: tiny, seeded, reproducible across platforms.
+pub struct Rng(loupe_core::SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(loupe_core::SplitMix64(seed))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in [lo, hi).
     pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
