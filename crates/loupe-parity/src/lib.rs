@@ -12,13 +12,15 @@
 //!   splits and layout transforms). Nothing is paired by position.
 //! - [`metrics`] and [`logits`]: cosine, abs/rel diffs with positions, NMSE, SQNR,
 //!   isclose mismatches, NaN/Inf counts, per-token/per-dim cosines; argmax, top-k, KL.
-//! - [`result`], [`verdict`], [`signatures`]: the divergence rule, false cliffs, the
-//!   token-0 invariant, and the table of signatures.
+//! - [`result`], [`evidence`], [`signatures`], [`verdict`]: the divergence rule, false
+//!   cliffs, the token-0 invariant, and the table of signatures (`evidence` holds what the
+//!   signatures and the verdict share; `verdict` uses `signatures`, never the reverse).
 //! - [`compare`]: the driver; [`report`]: terminal table and JSON.
 //! - [`manifest`]: the dump manifest and a writer of dumps.
 
 pub mod compare;
 pub mod error;
+pub mod evidence;
 pub mod logits;
 pub mod manifest;
 pub mod mapping;
