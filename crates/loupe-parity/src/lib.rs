@@ -16,7 +16,8 @@
 //!   cliffs, the token-0 invariant, and the table of signatures (`evidence` holds what the
 //!   signatures and the verdict share; `verdict` uses `signatures`, never the reverse).
 //! - [`compare`]: the driver; [`report`]: terminal table and JSON.
-//! - [`manifest`]: the dump manifest and a writer of dumps.
+//! - [`manifest`]: the dump manifest; [`writer`]: the one writer of dumps (atomic);
+//!   [`source`] is the one reader.
 
 pub mod compare;
 pub mod error;
@@ -33,10 +34,12 @@ pub mod signatures;
 pub mod source;
 pub mod tensor;
 pub mod verdict;
+pub mod writer;
 
 pub use compare::{compare, compare_sources, CompareOptions, NoProgress, Progress, Report};
 pub use error::ParityError;
-pub use manifest::{DumpStyle, DumpWriter, Manifest};
+pub use manifest::Manifest;
+pub use writer::{Capture, DumpStyle, DumpWriter};
 pub use mapping::Mapping;
 pub use result::Thresholds;
 pub use source::TensorSource;
