@@ -4,15 +4,15 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, ValueEnum};
 use loupe_graph::{Observer, ValueInfo};
 use loupe_models::Model;
 use loupe_runtime::{argmax, Session};
+use loupe_parity::manifest::ModelInfo;
+use loupe_parity::{Capture, DumpStyle, DumpWriter};
 use regex::Regex;
-use serde_json::{json, Value};
 
 use crate::cmd_generate::{load_model_with_faults, prompt_tokens, ModelArgs, PrecisionArg};
 use crate::{tensor_print, UsageError};
@@ -103,9 +103,9 @@ impl TapFilter {
     }
 }
 
-/// Where captured tensors go.
+/// Where captured tensors go: the dump writer (files), or stdout.
 enum Sink {
-    Files { dir: PathBuf, style: Style },
+    Files(DumpWriter),
     Print { style: Style, digits: usize },
 }
 
@@ -114,56 +114,35 @@ struct DumpObserver {
     filter: TapFilter,
     sink: Sink,
     step: usize,
-    order: usize,
-    entries: Vec<Value>,
+    /// Calls per (step, name) for the printed styles (the writer counts its own).
     seen: HashMap<(usize, String), usize>,
     error: Option<anyhow::Error>,
 }
 
 impl DumpObserver {
-    fn write(&mut self, name: &str, info: &ValueInfo, shape: &[usize], data: &[f32]) -> anyhow::Result<()> {
-        // A name seen twice in one step is recorded as `name(1)`, `name(2)`... never overwritten.
-        let count = self.seen.entry((self.step, name.to_string())).or_insert(0);
-        let label = if *count == 0 { name.to_string() } else { format!("{name}({count})") };
-        *count += 1;
-        match &self.sink {
-            Sink::Print { style: Style::None, .. } => {}
-            Sink::Print { style, digits } => {
-                let line = match style {
-                    Style::Full => tensor_print::full(&label, shape, data, *digits),
-                    _ => tensor_print::compact(&label, shape, data),
-                };
-                let mut out = std::io::stdout().lock();
-                writeln!(out, "{line}")?;
+    fn write(&mut self, info: &ValueInfo, shape: &[usize], data: &[f32]) -> anyhow::Result<()> {
+        let (style, digits) = match &mut self.sink {
+            Sink::Files(w) => {
+                let c = Capture { name: &info.name, aliases: &info.aliases, step: self.step as u32, shape, axes: &info.axes, data };
+                w.capture(&c)?;
+                return Ok(());
             }
-            Sink::Files { dir, style } => {
-                let sub = format!("step{}", self.step);
-                std::fs::create_dir_all(dir.join(&sub))?;
-                let file = match style {
-                    Style::Max => {
-                        let f = format!("{sub}/{}.max", loupe_formats::max_file::sanitize_label(&label));
-                        loupe_formats::max_file::write_max(dir.join(&f), &loupe_formats::max_file::sanitize_label(&label), shape, data)?;
-                        f
-                    }
-                    Style::Binary => {
-                        let f = format!("{sub}/{label}.bin");
-                        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-                        std::fs::write(dir.join(&f), bytes)?;
-                        f
-                    }
-                    _ => {
-                        let f = format!("{sub}/{label}.npy");
-                        loupe_formats::npy::write_npy(dir.join(&f), shape, data)?;
-                        f
-                    }
-                };
-                self.entries.push(json!({
-                    "name": label, "step": self.step, "order": self.order, "file": file, "dtype": "f32",
-                    "shape": shape, "axes": info.axes, "stats": loupe_parity::manifest::Stats::of(data),
-                }));
-            }
+            Sink::Print { style: Style::None, .. } => return Ok(()),
+            Sink::Print { style, digits } => (*style, *digits),
+        };
+        let mut out = std::io::stdout().lock();
+        for name in std::iter::once(&info.name).chain(&info.aliases) {
+            // A name seen twice in one step is printed as `name(1)`, `name(2)`..., as the
+            // writer lists it.
+            let count = self.seen.entry((self.step, name.to_string())).or_insert(0);
+            let label = if *count == 0 { name.to_string() } else { format!("{name}({count})") };
+            *count += 1;
+            let line = match style {
+                Style::Full => tensor_print::full(&label, shape, data, digits),
+                _ => tensor_print::compact(&label, shape, data),
+            };
+            writeln!(out, "{line}")?;
         }
-        self.order += 1;
         Ok(())
     }
 }
@@ -174,10 +153,8 @@ impl Observer for DumpObserver {
     }
 
     fn observe(&mut self, value: &ValueInfo, shape: &[usize], data: &[f32]) {
-        for name in std::iter::once(&value.name).chain(&value.aliases) {
-            if let Err(e) = self.write(name, value, shape, data) {
-                self.error.get_or_insert(e);
-            }
+        if let Err(e) = self.write(value, shape, data) {
+            self.error.get_or_insert(e);
         }
     }
 }
@@ -229,77 +206,43 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
     let (model, _) = load_model_with_faults(&model_args, layers, args.inject.clone())?;
     let tokens = prompt_tokens(&model, &args.input.prompt, args.input.chat, args.input.system.as_deref())?;
 
-    let files = matches!(style, Style::Npy | Style::Binary | Style::Max);
-    let (tmp, sink) = match (&args.output, files) {
-        (Some(out), true) => {
-            let tmp = staging_dir(out)?;
-            (Some(tmp.clone()), Sink::Files { dir: tmp, style })
-        }
-        (None, true) => return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into()),
-        (_, false) => (None, Sink::Print { style, digits: args.precision }),
+    let file_style = match style {
+        Style::Npy => Some(DumpStyle::Npy),
+        Style::Binary => Some(DumpStyle::Binary),
+        Style::Max => Some(DumpStyle::Max),
+        Style::Compact | Style::Full | Style::None => None,
     };
-    let mut obs = DumpObserver { filter, sink, step: 0, order: 0, entries: Vec::new(), seen: HashMap::new(), error: None };
-    let result = drive(&model, &tokens, args.steps, forced.as_deref(), &mut obs);
-    let result = result.and_then(|generated| match obs.error.take() {
-        Some(e) => Err(e),
-        None => Ok(generated),
-    });
-    let generated = match result {
-        Ok(g) => g,
-        Err(e) => {
-            if let Some(t) = &tmp {
-                let _ = std::fs::remove_dir_all(t);
-            }
-            return Err(e);
-        }
+    let sink = match (&args.output, file_style) {
+        // Tensors go into a staging directory beside `out`; only `finish` puts the dump in
+        // place, and dropping the writer on an error removes everything.
+        (Some(out), Some(fs)) => Sink::Files(DumpWriter::create(out, "loupe", fs).map_err(|e| UsageError(e.to_string()))?),
+        (None, Some(_)) => return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into()),
+        (_, None) => Sink::Print { style, digits: args.precision },
     };
-    if let (Some(tmp), Some(out)) = (tmp, &args.output) {
-        let mut manifest = json!({
-            "format": "loupe-dump", "version": 1,
-            "producer": {"engine": "loupe", "version": env!("CARGO_PKG_VERSION")},
-            "model": {"path": model.path, "sha256": Value::Null},
-            "prompt": args.input.prompt, "chat": args.input.chat || args.input.system.is_some(), "system": args.input.system,
-            "prompt_tokens": tokens, "generated_tokens": generated,
-            "precision": format!("{:?}", model.precision).to_lowercase(),
-            "layers": model.graph.kv_layers,
-            "tensors": obs.entries,
-        });
+    let mut obs = DumpObserver { filter, sink, step: 0, seen: HashMap::new(), error: None };
+    let generated = drive(&model, &tokens, args.steps, forced.as_deref(), &mut obs)?;
+    if let Some(e) = obs.error.take() {
+        return Err(e);
+    }
+    if let (Sink::Files(mut w), Some(out)) = (obs.sink, &args.output) {
+        let m = &mut w.manifest;
+        m.model = Some(ModelInfo { path: Some(model.path.display().to_string()), sha256: None });
+        m.prompt = Some(args.input.prompt.clone());
+        m.chat = Some(args.input.chat || args.input.system.is_some());
+        m.system = args.input.system.clone();
+        m.prompt_tokens = Some(tokens.iter().map(|&t| i64::from(t)).collect());
+        m.generated_tokens = Some(generated.iter().map(|&t| i64::from(t)).collect());
+        m.precision = Some(format!("{:?}", model.precision).to_lowercase());
+        m.layers = Some(model.graph.kv_layers);
         // Only a dump with planted faults says so: a normal manifest is unchanged.
         if !args.inject.is_empty() {
-            manifest["faults"] = json!(args.inject.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+            m.faults = Some(args.inject.iter().map(|f| f.to_string()).collect());
         }
-        let finish = || -> anyhow::Result<()> {
-            std::fs::write(tmp.join("manifest.json"), serde_json::to_vec_pretty(&manifest)?)?;
-            if out.exists() {
-                std::fs::remove_dir_all(out).with_context(|| format!("{}: cannot replace the old dump", out.display()))?;
-            }
-            std::fs::rename(&tmp, out).with_context(|| format!("{}: cannot move the dump into place", out.display()))
-        };
-        if let Err(e) = finish() {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-        eprintln!("loupe: dumped {} tensors ({} steps) to {}", manifest["tensors"].as_array().map_or(0, |a| a.len()), args.steps + 1, out.display());
+        let n = m.tensors.len();
+        w.finish()?;
+        eprintln!("loupe: dumped {n} tensors ({} steps) to {}", args.steps + 1, out.display());
     }
     Ok(())
-}
-
-/// A fresh directory beside `out` to write into; `out` itself may only be replaced if it is
-/// an earlier dump (has a manifest.json) or empty.
-fn staging_dir(out: &Path) -> anyhow::Result<PathBuf> {
-    if out.exists() {
-        let is_dump = out.join("manifest.json").is_file();
-        let is_empty = std::fs::read_dir(out).map(|mut d| d.next().is_none()).unwrap_or(false);
-        if !(is_dump || is_empty) {
-            return Err(UsageError(format!("{}: exists and is not a loupe dump; choose another -o", out.display())).into());
-        }
-    }
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| UsageError(format!("{}: {e}", parent.display())))?;
-    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "dump".into());
-    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| UsageError(format!("{}: {e}", tmp.display())))?;
-    Ok(tmp)
 }
 
 /// Prefill (step 0), then `steps` decode steps; returns the tokens fed at the decode steps.

@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::Context;
 use clap::Args;
 use loupe_parity::report::{render, to_json, RenderOptions};
-use loupe_parity::{compare, CompareOptions, NoProgress, Thresholds};
+use loupe_parity::{compare, CompareOptions, Manifest, NoProgress, Thresholds};
 
 use crate::cmd_dump::{DumpArgs, PromptArgs, Style};
 use crate::cmd_generate::PrecisionArg;
@@ -98,14 +98,15 @@ pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
     })?;
 
     // Step 1's guard, part one: both sides must have seen the same token ids.
-    let tokens = |dir: &Path| -> anyhow::Result<serde_json::Value> {
-        let text = std::fs::read_to_string(dir.join("manifest.json")).with_context(|| format!("{}: no manifest.json", dir.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: bad manifest.json", dir.display()))?;
-        Ok(v["prompt_tokens"].clone())
-    };
+    let tokens = |dir: &Path| -> anyhow::Result<Option<Vec<i64>>> { Ok(Manifest::read(dir)?.prompt_tokens) };
     let (ref_tokens, our_tokens) = (tokens(&reference_dir)?, tokens(&loupe_dir)?);
     if ref_tokens != our_tokens {
-        println!("verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {ref_tokens}\n  loupe:     {our_tokens}\n  fix the tokenizer or chat template before comparing the graph (parity-protocol.md, step 0)");
+        let show = |t: &Option<Vec<i64>>| t.as_ref().map_or("null".to_string(), |t| format!("{t:?}"));
+        println!(
+            "verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {}\n  loupe:     {}\n  fix the tokenizer or chat template before comparing the graph (parity-protocol.md, step 0)",
+            show(&ref_tokens),
+            show(&our_tokens)
+        );
         return Ok(1);
     }
 
@@ -135,7 +136,7 @@ pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
     if !json_stdout {
         println!(
             "dumper guard: prompt tokens identical ({} tokens); embedding cosine {}; {} layer outputs, lowest cosine {} — {}",
-            our_tokens.as_array().map_or(0, |a| a.len()),
+            our_tokens.as_ref().map_or(0, Vec::len),
             embed.map_or("missing".into(), |c| format!("{c:.7}")),
             layers.len(),
             worst.map_or("n/a".into(), |(n, c)| format!("{c:.6} ({n})")),

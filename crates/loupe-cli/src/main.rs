@@ -12,7 +12,6 @@ mod cmd_inspect;
 mod cmd_ir;
 mod cmd_parity;
 mod debug_setup;
-mod explain;
 mod model_path;
 mod tensor_print;
 
