@@ -4,10 +4,12 @@
 //! * [`weights`]: weight sources (GGUF, safetensors), the GGUF <-> HF name map, precision.
 //! * [`llama`]: the Llama-family graph builder; values named by HF module paths.
 //! * [`tokenizer`]: tokenizer specs from GGUF metadata.
+//! * [`tiny`]: a tiny random-weight Llama GGUF (real tokenizer) for tests.
 
 pub mod config;
 pub mod error;
 pub mod llama;
+pub mod tiny;
 pub mod tokenizer;
 pub mod weights;
 
@@ -23,6 +25,24 @@ pub use config::LlamaConfig;
 pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
 pub use weights::{Precision, Progress};
+
+/// File name of the default model (SmolLM2-135M-Instruct, GGUF Q4_1).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where the default model is expected: `$LOUPE_MODEL` if set, else where `scripts/fetch-model`
+/// puts it, `${LOUPE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loupe}/models/`. Whether the
+/// file is there is the caller's question.
+pub fn default_model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("LOUPE_MODEL").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let base = std::env::var_os("LOUPE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("loupe")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("loupe")))
+        .unwrap_or_else(|| PathBuf::from(".loupe-cache"));
+    base.join("models").join(DEFAULT_MODEL_FILE)
+}
 
 /// What kind of checkpoint a path holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
