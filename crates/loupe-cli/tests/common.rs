@@ -32,11 +32,11 @@ pub fn tiny_spec() -> loupe_models::tiny::TinyLlama {
 }
 
 /// The real model (SmolLM2-135M-Instruct Q4_1): `$LOUPE_MODEL`, else the cache path of
-/// `scripts/fetch-model` ([`loupe_models::default_model_path`]). Tests that call this are
+/// `scripts/fetch-model` ([`loupe_models::real_model_path`]). Tests that call this are
 /// `#[ignore = "needs the real model ..."]`; run with `--include-ignored` (scripts/test) and
 /// without the model, they fail with one line saying how to get it.
 pub fn real_model() -> PathBuf {
-    let path = loupe_models::default_model_path();
+    let path = loupe_models::real_model_path();
     assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
     path
 }

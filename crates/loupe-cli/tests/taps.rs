@@ -46,7 +46,7 @@ fn taps_change_nothing(path: &std::path::Path, layers: usize) {
         let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
         let next = model.tokenizer.encode(" it", false).unwrap()[0];
         let run = |tap: Option<&mut TapAll>| {
-            let mut s = Session::new(graph, 64);
+            let mut s = Session::new(graph, 64, &Default::default());
             match tap {
                 None => {
                     let a = s.forward(&prompt, true, None).unwrap().to_vec();

@@ -1,5 +1,5 @@
 //! Opens the real SmolLM2 model (`$LOUPE_MODEL`, else the cache path of
-//! `scripts/fetch-model`: `loupe_models::default_model_path`). Ignored by default; run with
+//! `scripts/fetch-model`: `loupe_models::real_model_path`). Ignored by default; run with
 //! `--include-ignored` (scripts/test fetches the model) it fails with one line when the model
 //! is missing. Expected figures: shared/spec/measured.md, "SmolLM2-135M-Instruct.Q4_1.gguf".
 
@@ -8,7 +8,7 @@ use loupe_formats::{GgmlType, GgufFile};
 #[test]
 #[ignore = "needs the real model (scripts/test fetches it)"]
 fn smollm2_q4_1_header() {
-    let path = loupe_models::default_model_path();
+    let path = loupe_models::real_model_path();
     assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
     let f = GgufFile::open(&path).expect("the real model opens");
     assert_eq!(f.version, 3);

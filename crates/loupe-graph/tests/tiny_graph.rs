@@ -36,7 +36,7 @@ fn lowered(graph: &Graph) -> Graph {
 }
 
 fn executor(graph: &Graph) -> Executor {
-    Executor::with_debug(graph, &DebugOptions::default())
+    Executor::new(graph, &DebugOptions::default())
 }
 
 fn cache(graph: &Graph) -> KvCache {
@@ -497,13 +497,13 @@ fn debug_checks_of_the_executor_catch_planted_defects() {
     let logits = executor(&nan).run(&nan, &PROMPT, &mut kv, RunOptions::default(), None).unwrap().to_vec();
     assert!(logits.iter().any(|x| !x.is_finite()));
     let opts = DebugOptions { nan_check: true, nan_check_stride: 1, ..DebugOptions::default() };
-    match Executor::with_debug(&nan, &opts).run(&nan, &PROMPT, &mut cache(&nan), RunOptions::default(), None) {
+    match Executor::new(&nan, &opts).run(&nan, &PROMPT, &mut cache(&nan), RunOptions::default(), None) {
         Err(e @ GraphError::NanCheck { .. }) => assert!(e.to_string().contains("'model.layers.1.self_attn.o_proj'") && e.to_string().contains("plant_nan"), "{e}"),
         other => panic!("{:?}", other.map(|l| l.len())),
     }
     let uninit = load(tiny_path(), LoadOptions { faults: faults("uninit@0"), ..Default::default() }).unwrap().graph;
     let opts = DebugOptions { uninitialized_read_check: true, ..DebugOptions::default() };
-    match Executor::with_debug(&uninit, &opts).run(&uninit, &PROMPT, &mut cache(&uninit), RunOptions::default(), None) {
+    match Executor::new(&uninit, &opts).run(&uninit, &PROMPT, &mut cache(&uninit), RunOptions::default(), None) {
         Err(e @ GraphError::UninitializedRead { .. }) => assert!(e.to_string().contains("model.layers.0.self_attn.o_proj"), "{e}"),
         other => panic!("{:?}", other.map(|l| l.len())),
     }
@@ -511,6 +511,6 @@ fn debug_checks_of_the_executor_catch_planted_defects() {
     let g = model(Precision::Native).graph;
     let plain = executor(&g).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
     let all_on = DebugOptions { nan_check: true, nan_check_stride: 1, uninitialized_read_check: true, assert_level: loupe_graph::debug::AssertLevel::All, ..DebugOptions::default() };
-    let checked = Executor::with_debug(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
+    let checked = Executor::new(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
     assert_eq!(plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), checked.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
 }

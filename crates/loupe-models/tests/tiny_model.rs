@@ -23,7 +23,7 @@ fn load_tiny(path: &std::path::Path, precision: Precision) -> Model {
 
 /// Logits of every position of `tokens` in one call.
 fn all_logits(graph: &Graph, tokens: &[u32]) -> Vec<f32> {
-    let mut exec = Executor::with_debug(graph, &DebugOptions::default());
+    let mut exec = Executor::new(graph, &DebugOptions::default());
     let mut kv = KvCache::new(graph.kv_layers, graph.kv_width, graph.context_length);
     exec.run(graph, tokens, &mut kv, RunOptions { all_logits: true }, None).unwrap().to_vec()
 }

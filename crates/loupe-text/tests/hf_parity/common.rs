@@ -1,7 +1,7 @@
 //! The Hugging Face reference, produced once per test binary by tests/python/hf_reference.py.
 //!
 //! Needs python3 with transformers, gguf, accelerate (and torch) and the SmolLM2 GGUF
-//! (`loupe_models::default_model_path`: `$LOUPE_MODEL`, else where scripts/fetch-model puts it).
+//! (`loupe_models::real_model_path`: `$LOUPE_MODEL`, else where scripts/fetch-model puts it).
 //! The tests are ignored by default; run with `--include-ignored` (scripts/test installs
 //! both) they fail with one line when either is missing.
 //!
@@ -42,7 +42,7 @@ pub fn fixture() -> &'static Fixture {
 }
 
 fn model_path() -> Result<PathBuf, String> {
-    let path = loupe_models::default_model_path();
+    let path = loupe_models::real_model_path();
     if path.is_file() {
         Ok(path)
     } else {
