@@ -3,38 +3,54 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
-/// The real model: `$LOUPE_MODEL`, else the default cache path. `None` (test skipped with a
-/// note) when absent, except under CI (`CI` set), where its absence fails the test: CI's
-/// `.ci/run` fetches it.
-pub fn real_model() -> Option<PathBuf> {
-    let path = std::env::var_os("LOUPE_MODEL").map(PathBuf::from).unwrap_or_else(|| {
-        let base = std::env::var_os("LOUPE_CACHE_DIR")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("loupe")))
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/loupe"));
-        base.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("the model {} is missing; .ci/run must fetch it (scripts/fetch-model)", path.display());
-    }
-    eprintln!("skipping: model {} not found (run scripts/fetch-model)", path.display());
-    None
+/// The tiny random-weight Llama GGUF (`loupe_models::tiny`, default spec): 4 layers, hidden
+/// 64, a real byte-level BPE tokenizer and SmolLM2's chat template. Written once, named by a
+/// hash of its bytes under Cargo's target tmpdir, so test binaries (and checkouts sharing the
+/// target directory) running at the same time never see each other's half-written or
+/// different file.
+pub fn tiny_model() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let spec = tiny_spec();
+        let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(&spec).expect("building the tiny model");
+        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
+        if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+            std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            loupe_models::tiny::write_tiny_llama_gguf(&path, &spec).expect("writing the tiny model");
+        }
+        path
+    })
+    .clone()
 }
 
-/// Whether the Python reference stack is importable; required under CI.
-pub fn python_reference() -> bool {
-    let ok = Command::new("python3").args(["-c", "import loupe_reference, torch, transformers, gguf"]).output().map(|o| o.status.success()).unwrap_or(false);
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!("python3 cannot import loupe_reference/torch/transformers/gguf; .ci/run must install them");
-        }
-        eprintln!("skipping: python reference stack not installed (pip install -e reference/)");
-    }
-    ok
+/// The spec of [`tiny_model`].
+pub fn tiny_spec() -> loupe_models::tiny::TinyLlama {
+    loupe_models::tiny::TinyLlama::default()
+}
+
+/// The real model (SmolLM2-135M-Instruct Q4_1): `$LOUPE_MODEL`, else the cache path of
+/// `scripts/fetch-model` ([`loupe_models::real_model_path`]). Tests that call this are
+/// `#[ignore = "needs the real model ..."]`; run with `--include-ignored` (scripts/test) and
+/// without the model, they fail with one line saying how to get it.
+pub fn real_model() -> PathBuf {
+    let path = loupe_models::real_model_path();
+    assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
+    path
+}
+
+/// Fails with one clear line unless `python3` (first on PATH) can import the reference stack.
+/// Tests that call this are `#[ignore = "needs the Python reference stack ..."]`.
+pub fn require_python_reference() {
+    let out = Command::new("python3").args(["-c", "import loupe_reference, torch, transformers, gguf"]).output();
+    let why = match &out {
+        Ok(o) if o.status.success() => return,
+        Ok(o) => String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string(),
+        Err(e) => format!("cannot run python3: {e}"),
+    };
+    panic!("needs the Python reference stack (python3 -c 'import loupe_reference, torch, transformers, gguf' failed: {why}): run scripts/test, or pip install -e reference/ torch transformers gguf accelerate");
 }
 
 pub fn loupe() -> Command {

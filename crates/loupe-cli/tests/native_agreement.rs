@@ -6,8 +6,8 @@ use common::*;
 use loupe_models::{LoadOptions, Precision};
 use loupe_runtime::Session;
 
-fn agreement(precision: Precision) -> Option<(usize, usize, usize, usize)> {
-    let model_path = real_model()?;
+fn agreement(precision: Precision) -> (usize, usize, usize, usize) {
+    let model_path = real_model();
     let model = loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).expect("load");
     let (mut agree, mut total, mut gen_agree, mut gen_total) = (0, 0, 0, 0);
     for g in goldens() {
@@ -27,26 +27,29 @@ fn agreement(precision: Precision) -> Option<(usize, usize, usize, usize)> {
         }
     }
     eprintln!("{precision:?}: teacher-forced argmax agreement {agree}/{total} = {:.2}% (generated positions {gen_agree}/{gen_total} = {:.2}%)", 100.0 * agree as f64 / total as f64, 100.0 * gen_agree as f64 / gen_total as f64);
-    Some((agree, total, gen_agree, gen_total))
+    (agree, total, gen_agree, gen_total)
 }
 
 #[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
 fn native_teacher_forced_argmax_agreement_at_least_99_percent() {
-    let Some((agree, total, _, _)) = agreement(Precision::Native) else { return };
+    let (agree, total, _, _) = agreement(Precision::Native);
     assert!(agree as f64 >= 0.99 * total as f64, "native agreement {agree}/{total} is below 99%");
 }
 
 #[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
 fn f32_teacher_forced_argmax_matches_reference_everywhere_but_near_ties() {
-    let Some((agree, total, _, _)) = agreement(Precision::F32) else { return };
+    let (agree, total, _, _) = agreement(Precision::F32);
     assert!(agree as f64 >= 0.999 * total as f64, "f32 agreement {agree}/{total} is below 99.9%");
 }
 
 /// llama.cpp's scheme (8-bit activations) is reported, not held to 99%: its rounding flips
 /// near ties (SmolLM2's logit margins are often < 0.05). The floor catches a broken kernel.
 #[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
 fn q8_activation_agreement_is_reported() {
-    let Some((agree, total, _, _)) = agreement(Precision::Q8) else { return };
+    let (agree, total, _, _) = agreement(Precision::Q8);
     assert!(agree as f64 >= 0.93 * total as f64, "q8 agreement {agree}/{total} is below 93%: a kernel is broken");
 }
 
@@ -55,8 +58,9 @@ fn q8_activation_agreement_is_reported() {
 /// (GEMV with 16-bit activation blocks for Q4_1/Q8_0 instead of f32 GEMM), so it is
 /// measured on its own.
 #[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
 fn native_decode_path_argmax_agreement_at_least_99_percent() {
-    let Some(model_path) = real_model() else { return };
+    let model_path = real_model();
     let model = loupe_models::load(&model_path, LoadOptions { precision: Precision::Native, layers: None, progress: None, faults: Vec::new() }).expect("load");
     let (mut agree, mut total) = (0, 0);
     for g in goldens() {

@@ -1,31 +1,15 @@
-//! Opens the real SmolLM2 model when it is on this machine (`$LOUPE_MODEL`, else
-//! `~/.cache/loupe/models/SmolLM2-135M-Instruct.Q4_1.gguf`; `scripts/fetch-model` gets it).
-//! Expected figures: docs/models.md, "The default model".
-
-use std::path::PathBuf;
+//! Opens the real SmolLM2 model (`$LOUPE_MODEL`, else the cache path of
+//! `scripts/fetch-model`: `loupe_models::real_model_path`). Ignored by default; run with
+//! `--include-ignored` (scripts/test fetches the model) it fails with one line when the model
+//! is missing. Expected figures: docs/models.md, "The default model".
 
 use loupe_formats::{GgmlType, GgufFile};
 
-fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("LOUPE_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache/loupe/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if path.is_file() {
-        Some(path)
-    } else {
-        eprintln!(
-            "note: skipping, no model at {} (set LOUPE_MODEL or run scripts/fetch-model)",
-            path.display()
-        );
-        None
-    }
-}
-
 #[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
 fn smollm2_q4_1_header() {
-    let Some(path) = model_path() else { return };
+    let path = loupe_models::real_model_path();
+    assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
     let f = GgufFile::open(&path).expect("the real model opens");
     assert_eq!(f.version, 3);
     assert_eq!(f.tensors.len(), 272);

@@ -5,11 +5,13 @@
 //! * [`llama`]: the Llama-family graph builder; values named by HF module paths.
 //! * [`roles`]: what each value the builder emits is (role, layer, name, inputs).
 //! * [`tokenizer`]: tokenizer specs from GGUF metadata.
+//! * [`tiny`]: a tiny random-weight Llama GGUF (real tokenizer) for tests.
 
 pub mod config;
 pub mod error;
 pub mod llama;
 pub mod roles;
+pub mod tiny;
 pub mod tokenizer;
 pub mod weights;
 
@@ -26,6 +28,33 @@ pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
 pub use roles::{Module, ModuleRole};
 pub use weights::{Precision, Progress};
+
+/// File name of the default model (SmolLM2-135M-Instruct, GGUF Q4_1).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// loupe's cache directory: `$LOUPE_CACHE_DIR`, else `$XDG_CACHE_HOME/loupe`, else
+/// `~/.cache/loupe` (the same rule as `scripts/fetch-model`).
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("LOUPE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("loupe")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("loupe")))
+        .unwrap_or_else(|| PathBuf::from(".loupe-cache"))
+}
+
+/// Where the default model lives once fetched (it may not be there yet).
+pub fn default_model_path() -> PathBuf {
+    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// The real model the test suites run: `$LOUPE_MODEL` if set, else [`default_model_path`].
+/// Whether the file is there is the caller's question.
+pub fn real_model_path() -> PathBuf {
+    match std::env::var_os("LOUPE_MODEL").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => default_model_path(),
+    }
+}
 
 /// What kind of checkpoint a path holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

