@@ -18,10 +18,11 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use loupe_models::{Model, ModelFormat, Precision};
-use loupe_runtime::Session;
+use loupe_graph::debug::DebugOptions;
+use loupe_models::{Model, ModelFormat};
 
-use crate::cmd_generate::{load_model, ModelArgs};
+use crate::args::{precision_name, ModelArgs, PrecisionArg};
+use crate::load::{load, Load};
 use crate::UsageError;
 
 /// Seed of the benchmark token ids: fixed, so every run feeds the same sequence.
@@ -100,15 +101,16 @@ struct ModelSize {
     params: u64,
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     if args.repetitions == 0 {
         return Err(UsageError("--repetitions must be at least 1".into()).into());
     }
     if args.n_prompt == 0 && args.n_gen == 0 {
         return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
     }
-    let threads = crate::init_threads(args.model.threads)?;
-    let (model, load_s) = load_model(&args.model, None)?;
+    let engine = load(&args.model, Load::new(args.model.precision_or(PrecisionArg::Native)), debug)?;
+    let (threads, load_s) = (engine.threads(), engine.load_time().as_secs_f64());
+    let model = engine.model();
     let context = model.config.max_position_embeddings.min(model.graph.context_length);
     for (flag, n) in [("--n-prompt", args.n_prompt), ("--n-gen", args.n_gen)] {
         if n > context {
@@ -120,11 +122,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         return Err(UsageError(format!("{}: the model has an empty vocabulary", model.path.display())).into());
     }
     let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
-    let size = model_size(&model);
-    let traffic = decode_traffic(&model);
+    let size = model_size(model);
+    let traffic = decode_traffic(model);
 
     let needed = args.n_prompt.max(args.n_gen);
-    let mut session = Session::new(&model.graph, needed);
+    let mut session = engine.session(needed);
     session.reserve(needed);
     let runs_per_test = args.warmup + args.repetitions;
     let total_steps = if args.n_prompt > 0 { runs_per_test } else { 0 } + if args.n_gen > 0 { runs_per_test } else { 0 };
@@ -269,14 +271,6 @@ fn bench_tokens(n: usize, bos: Option<u32>, vocab: usize, seed: u64) -> Vec<u32>
             _ => (next() % vocab as u64) as u32,
         })
         .collect()
-}
-
-fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::F32 => "f32",
-        Precision::Native => "native",
-        Precision::Q8 => "q8",
-    }
 }
 
 fn decode_traffic(model: &Model) -> DecodeTraffic {

@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use loupe_graph::debug::DebugOptions;
 use loupe_graph::{Observer, ValueInfo};
-use loupe_models::Model;
-use loupe_runtime::{argmax, Session};
+use loupe_runtime::{argmax, Engine};
 use regex::Regex;
 use serde_json::{json, Value};
 
-use crate::cmd_generate::{load_model_with_faults, prompt_tokens, ModelArgs, PrecisionArg};
+use crate::args::{parse_ids, parse_layers, precision_name, ModelArgs, PrecisionArg, PromptArgs};
+use crate::load::{cli_error, load, Load};
 use crate::{tensor_print, UsageError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -33,25 +34,10 @@ pub enum Style {
     None,
 }
 
-/// The model and prompt flags that `loupe dump` and `loupe parity` share.
-#[derive(Args, Debug, Clone)]
-pub struct PromptArgs {
-    /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2]
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
-    /// The prompt (the user message with --chat).
-    #[arg(long)]
-    pub prompt: String,
-    /// Wrap the prompt in the model's chat template.
-    #[arg(long)]
-    pub chat: bool,
-    /// A system message for the chat template (implies --chat).
-    #[arg(long)]
-    pub system: Option<String>,
-}
-
 #[derive(Args, Debug)]
 pub struct DumpArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub input: PromptArgs,
     /// Keep only the first N decoder layers (`all` keeps every layer).
@@ -73,15 +59,10 @@ pub struct DumpArgs {
     pub style: Option<Style>,
     /// Digits after the point for --style full.
     #[arg(long, default_value_t = 6)]
-    pub precision: usize,
+    pub digits: usize,
     /// Stored element type (loupe computes in f32, so both store f32).
     #[arg(long, default_value = "f32", value_parser = ["f32", "native"])]
     pub dtype: String,
-    /// Weight precision of the run: f32 is the parity baseline.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub mode: PrecisionArg,
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
     /// Plant a bug in loupe's own graph at decoder layer LAYER (repeatable), to test the
     /// parity tools against a known answer. CLASS: rope-interleaved, transposed-weight,
     /// norm-eps, gelu-tanh, softmax-scale, gqa-mapping, missing-residual, bf16, kv-write, mask.
@@ -184,9 +165,8 @@ impl Observer for DumpObserver {
 
 /// The style without `--style`: LOUPE_DEBUG's `print-style` when set, else npy files with
 /// `-o` and COMPACT prints without.
-fn default_style(to_files: bool) -> Style {
+fn default_style(to_files: bool, opts: &DebugOptions) -> Style {
     use loupe_graph::debug::PrintStyle;
-    let opts = loupe_graph::debug::current();
     if !opts.sources.contains_key("print-style") {
         return if to_files { Style::Npy } else { Style::Compact };
     }
@@ -199,35 +179,19 @@ fn default_style(to_files: bool) -> Style {
     }
 }
 
-/// `--layers N|all`.
-pub fn parse_layers(s: &str) -> anyhow::Result<Option<usize>> {
-    if s == "all" {
-        return Ok(None);
-    }
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(Some(n)),
-        _ => Err(UsageError(format!("--layers must be a positive number or 'all', got '{s}'")).into()),
-    }
-}
-
-fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
-    s.split(',').filter(|t| !t.trim().is_empty()).map(|t| t.trim().parse::<u32>().map_err(|_| UsageError(format!("--teacher-force: '{t}' is not a token id")).into())).collect()
-}
-
-pub fn run(args: DumpArgs) -> anyhow::Result<()> {
-    crate::init_threads(args.threads)?;
+pub fn run(args: DumpArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let layers = parse_layers(&args.layers)?;
     let filter = TapFilter::new(&args.taps)?;
-    let forced = args.teacher_force.as_deref().map(parse_ids).transpose()?;
+    let forced = args.teacher_force.as_deref().map(|s| parse_ids("--teacher-force", s)).transpose()?;
     if let Some(f) = &forced {
         if f.len() < args.steps {
             return Err(UsageError(format!("--teacher-force gives {} ids for --steps {}", f.len(), args.steps)).into());
         }
     }
-    let style = args.style.unwrap_or_else(|| default_style(args.output.is_some()));
-    let model_args = ModelArgs { model: args.input.model.clone(), precision: args.mode, threads: args.threads };
-    let (model, _) = load_model_with_faults(&model_args, layers, args.inject.clone())?;
-    let tokens = prompt_tokens(&model, &args.input.prompt, args.input.chat, args.input.system.as_deref())?;
+    let style = args.style.unwrap_or_else(|| default_style(args.output.is_some(), debug));
+    let what = Load { layers, faults: args.inject.clone(), ..Load::new(args.model.precision_or(PrecisionArg::F32)) };
+    let engine = load(&args.model, what, debug)?;
+    let tokens = engine.prompt_tokens(&args.input.prompt()).map_err(cli_error)?;
 
     let files = matches!(style, Style::Npy | Style::Binary | Style::Max);
     let (tmp, sink) = match (&args.output, files) {
@@ -236,10 +200,10 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
             (Some(tmp.clone()), Sink::Files { dir: tmp, style })
         }
         (None, true) => return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into()),
-        (_, false) => (None, Sink::Print { style, digits: args.precision }),
+        (_, false) => (None, Sink::Print { style, digits: args.digits }),
     };
     let mut obs = DumpObserver { filter, sink, step: 0, order: 0, entries: Vec::new(), seen: HashMap::new(), error: None };
-    let result = drive(&model, &tokens, args.steps, forced.as_deref(), &mut obs);
+    let result = drive(&engine, &tokens, args.steps, forced.as_deref(), &mut obs);
     let result = result.and_then(|generated| match obs.error.take() {
         Some(e) => Err(e),
         None => Ok(generated),
@@ -257,11 +221,11 @@ pub fn run(args: DumpArgs) -> anyhow::Result<()> {
         let mut manifest = json!({
             "format": "loupe-dump", "version": 1,
             "producer": {"engine": "loupe", "version": env!("CARGO_PKG_VERSION")},
-            "model": {"path": model.path, "sha256": Value::Null},
+            "model": {"path": engine.path(), "sha256": Value::Null},
             "prompt": args.input.prompt, "chat": args.input.chat || args.input.system.is_some(), "system": args.input.system,
             "prompt_tokens": tokens, "generated_tokens": generated,
-            "precision": format!("{:?}", model.precision).to_lowercase(),
-            "layers": model.graph.kv_layers,
+            "precision": precision_name(engine.precision()),
+            "layers": engine.graph().kv_layers,
             "tensors": obs.entries,
         });
         // Only a dump with planted faults says so: a normal manifest is unchanged.
@@ -303,13 +267,13 @@ fn staging_dir(out: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Prefill (step 0), then `steps` decode steps; returns the tokens fed at the decode steps.
-fn drive(model: &Model, prompt: &[u32], steps: usize, forced: Option<&[u32]>, obs: &mut DumpObserver) -> anyhow::Result<Vec<u32>> {
-    let mut session = Session::new(&model.graph, prompt.len() + steps + 1);
+fn drive(engine: &Engine, prompt: &[u32], steps: usize, forced: Option<&[u32]>, obs: &mut DumpObserver) -> anyhow::Result<Vec<u32>> {
+    let mut session = engine.session(prompt.len() + steps + 1);
     if prompt.len() + steps >= session.capacity() {
         return Err(UsageError(format!("prompt: {} tokens + {steps} steps do not fit the context window of {}", prompt.len(), session.capacity())).into());
     }
     obs.step = 0;
-    let mut next = argmax(session.forward(prompt, true, Some(obs as &mut dyn Observer))?.rchunks(model.config.vocab_size).next().unwrap_or(&[]));
+    let mut next = argmax(session.forward(prompt, true, Some(obs as &mut dyn Observer))?.rchunks(engine.config().vocab_size).next().unwrap_or(&[]));
     let mut fed = Vec::new();
     for k in 1..=steps {
         let tok = forced.map(|f| f[k - 1]).unwrap_or(next);

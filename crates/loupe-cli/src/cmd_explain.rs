@@ -12,7 +12,8 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::explain::{explain, report};
-use crate::{model_path, UsageError};
+use crate::load::model_path;
+use crate::UsageError;
 
 #[derive(Args, Debug, Clone)]
 pub struct ExplainArgs {
@@ -38,10 +39,10 @@ pub fn run(args: ExplainArgs) -> anyhow::Result<u8> {
     // The model is resolved (and the default fetched) only when a hypothesis needs weights,
     // but a --model that does not exist is an error up front.
     let model = match &args.model {
-        Some(p) => model_path::resolve(Some(p))?,
-        None => model_path::cache_path(),
+        Some(p) => model_path(Some(p))?,
+        None => loupe_runtime::default_model_path(),
     };
-    let model = if args.model.is_none() && !model.is_file() { model_path::default_model()? } else { model };
+    let model = if args.model.is_none() && !model.is_file() { loupe_runtime::default_model()? } else { model };
     let e = explain(&args.a, &args.b, &args.tensor, args.step, model).map_err(|e| UsageError(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     out.write_all(report::render(&e).as_bytes())?;

@@ -1,17 +1,17 @@
 //! `loupe ir`: the model's graph as text after any lowering pass.
 
-use std::path::PathBuf;
-
 use clap::Args;
+use loupe_graph::debug::DebugOptions;
 use loupe_graph::passes::PASSES;
+use loupe_runtime::Lowering;
 
-use crate::cmd_generate::{load_built_model, ModelArgs, PrecisionArg};
+use crate::args::{parse_layers, ModelArgs, PrecisionArg};
+use crate::load::{load, Load};
 
 #[derive(Args, Debug)]
 pub struct IrArgs {
-    /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2]
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Print the IR after this pass [default: the last]. `--list-passes` names them.
     #[arg(long = "pass", value_name = "NAME")]
     pub pass: Option<String>,
@@ -21,15 +21,12 @@ pub struct IrArgs {
     /// Keep only the first N decoder layers (`all` keeps every layer).
     #[arg(long, default_value = "all")]
     pub layers: String,
-    /// Weight precision (shown in weight types and kernels).
-    #[arg(long, value_enum, default_value = "native")]
-    pub precision: PrecisionArg,
     /// Plant a fault (as `loupe dump --inject`), to see it in the IR.
     #[arg(long = "inject", value_name = "CLASS@LAYER")]
     pub inject: Vec<loupe_models::Fault>,
 }
 
-pub fn run(args: IrArgs) -> anyhow::Result<()> {
+pub fn run(args: IrArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     if args.list_passes {
         for (i, p) in PASSES.iter().enumerate() {
             println!("{i:02} {:<16} {}", p.name, p.about);
@@ -37,10 +34,13 @@ pub fn run(args: IrArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let pass = args.pass.clone().unwrap_or_else(|| PASSES[PASSES.len() - 1].name.to_string());
-    let layers = crate::cmd_dump::parse_layers(&args.layers)?;
-    let model_args = ModelArgs { model: args.model.clone(), precision: args.precision, threads: None };
-    let (model, _) = load_built_model(&model_args, layers, args.inject.clone())?;
-    let graph = crate::debug_setup::lower(model.graph, Some(&pass))?;
-    print!("{}", loupe_graph::print::to_text(&graph));
+    let what = Load {
+        precision: args.model.precision_or(PrecisionArg::Native),
+        layers: parse_layers(&args.layers)?,
+        faults: args.inject.clone(),
+        lowering: Lowering::Until(pass),
+    };
+    let engine = load(&args.model, what, debug)?;
+    print!("{}", loupe_graph::print::to_text(engine.graph()));
     Ok(())
 }

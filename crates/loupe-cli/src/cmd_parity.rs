@@ -10,9 +10,12 @@ use clap::Args;
 use loupe_parity::report::{render, to_json, RenderOptions};
 use loupe_parity::{compare, CompareOptions, NoProgress, Thresholds};
 
-use crate::cmd_dump::{DumpArgs, PromptArgs, Style};
-use crate::cmd_generate::PrecisionArg;
-use crate::{model_path, UsageError};
+use loupe_graph::debug::DebugOptions;
+
+use crate::args::{parse_layers, ModelArgs, PrecisionArg, PromptArgs};
+use crate::cmd_dump::{DumpArgs, Style};
+use crate::load::model_path;
+use crate::UsageError;
 
 /// The dumper guard (docs/parity-protocol.md, step 1): on a correct model the embeddings must
 /// agree to rounding, and every layer to cosine 0.999 or better.
@@ -21,6 +24,8 @@ const GUARD_LAYER_COS: f64 = 0.999;
 
 #[derive(Args, Debug)]
 pub struct ParityArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(flatten)]
     pub input: PromptArgs,
     /// `hf` runs transformers through `python -m loupe_reference dump`; a path uses an
@@ -39,22 +44,17 @@ pub struct ParityArgs {
     /// Keep both dumps here (`DIR/loupe`, `DIR/reference`); default: a temporary directory.
     #[arg(short = 'o', long = "output")]
     pub output: Option<PathBuf>,
-    /// loupe's weight precision for the run.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub mode: PrecisionArg,
     /// A tensor diverges below this cosine.
     #[arg(long, default_value_t = 0.99)]
     pub cos: f64,
     /// Write the JSON report here (`-` for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
 }
 
-pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
-    let model = model_path::resolve(args.input.model.as_deref())?;
-    crate::cmd_dump::parse_layers(&args.layers)?;
+pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
+    let model = model_path(args.model.model.as_deref())?;
+    parse_layers(&args.layers)?;
     let tmp;
     let root = match &args.output {
         Some(d) => {
@@ -83,19 +83,18 @@ pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
     let loupe_dir = root.join("loupe");
     eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
     crate::cmd_dump::run(DumpArgs {
-        input: PromptArgs { model: Some(model.clone()), ..args.input.clone() },
+        model: ModelArgs { model: Some(model.clone()), precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)), threads: args.model.threads },
+        input: args.input.clone(),
         layers: args.layers.clone(),
         taps: args.taps.clone(),
         steps: args.steps,
         teacher_force: None,
         output: Some(loupe_dir.clone()),
         style: Some(Style::Npy),
-        precision: 6,
+        digits: 6,
         dtype: "f32".into(),
-        mode: args.mode,
-        threads: None,
         inject: Vec::new(),
-    })?;
+    }, debug)?;
 
     // Step 1's guard, part one: both sides must have seen the same token ids.
     let tokens = |dir: &Path| -> anyhow::Result<serde_json::Value> {
@@ -146,7 +145,7 @@ pub fn run(args: ParityArgs) -> anyhow::Result<u8> {
         }
     }
     // A failed guard in f32 mode means the dumpers (or the f32 path) are broken: not a pass.
-    let guard_fails = !guard_ok && matches!(args.mode, PrecisionArg::F32);
+    let guard_fails = !guard_ok && args.model.precision.unwrap_or(PrecisionArg::F32) == PrecisionArg::F32;
     Ok(report.exit_code().max(u8::from(guard_fails)))
 }
 

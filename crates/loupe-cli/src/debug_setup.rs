@@ -1,41 +1,25 @@
-//! `LOUPE_DEBUG` in the CLI: resolving the options from their four sources, the crash
-//! handler of `stack-trace-on-crash`, the error report of `stack-trace-on-error` and
-//! `source-tracebacks`, and lowering a loaded model under `ir-output-dir` / `stop-after`.
+//! `LOUPE_DEBUG` in the CLI: resolving the options once from their sources (through
+//! `loupe_runtime::debug_config`), the crash handler of `stack-trace-on-crash`, and the
+//! error report of `stack-trace-on-error` and `source-tracebacks`. The resolved options are
+//! passed to each command explicitly; nothing is installed process-wide.
 
 use std::path::{Path, PathBuf};
 
-use loupe_graph::debug::{self, DebugOptions, Layers};
-use loupe_graph::passes::{self, LowerOptions};
+use loupe_graph::debug::DebugOptions;
 use loupe_graph::GraphError;
+use loupe_runtime::debug_config;
 use loupe_runtime::RuntimeError;
 
 use crate::UsageError;
 
-/// Lowering stopped early on purpose (`stop-after`): the command exits 0 with this message.
-#[derive(Debug, thiserror::Error)]
-#[error("stopped after lowering pass '{pass}' (LOUPE_DEBUG stop-after){where_}")]
-pub struct StoppedAfter {
-    pub pass: String,
-    pub where_: String,
-}
-
-/// Resolves the options (API > `--debug` > environment > `./loupe.toml`), prints warnings
-/// for unknown ones, installs them process-wide and acts on the process-level ones.
+/// Resolves the options (`--debug` > environment > `./loupe.toml`), prints warnings for
+/// unknown ones and acts on the process-level ones (backtraces, crash handlers).
 pub fn configure(flags: &[String]) -> anyhow::Result<DebugOptions> {
-    let mut layers = Layers::default().with_env();
-    let toml_path = Path::new("loupe.toml");
-    if toml_path.is_file() {
-        let text = std::fs::read_to_string(toml_path).map_err(|e| UsageError(format!("{}: {e}", toml_path.display())))?;
-        layers.file = debug::parse_toml(&text, toml_path).map_err(UsageError)?;
-    }
-    for f in flags {
-        layers.flags.extend(debug::parse_list(f));
-    }
-    layers.api = debug::api_layer();
-    let (opts, warnings) = debug::resolve(&layers).map_err(|e| UsageError(e.to_string()))?;
-    for w in warnings {
+    let resolved = debug_config::resolve_sources(Path::new("."), flags, Vec::new(), true).map_err(|e| UsageError(e.to_string()))?;
+    for w in &resolved.warnings {
         eprintln!("{w}");
     }
+    let opts = resolved.options;
     if opts.stack_trace_on_error {
         // anyhow captures a backtrace where each error is created when this is set; set
         // before any thread starts.
@@ -44,47 +28,13 @@ pub fn configure(flags: &[String]) -> anyhow::Result<DebugOptions> {
     if opts.stack_trace_on_crash {
         crash::install();
     }
-    debug::install(opts.clone());
     Ok(opts)
-}
-
-/// Lowers `graph` through the pass list under the installed options; `until` (from
-/// `loupe ir --pass`) overrides `stop-after`. Stopping early under `stop-after` prints the
-/// IR (or writes it to `ir-output-dir`) and returns [`StoppedAfter`].
-pub fn lower(graph: loupe_graph::Graph, until: Option<&str>) -> anyhow::Result<loupe_graph::Graph> {
-    let opts = debug::current();
-    let options = LowerOptions {
-        stop_after: until.map(str::to_string).or_else(|| opts.stop_after.clone()),
-        ir_output_dir: opts.ir_output_dir.clone(),
-        verify_between: opts.verify_ir || opts.assert_level == debug::AssertLevel::All,
-    };
-    let lowered = passes::lower(graph, &options).map_err(|e| match e {
-        passes::LowerError::UnknownPass(_) => anyhow::Error::from(UsageError(e.to_string())),
-        other => anyhow::Error::from(other),
-    })?;
-    if let Some(dir) = &opts.ir_output_dir {
-        eprintln!("loupe: wrote {} IR files to {}", lowered.files.len(), dir.display());
-    }
-    match (lowered.stopped_after, until) {
-        (Some(pass), None) => {
-            let where_ = match &opts.ir_output_dir {
-                Some(dir) => format!("; IR written to {}", dir.display()),
-                None => {
-                    print!("{}", loupe_graph::print::to_text(&lowered.graph));
-                    "; IR printed above".to_string()
-                }
-            };
-            Err(StoppedAfter { pass: pass.to_string(), where_ }.into())
-        }
-        _ => Ok(lowered.graph),
-    }
 }
 
 /// The error report: one line always; with `stack-trace-on-error` the whole chain and a
 /// backtrace; with `source-tracebacks` the model code that built the failing op.
-pub fn report_error(e: &anyhow::Error, one_line: &str) {
+pub fn report_error(e: &anyhow::Error, one_line: &str, opts: &DebugOptions) {
     eprintln!("loupe: error: {one_line}");
-    let opts = debug::current();
     if opts.source_tracebacks {
         if let Some(loc) = graph_error(e).and_then(GraphError::location) {
             eprintln!("source traceback (model code that built the op):");

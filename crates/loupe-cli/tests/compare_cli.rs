@@ -1,16 +1,11 @@
-//! `loupe compare`: the argument handling and exit codes of `cmd_compare` (compiled here
-//! from its source file, so this runs whether or not `main.rs` has wired the subcommand
-//! yet), and the binary end to end once it has.
-
-#[allow(dead_code)]
-#[path = "../src/cmd_compare.rs"]
-mod cmd_compare;
+//! `loupe compare`: the argument handling and exit codes of `loupe_cli::cmd_compare`, and
+//! the binary end to end.
 
 use std::path::Path;
 use std::process::Command;
 
 use clap::Parser;
-use cmd_compare::CompareArgs;
+use loupe_cli::cmd_compare::{self, CompareArgs};
 use loupe_parity::{DumpStyle, DumpWriter};
 
 #[derive(Parser)]

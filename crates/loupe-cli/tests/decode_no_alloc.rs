@@ -53,7 +53,7 @@ fn decode_allocations(precision: Precision, lowered: bool) -> usize {
         model.graph = loupe_graph::passes::lower(model.graph, &Default::default()).unwrap().graph;
     }
     let prompt = model.tokenizer.encode("The lighthouse keeper climbed the stairs", true).unwrap();
-    let mut session = Session::new(&model.graph, 256);
+    let mut session = Session::new(&model.graph, 256, &Default::default());
     session.reserve(256);
     let mut next = argmax(session.forward(&prompt, false, None).unwrap());
     for _ in 0..2 {

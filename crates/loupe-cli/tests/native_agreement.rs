@@ -14,7 +14,7 @@ fn agreement(precision: Precision) -> Option<(usize, usize, usize, usize)> {
         let mut seq = g.prompt_tokens.clone();
         seq.extend_from_slice(&g.tokens);
         seq.pop(); // the last token has no next token to predict in the golden
-        let mut session = Session::new(&model.graph, seq.len());
+        let mut session = Session::new(&model.graph, seq.len(), &Default::default());
         let ours = session.teacher_forced_argmax(&seq).expect("forward");
         assert_eq!(ours.len(), seq.len());
         for (i, (a, b)) in ours.iter().zip(&g.argmax).enumerate() {
@@ -63,7 +63,7 @@ fn native_decode_path_argmax_agreement_at_least_99_percent() {
         let mut seq = g.prompt_tokens.clone();
         seq.extend_from_slice(&g.tokens);
         seq.pop();
-        let mut session = Session::new(&model.graph, seq.len());
+        let mut session = Session::new(&model.graph, seq.len(), &Default::default());
         for (&token, &want) in seq.iter().zip(&g.argmax) {
             let got = loupe_runtime::argmax(session.forward(&[token], false, None).expect("decode step"));
             total += 1;

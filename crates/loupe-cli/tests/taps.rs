@@ -36,7 +36,7 @@ fn logits_are_bit_identical_with_every_tap_on_and_with_none() {
         let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
         let next = model.tokenizer.encode(" it", false).unwrap()[0];
         let run = |tap: Option<&mut TapAll>| {
-            let mut s = Session::new(graph, 64);
+            let mut s = Session::new(graph, 64, &Default::default());
             match tap {
                 None => {
                     let a = s.forward(&prompt, true, None).unwrap().to_vec();

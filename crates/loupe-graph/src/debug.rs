@@ -1,20 +1,16 @@
 //! `LOUPE_DEBUG`: runtime debugging options with MAX's names and meanings
-//! (docs/max-debugging-options.md), read by lowering and by the executor.
+//! (docs/max-debugging-options.md), as a plain struct that lowering and the executor are given.
 //!
-//! Options come from four places; a later layer overrides an earlier one, key by key:
-//! `loupe.toml` `[debug]` table < environment (`LOUPE_DEBUG=a,b,key=value`, then per-key
-//! `LOUPE_DEBUG_<KEY>`, key upper-cased with `-` as `_`) < `--debug key=value` flags <
-//! the API ([`set_option`]). Within one layer, tokens apply left to right, so
-//! `sensible,nan-check=0` is "sensible but no nan-check".
-//!
-//! The resolved options are process-wide ([`install`], [`current`]), as MAX's are: an
-//! [`crate::Executor`] copies them into plain bools when it is created, so an option that
-//! is off costs one predictable branch per node and no lookups while running.
+//! This crate holds the options and their per-key parser ([`DebugOptions::apply`]); where
+//! they come from (`loupe.toml`, `LOUPE_DEBUG`, `LOUPE_DEBUG_<KEY>`, `--debug`, the API)
+//! and their precedence is resolved above it, in `loupe_runtime::debug_config`. Nothing
+//! here is process-wide: each [`crate::Executor`] is handed its options and copies them
+//! into plain bools when created, so two sessions in one process can differ, and an option
+//! that is off costs one predictable branch per node and no lookups while running.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::path::PathBuf;
 
 /// Where an option's value came from (lowest precedence first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -176,107 +172,20 @@ pub struct DebugError {
     pub origin: Source,
 }
 
-/// `key=value` pairs of one layer, in the order given; a bare key has no value.
-pub type Layer = Vec<(String, Option<String>)>;
-
-/// Splits `a,b,key=value`: tokens trimmed, empty ones skipped.
-pub fn parse_list(s: &str) -> Layer {
-    s.split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| match t.split_once('=') {
-            Some((k, v)) => (k.trim().to_string(), Some(v.trim().to_string())),
-            None => (t.to_string(), None),
-        })
-        .collect()
-}
-
-/// The per-key variable's name: `nan-check-stride` -> `LOUPE_DEBUG_NAN_CHECK_STRIDE`.
-pub fn env_key(key: &str) -> String {
-    format!(
-        "LOUPE_DEBUG_{}",
-        key.to_ascii_uppercase().replace(['-', '.'], "_")
-    )
-}
-
-/// The `[debug]` table of a `loupe.toml` text, as a layer (values of any scalar type).
-pub fn parse_toml(text: &str, path: &Path) -> Result<Layer, String> {
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| format!("{}: {}", path.display(), e.message()))?;
-    let Some(debug) = table.get("debug") else {
-        return Ok(Vec::new());
-    };
-    let debug = debug
-        .as_table()
-        .ok_or_else(|| format!("{}: [debug] must be a table", path.display()))?;
-    debug
-        .iter()
-        .map(|(k, v)| {
-            let v = match v {
-                toml::Value::String(s) => s.clone(),
-                toml::Value::Integer(i) => i.to_string(),
-                toml::Value::Boolean(b) => b.to_string(),
-                toml::Value::Float(f) => f.to_string(),
-                other => {
-                    return Err(format!(
-                        "{}: [debug] {k}: expected a string, number or boolean, got {}",
-                        path.display(),
-                        other.type_str()
-                    ))
-                }
-            };
-            Ok((k.clone(), Some(v)))
-        })
-        .collect()
-}
-
-/// The layers to resolve, lowest precedence first.
-#[derive(Debug, Clone, Default)]
-pub struct Layers {
-    pub file: Layer,
-    pub env_list: Layer,
-    pub env_keys: Layer,
-    pub flags: Layer,
-    pub api: Layer,
-}
-
-impl Layers {
-    /// The environment layers from the process environment.
-    pub fn with_env(mut self) -> Layers {
-        if let Ok(s) = std::env::var("LOUPE_DEBUG") {
-            self.env_list = parse_list(&s);
+impl DebugOptions {
+    /// Sets one option from code (the API source, highest precedence): an unknown key or a
+    /// bad value is an error.
+    pub fn with(mut self, key: &str, value: Option<&str>) -> Result<DebugOptions, DebugError> {
+        if !self.apply(key, value, Source::Api)? {
+            return Err(DebugError {
+                key: key.to_string(),
+                value: value.unwrap_or("").to_string(),
+                expected: "a known option (see docs/debugging.md)",
+                origin: Source::Api,
+            });
         }
-        self.env_keys = KEYS
-            .iter()
-            .filter_map(|k| {
-                std::env::var(env_key(k))
-                    .ok()
-                    .map(|v| (k.to_string(), Some(v)))
-            })
-            .collect();
-        self
+        Ok(self)
     }
-}
-
-/// Resolves the layers; returns the options and the warnings to print (unknown options).
-pub fn resolve(layers: &Layers) -> Result<(DebugOptions, Vec<String>), DebugError> {
-    let mut opts = DebugOptions::default();
-    let mut warnings = Vec::new();
-    for (source, layer) in [
-        (Source::File, &layers.file),
-        (Source::EnvList, &layers.env_list),
-        (Source::EnvKey, &layers.env_keys),
-        (Source::Flag, &layers.flags),
-        (Source::Api, &layers.api),
-    ] {
-        for (key, value) in layer {
-            if !opts.apply(key, value.as_deref(), source)? {
-                warnings.push(format!("LOUPE_DEBUG: unknown option '{key}'; ignoring"));
-            }
-        }
-    }
-    Ok((opts, warnings))
 }
 
 fn parse_bool(v: &str) -> Option<bool> {
@@ -450,210 +359,51 @@ impl DebugOptions {
     }
 }
 
-/// The options installed for this process (defaults until [`install`] is called).
-static CURRENT: RwLock<Option<DebugOptions>> = RwLock::new(None);
-/// The API layer: `key=value` pairs set by [`set_option`], highest precedence.
-static API: Mutex<Layer> = Mutex::new(Vec::new());
-
-/// Makes `opts` the process's options (the CLI calls this once, at start-up).
-pub fn install(opts: DebugOptions) {
-    if let Ok(mut g) = CURRENT.write() {
-        *g = Some(opts);
-    }
-}
-
-/// The process's options: what was installed, with the API layer applied on top.
-pub fn current() -> DebugOptions {
-    let mut opts = CURRENT
-        .read()
-        .ok()
-        .and_then(|g| g.clone())
-        .unwrap_or_default();
-    if let Ok(api) = API.lock() {
-        for (k, v) in api.iter() {
-            // Values were validated by set_option.
-            let _ = opts.apply(k, v.as_deref(), Source::Api);
-        }
-    }
-    opts
-}
-
-/// The API setter (highest precedence): validated now, effective for executors and
-/// lowerings started afterwards.
-pub fn set_option(key: &str, value: Option<&str>) -> Result<(), DebugError> {
-    let mut probe = DebugOptions::default();
-    if !probe.apply(key, value, Source::Api)? {
-        return Err(DebugError {
-            key: key.to_string(),
-            value: value.unwrap_or("").to_string(),
-            expected: "a known option (see docs/debugging.md)",
-            origin: Source::Api,
-        });
-    }
-    if let Ok(mut api) = API.lock() {
-        api.push((key.to_string(), value.map(str::to_string)));
-    }
-    Ok(())
-}
-
-/// The API layer set so far (for a resolver that merges it with other layers).
-pub fn api_layer() -> Layer {
-    API.lock().map(|a| a.clone()).unwrap_or_default()
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn kv(s: &str) -> Layer {
-        parse_list(s)
-    }
-
     #[test]
-    fn parses_lists_trimming_and_skipping_empty_tokens() {
-        assert_eq!(
-            kv(" nan-check , ,nan-check-stride = 5,"),
-            vec![
-                ("nan-check".into(), None),
-                ("nan-check-stride".into(), Some("5".into()))
-            ]
-        );
-        let (o, w) = resolve(&Layers {
-            env_list: kv("nan-check,nan-check-stride=5,print-style=full"),
-            ..Default::default()
-        })
-        .unwrap();
-        assert!(
-            o.nan_check
-                && o.nan_check_stride == 5
-                && o.print_style == PrintStyle::Full
-                && w.is_empty()
-        );
-        assert_eq!(o.sources["nan-check"], Source::EnvList);
-    }
-
-    #[test]
-    fn unknown_options_warn_and_bad_values_fail() {
-        let (_, w) = resolve(&Layers {
-            env_list: kv("frobnicate,nan-check"),
-            ..Default::default()
-        })
-        .unwrap();
-        assert_eq!(
-            w,
-            vec!["LOUPE_DEBUG: unknown option 'frobnicate'; ignoring".to_string()]
-        );
-        for bad in [
-            "nan-check-stride=abc",
-            "nan-check-stride=0",
-            "uninitialized-read-mode=maybe",
-            "nan-check=perhaps",
-            "ir-output-dir",
-            "op-log-level=loud",
-            "assert-level=x",
+    fn apply_parses_values_and_records_sources() {
+        let mut o = DebugOptions::default();
+        assert!(o.apply("nan-check", None, Source::Flag).unwrap());
+        assert!(o.apply("NAN_CHECK_STRIDE", Some("5"), Source::EnvKey).unwrap());
+        assert!(o.apply("print-style", Some("full"), Source::File).unwrap());
+        assert!(o.nan_check && o.nan_check_stride == 5 && o.print_style == PrintStyle::Full);
+        assert_eq!(o.sources["nan-check"], Source::Flag);
+        assert_eq!(o.sources["nan-check-stride"], Source::EnvKey);
+        assert!(!o.apply("frobnicate", None, Source::Api).unwrap(), "unknown keys are reported, not set");
+        for (k, v) in [
+            ("nan-check-stride", Some("abc")),
+            ("nan-check-stride", Some("0")),
+            ("uninitialized-read-mode", Some("maybe")),
+            ("nan-check", Some("perhaps")),
+            ("ir-output-dir", None),
+            ("op-log-level", Some("loud")),
+            ("assert-level", Some("x")),
         ] {
-            let e = resolve(&Layers {
-                flags: kv(bad),
-                ..Default::default()
-            })
-            .unwrap_err();
-            assert_eq!(e.origin, Source::Flag, "{bad}");
+            let e = o.apply(k, v, Source::Flag).unwrap_err();
+            assert_eq!(e.origin, Source::Flag);
             assert!(e.to_string().starts_with("LOUPE_DEBUG: bad value"), "{e}");
         }
     }
 
     #[test]
-    fn precedence_is_api_flag_env_file() {
-        let layers = Layers {
-            file: kv("nan-check-stride=2,print-style=full,op-log-level=info"),
-            env_list: kv("nan-check-stride=3,print-style=binary"),
-            env_keys: kv("nan-check-stride=4"),
-            flags: kv("nan-check-stride=5"),
-            api: Vec::new(),
-        };
-        let (o, _) = resolve(&layers).unwrap();
-        assert_eq!(
-            (o.nan_check_stride, o.print_style, o.op_log_level),
-            (5, PrintStyle::Binary, OpLogLevel::Info)
-        );
-        assert_eq!(o.sources["op-log-level"], Source::File);
-        assert_eq!(o.sources["print-style"], Source::EnvList);
-        let (o, _) = resolve(&Layers {
-            api: kv("nan-check-stride=6"),
-            ..layers
-        })
-        .unwrap();
-        assert_eq!(
-            (o.nan_check_stride, o.sources["nan-check-stride"]),
-            (6, Source::Api)
-        );
-    }
-
-    #[test]
-    fn sensible_turns_on_maxs_set_and_later_tokens_override() {
-        let (o, _) = resolve(&Layers {
-            env_list: kv("sensible,nan-check=0"),
-            ..Default::default()
-        })
-        .unwrap();
-        assert!(
-            !o.nan_check
-                && o.device_sync_mode
-                && o.stack_trace_on_error
-                && o.stack_trace_on_crash
-                && o.source_tracebacks
-        );
+    fn sensible_turns_on_maxs_set_and_later_keys_override() {
+        let mut o = DebugOptions::default();
+        o.apply("sensible", None, Source::EnvList).unwrap();
+        o.apply("nan-check", Some("0"), Source::EnvList).unwrap();
+        assert!(!o.nan_check && o.device_sync_mode && o.stack_trace_on_error && o.stack_trace_on_crash && o.source_tracebacks);
         assert_eq!(o.assert_level, AssertLevel::All);
         assert!(!o.uninitialized_read_check);
     }
 
     #[test]
-    fn api_setter_wins_over_installed_options() {
-        let (o, _) = resolve(&Layers {
-            flags: kv("nan-check-stride=5,op-log-level=info"),
-            ..Default::default()
-        })
-        .unwrap();
-        install(o);
-        set_option("nan-check-stride", Some("9")).unwrap();
-        assert!(set_option("nan-check-stride", Some("x")).is_err());
-        assert!(set_option("nope", None).is_err());
-        let c = current();
-        assert_eq!(
-            (c.nan_check_stride, c.sources["nan-check-stride"]),
-            (9, Source::Api)
-        );
-        assert_eq!(
-            (c.op_log_level, c.sources["op-log-level"]),
-            (OpLogLevel::Info, Source::Flag)
-        );
-    }
-
-    #[test]
-    fn env_keys_and_toml() {
-        assert_eq!(env_key("nan-check-stride"), "LOUPE_DEBUG_NAN_CHECK_STRIDE");
-        let layer = parse_toml(
-            "[debug]\nnan-check = true\nnan-check-stride = 7\nir-output-dir = \"out\"\n",
-            Path::new("loupe.toml"),
-        )
-        .unwrap();
-        let (o, _) = resolve(&Layers {
-            file: layer,
-            ..Default::default()
-        })
-        .unwrap();
-        assert!(
-            o.nan_check && o.nan_check_stride == 7 && o.ir_output_dir == Some(PathBuf::from("out"))
-        );
-        assert!(parse_toml("[debug\n", Path::new("loupe.toml"))
-            .unwrap_err()
-            .contains("loupe.toml"));
-        // Underscores are accepted for dashes, as in the per-key variables.
-        let (o, w) = resolve(&Layers {
-            flags: kv("NAN_CHECK=yes"),
-            ..Default::default()
-        })
-        .unwrap();
-        assert!(o.nan_check && w.is_empty());
+    fn with_sets_an_option_from_code() {
+        let o = DebugOptions::default().with("nan-check-stride", Some("9")).unwrap();
+        assert_eq!((o.nan_check_stride, o.sources["nan-check-stride"]), (9, Source::Api));
+        assert!(DebugOptions::default().with("nope", None).is_err());
+        assert!(DebugOptions::default().with("nan-check-stride", Some("x")).is_err());
     }
 }

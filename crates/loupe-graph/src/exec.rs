@@ -90,13 +90,9 @@ impl ExecDebug {
 }
 
 impl Executor {
-    /// An executor for `graph` under the process's debug options ([`crate::debug::current`]).
-    pub fn new(graph: &Graph) -> Executor {
-        Executor::with_debug(graph, &crate::debug::current())
-    }
-
-    /// An executor for `graph` under the given debug options.
-    pub fn with_debug(graph: &Graph, debug: &DebugOptions) -> Executor {
+    /// An executor for `graph` under the given debug options (copied into plain flags now;
+    /// `DebugOptions::default()` turns every check off).
+    pub fn new(graph: &Graph, debug: &DebugOptions) -> Executor {
         let plan = match &graph.memory_plan {
             Some(p) if p.slot.len() == graph.values.len() => p.clone(),
             _ => plan_memory(graph),

@@ -288,7 +288,7 @@ mod tests {
 
     /// Every value of a prefill of 6 tokens and one decode step, by `name@step`.
     fn run(graph: &Graph) -> HashMap<String, Vec<f32>> {
-        let mut exec = Executor::new(graph);
+        let mut exec = Executor::new(graph, &Default::default());
         let mut kv = KvCache::new(graph.kv_layers, graph.kv_width, 16);
         let mut all = HashMap::new();
         for (step, tokens) in [vec![3u32, 14, 15, 9, 26, 5], vec![35]].iter().enumerate() {
@@ -364,7 +364,7 @@ mod tests {
         }
         // Without observers the fused kernel takes its other path: same logits.
         let logits = |g: &Graph| {
-            let mut exec = Executor::new(g);
+            let mut exec = Executor::new(g, &Default::default());
             let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
             exec.run(g, &[3, 14, 15, 9], &mut kv, RunOptions { all_logits: true }, None).unwrap().to_vec()
         };

@@ -1,15 +1,27 @@
-//! loupe-runtime: running a model graph over a sequence.
+//! loupe-runtime: loading a model and running it over sequences.
 //!
+//! * [`Engine`]: the loading API the CLI and the server share: `Engine::load(path,
+//!   LoadOptions { precision, threads, debug, faults, lowering, .. })` → a lowered graph,
+//!   tokenizer and chat template that hands out sessions.
+//! * [`debug_config`]: where `LOUPE_DEBUG` options come from (`loupe.toml`, environment,
+//!   flags, API) and which wins; the result is a plain `DebugOptions` passed explicitly.
+//! * [`default_model`]: the default model's cache path and its fetch.
 //! * [`Session`]: a graph, its executor and a KV cache; `prefill`/`decode` and teacher forcing.
 //! * [`sampling`]: greedy and seeded sampling.
 //! * [`generate`]: the generation loop with streaming, EOS and stop strings.
 
+pub mod debug_config;
+pub mod default_model;
+pub mod engine;
 pub mod generate;
 pub mod sampling;
 
+use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
+pub use default_model::{default_model, default_model_path};
+pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation};
 pub use sampling::{argmax, Sampler, SamplingParams};
 
@@ -35,10 +47,11 @@ pub struct Session<'g> {
 }
 
 impl<'g> Session<'g> {
-    /// A session whose cache holds up to `context` positions (at most the model's window).
-    pub fn new(graph: &'g Graph, context: usize) -> Session<'g> {
+    /// A session whose cache holds up to `context` positions (at most the model's window),
+    /// running under `debug` (`DebugOptions::default()` turns every check off).
+    pub fn new(graph: &'g Graph, context: usize, debug: &DebugOptions) -> Session<'g> {
         let capacity = context.min(graph.context_length);
-        Session { graph, executor: Executor::new(graph), kv: KvCache::new(graph.kv_layers, graph.kv_width, capacity) }
+        Session { graph, executor: Executor::new(graph, debug), kv: KvCache::new(graph.kv_layers, graph.kv_width, capacity) }
     }
 
     pub fn graph(&self) -> &Graph {

@@ -97,6 +97,18 @@ pub struct LowerOptions {
     pub verify_between: bool,
 }
 
+impl LowerOptions {
+    /// The lowering asked for by `LOUPE_DEBUG` (`stop-after`, `ir-output-dir`, and
+    /// `verify-ir` or `assert-level=all` for verifying between passes).
+    pub fn from_debug(debug: &crate::debug::DebugOptions) -> LowerOptions {
+        LowerOptions {
+            stop_after: debug.stop_after.clone(),
+            ir_output_dir: debug.ir_output_dir.clone(),
+            verify_between: debug.verify_ir || debug.assert_level == crate::debug::AssertLevel::All,
+        }
+    }
+}
+
 /// What lowering returns.
 #[derive(Debug)]
 pub struct Lowered {

@@ -22,11 +22,14 @@ const TOKENS_PER_TASK: usize = 32;
 /// two `gemm` products (prefill); below it, one SIMD dot / axpy per key (decode).
 const GEMM_MIN_TOKENS: usize = 8;
 
-/// Per-thread score rows are allocated at least this long (32 KiB of f32), so decode
-/// below 8192 positions never allocates; beyond it they grow by doubling.
+/// Score rows up to this long (32 KiB of f32) live in a fixed per-thread array, part of
+/// the thread's static TLS block rather than the heap, so decode below 8192 positions never
+/// allocates, even on a pool worker that runs its first attention task mid-decode; longer
+/// rows (large prefill chunks) use a heap buffer that grows by doubling.
 const MIN_SCORE_SCRATCH: usize = 8192;
 
 thread_local! {
+    static SCORES_FIXED: RefCell<[f32; MIN_SCORE_SCRATCH]> = const { RefCell::new([0.0; MIN_SCORE_SCRATCH]) };
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -158,13 +161,8 @@ pub fn attention(
             HeadMap::Modulo => h % n_kv_heads,
         };
         let rows = chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens);
-        SCORES.with(|cell| {
-            let mut scratch = cell.borrow_mut();
-            let need = if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
-            if scratch.len() < need {
-                let len = need.max(MIN_SCORE_SCRATCH).next_power_of_two();
-                scratch.resize(len, 0.0);
-            }
+        let need = if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
+        let task = |scratch: &mut [f32]| {
             if tokens >= GEMM_MIN_TOKENS {
                 // Prefill: the chunk's scores and outputs as two small matrix products.
                 // Keys any row of the chunk sees: those of its last row.
@@ -227,7 +225,18 @@ pub fn attention(
                 }
                 scores[visible..].fill(0.0);
             }
-        });
+        };
+        if need <= MIN_SCORE_SCRATCH {
+            SCORES_FIXED.with(|cell| task(&mut cell.borrow_mut()[..]));
+        } else {
+            SCORES.with(|cell| {
+                let mut scratch = cell.borrow_mut();
+                if scratch.len() < need {
+                    scratch.resize(need.next_power_of_two(), 0.0);
+                }
+                task(&mut scratch[..]);
+            });
+        }
     });
     Ok(())
 }
