@@ -1,6 +1,6 @@
 //! `loupe explain A B --tensor NAME`: which bug makes the target's NAME differ from the
 //! reference's? Tests fix hypotheses numerically on the op's dumped inputs
-//! (docs/parity-protocol.md, step 4); the work is in [`crate::explain`].
+//! (docs/parity-protocol.md, step 4); the work is in the `loupe-explain` crate.
 //!
 //! Exit code: 0 whatever the verdict (the answer is the table and the conclusion line);
 //! 2 on bad input (a missing tensor, dump or model).
@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use loupe_explain::{explain, report};
 
-use crate::explain::{explain, report};
 use crate::load::model_path;
 use crate::UsageError;
 

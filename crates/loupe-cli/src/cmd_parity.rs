@@ -8,12 +8,12 @@ use std::process::Command;
 use anyhow::Context;
 use clap::Args;
 use loupe_parity::report::{render, to_json, RenderOptions};
-use loupe_parity::{compare, CompareOptions, NoProgress, Thresholds};
+use loupe_parity::{compare, CompareOptions, Manifest, NoProgress, Thresholds};
 
 use loupe_graph::debug::DebugOptions;
 
 use crate::args::{parse_layers, ModelArgs, PrecisionArg, PromptArgs};
-use crate::cmd_dump::{DumpArgs, Style};
+use crate::taps::{dump, DumpJob, Style};
 use crate::load::model_path;
 use crate::UsageError;
 
@@ -82,29 +82,30 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     };
     let loupe_dir = root.join("loupe");
     eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
-    crate::cmd_dump::run(DumpArgs {
+    let job = DumpJob {
         model: ModelArgs { model: Some(model.clone()), precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)), threads: args.model.threads },
         input: args.input.clone(),
-        layers: args.layers.clone(),
+        layers: parse_layers(&args.layers)?,
         taps: args.taps.clone(),
         steps: args.steps,
         teacher_force: None,
         output: Some(loupe_dir.clone()),
         style: Some(Style::Npy),
         digits: 6,
-        dtype: "f32".into(),
         inject: Vec::new(),
-    }, debug)?;
+    };
+    dump(job, debug)?;
 
     // Step 1's guard, part one: both sides must have seen the same token ids.
-    let tokens = |dir: &Path| -> anyhow::Result<serde_json::Value> {
-        let text = std::fs::read_to_string(dir.join("manifest.json")).with_context(|| format!("{}: no manifest.json", dir.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: bad manifest.json", dir.display()))?;
-        Ok(v["prompt_tokens"].clone())
-    };
+    let tokens = |dir: &Path| -> anyhow::Result<Option<Vec<i64>>> { Ok(Manifest::read(dir)?.prompt_tokens) };
     let (ref_tokens, our_tokens) = (tokens(&reference_dir)?, tokens(&loupe_dir)?);
     if ref_tokens != our_tokens {
-        println!("verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {ref_tokens}\n  loupe:     {our_tokens}\n  fix the tokenizer or chat template before comparing the graph (docs/parity-protocol.md, step 0)");
+        let show = |t: &Option<Vec<i64>>| t.as_ref().map_or("null".to_string(), |t| format!("{t:?}"));
+        println!(
+            "verdict: HARNESS — the two sides tokenized the prompt differently\n  reference: {}\n  loupe:     {}\n  fix the tokenizer or chat template before comparing the graph (docs/parity-protocol.md, step 0)",
+            show(&ref_tokens),
+            show(&our_tokens)
+        );
         return Ok(1);
     }
 
@@ -134,7 +135,7 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     if !json_stdout {
         println!(
             "dumper guard: prompt tokens identical ({} tokens); embedding cosine {}; {} layer outputs, lowest cosine {} — {}",
-            our_tokens.as_array().map_or(0, |a| a.len()),
+            our_tokens.as_ref().map_or(0, Vec::len),
             embed.map_or("missing".into(), |c| format!("{c:.7}")),
             layers.len(),
             worst.map_or("n/a".into(), |(n, c)| format!("{c:.6} ({n})")),

@@ -19,8 +19,8 @@ pub mod cmd_inspect;
 pub mod cmd_ir;
 pub mod cmd_parity;
 pub mod debug_setup;
-mod explain;
 pub mod load;
+pub mod taps;
 pub mod tensor_print;
 
 use std::process::ExitCode;

@@ -3,11 +3,13 @@
 //! * [`config`]: `LlamaConfig` from GGUF metadata or `config.json`.
 //! * [`weights`]: weight sources (GGUF, safetensors), the GGUF <-> HF name map, precision.
 //! * [`llama`]: the Llama-family graph builder; values named by HF module paths.
+//! * [`roles`]: what each value the builder emits is (role, layer, name, inputs).
 //! * [`tokenizer`]: tokenizer specs from GGUF metadata.
 
 pub mod config;
 pub mod error;
 pub mod llama;
+pub mod roles;
 pub mod tokenizer;
 pub mod weights;
 
@@ -22,6 +24,7 @@ use loupe_text::{ChatTemplate, Tokenizer};
 pub use config::LlamaConfig;
 pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
+pub use roles::{Module, ModuleRole};
 pub use weights::{Precision, Progress};
 
 /// What kind of checkpoint a path holds.

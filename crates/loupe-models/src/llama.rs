@@ -12,6 +12,7 @@ use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plan
 use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
 use crate::config::LlamaConfig;
+use crate::roles::{Module, ModuleRole as R};
 use crate::weights::WeightSource;
 use crate::ModelError;
 
@@ -42,25 +43,27 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
     let axes = || vec!["token", "hidden"];
     let mut load = |name: &str, shape: &[usize]| -> Result<Weight, ModelError> { source.load(name, shape) };
 
-    let embed = b.weight(load("model.embed_tokens.weight", &[cfg.vocab_size, d])?);
-    let mut x = b.node("model.embed_tokens", Op::Embedding { table: embed }, &[], hidden(d), axes());
+    let embedding = Module::model(R::Embedding);
+    let embed = b.weight(load(&embedding.param("weight"), &[cfg.vocab_size, d])?);
+    let mut x = b.node(embedding.name(), Op::Embedding { table: embed }, &[], hidden(d), axes());
 
     for l in 0..n_layers {
-        let p = format!("model.layers.{l}");
+        // Every value and weight is named through `roles`, the description tools read.
+        let m = |role| Module::layer(l, role);
         let has = |c: FaultClass| faults.iter().any(|f| f.layer == l && f.class == c);
 
-        let w = b.weight(load(&format!("{p}.input_layernorm.weight"), &[d])?);
+        let w = b.weight(load(&m(R::InputNorm).param("weight"), &[d])?);
         let eps = if has(FaultClass::NormEps) { FAULT_NORM_EPS } else { cfg.rms_norm_eps };
-        let normed = b.node(format!("{p}.input_layernorm"), Op::RmsNorm { weight: w, eps }, &[x], hidden(d), axes());
+        let normed = b.node(m(R::InputNorm).name(), Op::RmsNorm { weight: w, eps }, &[x], hidden(d), axes());
         mark_if(&mut b, normed, has(FaultClass::NormEps), FaultClass::NormEps);
-        let q = linear(&mut b, &mut load, &format!("{p}.self_attn.q_proj"), normed, h * hd, d, cfg.attention_bias, false)?;
-        let k = linear(&mut b, &mut load, &format!("{p}.self_attn.k_proj"), normed, kvh * hd, d, cfg.attention_bias, false)?;
-        let v = linear(&mut b, &mut load, &format!("{p}.self_attn.v_proj"), normed, kvh * hd, d, cfg.attention_bias, false)?;
+        let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.attention_bias, false)?;
+        let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
+        let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
 
         let interleaved = has(FaultClass::RopeInterleaved);
         let mode = if interleaved { RopeMode::Interleaved } else { RopeMode::SplitHalf };
-        let q = b.node(format!("{p}.self_attn.q_rope"), Op::Rope { n_heads: h, table: rope.clone(), mode }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
-        let k = b.node(format!("{p}.self_attn.k_rope"), Op::Rope { n_heads: kvh, table: rope.clone(), mode }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
+        let q = b.node(m(R::QRope).name(), Op::Rope { n_heads: h, table: rope.clone(), mode }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
+        let k = b.node(m(R::KRope).name(), Op::Rope { n_heads: kvh, table: rope.clone(), mode }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
         mark_if(&mut b, q, interleaved, FaultClass::RopeInterleaved);
         mark_if(&mut b, k, interleaved, FaultClass::RopeInterleaved);
 
@@ -86,13 +89,13 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             kv_write = KvWrite::OneLate;
             attn_fault = Some(FaultClass::KvWrite);
         }
-        let attn = b.node(format!("{p}.self_attn.attn_output"), Op::Attention { layer: l, shape: layer_shape, variant, kv_write }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
+        let attn = b.node(m(R::AttnCore).name(), Op::Attention { layer: l, shape: layer_shape, variant, kv_write }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
         if let Some(f) = attn_fault {
             b.mark_fault(attn, f);
         }
-        b.side_output(attn, format!("{p}.self_attn.attn_probs"), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
+        b.side_output(attn, m(R::AttnProbs).name(), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
 
-        let o_name = format!("{p}.self_attn.o_proj");
+        let o_name = m(R::OProj).name();
         let mut o = linear(&mut b, &mut load, &o_name, attn, d, h * hd, cfg.attention_bias, has(FaultClass::TransposedWeight))?;
         if has(FaultClass::Bf16) {
             // The exact product keeps a suffixed name; the rounded value takes the module's.
@@ -110,34 +113,35 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
                 b.mark_fault(o, class);
             }
         }
-        b.alias(o, format!("{p}.self_attn"));
+        b.alias(o, m(R::SelfAttn).name());
         let resid = if has(FaultClass::MissingResidual) {
-            let r = b.node(format!("{p}.attn_residual"), Op::Copy, &[o], hidden(d), axes());
+            let r = b.node(m(R::AttnResidual).name(), Op::Copy, &[o], hidden(d), axes());
             b.mark_fault(r, FaultClass::MissingResidual);
             r
         } else {
-            b.node(format!("{p}.attn_residual"), Op::Add, &[x, o], hidden(d), axes())
+            b.node(m(R::AttnResidual).name(), Op::Add, &[x, o], hidden(d), axes())
         };
 
-        let w = b.weight(load(&format!("{p}.post_attention_layernorm.weight"), &[d])?);
-        let normed = b.node(format!("{p}.post_attention_layernorm"), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[resid], hidden(d), axes());
+        let w = b.weight(load(&m(R::PostAttnNorm).param("weight"), &[d])?);
+        let normed = b.node(m(R::PostAttnNorm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[resid], hidden(d), axes());
         let f = cfg.intermediate_size;
-        let gate = linear(&mut b, &mut load, &format!("{p}.mlp.gate_proj"), normed, f, d, false, false)?;
-        let up = linear(&mut b, &mut load, &format!("{p}.mlp.up_proj"), normed, f, d, false, false)?;
+        let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
+        let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
         let gelu = has(FaultClass::GeluTanh);
         let act_op = if gelu { Op::Gelu { tanh: true } } else { Op::Silu };
-        let act = b.node(format!("{p}.mlp.act_fn"), act_op, &[gate], hidden(f), vec!["token", "feature"]);
+        let act = b.node(m(R::ActFn).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
         mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
-        let prod = b.node(format!("{p}.mlp.act_mul"), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
-        let down = linear(&mut b, &mut load, &format!("{p}.mlp.down_proj"), prod, d, f, false, false)?;
-        b.alias(down, format!("{p}.mlp"));
-        x = b.node(p.clone(), Op::Add, &[resid, down], hidden(d), axes());
+        let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
+        let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
+        b.alias(down, m(R::Mlp).name());
+        x = b.node(m(R::LayerOutput).name(), Op::Add, &[resid, down], hidden(d), axes());
     }
 
-    let w = b.weight(load("model.norm.weight", &[d])?);
-    let normed = b.node("model.norm", Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[x], hidden(d), axes());
-    let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load("lm_head.weight", &[cfg.vocab_size, d])?) };
-    let logits = b.node("lm_head", Op::Linear { weight: head, bias: None }, &[normed], vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)], vec!["token", "vocab"]);
+    let final_norm = Module::model(R::FinalNorm);
+    let w = b.weight(load(&final_norm.param("weight"), &[d])?);
+    let normed = b.node(final_norm.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[x], hidden(d), axes());
+    let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load(&Module::model(R::LmHead).param("weight"), &[cfg.vocab_size, d])?) };
+    let logits = b.node(Module::model(R::LmHead).name(), Op::Linear { weight: head, bias: None }, &[normed], vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)], vec!["token", "vocab"]);
     b.set_logits(logits);
     let graph = b.finish();
     loupe_graph::verify::verify(&graph)?;
@@ -369,6 +373,43 @@ mod tests {
             exec.run(g, &[3, 14, 15, 9], &mut kv, RunOptions { all_logits: true }, None).unwrap().to_vec()
         };
         assert_eq!(logits(&built), logits(&lowered));
+    }
+
+    /// `roles` describes exactly what the builder emits: every value (and alias) is named by
+    /// a role, each role appears in each layer, and each node reads the values `inputs` says.
+    #[test]
+    fn roles_describe_the_built_graph() {
+        use crate::roles::{Module, ModuleRole};
+        let g = build(&[]);
+        let n_layers = tiny().num_hidden_layers;
+        let mut seen = std::collections::HashSet::new();
+        for node in &g.nodes {
+            for out in std::iter::once(node.output).chain(node.side) {
+                let v = g.value(out);
+                let m = Module::parse(&v.name).unwrap_or_else(|| panic!("{}: no role", v.name));
+                assert_eq!(m.name(), v.name);
+                seen.insert(m);
+                let want: Vec<String> = m.inputs(n_layers).iter().map(Module::name).collect();
+                let got: Vec<String> = node.inputs.iter().map(|&i| g.value(i).name.clone()).collect();
+                assert_eq!(got, want, "inputs of {}", v.name);
+                let aliases: Vec<Module> = v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
+                assert!(aliases.iter().all(|a| a.canonical() == m), "{}: {:?}", v.name, v.aliases);
+                assert_eq!(m.names()[1..], v.aliases[..], "{}", v.name);
+                seen.extend(aliases);
+            }
+        }
+        for l in 0..n_layers {
+            for role in ModuleRole::ALL {
+                assert!(seen.contains(&Module::layer(l, role)), "layer {l}: no {role:?}");
+            }
+        }
+        for m in &seen {
+            if m.role.is_linear() || m.role.is_norm() || m.role == ModuleRole::Embedding {
+                let w = m.param("weight");
+                // a tied lm_head reads the embedding table
+                assert!(g.weights.iter().any(|x| x.name == w) || m.role == ModuleRole::LmHead, "{w}");
+            }
+        }
     }
 
     #[test]

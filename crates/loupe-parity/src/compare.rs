@@ -16,7 +16,8 @@ use crate::pairing::{pair, Candidate, Unpaired};
 use crate::result::{judge, token_summary, PairKey, PairReport, Status, Thresholds};
 use crate::source::TensorSource;
 use crate::tensor::{Op, Tensor};
-use crate::verdict::{decide, Evidence, LayerShift, Verdict};
+use crate::evidence::{Evidence, LayerShift};
+use crate::verdict::{decide, Verdict};
 
 /// Diverged layer outputs checked for a layer offset (each costs two extra loads).
 const MAX_SHIFT_CHECKS: usize = 4;

@@ -12,13 +12,16 @@
 //!   splits and layout transforms). Nothing is paired by position.
 //! - [`metrics`] and [`logits`]: cosine, abs/rel diffs with positions, NMSE, SQNR,
 //!   isclose mismatches, NaN/Inf counts, per-token/per-dim cosines; argmax, top-k, KL.
-//! - [`result`], [`verdict`], [`signatures`]: the divergence rule, false cliffs, the
-//!   token-0 invariant, and the table of signatures.
+//! - [`result`], [`evidence`], [`signatures`], [`verdict`]: the divergence rule, false
+//!   cliffs, the token-0 invariant, and the table of signatures (`evidence` holds what the
+//!   signatures and the verdict share; `verdict` uses `signatures`, never the reverse).
 //! - [`compare`]: the driver; [`report`]: terminal table and JSON.
-//! - [`manifest`]: the dump manifest and a writer of dumps.
+//! - [`manifest`]: the dump manifest; [`writer`]: the one writer of dumps (atomic);
+//!   [`source`] is the one reader.
 
 pub mod compare;
 pub mod error;
+pub mod evidence;
 pub mod logits;
 pub mod manifest;
 pub mod mapping;
@@ -31,10 +34,12 @@ pub mod signatures;
 pub mod source;
 pub mod tensor;
 pub mod verdict;
+pub mod writer;
 
 pub use compare::{compare, compare_sources, CompareOptions, NoProgress, Progress, Report};
 pub use error::ParityError;
-pub use manifest::{DumpStyle, DumpWriter, Manifest};
+pub use manifest::Manifest;
+pub use writer::{Capture, DumpStyle, DumpWriter};
 pub use mapping::Mapping;
 pub use result::Thresholds;
 pub use source::TensorSource;

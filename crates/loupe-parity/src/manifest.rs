@@ -1,14 +1,11 @@
 //! The dump manifest (`manifest.json`, format `loupe-dump` version 1): the contract
-//! between `loupe dump`, the Python reference dumper and this comparator
-//! (docs/dump-format.md). Unknown fields are ignored so that producers can add some; the fields
-//! read here are validated when a dump is opened (`source.rs`). Also a small writer,
-//! [`DumpWriter`], used by tests, the benchmark and any Rust producer.
+//! between `loupe dump`, the Python reference dumper and this comparator (docs/dump-format.md). Unknown fields are ignored so that producers can add some; the fields
+//! read here are validated when a dump is opened (`source.rs`); [`crate::writer`] writes
+//! them.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 
 use loupe_formats::elem::ElemType;
-use loupe_formats::max_file::{sanitize_label, write_max};
-use loupe_formats::npy::write_npy;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ParityError;
@@ -32,10 +29,22 @@ pub struct Manifest {
     pub prompt: Option<String>,
     #[serde(default)]
     pub chat: Option<bool>,
+    /// The system message of a chat prompt.
+    #[serde(default)]
+    pub system: Option<String>,
     #[serde(default)]
     pub prompt_tokens: Option<Vec<i64>>,
+    /// The token fed at each decode step 1..K.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_tokens: Option<Vec<i64>>,
     #[serde(default)]
     pub precision: Option<String>,
+    /// Decoder layers the run kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    /// Bugs planted on purpose (`loupe dump --inject`); absent in a normal dump.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faults: Option<Vec<String>>,
     pub tensors: Vec<ManifestTensor>,
 }
 
@@ -149,88 +158,6 @@ pub(crate) fn is_inside(file: &str) -> bool {
     let p = Path::new(file);
     p.components().any(|c| matches!(c, Component::Normal(_)))
         && p.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-}
-
-/// File style of a dump written by [`DumpWriter`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DumpStyle {
-    /// `.npy` per tensor (the default).
-    Npy,
-    /// Raw little-endian f32 bytes; dtype and shape in the manifest only.
-    Binary,
-    /// MAX `.max` files.
-    Max,
-}
-
-/// Writes a dump directory: f32 tensors plus `manifest.json`.
-#[derive(Debug)]
-pub struct DumpWriter {
-    dir: PathBuf,
-    style: DumpStyle,
-    pub manifest: Manifest,
-}
-
-impl DumpWriter {
-    /// Creates `dir` (and parents); `engine` names the producer.
-    pub fn create(dir: impl Into<PathBuf>, engine: &str, style: DumpStyle) -> Result<DumpWriter, ParityError> {
-        let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(|e| ParityError::io(&dir, e))?;
-        let manifest = Manifest {
-            format: DUMP_FORMAT.into(),
-            version: DUMP_VERSION,
-            producer: Some(Producer { engine: engine.into(), version: Some(env!("CARGO_PKG_VERSION").into()) }),
-            model: None,
-            prompt: None,
-            chat: Some(false),
-            prompt_tokens: None,
-            precision: Some("f32".into()),
-            tensors: Vec::new(),
-        };
-        Ok(DumpWriter { dir, style, manifest })
-    }
-
-    /// Writes one tensor (`shape` as `[tokens, features]` for activations) at `step`.
-    pub fn add(&mut self, name: &str, step: u32, shape: &[usize], data: &[f32]) -> Result<(), ParityError> {
-        let sub = format!("step{step}");
-        let stem = sanitize_label(name);
-        let file = match self.style {
-            DumpStyle::Npy => format!("{sub}/{stem}.npy"),
-            DumpStyle::Binary => format!("{sub}/{stem}.bin"),
-            DumpStyle::Max => format!("{sub}/{stem}.max"),
-        };
-        let dir = self.dir.join(&sub);
-        std::fs::create_dir_all(&dir).map_err(|e| ParityError::io(&dir, e))?;
-        let path = self.dir.join(&file);
-        match self.style {
-            DumpStyle::Npy => write_npy(&path, shape, data)?,
-            DumpStyle::Max => write_max(&path, name, shape, data)?,
-            DumpStyle::Binary => {
-                let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-                std::fs::write(&path, raw).map_err(|e| ParityError::io(&path, e))?;
-            }
-        }
-        let axes = (shape.len() == 2).then(|| vec!["token".to_string(), "feature".to_string()]);
-        let order = self.manifest.tensors.len() as u64;
-        self.manifest.tensors.push(ManifestTensor {
-            name: name.into(),
-            step,
-            order: Some(order),
-            file,
-            dtype: "f32".into(),
-            shape: shape.to_vec(),
-            axes,
-            stats: Some(Stats::of(data)),
-        });
-        Ok(())
-    }
-
-    /// Writes `manifest.json`; returns the dump directory.
-    pub fn finish(self) -> Result<PathBuf, ParityError> {
-        let path = self.dir.join("manifest.json");
-        let text = serde_json::to_string_pretty(&self.manifest).map_err(|e| ParityError::Manifest { path: path.clone(), reason: e.to_string() })?;
-        std::fs::write(&path, text).map_err(|e| ParityError::io(&path, e))?;
-        Ok(self.dir)
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use crate::names::{is_embedding, is_layer_output, is_logits_name, layer_index};
 use crate::result::{PairReport, Reason, Status};
-use crate::verdict::{magnitude_only, Evidence, FalseCliff};
+use crate::evidence::{magnitude_only, Evidence, FalseCliff};
 
 /// What a signature test sees.
 pub struct Ctx<'a> {

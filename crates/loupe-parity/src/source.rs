@@ -336,6 +336,21 @@ impl TensorSource {
         Ok(TensorSource { path: path.to_path_buf(), kind, entries, manifest: None, ordered, container: Some(container) })
     }
 
+    /// Index of the entry named `name` at `step`.
+    pub fn find(&self, name: &str, step: u32) -> Option<usize> {
+        self.entries.iter().position(|e| e.step == step && e.name == name)
+    }
+
+    /// Loads `name` at `step`; `None` when the source does not hold it.
+    pub fn load_named(&self, name: &str, step: u32) -> Result<Option<Tensor>, ParityError> {
+        self.find(name, step).map(|i| self.load(i)).transpose()
+    }
+
+    /// The manifest's `prompt_tokens` (a dump's).
+    pub fn prompt_tokens(&self) -> Option<&[i64]> {
+        self.manifest.as_ref()?.prompt_tokens.as_deref()
+    }
+
     /// Loads entry `i` as f32 (row-major).
     pub fn load(&self, i: usize) -> Result<Tensor, ParityError> {
         let e = self.entries.get(i).ok_or_else(|| ParityError::input(&self.path, format!("no entry {i}")))?;

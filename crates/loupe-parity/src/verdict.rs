@@ -5,29 +5,10 @@
 use serde::Serialize;
 
 use crate::names::{is_attention_output, is_embedding, is_layer_output, is_logits_name, layer_index, repeat_call_base};
-use crate::result::{PairReport, Reason, Status, Thresholds};
-use crate::signatures::{op_hint, SIGNATURES};
+use crate::result::{PairReport, Status};
+use crate::signatures::{op_hint, Ctx, SIGNATURES};
 
-/// A dump bug that imitates a divergence (docs/parity-protocol.md, "False cliffs").
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FalseCliff {
-    /// `layer_offset`, `decode_mask` or `double_hook`.
-    pub kind: &'static str,
-    pub message: String,
-    pub names: Vec<String>,
-}
-
-/// How a diverged target layer output compares with the reference's neighbours.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LayerShift {
-    pub layer: usize,
-    pub step: u32,
-    pub own_cosine: f64,
-    /// cos(target layer i, reference layer i+1).
-    pub vs_next: Option<f64>,
-    /// cos(target layer i, reference layer i-1, or the embedding for layer 0).
-    pub vs_prev: Option<f64>,
-}
+pub use crate::evidence::{magnitude_only, Evidence, FalseCliff, LayerShift};
 
 /// The token-0 invariant applied to the first diverged attention value.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -58,26 +39,6 @@ pub struct Verdict {
     pub false_cliffs: Vec<FalseCliff>,
     pub token0: Option<Token0>,
     pub next_step: Option<String>,
-}
-
-/// Everything the verdict looks at.
-#[derive(Debug, Clone, Default)]
-pub struct Evidence<'a> {
-    /// In execution order.
-    pub pairs: &'a [PairReport],
-    pub thresholds: Thresholds,
-    pub prompt_tokens: Option<(Vec<i64>, Vec<i64>)>,
-    pub layer_shifts: Vec<LayerShift>,
-    /// Raw names of each side (for double-fired hooks).
-    pub names_a: Vec<String>,
-    pub names_b: Vec<String>,
-}
-
-impl Evidence<'_> {
-    /// Index of the first failing pair.
-    pub fn first(&self) -> Option<usize> {
-        self.pairs.iter().position(|p| p.status.is_failure())
-    }
 }
 
 /// Target layer i matching reference layer i±1 far better than layer i, for most of the
@@ -189,7 +150,7 @@ pub fn decide(ev: &Evidence) -> Verdict {
         };
     }
     let tokens_differ = ev.prompt_tokens.as_ref().is_some_and(|(a, b)| a != b);
-    let ctx = crate::signatures::Ctx { ev, first, cliffs: &cliffs };
+    let ctx = Ctx { ev, first, cliffs: &cliffs };
     let mut hit = None;
     if first.is_some() || tokens_differ {
         for s in SIGNATURES {
@@ -229,9 +190,4 @@ pub fn decide(ev: &Evidence) -> Verdict {
         token0: tokens0,
         next_step,
     }
-}
-
-/// Whether a pair's reasons are only about magnitude (cosine within tolerance).
-pub fn magnitude_only(p: &PairReport) -> bool {
-    !p.reasons.is_empty() && p.reasons.iter().all(|r| matches!(r, Reason::Nmse | Reason::NormRatio))
 }

@@ -1,5 +1,5 @@
-//! `loupe explain`: step 4 of docs/parity-protocol.md, "verify hypotheses numerically before
-//! changing code".
+//! loupe-explain (`loupe explain`): step 4 of docs/parity-protocol.md, "verify hypotheses
+//! numerically before changing code".
 //!
 //! For the op that produces a suspect tensor, each hypothesis is a way of computing that op
 //! (the correct one, and the usual porting bugs: interleaved RoPE, a transposed weight,
@@ -7,6 +7,10 @@
 //! op (so upstream error cannot blur the picture, step 3) and compared with the TARGET's
 //! tensor. The hypothesis that reproduces the target, far better than the correct op does,
 //! names what the target computes wrongly.
+//!
+//! It sits above loupe-parity (dumps are read with its reader, [`loupe_parity::TensorSource`])
+//! and loupe-models (which op makes a value and from which inputs comes from the builder's
+//! own description, [`loupe_models::roles`]; weights and hyper-parameters from the model).
 
 pub mod dump;
 pub mod ops;
@@ -16,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use loupe_models::{LlamaConfig, LoadOptions, Model, Precision};
 
-use dump::{Dump, Tensor};
+use dump::Dump;
+pub use loupe_parity::Tensor;
 
 /// What can go wrong; every variant is bad input (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -25,20 +30,13 @@ pub enum ExplainError {
     Manifest { path: PathBuf, reason: String },
     #[error("{dump}: no tensor '{name}' at step {step} (dump it: loupe dump --taps, or the reference's --taps)")]
     MissingTensor { dump: PathBuf, name: String, step: usize },
-    #[error("{path}: unsupported {what}")]
-    Unsupported { path: PathBuf, what: String },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A dump or one of its tensor files could not be read.
+    #[error(transparent)]
+    Dump(#[from] loupe_parity::ParityError),
     #[error("shape mismatch: {what}")]
     Shape { what: String },
     #[error("--model: {0}")]
     Model(#[from] loupe_models::ModelError),
-    #[error(transparent)]
-    Format(#[from] loupe_formats::FormatError),
     #[error("{0}")]
     Kernel(#[from] loupe_tensor::TensorError),
 }

@@ -9,12 +9,11 @@
 use std::sync::Arc;
 
 use loupe_graph::{Op, WeightData};
-use loupe_models::{LlamaConfig, Model};
+use loupe_models::{LlamaConfig, Model, Module, ModuleRole as R};
 use loupe_tensor::matmul::matmul_f32;
 use loupe_tensor::ops::{attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeTable};
 
-use super::dump::Tensor;
-use super::{Context, ExplainError};
+use crate::{Context, ExplainError, Tensor};
 
 /// One way of computing the op, not yet compared.
 pub struct Candidate {
@@ -40,78 +39,60 @@ pub struct Plan {
 
 /// The op behind a value name.
 enum Site {
-    Rope { layer: usize, input: String, kv: bool },
+    Rope { layer: usize, input: Module, kv: bool },
     Attention { layer: usize, probs: bool },
-    Linear { module: String, input: String, layers: usize },
-    Norm { module: String, input: String, layers: usize },
-    Act { layer: usize },
-    AttnResidual { layer: usize },
-    LayerOut { layer: usize },
+    Linear { module: Module, input: Module, layers: usize },
+    Norm { module: Module, input: Module, layers: usize },
+    Act { input: Module },
+    /// A residual add: the skip input and the block output (either name of it).
+    Residual { skip: Module, branch: Module, what: &'static str },
     /// No op model: only value-level hypotheses (bf16).
     Other,
 }
 
-/// The input of decoder layer `l`: the previous layer's output, or the embeddings.
-fn layer_input(l: usize) -> String {
-    match l.checked_sub(1) {
-        Some(prev) => format!("model.layers.{prev}"),
-        None => "model.embed_tokens".to_string(),
-    }
-}
-
+/// Which op makes `name`, and from which inputs, as the model builder describes its values
+/// ([`loupe_models::roles`]).
 fn site(ctx: &Context<'_>, name: &str) -> Site {
-    if name == "model.norm" {
-        return match ctx.reference.last_layer(ctx.step) {
-            Some(last) => Site::Norm { module: "model.norm".into(), input: format!("model.layers.{last}"), layers: 1 },
-            None => Site::Other,
-        };
-    }
-    if name == "lm_head" {
-        return Site::Linear { module: "lm_head".into(), input: "model.norm".into(), layers: 1 };
-    }
-    let Some(rest) = name.strip_prefix("model.layers.") else { return Site::Other };
-    let (num, sub) = rest.split_once('.').unwrap_or((rest, ""));
-    let Ok(l) = num.parse::<usize>() else { return Site::Other };
-    let p = format!("model.layers.{l}");
-    let linear = |module: &str, input: &str| Site::Linear { module: format!("{p}.{module}"), input: format!("{p}.{input}"), layers: l + 1 };
-    match sub {
-        "" => Site::LayerOut { layer: l },
-        "input_layernorm" => Site::Norm { module: format!("{p}.input_layernorm"), input: layer_input(l), layers: l + 1 },
-        "post_attention_layernorm" => Site::Norm { module: format!("{p}.post_attention_layernorm"), input: format!("{p}.attn_residual"), layers: l + 1 },
-        "self_attn.q_rope" => Site::Rope { layer: l, input: format!("{p}.self_attn.q_proj"), kv: false },
-        "self_attn.k_rope" => Site::Rope { layer: l, input: format!("{p}.self_attn.k_proj"), kv: true },
-        "self_attn.attn_output" => Site::Attention { layer: l, probs: false },
-        "self_attn.attn_probs" => Site::Attention { layer: l, probs: true },
-        "self_attn.q_proj" | "self_attn.k_proj" | "self_attn.v_proj" => linear(sub, "input_layernorm"),
-        "self_attn.o_proj" | "self_attn" => linear("self_attn.o_proj", "self_attn.attn_output"),
-        "mlp.gate_proj" | "mlp.up_proj" => linear(sub, "post_attention_layernorm"),
-        "mlp.down_proj" | "mlp" => linear("mlp.down_proj", "mlp.act_mul"),
-        "mlp.act_fn" => Site::Act { layer: l },
-        "attn_residual" => Site::AttnResidual { layer: l },
-        _ => Site::Other,
+    let Some(m) = Module::parse(name) else { return Site::Other };
+    // Decoder layers the model needs for this value (the final norm reads the last layer
+    // the reference dumped).
+    let n_layers = if m.role.in_layer() { m.layer + 1 } else { ctx.reference.last_layer(ctx.step).map_or(0, |l| l + 1) };
+    let inputs = m.inputs(n_layers);
+    let Some(&input) = inputs.first() else { return Site::Other };
+    let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
+    match m.role {
+        R::FinalNorm if n_layers == 0 => Site::Other,
+        r if r.is_norm() => Site::Norm { module: m, input, layers },
+        r if r.is_linear() => Site::Linear { module: m.canonical(), input, layers },
+        R::QRope => Site::Rope { layer: m.layer, input, kv: false },
+        R::KRope => Site::Rope { layer: m.layer, input, kv: true },
+        R::AttnCore => Site::Attention { layer: m.layer, probs: false },
+        R::AttnProbs => Site::Attention { layer: m.layer, probs: true },
+        R::ActFn => Site::Act { input },
+        R::AttnResidual | R::LayerOutput => {
+            let what = if m.role == R::AttnResidual { "attention" } else { "MLP" };
+            Site::Residual { skip: input, branch: inputs.get(1).copied().unwrap_or(input), what }
+        }
+        R::Embedding | R::ActMul => Site::Other,
+        // Covered by the guards above; listed so a new role fails to compile here.
+        R::InputNorm | R::PostAttnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
     }
 }
 
 /// The hypotheses for `name` at the context's step.
 pub fn plan(ctx: &mut Context<'_>, name: &str) -> Result<Plan, ExplainError> {
     let mut plan = match site(ctx, name) {
-        Site::Rope { layer, input, kv } => rope(ctx, layer, &input, kv)?,
+        Site::Rope { layer, input, kv } => rope(ctx, layer, &input.name(), kv)?,
         Site::Attention { layer, probs } => attn(ctx, layer, probs)?,
-        Site::Linear { module, input, layers } => linear(ctx, &module, &input, layers)?,
-        Site::Norm { module, input, layers } => norm(ctx, &module, &input, layers)?,
-        Site::Act { layer } => act(ctx, layer)?,
-        Site::AttnResidual { layer } => {
-            let p = format!("model.layers.{layer}");
-            // `self_attn` is an alias of `self_attn.o_proj`: either may have been dumped.
-            let o_proj = format!("{p}.self_attn.o_proj");
-            let o = ctx.reference.first_of(&[&o_proj, &format!("{p}.self_attn")], ctx.step).map(str::to_string).unwrap_or(o_proj);
-            residual(ctx, &layer_input(layer), &o, "attention")?
-        }
-        Site::LayerOut { layer } => {
-            let p = format!("model.layers.{layer}");
-            let down = format!("{p}.mlp.down_proj");
-            let mlp = ctx.reference.first_of(&[&down, &format!("{p}.mlp")], ctx.step).map(str::to_string).unwrap_or(down);
-            residual(ctx, &format!("{p}.attn_residual"), &mlp, "MLP")?
+        Site::Linear { module, input, layers } => linear(ctx, module, &input.name(), layers)?,
+        Site::Norm { module, input, layers } => norm(ctx, module, &input.name(), layers)?,
+        Site::Act { input } => act(ctx, &input.name())?,
+        Site::Residual { skip, branch, what } => {
+            // The block output has two names (`…self_attn.o_proj` and its alias
+            // `…self_attn`): either may have been dumped.
+            let names = branch.names();
+            let b = ctx.reference.first_of(&names, ctx.step).unwrap_or(&names[0]).to_string();
+            residual(ctx, &skip.name(), &b, what)?
         }
         Site::Other => {
             let r = ctx.reference(name)?;
@@ -158,7 +139,7 @@ fn rope(ctx: &mut Context<'_>, layer: usize, input: &str, kv: bool) -> Result<Pl
 
 /// The graph's own table for `layer` (it carries GGUF frequency factors, if any).
 fn rope_table(model: &Model, layer: usize) -> Result<Arc<RopeTable>, ExplainError> {
-    let name = format!("model.layers.{layer}.self_attn.q_rope");
+    let name = Module::layer(layer, R::QRope).name();
     let node = model.graph.find_value(&name).and_then(|v| model.graph.producer(v));
     if let Some(Op::Rope { table, .. }) = node.map(|n| &n.op) {
         return Ok(table.clone());
@@ -167,8 +148,8 @@ fn rope_table(model: &Model, layer: usize) -> Result<Arc<RopeTable>, ExplainErro
 }
 
 fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, ExplainError> {
-    let p = format!("model.layers.{layer}.self_attn");
-    let (qn, kn, vn) = (format!("{p}.q_rope"), format!("{p}.k_rope"), format!("{p}.v_proj"));
+    // q after RoPE, k after RoPE, v: the attention node's inputs.
+    let [qn, kn, vn] = [R::QRope, R::KRope, R::VProj].map(|r| Module::layer(layer, r).name());
     let q = ctx.reference(&qn)?;
     // The cache at step K holds the keys and values of every step up to K.
     let k = ctx.reference.rows_through(&kn, ctx.step)?;
@@ -214,16 +195,16 @@ fn weight(model: &Model, name: &str) -> Option<(Vec<usize>, Arc<Vec<f32>>)> {
     Some((w.shape.clone(), data))
 }
 
-fn linear(ctx: &mut Context<'_>, module: &str, input: &str, layers: usize) -> Result<Plan, ExplainError> {
+fn linear(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Result<Plan, ExplainError> {
     let x = ctx.reference(input)?;
     let model = ctx.model(layers)?;
-    let wname = format!("{module}.weight");
+    let wname = module.param("weight");
     // A tied lm_head is the embedding table.
-    let found = weight(model, &wname).or_else(|| if module == "lm_head" { weight(model, "model.embed_tokens.weight") } else { None });
+    let found = weight(model, &wname).or_else(|| if module.role == R::LmHead { weight(model, &Module::model(R::Embedding).param("weight")) } else { None });
     let (shape, w) = found.ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
     let (n, k) = (shape[0], shape.get(1).copied().unwrap_or(1));
     let m = rows_of(&x, k, input)?;
-    let bias = weight(model, &format!("{module}.bias")).map(|(_, b)| b);
+    let bias = weight(model, &module.param("bias")).map(|(_, b)| b);
     let apply = |w: &[f32]| -> Result<Vec<f32>, ExplainError> {
         let mut y = vec![0.0f32; m * n];
         matmul_f32(&x.data, w, &mut y, m, k, n)?;
@@ -249,11 +230,11 @@ fn linear(ctx: &mut Context<'_>, module: &str, input: &str, layers: usize) -> Re
     Ok(Plan { op: format!("linear `{module}` ({n}x{k}) of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
 
-fn norm(ctx: &mut Context<'_>, module: &str, input: &str, layers: usize) -> Result<Plan, ExplainError> {
+fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Result<Plan, ExplainError> {
     let x = ctx.reference(input)?;
     let model = ctx.model(layers)?;
     let cfg_eps = model.config.rms_norm_eps;
-    let wname = format!("{module}.weight");
+    let wname = module.param("weight");
     let (_, w) = weight(model, &wname).ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
     rows_of(&x, w.len(), input)?;
     let run = |eps: f32| -> Result<Vec<f32>, ExplainError> {
@@ -271,9 +252,8 @@ fn norm(ctx: &mut Context<'_>, module: &str, input: &str, layers: usize) -> Resu
     Ok(Plan { op: format!("RMSNorm `{module}` of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
 
-fn act(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError> {
-    let input = format!("model.layers.{layer}.mlp.gate_proj");
-    let x = ctx.reference(&input)?;
+fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
+    let x = ctx.reference(input)?;
     let with = |f: &dyn Fn(&mut [f32])| {
         let mut d = x.data.clone();
         f(&mut d);
@@ -284,7 +264,7 @@ fn act(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError> {
         cand("gelu-tanh", "GELU (tanh approximation)", "the activation is GELU with the tanh approximation instead of SiLU (hidden_act mixed up)", with(&|d| gelu(d, true))),
         cand("gelu-erf", "GELU (erf)", "the activation is exact GELU instead of SiLU (hidden_act mixed up)", with(&|d| gelu(d, false))),
     ];
-    Ok(Plan { op: format!("activation of `{input}`"), inputs: vec![input], candidates })
+    Ok(Plan { op: format!("activation of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
 
 fn residual(ctx: &mut Context<'_>, skip: &str, branch: &str, what: &str) -> Result<Plan, ExplainError> {

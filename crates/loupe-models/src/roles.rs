@@ -1,0 +1,252 @@
+//! The values the Llama builder emits, as data: each value's role (which module of the
+//! decoder computes it), its name (the Hugging Face module path, ARCHITECTURE.md invariant
+//! 1) and the values it is computed from. [`crate::llama`] names its values through
+//! [`Module::name`], so tools that reason about a model's values (`loupe explain`) ask here
+//! instead of spelling module paths themselves.
+
+use std::fmt;
+
+/// What a value of the Llama-family graph is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModuleRole {
+    /// `model.embed_tokens`.
+    Embedding,
+    /// `model.layers.N.input_layernorm`.
+    InputNorm,
+    QProj,
+    KProj,
+    VProj,
+    /// q after the rotary embedding (`self_attn.q_rope`).
+    QRope,
+    KRope,
+    /// Attention's output before `o_proj` (`self_attn.attn_output`).
+    AttnCore,
+    /// Attention probabilities, a side output of [`AttnCore`](Self::AttnCore)'s node.
+    AttnProbs,
+    OProj,
+    /// The attention block's output: an alias of [`OProj`](Self::OProj) (`self_attn`).
+    SelfAttn,
+    /// The residual sum after attention (`attn_residual`).
+    AttnResidual,
+    PostAttnNorm,
+    Gate,
+    Up,
+    /// The activation of `gate_proj` (`mlp.act_fn`).
+    ActFn,
+    /// `act_fn(gate) * up` (`mlp.act_mul`).
+    ActMul,
+    Down,
+    /// The MLP block's output: an alias of [`Down`](Self::Down) (`mlp`).
+    Mlp,
+    /// The decoder layer's output (`model.layers.N`).
+    LayerOutput,
+    /// `model.norm`.
+    FinalNorm,
+    /// `lm_head`: the logits.
+    LmHead,
+}
+
+use ModuleRole::*;
+
+impl ModuleRole {
+    /// Every role, in the order the builder emits them (per layer for the layer roles).
+    pub const ALL: [ModuleRole; 22] = [
+        Embedding, InputNorm, QProj, KProj, VProj, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, Gate, Up, ActFn,
+        ActMul, Down, Mlp, LayerOutput, FinalNorm, LmHead,
+    ];
+
+    /// Whether the role belongs to a decoder layer (its name carries the layer index).
+    pub fn in_layer(self) -> bool {
+        !matches!(self, Embedding | FinalNorm | LmHead)
+    }
+
+    /// The name's part after `model.layers.N.` for layer roles (empty for the layer
+    /// output), the whole name for model-level roles.
+    pub fn path(self) -> &'static str {
+        match self {
+            Embedding => "model.embed_tokens",
+            InputNorm => "input_layernorm",
+            QProj => "self_attn.q_proj",
+            KProj => "self_attn.k_proj",
+            VProj => "self_attn.v_proj",
+            QRope => "self_attn.q_rope",
+            KRope => "self_attn.k_rope",
+            AttnCore => "self_attn.attn_output",
+            AttnProbs => "self_attn.attn_probs",
+            OProj => "self_attn.o_proj",
+            SelfAttn => "self_attn",
+            AttnResidual => "attn_residual",
+            PostAttnNorm => "post_attention_layernorm",
+            Gate => "mlp.gate_proj",
+            Up => "mlp.up_proj",
+            ActFn => "mlp.act_fn",
+            ActMul => "mlp.act_mul",
+            Down => "mlp.down_proj",
+            Mlp => "mlp",
+            LayerOutput => "",
+            FinalNorm => "model.norm",
+            LmHead => "lm_head",
+        }
+    }
+
+    /// The role whose value this one is an alias of (`SelfAttn` → `OProj`, `Mlp` → `Down`).
+    pub fn alias_of(self) -> Option<ModuleRole> {
+        match self {
+            SelfAttn => Some(OProj),
+            Mlp => Some(Down),
+            _ => None,
+        }
+    }
+
+    /// The roles that are aliases of this one.
+    pub fn aliases(self) -> &'static [ModuleRole] {
+        match self {
+            OProj => &[SelfAttn],
+            Down => &[Mlp],
+            _ => &[],
+        }
+    }
+
+    /// The role that computes the value (itself, or the role it is an alias of).
+    pub fn canonical(self) -> ModuleRole {
+        self.alias_of().unwrap_or(self)
+    }
+
+    /// Whether the value is a linear projection `x Wᵀ (+ b)` with the module's weight.
+    pub fn is_linear(self) -> bool {
+        matches!(self.canonical(), QProj | KProj | VProj | OProj | Gate | Up | Down | LmHead)
+    }
+
+    /// Whether the value is an RMSNorm with the module's weight.
+    pub fn is_norm(self) -> bool {
+        matches!(self, InputNorm | PostAttnNorm | FinalNorm)
+    }
+}
+
+/// One value of the graph: a role, and the decoder layer for layer roles (`layer` is 0 and
+/// ignored for model-level roles).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Module {
+    pub role: ModuleRole,
+    pub layer: usize,
+}
+
+impl Module {
+    /// A value of decoder layer `layer`.
+    pub fn layer(layer: usize, role: ModuleRole) -> Module {
+        Module { role, layer: if role.in_layer() { layer } else { 0 } }
+    }
+
+    /// A model-level value (`Embedding`, `FinalNorm`, `LmHead`).
+    pub fn model(role: ModuleRole) -> Module {
+        Module { role, layer: 0 }
+    }
+
+    /// `model.layers.N` (for layer roles).
+    pub fn layer_prefix(layer: usize) -> String {
+        format!("model.layers.{layer}")
+    }
+
+    /// The value's name: the Hugging Face module path (plus a dotted suffix for values
+    /// PyTorch has no module for).
+    pub fn name(&self) -> String {
+        match (self.role.in_layer(), self.role.path()) {
+            (false, path) => path.to_string(),
+            (true, "") => Module::layer_prefix(self.layer),
+            (true, sub) => format!("{}.{sub}", Module::layer_prefix(self.layer)),
+        }
+    }
+
+    /// The name of the module's parameter `param` (`weight`, `bias`); an alias names its
+    /// module's (`…self_attn` → `…self_attn.o_proj.weight`).
+    pub fn param(&self, param: &str) -> String {
+        format!("{}.{param}", Module { role: self.role.canonical(), layer: self.layer }.name())
+    }
+
+    /// The value this one is an alias of, if any.
+    pub fn canonical(&self) -> Module {
+        Module { role: self.role.canonical(), layer: self.layer }
+    }
+
+    /// This value's name and the names of its aliases (either may be in a dump).
+    pub fn names(&self) -> Vec<String> {
+        let c = self.canonical();
+        std::iter::once(c).chain(c.role.aliases().iter().map(|&r| Module { role: r, layer: c.layer })).map(|m| m.name()).collect()
+    }
+
+    /// The value with this name, if the builder emits one by that name.
+    pub fn parse(name: &str) -> Option<Module> {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let (num, sub) = rest.split_once('.').unwrap_or((rest, ""));
+            // Digits only: `model.layers.+1` or `model.layers.01` are not names the builder emits.
+            if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) || (num.len() > 1 && num.starts_with('0')) {
+                return None;
+            }
+            let layer = num.parse().ok()?;
+            let role = ModuleRole::ALL.into_iter().find(|r| r.in_layer() && r.path() == sub)?;
+            return Some(Module { role, layer });
+        }
+        ModuleRole::ALL.into_iter().find(|r| !r.in_layer() && r.path() == name).map(Module::model)
+    }
+
+    /// The input of decoder layer `layer`: the previous layer's output, or the embeddings.
+    pub fn layer_input(layer: usize) -> Module {
+        match layer.checked_sub(1) {
+            Some(prev) => Module::layer(prev, LayerOutput),
+            None => Module::model(Embedding),
+        }
+    }
+
+    /// The values this one is computed from, as the builder wires them (value inputs, not
+    /// weights). `n_layers` is the number of decoder layers (the final norm reads the last).
+    pub fn inputs(&self, n_layers: usize) -> Vec<Module> {
+        let l = |role| Module::layer(self.layer, role);
+        match self.role {
+            Embedding => vec![],
+            InputNorm => vec![Module::layer_input(self.layer)],
+            QProj | KProj | VProj => vec![l(InputNorm)],
+            QRope => vec![l(QProj)],
+            KRope => vec![l(KProj)],
+            AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(VProj)],
+            OProj | SelfAttn => vec![l(AttnCore)],
+            AttnResidual => vec![Module::layer_input(self.layer), l(OProj)],
+            PostAttnNorm => vec![l(AttnResidual)],
+            Gate | Up => vec![l(PostAttnNorm)],
+            ActFn => vec![l(Gate)],
+            ActMul => vec![l(ActFn), l(Up)],
+            Down | Mlp => vec![l(ActMul)],
+            LayerOutput => vec![l(AttnResidual), l(Down)],
+            FinalNorm => vec![Module::layer_input(n_layers)],
+            LmHead => vec![Module::model(FinalNorm)],
+        }
+    }
+}
+
+impl fmt::Display for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for role in ModuleRole::ALL {
+            let m = Module::layer(12, role);
+            assert_eq!(Module::parse(&m.name()), Some(m), "{role:?}");
+        }
+        assert_eq!(Module::layer(3, Down).name(), "model.layers.3.mlp.down_proj");
+        assert_eq!(Module::layer(3, LayerOutput).name(), "model.layers.3");
+        assert_eq!(Module::layer(3, LmHead).name(), "lm_head");
+        assert_eq!(Module::layer(3, SelfAttn).param("weight"), "model.layers.3.self_attn.o_proj.weight");
+        assert_eq!(Module::layer(3, Mlp).names(), ["model.layers.3.mlp.down_proj", "model.layers.3.mlp"]);
+        for bad in ["model.layers", "model.layers.", "model.layers.x", "model.layers.01", "model.layers.1.mlp.nope", "model.norm.weight", "norm", "model.layers.1.lm_head"] {
+            assert_eq!(Module::parse(bad), None, "{bad}");
+        }
+        assert_eq!(Module::layer_input(0), Module::model(Embedding));
+        assert_eq!(Module::model(FinalNorm).inputs(30), [Module::layer(29, LayerOutput)]);
+    }
+}
