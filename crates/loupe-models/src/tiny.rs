@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use loupe_formats::fuzzing::SplitMix64;
+use loupe_core::SplitMix64;
 use loupe_formats::{GgmlType, GgufValue, GgufValueType, GgufWriter};
 use loupe_tensor::quant::{quantize_row_with, Isa};
 
@@ -99,24 +99,6 @@ Write a function that returns the nth Fibonacci number. def fibonacci(n): return
 Columbus sailed across the Atlantic in 1492, and people still talk about it in 2024. \
 The system prompt says: answer in one word. Red, yellow and blue are the primary colors.";
 
-/// GPT-2's byte-to-unicode table (`bytes_to_unicode`): printable Latin-1 bytes map to
-/// themselves, the other 68 bytes to U+0100.. in order.
-fn bytes_to_unicode() -> [char; 256] {
-    let mut table = ['\0'; 256];
-    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-    let mut next = 256u32;
-    for b in 0..256u32 {
-        let code = if printable(b) {
-            b
-        } else {
-            next += 1;
-            next - 1
-        };
-        table[b as usize] = char::from_u32(code).unwrap_or('\u{FFFD}');
-    }
-    table
-}
-
 /// Splits text into GPT-2-style pieces (an optional leading space, then a run of letters,
 /// of digits, or of other non-space characters; spaces on their own), each spelled in the
 /// byte alphabet. Only used to learn merges: the tokenizer built from the file has its own.
@@ -193,7 +175,7 @@ fn learn_merges(n: usize, table: &[char; 256]) -> Vec<(String, String)> {
 /// The vocabulary (specials, the 256 bytes in byte order, then one token per new merge
 /// result) and the merges, `"left right"`.
 pub fn tiny_vocab(merges: usize) -> (Vec<String>, Vec<String>) {
-    let table = bytes_to_unicode();
+    let table = loupe_text::bytes_to_unicode();
     let mut tokens: Vec<String> = SPECIAL_TOKENS.iter().map(|s| s.to_string()).collect();
     tokens.extend(table.iter().map(|c| c.to_string()));
     let mut seen: std::collections::HashSet<String> = tokens.iter().cloned().collect();
@@ -212,19 +194,10 @@ pub fn tiny_vocab(merges: usize) -> (Vec<String>, Vec<String>) {
 /// head, HF row `j * head_dim/2 + i` goes to GGUF row `2i + j`. The inverse of
 /// [`crate::weights::unpermute_rows`].
 pub fn permute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
-    let rows = data.len() / cols;
-    let head_dim = rows / n_heads;
-    let half = head_dim / 2;
     let mut out = vec![0f32; data.len()];
-    for h in 0..n_heads {
-        for j in 0..2 {
-            for i in 0..half {
-                let hf = h * head_dim + j * half + i;
-                let gg = h * head_dim + 2 * i + j;
-                out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
-            }
-        }
-    }
+    crate::weights::for_each_qk_row(data.len() / cols.max(1), n_heads, |hf, gg| {
+        out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
+    });
     out
 }
 

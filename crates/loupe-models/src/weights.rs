@@ -80,20 +80,26 @@ pub fn gguf_name(hf_name: &str) -> Option<String> {
 /// Hugging Face's: within each head, GGUF row `2i + j` holds HF row `j * head_dim/2 + i`.
 /// `row_bytes` is the size of one row in whatever encoding `data` has.
 pub fn unpermute_rows(data: &[u8], n_heads: usize, row_bytes: usize) -> Vec<u8> {
-    let rows = data.len() / row_bytes;
-    let head_dim = rows / n_heads;
-    let half = head_dim / 2;
     let mut out = vec![0u8; data.len()];
+    for_each_qk_row(data.len() / row_bytes.max(1), n_heads, |hf, gg| {
+        out[hf * row_bytes..(hf + 1) * row_bytes].copy_from_slice(&data[gg * row_bytes..(gg + 1) * row_bytes]);
+    });
+    out
+}
+
+/// The row map of llama.cpp's q/k permutation, shared by [`unpermute_rows`] and the tiny
+/// model's writer: calls `f(hf_row, gguf_row)` for every row of a `rows`-row matrix of
+/// `n_heads` heads (within each head, GGUF row `2i + j` is HF row `j * head_dim/2 + i`).
+pub(crate) fn for_each_qk_row(rows: usize, n_heads: usize, mut f: impl FnMut(usize, usize)) {
+    let head_dim = rows / n_heads.max(1);
+    let half = head_dim / 2;
     for h in 0..n_heads {
         for j in 0..2 {
             for i in 0..half {
-                let hf = h * head_dim + j * half + i;
-                let gg = h * head_dim + 2 * i + j;
-                out[hf * row_bytes..(hf + 1) * row_bytes].copy_from_slice(&data[gg * row_bytes..(gg + 1) * row_bytes]);
+                f(h * head_dim + j * half + i, h * head_dim + 2 * i + j);
             }
         }
     }
-    out
 }
 
 /// Turns raw tensor bytes of type `ty` and row-major `shape` into a weight.

@@ -113,7 +113,7 @@ pub(crate) fn build(spec: &TokenizerSpec) -> Result<Built> {
 
 /// GPT-2's byte-to-unicode table (`bytes_to_unicode` in transformers): printable Latin-1 bytes map
 /// to themselves, the other 68 bytes to U+0100.. in order.
-pub(crate) fn bytes_to_unicode() -> [char; 256] {
+pub fn bytes_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
     let printable = |b: u32| {
         (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)

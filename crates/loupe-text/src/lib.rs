@@ -40,6 +40,8 @@ mod strftime;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
+/// GPT-2's byte-to-unicode table, for writers of byte-level BPE vocabularies.
+pub use gguf_build::bytes_to_unicode;
 pub use error::{Result, TextError};
 pub use hf_config::TokenizerConfig;
 pub use spec::TokenizerSpec;
