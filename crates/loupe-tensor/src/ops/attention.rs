@@ -243,7 +243,7 @@ pub fn attention(
 
 /// Scales raw scores `q . k` by `scale` and turns them into probabilities in place
 /// (max-subtracted exp, as torch.softmax does, in f32).
-fn softmax_row(scores: &mut [f32], scale: f32) {
+pub(crate) fn softmax_row(scores: &mut [f32], scale: f32) {
     let mut max = f32::NEG_INFINITY;
     for s in scores.iter_mut() {
         *s *= scale;
@@ -263,7 +263,7 @@ fn softmax_row(scores: &mut [f32], scale: f32) {
 /// `a . b` (equal lengths): AVX-512 with four accumulators when available, else the
 /// scalar reference [`dot_scalar`].
 #[inline]
-fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && a.len() == b.len() {
         // SAFETY: the CPU has AVX-512F (Isa::Avx512); equal lengths checked.
@@ -280,7 +280,7 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 
 /// `y += alpha * x` (equal lengths).
 #[inline]
-fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
+pub(crate) fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && x.len() == y.len() {
         // SAFETY: the CPU has AVX-512F; equal lengths checked.

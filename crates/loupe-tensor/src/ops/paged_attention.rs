@@ -1,0 +1,357 @@
+//! Causal attention over a *paged* KV cache, for the batched engine: many sequences in one
+//! call, each with its own block table, mixing prefill chunks and single decode tokens.
+//!
+//! Layout: one layer's keys (and, separately, values) are `n_blocks * block_size` rows of
+//! `width = n_kv_heads * head_dim` elements; block `b` holds rows `b * block_size ..
+//! (b + 1) * block_size`. A sequence's position `p` lives in block `blocks[p / block_size]`
+//! at slot `p % block_size`. Rows are f32 or f16 ([`KvBlocks`]).
+//!
+//! **Batch invariance.** Every query row is computed alone, with the arithmetic of the
+//! decode path of [`super::attention`] (one SIMD dot per visible key in position order, the
+//! same softmax, one axpy per key): its result depends only on its own query, its position
+//! and the cached rows it sees — never on how many rows the call has, which other sequences
+//! share it, whether its prompt was chunked, or whether its prefix came from the prefix
+//! cache. Prefill rows cost O(context) dots each instead of a `gemm`, which the batched
+//! engine accepts for bit-identical output under any batching.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::attention::{axpy, dot, softmax_row, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
+use crate::matmul::OutPtr;
+use crate::pool;
+use crate::quant::Isa;
+use crate::TensorError;
+
+/// Largest head dimension the kernel converts on the stack.
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Query rows of one sequence per task: small, so a long prefill chunk spreads over threads.
+const ROWS_PER_TASK: usize = 8;
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One layer's cached keys or values, read-only.
+#[derive(Debug, Clone, Copy)]
+pub enum KvBlocks<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+/// One layer's cached keys or values, for writing.
+#[derive(Debug)]
+pub enum KvBlocksMut<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [f16]),
+}
+
+impl KvBlocks<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvBlocks::F32(d) => d.len(),
+            KvBlocks::F16(d) => d.len(),
+        }
+    }
+
+    /// Elements `start..start + out.len()` as f32 (f16 widens exactly).
+    #[inline]
+    fn read(&self, start: usize, out: &mut [f32]) {
+        match self {
+            KvBlocks::F32(d) => out.copy_from_slice(&d[start..start + out.len()]),
+            KvBlocks::F16(d) => d[start..start + out.len()].convert_to_f32_slice(out),
+        }
+    }
+}
+
+/// The rows of one sequence in a batched call.
+#[derive(Debug, Clone)]
+pub struct PagedSpan<'a> {
+    /// Rows of `q` / `out` that belong to this sequence (consecutive positions).
+    pub rows: Range<usize>,
+    /// Positions cached before this call: the first row's position.
+    pub past: usize,
+    /// The sequence's block table; it must cover positions `0..past + rows.len()`.
+    pub blocks: &'a [u32],
+}
+
+impl PagedSpan<'_> {
+    /// Positions the sequence holds after this call.
+    pub fn context(&self) -> usize {
+        self.past + self.rows.len()
+    }
+}
+
+fn shape_error(detail: String) -> TensorError {
+    TensorError::Shape { op: "paged_attention", detail }
+}
+
+/// Index of the first element of position `p`'s row, checked against the storage.
+fn row_start(blocks: &[u32], block_size: usize, width: usize, p: usize, storage_len: usize) -> Result<usize, TensorError> {
+    let block = *blocks
+        .get(p / block_size)
+        .ok_or_else(|| shape_error(format!("position {p} is past the block table ({} blocks of {block_size})", blocks.len())))?;
+    let row = (block as usize)
+        .checked_mul(block_size)
+        .and_then(|r| r.checked_add(p % block_size))
+        .ok_or_else(|| shape_error(format!("block {block} overflows")))?;
+    let start = row.checked_mul(width).ok_or_else(|| shape_error(format!("block {block} overflows")))?;
+    if start + width > storage_len {
+        return Err(shape_error(format!("block {block} is outside the cache ({storage_len} elements)")));
+    }
+    Ok(start)
+}
+
+/// Writes `rows` (`[n, width]`, positions `past..past + n` of a sequence) into its blocks;
+/// f16 storage rounds to nearest even.
+pub fn write_paged(dst: &mut KvBlocksMut<'_>, width: usize, block_size: usize, blocks: &[u32], past: usize, rows: &[f32]) -> Result<(), TensorError> {
+    if width == 0 || block_size == 0 || rows.len() % width != 0 {
+        return Err(shape_error(format!("{} values are not rows of {width}", rows.len())));
+    }
+    let len = match dst {
+        KvBlocksMut::F32(d) => d.len(),
+        KvBlocksMut::F16(d) => d.len(),
+    };
+    for (i, row) in rows.chunks_exact(width).enumerate() {
+        let start = row_start(blocks, block_size, width, past + i, len)?;
+        match dst {
+            KvBlocksMut::F32(d) => d[start..start + width].copy_from_slice(row),
+            KvBlocksMut::F16(d) => d[start..start + width].convert_from_f32_slice(row),
+        }
+    }
+    Ok(())
+}
+
+/// Attention of every span's query rows over its own cached keys and values (this call's
+/// rows must already be written, see [`write_paged`]).
+///
+/// * `q`, `out`: `[rows, n_heads * head_dim]`, the spans' rows together;
+/// * `probs`: when given, `[n_heads, rows, ctx_max]` with `ctx_max` the largest span
+///   context; each row holds its probabilities at its positions, zeros elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    shape: AttentionShape,
+    variant: AttentionVariant,
+    q: &[f32],
+    keys: KvBlocks<'_>,
+    values: KvBlocks<'_>,
+    block_size: usize,
+    spans: &[PagedSpan<'_>],
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+) -> Result<(), TensorError> {
+    let AttentionShape { n_heads, n_kv_heads, head_dim, scale } = shape;
+    let q_width = n_heads * head_dim;
+    let kv_width = n_kv_heads * head_dim;
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q_width == 0 || head_dim > MAX_HEAD_DIM || block_size == 0 {
+        return Err(shape_error(format!("{n_heads} query heads, {n_kv_heads} kv heads of {head_dim}, blocks of {block_size}")));
+    }
+    if q.len() % q_width != 0 || out.len() != q.len() || keys.len() != values.len() {
+        return Err(shape_error(format!("q {} elements, out {}, keys {}, values {}", q.len(), out.len(), keys.len(), values.len())));
+    }
+    let total_rows = q.len() / q_width;
+    let ctx_max = spans.iter().map(PagedSpan::context).max().unwrap_or(0);
+    // Every position a span reads must be in its table and inside the storage: check once
+    // here so the parallel tasks only index.
+    for span in spans {
+        if span.rows.end > total_rows || span.rows.start > span.rows.end {
+            return Err(shape_error(format!("span rows {:?} outside the call's {total_rows} rows", span.rows)));
+        }
+        let ctx = span.context();
+        if ctx > 0 {
+            row_start(span.blocks, block_size, kv_width, ctx - 1, keys.len())?;
+        }
+        for &b in &span.blocks[..ctx.div_ceil(block_size).min(span.blocks.len())] {
+            if (b as usize + 1) * block_size * kv_width > keys.len() {
+                return Err(shape_error(format!("block {b} is outside the cache ({} elements)", keys.len())));
+            }
+        }
+    }
+    if let Some(p) = &probs {
+        if p.len() != n_heads * total_rows * ctx_max {
+            return Err(shape_error(format!("probs has {} elements, expected {n_heads}x{total_rows}x{ctx_max}", p.len())));
+        }
+    }
+    let group = n_heads / n_kv_heads;
+    let isa = Isa::active();
+    // Tasks: (span, head, chunk of rows).
+    let mut tasks: Vec<(u32, u32, u32)> = Vec::new();
+    for (s, span) in spans.iter().enumerate() {
+        for h in 0..n_heads {
+            for c in 0..span.rows.len().div_ceil(ROWS_PER_TASK) {
+                tasks.push((s as u32, h as u32, c as u32));
+            }
+        }
+    }
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let probs_ptr = probs.map(|p| {
+        p.fill(0.0);
+        OutPtr(p.as_mut_ptr())
+    });
+    pool::run(tasks.len(), &|task| {
+        let (s, h, chunk) = tasks[task];
+        let (span, h) = (&spans[s as usize], h as usize);
+        let kv_h = match variant.head_map {
+            HeadMap::Grouped => h / group,
+            HeadMap::Modulo => h % n_kv_heads,
+        };
+        let first = span.rows.start + chunk as usize * ROWS_PER_TASK;
+        let rows = first..(first + ROWS_PER_TASK).min(span.rows.end);
+        let mut kv_row = [0f32; MAX_HEAD_DIM];
+        let kv_row = &mut kv_row[..head_dim];
+        SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            if scores.len() < span.context() {
+                scores.resize(span.context().next_power_of_two(), 0.0);
+            }
+            for r in rows {
+                let position = span.past + (r - span.rows.start);
+                let visible = match variant.mask {
+                    AttentionMask::Causal => position + 1,
+                    AttentionMask::None => span.context(),
+                };
+                let q_row = &q[r * q_width + h * head_dim..][..head_dim];
+                let scores = &mut scores[..visible];
+                for (p, sc) in scores.iter_mut().enumerate() {
+                    // In range: checked for the span's last position before the tasks ran.
+                    let start = span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
+                    keys.read(start, kv_row);
+                    *sc = dot(isa, q_row, kv_row);
+                }
+                softmax_row(scores, scale);
+                // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
+                // out.len() == q.len() was checked above.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
+                o.fill(0.0);
+                for (p, &w) in scores.iter().enumerate() {
+                    let start = span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
+                    values.read(start, kv_row);
+                    axpy(isa, w, kv_row, o);
+                }
+                if let Some(pp) = probs_ptr {
+                    // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
+                    // task alone; visible <= ctx_max; the length was checked above.
+                    let prow = unsafe { std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible) };
+                    prow.copy_from_slice(scores);
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::attention;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    const SHAPE: AttentionShape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
+
+    /// Scatters contiguous rows into blocks following `table`.
+    fn paged(rows: &[f32], width: usize, bs: usize, table: &[u32], n_blocks: usize) -> Vec<f32> {
+        let mut store = vec![f32::NAN; n_blocks * bs * width];
+        write_paged(&mut KvBlocksMut::F32(&mut store), width, bs, table, 0, rows).unwrap();
+        store
+    }
+
+    #[test]
+    fn f32_pages_equal_the_contiguous_decode_path_bit_for_bit() {
+        let (ctx, bs) = (21, 4);
+        let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
+        let qw = SHAPE.n_heads * SHAPE.head_dim;
+        let (k, v) = (data(ctx * kvw, 1), data(ctx * kvw, 2));
+        let q = data(qw, 3);
+        // Blocks out of order, as a block manager hands them out.
+        let table = [5u32, 0, 3, 1, 6, 2];
+        let (kp, vp) = (paged(&k, kvw, bs, &table, 7), paged(&v, kvw, bs, &table, 7));
+        let mut want = vec![0f32; qw];
+        attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut want, None).unwrap();
+        let mut got = vec![0f32; qw];
+        let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
+        paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
+        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_its_neighbours_or_its_chunk() {
+        let bs = 4;
+        let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
+        let qw = SHAPE.n_heads * SHAPE.head_dim;
+        let ctx = 13;
+        let (k, v) = (data(ctx * kvw, 4), data(ctx * kvw, 5));
+        let table = [3u32, 1, 0, 2];
+        let mut k16 = vec![f16::ZERO; 4 * bs * kvw];
+        let mut v16 = vec![f16::ZERO; 4 * bs * kvw];
+        write_paged(&mut KvBlocksMut::F16(&mut k16), kvw, bs, &table, 0, &k).unwrap();
+        write_paged(&mut KvBlocksMut::F16(&mut v16), kvw, bs, &table, 0, &v).unwrap();
+        let q = data(ctx * qw, 6);
+        let run = |spans: &[PagedSpan<'_>], q: &[f32]| {
+            let mut out = vec![0f32; q.len()];
+            paged_attention(SHAPE, AttentionVariant::default(), q, KvBlocks::F16(&k16), KvBlocks::F16(&v16), bs, spans, &mut out, None).unwrap();
+            out
+        };
+        // The whole sequence as one prefill.
+        let whole = run(&[PagedSpan { rows: 0..ctx, past: 0, blocks: &table }], &q);
+        // As a 5-row chunk after 8 cached positions, next to another sequence's decode row.
+        let other_table = [0u32];
+        let mut q2 = data(qw, 9);
+        q2.extend_from_slice(&q[8 * qw..]);
+        let mixed = run(&[PagedSpan { rows: 0..1, past: 0, blocks: &other_table }, PagedSpan { rows: 1..6, past: 8, blocks: &table }], &q2);
+        assert_eq!(whole[8 * qw..].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), mixed[qw..].iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        // f16 storage stays close to f32.
+        let mut f32_out = vec![0f32; ctx * qw];
+        attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut f32_out, None).unwrap();
+        for (a, b) in whole.iter().zip(&f32_out) {
+            assert!((a - b).abs() < 2e-3, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn probs_rows_sum_to_one_over_visible_positions() {
+        let bs = 2;
+        let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
+        let qw = SHAPE.n_heads * SHAPE.head_dim;
+        let (k, v) = (data(5 * kvw, 7), data(5 * kvw, 8));
+        let table = [0u32, 1, 2];
+        let (kp, vp) = (paged(&k, kvw, bs, &table, 3), paged(&v, kvw, bs, &table, 3));
+        let q = data(2 * qw, 9);
+        let span = PagedSpan { rows: 0..2, past: 3, blocks: &table };
+        let mut out = vec![0f32; 2 * qw];
+        let mut probs = vec![0f32; SHAPE.n_heads * 2 * 5];
+        paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut out, Some(&mut probs)).unwrap();
+        for h in 0..SHAPE.n_heads {
+            let row0 = &probs[(h * 2) * 5..(h * 2 + 1) * 5];
+            assert!((row0.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            assert_eq!(row0[4], 0.0, "position 3 cannot see position 4");
+        }
+    }
+
+    #[test]
+    fn bad_tables_are_errors_not_panics() {
+        let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
+        let qw = SHAPE.n_heads * SHAPE.head_dim;
+        let store = vec![0f32; 2 * 4 * kvw];
+        let q = data(qw, 1);
+        let mut out = vec![0f32; qw];
+        for (blocks, past) in [(&[0u32][..], 4), (&[9u32][..], 0), (&[][..], 0)] {
+            let span = PagedSpan { rows: 0..1, past, blocks };
+            assert!(paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&store), KvBlocks::F32(&store), 4, &[span], &mut out, None).is_err());
+        }
+        let mut dst = vec![0f32; 4 * kvw];
+        assert!(write_paged(&mut KvBlocksMut::F32(&mut dst), kvw, 4, &[1], 0, &data(kvw, 1)).is_err());
+    }
+}
