@@ -9,7 +9,7 @@
 use loupe_tensor::matmul::{matmul_f32, matmul_q};
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, rms_norm, round_bf16, silu, silu_mul};
+use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
@@ -17,7 +17,7 @@ use crate::debug::{AssertLevel, DebugOptions, UninitMode};
 use crate::ir::{Graph, Node, Op, Plant, ValueInfo, WeightData};
 use crate::passes::plan_memory;
 use crate::verify::row_width;
-use crate::{GraphError, KvCache, KvWrite};
+use crate::{GraphError, KvCache, KvWrite, PagedKvCache};
 
 /// Looks at values as the executor computes them.
 pub trait Observer {
@@ -35,6 +35,27 @@ pub struct RunOptions {
     pub all_logits: bool,
 }
 
+/// One sequence's rows in a batched step ([`Executor::run_batch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSpan<'a> {
+    /// Tokens of this sequence in the step (a prefill chunk, or 1 in decode).
+    pub len: usize,
+    /// Positions of the sequence already cached: the first token's position.
+    pub past: usize,
+    /// The sequence's block table in the paged cache; it covers `past + len` positions.
+    pub blocks: &'a [u32],
+    /// Whether the step returns logits for this sequence's last token.
+    pub logits: bool,
+}
+
+/// Where a run reads and writes keys and values.
+enum StepKv<'k, 's> {
+    /// One sequence, contiguous cache, `past` positions before the call.
+    Single { kv: &'k mut KvCache, past: usize },
+    /// Many sequences over a paged cache; `rows[i]` are span i's rows of the step.
+    Batch { kv: &'k mut PagedKvCache, spans: Vec<PagedSpan<'s>>, logit_rows: Vec<usize> },
+}
+
 /// Reusable execution state for one graph.
 #[derive(Debug, Default)]
 pub struct Executor {
@@ -44,6 +65,8 @@ pub struct Executor {
     /// Slot of each value (the graph's `plan-memory` result, or planned here).
     slot_of: Vec<u32>,
     quant_scratch: Vec<u8>,
+    /// The rows of the logits' input gathered for a batched step.
+    gathered: Vec<f32>,
     logits: Vec<f32>,
     debug: ExecDebug,
     /// Nodes run so far (all runs): `nan-check-stride` counts kernel outputs across calls.
@@ -101,6 +124,7 @@ impl Executor {
             slots: vec![Vec::new(); plan.n_slots],
             slot_of: plan.slot,
             quant_scratch: Vec::new(),
+            gathered: Vec::new(),
             logits: Vec::new(),
             debug: ExecDebug::from_options(debug),
             ops_run: 0,
@@ -116,19 +140,98 @@ impl Executor {
         tokens: &[u32],
         kv: &mut KvCache,
         options: RunOptions,
-        mut observer: Option<&mut dyn Observer>,
+        observer: Option<&mut dyn Observer>,
     ) -> Result<&[f32], GraphError> {
         if tokens.is_empty() {
             return Err(GraphError::Input("no tokens to run".into()));
         }
         kv.check_room(tokens.len())?;
+        let past = kv.len();
+        let logit_rows = if options.all_logits { tokens.len() } else { 1 };
+        let mut step = StepKv::Single { kv, past };
+        self.run_step(graph, tokens, &mut step, past + tokens.len(), logit_rows, observer)?;
+        if let StepKv::Single { kv, .. } = step {
+            kv.commit(tokens.len());
+        }
+        Ok(&self.logits)
+    }
+
+    /// One batched step: `tokens` holds the spans' tokens one after the other (span `i`'s
+    /// rows follow span `i - 1`'s). Keys and values go into each span's blocks of `kv`;
+    /// every op computes each row with arithmetic that does not depend on the other rows
+    /// (row-local kernels, paged attention per row), so a sequence's numbers are the same
+    /// in any batch. Returns one row of logits per span with `logits`, in span order.
+    ///
+    /// Observers see each value for the whole step (`[tokens, ...]`; attention
+    /// probabilities `[heads, tokens, longest context]`).
+    pub fn run_batch(
+        &mut self,
+        graph: &Graph,
+        tokens: &[u32],
+        spans: &[BatchSpan<'_>],
+        kv: &mut PagedKvCache,
+        observer: Option<&mut dyn Observer>,
+    ) -> Result<&[f32], GraphError> {
+        if tokens.is_empty() {
+            return Err(GraphError::Input("no tokens to run".into()));
+        }
+        let total: usize = spans.iter().map(|s| s.len).sum();
+        if total != tokens.len() || spans.iter().any(|s| s.len == 0) {
+            return Err(GraphError::Input(format!("{} tokens but the spans cover {total} (every span needs a token)", tokens.len())));
+        }
+        if kv.layers() != graph.kv_layers || kv.width() != graph.kv_width {
+            return Err(GraphError::Input(format!(
+                "paged cache has {} layers of width {}, the graph needs {} of {}",
+                kv.layers(),
+                kv.width(),
+                graph.kv_layers,
+                graph.kv_width
+            )));
+        }
+        if let Some(node) = graph.nodes.iter().find(|n| matches!(n.op, Op::Attention { kv_write: KvWrite::OneLate, .. })) {
+            return Err(GraphError::Input(format!("'{}' carries the kv-write fault, which the batched engine does not plant", graph.value(node.output).name)));
+        }
+        let mut paged = Vec::with_capacity(spans.len());
+        let mut logit_rows = Vec::new();
+        let mut row = 0;
+        let mut context = 0;
+        for span in spans {
+            let end = span.past + span.len;
+            if end > graph.context_length {
+                return Err(GraphError::ContextOverflow { needed: end, capacity: graph.context_length });
+            }
+            if span.blocks.len() * kv.block_size() < end {
+                return Err(GraphError::Input(format!("a block table of {} blocks cannot hold {end} positions", span.blocks.len())));
+            }
+            paged.push(PagedSpan { rows: row..row + span.len, past: span.past, blocks: span.blocks });
+            row += span.len;
+            context = context.max(end);
+            if span.logits {
+                logit_rows.push(row - 1);
+            }
+        }
+        let n_logits = logit_rows.len();
+        let mut step = StepKv::Batch { kv, spans: paged, logit_rows };
+        self.run_step(graph, tokens, &mut step, context, n_logits, observer)?;
+        Ok(&self.logits)
+    }
+
+    /// The node loop shared by [`Executor::run`] and [`Executor::run_batch`]: `context` is
+    /// the longest context of the step, `logit_rows` the rows the logits node computes.
+    fn run_step(
+        &mut self,
+        graph: &Graph,
+        tokens: &[u32],
+        step: &mut StepKv<'_, '_>,
+        context: usize,
+        logit_rows: usize,
+        mut observer: Option<&mut dyn Observer>,
+    ) -> Result<(), GraphError> {
         let logits_id = graph.logits.ok_or_else(|| GraphError::Input("graph has no logits".into()))?;
         if self.slot_of.len() != graph.values.len() {
             return Err(GraphError::Input(format!("executor planned for {} values, graph has {}", self.slot_of.len(), graph.values.len())));
         }
         let n_tokens = tokens.len();
-        let past = kv.len();
-        let context = past + n_tokens;
         let fill = if self.debug.uninit { f32::from_bits(POISON_BITS) } else { 0.0 };
         if self.debug.uninit {
             self.tainted.clear();
@@ -139,7 +242,7 @@ impl Executor {
             let info = graph.value(node.output);
             let width = row_width(info).ok_or_else(|| GraphError::Input(format!("value {} has no row width", info.name)))?;
             let is_logits = node.output == logits_id;
-            let rows = if is_logits && !options.all_logits { 1 } else { n_tokens };
+            let rows = if is_logits { logit_rows } else { n_tokens };
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
             let mut out = std::mem::take(&mut self.slots[out_slot]);
             out.clear();
@@ -150,7 +253,7 @@ impl Executor {
             };
             let mut side_buf = side.map(|s| std::mem::take(&mut self.slots[self.slot_of[s.0 as usize] as usize]));
             let started = if self.debug.any { self.before_node(graph, i, node, n_tokens)? } else { None };
-            self.exec_node(graph, node, tokens, kv, past, rows, &mut out, side_buf.as_mut())
+            self.exec_node(graph, node, tokens, step, rows, is_logits, &mut out, side_buf.as_mut())
                 .map_err(|source| GraphError::Kernel { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), source })?;
             if self.debug.any {
                 self.after_node(i, node, info, &out, started)?;
@@ -173,11 +276,10 @@ impl Executor {
                 self.slots[self.slot_of[s.0 as usize] as usize] = buf;
             }
         }
-        kv.commit(n_tokens);
         // The logits change places with the previous call's buffer: both keep their capacity.
         let logits_slot = self.slot_of[logits_id.0 as usize] as usize;
         std::mem::swap(&mut self.slots[logits_slot], &mut self.logits);
-        Ok(&self.logits)
+        Ok(())
     }
 
     /// Debug checks before a kernel: `op-log-level`'s LAUNCH line, `assert-level`'s input
@@ -283,7 +385,7 @@ impl Executor {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], kv: &mut KvCache, past: usize, rows: usize, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
+    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], step: &mut StepKv<'_, '_>, rows: usize, is_logits: bool, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
         match &node.op {
             Op::Embedding { table } => {
                 let w = graph.weight(*table);
@@ -311,12 +413,28 @@ impl Executor {
                 let w = graph.weight(*weight);
                 let (n, k) = (w.shape[0], w.shape[1]);
                 let x_all = &self.slots[self.slot_of[node.inputs[0].0 as usize] as usize];
-                // The logits of generation need only the last token's row.
-                let x = &x_all[x_all.len() - rows * k..];
-                match &w.data {
-                    WeightData::F32(d) => matmul_f32(x, d, out, rows, k, n)?,
-                    WeightData::Quant(q) if graph.quantize_activations => matmul_q(x, q, out, rows, &mut self.quant_scratch)?,
-                    WeightData::Quant(q) => matmul_wq(x, q, out, rows)?,
+                match step {
+                    StepKv::Single { .. } => {
+                        // The logits of generation need only the last token's row.
+                        let x = &x_all[x_all.len() - rows * k..];
+                        match &w.data {
+                            WeightData::F32(d) => matmul_f32(x, d, out, rows, k, n)?,
+                            WeightData::Quant(q) if graph.quantize_activations => matmul_q(x, q, out, rows, &mut self.quant_scratch)?,
+                            WeightData::Quant(q) => matmul_wq(x, q, out, rows)?,
+                        }
+                    }
+                    StepKv::Batch { logit_rows, .. } => {
+                        let x = if is_logits {
+                            self.gathered.clear();
+                            for &r in logit_rows.iter() {
+                                self.gathered.extend_from_slice(&x_all[r * k..(r + 1) * k]);
+                            }
+                            &self.gathered[..]
+                        } else {
+                            &x_all[..]
+                        };
+                        matmul_rows_invariant(x, &w.data, graph.quantize_activations, out, rows, k, n, &mut self.quant_scratch)?;
+                    }
                 }
                 if let Some(b) = bias {
                     if let WeightData::F32(b) = &graph.weight(*b).data {
@@ -329,22 +447,50 @@ impl Executor {
             }
             Op::Rope { n_heads, table, mode } => {
                 out.copy_from_slice(self.input(node, 0));
-                table.apply_mode(out, *n_heads, past, *mode)
+                match step {
+                    StepKv::Single { past, .. } => table.apply_mode(out, *n_heads, *past, *mode),
+                    StepKv::Batch { spans, .. } => {
+                        let width = out.len() / tokens.len();
+                        for span in spans.iter() {
+                            table.apply_mode(&mut out[span.rows.start * width..span.rows.end * width], *n_heads, span.past, *mode)?;
+                        }
+                        Ok(())
+                    }
+                }
             }
             Op::Attention { layer, shape, variant, kv_write } => {
                 let slot = |k: usize| self.slot_of[node.inputs[k].0 as usize] as usize;
                 let (q, k, v) = (&self.slots[slot(0)], &self.slots[slot(1)], &self.slots[slot(2)]);
-                let (keys, values) = match kv_write {
-                    KvWrite::InPlace => kv.append(*layer, k, v),
-                    KvWrite::OneLate => kv.append_late(*layer, k, v),
-                };
-                let ctx = past + tokens.len();
-                let probs = side.map(|buf| {
-                    buf.clear();
-                    buf.resize(shape.n_heads * tokens.len() * ctx, 0.0);
-                    buf.as_mut_slice()
-                });
-                attention(*shape, *variant, q, keys, values, ctx, out, probs)
+                match step {
+                    StepKv::Single { kv, past } => {
+                        let (keys, values) = match kv_write {
+                            KvWrite::InPlace => kv.append(*layer, k, v),
+                            KvWrite::OneLate => kv.append_late(*layer, k, v),
+                        };
+                        let ctx = *past + tokens.len();
+                        let probs = side.map(|buf| {
+                            buf.clear();
+                            buf.resize(shape.n_heads * tokens.len() * ctx, 0.0);
+                            buf.as_mut_slice()
+                        });
+                        attention(*shape, *variant, q, keys, values, ctx, out, probs)
+                    }
+                    StepKv::Batch { kv, spans, .. } => {
+                        let width = k.len() / tokens.len();
+                        for span in spans.iter() {
+                            let rows = span.rows.start * width..span.rows.end * width;
+                            kv.write(*layer, span.blocks, span.past, &k[rows.clone()], &v[rows])?;
+                        }
+                        let ctx_max = spans.iter().map(PagedSpan::context).max().unwrap_or(0);
+                        let probs = side.map(|buf| {
+                            buf.clear();
+                            buf.resize(shape.n_heads * tokens.len() * ctx_max, 0.0);
+                            buf.as_mut_slice()
+                        });
+                        let (keys, values) = kv.layer(*layer).ok_or_else(|| TensorError::Shape { op: "attention", detail: format!("layer {layer} has no paged cache") })?;
+                        paged_attention(*shape, *variant, q, keys, values, kv.block_size(), spans, out, probs)
+                    }
+                }
             }
             Op::Silu => {
                 out.copy_from_slice(self.input(node, 0));
@@ -412,4 +558,21 @@ impl Executor {
             }
         }
     }
+}
+
+/// `y = x W^T` with each output row computed alone: the result for a row does not depend
+/// on `m` or on the other rows (see [`Executor::run_batch`]).
+#[allow(clippy::too_many_arguments)]
+fn matmul_rows_invariant(x: &[f32], w: &WeightData, quantize_activations: bool, y: &mut [f32], m: usize, k: usize, n: usize, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+    if x.len() != m * k || y.len() != m * n {
+        return Err(TensorError::Shape { op: "linear", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+    }
+    for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+        match w {
+            WeightData::F32(d) => matmul_f32(xr, d, yr, 1, k, n)?,
+            WeightData::Quant(q) if quantize_activations => matmul_q(xr, q, yr, 1, scratch)?,
+            WeightData::Quant(q) => matmul_wq(xr, q, yr, 1)?,
+        }
+    }
+    Ok(())
 }

@@ -7,9 +7,12 @@
 //!   flags, API) and which wins; the result is a plain `DebugOptions` passed explicitly.
 //! * [`default_model`]: the default model's cache path and its fetch.
 //! * [`Session`]: a graph, its executor and a KV cache; `prefill`/`decode` and teacher forcing.
+//! * [`batch`]: the batched engine a server sits on: paged KV cache, prefix cache,
+//!   continuous-batching scheduler, batch-invariant output.
 //! * [`sampling`]: greedy and seeded sampling.
 //! * [`generate`]: the generation loop with streaming, EOS and stop strings.
 
+pub mod batch;
 pub mod debug_config;
 pub mod default_model;
 pub mod engine;
@@ -20,6 +23,7 @@ use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
+pub use batch::{BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, Usage};
 pub use default_model::{default_model, default_model_path};
 pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation};

@@ -1,0 +1,616 @@
+//! The batched engine: many sequences through one model at once, the layer a server sits on.
+//!
+//! * **Ragged steps.** Each [`BatchEngine::step`] runs one forward pass over the tokens of
+//!   every scheduled sequence (prefill chunks and single decode tokens together), so each
+//!   weight matrix is read once per step for all of them ([`Executor::run_batch`]).
+//! * **Paged KV cache** ([`PagedKvCache`]) of `block_size`-position blocks under a memory
+//!   budget, f16 by default; a sequence holds a block table. When a step needs more blocks
+//!   than are available, the newest running sequence is *preempted*: its blocks are
+//!   released and it goes back to the front of the queue, to be recomputed later (its
+//!   generated tokens and sampler state are kept, so its output does not change). A
+//!   request is never failed for lack of blocks unless it alone cannot fit the whole cache.
+//! * **Prefix cache** ([`blocks::BlockManager`]): full blocks are registered under a hash
+//!   chain of their tokens; a new sequence claims the longest cached prefix of its prompt
+//!   and skips computing it ([`Usage::cached_tokens`]).
+//! * **Scheduler**: continuous batching (sequences join and leave between steps), FIFO
+//!   admission (no request overtakes an earlier one), chunked prefill under
+//!   `max_batch_tokens` per step, at most `max_seqs` running, cancellation that releases a
+//!   sequence's blocks at once, sampling parameters and seed per sequence.
+//! * **Batch- and cache-invariant output**: every kernel of a batched step computes each
+//!   row alone (see [`Executor::run_batch`]), and cached blocks hold exactly the values the
+//!   sequence would have computed itself, so a request's tokens are bit-identical whether
+//!   it runs alone, among 31 others, chunked, preempted and recomputed, or from the prefix
+//!   cache.
+
+pub mod blocks;
+
+use std::collections::VecDeque;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, Observer, PagedKvCache, ValueInfo};
+
+use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams};
+pub use blocks::{BlockManager, PrefixStats};
+
+/// Identifies a sequence of a [`BatchEngine`].
+pub type SeqId = u64;
+
+/// Sizes and policies of a [`BatchEngine`].
+#[derive(Debug, Clone)]
+pub struct BatchConfig {
+    /// KV cache budget in MiB; `None`: a quarter of the machine's memory, capped at what
+    /// `max_seqs` full contexts need.
+    pub kv_cache_mb: Option<usize>,
+    /// Exact number of KV blocks, overriding `kv_cache_mb` (tests, tuning).
+    pub kv_blocks: Option<usize>,
+    pub kv_dtype: KvDtype,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// Tokens per step (decode tokens plus prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    pub max_seqs: usize,
+    pub prefix_cache: bool,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig { kv_cache_mb: None, kv_blocks: None, kv_dtype: KvDtype::F16, block_size: 16, max_batch_tokens: 512, max_seqs: 32, prefix_cache: true }
+    }
+}
+
+/// One request: prompt token ids, a length limit, stop ids and sampling.
+#[derive(Debug, Clone)]
+pub struct SeqRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Token ids that end the sequence (included in its output), usually the model's EOS.
+    pub stop_ids: Vec<u32>,
+}
+
+/// Token counts of a finished sequence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values came from the prefix cache (not computed).
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a step produced for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    /// A new token (also sent for the token that finishes the sequence).
+    Token { id: SeqId, token: u32 },
+    Finished { id: SeqId, reason: FinishReason, usage: Usage },
+}
+
+/// Counters of a [`BatchEngine`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    pub steps: u64,
+    pub blocks_total: usize,
+    pub blocks_in_use: usize,
+    pub peak_blocks_in_use: usize,
+    /// Blocks registered in the prefix cache.
+    pub blocks_cached: usize,
+    pub prefix: PrefixStats,
+    pub preemptions: u64,
+    pub running: usize,
+    pub waiting: usize,
+    /// Tokens computed by steps (prefill and decode), and of those, prompt or recomputed
+    /// tokens (everything but the one decode token of a generating sequence).
+    pub tokens_computed: u64,
+    pub prefill_tokens_computed: u64,
+}
+
+/// A finished sequence, as [`BatchEngine::run_all`] returns it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub id: SeqId,
+    pub tokens: Vec<u32>,
+    pub reason: FinishReason,
+    pub usage: Usage,
+}
+
+struct Sequence {
+    id: SeqId,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    stop_ids: Vec<u32>,
+    sampler: Sampler,
+    /// Block table: position `p` is in `blocks[p / block_size]`.
+    blocks: Vec<u32>,
+    /// Chain keys of the first `keys.len()` full blocks (registered or claimed).
+    keys: Vec<u64>,
+    /// Positions whose keys and values are in the cache.
+    computed: usize,
+    /// Set at first admission; a recompute after preemption does not change it.
+    cached_tokens: Option<usize>,
+}
+
+impl Sequence {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn usage(&self) -> Usage {
+        Usage { prompt_tokens: self.prompt_len, cached_tokens: self.cached_tokens.unwrap_or(0), completion_tokens: self.generated() }
+    }
+}
+
+/// Many sequences over one model; see the module docs.
+pub struct BatchEngine<'e> {
+    graph: &'e Graph,
+    executor: Executor,
+    kv: PagedKvCache,
+    blocks: BlockManager,
+    config: BatchConfig,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    next_id: SeqId,
+    stats: BatchStats,
+    logits_row: Vec<f32>,
+}
+
+/// Bytes of memory the machine has (`/proc/meminfo` MemTotal), if known.
+fn total_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl<'e> BatchEngine<'e> {
+    /// A batched engine over `engine`'s model, under its debug options.
+    pub fn new(engine: &'e Engine, config: BatchConfig) -> Result<BatchEngine<'e>, RuntimeError> {
+        let graph = engine.graph();
+        if config.block_size == 0 || config.max_batch_tokens == 0 || config.max_seqs == 0 {
+            return Err(RuntimeError::InvalidRequest("block size, max batch tokens and max sequences must be at least 1".into()));
+        }
+        let per_block = PagedKvCache::bytes_per_block(graph.kv_layers, graph.kv_width, config.block_size, config.kv_dtype).max(1);
+        let blocks_per_seq = graph.context_length.div_ceil(config.block_size);
+        let n_blocks = match (config.kv_blocks, config.kv_cache_mb) {
+            (Some(n), _) => n,
+            (None, Some(mb)) => mb.saturating_mul(1 << 20) / per_block,
+            (None, None) => {
+                let quarter = total_memory_bytes().unwrap_or(8 << 30) / 4;
+                ((quarter / per_block as u64) as usize).min(blocks_per_seq.saturating_mul(config.max_seqs))
+            }
+        };
+        if n_blocks == 0 {
+            return Err(RuntimeError::InvalidRequest(format!(
+                "a KV cache budget of {} MiB holds no block ({} KiB each: {} layers, {} positions of {} {} values)",
+                config.kv_cache_mb.unwrap_or(0),
+                per_block / 1024,
+                graph.kv_layers,
+                config.block_size,
+                graph.kv_width,
+                config.kv_dtype
+            )));
+        }
+        // What changes a cached block's values besides its tokens.
+        let mut salt = DefaultHasher::new();
+        engine.path().hash(&mut salt);
+        std::fs::metadata(engine.path()).map(|m| m.len()).unwrap_or(0).hash(&mut salt);
+        format!("{:?}", engine.precision()).hash(&mut salt);
+        config.kv_dtype.hash(&mut salt);
+        config.block_size.hash(&mut salt);
+        let kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, config.block_size, n_blocks, config.kv_dtype);
+        let blocks = BlockManager::new(n_blocks, config.block_size, salt.finish(), config.prefix_cache);
+        Ok(BatchEngine {
+            graph,
+            executor: Executor::new(graph, engine.debug()),
+            kv,
+            blocks,
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            stats: BatchStats::default(),
+            logits_row: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &BatchConfig {
+        &self.config
+    }
+
+    /// Bytes of the KV cache (its budget; pages are touched as blocks are first used).
+    pub fn kv_cache_bytes(&self) -> usize {
+        PagedKvCache::bytes_per_block(self.graph.kv_layers, self.graph.kv_width, self.config.block_size, self.config.kv_dtype) * self.blocks.total()
+    }
+
+    /// Queues a request; it starts at a coming step, after every earlier request.
+    pub fn add(&mut self, request: SeqRequest) -> Result<SeqId, RuntimeError> {
+        request.sampling.validate().map_err(RuntimeError::InvalidRequest)?;
+        let context = self.graph.context_length;
+        let n = request.prompt.len();
+        if n == 0 {
+            return Err(RuntimeError::InvalidRequest("the prompt is empty (no tokens)".into()));
+        }
+        if n >= context {
+            return Err(RuntimeError::PromptTooLong { prompt: n, context });
+        }
+        let vocab = self.graph.weights.first().map(|w| w.shape[0]).unwrap_or(usize::MAX);
+        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(RuntimeError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        // The prompt and the first generated token must fit the whole cache.
+        let need = self.blocks.blocks_for(n + 1);
+        if need > self.blocks.total() {
+            return Err(RuntimeError::InvalidRequest(format!(
+                "the prompt needs {need} KV blocks but the cache has {} (raise --kv-cache-mb)",
+                self.blocks.total()
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Sequence {
+            id,
+            tokens: request.prompt,
+            prompt_len: n,
+            max_tokens: request.max_tokens,
+            stop_ids: request.stop_ids,
+            sampler: Sampler::new(request.sampling),
+            blocks: Vec::new(),
+            keys: Vec::new(),
+            computed: 0,
+            cached_tokens: None,
+        });
+        Ok(id)
+    }
+
+    /// Stops a sequence now, releasing its blocks; false if it is not queued or running.
+    pub fn cancel(&mut self, id: SeqId) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(i);
+            self.release(seq);
+            return true;
+        }
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            if let Some(seq) = self.waiting.remove(i) {
+                self.release(seq);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Whether any sequence is queued or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        BatchStats {
+            blocks_total: self.blocks.total(),
+            blocks_in_use: self.blocks.in_use(),
+            blocks_cached: self.blocks.cached(),
+            prefix: self.blocks.stats(),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            ..self.stats
+        }
+    }
+
+    /// Ids of the running sequences, oldest first.
+    pub fn running(&self) -> Vec<SeqId> {
+        self.running.iter().map(|s| s.id).collect()
+    }
+
+    fn release(&mut self, mut seq: Sequence) {
+        for b in seq.blocks.drain(..) {
+            self.blocks.release(b);
+        }
+    }
+
+    /// Preempts the newest running sequence (after index `keep`): its blocks go back and it
+    /// waits at the front of the queue to be recomputed. False if there is none.
+    fn preempt_newest(&mut self, keep: usize) -> bool {
+        if self.running.len() <= keep + 1 {
+            return false;
+        }
+        let Some(mut seq) = self.running.pop() else { return false };
+        for b in seq.blocks.drain(..) {
+            self.blocks.release(b);
+        }
+        seq.keys.clear();
+        seq.computed = 0;
+        self.waiting.push_front(seq);
+        self.stats.preemptions += 1;
+        true
+    }
+
+    /// Grows `seq`'s block table to hold `positions`; false if there are not enough
+    /// available blocks (nothing is allocated then).
+    fn grow(blocks: &mut BlockManager, seq: &mut Sequence, positions: usize) -> bool {
+        let need = blocks.blocks_for(positions).saturating_sub(seq.blocks.len());
+        if need > blocks.available() {
+            return false;
+        }
+        for _ in 0..need {
+            match blocks.allocate() {
+                Some(b) => seq.blocks.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Plans one step: which sequences run how many tokens. Running sequences go first
+    /// (oldest first), preempting the newest when blocks run out; then queued ones join in
+    /// order while the token budget, `max_seqs` and the blocks allow.
+    fn schedule(&mut self, events: &mut Vec<SeqEvent>) -> Vec<usize> {
+        let mut budget = self.config.max_batch_tokens;
+        let mut plan: Vec<usize> = Vec::new(); // tokens per running sequence, by index
+        let mut i = 0;
+        while i < self.running.len() {
+            let want = self.running[i].tokens.len() - self.running[i].computed;
+            let n = want.min(budget);
+            if n == 0 {
+                plan.push(0);
+                i += 1;
+                continue;
+            }
+            let positions = self.running[i].computed + n;
+            loop {
+                if Self::grow(&mut self.blocks, &mut self.running[i], positions) {
+                    plan.push(n);
+                    budget -= n;
+                    i += 1;
+                    break;
+                }
+                if self.preempt_newest(i) {
+                    continue;
+                }
+                if i > 0 {
+                    // It is the newest itself: older sequences keep their blocks, it waits.
+                    self.preempt_newest(i - 1);
+                    break;
+                }
+                {
+                    // Alone and still too big: the cache is full for this sequence.
+                    let seq = self.running.remove(i);
+                    events.push(SeqEvent::Finished { id: seq.id, reason: FinishReason::Length, usage: seq.usage() });
+                    self.release(seq);
+                    break;
+                }
+            }
+        }
+        while budget > 0 && self.running.len() < self.config.max_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            if seq.blocks.is_empty() && seq.computed == 0 {
+                // At least the last token is computed, for its logits.
+                let max_blocks = (seq.tokens.len() - 1) / self.config.block_size;
+                let (claimed, keys) = self.blocks.claim_prefix(&seq.tokens, max_blocks);
+                seq.computed = claimed.len() * self.config.block_size;
+                seq.blocks = claimed;
+                seq.keys = keys;
+            }
+            let n = (seq.tokens.len() - seq.computed).min(budget);
+            let positions = seq.computed + n;
+            if !Self::grow(&mut self.blocks, &mut seq, positions) {
+                // FIFO: nobody overtakes it. It gives back what it claimed (the blocks stay
+                // cached) so the running sequences can use the room, and waits.
+                for b in seq.blocks.drain(..) {
+                    self.blocks.release(b);
+                }
+                seq.keys.clear();
+                seq.computed = 0;
+                self.waiting.push_front(seq);
+                break;
+            }
+            if seq.cached_tokens.is_none() {
+                let hits = seq.computed / self.config.block_size;
+                let looked_up = if self.config.prefix_cache { (seq.tokens.len() - 1) / self.config.block_size } else { 0 };
+                self.blocks.record_lookup(hits, looked_up - hits.min(looked_up));
+                seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
+            }
+            budget -= n;
+            self.running.push(seq);
+            plan.push(n);
+        }
+        plan
+    }
+
+    /// Runs one step; returns the tokens it produced and the sequences it finished.
+    pub fn step(&mut self) -> Result<Vec<SeqEvent>, RuntimeError> {
+        self.step_observed(None)
+    }
+
+    /// [`BatchEngine::step`] showing the values of the forward pass to `observer`: one
+    /// sequence's rows through [`SequenceTap`], or the whole step through [`WholeStep`].
+    pub fn step_observed(&mut self, mut observer: Option<&mut dyn StepObserver>) -> Result<Vec<SeqEvent>, RuntimeError> {
+        let mut events = Vec::new();
+        let plan = self.schedule(&mut events);
+        let mut tokens = Vec::new();
+        let mut spans = Vec::new();
+        let mut logit_seqs = Vec::new();
+        let mut layout = Vec::new();
+        for (i, &n) in plan.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let seq = &self.running[i];
+            let logits = seq.computed + n == seq.tokens.len();
+            layout.push((seq.id, tokens.len()..tokens.len() + n, logits.then_some(logit_seqs.len())));
+            tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + n]);
+            spans.push(BatchSpan { len: n, past: seq.computed, blocks: &seq.blocks, logits });
+            if logits {
+                logit_seqs.push(i);
+            }
+        }
+        if tokens.is_empty() {
+            return Ok(events);
+        }
+        if let Some(obs) = observer.as_deref_mut() {
+            obs.begin_step(&layout);
+        }
+        let logits = self.executor.run_batch(self.graph, &tokens, &spans, &mut self.kv, observer.map(|o| o.as_observer()))?;
+        let vocab = if logit_seqs.is_empty() { 0 } else { logits.len() / logit_seqs.len() };
+        self.stats.steps += 1;
+        self.stats.tokens_computed += tokens.len() as u64;
+        let decode_tokens = plan.iter().enumerate().filter(|&(i, &n)| n == 1 && self.running[i].computed + 1 == self.running[i].tokens.len() && self.running[i].generated() > 0).count();
+        self.stats.prefill_tokens_computed += (tokens.len() - decode_tokens) as u64;
+        // Sample in plan order; logits rows follow the spans that asked for them.
+        let mut sampled = Vec::with_capacity(logit_seqs.len());
+        for (row, &i) in logit_seqs.iter().enumerate() {
+            self.logits_row.clear();
+            self.logits_row.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+            let seq = &mut self.running[i];
+            sampled.push((i, seq.sampler.sample(&mut self.logits_row, &seq.tokens)));
+        }
+        for (i, &n) in plan.iter().enumerate() {
+            let seq = &mut self.running[i];
+            seq.computed += n;
+            // Register blocks that this step filled.
+            while (seq.keys.len() + 1) * self.config.block_size <= seq.computed {
+                let j = seq.keys.len();
+                let parent = seq.keys.last().copied().unwrap_or(0);
+                let key = self.blocks.register(seq.blocks[j], parent, &seq.tokens[j * self.config.block_size..(j + 1) * self.config.block_size]);
+                seq.keys.push(key);
+            }
+        }
+        let mut finished = Vec::new();
+        for (i, token) in sampled {
+            let seq = &mut self.running[i];
+            seq.tokens.push(token);
+            events.push(SeqEvent::Token { id: seq.id, token });
+            let reason = if seq.stop_ids.contains(&token) {
+                Some(FinishReason::Eos)
+            } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= self.graph.context_length {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                events.push(SeqEvent::Finished { id: seq.id, reason, usage: seq.usage() });
+                finished.push(i);
+            }
+        }
+        for i in finished.into_iter().rev() {
+            let seq = self.running.remove(i);
+            self.release(seq);
+        }
+        self.stats.peak_blocks_in_use = self.stats.peak_blocks_in_use.max(self.blocks.in_use());
+        Ok(events)
+    }
+
+    /// Queues every request and steps until all have finished; completions in request order.
+    pub fn run_all(&mut self, requests: Vec<SeqRequest>) -> Result<Vec<Completion>, RuntimeError> {
+        let ids = requests.into_iter().map(|r| self.add(r)).collect::<Result<Vec<_>, _>>()?;
+        let mut out: Vec<Option<Completion>> = vec![None; ids.len()];
+        let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); ids.len()];
+        let index = |id: SeqId| ids.iter().position(|&x| x == id);
+        while self.has_work() {
+            for event in self.step()? {
+                match event {
+                    SeqEvent::Token { id, token } => {
+                        if let Some(i) = index(id) {
+                            tokens[i].push(token);
+                        }
+                    }
+                    SeqEvent::Finished { id, reason, usage } => {
+                        if let Some(i) = index(id) {
+                            out[i] = Some(Completion { id, tokens: std::mem::take(&mut tokens[i]), reason, usage });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+}
+
+/// An observer of batched steps: told which rows belong to which sequence before each step.
+pub trait StepObserver {
+    /// `(sequence, its rows of the step, its row among the step's logits)` for every
+    /// sequence the coming step runs.
+    fn begin_step(&mut self, layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]);
+    fn as_observer(&mut self) -> &mut dyn Observer;
+}
+
+/// Shows every value of a step whole (`[step tokens, ...]`) to an [`Observer`].
+pub struct WholeStep<'o>(pub &'o mut dyn Observer);
+
+impl StepObserver for WholeStep<'_> {
+    fn begin_step(&mut self, _layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]) {}
+
+    fn as_observer(&mut self) -> &mut dyn Observer {
+        self.0
+    }
+}
+
+/// Shows one sequence's rows of every value of a batched step to an [`Observer`], shaped
+/// as a single-sequence run would show them (`[its tokens, ...]`; attention probabilities
+/// `[heads, its tokens, longest context of the step]`; logits `[1, vocab]` when it has a row).
+pub struct SequenceTap<'o> {
+    seq: SeqId,
+    inner: &'o mut dyn Observer,
+    rows: Option<std::ops::Range<usize>>,
+    logit_row: Option<usize>,
+    step_tokens: usize,
+    n_logits: usize,
+    buf: Vec<f32>,
+}
+
+impl<'o> SequenceTap<'o> {
+    pub fn new(seq: SeqId, inner: &'o mut dyn Observer) -> SequenceTap<'o> {
+        SequenceTap { seq, inner, rows: None, logit_row: None, step_tokens: 0, n_logits: 0, buf: Vec::new() }
+    }
+}
+
+impl StepObserver for SequenceTap<'_> {
+    fn begin_step(&mut self, layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]) {
+        self.rows = None;
+        self.logit_row = None;
+        self.step_tokens = layout.iter().map(|l| l.1.len()).sum();
+        self.n_logits = layout.iter().filter(|l| l.2.is_some()).count();
+        if let Some((_, rows, logit)) = layout.iter().find(|l| l.0 == self.seq) {
+            self.rows = Some(rows.clone());
+            self.logit_row = *logit;
+        }
+    }
+
+    fn as_observer(&mut self) -> &mut dyn Observer {
+        self
+    }
+}
+
+impl Observer for SequenceTap<'_> {
+    fn wants(&mut self, value: &ValueInfo) -> bool {
+        self.rows.is_some() && self.inner.wants(value)
+    }
+
+    fn observe(&mut self, value: &ValueInfo, shape: &[usize], data: &[f32]) {
+        let Some(rows) = self.rows.clone() else { return };
+        let mut shape = shape.to_vec();
+        self.buf.clear();
+        if shape.len() == 3 && shape[1] == self.step_tokens && shape[0] * shape[1] * shape[2] == data.len() {
+            // [heads, tokens, context]
+            let (heads, ctx) = (shape[0], shape[2]);
+            for h in 0..heads {
+                self.buf.extend_from_slice(&data[(h * self.step_tokens + rows.start) * ctx..(h * self.step_tokens + rows.end) * ctx]);
+            }
+            shape[1] = rows.len();
+        } else if shape.first() == Some(&self.step_tokens) && shape[0] > 0 {
+            let width = data.len() / shape[0];
+            self.buf.extend_from_slice(&data[rows.start * width..rows.end * width]);
+            shape[0] = rows.len();
+        } else if shape.first() == Some(&self.n_logits) && shape[0] > 0 {
+            let Some(r) = self.logit_row else { return };
+            let width = data.len() / shape[0];
+            self.buf.extend_from_slice(&data[r * width..(r + 1) * width]);
+            shape[0] = 1;
+        } else {
+            self.buf.extend_from_slice(data);
+        }
+        let buf = std::mem::take(&mut self.buf);
+        self.inner.observe(value, &shape, &buf);
+        self.buf = buf;
+    }
+}
