@@ -1,0 +1,134 @@
+//! The batched engine on the real model (SmolLM2-135M-Instruct Q4_1) and the nine golden
+//! prompts (tests/golden/smollm2-q4_1): every request's tokens are bit-identical alone, all
+//! nine in one batch, among 32 neighbours, in shuffled arrival behind a shared system
+//! prompt served from the prefix cache, and under a KV budget that forces preemption —
+//! greedy and seeded sampling.
+
+use std::path::{Path, PathBuf};
+
+use loupe_runtime::{BatchConfig, BatchEngine, Engine, LoadOptions, Prompt, SamplingParams, SeqRequest};
+
+fn real_engine() -> Engine {
+    let path = loupe_models::real_model_path();
+    assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
+    Engine::load(&path, LoadOptions::default()).expect("loading the real model")
+}
+
+struct Golden {
+    name: String,
+    prompt: String,
+    prompt_tokens: Vec<u32>,
+    max_tokens: usize,
+    eos: Vec<u32>,
+    tokens: Vec<u32>,
+}
+
+fn goldens() -> Vec<Golden> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-q4_1");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    files.sort();
+    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    files
+        .iter()
+        .map(|f| {
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+            Golden {
+                name: v["name"].as_str().unwrap().to_string(),
+                prompt: v["prompt"].as_str().unwrap().to_string(),
+                prompt_tokens: ids(&v["prompt_tokens"]),
+                max_tokens: v["max_tokens"].as_u64().unwrap() as usize,
+                eos: ids(&v["eos_token_ids"]),
+                tokens: ids(&v["tokens"]),
+            }
+        })
+        .collect()
+}
+
+fn request(prompt: Vec<u32>, g: &Golden, sampling: &SamplingParams) -> SeqRequest {
+    SeqRequest { prompt, max_tokens: g.max_tokens, sampling: sampling.clone(), stop_ids: g.eos.clone() }
+}
+
+fn alone(engine: &Engine, reqs: &[SeqRequest]) -> Vec<Vec<u32>> {
+    reqs.iter()
+        .map(|r| {
+            let mut b = BatchEngine::new(engine, BatchConfig { prefix_cache: false, ..BatchConfig::default() }).unwrap();
+            b.run_all(vec![r.clone()]).unwrap().remove(0).tokens
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
+fn golden_prompts_give_identical_tokens_in_any_batch() {
+    let engine = real_engine();
+    let goldens = goldens();
+    assert_eq!(goldens.len(), 9, "the nine golden prompts");
+    let greedy = SamplingParams::default();
+    let seeded = SamplingParams { temperature: 0.8, top_p: 0.95, seed: 7, ..SamplingParams::default() };
+    for sampling in [greedy.clone(), seeded] {
+        let reqs: Vec<SeqRequest> = goldens.iter().map(|g| request(g.prompt_tokens.clone(), g, &sampling)).collect();
+        let want = alone(&engine, &reqs);
+        if sampling.temperature == 0.0 {
+            let agree = goldens.iter().zip(&want).filter(|(g, w)| g.tokens == **w).count();
+            eprintln!("batched engine alone (native weights, f16 KV) reproduces {agree}/9 golden greedy continuations of the f32 reference");
+        }
+        // All nine in one batch.
+        let mut b = BatchEngine::new(&engine, BatchConfig::default()).unwrap();
+        let got: Vec<Vec<u32>> = b.run_all(reqs.clone()).unwrap().into_iter().map(|c| c.tokens).collect();
+        for ((g, w), t) in goldens.iter().zip(&want).zip(&got) {
+            assert_eq!(t, w, "{} in a batch of nine ({sampling:?})", g.name);
+        }
+        // Among 32: the nine plus 23 neighbours (the same prompts with other lengths), arriving
+        // in shuffled order, with chunked prefill.
+        let mut batch: Vec<(Option<usize>, SeqRequest)> = reqs.iter().cloned().enumerate().map(|(i, r)| (Some(i), r)).collect();
+        for k in 0..23 {
+            let g = &goldens[k % 9];
+            let mut r = request(g.prompt_tokens[..g.prompt_tokens.len() - 1 - k % 3].to_vec(), g, &sampling);
+            r.max_tokens = 8 + k;
+            batch.push((None, r));
+        }
+        let order: Vec<usize> = (0..32).map(|i| (i * 13 + 5) % 32).collect();
+        let mut b = BatchEngine::new(&engine, BatchConfig { max_batch_tokens: 96, ..BatchConfig::default() }).unwrap();
+        let done = b.run_all(order.iter().map(|&i| batch[i].1.clone()).collect()).unwrap();
+        assert_eq!(done.len(), 32);
+        for (c, &i) in done.iter().zip(&order) {
+            if let Some(g) = batch[i].0 {
+                assert_eq!(c.tokens, want[g], "{} among 32 ({sampling:?})", goldens[g].name);
+            }
+        }
+        // Under a KV budget too small for all of them at once: preemption and recompute.
+        let mut b = BatchEngine::new(&engine, BatchConfig { kv_blocks: Some(24), ..BatchConfig::default() }).unwrap();
+        let got: Vec<Vec<u32>> = b.run_all(reqs.clone()).unwrap().into_iter().map(|c| c.tokens).collect();
+        assert!(b.stats().preemptions > 0, "{:?}", b.stats());
+        assert_eq!(got, want, "under preemption ({sampling:?})");
+        assert_eq!(b.stats().blocks_in_use, 0);
+    }
+}
+
+#[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
+fn shared_system_prompt_is_served_from_the_prefix_cache() {
+    let engine = real_engine();
+    let goldens = goldens();
+    let system = "You are a careful, friendly assistant. Answer in one or two sentences, plainly, without lists, and say so when you do not know.";
+    for sampling in [SamplingParams::default(), SamplingParams { temperature: 0.7, seed: 11, ..SamplingParams::default() }] {
+        let reqs: Vec<SeqRequest> = goldens
+            .iter()
+            .map(|g| request(engine.prompt_tokens(&Prompt::chat(&g.prompt).with_system(Some(system))).unwrap(), g, &sampling))
+            .collect();
+        let want = alone(&engine, &reqs);
+        let mut b = BatchEngine::new(&engine, BatchConfig::default()).unwrap();
+        // Warm the cache with another question behind the same system prompt.
+        let warm = engine.prompt_tokens(&Prompt::chat("Hello!").with_system(Some(system))).unwrap();
+        b.run_all(vec![request(warm, &goldens[0], &sampling)]).unwrap();
+        let order = [4, 0, 7, 2, 8, 5, 1, 6, 3];
+        let done = b.run_all(order.iter().map(|&i| reqs[i].clone()).collect()).unwrap();
+        let shared = reqs.iter().map(|r| r.prompt.iter().zip(&reqs[0].prompt).take_while(|(a, b)| a == b).count()).min().unwrap();
+        for (c, &i) in done.iter().zip(&order) {
+            assert_eq!(c.tokens, want[i], "{} behind a cached system prompt ({sampling:?})", goldens[i].name);
+            assert_eq!(c.usage.cached_tokens, shared / 16 * 16, "{}: the shared prompt's full blocks came from the cache", goldens[i].name);
+        }
+        let stats = b.stats();
+        assert!(stats.prefix.hit_blocks >= 9 * (shared / 16) as u64, "{stats:?}");
+    }
+}
