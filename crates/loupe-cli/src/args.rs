@@ -59,6 +59,58 @@ impl ModelArgs {
     }
 }
 
+/// The batched engine's flags (`loupe bench --batch`, and the server).
+#[derive(Args, Debug, Clone)]
+pub struct BatchEngineArgs {
+    /// KV cache budget in MiB [default: a quarter of the machine's memory, at most what
+    /// --max-seqs full contexts need]
+    #[arg(long)]
+    pub kv_cache_mb: Option<usize>,
+    /// KV cache element type
+    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    pub kv_dtype: String,
+    /// Positions per KV cache block
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Tokens per engine step (decode tokens plus prefill chunks)
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Turn the prefix cache off
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+}
+
+impl BatchEngineArgs {
+    /// The engine configuration for at most `max_seqs` sequences at once.
+    pub fn config(&self, max_seqs: usize) -> loupe_runtime::BatchConfig {
+        loupe_runtime::BatchConfig {
+            kv_cache_mb: self.kv_cache_mb,
+            kv_blocks: None,
+            kv_dtype: self.kv_dtype.parse().unwrap_or_default(),
+            block_size: self.block_size,
+            max_batch_tokens: self.max_batch_tokens,
+            max_seqs,
+            prefix_cache: !self.no_prefix_cache,
+        }
+    }
+}
+
+/// A list of positive counts, parsed from `1,4,8,16,32`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counts(pub Vec<usize>);
+
+/// A comma-separated list of positive counts (`1,4,8,16,32`).
+pub fn parse_counts(s: &str) -> Result<Counts, String> {
+    let counts: Vec<usize> = s
+        .split(',')
+        .map(|p| p.trim().parse::<usize>().map_err(|_| format!("'{p}' is not a count (expected e.g. 1,4,8,16,32)")))
+        .collect::<Result<_, _>>()?;
+    if counts.iter().any(|&c| c == 0) {
+        return Err("counts must be at least 1".into());
+    }
+    Ok(Counts(counts))
+}
+
 /// The prompt flags of `loupe dump` and `loupe parity`.
 #[derive(Args, Debug, Clone)]
 pub struct PromptArgs {

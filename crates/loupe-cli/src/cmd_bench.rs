@@ -26,7 +26,7 @@ use crate::load::{load, Load};
 use crate::UsageError;
 
 /// Seed of the benchmark token ids: fixed, so every run feeds the same sequence.
-const TOKEN_SEED: u64 = 0x6c6f_7570_655f_6265; // "loupe_be"
+pub(crate) const TOKEN_SEED: u64 = 0x6c6f_7570_655f_6265; // "loupe_be"
 
 #[derive(Args, Debug)]
 #[command(after_help = "Like llama-bench: pp<N> is one forward pass over N tokens (BOS, then seeded random ids) \
@@ -52,6 +52,13 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Batched mode, like llama.cpp's llama-batched-bench `-npl`: for each count of
+    /// concurrent sequences (e.g. 1,4,8,16,32), prefill that many prompts of --n-prompt
+    /// tokens in one engine step, then --n-gen decode steps of one token per sequence.
+    #[arg(long, value_parser = crate::args::parse_counts)]
+    pub batch: Option<crate::args::Counts>,
+    #[command(flatten)]
+    pub engine: crate::args::BatchEngineArgs,
 }
 
 /// The timings of one test (`pp512`, `tg128`).
@@ -96,9 +103,9 @@ impl DecodeTraffic {
 }
 
 /// Tensor bytes and parameter count of the checkpoint (what llama-bench calls size and params).
-struct ModelSize {
-    bytes: u64,
-    params: u64,
+pub(crate) struct ModelSize {
+    pub(crate) bytes: u64,
+    pub(crate) params: u64,
 }
 
 pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
@@ -109,6 +116,9 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
     }
     let engine = load(&args.model, Load::new(args.model.precision_or(PrecisionArg::Native)), debug)?;
+    if let Some(counts) = args.batch.clone() {
+        return crate::bench_batch::run(&engine, &args, &counts.0);
+    }
     let (threads, load_s) = (engine.threads(), engine.load_time().as_secs_f64());
     let model = engine.model();
     let context = model.config.max_position_embeddings.min(model.graph.context_length);
@@ -234,7 +244,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             })
             .collect();
         let header = ["model", "size", "params", "backend", "threads", "test", "t/s"];
-        write_table(&mut out, &header, &rows).context("writing stdout")?;
+        write_table(&mut out, &header, &rows, &[1, 2, 4, 6]).context("writing stdout")?;
         let rss = peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
         writeln!(
             out,
@@ -262,7 +272,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
 
 /// `n` token ids: BOS first when given, then ids drawn uniformly from `0..vocab` by SplitMix64.
 /// Special ids may be drawn, as in llama-bench; a forward pass costs the same for any id.
-fn bench_tokens(n: usize, bos: Option<u32>, vocab: usize, seed: u64) -> Vec<u32> {
+pub(crate) fn bench_tokens(n: usize, bos: Option<u32>, vocab: usize, seed: u64) -> Vec<u32> {
     let mut rng = loupe_core::SplitMix64(seed);
     let mut next = || rng.next_u64();
     (0..n)
@@ -296,7 +306,7 @@ fn decode_traffic(model: &Model) -> DecodeTraffic {
 }
 
 /// Size and parameters of the tensors in the file, as stored (GGUF only; `None` otherwise).
-fn model_size(model: &Model) -> Option<ModelSize> {
+pub(crate) fn model_size(model: &Model) -> Option<ModelSize> {
     match model.format {
         ModelFormat::Gguf => gguf_size(&model.path),
         ModelFormat::HfDir(_) => None,
@@ -310,7 +320,7 @@ fn gguf_size(path: &Path) -> Option<ModelSize> {
 
 /// The process's peak resident set (`VmHWM` in /proc/self/status), in bytes; `None` where
 /// /proc is not available.
-fn peak_rss_bytes() -> Option<u64> {
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
@@ -318,7 +328,7 @@ fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// A Markdown table with padded columns, as llama-bench prints.
-fn write_table(out: &mut impl Write, header: &[&str; 7], rows: &[[String; 7]]) -> std::io::Result<()> {
+pub(crate) fn write_table<const N: usize>(out: &mut impl Write, header: &[&str; N], rows: &[[String; N]], right_aligned: &[usize]) -> std::io::Result<()> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -326,7 +336,7 @@ fn write_table(out: &mut impl Write, header: &[&str; 7], rows: &[[String; 7]]) -
         }
     }
     // Numbers align right, text left, as in llama-bench's table.
-    let right = |col: usize| matches!(col, 1 | 2 | 4 | 6);
+    let right = |col: usize| right_aligned.contains(&col);
     let line = |cells: Vec<String>| -> String {
         let padded: Vec<String> = cells
             .iter()
