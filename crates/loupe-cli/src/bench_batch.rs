@@ -89,6 +89,9 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
     if args.n_prompt == 0 || args.n_gen == 0 {
         return Err(UsageError("--batch needs --n-prompt and --n-gen of at least 1".into()).into());
     }
+    if args.engine.kv_cache_mb == Some(0) {
+        return Err(UsageError("--kv-cache-mb 0: the KV cache budget must be at least 1 MiB".into()).into());
+    }
     let context = engine.context_length();
     if args.n_prompt + args.n_gen + 1 > context {
         return Err(UsageError(format!("--n-prompt + --n-gen ({}) exceed the context window of {context} tokens", args.n_prompt + args.n_gen)).into());

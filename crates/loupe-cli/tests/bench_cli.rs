@@ -102,3 +102,34 @@ fn bad_input() {
     let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "300", "-r", "1"]));
     assert_clean_failure(&out, "--n-gen");
 }
+
+#[test]
+fn batched_json_and_table() {
+    let model = tiny_model();
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "1,3", "-p", "20", "-n", "5", "-r", "2", "-t", "2", "--json"]));
+    assert!(out.status.success(), "loupe bench --batch failed: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&out)));
+    assert_eq!(v["mode"], "batch");
+    assert_eq!(v["kv_dtype"], "f16");
+    let points = v["points"].as_array().expect("points");
+    assert_eq!(points.iter().map(|p| p["npl"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 3]);
+    for p in points {
+        positive_finite(p, "prefill_tokens_per_s");
+        positive_finite(p, "decode_tokens_per_s");
+        assert_eq!(p["decode_runs"].as_array().unwrap().len(), 2, "{p}");
+        // 20 prompt + 5 generated positions per sequence: two blocks of 16 each.
+        assert_eq!(p["kv_blocks_used"].as_u64().unwrap(), 2 * p["npl"].as_u64().unwrap(), "{p}");
+    }
+    positive_finite(&v, "peak_rss_bytes");
+
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "-p", "8", "-n", "2", "-r", "1", "--kv-dtype", "f32"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("| sequences |") && text.contains("KV f32"), "{text}");
+
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "0,2"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("at least 1"), "{}", stderr(&out));
+    assert_clean_failure(&run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "-p", "200", "-n", "100"])), "context window");
+    assert_clean_failure(&run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "--kv-cache-mb", "0"])), "KV cache budget");
+}

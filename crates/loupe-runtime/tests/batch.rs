@@ -244,3 +244,22 @@ fn a_sequence_tap_in_a_batch_sees_what_the_sequence_alone_computes() {
     let events = b.step().unwrap();
     assert!(events.iter().all(|e| matches!(e, SeqEvent::Token { .. } | SeqEvent::Finished { .. })));
 }
+
+#[test]
+fn debug_checks_run_on_batched_steps() {
+    // nan-check catches a planted NaN in a batched step, naming the value.
+    let debug = loupe_graph::debug::DebugOptions::default().with("nan-check", Some("true")).unwrap().with("nan-check-stride", Some("1")).unwrap();
+    let engine = Engine::load(tiny_model(), LoadOptions { debug, faults: vec!["nan@1".parse().unwrap()], ..LoadOptions::default() }).unwrap();
+    let mut b = BatchEngine::new(&engine, config()).unwrap();
+    for r in requests(3, 0, &SamplingParams::default()) {
+        b.add(r).unwrap();
+    }
+    let err = b.step().unwrap_err().to_string();
+    assert!(err.contains("nan-check: op plant_nan computing 'model.layers.1.self_attn.o_proj'") && err.contains("produced 1 NaN and 1 Inf"), "{err}");
+    // The kv-write fault has no batched form: refused, not silently ignored.
+    let engine = Engine::load(tiny_model(), LoadOptions { faults: vec!["kv-write@0".parse().unwrap()], ..LoadOptions::default() }).unwrap();
+    let mut b = BatchEngine::new(&engine, config()).unwrap();
+    b.add(requests(1, 0, &SamplingParams::default()).remove(0)).unwrap();
+    let err = b.step().unwrap_err().to_string();
+    assert!(err.contains("kv-write"), "{err}");
+}
