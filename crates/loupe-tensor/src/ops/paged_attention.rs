@@ -57,15 +57,6 @@ impl KvBlocks<'_> {
             KvBlocks::F16(d) => d.len(),
         }
     }
-
-    /// Elements `start..start + out.len()` as f32 (f16 widens exactly).
-    #[inline]
-    fn read(&self, start: usize, out: &mut [f32]) {
-        match self {
-            KvBlocks::F32(d) => out.copy_from_slice(&d[start..start + out.len()]),
-            KvBlocks::F16(d) => d[start..start + out.len()].convert_to_f32_slice(out),
-        }
-    }
 }
 
 /// The rows of one sequence in a batched call.
@@ -219,8 +210,7 @@ pub fn paged_attention(
                 for (p, sc) in scores.iter_mut().enumerate() {
                     // In range: checked for the span's last position before the tasks ran.
                     let start = span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
-                    keys.read(start, kv_row);
-                    *sc = dot(isa, q_row, kv_row);
+                    *sc = dot_cached(isa, q_row, &keys, start, kv_row);
                 }
                 softmax_row(scores, scale);
                 // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
@@ -229,8 +219,7 @@ pub fn paged_attention(
                 o.fill(0.0);
                 for (p, &w) in scores.iter().enumerate() {
                     let start = span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
-                    values.read(start, kv_row);
-                    axpy(isa, w, kv_row, o);
+                    axpy_cached(isa, w, &values, start, kv_row, o);
                 }
                 if let Some(pp) = probs_ptr {
                     // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
@@ -242,6 +231,99 @@ pub fn paged_attention(
         });
     });
     Ok(())
+}
+
+/// `q . row` for the cached row at `start`: f32 rows go straight to the decode path's dot;
+/// f16 rows are widened in registers by a twin of that dot with the same accumulators in
+/// the same order (so the result equals widening first, then the f32 dot, bit for bit).
+#[inline]
+fn dot_cached(isa: Isa, q: &[f32], rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32]) -> f32 {
+    match rows {
+        KvBlocks::F32(d) => dot(isa, q, &d[start..start + q.len()]),
+        KvBlocks::F16(d) => {
+            let k = &d[start..start + q.len()];
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx512 {
+                // SAFETY: AVX-512F and F16C are available (Isa::Avx512); equal lengths.
+                return unsafe { simd_f16::dot(q, k) };
+            }
+            k.convert_to_f32_slice(scratch);
+            dot(isa, q, scratch)
+        }
+    }
+}
+
+/// `out += w * row` for the cached row at `start` (see [`dot_cached`]).
+#[inline]
+fn axpy_cached(isa: Isa, w: f32, rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32], out: &mut [f32]) {
+    match rows {
+        KvBlocks::F32(d) => axpy(isa, w, &d[start..start + out.len()], out),
+        KvBlocks::F16(d) => {
+            let v = &d[start..start + out.len()];
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx512 {
+                // SAFETY: as in dot_cached.
+                return unsafe { simd_f16::axpy(w, v, out) };
+            }
+            v.convert_to_f32_slice(scratch);
+            axpy(isa, w, scratch, out)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd_f16 {
+    //! Twins of `attention::simd::{dot, axpy}` reading f16 rows: the same 16-lane
+    //! accumulators, loop structure and reduction, on values widened exactly by `vcvtph2ps`.
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    #[target_feature(enable = "avx512f,f16c")]
+    pub unsafe fn dot(a: &[f32], b: &[f16]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 64 <= n {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 16 * r)), load16(pb.add(i + 16 * r)), *acc);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), load16(pb.add(i)), acc[0]);
+            i += 16;
+        }
+        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+        while i < n {
+            sum += a[i] * b[i].to_f32();
+            i += 1;
+        }
+        sum
+    }
+
+    #[target_feature(enable = "avx512f,f16c")]
+    pub unsafe fn axpy(alpha: f32, x: &[f16], y: &mut [f32]) {
+        let n = x.len();
+        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+        let va = _mm512_set1_ps(alpha);
+        let mut i = 0;
+        while i + 16 <= n {
+            _mm512_storeu_ps(py.add(i), _mm512_fmadd_ps(va, load16(px.add(i)), _mm512_loadu_ps(py.add(i))));
+            i += 16;
+        }
+        while i < n {
+            y[i] += alpha * x[i].to_f32();
+            i += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -317,6 +399,24 @@ mod tests {
         attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut f32_out, None).unwrap();
         for (a, b) in whole.iter().zip(&f32_out) {
             assert!((a - b).abs() < 2e-3, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn f16_rows_in_registers_equal_widening_first() {
+        for n in [64usize, 80, 16, 7, 128] {
+            let q = data(n, 11);
+            let k: Vec<f16> = data(n, 12).iter().map(|&x| f16::from_f32(x)).collect();
+            let wide: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
+            let mut scratch = vec![0f32; n];
+            for isa in Isa::available() {
+                let got = dot_cached(isa, &q, &KvBlocks::F16(&k), 0, &mut scratch);
+                assert_eq!(got.to_bits(), dot(isa, &q, &wide).to_bits(), "dot n={n} {isa:?}");
+                let (mut a, mut b) = (data(n, 13), data(n, 13));
+                axpy_cached(isa, 0.37, &KvBlocks::F16(&k), 0, &mut scratch, &mut a);
+                axpy(isa, 0.37, &wide, &mut b);
+                assert_eq!(a, b, "axpy n={n} {isa:?}");
+            }
         }
     }
 
