@@ -216,7 +216,7 @@ fn matmul_weight_quantized(c: &mut Criterion) {
 
 /// Continuous-batching decode: the batch-invariant `matmul_wq_invariant` at `m` = 1, 8, 32
 /// concurrent sequences, next to `matmul_wq` (not invariant for m > 1: dequantized tiles
-/// + gemm) and `matmul_q` (llama.cpp-style 8-bit activations) on the same weights.
+/// and gemm) and `matmul_q` (llama.cpp-style 8-bit activations) on the same weights.
 /// Throughput is multiply-adds (`m * n * k`). Names: `invariant/<fn>/<type>/<n>x<k>/m<m>`.
 fn matmul_batch_invariant(c: &mut Criterion) {
     let mut rng = Rng::new(6);

@@ -48,6 +48,14 @@ pub(crate) const MAX_STACK_BLOCKS: usize = 512;
 /// Activation rows of `x` are laid out transposed (lanes = rows) in multiples of this,
 /// one AVX-512 vector, so the vectorized per-weight-row preparation needs no tail.
 const LANES: usize = 16;
+/// Quantized activation rows up to this many bytes (`m * k * 2`; k = 576 at m = 32 is
+/// 36 KiB, measured faster unchunked) stay in L1 (48 KiB on Sapphire Rapids) while every
+/// weight row of a band passes over all of them; past it (SmolLM2's FFN down projection,
+/// k = 1536, at m = 32 is 96 KiB) the rows are taken [`CHUNK_ROWS`] at a time and the
+/// band's weight rows (in L2) pass over each chunk instead.
+const ACT_L1_BYTES: usize = 40 << 10;
+/// Activation rows per chunk when they do not all fit in L1 (one AVX-512 tile).
+const CHUNK_ROWS: usize = 8;
 
 /// Activation-side scratch of the calling thread (quantized rows, transposed scales).
 #[derive(Default)]
@@ -87,7 +95,7 @@ pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32],
         return Ok(());
     }
     let blocks = k / 32;
-    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && k % 32 == 0 && blocks <= MAX_STACK_BLOCKS {
+    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && k.is_multiple_of(32) && blocks <= MAX_STACK_BLOCKS {
         return if m == 1 { gemv_act16(isa, x, w, y) } else { batch_act16(isa, x, w, y, m) };
     }
     if w.ty == GgmlType::F32 {
@@ -152,10 +160,11 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
     s.ss.resize(m * 2 * blocks, 0.0);
     // Transposed scales and block sums: st[b * mp + i] is row i's scale of block b;
     // lanes past m stay zero.
+    // (LANES of slack: a chunk starting at a multiple of CHUNK_ROWS reads a whole vector.)
     s.st.clear();
-    s.st.resize(blocks * mp, 0.0);
+    s.st.resize(blocks * mp + LANES, 0.0);
     s.su.clear();
-    s.su.resize(blocks * mp, 0.0);
+    s.su.resize(blocks * mp + LANES, 0.0);
     for i in 0..m {
         let ss = &mut s.ss[i * 2 * blocks..(i + 1) * 2 * blocks];
         Act16::quantize(&x[i * k..(i + 1) * k], &mut s.q[i * k..(i + 1) * k], ss);
@@ -177,8 +186,8 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                     Ok(ref mut g) => g,
                     Err(_) => &mut local,
                 };
-                scratch.resize(blocks * mp + mp, 0.0);
-                let (p, off) = scratch.split_at_mut(blocks * mp);
+                scratch.resize(blocks * mp + mp + 2 * LANES, 0.0);
+                let (p, off) = scratch.split_at_mut(blocks * mp + LANES);
                 // SAFETY: the ISA is supported (asserted by the caller); `act` describes
                 // m rows of k quantized activations and mp-lane transposed scales; the
                 // weight rows are whole rows of `w`; this task alone writes columns
@@ -369,14 +378,29 @@ pub(crate) mod avx512 {
     /// caller owns columns `rows` of `y`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
-        let (m, mp, blocks, k, n) = (act.m, act.mp, act.blocks, act.k, w.rows);
+        let (m, k) = (act.m, act.k);
         let q4_1 = w.ty == GgmlType::Q4_1;
         let bytes = if q4_1 { 20 } else { 34 };
-        for j in rows {
+        let chunk = if m * k * 2 <= super::ACT_L1_BYTES { m } else { super::CHUNK_ROWS };
+        for c0 in (0..m).step_by(chunk) {
+            let c1 = (c0 + chunk).min(m);
+            for j in rows.clone() {
+                chunk_rows(w, j, c0..c1, act, p, off, out, bytes, q4_1);
+            }
+        }
+    }
+
+    /// Weight row `j` against activation rows `i_rows` (see [`act16_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn chunk_rows(w: &QMatrix, j: usize, i_rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr, bytes: usize, q4_1: bool) {
+        let (mp, blocks, k, n) = (act.mp, act.blocks, act.k, w.rows);
+        {
             let row = w.row(j).as_ptr();
-            prepare(row, bytes, q4_1, act, p.as_mut_ptr(), off.as_mut_ptr());
+            prepare(row, bytes, q4_1, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
             let (pp, y) = (p.as_ptr(), out.get().add(j));
-            let mut i = 0;
+            let (mut i, m) = (i_rows.start, i_rows.end);
             while i < m {
                 let na = (m - i).min(8);
                 let q = act.q.as_ptr().add(i * k);
@@ -417,14 +441,17 @@ pub(crate) mod avx512 {
 
     /// For one weight row: `p[b * mp + i] = d_b * scale_{i,b}` and (Q4_1)
     /// `off[i] = sum_b m_b * sum_{i,b}` accumulated block by block from +0.0, 16
-    /// activation rows per vector. These are the exact f32 operations the single-row
-    /// kernel performs per block (`[d, m] * [scale, sum]`, then `off += m * sum`).
+    /// activation rows per vector, for `i` in `i_rows` (which starts at a multiple of 8;
+    /// the last vector may spill up to 15 lanes past it, into the slack of `st`, `su`,
+    /// `p`, `off` or into lanes of the next block that this chunk does not use). These
+    /// are the exact f32 operations the single-row kernel performs per block
+    /// (`[d, m] * [scale, sum]`, then `off += m * sum`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn prepare(row: *const u8, bytes: usize, q4_1: bool, act: &ActBatch<'_>, p: *mut f32, off: *mut f32) {
+    unsafe fn prepare(row: *const u8, bytes: usize, q4_1: bool, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
         let (mp, blocks) = (act.mp, act.blocks);
         let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
-        for c in (0..mp).step_by(16) {
+        for c in i_rows.step_by(16) {
             let mut o = _mm512_setzero_ps();
             for b in 0..blocks {
                 let blk = row.add(b * bytes);
@@ -453,20 +480,33 @@ pub(crate) mod avx512 {
     unsafe fn tile_q4_1<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
         let mask = _mm256_set1_epi8(0x0F);
         let shifts = _mm256_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
-        let mut acc = [[_mm512_setzero_ps(); NA]; 2];
-        for b in 0..blocks {
-            let blk = w.add(b * 20);
-            let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(4) as *const __m128i));
-            let w16 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(both, shifts), mask));
-            let acc = &mut acc[b & 1];
-            for a in 0..NA {
-                let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
-                acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), acc[a]);
-            }
+        // Even blocks into acc0, odd into acc1, as the single-row kernel; two named
+        // arrays (not acc[b & 1]) so that they live in registers.
+        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); NA], [_mm512_setzero_ps(); NA]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let blk = w.add(b * 20);
+                let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(4) as *const __m128i));
+                let w16 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(both, shifts), mask));
+                for a in 0..NA {
+                    let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
+                    $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
         }
         let mut r = [0f32; NA];
         for a in 0..NA {
-            r[a] = hsum(_mm512_add_ps(acc[0][a], acc[1][a]));
+            r[a] = hsum(_mm512_add_ps(acc0[a], acc1[a]));
         }
         r
     }
@@ -475,18 +515,29 @@ pub(crate) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     unsafe fn tile_q8_0<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
-        let mut acc = [[_mm512_setzero_ps(); NA]; 2];
-        for b in 0..blocks {
-            let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(b * 34 + 2) as *const __m256i));
-            let acc = &mut acc[b & 1];
-            for a in 0..NA {
-                let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
-                acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), acc[a]);
-            }
+        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); NA], [_mm512_setzero_ps(); NA]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(b * 34 + 2) as *const __m256i));
+                for a in 0..NA {
+                    let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
+                    $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
         }
         let mut r = [0f32; NA];
         for a in 0..NA {
-            r[a] = hsum(_mm512_add_ps(acc[0][a], acc[1][a]));
+            r[a] = hsum(_mm512_add_ps(acc0[a], acc1[a]));
         }
         r
     }
@@ -522,27 +573,48 @@ pub(crate) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn dot_f32_rows<const NA: usize>(w: *const f32, x: *const f32, k: usize) -> [f32; NA] {
-        let mut acc = [[_mm512_setzero_ps(); NA]; 4];
+        // Accumulator c % 4 for chunk c; four named arrays so they stay in registers.
+        let z = [_mm512_setzero_ps(); NA];
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
         let full = k / 16;
-        for c in 0..full {
-            let wv = _mm512_loadu_ps(w.add(c * 16));
-            let acc = &mut acc[c & 3];
-            for a in 0..NA {
-                acc[a] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.add(a * k + c * 16)), acc[a]);
-            }
-        }
         let rest = k - full * 16;
-        if rest > 0 {
-            let mask: __mmask16 = (1u32 << rest).wrapping_sub(1) as __mmask16;
-            let wv = _mm512_maskz_loadu_ps(mask, w.add(full * 16));
-            let acc = &mut acc[full & 3];
-            for a in 0..NA {
-                acc[a] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x.add(a * k + full * 16)), acc[a]);
+        let mask: __mmask16 = (1u32 << rest).wrapping_sub(1) as __mmask16;
+        macro_rules! step {
+            ($c:expr, $acc:ident, $load:ident) => {{
+                let c = $c;
+                let wv = $load(w.add(c * 16));
+                for a in 0..NA {
+                    $acc[a] = _mm512_fmadd_ps(wv, $load(x.add(a * k + c * 16)), $acc[a]);
+                }
+            }};
+        }
+        // The tail: masked loads (zeros add nothing).
+        let tail = |p: *const f32| _mm512_maskz_loadu_ps(mask, p);
+        let mut c = 0;
+        while c + 4 <= full {
+            step!(c, a0, _mm512_loadu_ps);
+            step!(c + 1, a1, _mm512_loadu_ps);
+            step!(c + 2, a2, _mm512_loadu_ps);
+            step!(c + 3, a3, _mm512_loadu_ps);
+            c += 4;
+        }
+        // Up to three full chunks and the masked tail, still into accumulator c % 4.
+        let left = full - c + usize::from(rest > 0);
+        for i in 0..left {
+            let masked = c + i == full;
+            match (i, masked) {
+                (0, false) => step!(c, a0, _mm512_loadu_ps),
+                (1, false) => step!(c + 1, a1, _mm512_loadu_ps),
+                (2, false) => step!(c + 2, a2, _mm512_loadu_ps),
+                (0, true) => step!(c, a0, tail),
+                (1, true) => step!(c + 1, a1, tail),
+                (2, true) => step!(c + 2, a2, tail),
+                _ => step!(c + 3, a3, tail),
             }
         }
         let mut r = [0f32; NA];
         for a in 0..NA {
-            r[a] = hsum(_mm512_add_ps(_mm512_add_ps(acc[0][a], acc[1][a]), _mm512_add_ps(acc[2][a], acc[3][a])));
+            r[a] = hsum(_mm512_add_ps(_mm512_add_ps(a0[a], a1[a]), _mm512_add_ps(a2[a], a3[a])));
         }
         r
     }
@@ -618,17 +690,29 @@ pub(crate) mod avx2 {
     pub unsafe fn dot_q4_1_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
         let blocks = q.len() / 32;
         let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 2];
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut off = 0f32;
-        for b in 0..blocks {
-            let blk = wp.add(b * 20);
-            let (d, m) = (f16_at(blk), f16_at(blk.add(2)));
-            let (scale, sum) = (*sp.add(2 * b), *sp.add(2 * b + 1));
-            let dot = block_dot(nibbles(blk), qp.add(b * 32));
-            acc[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * scale), dot, acc[b & 1]);
-            off += m * sum;
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let blk = wp.add(b * 20);
+                let (d, m) = (f16_at(blk), f16_at(blk.add(2)));
+                let (scale, sum) = (*sp.add(2 * b), *sp.add(2 * b + 1));
+                let dot = block_dot(nibbles(blk), qp.add(b * 32));
+                $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * scale), dot, $acc);
+                off += m * sum;
+            }};
         }
-        hsum(_mm256_add_ps(acc[0], acc[1])) + off
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        hsum(_mm256_add_ps(acc0, acc1)) + off
     }
 
     /// Q8_0 row x 16-bit activations (no offset term).
@@ -636,14 +720,26 @@ pub(crate) mod avx2 {
     pub unsafe fn dot_q8_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
         let blocks = q.len() / 32;
         let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for b in 0..blocks {
-            let blk = wp.add(b * 34);
-            let d = f16_at(blk);
-            let dot = block_dot(bytes(blk), qp.add(b * 32));
-            acc[b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * *sp.add(2 * b)), dot, acc[b & 1]);
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let blk = wp.add(b * 34);
+                let d = f16_at(blk);
+                let dot = block_dot(bytes(blk), qp.add(b * 32));
+                $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * *sp.add(2 * b)), dot, $acc);
+            }};
         }
-        hsum(_mm256_add_ps(acc[0], acc[1]))
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
     }
 
     /// Multi-row twin of the dots above: see `avx512::act16_rows` (same contract).
@@ -711,18 +807,29 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const NA: usize, const Q4_1: bool>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
-        let mut acc = [[_mm256_setzero_ps(); NA]; 2];
-        for b in 0..blocks {
-            let wv = if Q4_1 { nibbles(w.add(b * 20)) } else { bytes(w.add(b * 34)) };
-            let acc = &mut acc[b & 1];
-            for a in 0..NA {
-                let dot = block_dot(wv, q.add(a * k + b * 32));
-                acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), dot, acc[a]);
-            }
+        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let wv = if Q4_1 { nibbles(w.add(b * 20)) } else { bytes(w.add(b * 34)) };
+                for a in 0..NA {
+                    let dot = block_dot(wv, q.add(a * k + b * 32));
+                    $acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), dot, $acc[a]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
         }
         let mut r = [0f32; NA];
         for a in 0..NA {
-            r[a] = hsum(_mm256_add_ps(acc[0][a], acc[1][a]));
+            r[a] = hsum(_mm256_add_ps(acc0[a], acc1[a]));
         }
         r
     }
@@ -750,18 +857,38 @@ pub(crate) mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn dot_f32_rows<const NA: usize>(w: *const f32, x: *const f32, k: usize) -> [f32; NA] {
-        let mut acc = [[_mm256_setzero_ps(); NA]; 4];
+        let z = [_mm256_setzero_ps(); NA];
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
         let full = k / 8;
-        for c in 0..full {
-            let wv = _mm256_loadu_ps(w.add(c * 8));
-            let acc = &mut acc[c & 3];
-            for a in 0..NA {
-                acc[a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(a * k + c * 8)), acc[a]);
-            }
+        macro_rules! step {
+            ($c:expr, $acc:ident) => {{
+                let c = $c;
+                let wv = _mm256_loadu_ps(w.add(c * 8));
+                for a in 0..NA {
+                    $acc[a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(a * k + c * 8)), $acc[a]);
+                }
+            }};
+        }
+        let mut c = 0;
+        while c + 4 <= full {
+            step!(c, a0);
+            step!(c + 1, a1);
+            step!(c + 2, a2);
+            step!(c + 3, a3);
+            c += 4;
+        }
+        if c < full {
+            step!(c, a0);
+        }
+        if c + 1 < full {
+            step!(c + 1, a1);
+        }
+        if c + 2 < full {
+            step!(c + 2, a2);
         }
         let mut r = [0f32; NA];
         for a in 0..NA {
-            let mut v = hsum(_mm256_add_ps(_mm256_add_ps(acc[0][a], acc[1][a]), _mm256_add_ps(acc[2][a], acc[3][a])));
+            let mut v = hsum(_mm256_add_ps(_mm256_add_ps(a0[a], a1[a]), _mm256_add_ps(a2[a], a3[a])));
             for c in full * 8..k {
                 v += w.add(c).read_unaligned() * *x.add(a * k + c);
             }
@@ -902,9 +1029,9 @@ mod tests {
                 // The single-row Act16 dot of the active ISA (today's decode kernel).
                 let (mut q, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
                 let act = Act16::quantize(&x, &mut q, &mut ss);
-                for j in 0..n {
+                for (j, &v) in a.iter().enumerate() {
                     let d = dot_row_act16(Isa::active(), ty, w.row(j), &act).unwrap();
-                    assert_eq!(a[j].to_bits(), d.to_bits(), "{ty} row {j}");
+                    assert_eq!(v.to_bits(), d.to_bits(), "{ty} row {j}");
                 }
             }
         }

@@ -119,7 +119,7 @@ fn quantize_blocks(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
 /// Dot of one Q4_1 or Q8_0 weight row with 16-bit activation blocks.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
-    if act.q.len() % 32 != 0 || act.scale_sum.len() != 2 * blocks || w_row.len() != blocks * ty.type_size() || ty.block_size() != 32 {
+    if !act.q.len().is_multiple_of(32) || act.scale_sum.len() != 2 * blocks || w_row.len() != blocks * ty.type_size() || ty.block_size() != 32 {
         return Err(TensorError::Shape { op: "dot_row_act16", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), act.q.len()) });
     }
     #[cfg(target_arch = "x86_64")]
@@ -230,7 +230,7 @@ mod avx512 {
 
     fn check(w: &[u8], x: &[f32], bytes: usize) -> Result<usize, TensorError> {
         let blocks = x.len() / 32;
-        if x.len() % 32 != 0 || w.len() != blocks * bytes {
+        if !x.len().is_multiple_of(32) || w.len() != blocks * bytes {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} weight bytes against {} activations", w.len(), x.len()) });
         }
         Ok(blocks)
@@ -534,5 +534,4 @@ mod tests {
         }
         (QMatrix::new(ty, rows, cols, bytes).unwrap(), deq)
     }
-
 }
