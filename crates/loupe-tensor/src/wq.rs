@@ -14,6 +14,9 @@
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;
 //! * prefill (`m > 1`): each task dequantizes a tile of weight rows into an L2-sized f32
 //!   buffer and multiplies it with all of `x` through `gemm`.
+//!   Not batch invariant (gemm's reduction order depends on `m`): a continuous-batching
+//!   decode step uses [`matmul_wq_invariant`] (`crate::batch`), whose `m == 1` path is the
+//!   decode path here, and whose rows are bit-identical to it for any `m`.
 
 use std::cell::RefCell;
 
