@@ -3,7 +3,8 @@
 //! Groups: `vec_dot/<type>/k<k>/<isa>` (one row dot, bytes = weight row),
 //! `matmul_wq/<type>/<n>x<k>/m<m>` (GGML weights x f32 activations, `--precision native`),
 //! `matmul_q/<type>/<n>x<k>/m<m>` (8-bit activations, `--precision q8`) and
-//! `matmul_f32/<n>x<k>/m<m>` (bytes = weight matrix for m = 1, so criterion's GB/s is the
+//! `invariant/<matmul_wq_invariant|matmul_wq|matmul_q>/<type>/<n>x<k>/m<m>` (continuous-batching
+//! decode at 1, 8, 32 sequences, multiply-adds), `matmul_f32/<n>x<k>/m<m>` (bytes = weight matrix for m = 1, so criterion's GB/s is the
 //! decode bandwidth; multiply-adds for m > 1), `gemm_m1/<n>x<k>` (the gemm crate on a
 //! single row, the alternative the m = 1 GEMV in `matmul_f32` was chosen over), and the
 //! f32 ops of a layer: `rms_norm/t<tokens>`, `rope/<q|k>/t<tokens>`,
@@ -31,7 +32,7 @@ use common::{random_act, random_row, Rng};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use loupe_tensor::matmul::{matmul_f32, matmul_q, QMatrix};
 use loupe_tensor::ops::{causal_attention, rms_norm, AttentionShape, RopeScaling, RopeTable};
-use loupe_tensor::wq::matmul_wq;
+use loupe_tensor::wq::{matmul_wq, matmul_wq_invariant};
 use loupe_tensor::quant::{self, Isa};
 use loupe_tensor::GgmlType;
 
@@ -213,6 +214,33 @@ fn matmul_weight_quantized(c: &mut Criterion) {
     g.finish();
 }
 
+/// Continuous-batching decode: the batch-invariant `matmul_wq_invariant` at `m` = 1, 8, 32
+/// concurrent sequences, next to `matmul_wq` (not invariant for m > 1: dequantized tiles
+/// and gemm) and `matmul_q` (llama.cpp-style 8-bit activations) on the same weights.
+/// Throughput is multiply-adds (`m * n * k`). Names: `invariant/<fn>/<type>/<n>x<k>/m<m>`.
+fn matmul_batch_invariant(c: &mut Criterion) {
+    let mut rng = Rng::new(6);
+    bench_threads();
+    let mut g = c.benchmark_group("invariant");
+    for (ty, n, k) in [(GgmlType::Q4_1, 1536, 576), (GgmlType::Q4_1, 576, 1536), (GgmlType::Q4_1, 576, 576), (GgmlType::Q8_0, 49152, 576)] {
+        let w = matrix(&mut rng, ty, n, k);
+        for m in [1usize, 8, 32] {
+            let x = rng.activations(m * k);
+            let mut y = vec![0f32; m * n];
+            let mut scratch = Vec::new();
+            g.throughput(Throughput::Elements((m * n * k) as u64));
+            g.bench_function(format!("matmul_wq_invariant/{ty}/{n}x{k}/m{m}"), |b| {
+                b.iter(|| matmul_wq_invariant(black_box(&x), &w, &mut y, m).unwrap())
+            });
+            g.bench_function(format!("matmul_wq/{ty}/{n}x{k}/m{m}"), |b| b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap()));
+            g.bench_function(format!("matmul_q/{ty}/{n}x{k}/m{m}"), |b| {
+                b.iter(|| matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
+            });
+        }
+    }
+    g.finish();
+}
+
 /// SmolLM2-135M attention geometry: 9 query heads, 3 kv heads, head_dim 64, theta 1e5.
 const N_HEADS: usize = 9;
 const N_KV_HEADS: usize = 3;
@@ -265,6 +293,6 @@ criterion_group! {
     name = benches;
     // Short by default (a few seconds per group); raise with --sample-size / --measurement-time.
     config = Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(1));
-    targets = vec_dot, matmul_weight_quantized, matmul_quantized, matmul_dense, layer_ops
+    targets = vec_dot, matmul_weight_quantized, matmul_quantized, matmul_dense, matmul_batch_invariant, layer_ops
 }
 criterion_main!(benches);

@@ -427,7 +427,7 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
 /// `data` as f32s when it is 4-byte aligned (a `Vec<u8>` usually is, but nothing
 /// promises it).
 fn aligned_f32(data: &[u8]) -> Option<&[f32]> {
-    if data.as_ptr().align_offset(4) != 0 || data.len() % 4 != 0 {
+    if data.as_ptr().align_offset(4) != 0 || !data.len().is_multiple_of(4) {
         return None;
     }
     // SAFETY: aligned and sized as just checked; every bit pattern is a valid f32.

@@ -207,7 +207,7 @@ fn worker_loop(s: &Shared) {
         while state >> 1 == seen {
             std::hint::spin_loop();
             polls = polls.wrapping_add(1);
-            if polls % 256 == 0 && Instant::now() >= spin_until {
+            if polls.is_multiple_of(256) && Instant::now() >= spin_until {
                 let mut job = s.job.lock().unwrap_or_else(|e| e.into_inner());
                 while s.state.load(Ordering::SeqCst) >> 1 == seen {
                     job = s.wake.wait(job).unwrap_or_else(|e| e.into_inner());

@@ -14,9 +14,13 @@
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;
 //! * prefill (`m > 1`): each task dequantizes a tile of weight rows into an L2-sized f32
 //!   buffer and multiplies it with all of `x` through `gemm`.
+//!   Not batch invariant (gemm's reduction order depends on `m`): a continuous-batching
+//!   decode step uses [`matmul_wq_invariant`] (`crate::batch`), whose `m == 1` path is the
+//!   decode path here, and whose rows are bit-identical to it for any `m`.
 
 use std::cell::RefCell;
 
+pub use crate::batch::{matmul_f32_invariant, matmul_f32_invariant_with, matmul_wq_invariant, matmul_wq_invariant_with};
 use crate::matmul::{gemm_x_wt, OutPtr, QMatrix};
 use crate::pool;
 use crate::quant::{dequantize_row, Isa};
@@ -26,16 +30,6 @@ use crate::{GgmlType, TensorError};
 /// 1-2 MiB L2 (Zen 4: 1 MiB, Sapphire Rapids: 2 MiB), next to the activations it is
 /// multiplied with.
 const PREFILL_TILE_ROWS: usize = 64;
-/// Decode tasks per compute thread: several, so a thread that starts late (woken from
-/// sleep, or preempted) is balanced by the others claiming more.
-const DECODE_TASKS_PER_THREAD: usize = 4;
-/// Fewest weight rows per decode task (~1-3 µs of work on a 576-wide row), so the
-/// claim and the cache-line traffic of the output stay negligible.
-const DECODE_MIN_ROWS: usize = 16;
-/// Block sums for up to this many blocks live on the stack (k <= 16384 at 32 per
-/// block), so decode allocates nothing.
-const MAX_STACK_BLOCKS: usize = 512;
-
 thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -51,7 +45,9 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
         return Ok(());
     }
     if m == 1 {
-        return gemv(x, w, y);
+        // Decode: the batch-invariant kernels' single-row path (one fused dot per weight
+        // row), so a sequence decoded alone and one decoded in a batch get the same bits.
+        return matmul_wq_invariant_with(Isa::active(), x, w, y, 1);
     }
     let tiles = n.div_ceil(PREFILL_TILE_ROWS);
     let out = OutPtr(y.as_mut_ptr());
@@ -72,54 +68,6 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
     })
 }
 
-/// Decode: `y[n] = W x`, one fused dequantize-and-dot per weight row, bands of rows
-/// spread over the pool. Allocates nothing (for k up to `32 * MAX_STACK_BLOCKS`).
-///
-/// Q4_1 and Q8_0 rows (SmolLM2's types) are dotted against `x` quantized to 16-bit
-/// blocks ([`Act16`]): the integer products are exact and a 16-bit block scale keeps
-/// the relative error of each activation under 2^-16 of its block's largest, 500x
-/// finer than llama.cpp's 8-bit blocks (which cost 4% of argmax agreement on SmolLM2).
-/// It halves the vector work per weight block against widening every nibble to f32.
-fn gemv(x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
-    let n = w.rows;
-    let block = w.ty.block_size();
-    let blocks = x.len() / block;
-    let isa = Isa::active();
-    let tasks = (pool::threads() * DECODE_TASKS_PER_THREAD).min(n.div_ceil(DECODE_MIN_ROWS)).max(1);
-    let rows_per_task = n.div_ceil(tasks);
-    let out = OutPtr(y.as_mut_ptr());
-    // Bands of rows over the pool, one dot per row.
-    let rows = |dot: &(dyn Fn(&[u8]) -> Result<f32, TensorError> + Sync)| {
-        pool::try_run(tasks, &|t| {
-            let j0 = t * rows_per_task;
-            for j in j0..(j0 + rows_per_task).min(n) {
-                let v = dot(w.row(j))?;
-                // SAFETY: j < n = y.len(); each row index belongs to exactly one task.
-                unsafe { out.get().add(j).write(v) };
-            }
-            Ok(())
-        })
-    };
-    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && blocks <= MAX_STACK_BLOCKS && x.len() % 32 == 0 {
-        let mut q = [0i16; MAX_STACK_BLOCKS * 32];
-        let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
-        let act = Act16::quantize(x, &mut q[..x.len()], &mut scale_sum[..2 * blocks]);
-        return rows(&|w_row| dot_row_act16(isa, w.ty, w_row, &act));
-    }
-    let mut stack_sums = [0f32; MAX_STACK_BLOCKS];
-    let heap_sums: Vec<f32>;
-    let sums: &[f32] = if blocks <= MAX_STACK_BLOCKS {
-        for (s, c) in stack_sums.iter_mut().zip(x.chunks(block)) {
-            *s = c.iter().sum();
-        }
-        &stack_sums[..blocks]
-    } else {
-        heap_sums = x.chunks(block).map(|c| c.iter().sum()).collect();
-        &heap_sums
-    };
-    rows(&|w_row| dot_row(isa, w.ty, w_row, x, sums))
-}
-
 /// One activation row quantized to 16-bit blocks of 32: `x[i] ~= scale[b] * q[i]` for
 /// `i` in block `b`, with `scale = max|x_b| / 32767`. `scale_sum` interleaves each
 /// block's scale and its exact f32 sum (the sum feeds Q4_1's offset term `m * sum(x)`),
@@ -134,6 +82,30 @@ impl<'a> Act16<'a> {
     /// Quantizes `x` (a multiple of 32 long) into `q` (same length) and `scale_sum`
     /// (two per block).
     pub fn quantize(x: &[f32], q: &'a mut [i16], scale_sum: &'a mut [f32]) -> Act16<'a> {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detected() >= Isa::Avx2 {
+            // SAFETY: the CPU has AVX2 (which implies SSE4.1).
+            unsafe { quantize_avx2(x, q, scale_sum) };
+            return Act16 { q, scale_sum };
+        }
+        quantize_blocks(x, q, scale_sum);
+        Act16 { q, scale_sum }
+    }
+}
+
+/// [`quantize_blocks`] compiled with AVX2 and SSE4.1, so `round` is inlined
+/// (`roundps`) instead of a libm call per element: the same operations, the same bits
+/// (round-half-away-from-zero is exactly specified; the block sum stays sequential).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,sse4.1")]
+unsafe fn quantize_avx2(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
+    quantize_blocks(x, q, scale_sum)
+}
+
+/// The body of [`Act16::quantize`], for every ISA.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
+    {
         for ((xb, qb), ss) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)).zip(scale_sum.chunks_exact_mut(2)) {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let scale = amax / 32767.0;
@@ -144,14 +116,13 @@ impl<'a> Act16<'a> {
             ss[0] = scale;
             ss[1] = xb.iter().sum();
         }
-        Act16 { q, scale_sum }
     }
 }
 
 /// Dot of one Q4_1 or Q8_0 weight row with 16-bit activation blocks.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
-    if act.q.len() % 32 != 0 || act.scale_sum.len() != 2 * blocks || w_row.len() != blocks * ty.type_size() || ty.block_size() != 32 {
+    if !act.q.len().is_multiple_of(32) || act.scale_sum.len() != 2 * blocks || w_row.len() != blocks * ty.type_size() || ty.block_size() != 32 {
         return Err(TensorError::Shape { op: "dot_row_act16", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), act.q.len()) });
     }
     #[cfg(target_arch = "x86_64")]
@@ -160,6 +131,13 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             // SAFETY: the CPU supports AVX-512 F/BW and F16C (Isa::Avx512); lengths checked above.
             GgmlType::Q4_1 => return Ok(unsafe { avx512::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
             GgmlType::Q8_0 => return Ok(unsafe { avx512::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
+            _ => {}
+        }
+    } else if isa >= Isa::Avx2 {
+        match ty {
+            // SAFETY: the CPU supports AVX2, FMA and F16C (Isa::Avx2); lengths checked above.
+            GgmlType::Q4_1 => return Ok(unsafe { crate::batch::avx2::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
+            GgmlType::Q8_0 => return Ok(unsafe { crate::batch::avx2::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     }
@@ -246,6 +224,7 @@ mod avx512 {
 
     use half::f16;
 
+    use crate::batch::avx512::hsum;
     use crate::{GgmlType, TensorError};
 
     fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -254,7 +233,7 @@ mod avx512 {
 
     fn check(w: &[u8], x: &[f32], bytes: usize) -> Result<usize, TensorError> {
         let blocks = x.len() / 32;
-        if x.len() % 32 != 0 || w.len() != blocks * bytes {
+        if !x.len().is_multiple_of(32) || w.len() != blocks * bytes {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} weight bytes against {} activations", w.len(), x.len()) });
         }
         Ok(blocks)
@@ -379,7 +358,8 @@ mod avx512 {
         if b < blocks {
             (acc0, off) = block(b, acc0, off);
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off))
+        // The fixed-order sum the multi-row kernels (crate::batch) repeat per row.
+        hsum(_mm512_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off))
     }
 
     /// Q8_0 row x 16-bit activations (see [`dot_q4_1_act16`]; no offset term).
@@ -404,7 +384,7 @@ mod avx512 {
         if b < blocks {
             acc0 = block(b, acc0);
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
+        hsum(_mm512_add_ps(acc0, acc1))
     }
 
     /// Dequantizes a Q4_1 or Q8_0 row; lengths checked by the caller. The value is formed

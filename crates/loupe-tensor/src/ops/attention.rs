@@ -120,7 +120,7 @@ pub fn attention(
         });
     }
     let tokens = q.len() / q_width;
-    if q.len() % q_width != 0 || out.len() != q.len() || tokens > ctx || k.len() < ctx * kv_width || v.len() < ctx * kv_width {
+    if !q.len().is_multiple_of(q_width) || out.len() != q.len() || tokens > ctx || k.len() < ctx * kv_width || v.len() < ctx * kv_width {
         return Err(TensorError::Shape {
             op: "attention",
             detail: format!(

@@ -10,7 +10,7 @@ use crate::TensorError;
 /// further from it than the correctly rounded value does.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<(), TensorError> {
     let dim = weight.len();
-    if dim == 0 || x.len() % dim != 0 || out.len() != x.len() {
+    if dim == 0 || !x.len().is_multiple_of(dim) || out.len() != x.len() {
         return Err(TensorError::Shape {
             op: "rms_norm",
             detail: format!("x has {} elements, weight {}, out {}", x.len(), dim, out.len()),

@@ -62,7 +62,7 @@ impl RopeTable {
     /// `inv_freq[i] = 1 / theta^(2i / head_dim)`, computed in f32 as PyTorch does,
     /// then adjusted by `scaling`.
     pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Result<RopeTable, TensorError> {
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(TensorError::Shape {
                 op: "rope",
                 detail: format!("head_dim {head_dim} must be even and non-zero"),
@@ -132,7 +132,7 @@ impl RopeTable {
     /// [`RopeTable::apply`] with the pairing of `mode`.
     pub fn apply_mode(&self, x: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
         let width = n_heads * self.head_dim;
-        if width == 0 || x.len() % width != 0 {
+        if width == 0 || !x.len().is_multiple_of(width) {
             return Err(TensorError::Shape {
                 op: "rope",
                 detail: format!("{} elements is not a multiple of {n_heads} heads x {}", x.len(), self.head_dim),

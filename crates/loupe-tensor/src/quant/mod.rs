@@ -271,7 +271,7 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
 #[inline]
 fn check_dot(wty: GgmlType, w: &[u8], a: &[u8], n: usize) {
     let bs = wty.block_size();
-    assert!(n % bs == 0, "vec_dot: n = {n} is not a multiple of the {wty} block size {bs}");
+    assert!(n.is_multiple_of(bs), "vec_dot: n = {n} is not a multiple of the {wty} block size {bs}");
     let aty = vec_dot_type(wty);
     let (wb, ab) = (n / bs * wty.type_size(), n / aty.block_size() * aty.type_size());
     assert!(

@@ -153,7 +153,7 @@ fn pack_k4_scales(sc: [u8; 8], mn: [u8; 8]) -> [u8; 12] {
 /// `e` (sub-block `j = e / 32`, `l = e % 32`) has code `l % 16` for even `j`.
 fn k4_code(e: usize) -> u8 {
     let l = (e % 32) as u8;
-    if (e / 32) % 2 == 0 {
+    if (e / 32).is_multiple_of(2) {
         l % 16
     } else {
         15 - l % 16

@@ -28,7 +28,7 @@ impl Rng {
         (0..n)
             .map(|_| {
                 let v: f32 = (0..4).map(|_| self.uniform(-1.0, 1.0)).sum();
-                if self.next_u64() % 64 == 0 {
+                if self.next_u64().is_multiple_of(64) {
                     v * 8.0
                 } else {
                     v
@@ -41,7 +41,7 @@ impl Rng {
 /// A "sane" f16 scale: magnitude in [1e-3, 0.1], random sign unless `positive`.
 fn scale(rng: &mut Rng, positive: bool) -> [u8; 2] {
     let mag = 10f32.powf(rng.uniform(-3.0, -1.0));
-    let s = if positive || rng.next_u64() % 2 == 0 { mag } else { -mag };
+    let s = if positive || rng.next_u64().is_multiple_of(2) { mag } else { -mag };
     f16::from_f32(s).to_le_bytes()
 }
 

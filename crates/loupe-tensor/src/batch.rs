@@ -1,0 +1,1112 @@
+//! Batch-invariant matmuls for continuous batching: `y[m, n] = x[m, k] @ W^T` where
+//! every output `y[i, j]` is computed by arithmetic that depends only on row `i` of `x`
+//! and row `j` of `W`.
+//!
+//! **What invariance means.** The bits of `y[i, j]` are the same whatever `m` is, whatever
+//! the other rows of `x` hold, and whatever the thread count or task split: a request's
+//! logits (hence its sampled tokens) are bit-identical whether it decodes alone or in a
+//! batch of 32 with other requests that come and go. A batched GEMM does not give that:
+//! its reduction order over `k` (tiling, split-k, which micro-kernel handles an edge)
+//! depends on `m`, so the last bits of a row change with the batch, and over hundreds of
+//! tokens an argmax flips. Here the reduction order of one dot product is fixed by the
+//! weight type and the [`Isa`] alone (the kernels of different ISAs are *not* bit-equal
+//! to each other, each is to itself across `m`).
+//!
+//! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types) each activation row is
+//! quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
+//! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
+//! up to 8 (AVX-512) or 4 (AVX2) activation rows, each row keeping its own accumulators
+//! in exactly the order of the single-row kernel ([`crate::wq::dot_row_act16`]). The
+//! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
+//! are computed vectorized across activation rows (lanes = rows, so each lane does the
+//! same sequence of f32 operations as the single-row kernel), once per weight row. Tasks
+//! own bands of weight rows and run all `m` activation rows over each weight row while it
+//! is in L1, so every weight byte is read from memory once per call.
+//!
+//! `m == 1` is the decode path of [`crate::wq::matmul_wq`] (the same code), so a single
+//! sequence keeps its numbers.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use crate::matmul::{OutPtr, QMatrix};
+use crate::pool;
+use crate::quant::Isa;
+use crate::wq::{dot_row, dot_row_act16, dot_row_act16_scalar, Act16};
+use crate::{GgmlType, TensorError};
+
+/// Tasks per compute thread: several, so a thread that starts late (woken from sleep,
+/// or preempted) is balanced by the others claiming more.
+const TASKS_PER_THREAD: usize = 4;
+/// Least work per task, in weight rows x activation rows (~1-3 µs on a 576-wide row), so
+/// the claim and the cache-line traffic of the output stay negligible. At `m == 1` this
+/// is 16 weight rows, the old decode split.
+const MIN_TASK_ROW_DOTS: usize = 16;
+/// Block sums for up to this many blocks live on the stack at `m == 1` (k <= 16384 at
+/// 32 per block), so decode allocates nothing; longer rows take the generic path.
+pub(crate) const MAX_STACK_BLOCKS: usize = 512;
+/// Activation rows of `x` are laid out transposed (lanes = rows) in multiples of this,
+/// one AVX-512 vector, so the vectorized per-weight-row preparation needs no tail.
+const LANES: usize = 16;
+/// Quantized activation rows up to this many bytes (`m * k * 2`; k = 576 at m = 32 is
+/// 36 KiB, measured faster unchunked) stay in L1 (48 KiB on Sapphire Rapids) while every
+/// weight row of a band passes over all of them; past it (SmolLM2's FFN down projection,
+/// k = 1536, at m = 32 is 96 KiB) the rows are taken [`CHUNK_ROWS`] at a time and the
+/// band's weight rows (in L2) pass over each chunk instead.
+const ACT_L1_BYTES: usize = 40 << 10;
+/// Activation rows per chunk when they do not all fit in L1 (one AVX-512 tile).
+const CHUNK_ROWS: usize = 8;
+
+/// Activation-side scratch of the calling thread (quantized rows, transposed scales).
+#[derive(Default)]
+struct BatchScratch {
+    q: Vec<i16>,
+    ss: Vec<f32>,
+    st: Vec<f32>,
+    su: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+thread_local! {
+    static BATCH: RefCell<BatchScratch> = RefCell::new(BatchScratch::default());
+    /// Per-task scratch: the `d * scale` products of one weight row against every
+    /// activation row, and the Q4_1 offsets.
+    static TASK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// y[m, n] = x[m, k] @ W^T for a GGML-typed `W` (`n = w.rows`, `k = w.cols`), batch
+/// invariant: row `i` of `y` is bit-identical to what an `m = 1` call on row `i` of `x`
+/// returns (see the module doc). Runs the kernels of [`Isa::active`].
+pub fn matmul_wq_invariant(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
+    matmul_wq_invariant_with(Isa::active(), x, w, y, m)
+}
+
+/// [`matmul_wq_invariant`] on the kernels of a given ISA level (tests, bisecting).
+///
+/// # Panics
+/// If this CPU does not support `isa`.
+pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
+    assert!(isa.is_supported(), "matmul_wq_invariant_with: this CPU does not support {isa}");
+    let (n, k) = (w.rows, w.cols);
+    if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(y.len()) {
+        return Err(TensorError::Shape { op: "matmul_wq_invariant", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let blocks = k / 32;
+    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && k.is_multiple_of(32) && blocks <= MAX_STACK_BLOCKS {
+        return if m == 1 { gemv_act16(isa, x, w, y) } else { batch_act16(isa, x, w, y, m) };
+    }
+    if w.ty == GgmlType::F32 {
+        let wp = w.data.as_ptr().cast::<f32>();
+        // SAFETY: QMatrix::new checked data.len() == 4 * n * k; the kernels read it with
+        // unaligned loads only.
+        unsafe { f32_bands(isa, x, wp, y, m, k, n) };
+        return Ok(());
+    }
+    generic(isa, x, w, y, m)
+}
+
+/// Tasks and weight rows per task for `n` weight rows and `m` activation rows.
+fn split(n: usize, m: usize) -> (usize, usize) {
+    let min_rows = MIN_TASK_ROW_DOTS.div_ceil(m).max(1);
+    let tasks = (pool::threads() * TASKS_PER_THREAD).min(n.div_ceil(min_rows)).max(1);
+    (tasks, n.div_ceil(tasks))
+}
+
+/// Runs `band(rows)` over bands of weight rows on the pool.
+fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorError> + Sync)) -> Result<(), TensorError> {
+    let (tasks, per) = split(n, m);
+    pool::try_run(tasks, &|t| {
+        let j0 = (t * per).min(n);
+        band(j0..(j0 + per).min(n))
+    })
+}
+
+/// Decode (`m == 1`) for Q4_1 / Q8_0: the activation row quantized to [`Act16`] on the
+/// stack, one [`dot_row_act16`] per weight row. Allocates nothing.
+fn gemv_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
+    let blocks = x.len() / 32;
+    let mut q = [0i16; MAX_STACK_BLOCKS * 32];
+    let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
+    let act = Act16::quantize(x, &mut q[..x.len()], &mut scale_sum[..2 * blocks]);
+    let out = OutPtr(y.as_mut_ptr());
+    bands(w.rows, 1, &|rows| {
+        for j in rows {
+            let v = dot_row_act16(isa, w.ty, w.row(j), &act)?;
+            // SAFETY: j < n = y.len(); each row index belongs to exactly one task.
+            unsafe { out.get().add(j).write(v) };
+        }
+        Ok(())
+    })
+}
+
+/// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`gemv_act16`] does, then the
+/// multi-row kernels of `isa`.
+fn batch_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
+    BATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => batch_act16_in(isa, x, w, y, m, &mut s),
+        // Re-entered from a task on this thread: use a fresh buffer (never in practice).
+        Err(_) => batch_act16_in(isa, x, w, y, m, &mut BatchScratch::default()),
+    })
+}
+
+fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: &mut BatchScratch) -> Result<(), TensorError> {
+    let (n, k) = (w.rows, w.cols);
+    let blocks = k / 32;
+    let mp = m.next_multiple_of(LANES);
+    s.q.resize(m * k, 0);
+    s.ss.resize(m * 2 * blocks, 0.0);
+    // Transposed scales and block sums: st[b * mp + i] is row i's scale of block b;
+    // lanes past m stay zero.
+    // (LANES of slack: a chunk starting at a multiple of CHUNK_ROWS reads a whole vector.)
+    s.st.clear();
+    s.st.resize(blocks * mp + LANES, 0.0);
+    s.su.clear();
+    s.su.resize(blocks * mp + LANES, 0.0);
+    for i in 0..m {
+        let ss = &mut s.ss[i * 2 * blocks..(i + 1) * 2 * blocks];
+        Act16::quantize(&x[i * k..(i + 1) * k], &mut s.q[i * k..(i + 1) * k], ss);
+        for b in 0..blocks {
+            s.st[b * mp + i] = ss[2 * b];
+            s.su[b * mp + i] = ss[2 * b + 1];
+        }
+    }
+    let s = &*s;
+    let act = ActBatch { q: &s.q, st: &s.st, su: &s.su, m, mp, k, blocks };
+    let out = OutPtr(y.as_mut_ptr());
+    bands(n, m, &|rows| {
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2 {
+            return TASK.with(|t| {
+                let mut guard = t.try_borrow_mut();
+                let mut local = Vec::new();
+                let scratch: &mut Vec<f32> = match guard {
+                    Ok(ref mut g) => g,
+                    Err(_) => &mut local,
+                };
+                scratch.resize(blocks * mp + mp + 2 * LANES, 0.0);
+                let (p, off) = scratch.split_at_mut(blocks * mp + LANES);
+                // SAFETY: the ISA is supported (asserted by the caller); `act` describes
+                // m rows of k quantized activations and mp-lane transposed scales; the
+                // weight rows are whole rows of `w`; this task alone writes columns
+                // `rows` of y (m x n).
+                unsafe {
+                    if isa >= Isa::Avx512 {
+                        avx512::act16_rows(w, rows, &act, p, off, out)
+                    } else {
+                        avx2::act16_rows(w, rows, &act, p, off, out)
+                    }
+                }
+                Ok(())
+            });
+        }
+        let _ = isa;
+        for j in rows {
+            for i in 0..m {
+                let ss = &s.ss[i * 2 * blocks..(i + 1) * 2 * blocks];
+                let a = Act16 { q: &s.q[i * k..(i + 1) * k], scale_sum: ss };
+                let v = dot_row_act16_scalar(w.ty, w.row(j), &a)?;
+                // SAFETY: i < m, j < n; column j belongs to this task alone.
+                unsafe { out.get().add(i * n + j).write(v) };
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The activation side of a multi-row Q4_1 / Q8_0 call.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct ActBatch<'a> {
+    /// Row `i` at `q[i * k..]`.
+    q: &'a [i16],
+    /// Block scales / block sums transposed: `[blocks][mp]`.
+    st: &'a [f32],
+    su: &'a [f32],
+    m: usize,
+    /// `m` rounded up to [`LANES`].
+    mp: usize,
+    k: usize,
+    blocks: usize,
+}
+
+/// Every other type (and Q4_1 / Q8_0 rows too long for the stack path): one
+/// [`dot_row`] per output, each against its own row and its own block sums.
+fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
+    let (n, k) = (w.rows, w.cols);
+    let block = w.ty.block_size();
+    let blocks = k / block.max(1);
+    let out = OutPtr(y.as_mut_ptr());
+    let run = |sums: &[f32]| {
+        bands(n, m, &|rows| {
+            for j in rows {
+                for i in 0..m {
+                    let v = dot_row(isa, w.ty, w.row(j), &x[i * k..(i + 1) * k], &sums[i * blocks..(i + 1) * blocks])?;
+                    // SAFETY: i < m, j < n; column j belongs to this task alone.
+                    unsafe { out.get().add(i * n + j).write(v) };
+                }
+            }
+            Ok(())
+        })
+    };
+    let fill = |sums: &mut [f32]| {
+        for (s, c) in sums.iter_mut().zip(x.chunks(block.max(1))) {
+            *s = c.iter().sum();
+        }
+    };
+    // Block sums of each row (the offset term of Q4_1 / Q5_1), on the stack at m == 1.
+    if m * blocks <= MAX_STACK_BLOCKS {
+        let mut stack = [0f32; MAX_STACK_BLOCKS];
+        fill(&mut stack[..m * blocks]);
+        return run(&stack[..m * blocks]);
+    }
+    BATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => {
+            s.sums.resize(m * blocks, 0.0);
+            fill(&mut s.sums);
+            run(&s.sums)
+        }
+        Err(_) => {
+            let mut sums = vec![0f32; m * blocks];
+            fill(&mut sums);
+            run(&sums)
+        }
+    })
+}
+
+/// y[m, n] = x[m, k] @ w[n, k]^T in f32, batch invariant: each output is one dot product
+/// in a fixed order (per ISA), whatever `m` and the thread count. Row-major `w`
+/// (out features x in features). Runs the kernels of [`Isa::active`].
+pub fn matmul_f32_invariant(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) -> Result<(), TensorError> {
+    matmul_f32_invariant_with(Isa::active(), x, w, y, m, k, n)
+}
+
+/// [`matmul_f32_invariant`] on the kernels of a given ISA level.
+///
+/// # Panics
+/// If this CPU does not support `isa`.
+pub fn matmul_f32_invariant_with(isa: Isa, x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) -> Result<(), TensorError> {
+    assert!(isa.is_supported(), "matmul_f32_invariant_with: this CPU does not support {isa}");
+    for (what, got, rows, cols) in [("x", x.len(), m, k), ("w", w.len(), n, k), ("y", y.len(), m, n)] {
+        if rows.checked_mul(cols) != Some(got) {
+            return Err(TensorError::Shape { op: "matmul_f32_invariant", detail: format!("{what} has {got} elements, expected {rows} x {cols}") });
+        }
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // SAFETY: lengths checked above.
+    unsafe { f32_bands(isa, x, w.as_ptr(), y, m, k, n) };
+    Ok(())
+}
+
+/// Bands of weight rows over the pool for f32 weights at `w` (`n x k`, any alignment).
+///
+/// # Safety
+/// `w` must be readable for `n * k` f32 (unaligned is fine), `x.len() == m * k`,
+/// `y.len() == m * n`, and `isa` supported.
+unsafe fn f32_bands(isa: Isa, x: &[f32], w: *const f32, y: &mut [f32], m: usize, k: usize, n: usize) {
+    let out = OutPtr(y.as_mut_ptr());
+    let wp = OutPtr(w.cast_mut());
+    let _ = bands(n, m, &|rows| {
+        for j in rows {
+            let wr = wp.get().cast_const().add(j * k);
+            // SAFETY (all arms): row j of w is in bounds, x has m rows of k, and this task
+            // alone writes column j of y.
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx2 {
+                if isa >= Isa::Avx512 {
+                    avx512::f32_rows(wr, x.as_ptr(), k, m, out.get().add(j), n);
+                } else {
+                    avx2::f32_rows(wr, x.as_ptr(), k, m, out.get().add(j), n);
+                }
+                continue;
+            }
+            for i in 0..m {
+                out.get().add(i * n + j).write(dot_f32_scalar(wr, x.as_ptr().add(i * k), k));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Reference f32 dot: one sequential sum (w may be unaligned).
+///
+/// # Safety
+/// `w` and `x` readable for `k` f32.
+unsafe fn dot_f32_scalar(w: *const f32, x: *const f32, k: usize) -> f32 {
+    let mut acc = 0f32;
+    for c in 0..k {
+        acc += w.add(c).read_unaligned() * x.add(c).read();
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    //! AVX-512 multi-row kernels. Each mirrors, per activation row, the single-row
+    //! kernel in `wq::avx512` operation for operation (same accumulators, same order).
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::ActBatch;
+    use crate::matmul::{OutPtr, QMatrix};
+    use crate::GgmlType;
+
+    /// The horizontal sum of 16 lanes in a fixed order (halves, then quarters, then
+    /// pairs, then lane 0 + lane 1), written out so that no library change can reorder it.
+    /// It is the order of `_mm512_reduce_add_ps` in Rust 1.95's stdarch.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn hsum(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let a = _mm256_add_ps(lo, hi);
+        let a = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+        _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(a))
+    }
+
+    /// Q4_1 / Q8_0 weight rows `rows` against every activation row of `act`; writes
+    /// `y[i, j]` through `out` (`y` is `act.m x w.rows`). `p` holds `blocks * mp` and
+    /// `off` `mp` floats of scratch.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL and F16C; `w.ty` is Q4_1 or Q8_0 with `w.cols == act.k`; the
+    /// caller owns columns `rows` of `y`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+        let (m, k) = (act.m, act.k);
+        let q4_1 = w.ty == GgmlType::Q4_1;
+        let bytes = if q4_1 { 20 } else { 34 };
+        let chunk = if m * k * 2 <= super::ACT_L1_BYTES { m } else { super::CHUNK_ROWS };
+        for c0 in (0..m).step_by(chunk) {
+            let c1 = (c0 + chunk).min(m);
+            for j in rows.clone() {
+                chunk_rows(w, j, c0..c1, act, p, off, out, bytes, q4_1);
+            }
+        }
+    }
+
+    /// Weight row `j` against activation rows `i_rows` (see [`act16_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn chunk_rows(w: &QMatrix, j: usize, i_rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr, bytes: usize, q4_1: bool) {
+        let (mp, blocks, k, n) = (act.mp, act.blocks, act.k, w.rows);
+        {
+            let row = w.row(j).as_ptr();
+            prepare(row, bytes, q4_1, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
+            let (pp, y) = (p.as_ptr(), out.get().add(j));
+            let (mut i, m) = (i_rows.start, i_rows.end);
+            while i < m {
+                let na = (m - i).min(8);
+                let q = act.q.as_ptr().add(i * k);
+                let pi = pp.add(i);
+                let yi = y.add(i * n);
+                match (q4_1, na) {
+                    (true, 8) => store(tile_q4_1::<8>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, 7) => store(tile_q4_1::<7>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, 6) => store(tile_q4_1::<6>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, 5) => store(tile_q4_1::<5>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, 4) => store(tile_q4_1::<4>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, 3) => store(tile_q4_1::<3>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, 2) => store(tile_q4_1::<2>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (true, _) => store(tile_q4_1::<1>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
+                    (false, 8) => store(tile_q8_0::<8>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, 7) => store(tile_q8_0::<7>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, 6) => store(tile_q8_0::<6>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, 5) => store(tile_q8_0::<5>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, 4) => store(tile_q8_0::<4>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, 3) => store(tile_q8_0::<3>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, 2) => store(tile_q8_0::<2>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                    (false, _) => store(tile_q8_0::<1>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
+                }
+                i += na;
+            }
+        }
+    }
+
+    /// Writes `r[a] (+ off[a])` to `y[a * n]`. Q8_0 passes a null `off`: the single-row
+    /// kernel adds no offset term, and adding 0.0 would turn a -0.0 into +0.0.
+    #[inline(always)]
+    unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *const f32) {
+        for (a, v) in r.into_iter().enumerate() {
+            let v = if off.is_null() { v } else { v + *off.add(a) };
+            y.add(a * n).write(v);
+        }
+    }
+
+    /// For one weight row: `p[b * mp + i] = d_b * scale_{i,b}` and (Q4_1)
+    /// `off[i] = sum_b m_b * sum_{i,b}` accumulated block by block from +0.0, 16
+    /// activation rows per vector, for `i` in `i_rows` (which starts at a multiple of 8;
+    /// the last vector may spill up to 15 lanes past it, into the slack of `st`, `su`,
+    /// `p`, `off` or into lanes of the next block that this chunk does not use). These
+    /// are the exact f32 operations the single-row kernel performs per block
+    /// (`[d, m] * [scale, sum]`, then `off += m * sum`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn prepare(row: *const u8, bytes: usize, q4_1: bool, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
+        let (mp, blocks) = (act.mp, act.blocks);
+        let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
+        for c in i_rows.step_by(16) {
+            let mut o = _mm512_setzero_ps();
+            for b in 0..blocks {
+                let blk = row.add(b * bytes);
+                let at = b * mp + c;
+                if q4_1 {
+                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
+                    let d = _mm512_broadcastss_ps(dm);
+                    let mm = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+                    _mm512_storeu_ps(p.add(at), _mm512_mul_ps(d, _mm512_loadu_ps(st.add(at))));
+                    o = _mm512_add_ps(o, _mm512_mul_ps(mm, _mm512_loadu_ps(su.add(at))));
+                } else {
+                    let d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
+                    _mm512_storeu_ps(p.add(at), _mm512_mul_ps(d, _mm512_loadu_ps(st.add(at))));
+                }
+            }
+            _mm512_storeu_ps(off.add(c), o);
+        }
+    }
+
+    /// One Q4_1 weight row (`blocks` blocks at `w`) against `NA` activation rows at `q`
+    /// (row stride `k`), with the block products at `p[b * mp + a]`. Per row: the same
+    /// `vpmaddwd`, conversion and FMA into the even/odd-block accumulator as
+    /// `wq::avx512::dot_q4_1_act16`, then the same horizontal sum.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn tile_q4_1<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+        let mask = _mm256_set1_epi8(0x0F);
+        let shifts = _mm256_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+        // Even blocks into acc0, odd into acc1, as the single-row kernel; two named
+        // arrays (not acc[b & 1]) so that they live in registers.
+        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); NA], [_mm512_setzero_ps(); NA]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let blk = w.add(b * 20);
+                let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(4) as *const __m128i));
+                let w16 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(both, shifts), mask));
+                for a in 0..NA {
+                    let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
+                    $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        let mut r = [0f32; NA];
+        for a in 0..NA {
+            r[a] = hsum(_mm512_add_ps(acc0[a], acc1[a]));
+        }
+        r
+    }
+
+    /// [`tile_q4_1`] for Q8_0 (`wq::avx512::dot_q8_0_act16`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    unsafe fn tile_q8_0<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); NA], [_mm512_setzero_ps(); NA]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(b * 34 + 2) as *const __m256i));
+                for a in 0..NA {
+                    let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
+                    $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        let mut r = [0f32; NA];
+        for a in 0..NA {
+            r[a] = hsum(_mm512_add_ps(acc0[a], acc1[a]));
+        }
+        r
+    }
+
+    /// One f32 weight row at `w` (any alignment) against all `m` rows of `x` (stride
+    /// `k`), written to `y[i * n]`; 4 activation rows at a time, each with the arithmetic
+    /// of [`dot_f32_rows::<1>`](dot_f32_rows).
+    ///
+    /// # Safety
+    /// AVX-512 F; `w` readable for `k`, `x` for `m * k`, `y` writable at `i * n`, `i < m`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn f32_rows(w: *const f32, x: *const f32, k: usize, m: usize, y: *mut f32, n: usize) {
+        let mut i = 0;
+        while i < m {
+            let na = (m - i).min(4);
+            let xi = x.add(i * k);
+            let r: &[f32] = match na {
+                4 => &dot_f32_rows::<4>(w, xi, k),
+                3 => &dot_f32_rows::<3>(w, xi, k),
+                2 => &dot_f32_rows::<2>(w, xi, k),
+                _ => &dot_f32_rows::<1>(w, xi, k),
+            };
+            for (a, &v) in r.iter().enumerate() {
+                y.add((i + a) * n).write(v);
+            }
+            i += na;
+        }
+    }
+
+    /// `NA` f32 dots of one weight row: 16-wide chunks FMA'd into accumulator `c % 4`,
+    /// the tail chunk masked (zeros add nothing), then `(a0 + a1) + (a2 + a3)` and
+    /// [`hsum`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_f32_rows<const NA: usize>(w: *const f32, x: *const f32, k: usize) -> [f32; NA] {
+        // Accumulator c % 4 for chunk c; four named arrays so they stay in registers.
+        let z = [_mm512_setzero_ps(); NA];
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+        let full = k / 16;
+        let rest = k - full * 16;
+        let mask: __mmask16 = (1u32 << rest).wrapping_sub(1) as __mmask16;
+        macro_rules! step {
+            ($c:expr, $acc:ident, $load:ident) => {{
+                let c = $c;
+                let wv = $load(w.add(c * 16));
+                for a in 0..NA {
+                    $acc[a] = _mm512_fmadd_ps(wv, $load(x.add(a * k + c * 16)), $acc[a]);
+                }
+            }};
+        }
+        // The tail: masked loads (zeros add nothing).
+        let tail = |p: *const f32| _mm512_maskz_loadu_ps(mask, p);
+        let mut c = 0;
+        while c + 4 <= full {
+            step!(c, a0, _mm512_loadu_ps);
+            step!(c + 1, a1, _mm512_loadu_ps);
+            step!(c + 2, a2, _mm512_loadu_ps);
+            step!(c + 3, a3, _mm512_loadu_ps);
+            c += 4;
+        }
+        // Up to three full chunks and the masked tail, still into accumulator c % 4.
+        let left = full - c + usize::from(rest > 0);
+        for i in 0..left {
+            let masked = c + i == full;
+            match (i, masked) {
+                (0, false) => step!(c, a0, _mm512_loadu_ps),
+                (1, false) => step!(c + 1, a1, _mm512_loadu_ps),
+                (2, false) => step!(c + 2, a2, _mm512_loadu_ps),
+                (0, true) => step!(c, a0, tail),
+                (1, true) => step!(c + 1, a1, tail),
+                (2, true) => step!(c + 2, a2, tail),
+                _ => step!(c + 3, a3, tail),
+            }
+        }
+        let mut r = [0f32; NA];
+        for a in 0..NA {
+            r[a] = hsum(_mm512_add_ps(_mm512_add_ps(a0[a], a1[a]), _mm512_add_ps(a2[a], a3[a])));
+        }
+        r
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    //! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `wq::dot_row_act16`
+    //! runs at [`crate::quant::Isa::Avx2`], and their multi-row twins, which repeat the
+    //! single-row arithmetic per activation row.
+    //!
+    //! Per block `b` of 32: the 32 weights widened to two vectors of 16 i16, each
+    //! `vpmaddwd`'d with 16 activations and the two i32 vectors added (exact: at most
+    //! 2 * 32 products of |w| <= 128 and |q| <= 32767 per lane, < 2^24 so the f32
+    //! conversion is exact too), converted, and FMA'd with `d * scale` broadcast into
+    //! accumulator `b % 2`; Q4_1's `m * sum` is added to a scalar offset from +0.0 block
+    //! by block. Result: `hsum(acc0 + acc1) (+ offset)`.
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::ActBatch;
+    use crate::matmul::{OutPtr, QMatrix};
+    use crate::GgmlType;
+
+    /// The horizontal sum of 8 lanes in a fixed order: halves, pairs, lane 0 + lane 1.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+        let a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+        _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(a))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
+    }
+
+    /// Q4_1 block at `blk`: elements 0..16 (low nibbles) and 16..32 (high nibbles) as i16.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(blk: *const u8) -> (__m256i, __m256i) {
+        let raw = _mm_loadu_si128(blk.add(4) as *const __m128i);
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(raw, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+        (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+    }
+
+    /// Q8_0 block at `blk` as two vectors of 16 i16.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn bytes(blk: *const u8) -> (__m256i, __m256i) {
+        let a = _mm_loadu_si128(blk.add(2) as *const __m128i);
+        let b = _mm_loadu_si128(blk.add(18) as *const __m128i);
+        (_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b))
+    }
+
+    /// The exact integer dot of one block's weights with 32 activations at `q`, as 8 i32
+    /// lanes converted to f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_dot(w: (__m256i, __m256i), q: *const i16) -> __m256 {
+        let lo = _mm256_madd_epi16(w.0, _mm256_loadu_si256(q as *const __m256i));
+        let hi = _mm256_madd_epi16(w.1, _mm256_loadu_si256(q.add(16) as *const __m256i));
+        _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi))
+    }
+
+    /// Q4_1 row x 16-bit activations (see the module doc). Lengths are checked by the
+    /// caller (`q.len() == 32 * blocks`, `w.len() == 20 * blocks`, `ss.len() == 2 * blocks`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        let blocks = q.len() / 32;
+        let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut off = 0f32;
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let blk = wp.add(b * 20);
+                let (d, m) = (f16_at(blk), f16_at(blk.add(2)));
+                let (scale, sum) = (*sp.add(2 * b), *sp.add(2 * b + 1));
+                let dot = block_dot(nibbles(blk), qp.add(b * 32));
+                $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * scale), dot, $acc);
+                off += m * sum;
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        hsum(_mm256_add_ps(acc0, acc1)) + off
+    }
+
+    /// Q8_0 row x 16-bit activations (no offset term).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q8_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        let blocks = q.len() / 32;
+        let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let blk = wp.add(b * 34);
+                let d = f16_at(blk);
+                let dot = block_dot(bytes(blk), qp.add(b * 32));
+                $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * *sp.add(2 * b)), dot, $acc);
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// Multi-row twin of the dots above: see `avx512::act16_rows` (same contract).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; as `avx512::act16_rows`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+        let (m, mp, blocks, k, n) = (act.m, act.mp, act.blocks, act.k, w.rows);
+        let q4_1 = w.ty == GgmlType::Q4_1;
+        let bytes_per = if q4_1 { 20 } else { 34 };
+        for j in rows {
+            let row = w.row(j).as_ptr();
+            prepare(row, bytes_per, q4_1, act, p.as_mut_ptr(), off.as_mut_ptr());
+            let (pp, y) = (p.as_ptr(), out.get().add(j));
+            let mut i = 0;
+            while i < m {
+                let na = (m - i).min(4);
+                let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
+                let r: &[f32] = match (q4_1, na) {
+                    (true, 4) => &tile::<4, true>(row, blocks, q, k, pi, mp),
+                    (true, 3) => &tile::<3, true>(row, blocks, q, k, pi, mp),
+                    (true, 2) => &tile::<2, true>(row, blocks, q, k, pi, mp),
+                    (true, _) => &tile::<1, true>(row, blocks, q, k, pi, mp),
+                    (false, 4) => &tile::<4, false>(row, blocks, q, k, pi, mp),
+                    (false, 3) => &tile::<3, false>(row, blocks, q, k, pi, mp),
+                    (false, 2) => &tile::<2, false>(row, blocks, q, k, pi, mp),
+                    (false, _) => &tile::<1, false>(row, blocks, q, k, pi, mp),
+                };
+                for (a, &v) in r.iter().enumerate() {
+                    // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
+                    let v = if q4_1 { v + off[i + a] } else { v };
+                    yi.add(a * n).write(v);
+                }
+                i += na;
+            }
+        }
+    }
+
+    /// `p[b * mp + i] = d_b * scale_{i,b}`, `off[i] = sum_b m_b * sum_{i,b}` (Q4_1), 8
+    /// activation rows per vector; the same f32 operations as the single-row kernels.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn prepare(row: *const u8, bytes: usize, q4_1: bool, act: &ActBatch<'_>, p: *mut f32, off: *mut f32) {
+        let (mp, blocks) = (act.mp, act.blocks);
+        let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
+        for c in (0..mp).step_by(8) {
+            let mut o = _mm256_setzero_ps();
+            for b in 0..blocks {
+                let blk = row.add(b * bytes);
+                let at = b * mp + c;
+                let d = _mm256_set1_ps(f16_at(blk));
+                _mm256_storeu_ps(p.add(at), _mm256_mul_ps(d, _mm256_loadu_ps(st.add(at))));
+                if q4_1 {
+                    let mm = _mm256_set1_ps(f16_at(blk.add(2)));
+                    o = _mm256_add_ps(o, _mm256_mul_ps(mm, _mm256_loadu_ps(su.add(at))));
+                }
+            }
+            _mm256_storeu_ps(off.add(c), o);
+        }
+    }
+
+    /// One weight row against `NA <= 4` activation rows (8 accumulators: 16 ymm
+    /// registers hold them, the two weight halves and the temporaries only barely).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NA: usize, const Q4_1: bool>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let wv = if Q4_1 { nibbles(w.add(b * 20)) } else { bytes(w.add(b * 34)) };
+                for a in 0..NA {
+                    let dot = block_dot(wv, q.add(a * k + b * 32));
+                    $acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), dot, $acc[a]);
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        let mut r = [0f32; NA];
+        for a in 0..NA {
+            r[a] = hsum(_mm256_add_ps(acc0[a], acc1[a]));
+        }
+        r
+    }
+
+    /// f32 weight row against all `m` rows of `x`, 2 at a time (see `avx512::f32_rows`).
+    ///
+    /// # Safety
+    /// AVX2 + FMA; as `avx512::f32_rows`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn f32_rows(w: *const f32, x: *const f32, k: usize, m: usize, y: *mut f32, n: usize) {
+        let mut i = 0;
+        while i < m {
+            let na = (m - i).min(2);
+            let xi = x.add(i * k);
+            let r: &[f32] = if na == 2 { &dot_f32_rows::<2>(w, xi, k) } else { &dot_f32_rows::<1>(w, xi, k) };
+            for (a, &v) in r.iter().enumerate() {
+                y.add((i + a) * n).write(v);
+            }
+            i += na;
+        }
+    }
+
+    /// `NA` f32 dots: 8-wide chunks into accumulator `c % 4`, `(a0 + a1) + (a2 + a3)`,
+    /// [`hsum`], then the `k % 8` tail added one product at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot_f32_rows<const NA: usize>(w: *const f32, x: *const f32, k: usize) -> [f32; NA] {
+        let z = [_mm256_setzero_ps(); NA];
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+        let full = k / 8;
+        macro_rules! step {
+            ($c:expr, $acc:ident) => {{
+                let c = $c;
+                let wv = _mm256_loadu_ps(w.add(c * 8));
+                for a in 0..NA {
+                    $acc[a] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.add(a * k + c * 8)), $acc[a]);
+                }
+            }};
+        }
+        let mut c = 0;
+        while c + 4 <= full {
+            step!(c, a0);
+            step!(c + 1, a1);
+            step!(c + 2, a2);
+            step!(c + 3, a3);
+            c += 4;
+        }
+        if c < full {
+            step!(c, a0);
+        }
+        if c + 1 < full {
+            step!(c + 1, a1);
+        }
+        if c + 2 < full {
+            step!(c + 2, a2);
+        }
+        let mut r = [0f32; NA];
+        for a in 0..NA {
+            let mut v = hsum(_mm256_add_ps(_mm256_add_ps(a0[a], a1[a]), _mm256_add_ps(a2[a], a3[a])));
+            for c in full * 8..k {
+                v += w.add(c).read_unaligned() * *x.add(a * k + c);
+            }
+            r[a] = v;
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{can_quantize, dequantize_row};
+    use crate::wq::matmul_wq;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// A `rows x cols` matrix of `ty` and its dequantized f32 values. Types without a
+    /// quantizer (the K types) get random bytes whose trailing f16 scale is small and
+    /// finite (Q6_K's layout; the other K types are not used here).
+    fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
+        let w = data(rows * cols, seed);
+        let q = if can_quantize(ty) {
+            QMatrix::quantize(ty, rows, cols, &w).unwrap()
+        } else {
+            let row_bytes = cols / ty.block_size() * ty.type_size();
+            let mut bytes: Vec<u8> = data(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
+            for blk in bytes.chunks_mut(ty.type_size()) {
+                let n = blk.len();
+                blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+            QMatrix::new(ty, rows, cols, bytes).unwrap()
+        };
+        let mut deq = vec![0f32; rows * cols];
+        for (r, d) in deq.chunks_mut(cols).enumerate() {
+            dequantize_row(ty, q.row(r), d).unwrap();
+        }
+        (q, deq)
+    }
+
+    /// Activations with a spread of magnitudes across rows and blocks (and an all-zero
+    /// row), so block scales differ and the offset terms matter.
+    fn acts(m: usize, k: usize, seed: u32) -> Vec<f32> {
+        let mut x = data(m * k, seed);
+        for (i, row) in x.chunks_mut(k).enumerate() {
+            let s = [1.0, 0.01, 30.0, 0.5, 0.0][i % 5];
+            for (c, v) in row.iter_mut().enumerate() {
+                *v *= s * (1.0 + (c / 32 % 3) as f32);
+            }
+        }
+        x
+    }
+
+    const MS: [usize; 10] = [1, 2, 3, 4, 5, 7, 8, 13, 32, 33];
+
+    /// (type, n, k) cases: odd block counts (the even/odd accumulator tail), SmolLM2's
+    /// widths, a K type, f32 with k not a multiple of the vector width, and a Q4_1 row
+    /// too long for the stack path.
+    fn cases() -> Vec<(GgmlType, usize, usize)> {
+        vec![
+            (GgmlType::Q4_1, 37, 96),
+            (GgmlType::Q4_1, 19, 576),
+            (GgmlType::Q8_0, 37, 96),
+            (GgmlType::Q8_0, 19, 576),
+            (GgmlType::Q6K, 9, 512),
+            (GgmlType::F32, 23, 100),
+            (GgmlType::F32, 7, 576),
+            (GgmlType::F16, 5, 64),
+            (GgmlType::Q4_0, 5, 64),
+        ]
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|f| f.to_bits()).collect()
+    }
+
+    #[test]
+    fn every_row_is_bit_identical_to_its_single_row_call() {
+        for isa in Isa::available() {
+            for (ty, n, k) in cases() {
+                let (w, _) = matrix(ty, n, k, 3);
+                for m in MS {
+                    let x = acts(m, k, 10 + m as u32);
+                    let mut y = vec![0f32; m * n];
+                    matmul_wq_invariant_with(isa, &x, &w, &mut y, m).unwrap();
+                    for i in 0..m {
+                        let mut y1 = vec![0f32; n];
+                        matmul_wq_invariant_with(isa, &x[i * k..(i + 1) * k], &w, &mut y1, 1).unwrap();
+                        assert_eq!(bits(&y[i * n..(i + 1) * n]), bits(&y1), "{isa} {ty} {n}x{k} m={m} row {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_keeps_its_bits_whatever_its_neighbours_and_position() {
+        // The same request row at different positions of batches of different sizes
+        // with different other rows, on the pool and serially.
+        for isa in Isa::available() {
+            for (ty, n, k) in [(GgmlType::Q4_1, 100, 576), (GgmlType::Q8_0, 100, 576), (GgmlType::F32, 50, 576)] {
+                let (w, _) = matrix(ty, n, k, 4);
+                let probe = acts(1, k, 99);
+                let mut want = vec![0f32; n];
+                matmul_wq_invariant_with(isa, &probe, &w, &mut want, 1).unwrap();
+                for (m, pos, seed) in [(2, 1, 1), (9, 4, 2), (32, 31, 3), (33, 0, 4), (17, 8, 5)] {
+                    let mut x = acts(m, k, seed);
+                    x[pos * k..(pos + 1) * k].copy_from_slice(&probe);
+                    let mut y = vec![0f32; m * n];
+                    matmul_wq_invariant_with(isa, &x, &w, &mut y, m).unwrap();
+                    assert_eq!(bits(&y[pos * n..(pos + 1) * n]), bits(&want), "{isa} {ty} m={m} pos={pos}");
+                    let mut ys = vec![0f32; m * n];
+                    pool::run_serially(|| matmul_wq_invariant_with(isa, &x, &w, &mut ys, m)).unwrap();
+                    assert_eq!(bits(&ys), bits(&y), "{isa} {ty} m={m}: serial vs pool");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn single_row_equals_matmul_wq_and_the_decode_dot() {
+        for (ty, n, k) in cases() {
+            let (w, _) = matrix(ty, n, k, 5);
+            let x = acts(1, k, 7);
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            matmul_wq_invariant(&x, &w, &mut a, 1).unwrap();
+            matmul_wq(&x, &w, &mut b, 1).unwrap();
+            assert_eq!(bits(&a), bits(&b), "{ty}");
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+                // The single-row Act16 dot of the active ISA (today's decode kernel).
+                let (mut q, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
+                let act = Act16::quantize(&x, &mut q, &mut ss);
+                for (j, &v) in a.iter().enumerate() {
+                    let d = dot_row_act16(Isa::active(), ty, w.row(j), &act).unwrap();
+                    assert_eq!(v.to_bits(), d.to_bits(), "{ty} row {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_isa_matches_scalar_and_the_f64_reference() {
+        for (ty, n, k) in cases().into_iter().chain([(GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1))]) {
+            let (w, deq) = matrix(ty, n, k, 6);
+            for m in [1, 5, 32] {
+                let x = acts(m, k, 20 + m as u32);
+                let mut reference = vec![0f32; m * n];
+                matmul_wq_invariant_with(Isa::Scalar, &x, &w, &mut reference, m).unwrap();
+                // 16-bit activations round each to within 2^-16 of its block's largest.
+                let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) { 4e-5 } else { 1e-5 };
+                for i in 0..m {
+                    for j in 0..n {
+                        let terms = (0..k).map(|c| x[i * k + c] as f64 * deq[j * k + c] as f64);
+                        let exact: f64 = terms.clone().sum();
+                        let mag: f64 = terms.map(f64::abs).sum();
+                        let r = reference[i * n + j] as f64;
+                        assert!((r - exact).abs() <= tol * mag + 1e-6, "{ty} {n}x{k} m={m} ({i},{j}): scalar {r} vs exact {exact}");
+                    }
+                }
+                for isa in Isa::available() {
+                    let mut y = vec![0f32; m * n];
+                    matmul_wq_invariant_with(isa, &x, &w, &mut y, m).unwrap();
+                    for (e, (&a, &b)) in y.iter().zip(&reference).enumerate() {
+                        let (i, j) = (e / n, e % n);
+                        let mag: f32 = (0..k).map(|c| (x[i * k + c] * deq[j * k + c]).abs()).sum();
+                        assert!((a - b).abs() <= 1e-5 * mag + 1e-6, "{isa} {ty} {n}x{k} m={m} ({i},{j}): {a} vs scalar {b}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_invariant_is_invariant_and_accurate() {
+        for isa in Isa::available() {
+            for k in [1, 7, 8, 15, 16, 17, 33, 100, 576] {
+                let n = 11;
+                let w = data(n * k, 1);
+                for m in MS {
+                    let x = acts(m, k, m as u32);
+                    let mut y = vec![0f32; m * n];
+                    matmul_f32_invariant_with(isa, &x, &w, &mut y, m, k, n).unwrap();
+                    for i in 0..m {
+                        let mut y1 = vec![0f32; n];
+                        matmul_f32_invariant_with(isa, &x[i * k..(i + 1) * k], &w, &mut y1, 1, k, n).unwrap();
+                        assert_eq!(bits(&y[i * n..(i + 1) * n]), bits(&y1), "{isa} k={k} m={m} row {i}");
+                        for j in 0..n {
+                            let terms = (0..k).map(|c| x[i * k + c] as f64 * w[j * k + c] as f64);
+                            let exact: f64 = terms.clone().sum();
+                            let mag: f64 = terms.map(f64::abs).sum();
+                            assert!((y1[j] as f64 - exact).abs() <= 1e-6 * mag + 1e-30, "{isa} k={k} ({i},{j}): {} vs {exact}", y1[j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shape_errors_are_errors() {
+        let (w, _) = matrix(GgmlType::Q4_1, 4, 64, 1);
+        let mut y = vec![0f32; 8];
+        assert!(matmul_wq_invariant(&[0.0; 127], &w, &mut y, 2).is_err());
+        assert!(matmul_wq_invariant(&[0.0; 128], &w, &mut y[..7], 2).is_err());
+        assert!(matmul_wq_invariant(&[0.0; 128], &w, &mut y, usize::MAX).is_err());
+        assert!(matmul_wq_invariant(&[], &w, &mut [], 0).is_ok());
+        assert!(matmul_f32_invariant(&[0.0; 6], &[0.0; 6], &mut [0.0; 4], 2, 3, 2).is_ok());
+        assert!(matmul_f32_invariant(&[0.0; 5], &[0.0; 6], &mut [0.0; 4], 2, 3, 2).is_err());
+        assert!(matmul_f32_invariant(&[0.0; 6], &[0.0; 6], &mut [0.0; 4], 2, 3, 3).is_err());
+        assert!(matmul_f32_invariant(&[0.0; 6], &[0.0; 6], &mut [0.0; 3], 2, 3, 2).is_err());
+        assert!(matmul_f32_invariant(&[0.0; 6], &[0.0; 6], &mut [0.0; 4], usize::MAX, 3, 2).is_err());
+    }
+}
