@@ -10,6 +10,7 @@ use loupe_tensor::matmul::{matmul_f32, matmul_q};
 use std::time::Instant;
 
 use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
+use loupe_tensor::batch::{matmul_f32_invariant, matmul_wq_invariant};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
@@ -561,18 +562,22 @@ impl Executor {
 }
 
 /// `y = x W^T` with each output row computed alone: the result for a row does not depend
-/// on `m` or on the other rows (see [`Executor::run_batch`]).
+/// on `m` or on the other rows (see [`Executor::run_batch`]). Block-quantized weights go
+/// through the multi-row kernels of `loupe_tensor::batch`, which read each weight block once
+/// per step for every row; 8-bit activations (`--precision q8`) run one row at a time.
 #[allow(clippy::too_many_arguments)]
 fn matmul_rows_invariant(x: &[f32], w: &WeightData, quantize_activations: bool, y: &mut [f32], m: usize, k: usize, n: usize, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
     if x.len() != m * k || y.len() != m * n {
         return Err(TensorError::Shape { op: "linear", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
     }
-    for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
-        match w {
-            WeightData::F32(d) => matmul_f32(xr, d, yr, 1, k, n)?,
-            WeightData::Quant(q) if quantize_activations => matmul_q(xr, q, yr, 1, scratch)?,
-            WeightData::Quant(q) => matmul_wq(xr, q, yr, 1)?,
+    match w {
+        WeightData::F32(d) => matmul_f32_invariant(x, d, y, m, k, n),
+        WeightData::Quant(q) if quantize_activations => {
+            for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+                matmul_q(xr, q, yr, 1, scratch)?;
+            }
+            Ok(())
         }
+        WeightData::Quant(q) => matmul_wq_invariant(x, q, y, m),
     }
-    Ok(())
 }
