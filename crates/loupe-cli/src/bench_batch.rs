@@ -54,6 +54,9 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
     let vocab = model.config.vocab_size;
     let mut config = args.engine.config(npl);
     config.prefix_cache = false;
+    // All prompts in one step, so that decode steps are pure decode (llama-batched-bench
+    // also processes every prompt before the first decode step).
+    config.max_batch_tokens = config.max_batch_tokens.max(npl * args.n_prompt);
     let mut batch = BatchEngine::new(engine, config)?;
     for s in 0..npl {
         let prompt = bench_tokens(args.n_prompt, bos, vocab, TOKEN_SEED ^ (round << 32) ^ s as u64);
