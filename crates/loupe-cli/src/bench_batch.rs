@@ -4,10 +4,11 @@
 //! threads (`scripts/bench-vs-llama-cpp --batch`).
 //!
 //! For each count `npl`: `npl` sequences of `--n-prompt` tokens (BOS, then seeded random
-//! ids, different per sequence) are queued at once; the steps until every prompt is computed
-//! are the prefill time (one step when `--max-batch-tokens` >= npl x n_prompt, as with
-//! llama-batched-bench's default batch of 2048); then `--n-gen` decode steps of one token per
-//! sequence are the decode time. Prefill rate = npl x n_prompt / prefill time, decode rate =
+//! ids, different per sequence) are queued at once and computed in one step (the step budget
+//! is raised to npl x n_prompt when `--max-batch-tokens` is smaller, so that decode steps are
+//! pure decode, as in llama-batched-bench, which processes every prompt before decoding):
+//! the prefill time; then `--n-gen` decode steps of one token per sequence are the decode
+//! time. Prefill rate = npl x n_prompt / prefill time, decode rate =
 //! npl x n_gen / decode time. Unlike llama-batched-bench, which feeds tokens it does not
 //! sample, each step samples (greedy argmax over the vocabulary) as a server would. The
 //! prefix cache is off (the prompts share nothing). A warm-up round runs first; the figures
