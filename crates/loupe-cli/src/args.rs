@@ -105,7 +105,7 @@ pub fn parse_counts(s: &str) -> Result<Counts, String> {
         .split(',')
         .map(|p| p.trim().parse::<usize>().map_err(|_| format!("'{p}' is not a count (expected e.g. 1,4,8,16,32)")))
         .collect::<Result<_, _>>()?;
-    if counts.iter().any(|&c| c == 0) {
+    if counts.contains(&0) {
         return Err("counts must be at least 1".into());
     }
     Ok(Counts(counts))

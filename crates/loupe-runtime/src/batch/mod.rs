@@ -235,7 +235,13 @@ impl<'e> BatchEngine<'e> {
         if n >= context {
             return Err(RuntimeError::PromptTooLong { prompt: n, context });
         }
-        let vocab = self.graph.weights.first().map(|w| w.shape[0]).unwrap_or(usize::MAX);
+        // The embedding table's rows: the ids the model can look up.
+        let vocab = self
+            .graph
+            .nodes
+            .iter()
+            .find_map(|n| if let loupe_graph::Op::Embedding { table } = n.op { Some(self.graph.weight(table).shape[0]) } else { None })
+            .unwrap_or(usize::MAX);
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(RuntimeError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {vocab}")));
         }

@@ -100,7 +100,7 @@ fn row_start(blocks: &[u32], block_size: usize, width: usize, p: usize, storage_
 /// Writes `rows` (`[n, width]`, positions `past..past + n` of a sequence) into its blocks;
 /// f16 storage rounds to nearest even.
 pub fn write_paged(dst: &mut KvBlocksMut<'_>, width: usize, block_size: usize, blocks: &[u32], past: usize, rows: &[f32]) -> Result<(), TensorError> {
-    if width == 0 || block_size == 0 || rows.len() % width != 0 {
+    if width == 0 || block_size == 0 || !rows.len().is_multiple_of(width) {
         return Err(shape_error(format!("{} values are not rows of {width}", rows.len())));
     }
     let len = match dst {
@@ -141,7 +141,7 @@ pub fn paged_attention(
     if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q_width == 0 || head_dim > MAX_HEAD_DIM || block_size == 0 {
         return Err(shape_error(format!("{n_heads} query heads, {n_kv_heads} kv heads of {head_dim}, blocks of {block_size}")));
     }
-    if q.len() % q_width != 0 || out.len() != q.len() || keys.len() != values.len() {
+    if !q.len().is_multiple_of(q_width) || out.len() != q.len() || keys.len() != values.len() {
         return Err(shape_error(format!("q {} elements, out {}, keys {}, values {}", q.len(), out.len(), keys.len(), values.len())));
     }
     let total_rows = q.len() / q_width;
