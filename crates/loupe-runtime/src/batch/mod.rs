@@ -154,6 +154,8 @@ pub struct BatchEngine<'e> {
     next_id: SeqId,
     stats: BatchStats,
     logits_row: Vec<f32>,
+    /// Rows of the embedding table: the token ids a prompt may hold.
+    vocab: usize,
 }
 
 /// Bytes of memory the machine has (`/proc/meminfo` MemTotal), if known.
@@ -212,6 +214,11 @@ impl<'e> BatchEngine<'e> {
             next_id: 0,
             stats: BatchStats::default(),
             logits_row: Vec::new(),
+            vocab: graph
+                .nodes
+                .iter()
+                .find_map(|n| if let loupe_graph::Op::Embedding { table } = n.op { Some(graph.weight(table).shape[0]) } else { None })
+                .unwrap_or(usize::MAX),
         })
     }
 
@@ -235,13 +242,7 @@ impl<'e> BatchEngine<'e> {
         if n >= context {
             return Err(RuntimeError::PromptTooLong { prompt: n, context });
         }
-        // The embedding table's rows: the ids the model can look up.
-        let vocab = self
-            .graph
-            .nodes
-            .iter()
-            .find_map(|n| if let loupe_graph::Op::Embedding { table } = n.op { Some(self.graph.weight(table).shape[0]) } else { None })
-            .unwrap_or(usize::MAX);
+        let vocab = self.vocab;
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(RuntimeError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {vocab}")));
         }
@@ -309,9 +310,16 @@ impl<'e> BatchEngine<'e> {
     }
 
     fn release(&mut self, mut seq: Sequence) {
+        Self::give_back(&mut self.blocks, &mut seq);
+    }
+
+    /// Releases every block `seq` holds; it must be computed again from position 0.
+    fn give_back(blocks: &mut BlockManager, seq: &mut Sequence) {
         for b in seq.blocks.drain(..) {
-            self.blocks.release(b);
+            blocks.release(b);
         }
+        seq.keys.clear();
+        seq.computed = 0;
     }
 
     /// Preempts the newest running sequence (after index `keep`): its blocks go back and it
@@ -321,11 +329,7 @@ impl<'e> BatchEngine<'e> {
             return false;
         }
         let Some(mut seq) = self.running.pop() else { return false };
-        for b in seq.blocks.drain(..) {
-            self.blocks.release(b);
-        }
-        seq.keys.clear();
-        seq.computed = 0;
+        Self::give_back(&mut self.blocks, &mut seq);
         self.waiting.push_front(seq);
         self.stats.preemptions += 1;
         true
@@ -402,11 +406,7 @@ impl<'e> BatchEngine<'e> {
             if !Self::grow(&mut self.blocks, &mut seq, positions) {
                 // FIFO: nobody overtakes it. It gives back what it claimed (the blocks stay
                 // cached) so the running sequences can use the room, and waits.
-                for b in seq.blocks.drain(..) {
-                    self.blocks.release(b);
-                }
-                seq.keys.clear();
-                seq.computed = 0;
+                Self::give_back(&mut self.blocks, &mut seq);
                 self.waiting.push_front(seq);
                 break;
             }

@@ -192,6 +192,9 @@ pub fn paged_attention(
         };
         let first = span.rows.start + chunk as usize * ROWS_PER_TASK;
         let rows = first..(first + ROWS_PER_TASK).min(span.rows.end);
+        // First element of kv head `kv_h` at position `p` of this span (in range: checked for
+        // the span's last position before the tasks ran).
+        let head_start = |p: usize| span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
         let mut kv_row = [0f32; MAX_HEAD_DIM];
         let kv_row = &mut kv_row[..head_dim];
         SCORES.with(|cell| {
@@ -208,9 +211,7 @@ pub fn paged_attention(
                 let q_row = &q[r * q_width + h * head_dim..][..head_dim];
                 let scores = &mut scores[..visible];
                 for (p, sc) in scores.iter_mut().enumerate() {
-                    // In range: checked for the span's last position before the tasks ran.
-                    let start = span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
-                    *sc = dot_cached(isa, q_row, &keys, start, kv_row);
+                    *sc = dot_cached(isa, q_row, &keys, head_start(p), kv_row);
                 }
                 softmax_row(scores, scale);
                 // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
@@ -218,8 +219,7 @@ pub fn paged_attention(
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
                 o.fill(0.0);
                 for (p, &w) in scores.iter().enumerate() {
-                    let start = span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
-                    axpy_cached(isa, w, &values, start, kv_row, o);
+                    axpy_cached(isa, w, &values, head_start(p), kv_row, o);
                 }
                 if let Some(pp) = probs_ptr {
                     // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
