@@ -41,6 +41,12 @@ pub struct GenerateArgs {
     /// Penalty on tokens already present (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty on tokens already generated, -2..2 (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty per earlier generation of a token, -2..2 (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -59,6 +65,8 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         top_p: args.top_p,
         min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
         seed: args.seed,
     };
     sampling.validate().map_err(UsageError)?;

@@ -19,6 +19,7 @@ pub mod cmd_generate;
 pub mod cmd_inspect;
 pub mod cmd_ir;
 pub mod cmd_parity;
+pub mod cmd_serve;
 pub mod debug_setup;
 pub mod load;
 pub mod taps;
@@ -55,6 +56,8 @@ enum Command {
     Inspect(cmd_inspect::InspectArgs),
     /// Measure prefill and decode tokens/s like llama-bench (pp<N>, tg<N>; mean ± stddev, peak RSS).
     Bench(cmd_bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, metrics).
+    Serve(cmd_serve::ServeArgs),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
     FetchModel,
     /// Print the model's graph IR after a lowering pass (`--list-passes` lists them).
@@ -102,6 +105,7 @@ pub fn main() -> ExitCode {
         Command::Parity(args) => cmd_parity::run(args, &debug),
         Command::Explain(args) => cmd_explain::run(args),
         Command::Bench(args) => cmd_bench::run(args, &debug).map(|()| 0),
+        Command::Serve(args) => cmd_serve::run(args, &debug).map(|()| 0),
         Command::FetchModel => loupe_runtime::default_model().map_err(anyhow::Error::from).map(|p| {
             println!("{}", p.display());
             0
@@ -121,7 +125,7 @@ pub fn main() -> ExitCode {
 }
 
 /// The error and its causes on one line, without repeating a cause the message already holds.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut out = e.to_string();
     for cause in e.chain().skip(1) {
         let c = cause.to_string();

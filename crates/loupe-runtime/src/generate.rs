@@ -62,15 +62,21 @@ impl Generation {
 }
 
 /// Holds back streamed text that could still turn out to start a stop string.
-struct StopMatcher<'a> {
-    stops: &'a [String],
+#[derive(Debug, Clone, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
     text: String,
     emitted: usize,
 }
 
-impl<'a> StopMatcher<'a> {
-    /// Adds `chunk`; returns the text now safe to emit and whether a stop string matched.
-    fn push(&mut self, chunk: &str) -> (String, bool) {
+impl StopMatcher {
+    pub fn new(stops: Vec<String>) -> StopMatcher {
+        StopMatcher { stops, text: String::new(), emitted: 0 }
+    }
+
+    /// Adds `chunk`; returns the text now safe to emit and whether a stop string matched
+    /// (the text is then cut before it, and nothing after it is ever emitted).
+    pub fn push(&mut self, chunk: &str) -> (String, bool) {
         let search_from = self.emitted.saturating_sub(self.stops.iter().map(|s| s.len()).max().unwrap_or(0));
         self.text.push_str(chunk);
         let found = self
@@ -87,7 +93,7 @@ impl<'a> StopMatcher<'a> {
         }
         // Keep the longest tail that is a proper prefix of some stop string.
         let mut hold = 0;
-        for s in self.stops {
+        for s in &self.stops {
             for k in (1..s.len()).rev() {
                 if k <= self.text.len() - self.emitted && s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
                     hold = hold.max(k);
@@ -101,7 +107,8 @@ impl<'a> StopMatcher<'a> {
         (out, false)
     }
 
-    fn flush(&mut self) -> String {
+    /// Everything still held back (at the end of the stream).
+    pub fn flush(&mut self) -> String {
         let out = self.text[self.emitted..].to_string();
         self.emitted = self.text.len();
         out
@@ -133,7 +140,7 @@ pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, request: &Gene
     let mut context: Vec<u32> = Vec::with_capacity(prompt_len + budget);
     context.extend_from_slice(&request.prompt_tokens);
     let mut decoder = tokenizer.stream_decoder(true);
-    let mut stops = StopMatcher { stops: &request.stop_strings, text: String::new(), emitted: 0 };
+    let mut stops = StopMatcher::new(request.stop_strings.clone());
     let mut tokens = Vec::with_capacity(budget);
     let mut finish = FinishReason::Length;
     let mut logits_buf: Vec<f32> = Vec::new();
@@ -183,7 +190,7 @@ mod tests {
 
     fn run(stops: &[&str], chunks: &[&str]) -> (String, String, bool) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut m = StopMatcher { stops: &stops, text: String::new(), emitted: 0 };
+        let mut m = StopMatcher::new(stops.clone());
         let mut streamed = String::new();
         let mut hit = false;
         for c in chunks {

@@ -1,5 +1,7 @@
 //! Token selection from logits, in the order Hugging Face's `generate` applies its logits
-//! processors: repetition penalty, temperature, top-k, top-p, min-p, then a draw.
+//! processors: repetition penalty, temperature, top-k, top-p, min-p, then a draw. OpenAI's
+//! presence and frequency penalties (which transformers lacks) come first, with the
+//! repetition penalty.
 
 /// Sampling settings. `temperature == 0` means greedy (argmax).
 #[derive(Debug, Clone, PartialEq)]
@@ -15,12 +17,18 @@ pub struct SamplingParams {
     /// are divided by it, negative ones multiplied (transformers'
     /// `RepetitionPenaltyLogitsProcessor`).
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty: subtracted once from the logit of every token this
+    /// sampler has already produced (0 = off; OpenAI allows -2..2).
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted from a produced token's logit once per time
+    /// it was produced (0 = off; -2..2).
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, seed: 0 }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, seed: 0 }
     }
 }
 
@@ -38,6 +46,13 @@ impl SamplingParams {
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(format!("repetition penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        // OpenAI's documented range for both.
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(format!("presence penalty must be in [-2, 2], got {}", self.presence_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(format!("frequency penalty must be in [-2, 2], got {}", self.frequency_penalty));
         }
         Ok(())
     }
@@ -74,12 +89,46 @@ impl Rng {
     }
 }
 
+/// Log-probabilities of one generated token and of the most likely alternatives, taken from
+/// the model's own distribution: the log-softmax of the raw logits, before penalties,
+/// temperature and truncation (what vLLM reports by default as `raw_logprobs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The `n` most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// From a row of logits: `token`'s log-probability and the `n` most likely tokens.
+    pub fn from_logits(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+        let log_z = max + sum.ln();
+        let lp = |t: u32| logits.get(t as usize).map_or(f32::NEG_INFINITY, |&l| (l as f64 - log_z) as f32);
+        let n = n.min(logits.len());
+        let mut top = Vec::with_capacity(n);
+        if n > 0 {
+            let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+            let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+            ids.select_nth_unstable_by(n - 1, by_logit);
+            ids.truncate(n);
+            ids.sort_unstable_by(by_logit);
+            top.extend(ids.into_iter().map(|t| (t, lp(t))));
+        }
+        TokenLogprobs { logprob: lp(token), top }
+    }
+}
+
 /// Picks tokens; holds the random state so a seeded run is reproducible.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
     candidates: Vec<(u32, f32)>,
+    /// How often this sampler produced each token, for the presence and frequency
+    /// penalties (which, as in OpenAI's API, count generated tokens only).
+    produced: std::collections::HashMap<u32, u32>,
 }
 
 /// Index of the largest value; the first one on ties (as `torch.argmax`).
@@ -96,7 +145,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, candidates: Vec::new() }
+        Sampler { params, rng, candidates: Vec::new(), produced: std::collections::HashMap::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -106,7 +155,20 @@ impl Sampler {
     /// Chooses the next token from `logits` (modified in place by the penalty); `context`
     /// is every token so far (prompt and generated), for the repetition penalty.
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+        let token = self.choose(logits, context);
+        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
+            *self.produced.entry(token).or_insert(0) += 1;
+        }
+        token
+    }
+
+    fn choose(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
         let p = &self.params;
+        for (&t, &count) in &self.produced {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+            }
+        }
         if p.repetition_penalty != 1.0 {
             for &t in context {
                 if let Some(l) = logits.get_mut(t as usize) {
@@ -172,6 +234,32 @@ mod tests {
         let mut logits = [4.0, 3.0, -1.0];
         assert_eq!(s.sample(&mut logits, &[0, 2]), 1);
         assert_eq!(logits, [2.0, 3.0, -2.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_produced_tokens_only() {
+        // Token 0 leads by 1.0; after it was produced once, a presence penalty of 1.5
+        // hands the argmax to token 1. Prompt tokens (the context) are not counted.
+        let mut s = Sampler::new(SamplingParams { presence_penalty: 1.5, ..Default::default() });
+        assert_eq!(s.sample(&mut [2.0, 1.0, 0.0], &[0, 0, 0]), 0);
+        assert_eq!(s.sample(&mut [2.0, 1.0, 0.0], &[0, 0, 0, 0]), 1);
+        // Frequency: 0.4 per production; token 0 must be produced three times to lose.
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.4, ..Default::default() });
+        let picks: Vec<u32> = (0..4).map(|_| s.sample(&mut [2.0, 1.0, 0.0], &[])).collect();
+        assert_eq!(picks, [0, 0, 0, 1]);
+        assert!(SamplingParams { presence_penalty: 2.5, ..Default::default() }.validate().is_err());
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_ordered_top() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let lp = TokenLogprobs::from_logits(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+        assert!((lp.logprob as f64 - (2.0 - z.ln())).abs() < 1e-6);
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 3, 2]);
+        let total: f64 = (0..4).map(|t| (TokenLogprobs::from_logits(&logits, t, 0).logprob as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
     }
 
     #[test]

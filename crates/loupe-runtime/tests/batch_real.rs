@@ -45,7 +45,7 @@ fn goldens() -> Vec<Golden> {
 }
 
 fn request(prompt: Vec<u32>, g: &Golden, sampling: &SamplingParams) -> SeqRequest {
-    SeqRequest { prompt, max_tokens: g.max_tokens, sampling: sampling.clone(), stop_ids: g.eos.clone() }
+    SeqRequest { prompt, max_tokens: g.max_tokens, sampling: sampling.clone(), stop_ids: g.eos.clone(), logprobs: None }
 }
 
 fn alone(engine: &Engine, reqs: &[SeqRequest]) -> Vec<Vec<u32>> {

@@ -1,130 +1,752 @@
-//! `loupe serve` — WORK IN PROGRESS (issue 11), not yet wired into the CLI or tested.
+//! `loupe serve`: an OpenAI-compatible HTTP server over the batched engine.
 //!
-//! Design: the batched engine runs on one dedicated OS thread ([`EngineHandle`]), never on
-//! the async runtime; HTTP handlers send it commands over a channel and receive each
-//! sequence's events on a per-request channel. A client that goes away is noticed when its
-//! event channel is closed, and its sequence is cancelled (blocks released at once).
+//! * **Threads.** HTTP runs on a small tokio runtime; the model runs on its own engine
+//!   thread ([`worker`]) and the compute pool, never on the async runtime. Handlers talk to
+//!   the engine thread over channels.
+//! * **Start-up.** The listener is bound first, so `GET /health` answers 503 (with an
+//!   OpenAI error body) while the model loads, and 200 after; other routes answer 503
+//!   until then. One log line per phase, with its time.
+//! * **Routes.** `POST /v1/chat/completions`, `POST /v1/completions` (both streaming by
+//!   SSE, `stream_options.include_usage`), `GET /v1/models`, `GET /health`, `GET /metrics`,
+//!   `POST /tokenize`, `POST /detokenize`. Request rules live in [`request`], error bodies
+//!   in [`error`], metrics in [`metrics`].
+//! * **Back-pressure and lifecycle.** At most `max_seqs + max_queue` requests in flight
+//!   (429 with `Retry-After` beyond), a body size cap (413), a per-request timeout (408),
+//!   cancellation when the client goes away (its KV blocks are back within one step), and
+//!   graceful shutdown on SIGTERM/SIGINT: stop accepting, let in-flight requests finish
+//!   within `shutdown_timeout`, cancel what is left, exit 0.
 
-use std::sync::mpsc;
-use std::thread::JoinHandle;
+pub mod error;
+pub mod metrics;
+pub mod request;
+pub mod worker;
 
-use loupe_runtime::{BatchConfig, BatchEngine, Engine, SeqEvent, SeqRequest};
-use tokio::sync::mpsc::UnboundedSender;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// What a request's channel receives.
-#[derive(Debug)]
-pub enum Reply {
-    /// The request was queued as this sequence.
-    Queued(u64),
-    Event(SeqEvent),
-    /// The engine refused the request or failed a step.
-    Error(String),
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use loupe_runtime::{BatchConfig, Engine, Usage};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use error::ApiError;
+use metrics::Metrics;
+use request::{GenRequest, Input};
+use worker::{EngineHandle, Job, Reply, TokenInfo};
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub host: String,
+    /// 0: any free port (the log line and [`ServeOptions::on_listening`] give it).
+    pub port: u16,
+    /// Require `Authorization: Bearer <key>` on `/v1/*`, `/tokenize`, `/detokenize`.
+    pub api_key: Option<String>,
+    /// Drop unknown request fields with a warning instead of answering 400.
+    pub allow_extra_request_fields: bool,
+    /// Requests that may wait beyond the `max_seqs` running ones.
+    pub max_queue: usize,
+    pub max_body_bytes: usize,
+    pub request_timeout: Option<Duration>,
+    pub shutdown_timeout: Duration,
+    /// Context window the server enforces (prompt + generated); `None`: the model's.
+    pub max_context: Option<usize>,
+    /// The model id clients name; `None`: the model file's stem.
+    pub served_model_name: Option<String>,
+    pub batch: BatchConfig,
 }
 
-enum Command {
-    Add { request: SeqRequest, replies: UnboundedSender<Reply> },
-    Cancel(u64),
-    Shutdown,
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("could not listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("could not start the HTTP runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("loading the model failed: {0}")]
+    Load(String),
+    #[error("could not start the engine: {0}")]
+    Engine(String),
+    #[error("the HTTP server failed: {0}")]
+    Http(std::io::Error),
 }
 
-/// The engine thread: owns the [`Engine`] and its [`BatchEngine`].
-pub struct EngineHandle {
-    commands: mpsc::Sender<Command>,
-    thread: Option<JoinHandle<()>>,
+fn log(message: impl AsRef<str>) {
+    eprintln!("loupe serve: {}", message.as_ref());
 }
 
-impl EngineHandle {
-    pub fn spawn(engine: Engine, config: BatchConfig) -> EngineHandle {
-        let (tx, rx) = mpsc::channel::<Command>();
-        let thread = std::thread::Builder::new()
-            .name("loupe-engine".into())
-            .spawn(move || engine_loop(engine, config, rx))
-            .expect("spawning the engine thread");
-        EngineHandle { commands: tx, thread: Some(thread) }
+/// What exists once the model is loaded.
+struct Ready {
+    engine: Arc<Engine>,
+    handle: EngineHandle,
+    model_id: String,
+    context: usize,
+    created: u64,
+}
+
+struct AppState {
+    options: ServeOptions,
+    ready: OnceLock<Ready>,
+    metrics: Arc<Metrics>,
+    in_flight: AtomicUsize,
+    next_key: AtomicU64,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    fn limit(&self) -> usize {
+        self.options.batch.max_seqs + self.options.max_queue
     }
 
-    /// Queues a request; its replies arrive on `replies`.
-    pub fn submit(&self, request: SeqRequest, replies: UnboundedSender<Reply>) -> bool {
-        self.commands.send(Command::Add { request, replies }).is_ok()
-    }
-
-    pub fn cancel(&self, id: u64) {
-        let _ = self.commands.send(Command::Cancel(id));
-    }
-}
-
-impl Drop for EngineHandle {
-    fn drop(&mut self) {
-        let _ = self.commands.send(Command::Shutdown);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err(ApiError::shutting_down());
         }
+        self.ready.get().ok_or_else(ApiError::loading)
     }
 }
 
-fn engine_loop(engine: Engine, config: BatchConfig, rx: mpsc::Receiver<Command>) {
-    let mut batch = match BatchEngine::new(&engine, config) {
-        Ok(b) => b,
-        Err(e) => {
-            // Every request gets the error.
-            for cmd in rx {
-                if let Command::Add { replies, .. } = cmd {
-                    let _ = replies.send(Reply::Error(e.to_string()));
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Runs the server until SIGTERM or SIGINT. `load` builds the engine (on a blocking
+/// thread, while `/health` answers 503); `on_listening` is told the bound address.
+pub fn serve(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String> + Send + 'static) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("loupe-http").enable_all().build().map_err(ServeError::Runtime)?;
+    runtime.block_on(run(options, load))
+}
+
+async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String> + Send + 'static) -> Result<(), ServeError> {
+    let start = Instant::now();
+    let addr = format!("{}:{}", options.host, options.port);
+    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+    let local: SocketAddr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
+    log(format!("listening on http://{local} (GET /health answers 503 until the model is loaded)"));
+
+    let metrics = Arc::new(Metrics::default());
+    let state = Arc::new(AppState {
+        options: options.clone(),
+        ready: OnceLock::new(),
+        metrics: metrics.clone(),
+        in_flight: AtomicUsize::new(0),
+        next_key: AtomicU64::new(1),
+        shutting_down: AtomicBool::new(false),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let failed: Arc<Mutex<Option<ServeError>>> = Arc::new(Mutex::new(None));
+
+    // Load in the background; a failure stops the server with the error.
+    {
+        let state = state.clone();
+        let failed = failed.clone();
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            let (batch, metrics) = (state.options.batch.clone(), state.metrics.clone());
+            let loaded = tokio::task::spawn_blocking(move || {
+                let t = Instant::now();
+                let engine = load().map_err(ServeError::Load)?;
+                let load_time = t.elapsed();
+                log(format!("phase load: {:.2} s ({}, {:?} precision, {} threads)", load_time.as_secs_f64(), engine.path().display(), engine.precision(), engine.threads()));
+                let engine = Arc::new(engine);
+                let t = Instant::now();
+                let handle = EngineHandle::spawn(engine.clone(), batch, metrics).map_err(ServeError::Engine)?;
+                let kv_time = t.elapsed();
+                Ok::<_, ServeError>((engine, handle, load_time, kv_time))
+            })
+            .await;
+            match loaded {
+                Ok(Ok((engine, handle, load_time, kv_time))) => {
+                    let model_context = engine.context_length();
+                    let context = state.options.max_context.map_or(model_context, |c| c.min(model_context));
+                    let model_id = state.options.served_model_name.clone().unwrap_or_else(|| {
+                        engine.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+                    });
+                    let m = &state.metrics;
+                    m.model_load_time[0].observe(load_time.as_secs_f64() * 1e3);
+                    m.model_load_time[1].observe(kv_time.as_secs_f64() * 1e3);
+                    m.model_load_time[2].observe(start.elapsed().as_secs_f64() * 1e3);
+                    let b = &state.options.batch;
+                    log(format!(
+                        "phase kv_cache: {:.2} s ({} {} blocks of {} positions, up to {} sequences, {} tokens per step, prefix cache {})",
+                        kv_time.as_secs_f64(),
+                        m.kv_blocks_total.get(),
+                        b.kv_dtype,
+                        b.block_size,
+                        b.max_seqs,
+                        b.max_batch_tokens,
+                        if b.prefix_cache { "on" } else { "off" }
+                    ));
+                    let _ = state.ready.set(Ready { engine, handle, model_id: model_id.clone(), context, created: unix_now() });
+                    log(format!("ready in {:.2} s: model '{model_id}', context {context} tokens, at most {} requests in flight", start.elapsed().as_secs_f64(), state.limit()));
+                }
+                Ok(Err(e)) => {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    let _ = stop_tx.send(true);
+                }
+                Err(join) => {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(ServeError::Load(format!("the loading thread failed: {join}")));
+                    let _ = stop_tx.send(true);
                 }
             }
-            return;
+        });
+    }
+
+    // Signals: stop accepting; after the grace period, cancel what is still running.
+    {
+        let state = state.clone();
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            state.shutting_down.store(true, Ordering::Relaxed);
+            let grace = state.options.shutdown_timeout;
+            log(format!("shutting down: no new requests; {} in flight get up to {:.0} s to finish", state.in_flight.load(Ordering::Relaxed), grace.as_secs_f64()));
+            let _ = stop_tx.send(true);
+            tokio::time::sleep(grace).await;
+            if let Some(ready) = state.ready.get() {
+                let left = state.in_flight.load(Ordering::Relaxed);
+                if left > 0 {
+                    log(format!("shutdown timeout: cancelling {left} requests"));
+                }
+                ready.handle.cancel_all();
+            }
+            // Connections that still do not close are not waited for.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            log("shutdown: connections still open after the timeout are dropped");
+            std::process::exit(0);
+        });
+    }
+
+    let app = router(state.clone());
+    let mut stop_rx2 = stop_rx.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop_rx2.wait_for(|&s| s).await;
+        })
+        .await
+        .map_err(ServeError::Http)?;
+    drop(stop_rx);
+    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    log("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
         }
     };
-    let mut routes: std::collections::HashMap<u64, UnboundedSender<Reply>> = std::collections::HashMap::new();
-    loop {
-        // Block while idle; otherwise take what arrived and step.
-        let first = if batch.has_work() { rx.try_recv().ok() } else { rx.recv().ok().or(Some(Command::Shutdown)) };
-        let mut pending: Vec<Command> = first.into_iter().collect();
-        pending.extend(rx.try_iter());
-        for cmd in pending {
-            match cmd {
-                Command::Add { request, replies } => match batch.add(request) {
-                    Ok(id) => {
-                        let _ = replies.send(Reply::Queued(id));
-                        routes.insert(id, replies);
-                    }
-                    Err(e) => {
-                        let _ = replies.send(Reply::Error(e.to_string()));
-                    }
-                },
-                Command::Cancel(id) => {
-                    batch.cancel(id);
-                    routes.remove(&id);
-                }
-                Command::Shutdown => return,
-            }
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let limit = state.options.max_body_bytes;
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.") })
+        .method_not_allowed_fallback(|| async { ApiError { status: StatusCode::METHOD_NOT_ALLOWED, ..ApiError::bad_request("Method not allowed on this route.") } })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.options.api_key {
+        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            state.metrics.requests[1].add(1);
+            return ApiError::unauthorized().into_response();
         }
-        if !batch.has_work() {
-            continue;
+    }
+    next.run(request).await
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let r = state.ready()?;
+    Ok(Json(json!({"object": "list", "data": [{"id": r.model_id, "object": "model", "created": r.created, "owned_by": "loupe", "max_model_len": r.context}]})))
+}
+
+/// The body, or 413 when it is over the cap.
+fn body_bytes(body: Result<Bytes, BytesRejection>, state: &AppState) -> Result<Bytes, ApiError> {
+    body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(state.options.max_body_bytes) } else { ApiError::bad_request(format!("Could not read the request body: {}", e.body_text())) })
+}
+
+fn count_outcome(state: &AppState, status: StatusCode) {
+    let i = if status.is_success() { 0 } else if status.is_client_error() { 1 } else { 2 };
+    state.metrics.requests[i].add(1);
+}
+
+async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = (|| {
+        let r = state.ready()?;
+        let body = body_bytes(body, &state)?;
+        let mut f = request::Fields::parse(&body)?;
+        if let Some(m) = f.string("model")? {
+            check_model(&m, r)?;
         }
-        match batch.step() {
-            Ok(events) => {
-                for event in events {
-                    let id = match &event {
-                        SeqEvent::Token { id, .. } | SeqEvent::Finished { id, .. } => *id,
-                    };
-                    let finished = matches!(event, SeqEvent::Finished { .. });
-                    let gone = routes.get(&id).is_none_or(|tx| tx.send(Reply::Event(event)).is_err());
-                    if gone && !finished {
-                        // The client went away: stop its sequence now.
-                        batch.cancel(id);
-                    }
-                    if finished || gone {
-                        routes.remove(&id);
-                    }
-                }
-            }
-            Err(e) => {
-                for (id, tx) in routes.drain() {
-                    let _ = tx.send(Reply::Error(e.to_string()));
-                    batch.cancel(id);
-                }
+        let tokens = if let Some(messages) = f.take("messages") {
+            let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+            let wrapped = serde_json::to_vec(&json!({ "messages": messages })).map_err(|_| ApiError::internal())?;
+            let Input::Chat(messages) = request::chat(&wrapped, false, 0)?.input else { return Err(ApiError::internal()) };
+            chat_tokens(r, &messages, add_generation_prompt)?
+        } else {
+            let prompt = f.string("prompt")?.ok_or_else(|| ApiError::invalid("prompt", "'prompt' (a string) or 'messages' is required."))?;
+            let special = f.bool("add_special_tokens")?.unwrap_or(true);
+            r.engine.tokenizer().encode(&prompt, special).map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?
+        };
+        f.finish(state.options.allow_extra_request_fields)?;
+        Ok::<_, ApiError>(Json(json!({"count": tokens.len(), "max_model_len": r.context, "tokens": tokens})).into_response())
+    })();
+    respond(&state, result)
+}
+
+async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = (|| {
+        let r = state.ready()?;
+        let body = body_bytes(body, &state)?;
+        let mut f = request::Fields::parse(&body)?;
+        if let Some(m) = f.string("model")? {
+            check_model(&m, r)?;
+        }
+        let bad = || ApiError::invalid("tokens", "'tokens' is required: an array of token ids.");
+        let ids: Vec<u32> = match f.take("tokens") {
+            Some(Value::Array(v)) => v.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok())).collect::<Option<_>>().ok_or_else(bad)?,
+            _ => return Err(bad()),
+        };
+        f.finish(state.options.allow_extra_request_fields)?;
+        let vocab = r.engine.tokenizer().vocab_size();
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::invalid("tokens", format!("token id {t} is outside the vocabulary of {vocab} tokens.")));
+        }
+        let text = r.engine.tokenizer().decode(&ids, false).map_err(|_| ApiError::internal())?;
+        Ok(Json(json!({"prompt": text})).into_response())
+    })();
+    respond(&state, result)
+}
+
+fn respond(state: &AppState, result: Result<Response, ApiError>) -> Response {
+    let response = result.unwrap_or_else(|e| e.into_response());
+    count_outcome(state, response.status());
+    response
+}
+
+fn check_model(model: &str, r: &Ready) -> Result<(), ApiError> {
+    if model == r.model_id {
+        Ok(())
+    } else {
+        Err(ApiError::model_not_found(model, &r.model_id))
+    }
+}
+
+fn chat_tokens(r: &Ready, messages: &[loupe_text::ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+    let template = r.engine.model().chat_template.as_ref().ok_or_else(|| ApiError::invalid("messages", "This model has no chat template; use /v1/completions with a raw prompt."))?;
+    let text = template.render(messages, add_generation_prompt).map_err(|e| ApiError::invalid("messages", format!("The chat template could not render these messages: {e}")))?;
+    r.engine.tokenizer().encode(&text, false).map_err(|e| {
+        log(format!("error: encoding a rendered chat failed: {e}"));
+        ApiError::internal()
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Endpoint {
+    Chat,
+    Completion,
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(state, body, Endpoint::Chat).await
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(state, body, Endpoint::Completion).await
+}
+
+/// A request admitted to the engine: frees its place when dropped, and cancels its
+/// sequence unless it finished (the client went away, or it timed out).
+struct Admission {
+    state: Arc<AppState>,
+    key: u64,
+    finished: bool,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if !self.finished {
+            if let Some(r) = self.state.ready.get() {
+                r.handle.cancel(self.key);
             }
         }
     }
+}
+
+/// Everything a response needs besides the replies.
+struct Answer {
+    admission: Admission,
+    replies: UnboundedReceiver<Reply>,
+    endpoint: Endpoint,
+    id: String,
+    model: String,
+    created: u64,
+    prompt_tokens: usize,
+    logprobs: bool,
+    include_usage: bool,
+    deadline: Option<tokio::time::Instant>,
+    timeout: Option<Duration>,
+}
+
+enum Received {
+    Reply(Reply),
+    Closed,
+    TimedOut,
+}
+
+impl Answer {
+    async fn next(&mut self) -> Received {
+        let reply = match self.deadline {
+            Some(d) => match tokio::time::timeout_at(d, self.replies.recv()).await {
+                Ok(r) => r,
+                Err(_) => return Received::TimedOut,
+            },
+            None => self.replies.recv().await,
+        };
+        match reply {
+            Some(r) => {
+                if let Reply::Delta { sent, .. } | Reply::Done { sent, .. } = &r {
+                    let m = &self.admission.state.metrics;
+                    m.responses_buffered.add(-1);
+                    m.response_queue_time.observe(sent.elapsed().as_secs_f64() * 1e3);
+                }
+                Received::Reply(r)
+            }
+            None => Received::Closed,
+        }
+    }
+
+    fn usage(&self, usage: &Usage) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": self.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        })
+    }
+
+    fn timeout_error(&self) -> ApiError {
+        ApiError::timeout(self.timeout.map_or(0.0, |t| t.as_secs_f64()))
+    }
+}
+
+fn failure(message: String, client: bool) -> ApiError {
+    if client {
+        ApiError::bad_request(message)
+    } else {
+        ApiError::internal()
+    }
+}
+
+/// -9999 stands for a log-probability of minus infinity (JSON has no infinity); OpenAI
+/// reports masked tokens the same way.
+fn finite(lp: f32) -> f32 {
+    if lp.is_finite() {
+        lp
+    } else {
+        -9999.0
+    }
+}
+
+fn chat_logprob(info: &TokenInfo) -> Value {
+    json!({
+        "token": info.token,
+        "logprob": finite(info.logprob),
+        "bytes": info.token.as_bytes(),
+        "top_logprobs": info.top.iter().map(|(t, l)| json!({"token": t, "logprob": finite(*l), "bytes": t.as_bytes()})).collect::<Vec<_>>(),
+    })
+}
+
+/// The legacy completions `logprobs` object.
+#[derive(Default)]
+struct CompletionLogprobs {
+    tokens: Vec<String>,
+    token_logprobs: Vec<f32>,
+    top: Vec<serde_json::Map<String, Value>>,
+    offsets: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    fn push(&mut self, info: &TokenInfo, offset: usize) {
+        self.tokens.push(info.token.clone());
+        self.token_logprobs.push(finite(info.logprob));
+        self.top.push(info.top.iter().map(|(t, l)| (t.clone(), json!(finite(*l)))).collect());
+        self.offsets.push(offset);
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top, "text_offset": self.offsets})
+    }
+}
+
+async fn generate(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: Endpoint) -> Response {
+    let arrived = Instant::now();
+    let answer = match admit(&state, body, endpoint, arrived) {
+        Ok(a) => a,
+        Err(e) => {
+            count_outcome(&state, e.status);
+            return e.into_response();
+        }
+    };
+    let (mut answer, stream) = answer;
+    // Wait for the engine to take the request, so that a refusal is still an HTTP error.
+    match answer.next().await {
+        Received::Reply(Reply::Admitted) => {}
+        Received::Reply(Reply::Failed { message, client }) => return respond(&state, Err(failure(message, client))),
+        Received::Reply(Reply::ShuttingDown) | Received::Closed => return respond(&state, Err(ApiError::shutting_down())),
+        Received::TimedOut => return respond(&state, Err(answer.timeout_error())),
+        Received::Reply(_) => return respond(&state, Err(ApiError::internal())),
+    }
+    if stream {
+        count_outcome(&state, StatusCode::OK);
+        return stream_response(answer).into_response();
+    }
+    let result = collect(&mut answer).await;
+    respond(&state, result)
+}
+
+/// Validates, tokenizes and hands the request to the engine thread.
+fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: Endpoint, arrived: Instant) -> Result<(Answer, bool), ApiError> {
+    let r = state.ready()?;
+    let body = body_bytes(body, state)?;
+    let key = state.next_key.fetch_add(1, Ordering::Relaxed);
+    // Without a seed, each request draws its own (OpenAI's sampling is not reproducible
+    // unless a seed is given).
+    let fallback_seed = loupe_core::SplitMix64(key ^ (SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0))).next_u64();
+    let allow = state.options.allow_extra_request_fields;
+    let req: GenRequest = match endpoint {
+        Endpoint::Chat => request::chat(&body, allow, fallback_seed)?,
+        Endpoint::Completion => request::completion(&body, allow, fallback_seed)?,
+    };
+    if !req.dropped.is_empty() {
+        log(format!("warning: dropped unknown request fields: {}", req.dropped.join(", ")));
+    }
+    if let Some(m) = &req.model {
+        check_model(m, r)?;
+    }
+    let (prompt, param) = match &req.input {
+        Input::Chat(messages) => (chat_tokens(r, messages, true)?, "messages"),
+        Input::Text(text) => (r.engine.tokenizer().encode(text, true).map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?, "prompt"),
+        Input::Tokens(ids) => (ids.clone(), "prompt"),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(param, "The prompt is empty (no tokens)."));
+    }
+    let vocab = r.engine.tokenizer().vocab_size();
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab} tokens.")));
+    }
+    if prompt.len() >= r.context {
+        return Err(ApiError::prompt_too_long(prompt.len(), r.context, param));
+    }
+    let room = r.context - prompt.len();
+    let max_tokens = req.max_tokens.map_or(room, |m| m.min(room));
+    // Admission: a bounded number in flight.
+    let limit = state.limit();
+    if state.in_flight.fetch_add(1, Ordering::Relaxed) >= limit {
+        state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::queue_full(limit));
+    }
+    let admission = Admission { state: state.clone(), key, finished: false };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, arrived, replies: tx };
+    if !r.handle.submit(job) {
+        return Err(ApiError::shutting_down());
+    }
+    let timeout = state.options.request_timeout;
+    let prefix = if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
+    Ok((
+        Answer {
+            admission,
+            replies: rx,
+            endpoint,
+            id: format!("{prefix}-{key:016x}"),
+            model: r.model_id.clone(),
+            created: unix_now(),
+            prompt_tokens,
+            logprobs: req.logprobs.is_some(),
+            include_usage: req.include_usage,
+            deadline: timeout.map(|t| tokio::time::Instant::from_std(arrived + t)),
+            timeout,
+        },
+        req.stream,
+    ))
+}
+
+/// A whole (non-streaming) response.
+async fn collect(answer: &mut Answer) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut chat_lp: Vec<Value> = Vec::new();
+    let mut comp_lp = CompletionLogprobs::default();
+    loop {
+        match answer.next().await {
+            Received::Reply(Reply::Delta { text: t, logprobs, .. }) => {
+                if let Some(info) = &logprobs {
+                    chat_lp.push(chat_logprob(info));
+                    comp_lp.push(info, text.len());
+                }
+                text.push_str(&t);
+            }
+            Received::Reply(Reply::Done { finish, usage, .. }) => {
+                answer.admission.finished = true;
+                let usage_json = answer.usage(&usage);
+                let body = match answer.endpoint {
+                    Endpoint::Chat => json!({
+                        "id": answer.id, "object": "chat.completion", "created": answer.created, "model": answer.model,
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                     "logprobs": if answer.logprobs { json!({"content": chat_lp, "refusal": null}) } else { Value::Null },
+                                     "finish_reason": finish}],
+                        "usage": usage_json, "system_fingerprint": null,
+                    }),
+                    Endpoint::Completion => json!({
+                        "id": answer.id, "object": "text_completion", "created": answer.created, "model": answer.model,
+                        "choices": [{"index": 0, "text": text, "logprobs": if answer.logprobs { comp_lp.to_json() } else { Value::Null }, "finish_reason": finish}],
+                        "usage": usage_json, "system_fingerprint": null,
+                    }),
+                };
+                return Ok(Json(body).into_response());
+            }
+            Received::Reply(Reply::Failed { message, client }) => return Err(failure(message, client)),
+            Received::Reply(Reply::ShuttingDown) | Received::Closed => return Err(ApiError::shutting_down()),
+            Received::Reply(Reply::Admitted) => {}
+            Received::TimedOut => return Err(answer.timeout_error()),
+        }
+    }
+}
+
+/// Where a stream is.
+enum Phase {
+    Start,
+    Body,
+    Usage(Value),
+    Done,
+    End,
+}
+
+/// An SSE response: chunks as the engine produces them, `data: [DONE]` at the end.
+fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let start = if answer.endpoint == Endpoint::Chat { Phase::Start } else { Phase::Body };
+    let stream = futures_util::stream::unfold((answer, start, 0usize), |(mut a, phase, offset)| async move {
+        let event = |v: Value| Event::default().data(v.to_string());
+        match phase {
+            Phase::Start => {
+                // Chat streams open with the assistant role, as OpenAI's do.
+                let first = chunk(&a, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null);
+                Some((Ok(event(first)), (a, Phase::Body, offset)))
+            }
+            Phase::Body => loop {
+                match a.next().await {
+                    Received::Reply(Reply::Delta { text, logprobs, .. }) => {
+                        if text.is_empty() && logprobs.is_none() {
+                            continue;
+                        }
+                        let lp = match (&logprobs, a.endpoint) {
+                            (None, _) => Value::Null,
+                            (Some(info), Endpoint::Chat) => json!({"content": [chat_logprob(info)], "refusal": null}),
+                            (Some(info), Endpoint::Completion) => {
+                                let mut c = CompletionLogprobs::default();
+                                c.push(info, offset);
+                                c.to_json()
+                            }
+                        };
+                        let next_offset = offset + text.len();
+                        let body = match a.endpoint {
+                            Endpoint::Chat => chunk(&a, json!({"content": text}), lp, Value::Null),
+                            Endpoint::Completion => chunk(&a, json!(text), lp, Value::Null),
+                        };
+                        return Some((Ok(event(body)), (a, Phase::Body, next_offset)));
+                    }
+                    Received::Reply(Reply::Done { finish, usage, .. }) => {
+                        a.admission.finished = true;
+                        let empty = if a.endpoint == Endpoint::Chat { json!({}) } else { json!("") };
+                        let last = chunk(&a, empty, Value::Null, json!(finish));
+                        let next = if a.include_usage { Phase::Usage(a.usage(&usage)) } else { Phase::Done };
+                        return Some((Ok(event(last)), (a, next, offset)));
+                    }
+                    Received::Reply(Reply::Admitted) => continue,
+                    Received::Reply(Reply::Failed { message, client }) => return Some((Ok(event(failure(message, client).body())), (a, Phase::Done, offset))),
+                    Received::Reply(Reply::ShuttingDown) | Received::Closed => return Some((Ok(event(ApiError::shutting_down().body())), (a, Phase::Done, offset))),
+                    Received::TimedOut => {
+                        let e = a.timeout_error().body();
+                        return Some((Ok(event(e)), (a, Phase::Done, offset)));
+                    }
+                }
+            },
+            Phase::Usage(usage) => {
+                let object = if a.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+                let body = json!({"id": a.id, "object": object, "created": a.created, "model": a.model, "choices": [], "usage": usage});
+                Some((Ok(event(body)), (a, Phase::Done, offset)))
+            }
+            Phase::Done => Some((Ok(Event::default().data("[DONE]")), (a, Phase::End, offset))),
+            Phase::End => None,
+        }
+    });
+    Sse::new(stream)
+}
+
+/// One streamed chunk; `usage: null` on every chunk when usage was asked for, as OpenAI does.
+fn chunk(a: &Answer, delta: Value, logprobs: Value, finish: Value) -> Value {
+    let mut body = match a.endpoint {
+        Endpoint::Chat => json!({"id": a.id, "object": "chat.completion.chunk", "created": a.created, "model": a.model, "system_fingerprint": null,
+                                 "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}),
+        Endpoint::Completion => json!({"id": a.id, "object": "text_completion", "created": a.created, "model": a.model, "system_fingerprint": null,
+                                       "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}]}),
+    };
+    if a.include_usage {
+        body["usage"] = Value::Null;
+    }
+    body
 }

@@ -29,7 +29,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, Observer, PagedKvCache, ValueInfo};
 
-use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams};
+use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams, TokenLogprobs};
 pub use blocks::{BlockManager, PrefixStats};
 
 /// Identifies a sequence of a [`BatchEngine`].
@@ -67,6 +67,9 @@ pub struct SeqRequest {
     pub sampling: SamplingParams,
     /// Token ids that end the sequence (included in its output), usually the model's EOS.
     pub stop_ids: Vec<u32>,
+    /// Report each generated token's log-probability and this many most likely
+    /// alternatives ([`TokenLogprobs`]); `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
 }
 
 /// Token counts of a finished sequence.
@@ -81,8 +84,9 @@ pub struct Usage {
 /// What a step produced for one sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SeqEvent {
-    /// A new token (also sent for the token that finishes the sequence).
-    Token { id: SeqId, token: u32 },
+    /// A new token (also sent for the token that finishes the sequence), with its
+    /// log-probabilities when the request asked for them.
+    Token { id: SeqId, token: u32, logprobs: Option<TokenLogprobs> },
     Finished { id: SeqId, reason: FinishReason, usage: Usage },
 }
 
@@ -105,6 +109,15 @@ pub struct BatchStats {
     pub prefill_tokens_computed: u64,
 }
 
+/// The shape of the last step, by MAX's batch types: context encoding (CE: prompt chunks,
+/// recomputation) and token generation (TG: one new token of a generating sequence).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepShape {
+    pub ce_seqs: usize,
+    pub ce_tokens: usize,
+    pub tg_seqs: usize,
+}
+
 /// A finished sequence, as [`BatchEngine::run_all`] returns it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
@@ -121,6 +134,7 @@ struct Sequence {
     prompt_len: usize,
     max_tokens: usize,
     stop_ids: Vec<u32>,
+    logprobs: Option<usize>,
     sampler: Sampler,
     /// Block table: position `p` is in `blocks[p / block_size]`.
     blocks: Vec<u32>,
@@ -154,6 +168,7 @@ pub struct BatchEngine<'e> {
     next_id: SeqId,
     stats: BatchStats,
     logits_row: Vec<f32>,
+    last_step: StepShape,
     /// Rows of the embedding table: the token ids a prompt may hold.
     vocab: usize,
 }
@@ -214,6 +229,7 @@ impl<'e> BatchEngine<'e> {
             next_id: 0,
             stats: BatchStats::default(),
             logits_row: Vec::new(),
+            last_step: StepShape::default(),
             vocab: graph
                 .nodes
                 .iter()
@@ -262,6 +278,7 @@ impl<'e> BatchEngine<'e> {
             prompt_len: n,
             max_tokens: request.max_tokens,
             stop_ids: request.stop_ids,
+            logprobs: request.logprobs,
             sampler: Sampler::new(request.sampling),
             blocks: Vec::new(),
             keys: Vec::new(),
@@ -302,6 +319,17 @@ impl<'e> BatchEngine<'e> {
             waiting: self.waiting.len(),
             ..self.stats
         }
+    }
+
+    /// Token counts so far of a queued or running sequence (`cached_tokens` is 0 until it
+    /// is first scheduled).
+    pub fn usage(&self, id: SeqId) -> Option<Usage> {
+        self.running.iter().chain(self.waiting.iter()).find(|s| s.id == id).map(Sequence::usage)
+    }
+
+    /// What the last step computed (all zero before the first, or when it ran nothing).
+    pub fn last_step(&self) -> StepShape {
+        self.last_step
     }
 
     /// Ids of the running sequences, oldest first.
@@ -433,6 +461,7 @@ impl<'e> BatchEngine<'e> {
     pub fn step_observed(&mut self, mut observer: Option<&mut dyn StepObserver>) -> Result<Vec<SeqEvent>, RuntimeError> {
         let mut events = Vec::new();
         let plan = self.schedule(&mut events);
+        self.last_step = StepShape::default();
         let mut tokens = Vec::new();
         let mut spans = Vec::new();
         let mut logit_seqs = Vec::new();
@@ -462,13 +491,16 @@ impl<'e> BatchEngine<'e> {
         self.stats.tokens_computed += tokens.len() as u64;
         let decode_tokens = plan.iter().enumerate().filter(|&(i, &n)| n == 1 && self.running[i].computed + 1 == self.running[i].tokens.len() && self.running[i].generated() > 0).count();
         self.stats.prefill_tokens_computed += (tokens.len() - decode_tokens) as u64;
+        self.last_step = StepShape { ce_seqs: spans.len() - decode_tokens, ce_tokens: tokens.len() - decode_tokens, tg_seqs: decode_tokens };
         // Sample in plan order; logits rows follow the spans that asked for them.
         let mut sampled = Vec::with_capacity(logit_seqs.len());
         for (row, &i) in logit_seqs.iter().enumerate() {
             self.logits_row.clear();
             self.logits_row.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
             let seq = &mut self.running[i];
-            sampled.push((i, seq.sampler.sample(&mut self.logits_row, &seq.tokens)));
+            let raw = &logits[row * vocab..(row + 1) * vocab];
+            let token = seq.sampler.sample(&mut self.logits_row, &seq.tokens);
+            sampled.push((i, token, seq.logprobs.map(|n| TokenLogprobs::from_logits(raw, token, n))));
         }
         for (i, &n) in plan.iter().enumerate() {
             let seq = &mut self.running[i];
@@ -482,10 +514,10 @@ impl<'e> BatchEngine<'e> {
             }
         }
         let mut finished = Vec::new();
-        for (i, token) in sampled {
+        for (i, token, logprobs) in sampled {
             let seq = &mut self.running[i];
             seq.tokens.push(token);
-            events.push(SeqEvent::Token { id: seq.id, token });
+            events.push(SeqEvent::Token { id: seq.id, token, logprobs });
             let reason = if seq.stop_ids.contains(&token) {
                 Some(FinishReason::Eos)
             } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= self.graph.context_length {
@@ -515,7 +547,7 @@ impl<'e> BatchEngine<'e> {
         while self.has_work() {
             for event in self.step()? {
                 match event {
-                    SeqEvent::Token { id, token } => {
+                    SeqEvent::Token { id, token, .. } => {
                         if let Some(i) = index(id) {
                             tokens[i].push(token);
                         }

@@ -1,0 +1,404 @@
+//! Parsing and validating OpenAI request bodies, by the rules real clients need:
+//! explicit `null` means absent; `developer` is `system`; unknown top-level fields are a 400
+//! naming the field (or dropped with a warning under `--allow-extra-request-fields`);
+//! every range error names its parameter. Fields the server does not implement yet are
+//! refused with a 400 when they would change the output (never silently dropped).
+
+use loupe_runtime::SamplingParams;
+use loupe_text::ChatMessage;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// The most alternatives `top_logprobs` / `logprobs` may ask for (OpenAI's limit is 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// The most stop strings a request may give.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// What the prompt is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A validated generation request (chat or completion).
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub model: Option<String>,
+    pub input: Input,
+    /// `None`: up to the context window.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// `Some(n)`: report log-probabilities with `n` alternatives per token.
+    pub logprobs: Option<usize>,
+    /// Unknown fields dropped under `--allow-extra-request-fields`.
+    pub dropped: Vec<String>,
+}
+
+/// A request body's fields, consumed as they are read; what is left is unknown.
+pub struct Fields(Map<String, Value>);
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+impl Fields {
+    /// The members of a JSON object body, nulls removed.
+    pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+        match value {
+            Value::Object(map) => Ok(Fields(map.into_iter().filter(|(_, v)| !v.is_null()).collect())),
+            other => Err(ApiError::bad_request(format!("The request body must be a JSON object, got {}.", kind_of(&other)))),
+        }
+    }
+
+    pub fn take(&mut self, key: &str) -> Option<Value> {
+        self.0.remove(key)
+    }
+
+    pub fn f32_in(&mut self, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if (lo as f64..=hi as f64).contains(&x) => Ok(Some(x as f32)),
+                _ => Err(ApiError::invalid(key, format!("'{key}' must be a number in [{lo}, {hi}], got {v}."))),
+            },
+        }
+    }
+
+    pub fn int_in(&mut self, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+                _ => Err(ApiError::invalid(key, format!("'{key}' must be an integer in [{lo}, {hi}], got {v}."))),
+            },
+        }
+    }
+
+    pub fn bool(&mut self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(b)),
+            Some(v) => Err(ApiError::invalid(key, format!("'{key}' must be a boolean, got {}.", kind_of(&v)))),
+        }
+    }
+
+    pub fn string(&mut self, key: &str) -> Result<Option<String>, ApiError> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(ApiError::invalid(key, format!("'{key}' must be a string, got {}.", kind_of(&v)))),
+        }
+    }
+
+    /// Unknown fields: a 400 naming the first, or (allowed) their names to log.
+    pub fn finish(self, allow_extra: bool) -> Result<Vec<String>, ApiError> {
+        let mut rest: Vec<String> = self.0.into_iter().map(|(k, _)| k).collect();
+        rest.sort();
+        match rest.first() {
+            Some(first) if !allow_extra => Err(ApiError::invalid(
+                first,
+                format!("Unrecognized request argument supplied: {first} (start the server with --allow-extra-request-fields to drop unknown fields with a warning)."),
+            )),
+            _ => Ok(rest),
+        }
+    }
+}
+
+/// Fields both endpoints read: sampling, limits, stop strings, streaming.
+fn common(f: &mut Fields, fallback_seed: u64) -> Result<(SamplingParams, Option<usize>, Vec<String>, bool, bool), ApiError> {
+    let mut s = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
+    if let Some(t) = f.f32_in("temperature", 0.0, 2.0)? {
+        s.temperature = t;
+    }
+    if let Some(p) = f.f32_in("top_p", f32::MIN_POSITIVE, 1.0)? {
+        s.top_p = p;
+    }
+    // vLLM's convention: -1 or 0 turn top-k off.
+    if let Some(k) = f.int_in("top_k", -1, u32::MAX as i64)? {
+        s.top_k = k.max(0) as usize;
+    }
+    if let Some(p) = f.f32_in("min_p", 0.0, 1.0)? {
+        s.min_p = p;
+    }
+    if let Some(p) = f.f32_in("presence_penalty", -2.0, 2.0)? {
+        s.presence_penalty = p;
+    }
+    if let Some(p) = f.f32_in("frequency_penalty", -2.0, 2.0)? {
+        s.frequency_penalty = p;
+    }
+    if let Some(p) = f.f32_in("repetition_penalty", f32::MIN_POSITIVE, 100.0)? {
+        s.repetition_penalty = p;
+    }
+    s.seed = match f.take("seed") {
+        None => fallback_seed,
+        // OpenAI's seed is a signed 64-bit integer; its bits seed the generator.
+        Some(v) => match (v.as_i64(), v.as_u64()) {
+            (Some(x), _) => x as u64,
+            (None, Some(x)) => x,
+            _ => return Err(ApiError::invalid("seed", format!("'seed' must be an integer, got {v}."))),
+        },
+    };
+    let max_tokens = f.int_in("max_tokens", 1, u32::MAX as i64)?;
+    let max_completion = f.int_in("max_completion_tokens", 1, u32::MAX as i64)?;
+    let max_tokens = max_completion.or(max_tokens).map(|n| n as usize);
+    let stop = match f.take("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                match item.as_str() {
+                    Some(s) => out.push(s.to_string()),
+                    None => return Err(ApiError::invalid("stop", format!("'stop[{i}]' must be a string, got {}.", kind_of(item)))),
+                }
+            }
+            out
+        }
+        Some(v) => return Err(ApiError::invalid("stop", format!("'stop' must be a string or an array of strings, got {}.", kind_of(&v)))),
+    };
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid("stop", format!("'stop' may hold at most {MAX_STOP_STRINGS} strings, got {}.", stop.len())));
+    }
+    if stop.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid("stop", "'stop' strings must not be empty."));
+    }
+    if let Some(n) = f.int_in("n", 1, i64::MAX).map_err(|_| ApiError::invalid("n", "'n' must be 1: this server returns one choice per request."))? {
+        if n != 1 {
+            return Err(ApiError::invalid("n", "'n' must be 1: this server returns one choice per request."));
+        }
+    }
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.take("stream_options") {
+        None => false,
+        Some(Value::Object(mut o)) => {
+            let usage = match o.remove("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => b,
+                Some(v) => return Err(ApiError::invalid("stream_options", format!("'stream_options.include_usage' must be a boolean, got {}.", kind_of(&v)))),
+            };
+            // OpenAI's other option, `include_obfuscation`, only pads chunks; accepted.
+            o.remove("include_obfuscation");
+            if let Some(k) = o.keys().next() {
+                return Err(ApiError::invalid("stream_options", format!("Unrecognized stream option: {k}.")));
+            }
+            if !stream {
+                return Err(ApiError::invalid("stream_options", "'stream_options' is only allowed when 'stream' is true."));
+            }
+            usage
+        }
+        Some(v) => return Err(ApiError::invalid("stream_options", format!("'stream_options' must be an object, got {}.", kind_of(&v)))),
+    };
+    // Accepted and without effect on the output.
+    for ignored in ["user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"] {
+        f.take(ignored);
+    }
+    // Refused rather than dropped: they would change the output.
+    if let Some(v) = f.take("logit_bias") {
+        if v.as_object().is_none_or(|o| !o.is_empty()) {
+            return Err(ApiError::invalid("logit_bias", "'logit_bias' is not supported by this server yet."));
+        }
+    }
+    Ok((s, max_tokens, stop, stream, include_usage))
+}
+
+/// The text of a message's `content`: a string, or an array of `{"type": "text"}` parts.
+fn content_text(v: Option<Value>, at: &str) -> Result<String, ApiError> {
+    match v {
+        None => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(kind), _) if kind != "text" => {
+                        return Err(ApiError::invalid("messages", format!("{at}.content[{j}] is of type '{kind}'; this model takes text parts only.")));
+                    }
+                    _ => return Err(ApiError::invalid("messages", format!("{at}.content[{j}] must be {{\"type\": \"text\", \"text\": \"...\"}}."))),
+                }
+            }
+            Ok(text)
+        }
+        Some(other) => Err(ApiError::invalid("messages", format!("{at}.content must be a string or an array of text parts, got {}.", kind_of(&other)))),
+    }
+}
+
+fn messages(v: Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(Value::Array(items)) = v else {
+        return Err(ApiError::invalid("messages", "'messages' is required: a non-empty array of {\"role\", \"content\"} objects."));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid("messages", "'messages' must not be empty."));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(mut m) = item else {
+            return Err(ApiError::invalid("messages", format!("{at} must be an object.")));
+        };
+        m.retain(|_, v| !v.is_null());
+        let role = match m.remove("role") {
+            Some(Value::String(r)) => r,
+            _ => return Err(ApiError::invalid("messages", format!("{at}.role is required: system, developer, user or assistant."))),
+        };
+        let role = match role.as_str() {
+            // Recent OpenAI SDKs send `developer` for what older ones called `system`.
+            "developer" | "system" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" | "function" => return Err(ApiError::invalid("messages", format!("{at}: '{role}' messages need tool calling, which this server does not support yet."))),
+            other => return Err(ApiError::invalid("messages", format!("{at}.role '{other}' is not one of system, developer, user, assistant."))),
+        };
+        let content = content_text(m.remove("content"), &at)?;
+        m.remove("name");
+        if let Some(k) = m.keys().next() {
+            let what = if k == "tool_calls" || k == "function_call" { " (tool calling is not supported yet)" } else { "" };
+            return Err(ApiError::invalid("messages", format!("{at} has an unsupported field '{k}'{what}.")));
+        }
+        out.push(ChatMessage::new(role, content));
+    }
+    Ok(out)
+}
+
+/// `POST /v1/chat/completions`.
+pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenRequest, ApiError> {
+    let mut f = Fields::parse(body)?;
+    let model = f.string("model")?;
+    let input = Input::Chat(messages(f.take("messages"))?);
+    let (sampling, max_tokens, stop, stream, include_usage) = common(&mut f, fallback_seed)?;
+    let want = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
+    if top.is_some() && !want {
+        return Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true."));
+    }
+    let logprobs = want.then(|| top.unwrap_or(0) as usize);
+    match f.take("response_format") {
+        None => {}
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(_) => return Err(ApiError::invalid("response_format", "'response_format' other than {\"type\": \"text\"} (structured output) is not supported by this server yet.")),
+    }
+    if let Some(v) = f.take("tools") {
+        if v.as_array().is_none_or(|a| !a.is_empty()) {
+            return Err(ApiError::invalid("tools", "'tools' is not supported by this server yet; the request is refused rather than answered without them."));
+        }
+    }
+    match f.take("tool_choice") {
+        None => {}
+        Some(Value::String(s)) if s == "none" || s == "auto" => {}
+        Some(_) => return Err(ApiError::invalid("tool_choice", "'tool_choice' needs tools, which this server does not support yet.")),
+    }
+    let dropped = f.finish(allow_extra)?;
+    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, logprobs, dropped })
+}
+
+/// `POST /v1/completions`.
+pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenRequest, ApiError> {
+    let mut f = Fields::parse(body)?;
+    let model = f.string("model")?;
+    let bad_prompt = || ApiError::invalid("prompt", "'prompt' is required: a string, an array holding one string, or an array of token ids.");
+    let input = match f.take("prompt") {
+        Some(Value::String(s)) => Input::Text(s),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [Value::String(s)] => Input::Text(s.clone()),
+            [Value::Array(ids)] => Input::Tokens(token_ids(ids).ok_or_else(bad_prompt)?),
+            [] => return Err(bad_prompt()),
+            ids if ids.iter().all(Value::is_number) => Input::Tokens(token_ids(ids).ok_or_else(bad_prompt)?),
+            _ => return Err(ApiError::invalid("prompt", "'prompt' may hold one prompt: this server returns one choice per request.")),
+        },
+        _ => return Err(bad_prompt()),
+    };
+    let (sampling, max_tokens, stop, stream, include_usage) = common(&mut f, fallback_seed)?;
+    let logprobs = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as usize);
+    if f.bool("echo")? == Some(true) {
+        return Err(ApiError::invalid("echo", "'echo' is not supported by this server yet."));
+    }
+    if f.int_in("best_of", 1, 1).map_err(|_| ApiError::invalid("best_of", "'best_of' must be 1."))?.is_some() {}
+    if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "'suffix' (fill-in-the-middle) is not supported by this server."));
+    }
+    let dropped = f.finish(allow_extra)?;
+    // OpenAI's default for the completions endpoint is 16 tokens.
+    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, logprobs, dropped })
+}
+
+fn token_ids(values: &[Value]) -> Option<Vec<u32>> {
+    values.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat_of(json: &str) -> Result<GenRequest, ApiError> {
+        chat(json.as_bytes(), false, 7)
+    }
+
+    #[test]
+    fn developer_is_system_nulls_are_absent_and_defaults_follow_openai() {
+        let r = chat_of(r#"{"model": "m", "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                          "tools": null, "tool_choice": null, "response_format": null, "temperature": null, "seed": null}"#)
+        .unwrap();
+        assert_eq!(r.input, Input::Chat(vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")]));
+        assert_eq!(r.sampling.temperature, 1.0);
+        assert_eq!(r.sampling.seed, 7);
+        assert_eq!(r.max_tokens, None);
+        assert!(r.logprobs.is_none());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_or_dropped() {
+        let body = r#"{"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}"#;
+        let e = chat(body.as_bytes(), false, 0).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("frobnicate"));
+        assert_eq!(chat(body.as_bytes(), true, 0).unwrap().dropped, ["frobnicate"]);
+    }
+
+    #[test]
+    fn ranges_name_their_parameter() {
+        for (body, param) in [
+            (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": 3}"#, "temperature"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#, "top_logprobs"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#, "top_logprobs"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#, "n"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#, "max_tokens"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "stop": [1]}"#, "stop"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#, "tools"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#, "response_format"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}"#, "stream_options"),
+            (r#"{"messages": []}"#, "messages"),
+            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages"),
+        ] {
+            let e = chat_of(body).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
+        }
+        assert_eq!(chat_of("[1]").unwrap_err().status, 400);
+        assert_eq!(chat_of("{").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn completion_prompts_and_logprobs() {
+        let r = completion(br#"{"prompt": ["Once"], "logprobs": 3, "max_tokens": 5, "stop": "\n"}"#, false, 0).unwrap();
+        assert_eq!(r.input, Input::Text("Once".into()));
+        assert_eq!((r.logprobs, r.max_tokens, r.stop.as_slice()), (Some(3), Some(5), ["\n".to_string()].as_slice()));
+        let r = completion(br#"{"prompt": [1, 2, 3]}"#, false, 0).unwrap();
+        assert_eq!((r.input, r.max_tokens), (Input::Tokens(vec![1, 2, 3]), Some(16)));
+        assert!(completion(br#"{"prompt": ["a", "b"]}"#, false, 0).is_err());
+        assert!(completion(br#"{"prompt": [-1]}"#, false, 0).is_err());
+        assert!(completion(br#"{"prompt": "a", "echo": true}"#, false, 0).is_err());
+    }
+}
