@@ -118,8 +118,16 @@ impl Fields {
     }
 }
 
-/// Fields both endpoints read: sampling, limits, stop strings, streaming.
-fn common(f: &mut Fields, fallback_seed: u64) -> Result<(SamplingParams, Option<usize>, Vec<String>, bool, bool), ApiError> {
+/// What both endpoints read: sampling, limits, stop strings, streaming.
+struct Common {
+    sampling: SamplingParams,
+    max_tokens: Option<usize>,
+    stop: Vec<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
     let mut s = SamplingParams { temperature: 1.0, ..SamplingParams::default() };
     if let Some(t) = f.f32_in("temperature", 0.0, 2.0)? {
         s.temperature = t;
@@ -212,7 +220,7 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<(SamplingParams, Option<
             return Err(ApiError::invalid("logit_bias", "'logit_bias' is not supported by this server yet."));
         }
     }
-    Ok((s, max_tokens, stop, stream, include_usage))
+    Ok(Common { sampling: s, max_tokens, stop, stream, include_usage })
 }
 
 /// The text of a message's `content`: a string, or an array of `{"type": "text"}` parts.
@@ -279,7 +287,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
     let mut f = Fields::parse(body)?;
     let model = f.string("model")?;
     let input = Input::Chat(messages(f.take("messages"))?);
-    let (sampling, max_tokens, stop, stream, include_usage) = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage } = common(&mut f, fallback_seed)?;
     let want = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
     if top.is_some() && !want {
@@ -321,12 +329,12 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
         },
         _ => return Err(bad_prompt()),
     };
-    let (sampling, max_tokens, stop, stream, include_usage) = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage } = common(&mut f, fallback_seed)?;
     let logprobs = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as usize);
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "'echo' is not supported by this server yet."));
     }
-    if f.int_in("best_of", 1, 1).map_err(|_| ApiError::invalid("best_of", "'best_of' must be 1."))?.is_some() {}
+    f.int_in("best_of", 1, 1).map_err(|_| ApiError::invalid("best_of", "'best_of' must be 1."))?;
     if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "'suffix' (fill-in-the-middle) is not supported by this server."));
     }
@@ -401,4 +409,13 @@ mod tests {
         assert!(completion(br#"{"prompt": [-1]}"#, false, 0).is_err());
         assert!(completion(br#"{"prompt": "a", "echo": true}"#, false, 0).is_err());
     }
+}
+
+/// The body of the `openai_request` fuzz target (`fuzz/`) and of its seeded smoke test:
+/// any bytes through both endpoints' parsers, which must answer, never panic.
+pub fn fuzz_request(data: &[u8]) {
+    let _ = chat(data, false, 0);
+    let _ = chat(data, true, 0);
+    let _ = completion(data, false, 0);
+    let _ = completion(data, true, 0);
 }
