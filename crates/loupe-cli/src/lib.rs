@@ -12,6 +12,7 @@
 pub mod args;
 pub mod bench_batch;
 pub mod cmd_bench;
+pub mod cmd_bench_serve;
 pub mod cmd_compare;
 pub mod cmd_dump;
 pub mod cmd_explain;
@@ -58,6 +59,8 @@ enum Command {
     Bench(cmd_bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, metrics).
     Serve(cmd_serve::ServeArgs),
+    /// Measure a running OpenAI-compatible server (or a `loupe serve` it starts): TTFT, TPOT, ITL, throughput, multi-turn KV retention.
+    BenchServe(cmd_bench_serve::BenchServeArgs),
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
     FetchModel,
     /// Print the model's graph IR after a lowering pass (`--list-passes` lists them).
@@ -106,6 +109,7 @@ pub fn main() -> ExitCode {
         Command::Explain(args) => cmd_explain::run(args),
         Command::Bench(args) => cmd_bench::run(args, &debug).map(|()| 0),
         Command::Serve(args) => cmd_serve::run(args, &debug).map(|()| 0),
+        Command::BenchServe(args) => cmd_bench_serve::run(args).map(|()| 0),
         Command::FetchModel => loupe_runtime::default_model().map_err(anyhow::Error::from).map(|p| {
             println!("{}", p.display());
             0

@@ -19,6 +19,7 @@
 // ApiError is returned once per failed request, a cold path; boxing it buys nothing.
 #![allow(clippy::result_large_err)]
 
+pub mod bench;
 pub mod error;
 pub mod metrics;
 pub mod request;
@@ -605,7 +606,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     let admission = Admission { state: state.clone(), key, finished: false };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, arrived, replies: tx };
+    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, ignore_eos: req.ignore_eos, arrived, replies: tx };
     if !r.handle.submit(job) {
         return Err(ApiError::shutting_down());
     }

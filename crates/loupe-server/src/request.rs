@@ -34,6 +34,9 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// vLLM's and llama-server's `ignore_eos` extension: generate until `max_tokens` even
+    /// past the end-of-sequence token (benchmarks use it to fix output lengths).
+    pub ignore_eos: bool,
     /// `Some(n)`: report log-probabilities with `n` alternatives per token.
     pub logprobs: Option<usize>,
     /// Unknown fields dropped under `--allow-extra-request-fields`.
@@ -125,6 +128,7 @@ struct Common {
     stop: Vec<String>,
     stream: bool,
     include_usage: bool,
+    ignore_eos: bool,
 }
 
 fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
@@ -220,7 +224,8 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
             return Err(ApiError::invalid("logit_bias", "'logit_bias' is not supported by this server yet."));
         }
     }
-    Ok(Common { sampling: s, max_tokens, stop, stream, include_usage })
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    Ok(Common { sampling: s, max_tokens, stop, stream, include_usage, ignore_eos })
 }
 
 /// The text of a message's `content`: a string, or an array of `{"type": "text"}` parts.
@@ -287,7 +292,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
     let mut f = Fields::parse(body)?;
     let model = f.string("model")?;
     let input = Input::Chat(messages(f.take("messages"))?);
-    let Common { sampling, max_tokens, stop, stream, include_usage } = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos } = common(&mut f, fallback_seed)?;
     let want = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
     if top.is_some() && !want {
@@ -310,7 +315,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
         Some(_) => return Err(ApiError::invalid("tool_choice", "'tool_choice' needs tools, which this server does not support yet.")),
     }
     let dropped = f.finish(allow_extra)?;
-    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, logprobs, dropped })
+    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped })
 }
 
 /// `POST /v1/completions`.
@@ -329,7 +334,7 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
         },
         _ => return Err(bad_prompt()),
     };
-    let Common { sampling, max_tokens, stop, stream, include_usage } = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos } = common(&mut f, fallback_seed)?;
     let logprobs = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as usize);
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "'echo' is not supported by this server yet."));
@@ -340,7 +345,7 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
     }
     let dropped = f.finish(allow_extra)?;
     // OpenAI's default for the completions endpoint is 16 tokens.
-    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, logprobs, dropped })
+    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped })
 }
 
 fn token_ids(values: &[Value]) -> Option<Vec<u32>> {

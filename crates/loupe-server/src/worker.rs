@@ -52,6 +52,8 @@ pub struct Job {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
+    /// Generate past the end-of-sequence token, up to `max_tokens`.
+    pub ignore_eos: bool,
     pub arrived: Instant,
     pub replies: UnboundedSender<Reply>,
 }
@@ -192,7 +194,7 @@ impl<'e> Worker<'e> {
 
     fn admit(&mut self, job: Job) {
         self.metrics.requests_awaiting_admission.add(-1);
-        let stop_ids = self.tokenizer.eos_ids();
+        let stop_ids = if job.ignore_eos { Vec::new() } else { self.tokenizer.eos_ids() };
         let request = SeqRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, stop_ids: stop_ids.clone(), logprobs: job.logprobs };
         match self.batch.add(request) {
             Ok(id) => {
