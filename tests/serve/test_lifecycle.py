@@ -38,7 +38,7 @@ def test_greedy_output_is_the_same_alone_and_under_concurrent_load(server):
         async def greedy(g):
             messages = ([{"role": "system", "content": g["system"]}] if g.get("system") else []) + [{"role": "user", "content": g["prompt"]}]
             r = await client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=g["max_tokens"])
-            return g["text"], r.choices[0].message.content
+            return (g["text"], len(g["tokens"])), (r.choices[0].message.content, r.usage.completion_tokens)
 
         async def noise(i):
             await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Tell me about the number {i}."}], temperature=1.0, seed=i, max_tokens=24 + i)
@@ -111,6 +111,8 @@ def test_disconnect_frees_kv_blocks_within_a_step(start_server):
     # The client hung up: the sequence is cancelled and its blocks released.
     assert wait_for(lambda: s.metrics()["loupe_kv_cache_blocks_used"] == 0, timeout=5), s.metrics()
     assert s.metrics()["loupe_num_requests_running"] == 0
+    # What the engine produced for the gone client does not count as buffered forever.
+    assert wait_for(lambda: s.metrics()["loupe_num_responses_buffered"] == 0, timeout=5)
     # Far fewer than 900 tokens were generated.
     assert s.metrics()["loupe_generated_tokens_total"] < 200
 

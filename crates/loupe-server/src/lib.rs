@@ -444,6 +444,18 @@ struct Answer {
     timeout: Option<Duration>,
 }
 
+impl Drop for Answer {
+    /// Replies the handler never took (the client went away) leave the buffered gauge.
+    fn drop(&mut self) {
+        self.replies.close();
+        while let Ok(reply) = self.replies.try_recv() {
+            if matches!(reply, Reply::Delta { .. } | Reply::Done { .. }) {
+                self.admission.state.metrics.responses_buffered.add(-1);
+            }
+        }
+    }
+}
+
 enum Received {
     Reply(Reply),
     Closed,

@@ -223,12 +223,13 @@ impl<'e> Worker<'e> {
     }
 
     fn send(&self, route: &Route<'_>, reply: Reply) -> bool {
-        if route.replies.send(reply).is_ok() {
-            self.metrics.responses_buffered.add(1);
-            true
-        } else {
-            false
+        // Counted before the send, so the handler's decrement can never come first.
+        self.metrics.responses_buffered.add(1);
+        let sent = route.replies.send(reply).is_ok();
+        if !sent {
+            self.metrics.responses_buffered.add(-1);
         }
+        sent
     }
 
     fn step(&mut self) {
