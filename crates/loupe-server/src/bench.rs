@@ -348,6 +348,14 @@ async fn load_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig, concu
     }
 }
 
+/// One conversation's turn: token counts the server reported and the time to first token.
+struct TurnSample {
+    prompt: usize,
+    cached: usize,
+    output: usize,
+    ttft: f64,
+}
+
 async fn multi_turn_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig, conversations: usize, turns: usize) -> Result<Vec<TurnResult>, String> {
     let mut tasks = Vec::new();
     for c in 0..conversations {
@@ -364,7 +372,7 @@ async fn multi_turn_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig,
                                   "stream_options": {"include_usage": true}, "ignore_eos": true});
                 let r = shared.stream("/v1/chat/completions", &body).await?;
                 messages.push(json!({"role": "assistant", "content": r.text}));
-                per_turn.push((r.prompt_tokens, r.cached_tokens, r.output_tokens, r.ttft));
+                per_turn.push(TurnSample { prompt: r.prompt_tokens, cached: r.cached_tokens, output: r.output_tokens, ttft: r.ttft });
             }
             Ok::<_, String>(per_turn)
         }));
@@ -376,11 +384,9 @@ async fn multi_turn_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig,
     let n = all.len().max(1) as f64;
     Ok((0..turns)
         .map(|k| {
-            let mean = |f: &dyn Fn(&(usize, usize, usize, f64)) -> f64| all.iter().map(|c| f(&c[k])).sum::<f64>() / n;
-            let retention = (k > 0).then(|| {
-                all.iter().map(|c| c[k].1 as f64 / (c[k - 1].0 + c[k - 1].2).max(1) as f64).sum::<f64>() / n
-            });
-            TurnResult { turn: k + 1, prompt_tokens: mean(&|t| t.0 as f64), cached_tokens: mean(&|t| t.1 as f64), retention, ttft_ms: mean(&|t| t.3) }
+            let mean = |f: &dyn Fn(&TurnSample) -> f64| all.iter().map(|c| f(&c[k])).sum::<f64>() / n;
+            let retention = (k > 0).then(|| all.iter().map(|c| c[k].cached as f64 / (c[k - 1].prompt + c[k - 1].output).max(1) as f64).sum::<f64>() / n);
+            TurnResult { turn: k + 1, prompt_tokens: mean(&|t| t.prompt as f64), cached_tokens: mean(&|t| t.cached as f64), retention, ttft_ms: mean(&|t| t.ttft) }
         })
         .collect())
 }
