@@ -126,21 +126,22 @@ struct Record {
 }
 
 impl Shared {
-    async fn post(&self, path: &str, body: &Value) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-        let mut req = hyper::Request::post(format!("{}{}", self.url, path)).header("content-type", "application/json");
+    /// A request to `path` with the bearer key, if any.
+    fn request(&self, method: hyper::Method, path: &str, body: Bytes) -> Result<hyper::Request<Full<Bytes>>, String> {
+        let mut req = hyper::Request::builder().method(method).uri(format!("{}{}", self.url, path)).header("content-type", "application/json");
         if let Some(k) = &self.api_key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        let req = req.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
+        req.body(Full::new(body)).map_err(|e| e.to_string())
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let req = self.request(hyper::Method::POST, path, Bytes::from(body.to_string()))?;
         self.client.request(req).await.map_err(|e| format!("{path}: {e}"))
     }
 
     async fn get_json(&self, path: &str) -> Result<Value, String> {
-        let mut req = hyper::Request::get(format!("{}{}", self.url, path));
-        if let Some(k) = &self.api_key {
-            req = req.header("authorization", format!("Bearer {k}"));
-        }
-        let req = req.body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+        let req = self.request(hyper::Method::GET, path, Bytes::new())?;
         let resp = self.client.request(req).await.map_err(|e| format!("{path}: {e}"))?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();

@@ -325,19 +325,33 @@ fn count_outcome(state: &AppState, status: StatusCode) {
     state.metrics.requests[i].add(1);
 }
 
+/// What `/tokenize` and `/detokenize` share: the loaded model, and the body's fields with
+/// `model` checked.
+fn token_route_fields(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(&Ready, request::Fields), ApiError> {
+    let r = state.ready()?;
+    let body = body_bytes(body, state)?;
+    let mut f = request::Fields::parse(&body)?;
+    if let Some(m) = f.string("model")? {
+        check_model(&m, r)?;
+    }
+    Ok((r, f))
+}
+
+/// Refuses ids the tokenizer does not know, naming the request field.
+fn check_vocabulary(r: &Ready, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    let vocab = r.engine.tokenizer().vocab_size();
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(&t) => Err(ApiError::invalid(param, format!("token id {t} is outside the vocabulary of {vocab} tokens."))),
+        None => Ok(()),
+    }
+}
+
 async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = (|| {
-        let r = state.ready()?;
-        let body = body_bytes(body, &state)?;
-        let mut f = request::Fields::parse(&body)?;
-        if let Some(m) = f.string("model")? {
-            check_model(&m, r)?;
-        }
+        let (r, mut f) = token_route_fields(&state, body)?;
         let tokens = if let Some(messages) = f.take("messages") {
             let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-            let wrapped = serde_json::to_vec(&json!({ "messages": messages })).map_err(|_| ApiError::internal())?;
-            let Input::Chat(messages) = request::chat(&wrapped, false, 0)?.input else { return Err(ApiError::internal()) };
-            chat_tokens(r, &messages, add_generation_prompt)?
+            chat_tokens(r, &request::messages(Some(messages))?, add_generation_prompt)?
         } else {
             let prompt = f.string("prompt")?.ok_or_else(|| ApiError::invalid("prompt", "'prompt' (a string) or 'messages' is required."))?;
             let special = f.bool("add_special_tokens")?.unwrap_or(true);
@@ -351,22 +365,14 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesR
 
 async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let result = (|| {
-        let r = state.ready()?;
-        let body = body_bytes(body, &state)?;
-        let mut f = request::Fields::parse(&body)?;
-        if let Some(m) = f.string("model")? {
-            check_model(&m, r)?;
-        }
+        let (r, mut f) = token_route_fields(&state, body)?;
         let bad = || ApiError::invalid("tokens", "'tokens' is required: an array of token ids.");
-        let ids: Vec<u32> = match f.take("tokens") {
-            Some(Value::Array(v)) => v.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok())).collect::<Option<_>>().ok_or_else(bad)?,
+        let ids = match f.take("tokens") {
+            Some(Value::Array(v)) => request::token_ids(&v).ok_or_else(bad)?,
             _ => return Err(bad()),
         };
         f.finish(state.options.allow_extra_request_fields)?;
-        let vocab = r.engine.tokenizer().vocab_size();
-        if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::invalid("tokens", format!("token id {t} is outside the vocabulary of {vocab} tokens.")));
-        }
+        check_vocabulary(r, &ids, "tokens")?;
         let text = r.engine.tokenizer().decode(&ids, false).map_err(|_| ApiError::internal())?;
         Ok(Json(json!({"prompt": text})).into_response())
     })();
@@ -600,10 +606,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     if prompt.is_empty() {
         return Err(ApiError::invalid(param, "The prompt is empty (no tokens)."));
     }
-    let vocab = r.engine.tokenizer().vocab_size();
-    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab} tokens.")));
-    }
+    check_vocabulary(r, &prompt, "prompt")?;
     if prompt.len() >= r.context {
         return Err(ApiError::prompt_too_long(prompt.len(), r.context, param));
     }

@@ -250,7 +250,8 @@ fn content_text(v: Option<Value>, at: &str) -> Result<String, ApiError> {
     }
 }
 
-fn messages(v: Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
+/// The `messages` array of a chat request (also what `/tokenize` takes).
+pub fn messages(v: Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(Value::Array(items)) = v else {
         return Err(ApiError::invalid("messages", "'messages' is required: a non-empty array of {\"role\", \"content\"} objects."));
     };
@@ -348,7 +349,8 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
     Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped })
 }
 
-fn token_ids(values: &[Value]) -> Option<Vec<u32>> {
+/// Token ids from JSON numbers; `None` if any is not a u32.
+pub fn token_ids(values: &[Value]) -> Option<Vec<u32>> {
     values.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
 }
 

@@ -90,7 +90,7 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let worker = Worker { batch, tokenizer: engine.tokenizer(), routes: HashMap::new(), keys: HashMap::new(), metrics: m };
+                let worker = Worker { batch, tokenizer: engine.tokenizer(), routes: HashMap::new(), keys: HashMap::new(), metrics: m, eos_ids: engine.tokenizer().eos_ids() };
                 worker.sample_gauges();
                 let _ = ready_tx.send(Ok(()));
                 worker.run(rx);
@@ -152,6 +152,8 @@ struct Worker<'e> {
     routes: HashMap<SeqId, Route<'e>>,
     keys: HashMap<u64, SeqId>,
     metrics: Arc<Metrics>,
+    /// The model's end-of-sequence ids, every request's stop ids.
+    eos_ids: Vec<u32>,
 }
 
 impl<'e> Worker<'e> {
@@ -194,7 +196,7 @@ impl<'e> Worker<'e> {
 
     fn admit(&mut self, job: Job) {
         self.metrics.requests_awaiting_admission.add(-1);
-        let stop_ids = if job.ignore_eos { Vec::new() } else { self.tokenizer.eos_ids() };
+        let stop_ids = if job.ignore_eos { Vec::new() } else { self.eos_ids.clone() };
         let request = SeqRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, stop_ids: stop_ids.clone(), logprobs: job.logprobs };
         match self.batch.add(request) {
             Ok(id) => {
