@@ -32,7 +32,7 @@ use std::ops::Range;
 use crate::matmul::{OutPtr, QMatrix};
 use crate::pool;
 use crate::quant::Isa;
-use crate::wq::{dot_row, dot_row_act16, dot_row_act16_scalar, Act16};
+use crate::wq::{dot_row, dot_row_act16_scalar, Act16};
 use crate::{GgmlType, TensorError};
 
 /// Tasks per compute thread: several, so a thread that starts late (woken from sleep,
@@ -128,21 +128,18 @@ fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorEr
 }
 
 /// Decode (`m == 1`) for Q4_1 / Q8_0: the activation row quantized to [`Act16`] on the
-/// stack, one [`dot_row_act16`] per weight row. Allocates nothing.
+/// stack, then `crate::gemv` (groups of weight rows, each bit-identical to
+/// [`crate::wq::dot_row_act16`]). Allocates nothing.
 fn gemv_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
     let blocks = x.len() / 32;
     let mut q = [0i16; MAX_STACK_BLOCKS * 32];
     let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
     let act = Act16::quantize(x, &mut q[..x.len()], &mut scale_sum[..2 * blocks]);
     let out = OutPtr(y.as_mut_ptr());
-    bands(w.rows, 1, &|rows| {
-        for j in rows {
-            let v = dot_row_act16(isa, w.ty, w.row(j), &act)?;
-            // SAFETY: j < n = y.len(); each row index belongs to exactly one task.
-            unsafe { out.get().add(j).write(v) };
-        }
-        Ok(())
-    })
+    // SAFETY: the caller checked the ISA (asserted in matmul_wq_invariant_with), the
+    // type, k = x.len() (a multiple of 32, at most MAX_STACK_BLOCKS blocks) and
+    // y.len() = n; each row index belongs to exactly one task.
+    bands(w.rows, 1, &|rows| unsafe { crate::gemv::gemv_rows(isa, w, rows, &act, out) })
 }
 
 /// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`gemv_act16`] does, then the
@@ -916,7 +913,7 @@ pub(crate) mod avx2 {
 mod tests {
     use super::*;
     use crate::quant::{can_quantize, dequantize_row};
-    use crate::wq::matmul_wq;
+    use crate::wq::{dot_row_act16, matmul_wq};
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);

@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod error;
+mod gemv;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

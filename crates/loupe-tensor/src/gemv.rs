@@ -1,0 +1,341 @@
+//! The decode GEMV of `--precision native`: several Q4_1 / Q8_0 weight rows against one
+//! activation row quantized to 16-bit blocks ([`Act16`]).
+//!
+//! **Why a kernel of its own.** One row at a time ([`crate::wq::dot_row_act16`]), a
+//! 576-wide row is 18 blocks; every block waits on the scalar offset chain
+//! (`off += m * sum`, one f32 add latency per block), the f16 scale conversion and the
+//! broadcast of `d * scale`, and every row pays a call and a horizontal sum. Measured
+//! (SmolLM2 Q4_1, Intel Xeon, 1 thread) that ran at ~14 cycles per block, 5 GB/s: decode was
+//! compute-bound at half the memory bandwidth. Here [`ROWS`] weight rows go through the
+//! blocks together: the scales of the group are converted in a first pass (`p[b][r]`,
+//! each row's offset in its own register), then each block of activations is loaded
+//! once and multiplied with the block of every row of the group, whose accumulators are
+//! independent chains.
+//!
+//! **Bit for bit the single-row kernels.** Per output, the arithmetic is exactly that of
+//! `dot_row_act16` at the same ISA: the same integer lanes per block (exact, so how the
+//! weights are unpacked does not matter), the same conversion, the same FMA of
+//! `d * scale` into the even- or odd-block accumulator, the same offset chain from +0.0,
+//! the same horizontal sum. So decode keeps its numbers, and the batched engine's
+//! multi-row kernels (`crate::batch`), which repeat that arithmetic per activation row,
+//! stay bit-identical to it (tested below and in `batch`).
+
+use std::ops::Range;
+
+use crate::matmul::{OutPtr, QMatrix};
+use crate::quant::Isa;
+use crate::wq::{dot_row_act16_scalar, Act16};
+use crate::{GgmlType, TensorError};
+
+/// Weight rows per group: 4 rows x 2 accumulators = 8 registers, which with the
+/// activations and the unpacked weights fits AVX2's 16 ymm registers.
+pub const ROWS: usize = 4;
+
+/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1 or Q8_0 with `act` of `w.cols`
+/// activations (checked by the caller, [`crate::batch`]).
+///
+/// # Safety
+/// `isa` is supported by this CPU; `out` points to at least `w.rows` floats of which
+/// this call alone writes those at `rows`; `w.cols == act.q.len()`, a multiple of 32
+/// with at most [`crate::batch::MAX_STACK_BLOCKS`] blocks, and `act.scale_sum` holds
+/// two floats per block.
+pub(crate) unsafe fn gemv_rows(isa: Isa, w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) -> Result<(), TensorError> {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+        if isa >= Isa::Avx512 {
+            x86::rows_avx512(w, rows, act, out);
+        } else {
+            x86::rows_avx2(w, rows, act, out);
+        }
+        return Ok(());
+    }
+    let _ = isa;
+    for j in rows {
+        let v = dot_row_act16_scalar(w.ty, w.row(j), act)?;
+        out.get().add(j).write(v);
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::ROWS;
+    use crate::batch::MAX_STACK_BLOCKS;
+    use crate::matmul::{OutPtr, QMatrix};
+    use crate::wq::Act16;
+    use crate::GgmlType;
+
+    /// The per-block products of one group of `R` rows: `p[b * R + r] = d_{r,b} * scale_b`,
+    /// and each row's offset `sum_b m_{r,b} * sum_b` (lane 1 of `off[r]`, from +0.0, block
+    /// by block). `[d, m] * [scale, sum]` as one 2-lane multiply and the offset as a lane
+    /// add are the operations of both single-row kernels (the AVX2 one spells them as
+    /// scalar f32 operations; IEEE makes them the same).
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn prepare<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [__m128; R] {
+        let mut off = [_mm_setzero_ps(); R];
+        for b in 0..blocks {
+            if Q4_1 {
+                let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));
+                for r in 0..R {
+                    let blk = w.add(r * row_bytes + b * 20);
+                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
+                    let prod = _mm_mul_ps(dm, sc);
+                    *p.add(b * R + r) = _mm_cvtss_f32(prod);
+                    off[r] = _mm_add_ps(off[r], prod);
+                }
+            } else {
+                let scale = *ss.add(2 * b);
+                for r in 0..R {
+                    let blk = w.add(r * row_bytes + b * 34);
+                    let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
+                    *p.add(b * R + r) = d * scale;
+                }
+            }
+        }
+        off
+    }
+
+    /// How many groups of rows ahead the weights are prefetched. The rows of a group are
+    /// read side by side, [`ROWS`] short streams (360 bytes per Q4_1 row at k = 576) that
+    /// the hardware prefetcher barely trains on; without this, one core drew 5 GB/s of
+    /// the 10 it can read (SmolLM2 decode, Intel Xeon). 1, 2, 4 and 8 measured within the
+    /// noise of each other there; 4 (~6 KiB ahead at k = 576) leaves room for slower memory.
+    const PREFETCH_GROUPS: usize = 4;
+
+    /// Prefetches, for each row of the group, the block pair `b, b + 1` of the row `ahead`
+    /// bytes further on (spread through the loop, one line per row and step: a burst of
+    /// prefetches per group stalled on the fill buffers). The address may lie past the
+    /// matrix: prefetches never fault, and it is formed with `wrapping_add`.
+    #[inline(always)]
+    unsafe fn prefetch_pair<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, b: usize, ahead: usize) {
+        let pair = if Q4_1 { 40 } else { 68 };
+        for r in 0..R {
+            let p = w.wrapping_add(r * row_bytes + b * (pair / 2) + ahead);
+            _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            if pair > 64 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+            }
+        }
+    }
+
+    /// Runs `group::<R>` over `rows` in groups of [`ROWS`], the tail with fewer.
+    macro_rules! drive {
+        ($w:expr, $rows:expr, $act:expr, $out:expr, $group:ident) => {{
+            let (w, act) = ($w, $act);
+            let row_bytes = w.row_bytes();
+            let (q, ss) = (act.q.as_ptr(), act.scale_sum.as_ptr());
+            let blocks = act.q.len() / 32;
+            // Written by `prepare` before the group reads it; not zeroed (8 KiB per call).
+            let mut p = std::mem::MaybeUninit::<[f32; ROWS * MAX_STACK_BLOCKS]>::uninit();
+            let pp = p.as_mut_ptr().cast::<f32>();
+            let (mut j, end) = ($rows.start, $rows.end);
+            let base = w.data.as_ptr();
+            let q4_1 = w.ty == GgmlType::Q4_1;
+            while j < end {
+                let r = (end - j).min(ROWS);
+                let (wj, y) = (base.add(j * row_bytes), $out.get().add(j));
+                match (q4_1, r) {
+                    (true, 4) => $group::<4, true>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (true, 3) => $group::<3, true>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (true, 2) => $group::<2, true>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (true, _) => $group::<1, true>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (false, 4) => $group::<4, false>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (false, 3) => $group::<3, false>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (false, 2) => $group::<2, false>(wj, row_bytes, blocks, q, ss, pp, y),
+                    (false, _) => $group::<1, false>(wj, row_bytes, blocks, q, ss, pp, y),
+                }
+                j += r;
+            }
+        }};
+    }
+
+    /// AVX-512 driver (see [`super::gemv_rows`] for the contract).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    pub(super) unsafe fn rows_avx512(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
+        drive!(w, rows, act, out, group_avx512)
+    }
+
+    /// AVX2 driver (see [`super::gemv_rows`] for the contract).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_avx2(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
+        drive!(w, rows, act, out, group_avx2)
+    }
+
+    /// `R` consecutive weight rows at `w` against the activations: per row, the
+    /// arithmetic of `wq::avx512::dot_q{4_1,8_0}_act16` (16 i32 lanes per block from one
+    /// `vpmaddwd` of the 32 weights as i16, even blocks into `acc0`, odd into `acc1`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn group_avx512<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+        let off = prepare::<R, Q4_1>(w, row_bytes, blocks, ss, p);
+        let mask = _mm256_set1_epi8(0x0F);
+        // Q4_1: the 16 bytes in both halves of a ymm; the low half keeps the low nibbles
+        // (elements 0..16), the high half shifts to the high ones (16..32).
+        let shifts = _mm256_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+        let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let x = _mm512_loadu_si512(q.add(b * 32) as *const _);
+                for r in 0..R {
+                    let w16 = if Q4_1 {
+                        let blk = w.add(r * row_bytes + b * 20);
+                        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(4) as *const __m128i));
+                        _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(both, shifts), mask))
+                    } else {
+                        _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(r * row_bytes + b * 34 + 2) as *const __m256i))
+                    };
+                    let dot = _mm512_madd_epi16(w16, x);
+                    $acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * R + r)), _mm512_cvtepi32_ps(dot), $acc[r]);
+                }
+            }};
+        }
+        let ahead = PREFETCH_GROUPS * ROWS * row_bytes;
+        let mut b = 0;
+        while b + 2 <= blocks {
+            prefetch_pair::<R, Q4_1>(w, row_bytes, b, ahead);
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        for r in 0..R {
+            let s = crate::batch::avx512::hsum(_mm512_add_ps(acc0[r], acc1[r]));
+            // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
+            let v = if Q4_1 { s + _mm_cvtss_f32(_mm_movehdup_ps(off[r])) } else { s };
+            y.add(r).write(v);
+        }
+    }
+
+    /// `R` consecutive weight rows at `w` against the activations: per row, the
+    /// arithmetic of `batch::avx2::dot_q{4_1,8_0}_act16` (per block, elements 0..16 and
+    /// 16..32 as i16 each `vpmaddwd`'d and the two i32 vectors added: 8 lanes).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn group_avx2<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+        let off = prepare::<R, Q4_1>(w, row_bytes, blocks, ss, p);
+        let mask = _mm256_set1_epi16(0x0F);
+        let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+        macro_rules! step {
+            ($b:expr, $acc:ident) => {{
+                let b = $b;
+                let xlo = _mm256_loadu_si256(q.add(b * 32) as *const __m256i);
+                let xhi = _mm256_loadu_si256(q.add(b * 32 + 16) as *const __m256i);
+                for r in 0..R {
+                    let (wlo, whi) = if Q4_1 {
+                        // Byte i widened to word i: its low nibble is element i, its high
+                        // nibble element i + 16.
+                        let blk = w.add(r * row_bytes + b * 20);
+                        let w16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.add(4) as *const __m128i));
+                        (_mm256_and_si256(w16, mask), _mm256_srli_epi16::<4>(w16))
+                    } else {
+                        let blk = w.add(r * row_bytes + b * 34);
+                        (
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(2) as *const __m128i)),
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(18) as *const __m128i)),
+                        )
+                    };
+                    let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
+                    $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * R + r)), _mm256_cvtepi32_ps(dot), $acc[r]);
+                }
+            }};
+        }
+        let ahead = PREFETCH_GROUPS * ROWS * row_bytes;
+        let mut b = 0;
+        while b + 2 <= blocks {
+            prefetch_pair::<R, Q4_1>(w, row_bytes, b, ahead);
+            step!(b, acc0);
+            step!(b + 1, acc1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, acc0);
+        }
+        for r in 0..R {
+            let s = crate::batch::avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
+            let v = if Q4_1 { s + _mm_cvtss_f32(_mm_movehdup_ps(off[r])) } else { s };
+            y.add(r).write(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wq::dot_row_act16;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(12345);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                // Mostly small values with a few large ones, as activations are.
+                let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                if s.is_multiple_of(61) { u * 40.0 } else { u }
+            })
+            .collect()
+    }
+
+    /// Every row of every group size (1..=9 rows, so full groups and each tail) is
+    /// bit-identical to the single-row kernel of the same ISA, on every ISA this CPU has.
+    #[test]
+    #[allow(clippy::needless_range_loop)]
+    fn rows_are_bit_identical_to_the_single_row_dot() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            for (n, k) in [(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96)] {
+                let w = QMatrix::quantize(ty, n, k, &data(n * k, n as u32 * 7 + k as u32)).unwrap();
+                let x = data(k, 99 + k as u32);
+                let mut q = vec![0i16; k];
+                let mut ss = vec![0f32; 2 * (k / 32)];
+                let act = Act16::quantize(&x, &mut q, &mut ss);
+                for isa in Isa::available() {
+                    for start in 0..n.min(3) {
+                        let mut y = vec![f32::NAN; n];
+                        // SAFETY: isa is available; y holds n floats; shapes as documented.
+                        unsafe { gemv_rows(isa, &w, start..n, &act, OutPtr(y.as_mut_ptr())).unwrap() };
+                        for j in 0..n {
+                            if j < start {
+                                assert!(y[j].is_nan(), "{ty} {isa}: row {j} written outside the range");
+                                continue;
+                            }
+                            let want = dot_row_act16(isa, ty, w.row(j), &act).unwrap();
+                            assert_eq!(y[j].to_bits(), want.to_bits(), "{ty} {n}x{k} {isa} rows {start}..{n}: row {j}: {} vs {want}", y[j]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A zero activation row gives +0.0 for Q8_0 and the exact offset-free zero for
+    /// Q4_1, as the single-row kernels do (the sign of zero is part of the bits).
+    #[test]
+    fn zero_activations_keep_the_single_row_zero() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (n, k) = (6, 64);
+            let w = QMatrix::quantize(ty, n, k, &data(n * k, 5)).unwrap();
+            let x = vec![0f32; k];
+            let mut q = vec![0i16; k];
+            let mut ss = vec![0f32; 4];
+            let act = Act16::quantize(&x, &mut q, &mut ss);
+            for isa in Isa::available() {
+                let mut y = vec![1f32; n];
+                // SAFETY: as above.
+                unsafe { gemv_rows(isa, &w, 0..n, &act, OutPtr(y.as_mut_ptr())).unwrap() };
+                for (j, v) in y.iter().enumerate() {
+                    assert_eq!(v.to_bits(), dot_row_act16(isa, ty, w.row(j), &act).unwrap().to_bits(), "{ty} {isa} row {j}");
+                }
+            }
+        }
+    }
+}
