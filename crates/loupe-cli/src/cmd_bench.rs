@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// tokens in one engine step, then --n-gen decode steps of one token per sequence.
     #[arg(long, value_parser = crate::args::parse_counts)]
     pub batch: Option<crate::args::Counts>,
+    /// Skip measuring the machine's read bandwidth after the decode test (the ceiling
+    /// decode's GB/s is reported against; ~1-2 s and a 1 GiB buffer, after peak RSS is
+    /// taken).
+    #[arg(long)]
+    pub no_ceiling: bool,
     #[command(flatten)]
     pub engine: crate::args::BatchEngineArgs,
 }
@@ -195,6 +200,12 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let tg = tests.iter().find(|t| t.name.starts_with("tg"));
     let tg_bytes_per_token = tg.map(|t| traffic.bytes_per_token(t.tokens));
     let tg_read_gb_per_s = tg.zip(tg_bytes_per_token).map(|(t, b)| b * t.mean() / 1e9);
+    // Measured after peak RSS is read (the buffer would dominate it), with the engine's
+    // thread count, only when there is a decode figure to set against it.
+    let ceiling = (tg.is_some() && !args.no_ceiling)
+        .then(|| crate::bandwidth::measure(threads, crate::bandwidth::DEFAULT_BUFFER_BYTES, crate::bandwidth::DEFAULT_PASSES));
+    let share = tg_read_gb_per_s.zip(ceiling).map(|(gbs, c)| gbs / c.median_gb_per_s);
+    let isa_detected = loupe_tensor::quant::Isa::detected().name();
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -206,6 +217,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             "model_params": size.as_ref().map(|s| s.params),
             "precision": precision,
             "isa": isa,
+            "isa_detected": isa_detected,
             "threads": threads,
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
@@ -223,6 +235,11 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             "kv_bytes_per_position": traffic.kv_bytes_per_position,
             "tg_bytes_per_token": tg_bytes_per_token,
             "tg_read_gb_per_s": tg_read_gb_per_s,
+            "read_bandwidth_gb_per_s_median": ceiling.map(|c| c.median_gb_per_s),
+            "read_bandwidth_gb_per_s_best": ceiling.map(|c| c.best_gb_per_s),
+            "read_bandwidth_buffer_bytes": ceiling.map(|c| c.buffer_bytes),
+            "read_bandwidth_passes": ceiling.map(|c| c.passes),
+            "tg_share_of_read_bandwidth": share,
         });
         writeln!(out, "{obj}").context("writing stdout")?;
     } else {
@@ -264,6 +281,22 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
                 t.mean()
             )
             .context("writing stdout")?;
+        }
+        if let (Some(c), Some(share)) = (ceiling, share) {
+            writeln!(
+                out,
+                "read bandwidth ({} threads, {} MiB buffer, {} passes): median {:.1} GB/s, best {:.1} GB/s; decode draws {:.0}% of the median",
+                c.threads,
+                c.buffer_bytes >> 20,
+                c.passes,
+                c.median_gb_per_s,
+                c.best_gb_per_s,
+                100.0 * share
+            )
+            .context("writing stdout")?;
+        }
+        if isa != isa_detected {
+            writeln!(out, "note: kernels forced to {isa} by LOUPE_ISA; this CPU supports {isa_detected}").context("writing stdout")?;
         }
     }
     out.flush().context("writing stdout")?;

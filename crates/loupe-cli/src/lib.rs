@@ -10,6 +10,7 @@
 //! reported as one line on stderr naming the file or field.
 
 pub mod args;
+pub mod bandwidth;
 pub mod bench_batch;
 pub mod cmd_bench;
 pub mod cmd_bench_serve;
