@@ -10,12 +10,12 @@ use loupe_tensor::matmul::{matmul_f32, matmul_q};
 use std::time::Instant;
 
 use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
-use loupe_tensor::batch::{matmul_f32_invariant, matmul_wq_invariant};
+use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
 use crate::debug::{AssertLevel, DebugOptions, UninitMode};
-use crate::ir::{Graph, Node, Op, Plant, ValueInfo, WeightData};
+use crate::ir::{Graph, Node, Op, Plant, ValueId, ValueInfo, WeightData};
 use crate::passes::plan_memory;
 use crate::verify::row_width;
 use crate::{GraphError, KvCache, KvWrite, PagedKvCache};
@@ -76,6 +76,8 @@ pub struct Executor {
     /// arithmetic carries the poison's bit pattern on, so their own reads are not reported
     /// again: each report names a value that really was left unwritten.
     tainted: Vec<bool>,
+    /// Linear nodes run inside a grouped decode matmul so far (all runs).
+    grouped_linears: u64,
 }
 
 /// The `LOUPE_DEBUG` options the executor acts on, copied into plain fields once, so an
@@ -129,8 +131,15 @@ impl Executor {
             logits: Vec::new(),
             debug: ExecDebug::from_options(debug),
             ops_run: 0,
+            grouped_linears: 0,
             tainted: Vec::new(),
         }
+    }
+
+    /// How many linear nodes ran inside a grouped decode matmul (q/k/v, gate/up sharing one
+    /// fork-join), over every call so far: what tests and profiles check the grouping by.
+    pub fn grouped_linears(&self) -> u64 {
+        self.grouped_linears
     }
 
     /// Runs the graph on `tokens`, appending to `kv`, and returns the logits: one row of
@@ -239,7 +248,17 @@ impl Executor {
             self.tainted.resize(graph.values.len(), false);
         }
 
-        for (i, node) in graph.nodes.iter().enumerate() {
+        let mut next = 0;
+        while next < graph.nodes.len() {
+            let i = next;
+            let node = &graph.nodes[i];
+            let group = self.linear_group(graph, i, n_tokens, logits_id, step);
+            if group > 1 {
+                self.run_linear_group(graph, i, group, n_tokens, context, observer.as_deref_mut())?;
+                next += group;
+                continue;
+            }
+            next += 1;
             let info = graph.value(node.output);
             let width = row_width(info).ok_or_else(|| GraphError::Input(format!("value {} has no row width", info.name)))?;
             let is_logits = node.output == logits_id;
@@ -280,6 +299,82 @@ impl Executor {
         // The logits change places with the previous call's buffer: both keep their capacity.
         let logits_slot = self.slot_of[logits_id.0 as usize] as usize;
         std::mem::swap(&mut self.slots[logits_slot], &mut self.logits);
+        Ok(())
+    }
+
+    /// How many nodes from `i` on run as one [`matmul_wq_group`]: consecutive decode-time
+    /// linears (one token, single sequence, native precision, no bias, no planted fault,
+    /// not the logits) reading the same input, each of a type the grouped kernel takes,
+    /// each writing its own buffer slot. 1 when node `i` does not start such a run, and
+    /// always with a debug option on (those check node by node). The grouped kernel gives
+    /// every output the bits of its own matmul, so this changes the cost (one fork-join for
+    /// q/k/v, one for gate/up), never the numbers.
+    fn linear_group(&self, graph: &Graph, i: usize, n_tokens: usize, logits: ValueId, step: &StepKv<'_, '_>) -> usize {
+        if self.debug.any || n_tokens != 1 || graph.quantize_activations || !matches!(step, StepKv::Single { .. }) {
+            return 1;
+        }
+        let first = &graph.nodes[i];
+        let input = match first.inputs.first() {
+            Some(&v) => v,
+            None => return 1,
+        };
+        let k = match row_width(graph.value(input)) {
+            Some(k) => k,
+            None => return 1,
+        };
+        let eligible = |node: &Node| {
+            matches!(&node.op, Op::Linear { weight, bias: None }
+                if matches!(&graph.weight(*weight).data, WeightData::Quant(q) if can_group(q, k)))
+                && node.inputs.len() == 1
+                && node.inputs[0] == input
+                && node.side.is_none()
+                && node.fault.is_none()
+                && node.output != logits
+        };
+        let mut slots = vec![self.slot_of[input.0 as usize]];
+        let mut n = 0;
+        for node in &graph.nodes[i..] {
+            let slot = self.slot_of[node.output.0 as usize];
+            if !eligible(node) || slots.contains(&slot) {
+                break;
+            }
+            slots.push(slot);
+            n += 1;
+        }
+        n.max(1)
+    }
+
+    /// Runs nodes `i..i + count` (a [`Self::linear_group`]) as one grouped matmul, then shows
+    /// each output to the observer in node order, as the node-by-node loop would.
+    fn run_linear_group<'o>(&mut self, graph: &Graph, i: usize, count: usize, n_tokens: usize, context: usize, mut observer: Option<&mut (dyn Observer + 'o)>) -> Result<(), GraphError> {
+        let nodes = &graph.nodes[i..i + count];
+        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(count);
+        let mut ws = Vec::with_capacity(count);
+        for node in nodes {
+            let Op::Linear { weight, .. } = &node.op else { unreachable!("linear_group takes linears only") };
+            let WeightData::Quant(q) = &graph.weight(*weight).data else { unreachable!("linear_group takes quantized weights only") };
+            let mut out = std::mem::take(&mut self.slots[self.slot_of[node.output.0 as usize] as usize]);
+            out.clear();
+            out.resize(q.rows, 0.0);
+            outs.push(out);
+            ws.push(&**q);
+        }
+        let x = &self.slots[self.slot_of[nodes[0].inputs[0].0 as usize] as usize];
+        let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        matmul_wq_group(x, &ws, &mut ys).map_err(|source| {
+            let info = graph.value(nodes[0].output);
+            GraphError::Kernel { op: nodes[0].op.name(), name: info.name.clone(), location: info.location.to_string(), source }
+        })?;
+        self.grouped_linears += count as u64;
+        for (node, out) in nodes.iter().zip(outs) {
+            let info = graph.value(node.output);
+            if let Some(obs) = observer.as_deref_mut() {
+                if obs.wants(info) {
+                    obs.observe(info, &info.concrete_shape(n_tokens, context), &out);
+                }
+            }
+            self.slots[self.slot_of[node.output.0 as usize] as usize] = out;
+        }
         Ok(())
     }
 

@@ -395,6 +395,36 @@ fn an_observer_that_wants_nothing_is_shown_nothing_and_changes_nothing() {
     assert_eq!(plain, tapped, "observing every value changed the logits");
 }
 
+/// Decode runs q/k/v and gate/up as one grouped matmul each (one fork-join), which must
+/// change no bit: every value and the logits equal those of the node-by-node loop (which any
+/// debug option forces; `assert-level=all` checks without changing anything).
+#[test]
+fn grouped_decode_linears_change_no_value_bit_for_bit() {
+    for g in [model(Precision::Native).graph, lowered(&model(Precision::Native).graph)] {
+        let run = |debug: &DebugOptions| {
+            let mut exec = Executor::new(&g, debug);
+            let mut kv = cache(&g);
+            exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None).unwrap();
+            let mut rec = Recorder::default();
+            let logits: Vec<u32> = exec.run(&g, &[17], &mut kv, RunOptions::default(), Some(&mut rec)).unwrap().iter().map(|x| x.to_bits()).collect();
+            let again: Vec<u32> = exec.run(&g, &[18], &mut kv, RunOptions::default(), None).unwrap().iter().map(|x| x.to_bits()).collect();
+            (rec, logits, again, exec.grouped_linears())
+        };
+        let (grouped, logits, again, n_grouped) = run(&DebugOptions::default());
+        let checked = DebugOptions { assert_level: loupe_graph::debug::AssertLevel::All, ..DebugOptions::default() };
+        let (plain, plain_logits, plain_again, n_plain) = run(&checked);
+        // Two decode steps, each with q/k/v and gate/up in every layer.
+        assert_eq!(n_grouped, 2 * 5 * g.kv_layers as u64, "the grouping did not happen");
+        assert_eq!(n_plain, 0, "a debug option must run node by node");
+        assert_eq!(grouped.order, plain.order, "observation order");
+        for (name, v) in &plain.values {
+            assert!(grouped.values.get(name) == Some(v), "{name} differs between grouped and node-by-node decode");
+        }
+        assert_eq!(logits, plain_logits);
+        assert_eq!(again, plain_again, "the step after an observed one");
+    }
+}
+
 #[test]
 fn lowering_changes_no_value_bit_for_bit() {
     for precision in [Precision::F32, Precision::Native, Precision::Q8] {

@@ -142,6 +142,68 @@ fn gemv_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), Ten
     bands(w.rows, 1, &|rows| unsafe { crate::gemv::gemv_rows(isa, w, rows, &act, out) })
 }
 
+/// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1 or Q8_0 rows of
+/// `k` columns, `k` a multiple of 32 with at most [`MAX_STACK_BLOCKS`] blocks (the decode
+/// path of [`matmul_wq_invariant`]).
+pub fn can_group(w: &QMatrix, k: usize) -> bool {
+    matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && w.cols == k && k.is_multiple_of(32) && k / 32 <= MAX_STACK_BLOCKS
+}
+
+/// Decode (one activation row `x`) through several weight matrices that share it, as one
+/// fork-join: `ys[i] = x @ ws[i]^T`. `x` is quantized once and the rows of all matrices
+/// are split into one set of tasks, so q/k/v (or gate/up) cost one synchronisation of the
+/// compute threads instead of three (or two). Every output is bit-identical to
+/// [`matmul_wq_invariant`] (and so to [`crate::wq::matmul_wq`]) on the same matrix: the
+/// same quantization and the same per-row kernel.
+pub fn matmul_wq_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]]) -> Result<(), TensorError> {
+    matmul_wq_group_with(Isa::active(), x, ws, ys)
+}
+
+/// [`matmul_wq_group`] on the kernels of a given ISA level.
+///
+/// # Panics
+/// If this CPU does not support `isa`.
+pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]]) -> Result<(), TensorError> {
+    assert!(isa.is_supported(), "matmul_wq_group_with: this CPU does not support {isa}");
+    let k = x.len();
+    if ws.len() != ys.len() {
+        return Err(TensorError::Shape { op: "matmul_wq_group", detail: format!("{} matrices but {} outputs", ws.len(), ys.len()) });
+    }
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        if !can_group(w, k) || y.len() != w.rows {
+            return Err(TensorError::Shape {
+                op: "matmul_wq_group",
+                detail: format!("{} x {} {} against {k} activations into {} outputs", w.rows, w.cols, w.ty, y.len()),
+            });
+        }
+    }
+    let blocks = k / 32;
+    let mut q = [0i16; MAX_STACK_BLOCKS * 32];
+    let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
+    let act = Act16::quantize(x, &mut q[..k], &mut scale_sum[..2 * blocks]);
+    // Global row r of the group is row r - starts[i] of matrix i.
+    let mut starts = Vec::with_capacity(ws.len() + 1);
+    let mut total = 0;
+    for w in ws {
+        starts.push(total);
+        total += w.rows;
+    }
+    starts.push(total);
+    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+    bands(total, 1, &|rows| {
+        for (i, w) in ws.iter().enumerate() {
+            let (lo, hi) = (rows.start.max(starts[i]), rows.end.min(starts[i + 1]));
+            if lo < hi {
+                // SAFETY: the ISA is supported (asserted above); w was checked by can_group
+                // against k = x.len(); outs[i] has w.rows floats (checked above) and rows
+                // lo..hi of the group (local rows lo - starts[i]..) belong to this task alone.
+                unsafe { crate::gemv::gemv_rows(isa, w, lo - starts[i]..hi - starts[i], &act, outs[i])? };
+            }
+        }
+        Ok(())
+    })
+}
+
 /// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`gemv_act16`] does, then the
 /// multi-row kernels of `isa`.
 fn batch_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
@@ -1104,6 +1166,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One fork-join over q/k/v-shaped matrices (and a Q8_0 one) gives each output the bits
+    /// of its own decode matmul, on every ISA.
+    #[test]
+    fn a_group_equals_its_matrices_one_by_one() {
+        let k = 576;
+        let mats: Vec<QMatrix> = [(GgmlType::Q4_1, 576), (GgmlType::Q4_1, 192), (GgmlType::Q8_0, 190), (GgmlType::Q4_1, 5)]
+            .iter()
+            .enumerate()
+            .map(|(s, &(ty, n))| matrix(ty, n, k, 40 + s as u32).0)
+            .collect();
+        let x = acts(1, k, 9);
+        for isa in Isa::available() {
+            let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+            let ws: Vec<&QMatrix> = mats.iter().collect();
+            let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            matmul_wq_group_with(isa, &x, &ws, &mut ys).unwrap();
+            for (w, got) in mats.iter().zip(&outs) {
+                let mut want = vec![0f32; w.rows];
+                matmul_wq_invariant_with(isa, &x, w, &mut want, 1).unwrap();
+                assert_eq!(bits(got), bits(&want), "{} {}x{} at {isa}", w.ty, w.rows, w.cols);
+            }
+        }
+        // Mismatched shapes are errors, not panics.
+        let mut short = vec![0f32; 3];
+        assert!(matmul_wq_group(&x, &[&mats[0]], &mut [short.as_mut_slice()]).is_err());
+        assert!(matmul_wq_group(&x[..64], &[&mats[0]], &mut [vec![0f32; 576].as_mut_slice()]).is_err());
+        assert!(matmul_wq_group(&x, &[&mats[0], &mats[1]], &mut [vec![0f32; 576].as_mut_slice()]).is_err());
     }
 
     #[test]
