@@ -122,6 +122,24 @@ mod x86 {
         }
     }
 
+    /// The block loop of both ISAs' groups: pairs of blocks (the even one into `$acc0`, the
+    /// odd one into `$acc1`, as the single-row kernels), each pair's prefetch issued first,
+    /// then an odd last block.
+    macro_rules! block_pairs {
+        ($blocks:expr, $prefetch:expr, $step:ident, $acc0:ident, $acc1:ident) => {{
+            let mut b = 0;
+            while b + 2 <= $blocks {
+                $prefetch(b);
+                $step!(b, $acc0);
+                $step!(b + 1, $acc1);
+                b += 2;
+            }
+            if b < $blocks {
+                $step!(b, $acc0);
+            }
+        }};
+    }
+
     /// Runs `group::<R>` over `rows` in groups of [`ROWS`], the tail with fewer.
     macro_rules! drive {
         ($w:expr, $rows:expr, $act:expr, $out:expr, $group:ident) => {{
@@ -195,17 +213,7 @@ mod x86 {
                 }
             }};
         }
-        let ahead = PREFETCH_GROUPS * ROWS * row_bytes;
-        let mut b = 0;
-        while b + 2 <= blocks {
-            prefetch_pair::<R, Q4_1>(w, row_bytes, b, ahead);
-            step!(b, acc0);
-            step!(b + 1, acc1);
-            b += 2;
-        }
-        if b < blocks {
-            step!(b, acc0);
-        }
+        block_pairs!(blocks, |b| prefetch_pair::<R, Q4_1>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = crate::batch::avx512::hsum(_mm512_add_ps(acc0[r], acc1[r]));
             // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
@@ -248,17 +256,7 @@ mod x86 {
                 }
             }};
         }
-        let ahead = PREFETCH_GROUPS * ROWS * row_bytes;
-        let mut b = 0;
-        while b + 2 <= blocks {
-            prefetch_pair::<R, Q4_1>(w, row_bytes, b, ahead);
-            step!(b, acc0);
-            step!(b + 1, acc1);
-            b += 2;
-        }
-        if b < blocks {
-            step!(b, acc0);
-        }
+        block_pairs!(blocks, |b| prefetch_pair::<R, Q4_1>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = crate::batch::avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
             let v = if Q4_1 { s + _mm_cvtss_f32(_mm_movehdup_ps(off[r])) } else { s };
