@@ -24,17 +24,18 @@ pub const DEFAULT_BUFFER_BYTES: usize = 1 << 30;
 pub const DEFAULT_PASSES: usize = 7;
 
 /// Measures with a fresh buffer of `buffer_bytes` (rounded down to whole `u64` slices per
-/// thread), which is freed before returning. `threads` and `passes` are at least 1.
-pub fn measure(threads: usize, buffer_bytes: usize, passes: usize) -> ReadBandwidth {
+/// thread), which is freed before returning. `threads` and `passes` are at least 1. `None`
+/// when the buffer cannot be allocated (a small machine): the caller reports no ceiling.
+pub fn measure(threads: usize, buffer_bytes: usize, passes: usize) -> Option<ReadBandwidth> {
     let threads = threads.max(1);
     let passes = passes.max(1);
     let per_thread = (buffer_bytes / 8 / threads).max(4);
+    let len = per_thread.checked_mul(threads)?;
+    let mut buf: Vec<u64> = Vec::new();
+    buf.try_reserve_exact(len).ok()?;
     // Non-zero contents, written once, so every page is resident (and not the shared
     // zero page) before the timed passes.
-    let mut buf: Vec<u64> = vec![0; per_thread * threads];
-    for (i, v) in buf.iter_mut().enumerate() {
-        *v = i as u64;
-    }
+    buf.extend(0..len as u64);
     let mut rates = Vec::with_capacity(passes);
     for _ in 0..passes {
         let start = Instant::now();
@@ -47,13 +48,13 @@ pub fn measure(threads: usize, buffer_bytes: usize, passes: usize) -> ReadBandwi
         rates.push((per_thread * threads * 8) as f64 / secs / 1e9);
     }
     rates.sort_by(f64::total_cmp);
-    ReadBandwidth {
+    Some(ReadBandwidth {
         threads,
         buffer_bytes: per_thread * threads * 8,
         passes,
         best_gb_per_s: rates[rates.len() - 1],
         median_gb_per_s: rates[rates.len() / 2],
-    }
+    })
 }
 
 /// Four independent accumulators, so the adds do not serialize and the loop is bound by
@@ -82,7 +83,7 @@ mod tests {
 
     #[test]
     fn a_small_measurement_is_positive_and_ordered() {
-        let bw = measure(2, 8 << 20, 3);
+        let bw = measure(2, 8 << 20, 3).expect("8 MiB");
         assert!(bw.best_gb_per_s > 0.0 && bw.best_gb_per_s.is_finite());
         assert!(bw.median_gb_per_s <= bw.best_gb_per_s);
         assert_eq!(bw.buffer_bytes, 8 << 20);

@@ -203,7 +203,8 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     // Measured after peak RSS is read (the buffer would dominate it), with the engine's
     // thread count, only when there is a decode figure to set against it.
     let ceiling = (tg.is_some() && !args.no_ceiling)
-        .then(|| crate::bandwidth::measure(threads, crate::bandwidth::DEFAULT_BUFFER_BYTES, crate::bandwidth::DEFAULT_PASSES));
+        .then(|| crate::bandwidth::measure(threads, crate::bandwidth::DEFAULT_BUFFER_BYTES, crate::bandwidth::DEFAULT_PASSES))
+        .flatten();
     let share = tg_read_gb_per_s.zip(ceiling).map(|(gbs, c)| gbs / c.median_gb_per_s);
     let isa_detected = loupe_tensor::quant::Isa::detected().name();
 

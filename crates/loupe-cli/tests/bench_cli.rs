@@ -42,6 +42,13 @@ fn bench_json(model: &std::path::Path) -> serde_json::Value {
     let kv = v["kv_bytes_per_position"].as_f64().expect("kv_bytes_per_position");
     let per_token = positive_finite(&v, "tg_bytes_per_token");
     assert!((per_token - (weights + kv * 2.5)).abs() < 1.0, "{v}");
+    // The read-bandwidth ceiling, measured after the tests, and decode's share of it.
+    let median = positive_finite(&v, "read_bandwidth_gb_per_s_median");
+    assert!(positive_finite(&v, "read_bandwidth_gb_per_s_best") >= median, "{v}");
+    assert_eq!(v["read_bandwidth_buffer_bytes"].as_u64(), Some(1 << 30), "{v}");
+    let share = positive_finite(&v, "tg_share_of_read_bandwidth");
+    assert!((share - v["tg_read_gb_per_s"].as_f64().unwrap() / median).abs() < 1e-9, "{v}");
+    assert!(["scalar", "avx2", "avx512"].contains(&v["isa_detected"].as_str().expect("isa_detected")), "{v}");
     v
 }
 
@@ -82,6 +89,14 @@ fn table_and_single_test() {
     assert!(text.contains("| tg2 ") && !text.contains("pp0"), "{text}");
     assert!(text.contains("CPU f32"), "{text}");
     assert!(text.contains("peak RSS"), "{text}");
+    assert!(text.contains("read bandwidth (1 threads, 1024 MiB buffer") && text.contains("% of the median"), "{text}");
+    // --no-ceiling: no measurement, null fields; prefill alone never measures it.
+    for args in [&["-p", "0", "-n", "2", "--no-ceiling"][..], &["-p", "4", "-n", "0"][..]] {
+        let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-r", "1", "-t", "1", "--json"]).args(args));
+        assert!(out.status.success(), "loupe bench {args:?} failed: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+        assert!(v["read_bandwidth_gb_per_s_median"].is_null() && v["tg_share_of_read_bandwidth"].is_null(), "{args:?}: {v}");
+    }
 }
 
 #[test]
