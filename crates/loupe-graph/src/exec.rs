@@ -10,7 +10,7 @@ use loupe_tensor::matmul::{matmul_f32, matmul_q};
 use std::time::Instant;
 
 use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
-use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant};
+use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
@@ -331,15 +331,16 @@ impl Executor {
                 && node.fault.is_none()
                 && node.output != logits
         };
-        let mut slots = vec![self.slot_of[input.0 as usize]];
+        // The input's slot and the outputs' so far (fixed size: decode allocates nothing).
+        let mut slots = [self.slot_of[input.0 as usize]; MAX_GROUP + 1];
         let mut n = 0;
-        for node in &graph.nodes[i..] {
+        for node in graph.nodes[i..].iter().take(MAX_GROUP) {
             let slot = self.slot_of[node.output.0 as usize];
-            if !eligible(node) || slots.contains(&slot) {
+            if !eligible(node) || slots[..=n].contains(&slot) {
                 break;
             }
-            slots.push(slot);
             n += 1;
+            slots[n] = slot;
         }
         n.max(1)
     }
@@ -348,25 +349,36 @@ impl Executor {
     /// each output to the observer in node order, as the node-by-node loop would.
     fn run_linear_group<'o>(&mut self, graph: &Graph, i: usize, count: usize, n_tokens: usize, context: usize, mut observer: Option<&mut (dyn Observer + 'o)>) -> Result<(), GraphError> {
         let nodes = &graph.nodes[i..i + count];
-        let mut outs: Vec<Vec<f32>> = Vec::with_capacity(count);
-        let mut ws = Vec::with_capacity(count);
-        for node in nodes {
-            let Op::Linear { weight, .. } = &node.op else { unreachable!("linear_group takes linears only") };
-            let WeightData::Quant(q) = &graph.weight(*weight).data else { unreachable!("linear_group takes quantized weights only") };
+        let quant = |node: &Node| match &node.op {
+            Op::Linear { weight, .. } => match &graph.weight(*weight).data {
+                WeightData::Quant(q) => &**q,
+                WeightData::F32(_) => unreachable!("linear_group takes quantized weights only"),
+            },
+            _ => unreachable!("linear_group takes linears only"),
+        };
+        // Fixed arrays, not Vecs: a warm decode step allocates nothing (the output buffers
+        // are the slots' own, taken out and put back).
+        let mut ws = [quant(&nodes[0]); MAX_GROUP];
+        let mut outs: [Vec<f32>; MAX_GROUP] = Default::default();
+        for (j, node) in nodes.iter().enumerate() {
+            ws[j] = quant(node);
             let mut out = std::mem::take(&mut self.slots[self.slot_of[node.output.0 as usize] as usize]);
             out.clear();
-            out.resize(q.rows, 0.0);
-            outs.push(out);
-            ws.push(&**q);
+            out.resize(ws[j].rows, 0.0);
+            outs[j] = out;
         }
-        let x = &self.slots[self.slot_of[nodes[0].inputs[0].0 as usize] as usize];
-        let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
-        matmul_wq_group(x, &ws, &mut ys).map_err(|source| {
-            let info = graph.value(nodes[0].output);
-            GraphError::Kernel { op: nodes[0].op.name(), name: info.name.clone(), location: info.location.to_string(), source }
-        })?;
+        {
+            let x = &self.slots[self.slot_of[nodes[0].inputs[0].0 as usize] as usize];
+            let [a, b, c, d] = &mut outs;
+            let mut ys: [&mut [f32]; MAX_GROUP] = [a, b, c, d];
+            matmul_wq_group(x, &ws[..count], &mut ys[..count]).map_err(|source| {
+                let info = graph.value(nodes[0].output);
+                GraphError::Kernel { op: nodes[0].op.name(), name: info.name.clone(), location: info.location.to_string(), source }
+            })?;
+        }
         self.grouped_linears += count as u64;
-        for (node, out) in nodes.iter().zip(outs) {
+        for (node, out) in nodes.iter().zip(outs.iter_mut()) {
+            let out = std::mem::take(out);
             let info = graph.value(node.output);
             if let Some(obs) = observer.as_deref_mut() {
                 if obs.wants(info) {

@@ -149,6 +149,10 @@ pub fn can_group(w: &QMatrix, k: usize) -> bool {
     matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && w.cols == k && k.is_multiple_of(32) && k / 32 <= MAX_STACK_BLOCKS
 }
 
+/// Most matrices one [`matmul_wq_group`] call takes (q/k/v need 3): the bookkeeping lives
+/// in fixed arrays, so a decode step allocates nothing.
+pub const MAX_GROUP: usize = 4;
+
 /// Decode (one activation row `x`) through several weight matrices that share it, as one
 /// fork-join: `ys[i] = x @ ws[i]^T`. `x` is quantized once and the rows of all matrices
 /// are split into one set of tasks, so q/k/v (or gate/up) cost one synchronisation of the
@@ -166,8 +170,8 @@ pub fn matmul_wq_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]]) -> Res
 pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]]) -> Result<(), TensorError> {
     assert!(isa.is_supported(), "matmul_wq_group_with: this CPU does not support {isa}");
     let k = x.len();
-    if ws.len() != ys.len() {
-        return Err(TensorError::Shape { op: "matmul_wq_group", detail: format!("{} matrices but {} outputs", ws.len(), ys.len()) });
+    if ws.len() != ys.len() || ws.len() > MAX_GROUP {
+        return Err(TensorError::Shape { op: "matmul_wq_group", detail: format!("{} matrices and {} outputs (equal, at most {MAX_GROUP})", ws.len(), ys.len()) });
     }
     for (w, y) in ws.iter().zip(ys.iter()) {
         if !can_group(w, k) || y.len() != w.rows {
@@ -182,14 +186,13 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
     let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
     let act = Act16::quantize(x, &mut q[..k], &mut scale_sum[..2 * blocks]);
     // Global row r of the group is row r - starts[i] of matrix i.
-    let mut starts = Vec::with_capacity(ws.len() + 1);
-    let mut total = 0;
-    for w in ws {
-        starts.push(total);
-        total += w.rows;
+    let mut starts = [0usize; MAX_GROUP + 1];
+    let mut outs = [OutPtr(std::ptr::null_mut()); MAX_GROUP];
+    for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
+        starts[i + 1] = starts[i] + w.rows;
+        outs[i] = OutPtr(y.as_mut_ptr());
     }
-    starts.push(total);
-    let outs: Vec<OutPtr> = ys.iter_mut().map(|y| OutPtr(y.as_mut_ptr())).collect();
+    let total = starts[ws.len()];
     bands(total, 1, &|rows| {
         for (i, w) in ws.iter().enumerate() {
             let (lo, hi) = (rows.start.max(starts[i]), rows.end.min(starts[i + 1]));
@@ -1195,6 +1198,10 @@ mod tests {
         assert!(matmul_wq_group(&x, &[&mats[0]], &mut [short.as_mut_slice()]).is_err());
         assert!(matmul_wq_group(&x[..64], &[&mats[0]], &mut [vec![0f32; 576].as_mut_slice()]).is_err());
         assert!(matmul_wq_group(&x, &[&mats[0], &mats[1]], &mut [vec![0f32; 576].as_mut_slice()]).is_err());
+        let five: Vec<&QMatrix> = std::iter::repeat_n(&mats[3], MAX_GROUP + 1).collect();
+        let mut bufs = vec![vec![0f32; 5]; MAX_GROUP + 1];
+        let mut ys: Vec<&mut [f32]> = bufs.iter_mut().map(|v| v.as_mut_slice()).collect();
+        assert!(matmul_wq_group(&x, &five, &mut ys).is_err(), "more than MAX_GROUP matrices");
     }
 
     #[test]
