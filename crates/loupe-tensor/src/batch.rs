@@ -97,9 +97,10 @@ pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32],
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let blocks = k / 32;
-    if matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && k.is_multiple_of(32) && blocks <= MAX_STACK_BLOCKS {
-        return if m == 1 { gemv_act16(isa, x, w, y) } else { batch_act16(isa, x, w, y, m) };
+    if can_group(w, k) {
+        // Decode: a group of one matrix (the activation row quantized to Act16 on the stack,
+        // then crate::gemv, each row bit-identical to wq::dot_row_act16). Allocates nothing.
+        return if m == 1 { matmul_wq_group_with(isa, x, &[w], &mut [y]) } else { batch_act16(isa, x, w, y, m) };
     }
     if w.ty == GgmlType::F32 {
         let wp = w.data.as_ptr().cast::<f32>();
@@ -125,21 +126,6 @@ fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorEr
         let j0 = (t * per).min(n);
         band(j0..(j0 + per).min(n))
     })
-}
-
-/// Decode (`m == 1`) for Q4_1 / Q8_0: the activation row quantized to [`Act16`] on the
-/// stack, then `crate::gemv` (groups of weight rows, each bit-identical to
-/// [`crate::wq::dot_row_act16`]). Allocates nothing.
-fn gemv_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32]) -> Result<(), TensorError> {
-    let blocks = x.len() / 32;
-    let mut q = [0i16; MAX_STACK_BLOCKS * 32];
-    let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
-    let act = Act16::quantize(x, &mut q[..x.len()], &mut scale_sum[..2 * blocks]);
-    let out = OutPtr(y.as_mut_ptr());
-    // SAFETY: the caller checked the ISA (asserted in matmul_wq_invariant_with), the
-    // type, k = x.len() (a multiple of 32, at most MAX_STACK_BLOCKS blocks) and
-    // y.len() = n; each row index belongs to exactly one task.
-    bands(w.rows, 1, &|rows| unsafe { crate::gemv::gemv_rows(isa, w, rows, &act, out) })
 }
 
 /// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1 or Q8_0 rows of
@@ -207,7 +193,7 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
     })
 }
 
-/// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`gemv_act16`] does, then the
+/// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`matmul_wq_group`] does, then the
 /// multi-row kernels of `isa`.
 fn batch_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     BATCH.with(|cell| match cell.try_borrow_mut() {
