@@ -6,9 +6,17 @@
 //! [`AttentionVariant`] selects two other conventions that models (or porting bugs) use: a
 //! query-to-kv head map by modulo, and no causal mask within the call (encoders, prefix-LM
 //! prompts). The default is the Llama one; [`causal_attention`] takes it.
+//!
+//! The cache may hold f32 or f16 rows ([`attention_cached`]): decode widens f16 rows in
+//! registers inside its dot / axpy (exactly, so the result equals widening first), prefill
+//! widens the layer's rows once per call and runs its matrix products in f32.
 
 use std::cell::RefCell;
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+use super::paged_attention::{KvBlocks, MAX_HEAD_DIM};
 use crate::matmul::{gemm_x_wt, OutPtr};
 use crate::pool;
 use crate::quant::Isa;
@@ -31,6 +39,8 @@ const MIN_SCORE_SCRATCH: usize = 8192;
 thread_local! {
     static SCORES_FIXED: RefCell<[f32; MIN_SCORE_SCRATCH]> = const { RefCell::new([0.0; MIN_SCORE_SCRATCH]) };
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The caller's f16 keys and values widened to f32 for a prefill call's matrix products.
+    static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Head geometry of one attention call.
@@ -110,6 +120,25 @@ pub fn attention(
     out: &mut [f32],
     probs: Option<&mut [f32]>,
 ) -> Result<(), TensorError> {
+    attention_cached(shape, variant, q, KvBlocks::F32(k), KvBlocks::F32(v), ctx, out, probs)
+}
+
+/// [`attention`] over cached rows of f32 or f16 (keys and values each either).
+///
+/// Decode rows read f16 rows through [`dot_cached`] / [`axpy_cached`]; a prefill call
+/// (`tokens >= 8`) widens rows `0..ctx` of f16 keys or values to f32 on the calling
+/// thread first (one conversion per layer and call, not per head) and then runs as f32.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_cached(
+    shape: AttentionShape,
+    variant: AttentionVariant,
+    q: &[f32],
+    k: KvBlocks<'_>,
+    v: KvBlocks<'_>,
+    ctx: usize,
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+) -> Result<(), TensorError> {
     let AttentionShape { n_heads, n_kv_heads, head_dim, scale } = shape;
     let q_width = n_heads * head_dim;
     let kv_width = n_kv_heads * head_dim;
@@ -132,6 +161,10 @@ pub fn attention(
             ),
         });
     }
+    let f16_rows = matches!(k, KvBlocks::F16(_)) || matches!(v, KvBlocks::F16(_));
+    if f16_rows && head_dim > MAX_HEAD_DIM {
+        return Err(TensorError::Shape { op: "attention", detail: format!("head_dim {head_dim} over {MAX_HEAD_DIM} with an f16 cache") });
+    }
     if let Some(p) = &probs {
         if p.len() != n_heads * tokens * ctx {
             return Err(TensorError::Shape {
@@ -140,6 +173,29 @@ pub fn attention(
             });
         }
     }
+    if f16_rows && tokens >= GEMM_MIN_TOKENS {
+        let n = ctx * kv_width;
+        let widen = |rows: KvBlocks<'_>, dst: &mut [f32]| match rows {
+            KvBlocks::F32(d) => dst.copy_from_slice(&d[..n]),
+            KvBlocks::F16(d) => d[..n].convert_to_f32_slice(dst),
+        };
+        let run = |buf: &mut Vec<f32>| {
+            buf.resize(2 * n, 0.0);
+            let (kw, vw) = buf.split_at_mut(n);
+            widen(k, kw);
+            widen(v, vw);
+            attention_cached(shape, variant, q, KvBlocks::F32(kw), KvBlocks::F32(vw), ctx, out, probs)
+        };
+        return WIDENED.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => run(&mut buf),
+            Err(_) => run(&mut Vec::new()),
+        });
+    }
+    // Prefill reads f32 rows (f16 ones were widened above).
+    let (k32, v32): (&[f32], &[f32]) = match (k, v) {
+        (KvBlocks::F32(k), KvBlocks::F32(v)) => (k, v),
+        _ => (&[], &[]),
+    };
     let past = ctx - tokens;
     let group = n_heads / n_kv_heads;
     let isa = Isa::active();
@@ -175,7 +231,7 @@ pub fn attention(
                 // stride kv_width; the destination is rows `rows`, head h of `out` (row
                 // stride q_width), which only this task writes. Lengths were checked above.
                 unsafe {
-                    gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, k.as_ptr().add(kv_h * head_dim), kv_width);
+                    gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, k32.as_ptr().add(kv_h * head_dim), kv_width);
                 }
                 for (i, t) in rows.clone().enumerate() {
                     let visible = visible_keys(t);
@@ -195,12 +251,14 @@ pub fn attention(
                         rows.len(), head_dim, n_keys,
                         out_ptr.get().add(rows.start * q_width + h * head_dim), 1, q_width as isize, false,
                         s_all.as_ptr(), 1, n_keys as isize,
-                        v.as_ptr().add(kv_h * head_dim), 1, kv_width as isize,
+                        v32.as_ptr().add(kv_h * head_dim), 1, kv_width as isize,
                         0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None,
                     );
                 }
                 return;
             }
+            let mut wide_row = [0f32; MAX_HEAD_DIM];
+            let wide_row = &mut wide_row[..head_dim.min(MAX_HEAD_DIM)];
             for t in rows {
                 let q_row = &q[t * q_width + h * head_dim..][..head_dim];
                 let visible = visible_keys(t);
@@ -211,8 +269,7 @@ pub fn attention(
                     None => &mut scratch[..ctx],
                 };
                 for (j, s) in scores[..visible].iter_mut().enumerate() {
-                    let k_row = &k[j * kv_width + kv_h * head_dim..][..head_dim];
-                    *s = dot(isa, q_row, k_row);
+                    *s = dot_cached(isa, q_row, &k, j * kv_width + kv_h * head_dim, wide_row);
                 }
                 softmax_row(&mut scores[..visible], scale);
                 // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
@@ -220,8 +277,7 @@ pub fn attention(
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
                 o.fill(0.0);
                 for (j, &p) in scores[..visible].iter().enumerate() {
-                    let v_row = &v[j * kv_width + kv_h * head_dim..][..head_dim];
-                    axpy(isa, p, v_row, o);
+                    axpy_cached(isa, p, &v, j * kv_width + kv_h * head_dim, wide_row, o);
                 }
                 scores[visible..].fill(0.0);
             }
@@ -260,14 +316,20 @@ pub(crate) fn softmax_row(scores: &mut [f32], scale: f32) {
     }
 }
 
-/// `a . b` (equal lengths): AVX-512 with four accumulators when available, else the
-/// scalar reference [`dot_scalar`].
+/// `a . b` (equal lengths): four vector accumulators (AVX-512: 16 lanes, AVX2: 8) when
+/// the ISA has them, else the scalar reference [`dot_scalar`].
 #[inline]
 pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx512 && a.len() == b.len() {
-        // SAFETY: the CPU has AVX-512F (Isa::Avx512); equal lengths checked.
-        return unsafe { simd::dot(a, b) };
+    if a.len() == b.len() {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the CPU has AVX-512F (Isa::Avx512); equal lengths checked.
+            return unsafe { simd512::dot_f32(a, b) };
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: the CPU has AVX2 and FMA (Isa::Avx2); equal lengths checked.
+            return unsafe { simd256::dot_f32(a, b) };
+        }
     }
     let _ = isa;
     dot_scalar(a, b)
@@ -282,9 +344,15 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 #[inline]
 pub(crate) fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx512 && x.len() == y.len() {
-        // SAFETY: the CPU has AVX-512F; equal lengths checked.
-        return unsafe { simd::axpy(alpha, x, y) };
+    if x.len() == y.len() {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the CPU has AVX-512F; equal lengths checked.
+            return unsafe { simd512::axpy_f32(alpha, x, y) };
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: the CPU has AVX2 and FMA; equal lengths checked.
+            return unsafe { simd256::axpy_f32(alpha, x, y) };
+        }
     }
     let _ = isa;
     for (acc, &v) in y.iter_mut().zip(x) {
@@ -292,50 +360,189 @@ pub(crate) fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `q . row` for the cached row at `start`: f32 rows go straight to [`dot`]; f16 rows are
+/// widened in registers by a twin of that dot with the same accumulators in the same
+/// order (so the result equals widening first, then the f32 dot, bit for bit). `scratch`
+/// (`q.len()` floats) holds the widened row where no SIMD twin runs.
+#[inline]
+pub(crate) fn dot_cached(isa: Isa, q: &[f32], rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32]) -> f32 {
+    match rows {
+        KvBlocks::F32(d) => dot(isa, q, &d[start..start + q.len()]),
+        KvBlocks::F16(d) => {
+            let k = &d[start..start + q.len()];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if isa >= Isa::Avx512 {
+                    // SAFETY: AVX-512F and F16C are available (Isa::Avx512); equal lengths.
+                    return unsafe { simd512::dot_f16(q, k) };
+                }
+                if isa >= Isa::Avx2 {
+                    // SAFETY: AVX2, FMA and F16C are available (Isa::Avx2); equal lengths.
+                    return unsafe { simd256::dot_f16(q, k) };
+                }
+            }
+            k.convert_to_f32_slice(scratch);
+            dot(isa, q, scratch)
+        }
+    }
+}
+
+/// `out += w * row` for the cached row at `start` (see [`dot_cached`]).
+#[inline]
+pub(crate) fn axpy_cached(isa: Isa, w: f32, rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32], out: &mut [f32]) {
+    match rows {
+        KvBlocks::F32(d) => axpy(isa, w, &d[start..start + out.len()], out),
+        KvBlocks::F16(d) => {
+            let v = &d[start..start + out.len()];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if isa >= Isa::Avx512 {
+                    // SAFETY: as in dot_cached.
+                    return unsafe { simd512::axpy_f16(w, v, out) };
+                }
+                if isa >= Isa::Avx2 {
+                    // SAFETY: as in dot_cached.
+                    return unsafe { simd256::axpy_f16(w, v, out) };
+                }
+            }
+            v.convert_to_f32_slice(scratch);
+            axpy(isa, w, scratch, out)
+        }
+    }
+}
+
+/// An element of a cached row, widened exactly to f32 (the scalar tails of the kernels).
+trait Widen: Copy {
+    fn widen(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// Defines `$dot(a: &[f32], b: &[$elem]) -> f32` and `$axpy(alpha, x: &[$elem], y)` for one
+/// vector width: four accumulators over `4 * $lanes` elements per pass, then one vector at
+/// a time into the first, the fixed reduction `(acc0 + acc1) + (acc2 + acc3)` then `$hsum`,
+/// then a scalar tail. `$load` widens `$lanes` elements of `$elem` to a vector. The f32 and
+/// f16 instances differ only in `$load`, which widens exactly, so their results are equal
+/// bit for bit on equal (widened) rows.
 #[cfg(target_arch = "x86_64")]
-mod simd {
+macro_rules! dot_axpy {
+    ($features:literal, $lanes:literal, $vec:ty, $zero:ident, $fmadd:ident, $add:ident, $loadf:ident, $storef:ident, $set1:ident, $hsum:path,
+     $dot:ident, $axpy:ident, $elem:ty, $load:path) => {
+        #[target_feature(enable = $features)]
+        pub unsafe fn $dot(a: &[f32], b: &[$elem]) -> f32 {
+            let n = a.len();
+            let (pa, pb) = (a.as_ptr(), b.as_ptr());
+            let mut acc: [$vec; 4] = [$zero(); 4];
+            let mut i = 0;
+            while i + 4 * $lanes <= n {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    *acc = $fmadd($loadf(pa.add(i + $lanes * r)), $load(pb.add(i + $lanes * r)), *acc);
+                }
+                i += 4 * $lanes;
+            }
+            while i + $lanes <= n {
+                acc[0] = $fmadd($loadf(pa.add(i)), $load(pb.add(i)), acc[0]);
+                i += $lanes;
+            }
+            let mut sum = $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])));
+            while i < n {
+                sum += a[i] * Widen::widen(b[i]);
+                i += 1;
+            }
+            sum
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn $axpy(alpha: f32, x: &[$elem], y: &mut [f32]) {
+            let n = x.len();
+            let (px, py) = (x.as_ptr(), y.as_mut_ptr());
+            let va = $set1(alpha);
+            let mut i = 0;
+            while i + $lanes <= n {
+                $storef(py.add(i), $fmadd(va, $load(px.add(i)), $loadf(py.add(i))));
+                i += $lanes;
+            }
+            while i < n {
+                y[i] += alpha * Widen::widen(x[i]);
+                i += 1;
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd512 {
     use std::arch::x86_64::*;
 
-    /// Four 16-lane accumulators (head_dim 64 is one pass), then a scalar tail.
+    use half::f16;
+
+    use super::Widen;
+
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 64 <= n {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 16 * r)), _mm512_loadu_ps(pb.add(i + 16 * r)), *acc);
-            }
-            i += 64;
-        }
-        while i + 16 <= n {
-            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)), acc[0]);
-            i += 16;
-        }
-        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-        while i < n {
-            sum += a[i] * b[i];
-            i += 1;
-        }
-        sum
+    unsafe fn load_f32(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
     }
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-        let n = x.len();
-        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
-        let va = _mm512_set1_ps(alpha);
-        let mut i = 0;
-        while i + 16 <= n {
-            _mm512_storeu_ps(py.add(i), _mm512_fmadd_ps(va, _mm512_loadu_ps(px.add(i)), _mm512_loadu_ps(py.add(i))));
-            i += 16;
-        }
-        while i < n {
-            y[i] += alpha * x[i];
-            i += 1;
-        }
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn load_f16(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn hsum(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
+
+    dot_axpy!("avx512f", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
+    dot_axpy!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f16, axpy_f16, f16, load_f16);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd256 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::Widen;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_f32(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16(p: *const f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    /// Lanes summed as ((0+4) + (2+6)) + ((1+5) + (3+7)): high half onto low, then pairs.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
+    }
+
+    dot_axpy!("avx2,fma", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
+    dot_axpy!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f16, axpy_f16, f16, load_f16);
 }
 
 #[cfg(test)]
@@ -474,6 +681,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_f16_cache_gives_the_bits_of_its_rows_widened_to_f32() {
+        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
+        // head_dim 64 (whole vectors), 24 (an AVX-512 tail) and 7 (scalar only).
+        for head_dim in [64, 24, 7] {
+            let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25 };
+            let (qw, kw) = (4 * head_dim, 2 * head_dim);
+            // Decode (1 and 3 tokens: one dot per key) and prefill (40 tokens: gemm).
+            for (tokens, ctx) in [(1, 45), (3, 45), (40, 45)] {
+                let q = gen(tokens * qw, 1);
+                let k16: Vec<f16> = gen(ctx * kw, 2).iter().map(|&x| f16::from_f32(x)).collect();
+                let v16: Vec<f16> = gen(ctx * kw, 3).iter().map(|&x| f16::from_f32(x)).collect();
+                let (k, v): (Vec<f32>, Vec<f32>) = (k16.iter().map(|x| x.to_f32()).collect(), v16.iter().map(|x| x.to_f32()).collect());
+                for with_probs in [false, true] {
+                    let mut want = vec![0.0; tokens * qw];
+                    let mut want_p = vec![0.0; 4 * tokens * ctx];
+                    attention(shape, AttentionVariant::default(), &q, &k, &v, ctx, &mut want, with_probs.then_some(&mut want_p[..])).unwrap();
+                    let mut got = vec![0.0; tokens * qw];
+                    let mut got_p = vec![0.0; 4 * tokens * ctx];
+                    let (kb, vb) = (KvBlocks::F16(&k16), KvBlocks::F16(&v16));
+                    attention_cached(shape, AttentionVariant::default(), &q, kb, vb, ctx, &mut got, with_probs.then_some(&mut got_p[..])).unwrap();
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "head_dim {head_dim}, {tokens} tokens, probs {with_probs}");
+                    assert_eq!(bits(&got_p), bits(&want_p), "head_dim {head_dim}, {tokens} tokens");
+                    // Mixed: f16 keys, f32 values.
+                    attention_cached(shape, AttentionVariant::default(), &q, KvBlocks::F16(&k16), KvBlocks::F32(&v), ctx, &mut got, None).unwrap();
+                    assert_eq!(bits(&got), bits(&want), "mixed, head_dim {head_dim}, {tokens} tokens");
+                }
+            }
+        }
+        // Too few cached rows is an error, not a panic.
+        let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 4, scale: 1.0 };
+        let short = vec![f16::ZERO; 4];
+        let mut out = [0.0; 8];
+        assert!(attention_cached(shape, AttentionVariant::default(), &[0.0; 8], KvBlocks::F16(&short), KvBlocks::F16(&short), 2, &mut out, None).is_err());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::ops::Range;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::attention::{axpy, dot, softmax_row, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
+use super::attention::{axpy_cached, dot_cached, softmax_row, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
 use crate::matmul::OutPtr;
 use crate::pool;
 use crate::quant::Isa;
@@ -51,11 +51,15 @@ pub enum KvBlocksMut<'a> {
 }
 
 impl KvBlocks<'_> {
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match self {
             KvBlocks::F32(d) => d.len(),
             KvBlocks::F16(d) => d.len(),
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -233,103 +237,10 @@ pub fn paged_attention(
     Ok(())
 }
 
-/// `q . row` for the cached row at `start`: f32 rows go straight to the decode path's dot;
-/// f16 rows are widened in registers by a twin of that dot with the same accumulators in
-/// the same order (so the result equals widening first, then the f32 dot, bit for bit).
-#[inline]
-fn dot_cached(isa: Isa, q: &[f32], rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32]) -> f32 {
-    match rows {
-        KvBlocks::F32(d) => dot(isa, q, &d[start..start + q.len()]),
-        KvBlocks::F16(d) => {
-            let k = &d[start..start + q.len()];
-            #[cfg(target_arch = "x86_64")]
-            if isa >= Isa::Avx512 {
-                // SAFETY: AVX-512F and F16C are available (Isa::Avx512); equal lengths.
-                return unsafe { simd_f16::dot(q, k) };
-            }
-            k.convert_to_f32_slice(scratch);
-            dot(isa, q, scratch)
-        }
-    }
-}
-
-/// `out += w * row` for the cached row at `start` (see [`dot_cached`]).
-#[inline]
-fn axpy_cached(isa: Isa, w: f32, rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32], out: &mut [f32]) {
-    match rows {
-        KvBlocks::F32(d) => axpy(isa, w, &d[start..start + out.len()], out),
-        KvBlocks::F16(d) => {
-            let v = &d[start..start + out.len()];
-            #[cfg(target_arch = "x86_64")]
-            if isa >= Isa::Avx512 {
-                // SAFETY: as in dot_cached.
-                return unsafe { simd_f16::axpy(w, v, out) };
-            }
-            v.convert_to_f32_slice(scratch);
-            axpy(isa, w, scratch, out)
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod simd_f16 {
-    //! Twins of `attention::simd::{dot, axpy}` reading f16 rows: the same 16-lane
-    //! accumulators, loop structure and reduction, on values widened exactly by `vcvtph2ps`.
-    use std::arch::x86_64::*;
-
-    use half::f16;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,f16c")]
-    unsafe fn load16(p: *const f16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-    }
-
-    #[target_feature(enable = "avx512f,f16c")]
-    pub unsafe fn dot(a: &[f32], b: &[f16]) -> f32 {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 64 <= n {
-            for (r, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i + 16 * r)), load16(pb.add(i + 16 * r)), *acc);
-            }
-            i += 64;
-        }
-        while i + 16 <= n {
-            acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(i)), load16(pb.add(i)), acc[0]);
-            i += 16;
-        }
-        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
-        while i < n {
-            sum += a[i] * b[i].to_f32();
-            i += 1;
-        }
-        sum
-    }
-
-    #[target_feature(enable = "avx512f,f16c")]
-    pub unsafe fn axpy(alpha: f32, x: &[f16], y: &mut [f32]) {
-        let n = x.len();
-        let (px, py) = (x.as_ptr(), y.as_mut_ptr());
-        let va = _mm512_set1_ps(alpha);
-        let mut i = 0;
-        while i + 16 <= n {
-            _mm512_storeu_ps(py.add(i), _mm512_fmadd_ps(va, load16(px.add(i)), _mm512_loadu_ps(py.add(i))));
-            i += 16;
-        }
-        while i < n {
-            y[i] += alpha * x[i].to_f32();
-            i += 1;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::attention;
+    use crate::ops::attention::{self, axpy, dot};
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
