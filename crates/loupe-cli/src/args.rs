@@ -1,10 +1,12 @@
 //! Arguments that several commands share. A flag means one thing in every command:
 //! `--model` a GGUF file or checkpoint directory, `--precision` the weight precision,
-//! `--threads` compute threads, `--layers` the decoder layers to keep.
+//! `--threads` compute threads, `--layers` the decoder layers to keep, `--kv-dtype` the KV
+//! cache's element type (single sequences and the batched engine alike).
 
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
+use loupe_graph::KvDtype;
 use loupe_models::Precision;
 
 use crate::UsageError;
@@ -50,6 +52,14 @@ pub struct ModelArgs {
     /// Compute threads [default: all cores]
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// KV cache element type: f16 or f32 [default: f16 for quantized weights, f32 at
+    /// --precision f32]
+    #[arg(long, value_parser = parse_kv_dtype)]
+    pub kv_dtype: Option<KvDtype>,
+}
+
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    s.parse()
 }
 
 impl ModelArgs {
@@ -66,9 +76,6 @@ pub struct BatchEngineArgs {
     /// --max-seqs full contexts need]
     #[arg(long)]
     pub kv_cache_mb: Option<usize>,
-    /// KV cache element type
-    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
-    pub kv_dtype: String,
     /// Positions per KV cache block
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -81,12 +88,13 @@ pub struct BatchEngineArgs {
 }
 
 impl BatchEngineArgs {
-    /// The engine configuration for at most `max_seqs` sequences at once.
+    /// The engine configuration for at most `max_seqs` sequences at once. Its KV cache
+    /// holds the loaded graph's element type (`--kv-dtype` sets it, see [`ModelArgs`]).
     pub fn config(&self, max_seqs: usize) -> loupe_runtime::BatchConfig {
         loupe_runtime::BatchConfig {
             kv_cache_mb: self.kv_cache_mb,
             kv_blocks: None,
-            kv_dtype: self.kv_dtype.parse().unwrap_or_default(),
+            kv_dtype: None,
             block_size: self.block_size,
             max_batch_tokens: self.max_batch_tokens,
             max_seqs,

@@ -127,6 +127,7 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
     let peak_rss = peak_rss_bytes();
     let size = model_size(model);
     let config = args.engine.config(counts.iter().copied().max().unwrap_or(1));
+    let kv_dtype = engine.graph().kv_dtype;
     let one = points.iter().find(|p| p.npl == 1).map(|p| median(&p.decode));
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -157,7 +158,7 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
             "n_gen": args.n_gen,
             "repetitions": args.repetitions,
             "warmup": args.warmup,
-            "kv_dtype": config.kv_dtype.name(),
+            "kv_dtype": kv_dtype.name(),
             "block_size": config.block_size,
             "max_batch_tokens": config.max_batch_tokens,
             "peak_rss_bytes": peak_rss,
@@ -170,7 +171,7 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
             "{} | CPU {precision} {isa} | {} threads | KV {} in blocks of {} | n_prompt {} n_gen {} | medians of {} runs\n",
             model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
             engine.threads(),
-            config.kv_dtype,
+            kv_dtype,
             config.block_size,
             args.n_prompt,
             args.n_gen,

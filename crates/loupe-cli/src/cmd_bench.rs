@@ -219,6 +219,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             "precision": precision,
             "isa": isa,
             "isa_detected": isa_detected,
+            "kv_dtype": model.graph.kv_dtype.name(),
             "threads": threads,
             "n_prompt": args.n_prompt,
             "n_gen": args.n_gen,
@@ -266,7 +267,8 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         let rss = peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
         writeln!(
             out,
-            "\nload {load_s:.2} s | peak RSS {rss} | timed runs per test: {}, warm-up runs: {} | {}",
+            "\nload {load_s:.2} s | peak RSS {rss} | KV cache {} | timed runs per test: {}, warm-up runs: {} | {}",
+            model.graph.kv_dtype,
             args.repetitions,
             args.warmup,
             tests.iter().map(|t| format!("{} {} tokens", t.name, t.tokens)).collect::<Vec<_>>().join(", ")
@@ -334,8 +336,8 @@ fn decode_traffic(model: &Model) -> DecodeTraffic {
             weight_bytes += bytes;
         }
     }
-    // The KV cache holds f32 rows (loupe_graph::KvCache).
-    let kv_bytes_per_position = (graph.kv_layers * 2 * graph.kv_width * std::mem::size_of::<f32>()) as u64;
+    // Keys and values of every layer, in the sessions' element type (Graph::kv_dtype).
+    let kv_bytes_per_position = (graph.kv_layers * 2 * graph.kv_width * graph.kv_dtype.bytes()) as u64;
     DecodeTraffic { weight_bytes, kv_bytes_per_position }
 }
 

@@ -83,7 +83,7 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let loupe_dir = root.join("loupe");
     eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
     let job = DumpJob {
-        model: ModelArgs { model: Some(model.clone()), precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)), threads: args.model.threads },
+        model: ModelArgs { model: Some(model.clone()), precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)), threads: args.model.threads, kv_dtype: args.model.kv_dtype },
         input: args.input.clone(),
         layers: parse_layers(&args.layers)?,
         taps: args.taps.clone(),

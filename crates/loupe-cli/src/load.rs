@@ -68,6 +68,7 @@ pub fn load(args: &ModelArgs, what: Load, debug: &DebugOptions) -> anyhow::Resul
         lowering: what.lowering,
         layers: what.layers,
         progress: Some(&progress),
+        kv_dtype: args.kv_dtype,
     };
     let engine = Engine::load(&path, options);
     bar.finish_and_clear();

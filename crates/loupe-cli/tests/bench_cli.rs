@@ -62,8 +62,10 @@ fn json_report() {
     assert_eq!(v["model_size_bytes"].as_u64(), Some(bytes), "{v}");
     assert_eq!(v["model_params"].as_u64(), Some(params), "{v}");
     assert_eq!(v["weight_bytes_per_token"].as_u64(), Some(bytes), "{v}");
+    // Native precision caches f16 rows: 2 bytes per element.
     let spec = tiny_spec();
-    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some((spec.layers * 2 * spec.kv_width() * 4) as u64), "{v}");
+    assert_eq!(v["kv_dtype"], "f16", "{v}");
+    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some((spec.layers * 2 * spec.kv_width() * 2) as u64), "{v}");
 }
 
 #[test]
@@ -74,9 +76,9 @@ fn json_report_on_the_real_model() {
     assert_eq!(v["model_size_bytes"].as_u64(), Some(96_576_768), "{v}");
     assert!(v["model_params"].as_u64().is_some_and(|p| p > 100_000_000), "{v}");
     assert!(positive_finite(&v, "peak_rss_bytes") > 50e6, "{v}");
-    // 30 layers x (K + V) x 192 f32 per cached position.
+    // 30 layers x (K + V) x 192 f16 per cached position.
     assert_eq!(v["weight_bytes_per_token"].as_u64(), Some(96_576_768), "{v}");
-    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some(46_080), "{v}");
+    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some(23_040), "{v}");
 }
 
 #[test]
@@ -89,6 +91,8 @@ fn table_and_single_test() {
     assert!(text.contains("| tg2 ") && !text.contains("pp0"), "{text}");
     assert!(text.contains("CPU f32"), "{text}");
     assert!(text.contains("peak RSS"), "{text}");
+    // The f32 baseline caches f32 rows.
+    assert!(text.contains("KV cache f32"), "{text}");
     assert!(text.contains("read bandwidth (1 threads, 1024 MiB buffer") && text.contains("% of the median"), "{text}");
     // --no-ceiling: no measurement, null fields; prefill alone never measures it.
     for args in [&["-p", "0", "-n", "2", "--no-ceiling"][..], &["-p", "4", "-n", "0"][..]] {
@@ -97,6 +101,13 @@ fn table_and_single_test() {
         let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
         assert!(v["read_bandwidth_gb_per_s_median"].is_null() && v["tg_share_of_read_bandwidth"].is_null(), "{args:?}: {v}");
     }
+    // --kv-dtype f32 overrides native precision's f16 cache.
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "2", "-r", "1", "-t", "1", "--json", "--no-ceiling", "--kv-dtype", "f32"]));
+    assert!(out.status.success(), "loupe bench --kv-dtype f32 failed: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let spec = tiny_spec();
+    assert_eq!((v["precision"].as_str(), v["kv_dtype"].as_str()), (Some("native"), Some("f32")), "{v}");
+    assert_eq!(v["kv_bytes_per_position"].as_u64(), Some((spec.layers * 2 * spec.kv_width() * 4) as u64), "{v}");
 }
 
 #[test]

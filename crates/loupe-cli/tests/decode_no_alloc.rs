@@ -2,13 +2,17 @@
 //! allocations (on any thread, pool workers included) over 32 decode steps, for the native
 //! and f32 paths, on the tiny random-weight model (always) and on the real model.
 //!
-//! This binary has its own `main` (`harness = false` in Cargo.toml): the counter is
-//! process-wide, and libtest's threads allocate whenever they please (its main thread
-//! formats a finished test's result line, a test thread sends its result), which CI once
-//! counted as 2 allocations of a decode loop that made none. Here the tests run one after
-//! the other on the main thread, so the only other threads are the pool's workers. The
-//! command line follows libtest's where scripts and cargo use it: name filters, `--exact`,
-//! `--ignored`, `--include-ignored`, `--list`; other flags are accepted and ignored.
+//! The counter is process-wide, so every other thread must be quiet while it counts. CI once
+//! counted 2 allocations in a decode loop that made none; the recorded backtraces showed the
+//! culprit: rayon's global pool, started by the loader's parallel dequantization, whose
+//! threads set themselves up whenever the OS first runs them. The measurement now waits
+//! for every rayon thread to have run a job first. For the same reason this binary has its
+//! own `main` (`harness = false` in Cargo.toml): libtest's threads allocate when they please
+//! (formatting a finished test's result line, sending a result), so the tests run one after
+//! the other on the main thread. The command line follows libtest's where scripts and cargo
+//! use it: name filters, `--exact`, `--ignored`, `--include-ignored`, `--list`; other flags
+//! are accepted and ignored. A failure prints the thread and backtrace of the first
+//! allocations counted.
 
 mod common;
 
@@ -30,6 +34,8 @@ static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 /// says what allocated. Capturing allocates too; `RECORDING` keeps that out of the count.
 static TRACES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 const MAX_TRACES: usize = 4;
+/// Recordings under way (a pool worker may still be capturing when counting stops).
+static RECORDINGS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static RECORDING: Cell<bool> = const { Cell::new(false) };
@@ -39,12 +45,14 @@ fn count(size: usize) {
     if !COUNTING.load(Ordering::Relaxed) || RECORDING.with(|r| r.replace(true)) {
         return;
     }
+    RECORDINGS_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     if n < MAX_TRACES {
         let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
         let trace = format!("allocation of {size} bytes on thread {thread}:\n{}", std::backtrace::Backtrace::force_capture());
         TRACES.lock().unwrap_or_else(|e| e.into_inner()).push(trace);
     }
+    RECORDINGS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     RECORDING.with(|r| r.set(false));
 }
 
@@ -85,6 +93,10 @@ fn decode_allocations(path: &Path, precision: Precision, lowered: bool) -> usize
     for _ in 0..2 {
         next = argmax(session.forward(&[next], false, None).unwrap());
     }
+    // Loading starts rayon's global pool (parallel dequantization), whose threads set
+    // themselves up (allocating) whenever the OS runs them, possibly mid-count: wait until
+    // every one has run a job.
+    rayon::broadcast(|_| ());
     ALLOCATIONS.store(0, Ordering::SeqCst);
     TRACES.lock().unwrap_or_else(|e| e.into_inner()).clear();
     COUNTING.store(true, Ordering::SeqCst);
@@ -92,6 +104,9 @@ fn decode_allocations(path: &Path, precision: Precision, lowered: bool) -> usize
         next = argmax(session.forward(&[next], false, None).unwrap());
     }
     COUNTING.store(false, Ordering::SeqCst);
+    while RECORDINGS_IN_FLIGHT.load(Ordering::SeqCst) != 0 {
+        std::thread::yield_now();
+    }
     ALLOCATIONS.load(Ordering::SeqCst)
 }
 

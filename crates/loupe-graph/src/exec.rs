@@ -9,7 +9,7 @@
 use loupe_tensor::matmul::{matmul_f32, matmul_q};
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
+use loupe_tensor::ops::{add_in_place, attention_cached, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
@@ -581,7 +581,7 @@ impl Executor {
                             buf.resize(shape.n_heads * tokens.len() * ctx, 0.0);
                             buf.as_mut_slice()
                         });
-                        attention(*shape, *variant, q, keys, values, ctx, out, probs)
+                        attention_cached(*shape, *variant, q, keys, values, ctx, out, probs)
                     }
                     StepKv::Batch { kv, spans, .. } => {
                         let width = k.len() / tokens.len();

@@ -198,7 +198,7 @@ pub struct Node {
 }
 
 /// A model as a flat program in execution order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Graph {
     pub values: Vec<ValueInfo>,
     pub weights: Vec<Weight>,
@@ -213,11 +213,35 @@ pub struct Graph {
     /// Quantize activations to 8-bit blocks for block-quantized weights (llama.cpp's
     /// scheme) instead of multiplying dequantized weights by f32 activations.
     pub quantize_activations: bool,
+    /// Element type of a single sequence's KV cache ([`crate::KvCache`]): f16 for graphs
+    /// that keep quantized weights (half the bytes decode reads per cached position, as
+    /// the batched engine's default), f32 for the f32 parity baseline. Set by the model
+    /// loader; `--kv-dtype` overrides it.
+    pub kv_dtype: crate::KvDtype,
     /// Buffer slot of every value, set by the `plan-memory` pass (the executor plans one
     /// itself for a graph that was not lowered).
     pub memory_plan: Option<MemoryPlan>,
     /// Per node, the kernel the `select-kernels` pass chose (empty before it ran).
     pub kernels: Vec<String>,
+}
+
+impl Default for Graph {
+    /// An empty graph; its sessions cache f32 rows until a loader says otherwise.
+    fn default() -> Graph {
+        Graph {
+            values: Vec::new(),
+            weights: Vec::new(),
+            nodes: Vec::new(),
+            logits: None,
+            kv_layers: 0,
+            kv_width: 0,
+            context_length: 0,
+            quantize_activations: false,
+            kv_dtype: crate::KvDtype::F32,
+            memory_plan: None,
+            kernels: Vec::new(),
+        }
+    }
 }
 
 /// Which buffer slot holds each value while it is live. Two values share a slot only if

@@ -1,7 +1,13 @@
-//! The key/value cache: per attention layer, one row per position of
-//! `n_kv_heads * head_dim` keys (after RoPE) and as many values.
+//! The key/value cache of one sequence: per attention layer, one row per position of
+//! `n_kv_heads * head_dim` keys (after RoPE) and as many values, stored as f32 or f16
+//! ([`KvDtype`]; f16 halves the bytes decode reads per cached position and rounds to
+//! nearest even, as the batched engine's paged cache does).
 
-use crate::GraphError;
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use loupe_tensor::ops::paged_attention::KvBlocks;
+
+use crate::{GraphError, KvDtype};
 
 /// How an attention node writes its keys into the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -14,10 +20,76 @@ pub enum KvWrite {
     OneLate,
 }
 
+/// One layer's keys or values, grown as positions are appended.
+#[derive(Debug, Clone)]
+enum Rows {
+    F32(Vec<f32>),
+    /// f16 bit patterns (`half`'s slice casts view them as `f16`).
+    F16(Vec<u16>),
+}
+
+impl Rows {
+    fn new(dtype: KvDtype) -> Rows {
+        match dtype {
+            KvDtype::F32 => Rows::F32(Vec::new()),
+            KvDtype::F16 => Rows::F16(Vec::new()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Rows::F32(d) => d.len(),
+            Rows::F16(d) => d.len(),
+        }
+    }
+
+    fn reserve_total(&mut self, n: usize) {
+        match self {
+            Rows::F32(d) => d.reserve(n.saturating_sub(d.len())),
+            Rows::F16(d) => d.reserve(n.saturating_sub(d.len())),
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Rows::F32(d) => d.truncate(n),
+            Rows::F16(d) => d.truncate(n),
+        }
+    }
+
+    /// Appends `rows`, rounded to nearest even when stored as f16.
+    fn extend(&mut self, rows: &[f32]) {
+        match self {
+            Rows::F32(d) => d.extend_from_slice(rows),
+            Rows::F16(d) => {
+                let start = d.len();
+                d.resize(start + rows.len(), 0);
+                d[start..].reinterpret_cast_mut::<f16>().convert_from_f32_slice(rows);
+            }
+        }
+    }
+
+    /// Appends `n` zeros.
+    fn extend_zeros(&mut self, n: usize) {
+        match self {
+            Rows::F32(d) => d.resize(d.len() + n, 0.0),
+            Rows::F16(d) => d.resize(d.len() + n, 0),
+        }
+    }
+
+    fn view(&self, n: usize) -> KvBlocks<'_> {
+        match self {
+            Rows::F32(d) => KvBlocks::F32(&d[..n]),
+            Rows::F16(d) => KvBlocks::F16(d[..n].reinterpret_cast()),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    dtype: KvDtype,
+    keys: Vec<Rows>,
+    values: Vec<Rows>,
     /// Per layer, the true keys of every position, kept only for layers written
     /// [`KvWrite::OneLate`] (empty, unallocated, for every other layer): the key of the last
     /// position of one call is needed in the next call's first row.
@@ -28,10 +100,32 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for `layers` layers of rows `width` wide, holding up to `capacity`
+    /// An f32 cache for `layers` layers of rows `width` wide, holding up to `capacity`
     /// positions. Memory grows with use up to the capacity.
     pub fn new(layers: usize, width: usize, capacity: usize) -> KvCache {
-        KvCache { keys: vec![Vec::new(); layers], values: vec![Vec::new(); layers], true_keys: vec![Vec::new(); layers], width, len: 0, capacity }
+        KvCache::with_dtype(layers, width, capacity, KvDtype::F32)
+    }
+
+    /// [`KvCache::new`] storing rows as `dtype`.
+    pub fn with_dtype(layers: usize, width: usize, capacity: usize, dtype: KvDtype) -> KvCache {
+        KvCache {
+            dtype,
+            keys: vec![Rows::new(dtype); layers],
+            values: vec![Rows::new(dtype); layers],
+            true_keys: vec![Vec::new(); layers],
+            width,
+            len: 0,
+            capacity,
+        }
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// Bytes of the rows held (keys and values of every layer).
+    pub fn bytes(&self) -> usize {
+        2 * self.keys.len() * self.len * self.width * self.dtype.bytes()
     }
 
     /// Positions held.
@@ -52,14 +146,17 @@ impl KvCache {
     pub fn reserve(&mut self, positions: usize) {
         let n = positions.min(self.capacity) * self.width;
         for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            buf.reserve(n.saturating_sub(buf.len()));
+            buf.reserve_total(n);
         }
     }
 
     /// Forgets positions from `len` on (to rewind or restart a sequence).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
-        for buf in self.keys.iter_mut().chain(self.values.iter_mut()).chain(self.true_keys.iter_mut()) {
+        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            buf.truncate(self.len * self.width);
+        }
+        for buf in self.true_keys.iter_mut() {
             buf.truncate(self.len * self.width);
         }
     }
@@ -75,18 +172,20 @@ impl KvCache {
 
     /// Appends this call's keys and values for `layer` (rows `len..len+tokens`) and
     /// returns the whole cached keys and values of that layer.
-    pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> (&[f32], &[f32]) {
+    pub(crate) fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> (KvBlocks<'_>, KvBlocks<'_>) {
+        let start = self.len * self.width;
         let keys = &mut self.keys[layer];
-        keys.truncate(self.len * self.width);
-        keys.extend_from_slice(k);
+        keys.truncate(start);
+        keys.extend(k);
         let values = &mut self.values[layer];
-        values.truncate(self.len * self.width);
-        values.extend_from_slice(v);
-        (&self.keys[layer], &self.values[layer])
+        values.truncate(start);
+        values.extend(v);
+        let n = start + k.len();
+        (self.keys[layer].view(n), self.values[layer].view(start + v.len()))
     }
 
     /// [`KvCache::append`] with keys one position late ([`KvWrite::OneLate`]).
-    pub(crate) fn append_late(&mut self, layer: usize, k: &[f32], v: &[f32]) -> (&[f32], &[f32]) {
+    pub(crate) fn append_late(&mut self, layer: usize, k: &[f32], v: &[f32]) -> (KvBlocks<'_>, KvBlocks<'_>) {
         let w = self.width;
         let start = self.len * w;
         let truth = &mut self.true_keys[layer];
@@ -97,14 +196,15 @@ impl KvCache {
         let rows = k.len() / w.max(1);
         for p in self.len..self.len + rows {
             match p.checked_sub(1) {
-                Some(prev) => keys.extend_from_slice(&truth[prev * w..(prev + 1) * w]),
-                None => keys.resize(keys.len() + w, 0.0),
+                Some(prev) => keys.extend(&truth[prev * w..(prev + 1) * w]),
+                None => keys.extend_zeros(w),
             }
         }
         let values = &mut self.values[layer];
         values.truncate(start);
-        values.extend_from_slice(v);
-        (&self.keys[layer], &self.values[layer])
+        values.extend(v);
+        let (nk, nv) = (self.keys[layer].len(), self.values[layer].len());
+        (self.keys[layer].view(nk), self.values[layer].view(nv))
     }
 
     /// Marks `tokens` positions as written by every layer.
@@ -113,8 +213,9 @@ impl KvCache {
     }
 
     /// The cached keys and values of one layer (for taps and tests).
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.keys[layer][..self.len * self.width], &self.values[layer][..self.len * self.width])
+    pub fn layer(&self, layer: usize) -> (KvBlocks<'_>, KvBlocks<'_>) {
+        let n = self.len * self.width;
+        (self.keys[layer].view(n), self.values[layer].view(n))
     }
 }
 
@@ -124,17 +225,49 @@ mod tests {
 
     #[test]
     fn late_write_shifts_keys_across_calls() {
-        let mut kv = KvCache::new(1, 1, 8);
-        let (k, v) = kv.append_late(0, &[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]);
-        assert_eq!(k, &[0.0, 1.0, 2.0]);
-        assert_eq!(v, &[10.0, 20.0, 30.0]);
-        kv.commit(3);
-        // the next call's first row holds the previous call's last key
-        let (k, _) = kv.append_late(0, &[4.0], &[40.0]);
-        assert_eq!(k, &[0.0, 1.0, 2.0, 3.0]);
-        kv.commit(1);
-        kv.truncate(2);
-        let (k, _) = kv.append_late(0, &[5.0], &[50.0]);
-        assert_eq!(k, &[0.0, 1.0, 2.0]);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut kv = KvCache::with_dtype(1, 1, 8, dtype);
+            let (k, v) = kv.append_late(0, &[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]);
+            assert_eq!(widened(k), [0.0, 1.0, 2.0]);
+            assert_eq!(widened(v), [10.0, 20.0, 30.0]);
+            kv.commit(3);
+            // the next call's first row holds the previous call's last key
+            let (k, _) = kv.append_late(0, &[4.0], &[40.0]);
+            assert_eq!(widened(k), [0.0, 1.0, 2.0, 3.0]);
+            kv.commit(1);
+            kv.truncate(2);
+            let (k, _) = kv.append_late(0, &[5.0], &[50.0]);
+            assert_eq!(widened(k), [0.0, 1.0, 2.0]);
+        }
+    }
+
+    fn widened(rows: KvBlocks<'_>) -> Vec<f32> {
+        rows.to_f32_vec()
+    }
+
+    #[test]
+    fn f16_rows_round_to_nearest_even_and_take_half_the_bytes() {
+        let mut f32_cache = KvCache::with_dtype(2, 3, 4, KvDtype::F32);
+        let mut f16_cache = KvCache::with_dtype(2, 3, 4, KvDtype::F16);
+        // 1 + 2^-11 is a tie between 1 and 1 + 2^-10: even rounds down; 65520 overflows f16.
+        let row = [1.0 + 2f32.powi(-11), -0.1, 65520.0];
+        for cache in [&mut f32_cache, &mut f16_cache] {
+            for layer in 0..2 {
+                cache.append(layer, &row, &row);
+            }
+            cache.commit(1);
+        }
+        let (k, v) = f16_cache.layer(1);
+        let want: Vec<f32> = row.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
+        assert_eq!(widened(k), want);
+        assert_eq!(widened(v), want);
+        assert_eq!(want[0], 1.0);
+        assert!(want[2].is_infinite());
+        assert_eq!(widened(f32_cache.layer(1).0), row);
+        assert_eq!(f32_cache.bytes(), 2 * f16_cache.bytes());
+        assert_eq!(f16_cache.bytes(), 2 * 2 * 3 * 2);
+        f16_cache.truncate(0);
+        assert_eq!(f16_cache.bytes(), 0);
+        assert!(widened(f16_cache.layer(0).0).is_empty());
     }
 }

@@ -487,6 +487,7 @@ fn the_cache_grows_across_calls_as_one_long_call() {
         // The cached keys and values are those of the long call.
         for layer in 0..g.kv_layers {
             let ((k1, v1), (k2, v2)) = (kv_one.layer(layer), kv.layer(layer));
+            let (k1, v1, k2, v2) = (k1.to_f32_vec(), v1.to_f32_vec(), k2.to_f32_vec(), v2.to_f32_vec());
             assert_eq!(k1.len(), n * g.kv_width);
             assert_eq!((k1.len(), v1.len()), (k2.len(), v2.len()));
             let worst = k1.iter().zip(k2).chain(v1.iter().zip(v2)).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use loupe_formats::safetensors_file::SafetensorsCheckpoint;
 use loupe_formats::GgufFile;
-use loupe_graph::Graph;
+use loupe_graph::{Graph, KvDtype, WeightData};
 use loupe_text::{ChatTemplate, Tokenizer};
 
 pub use config::LlamaConfig;
@@ -136,7 +136,8 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, config.num_attention_heads, config.num_key_value_heads, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            let mut graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            graph.kv_dtype = default_kv_dtype(&graph, options.precision);
             Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
         }
         ModelFormat::HfDir(dir) => {
@@ -150,9 +151,24 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             };
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
             let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            let mut graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            graph.kv_dtype = default_kv_dtype(&graph, options.precision);
             Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
         }
+    }
+}
+
+/// The KV cache element type a loaded graph's sessions use: f16 where the weights stay
+/// block-quantized (the fast path: decode reads half the cache bytes; rounding to f16,
+/// relative error under 2^-11, is far below Q4/Q8 weight noise), f32 at `--precision f32`
+/// and for checkpoints without quantized weights, whose point is agreement with the f32
+/// reference.
+pub fn default_kv_dtype(graph: &Graph, precision: Precision) -> KvDtype {
+    let quantized = graph.weights.iter().any(|w| matches!(w.data, WeightData::Quant(_)));
+    if precision != Precision::F32 && quantized {
+        KvDtype::F16
+    } else {
+        KvDtype::F32
     }
 }
 

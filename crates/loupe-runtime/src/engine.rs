@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::passes::{self, LowerError, LowerOptions};
-use loupe_graph::{Fault, Graph};
+use loupe_graph::{Fault, Graph, KvDtype};
 use loupe_models::{LlamaConfig, Model, ModelError, Precision, Progress};
 use loupe_text::{ChatMessage, Tokenizer};
 
@@ -52,6 +52,9 @@ pub struct LoadOptions<'a> {
     pub layers: Option<usize>,
     /// Called with (bytes done, bytes total) while weights load.
     pub progress: Option<Progress<'a>>,
+    /// Element type of every session's KV cache; `None` takes the loader's choice
+    /// ([`loupe_models::default_kv_dtype`]: f16 for quantized weights, f32 at f32).
+    pub kv_dtype: Option<KvDtype>,
 }
 
 impl Default for LoadOptions<'_> {
@@ -64,6 +67,7 @@ impl Default for LoadOptions<'_> {
             lowering: Lowering::Full,
             layers: None,
             progress: None,
+            kv_dtype: None,
         }
     }
 }
@@ -141,6 +145,9 @@ impl Engine {
             path,
             loupe_models::LoadOptions { precision: options.precision, layers: options.layers, progress: options.progress, faults: options.faults },
         )?;
+        if let Some(dtype) = options.kv_dtype {
+            model.graph.kv_dtype = dtype;
+        }
         let graph = std::mem::take(&mut model.graph);
         let mut lower = LowerOptions::from_debug(&options.debug);
         let (graph, ir_files) = match &options.lowering {

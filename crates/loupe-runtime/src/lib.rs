@@ -51,11 +51,13 @@ pub struct Session<'g> {
 }
 
 impl<'g> Session<'g> {
-    /// A session whose cache holds up to `context` positions (at most the model's window),
-    /// running under `debug` (`DebugOptions::default()` turns every check off).
+    /// A session whose cache holds up to `context` positions (at most the model's window)
+    /// as the graph's [`Graph::kv_dtype`], running under `debug` (`DebugOptions::default()`
+    /// turns every check off).
     pub fn new(graph: &'g Graph, context: usize, debug: &DebugOptions) -> Session<'g> {
         let capacity = context.min(graph.context_length);
-        Session { graph, executor: Executor::new(graph, debug), kv: KvCache::new(graph.kv_layers, graph.kv_width, capacity) }
+        let kv = KvCache::with_dtype(graph.kv_layers, graph.kv_width, capacity, graph.kv_dtype);
+        Session { graph, executor: Executor::new(graph, debug), kv }
     }
 
     pub fn graph(&self) -> &Graph {

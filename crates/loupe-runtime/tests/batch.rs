@@ -72,7 +72,7 @@ fn seeded() -> SamplingParams {
 fn batched_tokens_equal_each_request_alone_greedy_and_seeded() {
     let engine = engine();
     for (kv_dtype, sampling) in [(KvDtype::F16, SamplingParams::default()), (KvDtype::F32, seeded()), (KvDtype::F16, seeded())] {
-        let config = BatchConfig { kv_dtype, ..config() };
+        let config = BatchConfig { kv_dtype: Some(kv_dtype), ..config() };
         let reqs = requests(12, 0, &sampling);
         let want = alone(&engine, &reqs, &config);
         let mut b = BatchEngine::new(&engine, config.clone()).unwrap();

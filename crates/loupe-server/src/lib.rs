@@ -186,7 +186,7 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
                         "phase kv_cache: {:.2} s ({} {} blocks of {} positions, up to {} sequences, {} tokens per step, prefix cache {})",
                         kv_time.as_secs_f64(),
                         m.kv_blocks_total.get(),
-                        b.kv_dtype,
+                        b.kv_dtype.unwrap_or(engine.graph().kv_dtype),
                         b.block_size,
                         b.max_seqs,
                         b.max_batch_tokens,

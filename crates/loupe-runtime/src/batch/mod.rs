@@ -43,7 +43,9 @@ pub struct BatchConfig {
     pub kv_cache_mb: Option<usize>,
     /// Exact number of KV blocks, overriding `kv_cache_mb` (tests, tuning).
     pub kv_blocks: Option<usize>,
-    pub kv_dtype: KvDtype,
+    /// Element type of the paged cache; `None`: the graph's ([`Graph::kv_dtype`], f16 for
+    /// quantized weights, f32 at f32 precision). [`BatchEngine::config`] shows the one used.
+    pub kv_dtype: Option<KvDtype>,
     /// Positions per KV block.
     pub block_size: usize,
     /// Tokens per step (decode tokens plus prefill chunks).
@@ -55,7 +57,7 @@ pub struct BatchConfig {
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { kv_cache_mb: None, kv_blocks: None, kv_dtype: KvDtype::F16, block_size: 16, max_batch_tokens: 512, max_seqs: 32, prefix_cache: true }
+        BatchConfig { kv_cache_mb: None, kv_blocks: None, kv_dtype: None, block_size: 16, max_batch_tokens: 512, max_seqs: 32, prefix_cache: true }
     }
 }
 
@@ -183,12 +185,13 @@ fn total_memory_bytes() -> Option<u64> {
 
 impl<'e> BatchEngine<'e> {
     /// A batched engine over `engine`'s model, under its debug options.
-    pub fn new(engine: &'e Engine, config: BatchConfig) -> Result<BatchEngine<'e>, RuntimeError> {
+    pub fn new(engine: &'e Engine, mut config: BatchConfig) -> Result<BatchEngine<'e>, RuntimeError> {
         let graph = engine.graph();
+        let kv_dtype = *config.kv_dtype.get_or_insert(graph.kv_dtype);
         if config.block_size == 0 || config.max_batch_tokens == 0 || config.max_seqs == 0 {
             return Err(RuntimeError::InvalidRequest("block size, max batch tokens and max sequences must be at least 1".into()));
         }
-        let per_block = PagedKvCache::bytes_per_block(graph.kv_layers, graph.kv_width, config.block_size, config.kv_dtype).max(1);
+        let per_block = PagedKvCache::bytes_per_block(graph.kv_layers, graph.kv_width, config.block_size, kv_dtype).max(1);
         let blocks_per_seq = graph.context_length.div_ceil(config.block_size);
         let n_blocks = match (config.kv_blocks, config.kv_cache_mb) {
             (Some(n), _) => n,
@@ -206,7 +209,7 @@ impl<'e> BatchEngine<'e> {
                 graph.kv_layers,
                 config.block_size,
                 graph.kv_width,
-                config.kv_dtype
+                kv_dtype
             )));
         }
         // What changes a cached block's values besides its tokens.
@@ -214,9 +217,9 @@ impl<'e> BatchEngine<'e> {
         engine.path().hash(&mut salt);
         std::fs::metadata(engine.path()).map(|m| m.len()).unwrap_or(0).hash(&mut salt);
         format!("{:?}", engine.precision()).hash(&mut salt);
-        config.kv_dtype.hash(&mut salt);
+        kv_dtype.hash(&mut salt);
         config.block_size.hash(&mut salt);
-        let kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, config.block_size, n_blocks, config.kv_dtype);
+        let kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, config.block_size, n_blocks, kv_dtype);
         let blocks = BlockManager::new(n_blocks, config.block_size, salt.finish(), config.prefix_cache);
         Ok(BatchEngine {
             graph,
@@ -244,7 +247,7 @@ impl<'e> BatchEngine<'e> {
 
     /// Bytes of the KV cache (its budget; pages are touched as blocks are first used).
     pub fn kv_cache_bytes(&self) -> usize {
-        PagedKvCache::bytes_per_block(self.graph.kv_layers, self.graph.kv_width, self.config.block_size, self.config.kv_dtype) * self.blocks.total()
+        PagedKvCache::bytes_per_block(self.graph.kv_layers, self.graph.kv_width, self.config.block_size, self.kv.dtype()) * self.blocks.total()
     }
 
     /// Queues a request; it starts at a coming step, after every earlier request.

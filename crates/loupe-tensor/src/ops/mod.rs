@@ -12,7 +12,7 @@ pub mod paged_attention;
 pub mod rope;
 
 pub use activation::{add_in_place, erf, gelu, mul_in_place, round_bf16, silu, silu_mul};
-pub use attention::{attention, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
+pub use attention::{attention, attention_cached, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
 pub use norm::rms_norm;
 pub use paged_attention::{paged_attention, write_paged, KvBlocks, KvBlocksMut, PagedSpan};
 pub use rope::{RopeMode, RopeScaling, RopeTable};

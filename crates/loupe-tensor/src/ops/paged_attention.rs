@@ -61,6 +61,14 @@ impl KvBlocks<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The rows widened to f32 (exact), for taps and tests.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            KvBlocks::F32(d) => d.to_vec(),
+            KvBlocks::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
 }
 
 /// The rows of one sequence in a batched call.
