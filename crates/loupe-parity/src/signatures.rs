@@ -229,7 +229,7 @@ pub const SIGNATURES: &[Signature] = &[
         first_check: "feed the reference's input to that op alone (protocol step 3)",
         test: |c| {
             let f = c.first()?;
-            Some(match op_hint(&f.name) {
+            Some(match localize(c.ev, f) {
                 Some(h) => format!("{h} (first value out of tolerance: {})", f.name),
                 None => format!("the first value out of tolerance is {}", f.name),
             })
@@ -246,8 +246,8 @@ const OP_HINTS: &[(&str, &str)] = &[
     (".self_attn.q_rope", "RoPE: split-half vs interleaved pairs, theta, scaling, or positions"),
     (".self_attn.k_rope", "RoPE: split-half vs interleaved pairs, theta, scaling, or positions"),
     (".self_attn.attn_output", "the attention core: softmax scale, causal mask, GQA head mapping, or the KV cache"),
-    (".self_attn.o_proj", "the o_proj weight (its input matched)"),
-    (".self_attn", "the o_proj weight (its input matched)"),
+    (".self_attn.o_proj", "the o_proj weight"),
+    (".self_attn", "the o_proj weight"),
     (".attn_residual", "the residual connection: a missing or doubled skip, or a residual multiplier"),
     ("_layernorm", "RMSNorm: epsilon, the weight (or a 1 + w offset), or the f32 upcast"),
     ("model.norm", "the final RMSNorm: epsilon or weight"),
@@ -261,7 +261,123 @@ const OP_HINTS: &[(&str, &str)] = &[
     ("logits", "the lm_head weight (tied to the embedding?) or the final norm"),
 ];
 
-/// The localization hint for a value name.
+/// The values each value is computed from, by name suffix within its layer (Llama's
+/// dataflow; the residual stream entering the layer is not listed).
+const INPUTS: &[(&str, &[&str])] = &[
+    (".self_attn.q_proj", &["input_layernorm"]),
+    (".self_attn.k_proj", &["input_layernorm"]),
+    (".self_attn.v_proj", &["input_layernorm"]),
+    (".self_attn.q_rope", &["self_attn.q_proj"]),
+    (".self_attn.k_rope", &["self_attn.k_proj"]),
+    (".self_attn.attn_output", &["self_attn.q_rope", "self_attn.k_rope", "self_attn.v_proj"]),
+    (".self_attn.o_proj", &["self_attn.attn_output"]),
+    (".self_attn", &["self_attn.attn_output"]),
+    (".attn_residual", &["self_attn.o_proj"]),
+    (".post_attention_layernorm", &["attn_residual"]),
+    (".mlp.gate_proj", &["post_attention_layernorm"]),
+    (".mlp.up_proj", &["post_attention_layernorm"]),
+    (".mlp.act_fn", &["mlp.gate_proj"]),
+    (".mlp.act_mul", &["mlp.act_fn", "mlp.up_proj"]),
+    (".mlp.down_proj", &["mlp.act_mul"]),
+    (".mlp", &["mlp.act_mul"]),
+];
+
+/// The full names of the inputs of `name` ([`INPUTS`]), with the layer prefix of `name`.
+fn inputs_of(name: &str) -> Vec<String> {
+    INPUTS
+        .iter()
+        .find(|(suffix, _)| name.ends_with(suffix))
+        .map(|(suffix, ins)| {
+            let prefix = &name[..name.len() - suffix.len()];
+            ins.iter().map(|i| format!("{prefix}.{i}")).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// How a value fared in the comparison: `None` when it was not compared (absent from
+/// either dump, or skipped).
+fn compared(ev: &Evidence, name: &str, step: u32) -> Option<Status> {
+    ev.pairs.iter().find(|p| p.step == step && (p.name == name || p.name_a == name || p.name_b == name)).map(|p| p.status).filter(|s| *s != Status::Skipped)
+}
+
+/// The direct inputs of `p` that were not compared (empty when every input was, or when
+/// the value's inputs are not known).
+pub fn uncompared_inputs(ev: &Evidence, p: &PairReport) -> Vec<String> {
+    inputs_of(&p.name).into_iter().filter(|i| compared(ev, i, p.step).is_none()).collect()
+}
+
+/// The nearest compared values upstream of `name` through values that were not compared,
+/// with their status (a breadth-first walk within the layer).
+fn nearest_compared_upstream(ev: &Evidence, name: &str, step: u32) -> Vec<(String, Status)> {
+    let mut found: Vec<(String, Status)> = Vec::new();
+    let mut frontier = inputs_of(name);
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(n) = frontier.pop() {
+        if seen.contains(&n) {
+            continue;
+        }
+        seen.push(n.clone());
+        match compared(ev, &n, step) {
+            Some(s) => found.push((n, s)),
+            None => frontier.extend(inputs_of(&n)),
+        }
+    }
+    // Execution order of the comparison, where known.
+    found.sort_by_key(|(n, _)| ev.pairs.iter().position(|p| p.step == step && p.name == *n));
+    found
+}
+
+/// Where the first divergent value `p` points, citing only evidence that was compared:
+/// the op's hint when its inputs matched; when an input was not compared, says so, names
+/// the nearest compared values upstream and ranks what lies between them and `p`.
+pub fn localize(ev: &Evidence, p: &PairReport) -> Option<String> {
+    let hint = op_hint(&p.name)?;
+    let inputs = inputs_of(&p.name);
+    if inputs.is_empty() {
+        return Some(hint);
+    }
+    let missing = uncompared_inputs(ev, p);
+    if missing.is_empty() {
+        let short: Vec<&str> = inputs.iter().map(|i| short_name(i)).collect();
+        let all_matched = inputs.iter().all(|i| compared(ev, i, p.step) == Some(Status::Match));
+        let how = if all_matched { "matched" } else { "was compared and also diverges" };
+        return Some(format!("{hint} (its input {} {how})", short.join(", ")));
+    }
+    let upstream = nearest_compared_upstream(ev, &p.name, p.step);
+    let seen = if upstream.is_empty() {
+        "no value upstream of it in its layer was compared".to_string()
+    } else {
+        let part = |want: bool| upstream.iter().filter(|(_, s)| (*s == Status::Match) == want).map(|(n, _)| short_name(n)).collect::<Vec<_>>();
+        let (ok, bad) = (part(true), part(false));
+        let mut s = Vec::new();
+        if !ok.is_empty() {
+            s.push(format!("upstream, {} matched", ok.join(", ")));
+        }
+        if !bad.is_empty() {
+            s.push(format!("{} diverged", bad.join(", ")));
+        }
+        s.join("; ")
+    };
+    let missing_short: Vec<&str> = missing.iter().map(|m| short_name(m)).collect();
+    let attention_core_unseen = missing.iter().any(|m| m.ends_with(".self_attn.attn_output"));
+    let candidates = if attention_core_unseen {
+        "ranked: (1) the attention core (RoPE pairing or theta, softmax scale, GQA head mapping, causal mask, KV cache), which has more ways to go wrong and was not observed; (2) the o_proj weight".to_string()
+    } else {
+        format!("{hint}, or an op between the last matched value and it")
+    };
+    Some(format!("{candidates}: its input {} was not compared (not in both dumps), {seen}", missing_short.join(", ")))
+}
+
+/// `self_attn.attn_output` for `model.layers.3.self_attn.attn_output`.
+fn short_name(name: &str) -> &str {
+    match name.strip_prefix("model.layers.") {
+        Some(rest) => rest.split_once('.').map_or(name, |(_, r)| r),
+        None => name,
+    }
+}
+
+/// The localization hint for a value name (what its kind of op usually gets wrong; no
+/// evidence: see [`localize`]).
 pub fn op_hint(name: &str) -> Option<String> {
     if is_layer_output(name) {
         return Some(format!("layer {}'s output: tap its sub-ops to find the first one out of tolerance", layer_index(name).unwrap_or(0)));

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::names::{is_attention_output, is_embedding, is_layer_output, is_logits_name, layer_index, repeat_call_base};
 use crate::result::{PairReport, Status};
-use crate::signatures::{op_hint, Ctx, SIGNATURES};
+use crate::signatures::{localize, uncompared_inputs, Ctx, SIGNATURES};
 
 pub use crate::evidence::{magnitude_only, Evidence, FalseCliff, LayerShift};
 
@@ -161,7 +161,7 @@ pub fn decide(ev: &Evidence) -> Verdict {
         }
     }
     let first_pair = first.and_then(|i| ev.pairs.get(i));
-    let likely_cause = hit.as_ref().map(|(s, cause)| match first_pair.and_then(|p| op_hint(&p.name).map(|h| (p, h))) {
+    let likely_cause = hit.as_ref().map(|(s, cause)| match first_pair.and_then(|p| localize(ev, p).map(|h| (p, h))) {
         Some((p, hint)) if s.id != "op" => format!("{cause}. First value out of tolerance: {} ({hint})", p.name),
         _ => cause.clone(),
     });
@@ -172,7 +172,13 @@ pub fn decide(ev: &Evidence) -> Verdict {
             Some(format!("dump the sub-ops of layer {l} (norms, q/k/v, rope, attention, o_proj, residual, mlp) and compare them: --only 'model\\.layers\\.{l}\\.'"))
         }
         Some(p) if is_logits_name(&p.name) => Some("compare the top-10 logits of the mismatching rows (--token-index ROW --per-dim)".into()),
-        Some(_) => Some("feed the reference's input to this op alone to tell a wrong op from inherited error (docs/parity-protocol.md, step 3)".into()),
+        Some(p) => match uncompared_inputs(ev, p) {
+            missing if missing.is_empty() => Some("feed the reference's input to this op alone to tell a wrong op from inherited error (docs/parity-protocol.md, step 3)".into()),
+            missing => Some(format!(
+                "dump {} on both sides (hook it in the reference) and compare again, so the op's input is evidence; then feed the reference's input to the op alone (docs/parity-protocol.md, step 3)",
+                missing.join(", ")
+            )),
+        },
     };
     // Different prompt token ids invalidate every comparison after them (protocol step 0).
     let (first_divergence, first_divergence_step) = if tokens_differ {

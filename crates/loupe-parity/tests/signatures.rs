@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use loupe_parity::result::{Reason, Status};
-use loupe_parity::CompareOptions;
+use loupe_parity::{CompareOptions, DumpStyle};
 
 #[test]
 fn identical_dumps_match() {
@@ -186,6 +186,70 @@ fn op_table_localizes_the_first_sub_op() {
     assert_eq!(r.verdict.first_divergence.as_deref(), Some("model.layers.2.mlp.act_fn"));
     assert_eq!(signature(&r), "op");
     assert!(r.verdict.likely_cause.as_deref().unwrap_or("").contains("SiLU vs GELU"));
+}
+
+#[test]
+fn o_proj_blamed_only_when_its_input_was_compared_and_matched() {
+    let a = model(1, 0);
+    let mut b = a.clone();
+    perturb_rows(get(&mut b, "model.layers.2.self_attn.o_proj"), 0..T, 1.0, 3);
+    let r = run(&a, &b);
+    assert_eq!(r.verdict.first_divergence.as_deref(), Some("model.layers.2.self_attn.o_proj"));
+    let cause = r.verdict.likely_cause.as_deref().unwrap_or("");
+    assert!(cause.contains("the o_proj weight (its input self_attn.attn_output matched)"), "{cause}");
+}
+
+/// A reference dumped the way MAX's torch-side hooks dump it: module outputs only (no
+/// q_rope / k_rope / attn_output / attn_residual / act_mul, which no module returns).
+fn module_outputs_only(m: &[Named]) -> Vec<Named> {
+    let not_modules = [".q_rope", ".k_rope", ".attn_output", ".attn_residual", ".act_mul"];
+    m.iter().filter(|t| !not_modules.iter().any(|s| t.name.ends_with(s))).cloned().collect()
+}
+
+#[test]
+fn a_bug_inside_the_attention_core_with_a_module_output_reference_cites_only_what_was_compared() {
+    let full = model(1, 0);
+    let reference = module_outputs_only(&full);
+    // A RoPE / softmax-scale / GQA bug in layer 2: q_rope (for RoPE), the attention output and
+    // everything after it change; q/k/v projections do not.
+    let mut target = full.clone();
+    for name in ["model.layers.2.self_attn.q_rope", "model.layers.2.self_attn.attn_output", "model.layers.2.self_attn.o_proj"] {
+        perturb_rows(get(&mut target, name), 0..T, 1.0, 5);
+    }
+    for style in [DumpStyle::Npy, DumpStyle::Max] {
+        let dir = tempfile::tempdir().unwrap();
+        let pa = write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), style);
+        let pb = write_style(&dir.path().join("tgt"), "loupe", &target, Some(vec![1, 2, 3]), style);
+        let r = loupe_parity::compare(&pa, &pb, &CompareOptions::default(), &mut loupe_parity::NoProgress).unwrap();
+        assert_eq!(r.verdict.first_divergence.as_deref(), Some("model.layers.2.self_attn.o_proj"), "{style:?}");
+        assert_eq!(signature(&r), "op");
+        let cause = r.verdict.likely_cause.as_deref().unwrap_or("");
+        // Never the o_proj weight on the strength of an input nobody compared.
+        assert!(!cause.contains("matched)") && !cause.contains("its input self_attn.attn_output matched"), "{style:?}: {cause}");
+        assert!(cause.contains("its input self_attn.attn_output was not compared"), "{style:?}: {cause}");
+        assert!(cause.contains("self_attn.q_proj, self_attn.k_proj, self_attn.v_proj matched"), "{style:?}: {cause}");
+        // The attention core ranks before the o_proj weight.
+        let (core, weight) = (cause.find("attention core").unwrap_or(usize::MAX), cause.find("o_proj weight").unwrap_or(0));
+        assert!(core < weight, "{style:?}: {cause}");
+        let next = r.verdict.next_step.as_deref().unwrap_or("");
+        assert!(next.contains("dump model.layers.2.self_attn.attn_output on both sides"), "{style:?}: {next}");
+    }
+}
+
+#[test]
+fn an_mlp_bug_with_a_module_output_reference_names_its_unseen_input() {
+    let full = model(1, 0);
+    let reference = module_outputs_only(&full);
+    let mut target = full.clone();
+    for name in ["model.layers.1.mlp.act_mul", "model.layers.1.mlp.down_proj"] {
+        perturb_rows(get(&mut target, name), 0..T, 1.0, 7);
+    }
+    let r = run(&reference, &target);
+    assert_eq!(r.verdict.first_divergence.as_deref(), Some("model.layers.1.mlp.down_proj"));
+    let cause = r.verdict.likely_cause.as_deref().unwrap_or("");
+    assert!(cause.contains("its input mlp.act_mul was not compared"), "{cause}");
+    assert!(cause.contains("mlp.up_proj, mlp.act_fn matched"), "{cause}");
+    assert!(!cause.contains("(its input"), "{cause}");
 }
 
 #[test]
