@@ -164,6 +164,60 @@ fn faults_are_located_and_explained(model: &Path) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The values a reference hooked on module outputs holds (MAX's torch-side hooks): no
+/// q_rope / k_rope / attn_output / attn_probs / attn_residual / act_mul, which no module
+/// returns.
+const MODULE_OUTPUTS: &str = r"(embed_tokens|_layernorm|q_proj|k_proj|v_proj|o_proj|self_attn|gate_proj|up_proj|act_fn|down_proj|mlp|model\.layers\.\d+|model\.norm|lm_head)$";
+
+#[test]
+fn attention_core_faults_against_a_module_output_reference() {
+    attention_core_faults_module_outputs(&tiny_model());
+}
+
+#[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
+fn attention_core_faults_against_a_module_output_reference_on_the_real_model() {
+    attention_core_faults_module_outputs(&real_model());
+}
+
+/// Bugs inside the attention core, compared with a module-output-only reference: `compare`
+/// stops at o_proj without claiming its (uncompared) input matched, and `explain` on o_proj
+/// recomputes the block from the reference's q/k/v projections and names the bug.
+fn attention_core_faults_module_outputs(model: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("reference");
+    dump(model, &reference, &["--taps", MODULE_OUTPUTS]);
+    let names: Vec<String> = manifest(&reference)["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
+    assert!(names.iter().any(|n| n == "model.layers.1.self_attn.q_proj") && !names.iter().any(|n| n.ends_with("attn_output") || n.ends_with("q_rope")), "{names:?}");
+    let next = manifest(&reference)["generated_tokens"][0].as_u64().unwrap().to_string();
+    let mut failures = Vec::new();
+    for class in ["rope-interleaved", "softmax-scale", "gqa-mapping", "mask", "kv-write"] {
+        let faulty = dir.path().join(class);
+        dump(model, &faulty, &["--teacher-force", &next, "--inject", &format!("{class}@1")]);
+        let json = dir.path().join(format!("{class}-compare.json"));
+        let o = run(loupe().arg("compare").arg(&reference).arg(&faulty).arg("--json").arg(&json));
+        assert_eq!(o.status.code(), Some(1), "{class}: compare: {}", stderr(&o));
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        // The verdict's fields sit at the top of the report.
+        let first = v["first_divergence"].as_str().unwrap_or("");
+        let cause = v["likely_cause"].as_str().unwrap_or("");
+        eprintln!("{class}: compare: first divergence {first}: {cause}");
+        if !first.starts_with("model.layers.1.self_attn") {
+            failures.push(format!("{class}: first divergence {first}"));
+            continue;
+        }
+        if cause.contains("(its input") || !cause.contains("attention core") || !cause.contains("self_attn.attn_output was not compared") {
+            failures.push(format!("{class}: the cause cites evidence nobody compared or misses the attention core: {cause}"));
+        }
+        let e = explain(model, &reference, &faulty, "model.layers.1.self_attn.o_proj", 0, &dir.path().join(format!("{class}.json")));
+        eprintln!("  explain: {}", e["conclusion"].as_str().unwrap());
+        if e["verdict"]["id"] != class {
+            failures.push(format!("{class}: explain from q/k/v: {}", e["conclusion"]));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn bad_faults_and_bad_explain_input_exit_2() {
     let o = run(loupe().args(["dump", "--prompt", "x", "--inject", "nope@1"]));

@@ -81,6 +81,17 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
 
 /// The hypotheses for `name` at the context's step.
 pub fn plan(ctx: &mut Context<'_>, name: &str) -> Result<Plan, ExplainError> {
+    // The attention block's output (`o_proj`, alias `self_attn`) against a reference that
+    // dumped module outputs only (no `attn_output`, which no module returns): the block is
+    // recomputed from the reference's q/k/v projections under each attention-core
+    // hypothesis, then through o_proj.
+    if let Some(m) = Module::parse(name).filter(|m| matches!(m.role, R::OProj | R::SelfAttn)) {
+        if !ctx.reference.has(&Module::layer(m.layer, R::AttnCore).name(), ctx.step) {
+            let mut plan = attn_block(ctx, m.layer)?;
+            push_bf16(ctx, name, &mut plan);
+            return Ok(plan);
+        }
+    }
     let mut plan = match site(ctx, name) {
         Site::Rope { layer, input, kv } => rope(ctx, layer, &input.name(), kv)?,
         Site::Attention { layer, probs } => attn(ctx, layer, probs)?,
@@ -99,13 +110,90 @@ pub fn plan(ctx: &mut Context<'_>, name: &str) -> Result<Plan, ExplainError> {
             Plan { op: "no op model for this tensor: value-level hypotheses only".into(), inputs: Vec::new(), candidates: vec![cand("correct", "the reference value", "", r.data)] }
         }
     };
-    // Any tensor: the reference value held in bf16 (reduced-precision activations).
+    push_bf16(ctx, name, &mut plan);
+    Ok(plan)
+}
+
+/// Any tensor: the reference value held in bf16 (reduced-precision activations).
+fn push_bf16(ctx: &Context<'_>, name: &str, plan: &mut Plan) {
     if let Ok(r) = ctx.reference(name) {
         let mut data = r.data;
         round_bf16(&mut data);
         plan.candidates.push(cand("bf16", "reference value rounded to bf16", "the value is rounded to bf16 (a reduced-precision activation or cast)", data));
     }
-    Ok(plan)
+}
+
+/// The attention block of `layer` (RoPE on q and k, attention, o_proj) from the reference's
+/// q/k/v projections, under each hypothesis of [`rope`], [`attn`] and [`linear`] one at a
+/// time: used when the reference holds no attention output to start from.
+fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError> {
+    let [qn, kn, vn] = [R::QProj, R::KProj, R::VProj].map(|r| Module::layer(layer, r).name());
+    let q = ctx.reference(&qn)?;
+    // The cache at step K holds the keys and values of every step up to K, from position 0.
+    let k = ctx.reference.rows_through(&kn, ctx.step)?;
+    let v = ctx.reference.rows_through(&vn, ctx.step)?;
+    let first = ctx.first_position()?;
+    let model = ctx.model(layer + 1)?;
+    let cfg = model.config.clone();
+    let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let tokens = rows_of(&q, h * hd, &qn)?;
+    let context = rows_of(&k, kvh * hd, &kn)?;
+    if rows_of(&v, kvh * hd, &vn)? != context || tokens > context || tokens == 0 {
+        return Err(ExplainError::Shape { what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)) });
+    }
+    let table = rope_table(model, layer)?;
+    let o_name = Module::layer(layer, R::OProj).param("weight");
+    let (o_shape, w_o) = weight(model, &o_name).ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{o_name}'") })?;
+    let (n, kdim) = (o_shape[0], o_shape.get(1).copied().unwrap_or(1));
+    if kdim != h * hd {
+        return Err(ExplainError::Shape { what: format!("'{o_name}' is {n}x{kdim}, the attention output has {} features", h * hd) });
+    }
+    let roped = |x: &Tensor, heads: usize, from: usize, mode: RopeMode| -> Result<Vec<f32>, ExplainError> {
+        let mut d = x.data.clone();
+        table.apply_mode(&mut d, heads, from, mode)?;
+        Ok(d)
+    };
+    let base = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let plain = AttentionVariant::default();
+    let block = |mode: RopeMode, shape: AttentionShape, variant: AttentionVariant, late_keys: bool, w: &[f32]| -> Result<Vec<f32>, ExplainError> {
+        let qr = roped(&q, h, first, mode)?;
+        let mut kr = roped(&k, kvh, 0, mode)?;
+        if late_keys {
+            // Row p holds the key of p-1, row 0 zeros.
+            let (w, len) = (kvh * hd, kr.len());
+            kr.copy_within(..len - w, w);
+            kr[..w].fill(0.0);
+        }
+        let mut out = vec![0.0f32; tokens * h * hd];
+        attention(shape, variant, &qr, &kr, &v.data, context, &mut out, None)?;
+        let mut y = vec![0.0f32; tokens * n];
+        matmul_f32(&out, w, &mut y, tokens, kdim, n)?;
+        Ok(y)
+    };
+    let split = RopeMode::SplitHalf;
+    let mut candidates = vec![
+        cand("correct", format!("RoPE split-half, causal attention, scale 1/sqrt({hd}), kv head h/{}, then o_proj", h / kvh.max(1)), "", block(split, base, plain, false, &w_o)?),
+        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1) on q and k", "rotary embedding pairs adjacent elements (2i, 2i+1) instead of (i, i+head_dim/2): the interleaved (GPT-J) convention on split-half weights, or q/k rows not un-permuted", block(RopeMode::Interleaved, base, plain, false, &w_o)?),
+        cand("softmax-scale", format!("scale 1/{hd}"), "attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim)", block(split, AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, false, &w_o)?),
+        cand("no-scale", "scale 1", "attention scores not scaled by 1/sqrt(head_dim)", block(split, AttentionShape { scale: 1.0, ..base }, plain, false, &w_o)?),
+        cand("gqa-mapping", format!("kv head h % {kvh}"), "query head h reads kv head h % n_kv (kv heads tiled) instead of h / (n_heads/n_kv) (repeat_kv / repeat_interleave)", block(split, base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, false, &w_o)?),
+        cand("mask", "no causal mask", "the causal mask is missing: queries see later tokens of the same call", block(split, base, AttentionVariant { mask: AttentionMask::None, ..plain }, false, &w_o)?),
+        cand("kv-write", "keys written one position late", "the KV cache write is off by one: row p holds the key of position p-1", block(split, base, plain, true, &w_o)?),
+    ];
+    if n == kdim {
+        let mut t = vec![0.0f32; n * kdim];
+        for r in 0..n {
+            for c in 0..kdim {
+                t[c * n + r] = w_o[r * kdim + c];
+            }
+        }
+        candidates.push(cand("transposed-weight", "o_proj weight transposed", format!("`{o_name}` is used transposed ([in, out] read as [out, in])"), block(split, base, plain, false, &t)?));
+    }
+    let op = format!(
+        "the attention block of layer {layer} recomputed from `{qn}`, `{kn}`, `{vn}` (the reference holds no `{}`): RoPE, attention ({h} heads, {kvh} kv heads, head_dim {hd}, {context} positions), o_proj",
+        Module::layer(layer, R::AttnCore).name()
+    );
+    Ok(Plan { op, inputs: vec![qn, kn, vn], candidates })
 }
 
 fn rows_of(t: &Tensor, width: usize, what: &str) -> Result<usize, ExplainError> {
