@@ -15,6 +15,16 @@ use loupe_tensor::ops::{attention, gelu, rms_norm, round_bf16, silu, AttentionMa
 
 use crate::{Context, ExplainError, Tensor};
 
+/// The likely causes the attention hypotheses name (shared by the core and the block).
+mod cause {
+    pub const ROPE_INTERLEAVED: &str = "rotary embedding pairs adjacent elements (2i, 2i+1) instead of (i, i+head_dim/2): the interleaved (GPT-J) convention on split-half weights, or q/k rows not un-permuted";
+    pub const SOFTMAX_SCALE: &str = "attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim)";
+    pub const NO_SCALE: &str = "attention scores not scaled by 1/sqrt(head_dim)";
+    pub const GQA_MAPPING: &str = "query head h reads kv head h % n_kv (kv heads tiled) instead of h / (n_heads/n_kv) (repeat_kv / repeat_interleave)";
+    pub const NO_MASK: &str = "the causal mask is missing: queries see later tokens of the same call";
+    pub const KV_WRITE: &str = "the KV cache write is off by one: row p holds the key of position p-1";
+}
+
 /// One way of computing the op, not yet compared.
 pub struct Candidate {
     pub id: &'static str,
@@ -173,12 +183,12 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
     let split = RopeMode::SplitHalf;
     let mut candidates = vec![
         cand("correct", format!("RoPE split-half, causal attention, scale 1/sqrt({hd}), kv head h/{}, then o_proj", h / kvh.max(1)), "", block(split, base, plain, false, &w_o)?),
-        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1) on q and k", "rotary embedding pairs adjacent elements (2i, 2i+1) instead of (i, i+head_dim/2): the interleaved (GPT-J) convention on split-half weights, or q/k rows not un-permuted", block(RopeMode::Interleaved, base, plain, false, &w_o)?),
-        cand("softmax-scale", format!("scale 1/{hd}"), "attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim)", block(split, AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, false, &w_o)?),
-        cand("no-scale", "scale 1", "attention scores not scaled by 1/sqrt(head_dim)", block(split, AttentionShape { scale: 1.0, ..base }, plain, false, &w_o)?),
-        cand("gqa-mapping", format!("kv head h % {kvh}"), "query head h reads kv head h % n_kv (kv heads tiled) instead of h / (n_heads/n_kv) (repeat_kv / repeat_interleave)", block(split, base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, false, &w_o)?),
-        cand("mask", "no causal mask", "the causal mask is missing: queries see later tokens of the same call", block(split, base, AttentionVariant { mask: AttentionMask::None, ..plain }, false, &w_o)?),
-        cand("kv-write", "keys written one position late", "the KV cache write is off by one: row p holds the key of position p-1", block(split, base, plain, true, &w_o)?),
+        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1) on q and k", cause::ROPE_INTERLEAVED, block(RopeMode::Interleaved, base, plain, false, &w_o)?),
+        cand("softmax-scale", format!("scale 1/{hd}"), cause::SOFTMAX_SCALE, block(split, AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, false, &w_o)?),
+        cand("no-scale", "scale 1", cause::NO_SCALE, block(split, AttentionShape { scale: 1.0, ..base }, plain, false, &w_o)?),
+        cand("gqa-mapping", format!("kv head h % {kvh}"), cause::GQA_MAPPING, block(split, base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, false, &w_o)?),
+        cand("mask", "no causal mask", cause::NO_MASK, block(split, base, AttentionVariant { mask: AttentionMask::None, ..plain }, false, &w_o)?),
+        cand("kv-write", "keys written one position late", cause::KV_WRITE, block(split, base, plain, true, &w_o)?),
     ];
     if n == kdim {
         let mut t = vec![0.0f32; n * kdim];
@@ -218,7 +228,7 @@ fn rope(ctx: &mut Context<'_>, layer: usize, input: &str, kv: bool) -> Result<Pl
     };
     let candidates = vec![
         cand("correct", "RoPE split-half (i, i+d/2)", "", run(RopeMode::SplitHalf)?),
-        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1)", "rotary embedding pairs adjacent elements (2i, 2i+1) instead of (i, i+head_dim/2): the interleaved (GPT-J) convention on split-half weights, or q/k rows not un-permuted", run(RopeMode::Interleaved)?),
+        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1)", cause::ROPE_INTERLEAVED, run(RopeMode::Interleaved)?),
         cand("rope-missing", "no RoPE", "rotary embedding not applied", x.data.clone()),
     ];
     let op = format!("rotary embedding of `{input}` ({heads} heads x {}, theta {}, first position {first})", cfg.head_dim, cfg.rope_theta);
@@ -263,11 +273,11 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     late[w..].copy_from_slice(&k.data[..k.data.len() - w]);
     let candidates = vec![
         cand("correct", format!("causal, scale 1/sqrt({hd}), kv head h/{}", h / kvh.max(1)), "", run(base, plain, &k.data)?),
-        cand("softmax-scale", format!("scale 1/{hd}"), "attention scores scaled by 1/head_dim instead of 1/sqrt(head_dim)", run(AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, &k.data)?),
-        cand("no-scale", "scale 1", "attention scores not scaled by 1/sqrt(head_dim)", run(AttentionShape { scale: 1.0, ..base }, plain, &k.data)?),
-        cand("gqa-mapping", format!("kv head h % {kvh}"), "query head h reads kv head h % n_kv (kv heads tiled) instead of h / (n_heads/n_kv) (repeat_kv / repeat_interleave)", run(base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, &k.data)?),
-        cand("mask", "no causal mask", "the causal mask is missing: queries see later tokens of the same call", run(base, AttentionVariant { mask: AttentionMask::None, ..plain }, &k.data)?),
-        cand("kv-write", "keys written one position late", "the KV cache write is off by one: row p holds the key of position p-1", run(base, plain, &late)?),
+        cand("softmax-scale", format!("scale 1/{hd}"), cause::SOFTMAX_SCALE, run(AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, &k.data)?),
+        cand("no-scale", "scale 1", cause::NO_SCALE, run(AttentionShape { scale: 1.0, ..base }, plain, &k.data)?),
+        cand("gqa-mapping", format!("kv head h % {kvh}"), cause::GQA_MAPPING, run(base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, &k.data)?),
+        cand("mask", "no causal mask", cause::NO_MASK, run(base, AttentionVariant { mask: AttentionMask::None, ..plain }, &k.data)?),
+        cand("kv-write", "keys written one position late", cause::KV_WRITE, run(base, plain, &late)?),
     ];
     let op = format!("attention of `{qn}` over `{kn}`, `{vn}` (steps 0..={}: {context} positions; {h} heads, {kvh} kv heads, head_dim {hd})", ctx.step);
     Ok(Plan { op, inputs: vec![qn, kn, vn], candidates })
