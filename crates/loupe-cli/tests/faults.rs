@@ -185,34 +185,39 @@ fn attention_core_faults_against_a_module_output_reference_on_the_real_model() {
 /// recomputes the block from the reference's q/k/v projections and names the bug.
 fn attention_core_faults_module_outputs(model: &Path) {
     let dir = tempfile::tempdir().unwrap();
-    let reference = dir.path().join("reference");
-    dump(model, &reference, &["--taps", MODULE_OUTPUTS]);
-    let names: Vec<String> = manifest(&reference)["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
+    // The reference as `.npy` files and as MAX `.max` files.
+    let references = [("npy", dir.path().join("reference")), ("max", dir.path().join("reference-max"))];
+    for (style, reference) in &references {
+        dump(model, reference, &["--taps", MODULE_OUTPUTS, "--style", style]);
+    }
+    let names: Vec<String> = manifest(&references[0].1)["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
     assert!(names.iter().any(|n| n == "model.layers.1.self_attn.q_proj") && !names.iter().any(|n| n.ends_with("attn_output") || n.ends_with("q_rope")), "{names:?}");
-    let next = manifest(&reference)["generated_tokens"][0].as_u64().unwrap().to_string();
+    let next = manifest(&references[0].1)["generated_tokens"][0].as_u64().unwrap().to_string();
     let mut failures = Vec::new();
     for class in ["rope-interleaved", "softmax-scale", "gqa-mapping", "mask", "kv-write"] {
         let faulty = dir.path().join(class);
         dump(model, &faulty, &["--teacher-force", &next, "--inject", &format!("{class}@1")]);
-        let json = dir.path().join(format!("{class}-compare.json"));
-        let o = run(loupe().arg("compare").arg(&reference).arg(&faulty).arg("--json").arg(&json));
-        assert_eq!(o.status.code(), Some(1), "{class}: compare: {}", stderr(&o));
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        // The verdict's fields sit at the top of the report.
-        let first = v["first_divergence"].as_str().unwrap_or("");
-        let cause = v["likely_cause"].as_str().unwrap_or("");
-        eprintln!("{class}: compare: first divergence {first}: {cause}");
-        if !first.starts_with("model.layers.1.self_attn") {
-            failures.push(format!("{class}: first divergence {first}"));
-            continue;
-        }
-        if cause.contains("(its input") || !cause.contains("attention core") || !cause.contains("self_attn.attn_output was not compared") {
-            failures.push(format!("{class}: the cause cites evidence nobody compared or misses the attention core: {cause}"));
-        }
-        let e = explain(model, &reference, &faulty, "model.layers.1.self_attn.o_proj", 0, &dir.path().join(format!("{class}.json")));
-        eprintln!("  explain: {}", e["conclusion"].as_str().unwrap());
-        if e["verdict"]["id"] != class {
-            failures.push(format!("{class}: explain from q/k/v: {}", e["conclusion"]));
+        for (style, reference) in &references {
+            let json = dir.path().join(format!("{class}-{style}-compare.json"));
+            let o = run(loupe().arg("compare").arg(reference).arg(&faulty).arg("--json").arg(&json));
+            assert_eq!(o.status.code(), Some(1), "{class} ({style}): compare: {}", stderr(&o));
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+            // The verdict's fields sit at the top of the report.
+            let first = v["first_divergence"].as_str().unwrap_or("");
+            let cause = v["likely_cause"].as_str().unwrap_or("");
+            eprintln!("{class} ({style}): compare: first divergence {first}: {cause}");
+            if !first.starts_with("model.layers.1.self_attn") {
+                failures.push(format!("{class} ({style}): first divergence {first}"));
+                continue;
+            }
+            if cause.contains("(its input") || !cause.contains("attention core") || !cause.contains("self_attn.attn_output was not compared") {
+                failures.push(format!("{class} ({style}): the cause cites evidence nobody compared or misses the attention core: {cause}"));
+            }
+            let e = explain(model, reference, &faulty, "model.layers.1.self_attn.o_proj", 0, &dir.path().join(format!("{class}-{style}.json")));
+            eprintln!("  explain: {}", e["conclusion"].as_str().unwrap());
+            if e["verdict"]["id"] != class {
+                failures.push(format!("{class} ({style}): explain from q/k/v: {}", e["conclusion"]));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

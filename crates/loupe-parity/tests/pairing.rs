@@ -15,32 +15,6 @@ use loupe_parity::result::Status;
 use loupe_parity::source::SourceKind;
 use loupe_parity::{compare, CompareOptions, Mapping, NoProgress, TensorSource};
 
-/// A `torch.save`d f32 tensor of `shape`, assembled from the opcodes torch 2.x writes.
-fn pt_bytes(shape: &[usize], data: &[f32]) -> Vec<u8> {
-    let ints = |v: &[usize]| {
-        let mut p = vec![b'('];
-        for &x in v {
-            p.push(b'J');
-            p.extend_from_slice(&(x as i32).to_le_bytes());
-        }
-        p.push(b't');
-        p
-    };
-    let mut strides = vec![1usize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * shape[i + 1];
-    }
-    let mut p = vec![0x80, 2];
-    p.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ");
-    p.extend_from_slice(&(data.len() as i32).to_le_bytes());
-    p.extend_from_slice(b"tQK\x00");
-    p.extend(ints(shape));
-    p.extend(ints(&strides));
-    p.extend_from_slice(b"\x89ccollections\nOrderedDict\n)RtR.");
-    let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_zip(&[("archive/data.pkl", &p, false), ("archive/byteorder", b"little", false), ("archive/data/0", &raw, false)]).expect("zip")
-}
-
 fn cmp(a: &Path, b: &Path, opts: &CompareOptions) -> loupe_parity::Report {
     compare(a, b, opts, &mut NoProgress).expect("compare")
 }

@@ -216,10 +216,15 @@ fn a_bug_inside_the_attention_core_with_a_module_output_reference_cites_only_wha
     for name in ["model.layers.2.self_attn.q_rope", "model.layers.2.self_attn.attn_output", "model.layers.2.self_attn.o_proj"] {
         perturb_rows(get(&mut target, name), 0..T, 1.0, 5);
     }
-    for style in [DumpStyle::Npy, DumpStyle::Max] {
+    // loupe / MAX `.max` dumps through DumpWriter, and MAX's PyTorch-side `.pt` directory.
+    for style in ["npy", "max", "max-torch-pt"] {
         let dir = tempfile::tempdir().unwrap();
-        let pa = write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), style);
-        let pb = write_style(&dir.path().join("tgt"), "loupe", &target, Some(vec![1, 2, 3]), style);
+        let pa = match style {
+            "npy" => write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), DumpStyle::Npy),
+            "max" => write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), DumpStyle::Max),
+            _ => write_max_torch_dir(&dir.path().join("ref"), &reference),
+        };
+        let pb = write_style(&dir.path().join("tgt"), "loupe", &target, Some(vec![1, 2, 3]), DumpStyle::Npy);
         let r = loupe_parity::compare(&pa, &pb, &CompareOptions::default(), &mut loupe_parity::NoProgress).unwrap();
         assert_eq!(r.verdict.first_divergence.as_deref(), Some("model.layers.2.self_attn.o_proj"), "{style:?}");
         assert_eq!(signature(&r), "op");

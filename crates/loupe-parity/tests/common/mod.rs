@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use loupe_formats::zip_archive::write_zip;
 use loupe_parity::{compare, CompareOptions, DumpStyle, DumpWriter, NoProgress, Report};
 
 pub const T: usize = 6;
@@ -124,4 +125,52 @@ pub fn perturb_rows(t: &mut Named, rows: std::ops::Range<usize>, scale: f32, see
 
 pub fn signature(r: &Report) -> &str {
     r.verdict.signature.as_ref().map_or("none", |s| s.id)
+}
+
+/// A `torch.save`d f32 tensor of `shape`, assembled from the opcodes torch 2.x writes.
+pub fn pt_bytes(shape: &[usize], data: &[f32]) -> Vec<u8> {
+    let ints = |v: &[usize]| {
+        let mut p = vec![b'('];
+        for &x in v {
+            p.push(b'J');
+            p.extend_from_slice(&(x as i32).to_le_bytes());
+        }
+        p.push(b't');
+        p
+    };
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    let mut p = vec![0x80, 2];
+    p.extend_from_slice(b"ctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storagectorch\nFloatStorage\nX\x01\x00\x00\x000X\x03\x00\x00\x00cpuJ");
+    p.extend_from_slice(&(data.len() as i32).to_le_bytes());
+    p.extend_from_slice(b"tQK\x00");
+    p.extend(ints(shape));
+    p.extend(ints(&strides));
+    p.extend_from_slice(b"\x89ccollections\nOrderedDict\n)RtR.");
+    let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_zip(&[("archive/data.pkl", &p, false), ("archive/byteorder", b"little", false), ("archive/data/0", &raw, false)]).expect("zip")
+}
+
+/// Writes `tensors` the way MAX's PyTorch-side hooks do: per step a folder of
+/// `{name}-output.pt` files (with a leading batch dim of 1) and `tensor_names.txt` listing
+/// them in execution order.
+pub fn write_max_torch_dir(dir: &Path, tensors: &[Named]) -> PathBuf {
+    let mut names: std::collections::BTreeMap<u32, String> = std::collections::BTreeMap::new();
+    for t in tensors {
+        let folder = dir.join(t.step.to_string());
+        std::fs::create_dir_all(&folder).expect("dir");
+        let label = format!("{}-output", t.name);
+        let mut shape = vec![1];
+        shape.extend(&t.shape);
+        std::fs::write(folder.join(format!("{label}.pt")), pt_bytes(&shape, &t.data)).expect("pt");
+        let list = names.entry(t.step).or_default();
+        list.push_str(&label);
+        list.push('\n');
+    }
+    for (step, list) in names {
+        std::fs::write(dir.join(step.to_string()).join("tensor_names.txt"), list).expect("names");
+    }
+    dir.to_path_buf()
 }
