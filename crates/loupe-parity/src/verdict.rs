@@ -174,10 +174,18 @@ pub fn decide(ev: &Evidence) -> Verdict {
         Some(p) if is_logits_name(&p.name) => Some("compare the top-10 logits of the mismatching rows (--token-index ROW --per-dim)".into()),
         Some(p) => match uncompared_inputs(ev, p) {
             missing if missing.is_empty() => Some("feed the reference's input to this op alone to tell a wrong op from inherited error (docs/parity-protocol.md, step 3)".into()),
-            missing => Some(format!(
-                "dump {} on both sides (hook it in the reference) and compare again, so the op's input is evidence; then feed the reference's input to the op alone (docs/parity-protocol.md, step 3)",
-                missing.join(", ")
-            )),
+            missing => {
+                // explain recomputes the attention block from the q/k/v projections.
+                let explain = if missing.iter().any(|m| m.ends_with(".self_attn.attn_output")) {
+                    format!("; or test the attention-core hypotheses without it: loupe explain REF TARGET --tensor {} --model MODEL", p.name)
+                } else {
+                    String::new()
+                };
+                Some(format!(
+                    "dump {} on both sides (hook it in the reference) and compare again, so the op's input is evidence; then feed the reference's input to the op alone (docs/parity-protocol.md, step 3){explain}",
+                    missing.join(", ")
+                ))
+            }
         },
     };
     // Different prompt token ids invalidate every comparison after them (protocol step 0).

@@ -238,6 +238,7 @@ fn a_bug_inside_the_attention_core_with_a_module_output_reference_cites_only_wha
         assert!(core < weight, "{style:?}: {cause}");
         let next = r.verdict.next_step.as_deref().unwrap_or("");
         assert!(next.contains("dump model.layers.2.self_attn.attn_output on both sides"), "{style:?}: {next}");
+        assert!(next.contains("loupe explain REF TARGET --tensor model.layers.2.self_attn.o_proj"), "{style:?}: {next}");
     }
 }
 
