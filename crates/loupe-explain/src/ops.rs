@@ -191,13 +191,7 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
         cand("kv-write", "keys written one position late", cause::KV_WRITE, block(split, base, plain, true, &w_o)?),
     ];
     if n == kdim {
-        let mut t = vec![0.0f32; n * kdim];
-        for r in 0..n {
-            for c in 0..kdim {
-                t[c * n + r] = w_o[r * kdim + c];
-            }
-        }
-        candidates.push(cand("transposed-weight", "o_proj weight transposed", format!("`{o_name}` is used transposed ([in, out] read as [out, in])"), block(split, base, plain, false, &t)?));
+        candidates.push(cand("transposed-weight", "o_proj weight transposed", format!("`{o_name}` is used transposed ([in, out] read as [out, in])"), block(split, base, plain, false, &transposed(&w_o, n))?));
     }
     let op = format!(
         "the attention block of layer {layer} recomputed from `{qn}`, `{kn}`, `{vn}` (the reference holds no `{}`): RoPE, attention ({h} heads, {kvh} kv heads, head_dim {hd}, {context} positions), o_proj",
@@ -283,6 +277,17 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     Ok(Plan { op, inputs: vec![qn, kn, vn], candidates })
 }
 
+/// The transpose of a square `n x n` row-major matrix (the transposed-weight hypothesis).
+fn transposed(w: &[f32], n: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; n * n];
+    for r in 0..n {
+        for c in 0..n {
+            t[c * n + r] = w[r * n + c];
+        }
+    }
+    t
+}
+
 /// A weight of the loaded model as f32 `[rows, cols]`.
 fn weight(model: &Model, name: &str) -> Option<(Vec<usize>, Arc<Vec<f32>>)> {
     let w = model.graph.weights.iter().find(|w| w.name == name)?;
@@ -317,13 +322,7 @@ fn linear(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> 
     };
     let mut candidates = vec![cand("correct", "x W^T", "", apply(&w)?)];
     if n == k {
-        let mut t = vec![0.0f32; n * k];
-        for r in 0..n {
-            for c in 0..k {
-                t[c * n + r] = w[r * k + c];
-            }
-        }
-        candidates.push(cand("transposed-weight", "x W (weight transposed)", format!("`{wname}` is used transposed ([in, out] read as [out, in])"), apply(&t)?));
+        candidates.push(cand("transposed-weight", "x W (weight transposed)", format!("`{wname}` is used transposed ([in, out] read as [out, in])"), apply(&transposed(&w, n))?));
     }
     Ok(Plan { op: format!("linear `{module}` ({n}x{k}) of `{input}`"), inputs: vec![input.to_string()], candidates })
 }

@@ -369,8 +369,7 @@ impl Executor {
         }
         {
             let x = &self.slots[self.slot_of[nodes[0].inputs[0].0 as usize] as usize];
-            let [a, b, c, d] = &mut outs;
-            let mut ys: [&mut [f32]; MAX_GROUP] = [a, b, c, d];
+            let mut ys = outs.each_mut().map(|o| o.as_mut_slice());
             matmul_wq_group(x, &ws[..count], &mut ys[..count]).map_err(|source| {
                 let info = graph.value(nodes[0].output);
                 GraphError::Kernel { op: nodes[0].op.name(), name: info.name.clone(), location: info.location.to_string(), source }

@@ -124,7 +124,7 @@ pub fn detect_format(path: &Path) -> Result<ModelFormat, ModelError> {
 /// Loads a model from a GGUF file or a Hugging Face checkpoint directory.
 pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> {
     let format = detect_format(path)?;
-    match &format {
+    let mut model = match &format {
         ModelFormat::Gguf => {
             let gguf = GgufFile::open(path)?;
             let config = LlamaConfig::from_gguf(&gguf)?;
@@ -136,9 +136,8 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, config.num_attention_heads, config.num_key_value_heads, options.progress);
-            let mut graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
-            graph.kv_dtype = default_kv_dtype(&graph, options.precision);
-            Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
+            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision }
         }
         ModelFormat::HfDir(dir) => {
             let config = LlamaConfig::from_hf_config(&dir.join("config.json"))?;
@@ -151,11 +150,12 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             };
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
             let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress);
-            let mut graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
-            graph.kv_dtype = default_kv_dtype(&graph, options.precision);
-            Ok(Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision })
+            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision }
         }
-    }
+    };
+    model.graph.kv_dtype = default_kv_dtype(&model.graph, options.precision);
+    Ok(model)
 }
 
 /// The KV cache element type a loaded graph's sessions use: f16 where the weights stay
