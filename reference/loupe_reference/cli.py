@@ -22,6 +22,9 @@ import loupe_reference  # noqa: F401  (offline environment first)
 from loupe_reference import prompts
 
 PROG = "python -m loupe_reference"
+DUMP_DTYPES = ("f32", "native", "f64", "f16", "bf16")
+# --dtype values that compute in another torch dtype (stored as float32).
+COMPUTE_DTYPES = {"f64": "float64", "f16": "float16", "bf16": "bfloat16"}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -103,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--style", choices=STYLES, default=None,
                    help="npy (default with -o), binary, max, compact (default without -o), full")
     d.add_argument("--precision", type=int, default=6, metavar="DIGITS", help="digits of --style full (default 6)")
-    d.add_argument("--dtype", choices=("f32", "native"), default="f32",
-                   help="f32 (default): compute and store float32; native: the checkpoint's dtype, bf16 kept raw")
+    d.add_argument("--dtype", choices=DUMP_DTYPES, default="f32",
+                   help="f32 (default): compute and store float32; native: the checkpoint's dtype, bf16 kept raw; "
+                        "f64, f16, bf16: compute in that dtype, store float32 (the reference's own noise at another "
+                        "precision, for loupe compare --calibrate)")
     d.set_defaults(func=cmd_dump)
 
     mt = sub.add_parser(
@@ -286,12 +291,19 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     M.configure_torch(args.threads)
     native = args.dtype == "native"
+    compute = COMPUTE_DTYPES.get(args.dtype)
     if args.config is not None:
         ref = M.load_from_config(args.config, args.seed or 0, tokenizer=args.tokenizer, verbose=args.verbose,
                                  layers=args.layers_n, native_dtype=native)
     else:
         ref = M.load(gguf=args.gguf, hf_dir=args.hf_dir, verbose=args.verbose, layers=args.layers_n,
                      native_dtype=native)
+    if compute is not None:
+        # Loaded in float32 (GGUF blocks dequantized exactly), then cast: the same weights
+        # computed at another precision, which is what a noise floor needs.
+        import torch
+
+        ref.model.to(getattr(torch, compute))
     t_loaded = time.perf_counter()
     ids = prompts.build_prompt_ids(ref.tokenizer, text, args.chat, args.system)
     vocab = ref.model.config.get_text_config().vocab_size

@@ -1,6 +1,7 @@
 //! `loupe compare A B`: pair the tensors of two dumps (A = reference, B = target), print a
 //! table in execution order and a verdict (first divergence, likely cause, false cliffs),
-//! optionally write the JSON report. Exit code: 0 within tolerance, 1 divergence (also
+//! optionally write the JSON report; with `--calibrate HIGH LOW`, each tensor is judged
+//! against its noise floor (loupe_parity::calibrate). Exit code: 0 within tolerance, 1 divergence (also
 //! when nothing paired), 2 bad input (returned as an error; main prints one line).
 //!
 //! The work is done by `loupe_parity`; this file maps flags to options and draws progress.
@@ -12,7 +13,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use loupe_parity::regex::Regex;
 use loupe_parity::report::{render, to_json, RenderOptions};
-use loupe_parity::{compare, CompareOptions, Mapping, Progress, Thresholds};
+use loupe_parity::{compare, Calibration, CompareOptions, Mapping, Progress, Thresholds};
 
 /// Show a progress bar from this many pairs...
 const BAR_MIN_PAIRS: usize = 64;
@@ -67,6 +68,14 @@ pub struct CompareArgs {
     /// Compare only decode step K (0 = prefill).
     #[arg(long, value_name = "K")]
     pub step: Option<u32>,
+    /// Judge each tensor against its noise floor instead of --cos/--nmse/--norm-tol: the
+    /// disagreement of two dumps of the reference at different precisions (f64 and f32 for
+    /// an f32 target, f32 and bf16 for native/q8; `python -m loupe_reference dump --dtype`).
+    #[arg(long, num_args = 2, value_names = ["HIGH", "LOW"])]
+    pub calibrate: Option<Vec<PathBuf>>,
+    /// With --calibrate: a tensor diverges when its error is more than F times its floor.
+    #[arg(long, value_name = "F", default_value_t = loupe_parity::calibrate::DEFAULT_FACTOR, requires = "calibrate")]
+    pub calibration_factor: f64,
 }
 
 /// An indicatif bar on stderr, shown only for large comparisons (and, as indicatif does,
@@ -134,7 +143,15 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
         Some(p) => Mapping::load(p)?,
         None => Mapping::default(),
     };
+    let calibration = match args.calibrate.as_deref() {
+        Some([high, low]) => {
+            loupe_parity::calibrate::check_factor(args.calibration_factor).map_err(|e| anyhow::anyhow!("--calibration-factor: {e}"))?;
+            Some(Calibration::from_paths(high, low, args.calibration_factor, &mut Bar(None))?)
+        }
+        _ => None,
+    };
     let opts = CompareOptions {
+        calibration,
         mapping,
         thresholds,
         token_index: args.token_index,

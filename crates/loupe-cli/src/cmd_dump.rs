@@ -41,7 +41,8 @@ pub struct DumpArgs {
     pub dtype: String,
     /// Plant a bug in loupe's own graph at decoder layer LAYER (repeatable), to test the
     /// parity tools against a known answer. CLASS: rope-interleaved, transposed-weight,
-    /// norm-eps, gelu-tanh, softmax-scale, gqa-mapping, missing-residual, bf16, kv-write, mask.
+    /// norm-eps, norm-eps-subtle, o-proj-scale, gelu-tanh, softmax-scale, gqa-mapping,
+    /// missing-residual, bf16, kv-write, mask.
     #[arg(long = "inject", value_name = "CLASS@LAYER")]
     pub inject: Vec<loupe_models::Fault>,
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::Context;
 use clap::Args;
 use loupe_parity::report::{render, to_json, RenderOptions};
-use loupe_parity::{compare, CompareOptions, Manifest, NoProgress, Thresholds};
+use loupe_parity::{compare, Calibration, CompareOptions, Manifest, NoProgress, Thresholds};
 
 use loupe_graph::debug::DebugOptions;
 
@@ -50,6 +50,56 @@ pub struct ParityArgs {
     /// Write the JSON report here (`-` for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Judge every tensor against the reference's own noise at another precision instead of
+    /// --cos: run the reference a second time in --calibration-dtype and flag values whose
+    /// error is far outside that noise floor (loupe compare --calibrate).
+    #[arg(long)]
+    pub calibrated: bool,
+    /// The second run's dtype; default by the target's precision: f64 for f32 (whose floor
+    /// is f32 rounding), f16 for native (16-bit activation blocks, f16 KV), bf16 for q8.
+    #[arg(long, value_enum, requires = "calibrated")]
+    pub calibration_dtype: Option<CalibrationDtype>,
+    /// With --calibrated and a --reference directory: the second run (a dump of the same
+    /// reference in --calibration-dtype), instead of running it.
+    #[arg(long, value_name = "DIR", requires = "calibrated")]
+    pub calibration_reference: Option<PathBuf>,
+    /// With --calibrated: a value diverges when its error is more than F times its floor.
+    #[arg(long, value_name = "F", default_value_t = loupe_parity::calibrate::DEFAULT_FACTOR, requires = "calibrated")]
+    pub calibration_factor: f64,
+}
+
+/// The precision of the calibration run (`python -m loupe_reference dump --dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CalibrationDtype {
+    F64,
+    F16,
+    Bf16,
+}
+
+impl CalibrationDtype {
+    fn name(self) -> &'static str {
+        match self {
+            CalibrationDtype::F64 => "f64",
+            CalibrationDtype::F16 => "f16",
+            CalibrationDtype::Bf16 => "bf16",
+        }
+    }
+
+    /// The run whose rounding matches the target's narrowest (measured on SmolLM2: a correct
+    /// target sits below 5x its floor with these pairings; docs/parity-protocol.md).
+    fn for_precision(p: PrecisionArg) -> CalibrationDtype {
+        match p {
+            PrecisionArg::F32 => CalibrationDtype::F64,
+            PrecisionArg::Native => CalibrationDtype::F16,
+            PrecisionArg::Q8 => CalibrationDtype::Bf16,
+        }
+    }
+
+    /// Whether this run is more precise than the f32 reference (it is then the floor's
+    /// high side).
+    fn above_f32(self) -> bool {
+        self == CalibrationDtype::F64
+    }
 }
 
 pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
@@ -66,19 +116,41 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
             tmp.path().to_path_buf()
         }
     };
+    let precision = args.model.precision.unwrap_or(PrecisionArg::F32);
+    let calibration_dtype = args.calibration_dtype.unwrap_or(CalibrationDtype::for_precision(precision));
+    if args.calibrated {
+        loupe_parity::calibrate::check_factor(args.calibration_factor).map_err(|e| UsageError(format!("--calibration-factor: {e}")))?;
+    }
+    let dump_dir = |flag: &str, p: &Path| -> anyhow::Result<PathBuf> {
+        if p.join("manifest.json").is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(UsageError(format!("{flag} {}: not a dump directory (no manifest.json)", p.display())).into())
+        }
+    };
     let reference_dir = match args.reference.as_str() {
         "hf" => {
             let dir = root.join("reference");
-            run_reference(&args, &model, &dir)?;
+            run_reference(&args, &model, &dir, None)?;
             dir
         }
-        path => {
-            let p = PathBuf::from(path);
-            if !p.join("manifest.json").is_file() {
-                return Err(UsageError(format!("--reference {path}: not a dump directory (no manifest.json)")).into());
-            }
-            p
+        path => dump_dir("--reference", Path::new(path))?,
+    };
+    let calibration_dir = match (&args.calibration_reference, args.calibrated, args.reference.as_str()) {
+        (Some(p), _, _) => Some(dump_dir("--calibration-reference", p)?),
+        (None, true, "hf") => {
+            let dir = root.join(format!("reference-{}", calibration_dtype.name()));
+            run_reference(&args, &model, &dir, Some(calibration_dtype))?;
+            Some(dir)
         }
+        (None, true, _) => {
+            return Err(UsageError(format!(
+                "--calibrated with a --reference directory needs --calibration-reference DIR: the same reference dumped with --dtype {}",
+                calibration_dtype.name()
+            ))
+            .into())
+        }
+        (None, false, _) => None,
     };
     let loupe_dir = root.join("loupe");
     eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
@@ -109,7 +181,21 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         return Ok(1);
     }
 
-    let opts = CompareOptions { thresholds: Thresholds { cos: args.cos, ..Thresholds::default() }, ..CompareOptions::default() };
+    let calibration = match &calibration_dir {
+        Some(dir) => {
+            // The more precise run is the floor's high side: an f64 run above the f32
+            // reference, an f16/bf16 run below it (a given directory says which in its manifest).
+            let above = match Manifest::read(dir)?.precision.as_deref() {
+                Some(p) => p == "f64",
+                None => calibration_dtype.above_f32(),
+            };
+            let (high, low) = if above { (dir, &reference_dir) } else { (&reference_dir, dir) };
+            eprintln!("loupe: noise floors from {} vs {}", high.display(), low.display());
+            Some(Calibration::from_paths(high, low, args.calibration_factor, &mut NoProgress)?)
+        }
+        None => None,
+    };
+    let opts = CompareOptions { thresholds: Thresholds { cos: args.cos, ..Thresholds::default() }, calibration, ..CompareOptions::default() };
     let report = compare(&reference_dir, &loupe_dir, &opts, &mut NoProgress)?;
     let json_stdout = args.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if !json_stdout {
@@ -150,8 +236,9 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     Ok(report.exit_code().max(u8::from(guard_fails)))
 }
 
-/// Runs the Python reference dumper with the same prompt, layers and taps.
-fn run_reference(args: &ParityArgs, model: &Path, out: &Path) -> anyhow::Result<()> {
+/// Runs the Python reference dumper with the same prompt, layers and taps (in f32, or in
+/// `dtype` for a calibration run).
+fn run_reference(args: &ParityArgs, model: &Path, out: &Path, dtype: Option<CalibrationDtype>) -> anyhow::Result<()> {
     let ok = Command::new("python3").args(["-c", "import loupe_reference"]).output().map(|o| o.status.success()).unwrap_or(false);
     if !ok {
         return Err(UsageError("--reference hf needs the Python reference: pip install -e reference/ (torch, transformers, gguf, accelerate)".into()).into());
@@ -176,8 +263,12 @@ fn run_reference(args: &ParityArgs, model: &Path, out: &Path) -> anyhow::Result<
     if args.steps > 0 {
         cmd.args(["--steps", &args.steps.to_string()]);
     }
+    if let Some(d) = dtype {
+        cmd.args(["--dtype", d.name()]);
+    }
     cmd.arg("-o").arg(out);
-    eprintln!("loupe: running the transformers reference (python -m loupe_reference dump); loading takes ~20 s");
+    let what = dtype.map_or(String::new(), |d| format!(" in {} for the noise floors", d.name()));
+    eprintln!("loupe: running the transformers reference{what} (python -m loupe_reference dump); loading takes ~20 s");
     let output = cmd.output().context("cannot run python3")?;
     if !output.status.success() {
         let err = String::from_utf8_lossy(&output.stderr);

@@ -618,6 +618,12 @@ impl Executor {
                 round_bf16(out);
                 Ok(())
             }
+            Op::Scale { factor } => {
+                for (o, x) in out.iter_mut().zip(self.input(node, 0)) {
+                    *o = x * factor;
+                }
+                Ok(())
+            }
             Op::Mul => {
                 out.copy_from_slice(self.input(node, 0));
                 mul_in_place(out, self.input(node, 1));

@@ -20,6 +20,14 @@ pub enum FaultClass {
     TransposedWeight,
     /// `input_layernorm` uses eps = 0.1 instead of the config's.
     NormEps,
+    /// `input_layernorm` uses 100 times the config's eps (1e-3 for 1e-5): each token row is
+    /// scaled by a hair (relative change ≈ Δeps / 2·mean(x²)), its direction unchanged. (A
+    /// tenth of the config's, the classic hard-coded 1e-6, moves SmolLM2's layers by less
+    /// than f32 rounding: no tool could see it, and it changes nothing.)
+    NormEpsSubtle,
+    /// `o_proj`'s output is multiplied by 33/32: a stray constant multiplier (a residual or
+    /// attention multiplier applied twice); the direction is unchanged.
+    OProjScale,
     /// `mlp.act_fn` is GELU (tanh approximation) instead of SiLU.
     GeluTanh,
     /// Attention scores scaled by `1/head_dim` instead of `1/sqrt(head_dim)`.
@@ -42,10 +50,12 @@ pub enum FaultClass {
 }
 
 impl FaultClass {
-    pub const ALL: [FaultClass; 10] = [
+    pub const ALL: [FaultClass; 12] = [
         FaultClass::RopeInterleaved,
         FaultClass::TransposedWeight,
         FaultClass::NormEps,
+        FaultClass::NormEpsSubtle,
+        FaultClass::OProjScale,
         FaultClass::GeluTanh,
         FaultClass::SoftmaxScale,
         FaultClass::GqaMapping,
@@ -65,6 +75,8 @@ impl FaultClass {
             FaultClass::RopeInterleaved => "rope-interleaved",
             FaultClass::TransposedWeight => "transposed-weight",
             FaultClass::NormEps => "norm-eps",
+            FaultClass::NormEpsSubtle => "norm-eps-subtle",
+            FaultClass::OProjScale => "o-proj-scale",
             FaultClass::GeluTanh => "gelu-tanh",
             FaultClass::SoftmaxScale => "softmax-scale",
             FaultClass::GqaMapping => "gqa-mapping",
@@ -91,6 +103,8 @@ impl FaultClass {
             FaultClass::RopeInterleaved => "q/k RoPE pairs adjacent elements (2i, 2i+1) instead of (i, i+hd/2)",
             FaultClass::TransposedWeight => "o_proj uses its weight transposed",
             FaultClass::NormEps => "input_layernorm eps = 1e-1 instead of the config's",
+            FaultClass::NormEpsSubtle => "input_layernorm eps = 100x the config's (scale only)",
+            FaultClass::OProjScale => "o_proj's output x 33/32 (a stray multiplier; scale only)",
             FaultClass::GeluTanh => "mlp.act_fn is GELU (tanh) instead of SiLU",
             FaultClass::SoftmaxScale => "attention scale 1/head_dim instead of 1/sqrt(head_dim)",
             FaultClass::GqaMapping => "query head h reads kv head h % n_kv instead of h / group",

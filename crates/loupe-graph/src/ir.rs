@@ -132,6 +132,8 @@ pub enum Op {
     Copy,
     /// The input rounded to bfloat16 and widened back (what a bf16 activation holds).
     RoundBf16,
+    /// The input times a constant (embedding and residual multipliers; fault `o-proj-scale`).
+    Scale { factor: f32 },
     /// `silu(gate) * up` (inputs 0, 1): the `fuse` pass's replacement for `mlp.act_fn`
     /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
     /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
@@ -166,6 +168,7 @@ impl Op {
             Op::Add => "add",
             Op::Copy => "copy",
             Op::RoundBf16 => "round_bf16",
+            Op::Scale { .. } => "scale",
             Op::SwiGlu => "swiglu",
             Op::Plant(Plant::NanInf) => "plant_nan",
             Op::Plant(Plant::HalfUnwritten) => "plant_unwritten",
@@ -176,7 +179,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } => 0,
-            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Plant(_) => 1,
+            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => 1,
             Op::Mul | Op::Add | Op::SwiGlu => 2,
             Op::Attention { .. } => 3,
         }

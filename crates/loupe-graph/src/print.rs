@@ -64,6 +64,9 @@ pub fn to_text(graph: &Graph) -> String {
                     KvWrite::OneLate => s.push_str(" kv_write=one-late"),
                 }
             }
+            Op::Scale { factor } => {
+                let _ = write!(s, " factor={factor}");
+            }
             Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::SwiGlu | Op::Plant(_) => {}
         }
         if let Some(f) = node.fault {

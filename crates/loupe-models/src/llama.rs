@@ -19,6 +19,11 @@ use crate::ModelError;
 /// The eps `norm-eps` plants: large enough to shrink small-norm rows visibly, while the
 /// direction of each row barely changes (a scale bug).
 pub const FAULT_NORM_EPS: f32 = 1e-1;
+/// Fault `norm-eps-subtle` multiplies the config's eps by this.
+pub const FAULT_NORM_EPS_SUBTLE_FACTOR: f32 = 100.0;
+/// The multiplier of fault `o-proj-scale`: 3% too large, inside every default threshold
+/// (cosine 1, NMSE 1e-3, norm ratio within 5%) and far outside an f32 noise floor.
+pub const FAULT_O_PROJ_SCALE: f32 = 33.0 / 32.0;
 
 /// Builds the graph, loading weights from `source` as each module needs them.
 /// `layers` keeps only the first N decoder layers (for layer-truncated parity runs);
@@ -53,9 +58,16 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let has = |c: FaultClass| faults.iter().any(|f| f.layer == l && f.class == c);
 
         let w = b.weight(load(&m(R::InputNorm).param("weight"), &[d])?);
-        let eps = if has(FaultClass::NormEps) { FAULT_NORM_EPS } else { cfg.rms_norm_eps };
+        let eps = if has(FaultClass::NormEps) {
+            FAULT_NORM_EPS
+        } else if has(FaultClass::NormEpsSubtle) {
+            cfg.rms_norm_eps * FAULT_NORM_EPS_SUBTLE_FACTOR
+        } else {
+            cfg.rms_norm_eps
+        };
         let normed = b.node(m(R::InputNorm).name(), Op::RmsNorm { weight: w, eps }, &[x], hidden(d), axes());
         mark_if(&mut b, normed, has(FaultClass::NormEps), FaultClass::NormEps);
+        mark_if(&mut b, normed, has(FaultClass::NormEpsSubtle), FaultClass::NormEpsSubtle);
         let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.attention_bias, false)?;
         let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
         let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
@@ -103,6 +115,12 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             let (shape, axes) = feature(d);
             o = b.node(o_name.clone(), Op::RoundBf16, &[o], shape, axes);
             b.mark_fault(o, FaultClass::Bf16);
+        }
+        if has(FaultClass::OProjScale) {
+            b.rename(o, format!("{o_name}.unscaled"));
+            let (shape, axes) = feature(d);
+            o = b.node(o_name.clone(), Op::Scale { factor: FAULT_O_PROJ_SCALE }, &[o], shape, axes);
+            b.mark_fault(o, FaultClass::OProjScale);
         }
         // Test-only defects for the debug checks (nan-check, uninitialized-read-check).
         for (class, plant) in [(FaultClass::Nan, Plant::NanInf), (FaultClass::Uninit, Plant::HalfUnwritten)] {
@@ -308,7 +326,8 @@ mod tests {
         match c {
             FaultClass::RopeInterleaved => "model.layers.1.self_attn.q_rope",
             FaultClass::TransposedWeight | FaultClass::Bf16 | FaultClass::Nan | FaultClass::Uninit => "model.layers.1.self_attn.o_proj",
-            FaultClass::NormEps => "model.layers.1.input_layernorm",
+            FaultClass::NormEps | FaultClass::NormEpsSubtle => "model.layers.1.input_layernorm",
+            FaultClass::OProjScale => "model.layers.1.self_attn.o_proj",
             FaultClass::GeluTanh => "model.layers.1.mlp.act_fn",
             FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
             FaultClass::MissingResidual => "model.layers.1.attn_residual",

@@ -7,13 +7,14 @@ use std::path::Path;
 use regex::Regex;
 use serde::Serialize;
 
+use crate::calibrate::{self, Calibration, CalibrationInfo};
 use crate::error::ParityError;
 use crate::logits;
 use crate::mapping::{Mapping, Side};
 use crate::metrics::{self, MetricOptions};
 use crate::names::{is_layer_output, is_logits_name, layer_index};
 use crate::pairing::{pair, Candidate, Unpaired};
-use crate::result::{judge, token_summary, PairKey, PairReport, Status, Thresholds};
+use crate::result::{judge, token_summary, PairKey, PairReport, Reason, Status, Thresholds};
 use crate::source::TensorSource;
 use crate::tensor::{Op, Tensor};
 use crate::evidence::{Evidence, LayerShift};
@@ -39,6 +40,8 @@ pub struct CompareOptions {
     pub only: Option<Regex>,
     /// Compare only this step.
     pub step: Option<u32>,
+    /// Noise floors: a tensor that has one is judged against it instead of `thresholds`.
+    pub calibration: Option<Calibration>,
 }
 
 /// Progress callbacks (the CLI draws a bar; the library draws nothing).
@@ -74,6 +77,9 @@ pub struct Report {
     pub unpaired_a: Vec<Unpaired>,
     pub unpaired_b: Vec<Unpaired>,
     pub thresholds: Thresholds,
+    /// Where the noise floors came from (calibrated comparisons only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationInfo>,
     pub layer_shifts: Vec<LayerShift>,
 }
 
@@ -158,7 +164,17 @@ pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOpti
     let tokens = if ta.shape.len() >= 2 { token_summary(&m.row_cosines) } else { None };
     let is_logits = is_logits_name(key.name) || vocab.is_some_and(|v| ta.shape.last() == Some(&v));
     let lg = if is_logits { logits::compute(&ta, &tb, t.top_k) } else { None };
-    let reasons = judge(&m, tokens.as_ref(), lg.as_ref(), t);
+    let calibrated = opts.calibration.as_ref().and_then(|c| Some((c.floor(key.step, key.name)?, c.factor()?)));
+    let (mut reasons, floor) = match calibrated {
+        Some((f, factor)) => {
+            let (r, report) = calibrate::judge(&m, tokens.as_ref(), lg.as_ref().map(|l| l.argmax_mismatch_count), f, factor);
+            (r, Some(report))
+        }
+        None => (judge(&m, tokens.as_ref(), lg.as_ref(), t), None),
+    };
+    if floor.is_some() && t.mismatches_fail && m.mismatches > 0 && !reasons.contains(&Reason::Mismatches) {
+        reasons.push(Reason::Mismatches);
+    }
     let token_cosines = opts.per_token.then(|| std::mem::take(&mut m.row_cosines));
     let dim_cosines = m.dim_cosines.take();
     PairReport {
@@ -177,6 +193,7 @@ pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOpti
         token_cosines,
         dim_cosines,
         logits: lg,
+        floor,
     }
 }
 
@@ -229,6 +246,7 @@ pub fn compare_sources(sa: &TensorSource, sb: &TensorSource, opts: &CompareOptio
         unpaired_a: pairing.unpaired_a,
         unpaired_b: pairing.unpaired_b,
         thresholds: opts.thresholds.clone(),
+        calibration: opts.calibration.as_ref().and_then(|c| c.info.clone()),
         layer_shifts,
     })
 }

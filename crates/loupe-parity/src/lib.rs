@@ -15,10 +15,13 @@
 //! - [`result`], [`evidence`], [`signatures`], [`verdict`]: the divergence rule, false
 //!   cliffs, the token-0 invariant, and the table of signatures (`evidence` holds what the
 //!   signatures and the verdict share; `verdict` uses `signatures`, never the reverse).
+//! - [`calibrate`]: noise floors from two runs of the reference at different precisions,
+//!   and the divergence rule against them (`--calibrate`).
 //! - [`compare`]: the driver; [`report`]: terminal table and JSON.
 //! - [`manifest`]: the dump manifest; [`writer`]: the one writer of dumps (atomic);
 //!   [`source`] is the one reader.
 
+pub mod calibrate;
 pub mod compare;
 pub mod error;
 pub mod evidence;
@@ -36,6 +39,7 @@ pub mod tensor;
 pub mod verdict;
 pub mod writer;
 
+pub use calibrate::Calibration;
 pub use compare::{compare, compare_sources, CompareOptions, NoProgress, Progress, Report};
 pub use error::ParityError;
 pub use manifest::Manifest;

@@ -26,10 +26,13 @@
 //!     "token_cosines"?: [..] (--per-token), "dim_cosines"?: [..] (--per-dim),
 //!     "logits"?: {"rows", "vocab", "argmax_agreement", "top_k", "top_k_overlap", "kl_mean",
 //!                 "kl_max", "kl_max_row", "argmax_mismatches": [{"row", "reference_top",
-//!                 "target_top", "reference_gap"}], "argmax_mismatch_count"}
+//!                 "target_top", "reference_gap"}], "argmax_mismatch_count"},
+//!     "floor"?: {"nmse", "cosine", "norm_ratio", "last_token_cosine", "argmax_mismatches",
+//!                "error_over_floor"}            // calibrated comparisons (--calibrate)
 //!   }],
 //!   "unpaired_a": [{"name", "step", "raw"?, "reason"?}], "unpaired_b": [...],
 //!   "thresholds": {"cos", "nmse", "norm_ratio_tol", "rtol", "atol", "mismatches_fail", "top_k"},
+//!   "calibration"?: {"high", "low", "factor", "floors"},
 //!   "layer_shifts": [{"layer", "step", "own_cosine", "vs_next", "vs_prev"}]
 //! }
 //! ```
@@ -55,6 +58,15 @@ fn num(x: f64) -> String {
         format!("{x:.4}")
     } else {
         format!("{x:.3e}")
+    }
+}
+
+/// An error-over-floor ratio: one decimal below 100.
+fn ratio(x: f64) -> String {
+    if x.is_finite() && x < 100.0 {
+        format!("{x:.1}")
+    } else {
+        num(x)
     }
 }
 
@@ -109,7 +121,11 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
                     shape,
                     format!("{:.6}", m.cosine),
                     format!("{} @ {} ({} | {})", num(m.max_abs_diff), index(&m.max_abs_index), num(m.max_abs_a), num(m.max_abs_b)),
-                    num(m.nmse),
+                    match &p.floor {
+                        Some(f) => format!("{} [{}x]", num(m.nmse), ratio(f.error_over_floor)),
+                        None if r.calibration.is_some() => format!("{} [no floor]", num(m.nmse)),
+                        None => num(m.nmse),
+                    },
                     format!("{}/{}", m.mismatches, m.numel),
                     status(p),
                 ],
@@ -118,7 +134,8 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
         })
         .collect();
     let widths: Vec<usize> = (0..5).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-    let head = ["shape", "cosine", "max |a-b| @ (t, d) (a | b)", "nmse", "mismatch"];
+    let nmse_head = if r.calibration.is_some() { "nmse [error / floor]" } else { "nmse" };
+    let head = ["shape", "cosine", "max |a-b| @ (t, d) (a | b)", nmse_head, "mismatch"];
     let widths: Vec<usize> = widths.iter().zip(head).map(|(w, h)| (*w).max(h.len())).collect();
     let _ = writeln!(out, "{:<w$}  {:<w1$}  {:>w2$}  {:<w3$}  {:>w4$}  {:>w5$}  status", "name", head[0], head[1], head[2], head[3], head[4], w1 = widths[0], w2 = widths[1], w3 = widths[2], w4 = widths[3], w5 = widths[4]);
     for (p, row) in r.pairs.iter().zip(&rows) {
@@ -188,6 +205,19 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
             let more = if list.len() > 12 { format!(", ... {} more", list.len() - 12) } else { String::new() };
             let _ = writeln!(out, "unpaired in {side} ({}): {}{more}", list.len(), names.join(", "));
         }
+    }
+    if let Some(c) = &r.calibration {
+        let bare = r.pairs.iter().filter(|p| p.metrics.is_some() && p.floor.is_none()).count();
+        let rest = if bare > 0 { format!("; {bare} compared tensors have no floor and use the thresholds below") } else { String::new() };
+        let _ = writeln!(
+            out,
+            "calibrated: a tensor diverges when its relative error sqrt(nmse) or its norm ratio is more than {}x its noise floor (cosine distance {}x); floors of {} tensors from {} vs {}{rest}",
+            c.factor,
+            c.factor * c.factor,
+            c.floors,
+            c.high,
+            c.low
+        );
     }
     let t = &r.thresholds;
     let _ = writeln!(

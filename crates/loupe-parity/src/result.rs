@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::calibrate::FloorReport;
 use crate::logits::LogitMetrics;
 use crate::metrics::Metrics;
 
@@ -109,6 +110,10 @@ pub struct PairReport {
     pub dim_cosines: Option<Vec<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logits: Option<LogitMetrics>,
+    /// The pair's noise floor, when the comparison is calibrated and the calibration runs
+    /// hold this tensor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<FloorReport>,
 }
 
 /// Which pair: the name both sides paired on, the step, and each side's raw name.
@@ -139,6 +144,7 @@ impl PairReport {
             token_cosines: None,
             dim_cosines: None,
             logits: None,
+            floor: None,
         }
     }
 

@@ -18,7 +18,7 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
         let inferred = match &node.op {
             Op::Embedding { table } => vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))],
             Op::Linear { weight, .. } => with_last(input(0), graph.weight(*weight).shape.first().copied().unwrap_or(0)),
-            Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Plant(_) => input(0),
+            Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
         };
