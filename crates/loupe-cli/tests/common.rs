@@ -53,6 +53,19 @@ pub fn require_python_reference() {
     panic!("needs the Python reference stack (python3 -c 'import loupe_reference, torch, transformers, gguf' failed: {why}): run scripts/test, or pip install -e reference/ torch transformers gguf accelerate");
 }
 
+/// `python3 -m loupe_reference ARGS` with this checkout's `reference/` first on the path, so the
+/// package under test is the one beside this test (not whichever copy pip installed last).
+pub fn python(args: &[&str]) -> Command {
+    let mut c = Command::new("python3");
+    let mut path = std::ffi::OsString::from(repo_root().join("reference"));
+    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    c.env("PYTHONPATH", path).args(["-m", "loupe_reference"]).args(args);
+    c
+}
+
 pub fn loupe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_loupe"))
 }

@@ -27,19 +27,6 @@ struct JsonOut {
     text: String,
 }
 
-/// `python3 -m loupe_reference ARGS` with this checkout's `reference/` first on the path, so the
-/// package under test is the one beside this test (not whichever copy pip installed last).
-fn python(args: &[&str]) -> Command {
-    let mut c = Command::new("python3");
-    let mut path = std::ffi::OsString::from(repo_root().join("reference"));
-    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-        path.push(":");
-        path.push(old);
-    }
-    c.env("PYTHONPATH", path).args(["-m", "loupe_reference"]).args(args);
-    c
-}
-
 fn checked(what: &str, o: Output) -> String {
     assert!(o.status.success(), "{what} failed ({}):\n{}", o.status, stderr(&o));
     stdout(&o)

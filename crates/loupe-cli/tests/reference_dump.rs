@@ -14,18 +14,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-/// `python3 -m loupe_reference ARGS` with this checkout's `reference/` first on the path.
-fn python(args: &[&str]) -> Command {
-    let mut c = Command::new("python3");
-    let mut path = std::ffi::OsString::from(repo_root().join("reference"));
-    if let Some(old) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-        path.push(":");
-        path.push(old);
-    }
-    c.env("PYTHONPATH", path).args(["-m", "loupe_reference"]).args(args);
-    c
-}
-
 /// (descr, fortran_order, shape, data offset) of a version 1/2/3 `.npy` file.
 fn npy_header(bytes: &[u8]) -> (String, bool, Vec<usize>, usize) {
     assert_eq!(&bytes[..6], b"\x93NUMPY", "not an .npy file");
