@@ -449,6 +449,37 @@ class ConfigDumpCliTests(unittest.TestCase):
             p = self.run_cli("--config", path, "--prompt", "hi!", "--chat")
             self.assertEqual(p.returncode, 2)
 
+    def test_calibration_dtypes(self):
+        """--dtype f64/f16/bf16: the same weights computed at that precision, stored as float32, the
+        manifest naming the precision; the disagreement with f32 is ordered by the precisions."""
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg = {"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 48,
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+            path = os.path.join(tmp, "config.json")
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+            runs = {}
+            for d in ("f32", "f64", "f16", "bf16"):
+                out = os.path.join(tmp, d)
+                p = self.run_cli("--config", path, "--seed", "3", "--prompt", "hello there", "--dtype", d,
+                                 "--taps", r"^model\.layers\.1$", "-o", out)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                m = read_json(os.path.join(out, "manifest.json"))
+                self.assertEqual((m["precision"], m["dtype"]), (d, d))
+                t = m["tensors"][0]
+                self.assertEqual(t["dtype"], "f32")
+                runs[d] = np.load(os.path.join(out, t["file"])).astype(np.float64)
+
+            def rel(d):
+                a = runs[d] - runs["f32"]
+                return float(np.sqrt((a * a).sum() / (runs["f32"] ** 2).sum()))
+
+            self.assertLess(rel("f64"), 1e-5)
+            self.assertGreater(rel("f64"), 0.0)
+            self.assertLess(rel("f64"), rel("f16"))
+            self.assertLess(rel("f16"), rel("bf16"))
+            self.assertLess(rel("bf16"), 0.1)
+
 
 @unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
 class SavePtTests(unittest.TestCase):

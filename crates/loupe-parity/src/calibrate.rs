@@ -38,10 +38,10 @@ use crate::result::{Reason, TokenSummary};
 use crate::source::TensorSource;
 
 /// How far outside its noise floor a tensor's error may be, in units of the floor's
-/// relative error. Measured on SmolLM2-135M (docs/parity-protocol.md, "Calibrated
-/// tolerances"): a correct loupe run sits at 0.2–2.6x its floor on every tensor (f32 target
-/// against the f64/f32 floor; native and q8 targets against the f32/bf16 floor), the
-/// planted scale-only faults at 30x and more.
+/// relative error. Measured on SmolLM2-135M by `scripts/calibration-table`
+/// (docs/parity-protocol.md, "Calibrated tolerances"): the worst tensor of a correct loupe
+/// run sits at 1.2x (f32 against f64/f32 floors), 0.4x (native against f32/f16) and 4.4x (q8
+/// against f32/bf16); the smallest planted fault the matching floor resolves, at 11x.
 pub const DEFAULT_FACTOR: f64 = 8.0;
 
 /// The smallest relative error a floor may claim: f32's unit roundoff, 2⁻²⁴. Values both
