@@ -181,3 +181,44 @@ mod tests {
         assert_eq!(a.precision_or(PrecisionArg::Native), Precision::Q8);
     }
 }
+
+/// `--profile` and its output (`generate`, `bench`, `serve`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProfileArgs {
+    /// Profile every op: when the command ends, a table on stderr ranks op kinds and nodes
+    /// (by module path) by wall time, with calls, bytes read, GB/s and GFLOP/s.
+    #[arg(long)]
+    pub profile: bool,
+    /// Also write a Chrome trace JSON (opens in Perfetto or chrome://tracing), one track per
+    /// compute thread; implies --profile.
+    #[arg(long, value_name = "FILE")]
+    pub profile_out: Option<std::path::PathBuf>,
+    /// Nodes listed in the profile table.
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    pub profile_top: usize,
+}
+
+impl ProfileArgs {
+    /// A profiler when asked for; checks that the trace file can be written before any work.
+    pub fn profiler(&self) -> anyhow::Result<Option<loupe_graph::Profiler>> {
+        if let Some(p) = &self.profile_out {
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            if !dir.is_dir() {
+                return Err(crate::UsageError(format!("--profile-out {}: no directory {}", p.display(), dir.display())).into());
+            }
+        }
+        Ok((self.profile || self.profile_out.is_some()).then(loupe_graph::Profiler::new))
+    }
+
+    /// Prints the table on stderr and writes the trace.
+    pub fn report(&self, profiler: Option<&loupe_graph::Profiler>) -> anyhow::Result<()> {
+        let Some(p) = profiler else { return Ok(()) };
+        let data = p.snapshot();
+        eprint!("{}", data.table(self.profile_top));
+        if let Some(path) = &self.profile_out {
+            std::fs::write(path, data.chrome_trace()).map_err(|e| anyhow::anyhow!("--profile-out {}: {e}", path.display()))?;
+            eprintln!("loupe: wrote a Chrome trace of {} events to {} (open it in https://ui.perfetto.dev)", data.events.len(), path.display());
+        }
+        Ok(())
+    }
+}

@@ -64,6 +64,8 @@ pub struct BenchArgs {
     pub no_ceiling: bool,
     #[command(flatten)]
     pub engine: crate::args::BatchEngineArgs,
+    #[command(flatten)]
+    pub profile: crate::args::ProfileArgs,
 }
 
 /// The timings of one test (`pp512`, `tg128`).
@@ -120,9 +122,11 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
     }
-    let engine = load(&args.model, Load::new(args.model.precision_or(PrecisionArg::Native)), debug)?;
+    let profiler = args.profile.profiler()?;
+    let engine = load(&args.model, Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) }, debug)?;
     if let Some(counts) = args.batch.clone() {
-        return crate::bench_batch::run(&engine, &args, &counts.0);
+        crate::bench_batch::run(&engine, &args, &counts.0)?;
+        return args.profile.report(profiler.as_ref());
     }
     let (threads, load_s) = (engine.threads(), engine.load_time().as_secs_f64());
     let model = engine.model();
@@ -303,7 +307,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         }
     }
     out.flush().context("writing stdout")?;
-    Ok(())
+    args.profile.report(profiler.as_ref())
 }
 
 /// `n` token ids: BOS first when given, then ids drawn uniformly from `0..vocab` by SplitMix64.

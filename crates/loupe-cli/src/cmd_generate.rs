@@ -56,6 +56,8 @@ pub struct GenerateArgs {
     /// Print one JSON object {"prompt_tokens", "tokens", "text"} instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub profile: crate::args::ProfileArgs,
 }
 
 pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
@@ -70,7 +72,8 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         seed: args.seed,
     };
     sampling.validate().map_err(UsageError)?;
-    let engine = load(&args.model, Load::new(args.model.precision_or(PrecisionArg::Native)), debug)?;
+    let profiler = args.profile.profiler()?;
+    let engine = load(&args.model, Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) }, debug)?;
     let prompt = Prompt { text: &args.prompt, chat: args.chat, system: args.system.as_deref() };
     let prompt_tokens = engine.prompt_tokens(&prompt).map_err(cli_error)?;
     let context = engine.config().max_position_embeddings;
@@ -116,5 +119,5 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         result.finish_reason.as_str()
     );
     std::io::stdout().flush().context("writing stdout")?;
-    Ok(())
+    args.profile.report(profiler.as_ref())
 }

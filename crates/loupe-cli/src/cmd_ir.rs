@@ -39,6 +39,7 @@ pub fn run(args: IrArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         layers: parse_layers(&args.layers)?,
         faults: args.inject.clone(),
         lowering: Lowering::Until(pass),
+        profiler: None,
     };
     let engine = load(&args.model, what, debug)?;
     print!("{}", loupe_graph::print::to_text(engine.graph()));

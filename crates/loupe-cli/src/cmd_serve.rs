@@ -48,6 +48,8 @@ pub struct ServeArgs {
     pub served_model_name: Option<String>,
     #[command(flatten)]
     pub engine: BatchEngineArgs,
+    #[command(flatten)]
+    pub profile: crate::args::ProfileArgs,
     /// Sleep this long before loading (tests observe /health's 503 with it)
     #[arg(long, hide = true, default_value_t = 0)]
     pub load_delay_ms: u64,
@@ -84,6 +86,8 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         served_model_name: args.served_model_name,
         batch: args.engine.config(args.max_seqs),
     };
+    let profiler = args.profile.profiler()?;
+    let load_profiler = profiler.clone();
     let model = args.model;
     let debug = debug.clone();
     // The model path is checked before the server starts, so a typo is one line and exit 2.
@@ -91,7 +95,8 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let delay = Duration::from_millis(args.load_delay_ms);
     loupe_server::serve(options, move || {
         std::thread::sleep(delay);
-        load(&model, Load::new(model.precision_or(PrecisionArg::Native)), &debug).map_err(|e| crate::one_line(&e))
+        load(&model, Load { profiler: load_profiler, ..Load::new(model.precision_or(PrecisionArg::Native)) }, &debug).map_err(|e| crate::one_line(&e))
     })?;
-    Ok(())
+    // After a graceful shutdown (SIGINT/SIGTERM with every request done in time).
+    args.profile.report(profiler.as_ref())
 }

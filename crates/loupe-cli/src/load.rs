@@ -28,12 +28,14 @@ pub struct Load {
     pub layers: Option<usize>,
     pub faults: Vec<Fault>,
     pub lowering: Lowering,
+    /// `--profile`: every session of the engine reports here.
+    pub profiler: Option<loupe_graph::Profiler>,
 }
 
 impl Load {
     /// Every layer, no faults, fully lowered.
     pub fn new(precision: Precision) -> Load {
-        Load { precision, layers: None, faults: Vec::new(), lowering: Lowering::Full }
+        Load { precision, layers: None, faults: Vec::new(), lowering: Lowering::Full, profiler: None }
     }
 }
 
@@ -69,6 +71,7 @@ pub fn load(args: &ModelArgs, what: Load, debug: &DebugOptions) -> anyhow::Resul
         layers: what.layers,
         progress: Some(&progress),
         kv_dtype: args.kv_dtype,
+        profiler: what.profiler,
     };
     let engine = Engine::load(&path, options);
     bar.finish_and_clear();

@@ -209,3 +209,16 @@ fn metrics_health_tokenize_and_a_clean_sigterm() {
     assert!(log.iter().any(|l| l.contains("shutting down")), "{log:?}");
     assert!(log.iter().any(|l| l.starts_with("loupe serve: phase load:")), "{log:?}");
 }
+
+#[test]
+fn serve_profile_prints_the_table_after_a_clean_shutdown() {
+    let s = Server::start(&["--profile"]);
+    let (status, _) = s.json("POST", "/v1/completions", Some(&json!({"model": model_id(), "prompt": "hello", "max_tokens": 4})));
+    assert_eq!(status, 200);
+    let (code, log) = s.stop_with_log();
+    assert_eq!(code, Some(0));
+    let text = log.join("\n");
+    assert!(text.contains("profile: ") && text.contains("by op kind") && text.contains("attention"), "{text}");
+    assert!(log.iter().any(|l| l.contains("lm_head")), "{text}");
+}
+

@@ -7,6 +7,9 @@
 //! written it, and buffer reuse depends only on the graph, never on what is observed.
 
 use loupe_tensor::matmul::{matmul_f32, matmul_q};
+use loupe_tensor::pool;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use loupe_tensor::ops::{add_in_place, attention_cached, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
@@ -17,6 +20,7 @@ use loupe_tensor::TensorError;
 use crate::debug::{AssertLevel, DebugOptions, UninitMode};
 use crate::ir::{Graph, Node, Op, Plant, ValueId, ValueInfo, WeightData};
 use crate::passes::plan_memory;
+use crate::profile::{node_cost, AttnWork, Profiler, StepProfile, TraceEvent};
 use crate::verify::row_width;
 use crate::{GraphError, KvCache, KvWrite, PagedKvCache};
 
@@ -78,6 +82,12 @@ pub struct Executor {
     tainted: Vec<bool>,
     /// Linear nodes run inside a grouped decode matmul so far (all runs).
     grouped_linears: u64,
+    /// `--profile`: where each step's timings go ([`crate::profile`]).
+    profiler: Option<Profiler>,
+    /// The current step's timings, merged into `profiler` when the step ends.
+    step_profile: StepProfile,
+    /// Trace names of grouped decode matmuls, by their first node.
+    group_names: HashMap<usize, Arc<str>>,
 }
 
 /// The `LOUPE_DEBUG` options the executor acts on, copied into plain fields once, so an
@@ -133,7 +143,19 @@ impl Executor {
             ops_run: 0,
             grouped_linears: 0,
             tainted: Vec::new(),
+            profiler: None,
+            step_profile: StepProfile::default(),
+            group_names: HashMap::new(),
         }
+    }
+
+    /// Profiles every step from now on into `profiler` (and turns on the compute pool's job
+    /// tracing, which is process-wide); `None` stops.
+    pub fn set_profiler(&mut self, profiler: Option<Profiler>) {
+        if profiler.is_some() {
+            pool::set_tracing(true);
+        }
+        self.profiler = profiler;
     }
 
     /// How many linear nodes ran inside a grouped decode matmul (q/k/v, gate/up sharing one
@@ -159,7 +181,8 @@ impl Executor {
         let past = kv.len();
         let logit_rows = if options.all_logits { tokens.len() } else { 1 };
         let mut step = StepKv::Single { kv, past };
-        self.run_step(graph, tokens, &mut step, past + tokens.len(), logit_rows, observer)?;
+        let attn = AttnWork::causal(past, tokens.len());
+        self.run_step(graph, tokens, &mut step, past + tokens.len(), logit_rows, attn, observer)?;
         if let StepKv::Single { kv, .. } = step {
             kv.commit(tokens.len());
         }
@@ -203,6 +226,7 @@ impl Executor {
         }
         let mut paged = Vec::with_capacity(spans.len());
         let mut logit_rows = Vec::new();
+        let mut attn = AttnWork::default();
         let mut row = 0;
         let mut context = 0;
         for span in spans {
@@ -214,6 +238,7 @@ impl Executor {
                 return Err(GraphError::Input(format!("a block table of {} blocks cannot hold {end} positions", span.blocks.len())));
             }
             paged.push(PagedSpan { rows: row..row + span.len, past: span.past, blocks: span.blocks });
+            attn = attn.plus(AttnWork::causal(span.past, span.len));
             row += span.len;
             context = context.max(end);
             if span.logits {
@@ -222,12 +247,14 @@ impl Executor {
         }
         let n_logits = logit_rows.len();
         let mut step = StepKv::Batch { kv, spans: paged, logit_rows };
-        self.run_step(graph, tokens, &mut step, context, n_logits, observer)?;
+        self.run_step(graph, tokens, &mut step, context, n_logits, attn, observer)?;
         Ok(&self.logits)
     }
 
     /// The node loop shared by [`Executor::run`] and [`Executor::run_batch`]: `context` is
-    /// the longest context of the step, `logit_rows` the rows the logits node computes.
+    /// the longest context of the step, `logit_rows` the rows the logits node computes,
+    /// `attn` what attention reads (for the profiler).
+    #[allow(clippy::too_many_arguments)]
     fn run_step(
         &mut self,
         graph: &Graph,
@@ -235,8 +262,13 @@ impl Executor {
         step: &mut StepKv<'_, '_>,
         context: usize,
         logit_rows: usize,
+        attn: AttnWork,
         mut observer: Option<&mut dyn Observer>,
     ) -> Result<(), GraphError> {
+        let step_start = self.profiler.is_some().then(pool::trace_now);
+        if step_start.is_some() {
+            self.step_profile.prepare(graph);
+        }
         let logits_id = graph.logits.ok_or_else(|| GraphError::Input("graph has no logits".into()))?;
         if self.slot_of.len() != graph.values.len() {
             return Err(GraphError::Input(format!("executor planned for {} values, graph has {}", self.slot_of.len(), graph.values.len())));
@@ -254,7 +286,11 @@ impl Executor {
             let node = &graph.nodes[i];
             let group = self.linear_group(graph, i, n_tokens, logits_id, step);
             if group > 1 {
+                let t0 = self.profile_start(i);
                 self.run_linear_group(graph, i, group, n_tokens, context, observer.as_deref_mut())?;
+                if let Some(t0) = t0 {
+                    self.profile_group(graph, i, group, n_tokens, t0);
+                }
                 next += group;
                 continue;
             }
@@ -273,8 +309,13 @@ impl Executor {
             };
             let mut side_buf = side.map(|s| std::mem::take(&mut self.slots[self.slot_of[s.0 as usize] as usize]));
             let started = if self.debug.any { self.before_node(graph, i, node, n_tokens)? } else { None };
+            let t0 = self.profile_start(i);
             self.exec_node(graph, node, tokens, step, rows, is_logits, &mut out, side_buf.as_mut())
                 .map_err(|source| GraphError::Kernel { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), source })?;
+            if let Some(t0) = t0 {
+                let (bytes, flops) = node_cost(graph, node, rows, attn);
+                self.profile_node(i, node.op.name(), t0, bytes, flops);
+            }
             if self.debug.any {
                 self.after_node(i, node, info, &out, started)?;
             }
@@ -299,7 +340,49 @@ impl Executor {
         // The logits change places with the previous call's buffer: both keep their capacity.
         let logits_slot = self.slot_of[logits_id.0 as usize] as usize;
         std::mem::swap(&mut self.slots[logits_slot], &mut self.logits);
+        if let (Some(start), Some(p)) = (step_start, self.profiler.as_ref()) {
+            let sp = &mut self.step_profile;
+            sp.nanos = pool::trace_now().saturating_sub(start);
+            sp.threads = sp.threads.max(1);
+            sp.add_worker_spans(pool::take_spans());
+            p.merge(sp);
+        }
         Ok(())
+    }
+
+    /// Profiling: labels the pool's jobs with node `i` and returns the start time.
+    fn profile_start(&self, i: usize) -> Option<u64> {
+        self.profiler.as_ref()?;
+        pool::set_trace_label(i as u32);
+        Some(pool::trace_now())
+    }
+
+    /// Profiling: node `i` ran from `t0` until now.
+    fn profile_node(&mut self, i: usize, op: &'static str, t0: u64, bytes: u64, flops: u64) {
+        let dur = pool::trace_now().saturating_sub(t0);
+        let sp = &mut self.step_profile;
+        sp.add(i, dur, bytes, flops);
+        let name = sp.names[i].clone();
+        sp.events.push(TraceEvent { name, op, thread: 0, start_ns: t0, dur_ns: dur });
+    }
+
+    /// Profiling: a grouped decode matmul of `count` linears from node `i` ran from `t0`
+    /// until now; its time is split by weight bytes, and the trace shows one span.
+    fn profile_group(&mut self, graph: &Graph, i: usize, count: usize, rows: usize, t0: u64) {
+        let dur = pool::trace_now().saturating_sub(t0);
+        let nodes = &graph.nodes[i..i + count];
+        let costs: Vec<(u64, u64)> = nodes.iter().map(|n| node_cost(graph, n, rows, AttnWork::default())).collect();
+        let total_bytes: u64 = costs.iter().map(|c| c.0).sum::<u64>().max(1);
+        for (j, (bytes, flops)) in costs.into_iter().enumerate() {
+            let share = (dur as u128 * bytes as u128 / total_bytes as u128) as u64;
+            self.step_profile.add(i + j, share, bytes, flops);
+        }
+        let name = self
+            .group_names
+            .entry(i)
+            .or_insert_with(|| format!("{} (+{} grouped)", graph.value(nodes[0].output).name, count - 1).into())
+            .clone();
+        self.step_profile.events.push(TraceEvent { name, op: "linear_group", thread: 0, start_ns: t0, dur_ns: dur });
     }
 
     /// How many nodes from `i` on run as one [`matmul_wq_group`]: consecutive decode-time

@@ -9,6 +9,8 @@
 //! * [`fault`]: named bugs a builder can plant in one layer, for testing the parity tools.
 //! * [`exec`]: runs the graph on CPU over a KV cache, calling an [`exec::Observer`] that can
 //!   look at (never change) any value: the mechanism behind taps, dumps and checks.
+//! * [`profile`]: the op profiler an executor can be given (`--profile`): per-node time,
+//!   bytes and flops, a ranked table and a Chrome trace.
 
 pub mod debug;
 pub mod error;
@@ -19,6 +21,7 @@ pub mod kv;
 pub mod paged;
 pub mod passes;
 pub mod print;
+pub mod profile;
 pub mod verify;
 
 pub use error::GraphError;
@@ -27,4 +30,5 @@ pub use fault::{Fault, FaultClass, FaultParseError};
 pub use ir::{Dim, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, Plant, ValueId, ValueInfo, Weight, WeightData, WeightId};
 pub use kv::{KvCache, KvWrite};
 pub use paged::{KvDtype, PagedKvCache};
+pub use profile::Profiler;
 pub use exec::BatchSpan;

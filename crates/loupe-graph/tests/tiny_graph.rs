@@ -545,3 +545,84 @@ fn debug_checks_of_the_executor_catch_planted_defects() {
     let checked = Executor::new(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
     assert_eq!(plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), checked.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
 }
+
+#[test]
+fn the_profiler_counts_every_node_with_its_shape_costs_and_writes_a_chrome_trace() {
+    use loupe_graph::profile::{node_cost, AttnWork};
+    use loupe_graph::Profiler;
+    // Native precision: decode runs q/k/v and gate/up as grouped matmuls, whose time the
+    // profiler splits among their nodes.
+    let m = model(Precision::Native);
+    let g = lowered(&m.graph);
+    let profiler = Profiler::new();
+    let mut exec = executor(&g);
+    exec.set_profiler(Some(profiler.clone()));
+    let mut kv = KvCache::with_dtype(g.kv_layers, g.kv_width, g.context_length, g.kv_dtype);
+    exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None).unwrap();
+    for t in [5u32, 6, 7] {
+        exec.run(&g, &[t], &mut kv, RunOptions::default(), None).unwrap();
+    }
+    assert!(exec.grouped_linears() > 0, "decode grouped some linears");
+    let data = profiler.snapshot();
+    assert_eq!(data.steps, 4);
+    assert_eq!(data.nodes.len(), g.nodes.len(), "every node has a row");
+    for node in &g.nodes {
+        let name = &g.value(node.output).name;
+        let s = &data.nodes[name.as_str()];
+        assert_eq!((s.calls, s.op), (4, node.op.name()), "{name}");
+        // Prefill of 9 rows, then 3 decode rows at contexts 10, 11, 12.
+        let rows_logits = name == "lm_head";
+        let mut want = (0u64, 0u64);
+        for (past, rows) in [(0usize, PROMPT.len()), (9, 1), (10, 1), (11, 1)] {
+            let r = if rows_logits { 1 } else { rows };
+            let (b, f) = node_cost(&g, node, r, AttnWork::causal(past, rows));
+            want = (want.0 + b, want.1 + f);
+        }
+        assert_eq!((s.bytes, s.flops), want, "{name}");
+    }
+    // Attention reads each cached position's keys and values once per step.
+    let attn = g.nodes.iter().find(|n| matches!(n.op, Op::Attention { .. })).unwrap();
+    let (bytes, flops) = node_cost(&g, attn, 1, AttnWork::causal(9, 1));
+    let (kv_width, kv_elem) = (g.kv_width as u64, g.kv_dtype.bytes() as u64);
+    let Op::Attention { shape, .. } = &attn.op else { unreachable!() };
+    let q_width = (shape.n_heads * shape.head_dim) as u64;
+    assert_eq!(bytes, 4 * q_width + 2 * 10 * kv_width * kv_elem);
+    assert_eq!(flops, 4 * 10 * q_width);
+    assert_eq!(AttnWork::causal(0, 4).pairs, 1 + 2 + 3 + 4, "causal prefill scores the lower triangle");
+
+    let total: u64 = data.nodes.values().map(|s| s.nanos).sum();
+    assert!(total > 0 && total <= data.step_nanos, "node time {total} within step time {}", data.step_nanos);
+    let table = data.table(5);
+    assert!(table.contains("profile: 4 steps") && table.contains("by op kind") && table.contains("slowest 5 nodes"), "{table}");
+    let ranked = data.ranked();
+    assert!(ranked.windows(2).all(|w| w[0].nanos >= w[1].nanos));
+
+    // The trace: valid JSON, named threads, one complete event per node run on thread 0
+    // (a grouped matmul is one event for its nodes).
+    let trace: serde_json::Value = serde_json::from_str(&data.chrome_trace()).expect("the trace is JSON");
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(events.iter().any(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == 0));
+    let on_graph_thread = events.iter().filter(|e| e["ph"] == "X" && e["tid"] == 0).count() as u64;
+    let grouped_events = events.iter().filter(|e| e["cat"] == "linear_group").count() as u64;
+    assert!(grouped_events > 0);
+    assert_eq!(on_graph_thread + exec.grouped_linears() - grouped_events, 4 * g.nodes.len() as u64);
+    assert!(events.iter().filter(|e| e["ph"] == "X").all(|e| e["dur"].as_f64().unwrap() >= 0.0 && e["ts"].as_f64().is_some()));
+}
+
+#[test]
+fn profiling_changes_no_number() {
+    let m = model(Precision::Native);
+    let g = lowered(&m.graph);
+    let run = |profile: bool| {
+        let mut exec = executor(&g);
+        if profile {
+            exec.set_profiler(Some(loupe_graph::Profiler::new()));
+        }
+        let mut kv = KvCache::with_dtype(g.kv_layers, g.kv_width, g.context_length, g.kv_dtype);
+        let mut out = exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None).unwrap().to_vec();
+        out.extend_from_slice(exec.run(&g, &[5], &mut kv, RunOptions::default(), None).unwrap());
+        out
+    };
+    let (plain, profiled) = (run(false), run(true));
+    assert!(plain.iter().zip(&profiled).all(|(a, b)| a.to_bits() == b.to_bits()));
+}

@@ -194,7 +194,9 @@ pub fn check_factor(factor: f64) -> Result<(), ParityError> {
     }
 }
 
-/// The divergence rule against a noise floor (the module docs state it).
+/// The divergence rule against a noise floor (the module docs state it). The tests are
+/// written `!(x <= limit)` on purpose: a NaN metric fails them.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn judge(m: &Metrics, tokens: Option<&TokenSummary>, argmax_mismatches: Option<usize>, floor: &Floor, factor: f64) -> (Vec<Reason>, FloorReport) {
     let e0 = floor.rel_error();
     let rel = m.nmse.sqrt();
@@ -203,7 +205,6 @@ pub fn judge(m: &Metrics, tokens: Option<&TokenSummary>, argmax_mismatches: Opti
     if m.nonfinite_mismatches > 0 {
         r.push(Reason::NonFinite);
     }
-    // Each test is written so that a NaN metric lands on the failing side.
     if !(1.0 - m.cosine <= factor * factor * cos_floor(floor.cosine)) {
         r.push(Reason::Cosine);
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::passes::{self, LowerError, LowerOptions};
-use loupe_graph::{Fault, Graph, KvDtype};
+use loupe_graph::{Fault, Graph, KvDtype, Profiler};
 use loupe_models::{LlamaConfig, Model, ModelError, Precision, Progress};
 use loupe_text::{ChatMessage, Tokenizer};
 
@@ -55,6 +55,8 @@ pub struct LoadOptions<'a> {
     /// Element type of every session's KV cache; `None` takes the loader's choice
     /// ([`loupe_models::default_kv_dtype`]: f16 for quantized weights, f32 at f32).
     pub kv_dtype: Option<KvDtype>,
+    /// `--profile`: every session and batched engine of this engine profiles its steps here.
+    pub profiler: Option<Profiler>,
 }
 
 impl Default for LoadOptions<'_> {
@@ -68,6 +70,7 @@ impl Default for LoadOptions<'_> {
             layers: None,
             progress: None,
             kv_dtype: None,
+            profiler: None,
         }
     }
 }
@@ -130,6 +133,7 @@ pub struct Engine {
     threads: usize,
     load_time: Duration,
     ir_files: Vec<PathBuf>,
+    profiler: Option<Profiler>,
 }
 
 impl Engine {
@@ -170,7 +174,7 @@ impl Engine {
             }
         };
         model.graph = graph;
-        Ok(Engine { model, debug: options.debug, threads, load_time: start.elapsed(), ir_files })
+        Ok(Engine { model, debug: options.debug, threads, load_time: start.elapsed(), ir_files, profiler: options.profiler })
     }
 
     pub fn model(&self) -> &Model {
@@ -206,6 +210,11 @@ impl Engine {
         &self.debug
     }
 
+    /// The profiler every session and batched engine of this engine reports to (`--profile`).
+    pub fn profiler(&self) -> Option<&Profiler> {
+        self.profiler.as_ref()
+    }
+
     /// Compute threads of the process's pool.
     pub fn threads(&self) -> usize {
         self.threads
@@ -229,7 +238,9 @@ impl Engine {
     /// A new sequence whose cache holds up to `context` positions (capped at the model's
     /// window), under this engine's debug options.
     pub fn session(&self, context: usize) -> Session<'_> {
-        Session::new(&self.model.graph, context, &self.debug)
+        let mut s = Session::new(&self.model.graph, context, &self.debug);
+        s.set_profiler(self.profiler.clone());
+        s
     }
 
     /// Token ids as transformers builds them: the chat template rendered and encoded without

@@ -77,6 +77,11 @@ impl<'g> Session<'g> {
         &self.kv
     }
 
+    /// Profiles this session's steps into `profiler` (`None` stops).
+    pub fn set_profiler(&mut self, profiler: Option<loupe_graph::Profiler>) {
+        self.executor.set_profiler(profiler);
+    }
+
     /// Forgets the sequence.
     pub fn reset(&mut self) {
         self.kv.truncate(0);

@@ -223,7 +223,11 @@ impl<'e> BatchEngine<'e> {
         let blocks = BlockManager::new(n_blocks, config.block_size, salt.finish(), config.prefix_cache);
         Ok(BatchEngine {
             graph,
-            executor: Executor::new(graph, engine.debug()),
+            executor: {
+                let mut e = Executor::new(graph, engine.debug());
+                e.set_profiler(engine.profiler().cloned());
+                e
+            },
             kv,
             blocks,
             config,
