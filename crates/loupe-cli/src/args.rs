@@ -202,10 +202,7 @@ impl ProfileArgs {
     /// A profiler when asked for; checks that the trace file can be written before any work.
     pub fn profiler(&self) -> anyhow::Result<Option<loupe_graph::Profiler>> {
         if let Some(p) = &self.profile_out {
-            let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            if !dir.is_dir() {
-                return Err(crate::UsageError(format!("--profile-out {}: no directory {}", p.display(), dir.display())).into());
-            }
+            crate::output::check_output_file("--profile-out", p)?;
         }
         Ok((self.profile || self.profile_out.is_some()).then(loupe_graph::Profiler::new))
     }

@@ -65,6 +65,11 @@ pub struct CompareArgs {
     /// Write the JSON report to FILE (`-` for stdout, which replaces the table).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Write a self-contained HTML report to FILE: the verdict, error along depth, a token x
+    /// layer heat map, the first divergent tensor per dimension, a sortable table (computes
+    /// per-token and per-dimension cosines).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// Compare only decode step K (0 = prefill).
     #[arg(long, value_name = "K")]
     pub step: Option<u32>,
@@ -115,6 +120,9 @@ fn check(ok: bool, what: &str) -> anyhow::Result<()> {
 
 /// Runs the comparison; returns the exit code (0 match, 1 divergence).
 pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
+    if let Some(p) = &args.html {
+        crate::output::check_output_file("--html", p)?;
+    }
     check(args.cos > 0.0 && args.cos <= 1.0, "--cos must be in (0, 1]")?;
     check(args.nmse.is_finite() && args.nmse >= 0.0, "--nmse must be a non-negative number")?;
     check(args.norm_tol.is_finite() && args.norm_tol >= 0.0, "--norm-tol must be a non-negative number")?;
@@ -155,8 +163,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
         mapping,
         thresholds,
         token_index: args.token_index,
-        per_token: args.per_token,
-        per_dim: args.per_dim,
+        per_token: args.per_token || args.html.is_some(),
+        per_dim: args.per_dim || args.html.is_some(),
         allow_reshape: args.allow_reshape,
         only,
         step: args.step,
@@ -171,6 +179,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
         Some(_) if json_to_stdout => writeln!(out, "{}", to_json(&report))?,
         Some(path) => std::fs::write(path, to_json(&report) + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
         None => {}
+    }
+    if let Some(path) = &args.html {
+        crate::output::write_html(path, &report)?;
     }
     out.flush()?;
     Ok(report.exit_code())

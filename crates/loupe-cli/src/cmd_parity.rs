@@ -50,6 +50,9 @@ pub struct ParityArgs {
     /// Write the JSON report here (`-` for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write a self-contained HTML report here (loupe compare --html).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
     /// Judge every tensor against the reference's own noise at another precision instead of
     /// --cos: run the reference a second time in --calibration-dtype and flag values whose
     /// error is far outside that noise floor (loupe compare --calibrate).
@@ -105,6 +108,9 @@ impl CalibrationDtype {
 pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let model = model_path(args.model.model.as_deref())?;
     parse_layers(&args.layers)?;
+    if let Some(p) = &args.html {
+        crate::output::check_output_file("--html", p)?;
+    }
     let tmp;
     let root = match &args.output {
         Some(d) => {
@@ -195,7 +201,8 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         }
         None => None,
     };
-    let opts = CompareOptions { thresholds: Thresholds { cos: args.cos, ..Thresholds::default() }, calibration, ..CompareOptions::default() };
+    let html = args.html.is_some();
+    let opts = CompareOptions { thresholds: Thresholds { cos: args.cos, ..Thresholds::default() }, calibration, per_token: html, per_dim: html, ..CompareOptions::default() };
     let report = compare(&reference_dir, &loupe_dir, &opts, &mut NoProgress)?;
     let json_stdout = args.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if !json_stdout {
@@ -205,6 +212,9 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         Some(_) if json_stdout => println!("{}", to_json(&report)),
         Some(p) => std::fs::write(p, to_json(&report) + "\n").with_context(|| p.display().to_string())?,
         None => {}
+    }
+    if let Some(p) = &args.html {
+        crate::output::write_html(p, &report)?;
     }
 
     // Step 1's guard, part two: embeddings equal, every layer close.

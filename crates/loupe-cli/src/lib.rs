@@ -3,7 +3,8 @@
 //!
 //! Shared pieces: [`args`] (flags that mean one thing in every command), [`load`] (loading
 //! a model through `loupe_runtime::Engine` with a progress bar), [`debug_setup`] (the
-//! `LOUPE_DEBUG` sources, crash handlers, error reports). Each `cmd_*` module is one
+//! `LOUPE_DEBUG` sources, crash handlers, error reports), [`output`] (files written besides
+//! stdout). Each `cmd_*` module is one
 //! command; no command imports another.
 //!
 //! Exit codes: 0 success; 1 divergence found (compare/parity); 2 bad usage or bad input,
@@ -24,6 +25,7 @@ pub mod cmd_parity;
 pub mod cmd_serve;
 pub mod debug_setup;
 pub mod load;
+pub mod output;
 pub mod taps;
 pub mod tensor_print;
 

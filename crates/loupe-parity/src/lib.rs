@@ -17,7 +17,8 @@
 //!   signatures and the verdict share; `verdict` uses `signatures`, never the reverse).
 //! - [`calibrate`]: noise floors from two runs of the reference at different precisions,
 //!   and the divergence rule against them (`--calibrate`).
-//! - [`compare`]: the driver; [`report`]: terminal table and JSON.
+//! - [`compare`]: the driver; [`report`]: terminal table and JSON; [`html`]: the
+//!   self-contained HTML page.
 //! - [`manifest`]: the dump manifest; [`writer`]: the one writer of dumps (atomic);
 //!   [`source`] is the one reader.
 
@@ -25,6 +26,7 @@ pub mod calibrate;
 pub mod compare;
 pub mod error;
 pub mod evidence;
+pub mod html;
 pub mod logits;
 pub mod manifest;
 pub mod mapping;
