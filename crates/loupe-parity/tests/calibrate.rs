@@ -140,3 +140,23 @@ fn calibration_runs_must_share_their_input_and_their_names() {
     let err = Calibration::from_paths(&h, &h, 0.5, &mut NoProgress).unwrap_err().to_string();
     assert!(err.contains("must be a number >= 1"), "{err}");
 }
+
+#[test]
+fn the_html_page_embeds_the_report_and_no_name_can_close_its_script() {
+    let mut high = model(1, 0);
+    high[3].name = "evil</script><script>alert(1)</script><!--".into();
+    let d = dumps(&high, &noisy(&high, 1));
+    let r = calibrated(&d, &noisy(&high, 2));
+    let page = loupe_parity::html::to_html(&r);
+    let template_scripts = include_str!("../src/report.html").matches("</script>").count();
+    assert_eq!(page.matches("</script>").count(), template_scripts, "the data cannot end a <script> element");
+    assert!(!page.contains("<!--"), "nor open a comment");
+    // The embedded JSON is the report (with '<' escaped), so the page shows what compare found.
+    let start = page.find("id=\"report-data\">").unwrap() + "id=\"report-data\">".len();
+    let end = start + page[start..].find("</script>").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&page[start..end]).unwrap();
+    assert_eq!(v["verdict"], "match");
+    assert_eq!(v["pairs"].as_array().unwrap().len(), high.len());
+    assert!(v["pairs"][3]["name"].as_str().unwrap().starts_with("evil</script>"));
+    assert!(v["pairs"][3]["token_cosines"].is_null(), "per-token cosines only when the comparison kept them");
+}
