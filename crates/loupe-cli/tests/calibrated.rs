@@ -63,10 +63,22 @@ fn check_clean(report: &Value, what: &str) {
     eprintln!("{what}: worst error over floor {:.2}x at {}", worst.0, worst.1);
 }
 
-/// The planted scale-only faults: every default threshold passes them, the floors do not.
+/// `loupe explain REF TARGET --tensor NAME` → the id of the hypothesis it concludes on
+/// (`correct`, `unexplained`, or the hypothesis).
+fn explain(model: &Path, reference: &Path, target: &Path, tensor: &str) -> String {
+    let json = target.join("explain.json");
+    let o = run(loupe().arg("explain").arg(reference).arg(target).args(["--tensor", tensor, "-m"]).arg(model).arg("--json").arg(&json));
+    assert!(o.status.success(), "explain {tensor}: {}", stderr(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("explain JSON");
+    v["verdict"]["id"].as_str().or(v["verdict"]["kind"].as_str()).unwrap_or("").to_string()
+}
+
+/// The planted scale-only faults: every default threshold passes them, the floors do not,
+/// and explain names them (a fitted constant multiplier; the epsilon that reproduces the
+/// target).
 fn check_faults(model: &Path, dir: &Path, layer: usize, floors: (&Path, &Path)) {
     let reference = dir.join("reference");
-    for (class, node) in [("o-proj-scale", "self_attn.o_proj"), ("norm-eps-subtle", "input_layernorm")] {
+    for (class, node, hypothesis) in [("o-proj-scale", "self_attn.o_proj", "scale"), ("norm-eps-subtle", "input_layernorm", "norm-eps")] {
         let target = dir.join(class);
         faulty_dump(model, &target, &format!("{class}@{layer}"));
         let (code, plain) = compare(&reference, &target, None);
@@ -77,6 +89,7 @@ fn check_faults(model: &Path, dir: &Path, layer: usize, floors: (&Path, &Path)) 
         let over = p["floor"]["error_over_floor"].as_f64().unwrap();
         eprintln!("{class}: default thresholds exit {code} ({}), calibrated {over:.1}x its floor, cosine {}", plain["verdict"], p["cosine"]);
         assert!(over > 8.0, "{class}: {over}");
+        assert_eq!(explain(model, &reference, &target, &expected), hypothesis, "{class}: explain's verdict");
         if class == "o-proj-scale" {
             // 33/32 keeps the cosine at 1, the NMSE at 1e-3 and the norm 3% off: inside
             // every default threshold at the planted node (a random tiny model may still flip

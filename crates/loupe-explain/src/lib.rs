@@ -184,7 +184,10 @@ pub fn explain(a: &Path, b: &Path, name: &str, step: usize, model_path: PathBuf)
     let target_dump = Dump::open(b)?;
     let target = target_dump.tensor(name, step)?;
     let mut ctx = Context::new(&reference, step, model_path);
-    let plan = ops::plan(&mut ctx, name)?;
+    let mut plan = ops::plan(&mut ctx, name)?;
+    if let Some(c) = plan.candidates.iter().find(|c| c.id == "correct" && c.data.len() == target.data.len()) {
+        plan.candidates.extend(scaled(&c.data, &target.data));
+    }
 
     let mut ranked = Vec::with_capacity(plan.candidates.len());
     for c in plan.candidates {
@@ -213,6 +216,36 @@ pub fn explain(a: &Path, b: &Path, name: &str, step: usize, model_path: PathBuf)
     let (verdict, conclusion) = conclude(name, &ranked, &inputs);
     Ok(Explanation { tensor: name.to_string(), step, op: plan.op, inputs, ranked, verdict, conclusion })
 }
+
+/// The least-squares multiple of the correct op's output that best fits the target, as a
+/// hypothesis of its own when the multiple explains the error: a value off by a constant
+/// factor (a stray or missing multiplier) keeps its direction, so no op-level hypothesis
+/// reproduces it, while this one does to rounding. A fitted factor that removes less than
+/// [`SCALE_MIN_GAIN`] of the error is noise being fitted, not a multiplier, and is not
+/// proposed (it would only blur the verdict between near-equal fits).
+fn scaled(correct: &[f32], target: &[f32]) -> Option<ops::Candidate> {
+    let (mut ct, mut cc) = (0f64, 0f64);
+    for (&c, &t) in correct.iter().zip(target) {
+        ct += c as f64 * t as f64;
+        cc += c as f64 * c as f64;
+    }
+    let s = ct / cc;
+    if !s.is_finite() {
+        return None;
+    }
+    let data: Vec<f32> = correct.iter().map(|&c| (c as f64 * s) as f32).collect();
+    let (before, after) = (metrics(correct, target).nmse, metrics(&data, target).nmse);
+    (before > 0.0 && after * SCALE_MIN_GAIN <= before).then(|| ops::Candidate {
+        id: "scale",
+        label: format!("the correct op x {s:.5}"),
+        cause: format!("the value is the correct one times {s:.5}: a stray or missing constant multiplier (embedding scale, residual or attention multiplier, logit scaling) or a norm weight off by a constant"),
+        data,
+    })
+}
+
+/// The fitted multiple must cut the error (NMSE) by this factor to be proposed: the same
+/// margin a hypothesis needs to beat the correct op.
+pub const SCALE_MIN_GAIN: f64 = MARGIN;
 
 /// The verdict and its one-line summary.
 fn conclude(name: &str, ranked: &[Hypothesis], inputs: &[InputCheck]) -> (Verdict, String) {
@@ -262,6 +295,20 @@ mod tests {
         let m = metrics(&[-1.0, -2.0], &[1.0, 2.0]);
         assert!((m.cos + 1.0).abs() < 1e-12 && (m.nmse - 4.0).abs() < 1e-12);
         assert!(metrics(&[f32::NAN], &[1.0]).max_abs.is_nan());
+    }
+
+    #[test]
+    fn a_fitted_scale_is_proposed_only_when_it_explains_the_error() {
+        let correct: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let scaled_target: Vec<f32> = correct.iter().map(|c| c * 1.03125).collect();
+        let c = scaled(&correct, &scaled_target).expect("a 3% multiplier is proposed");
+        assert_eq!(c.id, "scale");
+        assert!(c.label.contains("1.03125"), "{}", c.label);
+        assert!(metrics(&c.data, &scaled_target).nmse < 1e-12);
+        // Noise without a multiplier: the fit barely helps, so nothing is proposed.
+        let noisy: Vec<f32> = correct.iter().enumerate().map(|(i, c)| c + if i % 2 == 0 { 1e-3 } else { -1e-3 }).collect();
+        assert!(scaled(&correct, &noisy).is_none());
+        assert!(scaled(&correct, &correct).is_none(), "an exact target needs no multiplier");
     }
 
     #[test]

@@ -340,10 +340,13 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
         Ok(out)
     };
     let mut candidates = vec![cand("correct", format!("RMSNorm eps = {cfg_eps:e} (config)"), "", run(cfg_eps)?)];
-    for eps in [1e-6f32, 1e-5, 1e-2, 1e-1, 1.0] {
-        if (eps - cfg_eps).abs() <= 1e-3 * cfg_eps {
+    // The usual defaults of other models, and the config's off by one or two decades.
+    let mut tried: Vec<f32> = vec![cfg_eps];
+    for eps in [1e-6f32, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, cfg_eps / 10.0, cfg_eps * 100.0] {
+        if tried.iter().any(|t| (eps - t).abs() <= 1e-3 * t) {
             continue;
         }
+        tried.push(eps);
         candidates.push(cand("norm-eps", format!("RMSNorm eps = {eps:e}"), format!("RMSNorm epsilon is {eps:e} instead of the config's {cfg_eps:e}"), run(eps)?));
     }
     Ok(Plan { op: format!("RMSNorm `{module}` of `{input}`"), inputs: vec![input.to_string()], candidates })
