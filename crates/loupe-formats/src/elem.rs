@@ -139,25 +139,15 @@ impl ElemType {
 }
 
 /// fp8 E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; `S.1111.111`
-/// is NaN (OCP 8-bit floating point specification, v1.0, table 1).
+/// is NaN (OCP 8-bit floating point specification, v1.0, table 1; [`loupe_core::fp8`]).
 pub fn f8_e4m3fn_to_f32(b: u8) -> f32 {
-    let sign = if b & 0x80 != 0 { -1.0f32 } else { 1.0 };
-    let exp = i32::from((b >> 3) & 0x0f);
-    let man = f32::from(b & 0x07);
-    if exp == 0x0f && (b & 0x07) == 0x07 {
-        return f32::NAN;
-    }
-    if exp == 0 {
-        sign * man / 8.0 * 2f32.powi(-6)
-    } else {
-        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
-    }
+    loupe_core::fp8::e4m3fn_to_f32(b)
 }
 
 /// fp8 E5M2: 1 sign, 5 exponent (bias 15), 2 mantissa bits, IEEE 754 conventions: the top
 /// byte of an f16, so widening it is exact.
 pub fn f8_e5m2_to_f32(b: u8) -> f32 {
-    half::f16::from_bits(u16::from(b) << 8).to_f32()
+    loupe_core::fp8::e5m2_to_f32(b)
 }
 
 /// A validated tensor stored in some file: element type, shape, and where its elements
@@ -467,6 +457,14 @@ mod tests {
         assert_eq!(f8_e5m2_to_f32(0x3c), 1.0);
         assert_eq!(f8_e5m2_to_f32(0x7b), 57344.0);
         assert_eq!(f8_e5m2_to_f32(0x7c), f32::INFINITY);
+    }
+
+    #[test]
+    fn e5m2_widens_as_the_top_byte_of_an_ieee_half() {
+        for b in 0..=255u8 {
+            let (x, h) = (f8_e5m2_to_f32(b), half::f16::from_bits(u16::from(b) << 8).to_f32());
+            assert!(x == h || (x.is_nan() && h.is_nan()), "{b:#04x}: {x} vs {h}");
+        }
     }
 
     #[test]

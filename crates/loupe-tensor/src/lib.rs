@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod error;
+pub mod fp8;
 mod gemv;
 pub mod matmul;
 pub mod ops;
