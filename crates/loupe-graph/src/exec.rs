@@ -221,7 +221,7 @@ impl Executor {
                 graph.kv_width
             )));
         }
-        if let Some(node) = graph.nodes.iter().find(|n| matches!(n.op, Op::Attention { kv_write: KvWrite::OneLate, .. })) {
+        if let Some(node) = graph.nodes.iter().find(|n| matches!(n.op, Op::Attention { kv_write: KvWrite::OneLate | KvWrite::OneLateAtDecode, .. })) {
             return Err(GraphError::Input(format!("'{}' carries the kv-write fault, which the batched engine does not plant", graph.value(node.output).name)));
         }
         let mut paged = Vec::with_capacity(spans.len());
@@ -656,6 +656,7 @@ impl Executor {
                         let (keys, values) = match kv_write {
                             KvWrite::InPlace => kv.append(*layer, k, v),
                             KvWrite::OneLate => kv.append_late(*layer, k, v),
+                            KvWrite::OneLateAtDecode => kv.append_late_at_decode(*layer, k, v),
                         };
                         let ctx = *past + tokens.len();
                         let probs = side.map(|buf| {

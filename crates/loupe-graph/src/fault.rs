@@ -40,6 +40,9 @@ pub enum FaultClass {
     Bf16,
     /// Keys land in the cache one position late: row `p` holds the key of `p - 1`.
     KvWrite,
+    /// As `KvWrite`, but only from the second forward call on (decode steps): one pass over
+    /// the whole sequence (teacher forcing) is right, incremental decode is not.
+    KvWriteDecode,
     /// No causal mask within a call: queries see later tokens of the same forward.
     Mask,
     /// Test-only (for `LOUPE_DEBUG=nan-check`): `o_proj`'s output gets one NaN and one +Inf.
@@ -50,7 +53,7 @@ pub enum FaultClass {
 }
 
 impl FaultClass {
-    pub const ALL: [FaultClass; 12] = [
+    pub const ALL: [FaultClass; 13] = [
         FaultClass::RopeInterleaved,
         FaultClass::TransposedWeight,
         FaultClass::NormEps,
@@ -62,6 +65,7 @@ impl FaultClass {
         FaultClass::MissingResidual,
         FaultClass::Bf16,
         FaultClass::KvWrite,
+        FaultClass::KvWriteDecode,
         FaultClass::Mask,
     ];
 
@@ -83,6 +87,7 @@ impl FaultClass {
             FaultClass::MissingResidual => "missing-residual",
             FaultClass::Bf16 => "bf16",
             FaultClass::KvWrite => "kv-write",
+            FaultClass::KvWriteDecode => "kv-write-decode",
             FaultClass::Mask => "mask",
             FaultClass::Nan => "nan",
             FaultClass::Uninit => "uninit",
@@ -111,6 +116,7 @@ impl FaultClass {
             FaultClass::MissingResidual => "attn_residual is o_proj's output without the residual add",
             FaultClass::Bf16 => "o_proj's output rounded to bf16",
             FaultClass::KvWrite => "keys written to the cache one position late",
+            FaultClass::KvWriteDecode => "keys written one position late at decode steps only",
             FaultClass::Mask => "no causal mask within a forward call",
             FaultClass::Nan => "o_proj's output holds one NaN and one +Inf (tests nan-check)",
             FaultClass::Uninit => "o_proj's output is half unwritten (tests uninitialized-read-check)",

@@ -18,6 +18,10 @@ pub enum KvWrite {
     /// Row `p` holds the key of position `p - 1`, row 0 zeros: an off-by-one in the cache
     /// write (a planted fault, [`crate::FaultClass::KvWrite`]). Values are written in place.
     OneLate,
+    /// [`KvWrite::InPlace`] for the first call (the prompt), [`KvWrite::OneLate`] for every
+    /// later one (decode): a cache bug one forward pass over the whole sequence cannot show,
+    /// only incremental decode (fault [`crate::FaultClass::KvWriteDecode`]).
+    OneLateAtDecode,
 }
 
 /// One layer's keys or values, grown as positions are appended.
@@ -207,6 +211,18 @@ impl KvCache {
         (self.keys[layer].view(nk), self.values[layer].view(nv))
     }
 
+    /// [`KvWrite::OneLateAtDecode`]: in place while the cache is empty (the true keys kept
+    /// for the later calls), one position late after that.
+    pub(crate) fn append_late_at_decode(&mut self, layer: usize, k: &[f32], v: &[f32]) -> (KvBlocks<'_>, KvBlocks<'_>) {
+        if self.len > 0 {
+            return self.append_late(layer, k, v);
+        }
+        let truth = &mut self.true_keys[layer];
+        truth.clear();
+        truth.extend_from_slice(k);
+        self.append(layer, k, v)
+    }
+
     /// Marks `tokens` positions as written by every layer.
     pub(crate) fn commit(&mut self, tokens: usize) {
         self.len += tokens;
@@ -239,6 +255,20 @@ mod tests {
             let (k, _) = kv.append_late(0, &[5.0], &[50.0]);
             assert_eq!(widened(k), [0.0, 1.0, 2.0]);
         }
+    }
+
+    #[test]
+    fn late_write_at_decode_spares_the_first_call() {
+        let mut kv = KvCache::new(1, 1, 8);
+        let (k, _) = kv.append_late_at_decode(0, &[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]);
+        assert_eq!(widened(k), [1.0, 2.0, 3.0], "the prompt is written in place");
+        kv.commit(3);
+        let (k, v) = kv.append_late_at_decode(0, &[4.0], &[40.0]);
+        assert_eq!(widened(k), [1.0, 2.0, 3.0, 3.0], "a decode row holds the previous position's key");
+        assert_eq!(widened(v), [10.0, 20.0, 30.0, 40.0]);
+        kv.commit(1);
+        let (k, _) = kv.append_late_at_decode(0, &[5.0], &[50.0]);
+        assert_eq!(widened(k), [1.0, 2.0, 3.0, 3.0, 4.0]);
     }
 
     fn widened(rows: KvBlocks<'_>) -> Vec<f32> {

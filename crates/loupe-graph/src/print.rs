@@ -62,6 +62,7 @@ pub fn to_text(graph: &Graph) -> String {
                 match kv_write {
                     KvWrite::InPlace => {}
                     KvWrite::OneLate => s.push_str(" kv_write=one-late"),
+                    KvWrite::OneLateAtDecode => s.push_str(" kv_write=one-late-at-decode"),
                 }
             }
             Op::Scale { factor } => {

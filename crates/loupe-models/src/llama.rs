@@ -97,6 +97,10 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             variant.mask = AttentionMask::None;
             attn_fault = Some(FaultClass::Mask);
         }
+        if has(FaultClass::KvWriteDecode) {
+            kv_write = KvWrite::OneLateAtDecode;
+            attn_fault = Some(FaultClass::KvWriteDecode);
+        }
         if has(FaultClass::KvWrite) {
             kv_write = KvWrite::OneLate;
             attn_fault = Some(FaultClass::KvWrite);
@@ -329,7 +333,7 @@ mod tests {
             FaultClass::NormEps | FaultClass::NormEpsSubtle => "model.layers.1.input_layernorm",
             FaultClass::OProjScale => "model.layers.1.self_attn.o_proj",
             FaultClass::GeluTanh => "model.layers.1.mlp.act_fn",
-            FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
+            FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::KvWriteDecode | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
             FaultClass::MissingResidual => "model.layers.1.attn_residual",
         }
     }
@@ -359,7 +363,12 @@ mod tests {
                 vals[&key] != base[&key]
             });
             assert!(differs, "{class}: {name} did not change");
-            assert_ne!(vals["lm_head@0"], base["lm_head@0"], "{class}: logits unchanged");
+            // kv-write-decode spares the prompt's call by design: its logits change at step 1.
+            let step = if class == FaultClass::KvWriteDecode { "@1" } else { "@0" };
+            assert_ne!(vals[&format!("lm_head{step}")], base[&format!("lm_head{step}")], "{class}: logits unchanged");
+            if class == FaultClass::KvWriteDecode {
+                assert_eq!(vals["lm_head@0"], base["lm_head@0"], "{class}: the prompt's call is untouched");
+            }
         }
     }
 
