@@ -3,7 +3,6 @@
 //! prompt tokens, embedding cosine 1.0), compare, and print one verdict.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::Context;
 use clap::Args;
@@ -246,44 +245,9 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     Ok(report.exit_code().max(u8::from(guard_fails)))
 }
 
-/// Runs the Python reference dumper with the same prompt, layers and taps (in f32, or in
-/// `dtype` for a calibration run).
+/// Runs the Python reference dumper with the same prompt, layers, taps and steps (in f32,
+/// or in `dtype` for a calibration run).
 fn run_reference(args: &ParityArgs, model: &Path, out: &Path, dtype: Option<CalibrationDtype>) -> anyhow::Result<()> {
-    let ok = Command::new("python3").args(["-c", "import loupe_reference"]).output().map(|o| o.status.success()).unwrap_or(false);
-    if !ok {
-        return Err(UsageError("--reference hf needs the Python reference: pip install -e reference/ (torch, transformers, gguf, accelerate)".into()).into());
-    }
-    let mut cmd = Command::new("python3");
-    cmd.args(["-m", "loupe_reference", "dump"]);
-    if model.is_dir() {
-        cmd.arg("--hf-dir").arg(model);
-    } else {
-        cmd.arg("--gguf").arg(model);
-    }
-    cmd.args(["--prompt", &args.input.prompt, "--layers", &args.layers]);
-    if args.input.chat {
-        cmd.arg("--chat");
-    }
-    if let Some(s) = &args.input.system {
-        cmd.args(["--chat", "--system", s]);
-    }
-    for t in &args.taps {
-        cmd.args(["--taps", t]);
-    }
-    if args.steps > 0 {
-        cmd.args(["--steps", &args.steps.to_string()]);
-    }
-    if let Some(d) = dtype {
-        cmd.args(["--dtype", d.name()]);
-    }
-    cmd.arg("-o").arg(out);
-    let what = dtype.map_or(String::new(), |d| format!(" in {} for the noise floors", d.name()));
-    eprintln!("loupe: running the transformers reference{what} (python -m loupe_reference dump); loading takes ~20 s");
-    let output = cmd.output().context("cannot run python3")?;
-    if !output.status.success() {
-        let err = String::from_utf8_lossy(&output.stderr);
-        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
-        anyhow::bail!("the reference dumper failed ({}): {last}", output.status);
-    }
-    Ok(())
+    let req = crate::reference::DumpRequest { layers: &args.layers, taps: &args.taps, steps: args.steps, teacher_force: None, dtype: dtype.map(CalibrationDtype::name) };
+    crate::reference::dump(model, &args.input, &req, out)
 }

@@ -15,6 +15,7 @@ pub mod bandwidth;
 pub mod bench_batch;
 pub mod cmd_bench;
 pub mod cmd_bench_serve;
+pub mod cmd_bisect;
 pub mod cmd_compare;
 pub mod cmd_dump;
 pub mod cmd_explain;
@@ -26,6 +27,7 @@ pub mod cmd_serve;
 pub mod debug_setup;
 pub mod load;
 pub mod output;
+pub mod reference;
 pub mod taps;
 pub mod tensor_print;
 
@@ -54,6 +56,9 @@ enum Command {
     Compare(cmd_compare::CompareArgs),
     /// Dump loupe and the PyTorch reference on one prompt, compare, and give one verdict.
     Parity(cmd_parity::ParityArgs),
+    /// The bisect ladder: reference, teacher-forced, incremental, batched and served rungs on
+    /// one prompt; names the first subsystem that diverges.
+    Bisect(cmd_bisect::BisectArgs),
     /// Test fix hypotheses for one divergent tensor on the reference's inputs of its op.
     Explain(cmd_explain::ExplainArgs),
     /// List a GGUF or safetensors file's metadata and tensors.
@@ -109,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::Dump(args) => cmd_dump::run(args, &debug).map(|()| 0),
         Command::Compare(args) => cmd_compare::run(args),
         Command::Parity(args) => cmd_parity::run(args, &debug),
+        Command::Bisect(args) => cmd_bisect::run(args, &debug),
         Command::Explain(args) => cmd_explain::run(args),
         Command::Bench(args) => cmd_bench::run(args, &debug).map(|()| 0),
         Command::Serve(args) => cmd_serve::run(args, &debug).map(|()| 0),

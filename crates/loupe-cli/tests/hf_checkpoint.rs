@@ -11,7 +11,7 @@
 mod common;
 use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Mutex;
 
 /// One Python model run at a time (the machine has 2 cores shared with builds).

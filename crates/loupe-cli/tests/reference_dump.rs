@@ -12,7 +12,6 @@ use common::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 /// (descr, fortran_order, shape, data offset) of a version 1/2/3 `.npy` file.
 fn npy_header(bytes: &[u8]) -> (String, bool, Vec<usize>, usize) {

@@ -1,0 +1,82 @@
+//! `loupe bisect` end to end: a clean run matches on every rung, and a planted fault is
+//! localized to its subsystem's rung: a graph fault (`gelu-tanh`) to the teacher-forced rung,
+//! with the per-tensor comparison naming the planted node; a decode-only KV-cache fault
+//! (`kv-write-decode`) to the incremental rung.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+const PROMPT: &str = "The capital of France is Paris, and the capital of Germany is";
+
+fn bisect(model: &Path, extra: &[&str]) -> (i32, Value) {
+    let o = run(loupe().args(["bisect", "--prompt", PROMPT, "-n", "8", "-t", "2", "--json", "-", "-m"]).arg(model).args(extra));
+    let code = o.status.code().unwrap_or(-1);
+    assert!(code == 0 || code == 1, "bisect {extra:?} failed ({code}): {}", stderr(&o));
+    (code, serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("bisect JSON: {e}\n{}", stdout(&o))))
+}
+
+fn status<'a>(ladder: &'a Value, rung: &str) -> &'a str {
+    ladder["rungs"].as_array().unwrap().iter().find(|r| r["name"] == rung).and_then(|r| r["status"].as_str()).unwrap_or_else(|| panic!("no rung {rung}: {ladder}"))
+}
+
+#[test]
+fn without_the_reference_the_loupe_rungs_run_and_agree() {
+    // Tiny GGUF, no Python: the reference and served rungs are skipped on request. (Its
+    // random weights repeat one token, so it cannot show a fault's effect on the tokens; the
+    // faults are tested on make-tiny's checkpoint below.)
+    let (code, clean) = bisect(&tiny_model(), &["--reference", "none", "--no-serve"]);
+    assert_eq!((code, clean["verdict"].as_str()), (0, Some("match")), "{clean}");
+    for (rung, want) in [("reference", "skipped"), ("teacher-forced", "match"), ("incremental", "match"), ("batched", "match"), ("served", "skipped")] {
+        assert_eq!(status(&clean, rung), want, "{rung}: {clean}");
+    }
+    assert_eq!(clean["rungs"][2]["tokens"].as_array().unwrap().len(), 8);
+    // A cache fault the batched engine refuses to plant: that rung says why it did not run.
+    let (_, faulty) = bisect(&tiny_model(), &["--reference", "none", "--no-serve", "--inject", "kv-write-decode@1"]);
+    let batched = &faulty["rungs"][3];
+    assert_eq!(batched["status"], "skipped");
+    assert!(batched["detail"].as_str().unwrap().contains("does not plant"), "{batched}");
+}
+
+#[test]
+#[ignore = "needs the Python reference stack and the real model's tokenizer (scripts/test installs both)"]
+fn the_ladder_against_transformers_names_each_planted_subsystem() {
+    let tokenizer = real_model();
+    require_python_reference();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    let o = python(&["make-tiny", "--seed", "0", "--out"]).arg(&model).arg("--tokenizer-gguf").arg(&tokenizer).output().expect("python3");
+    assert!(o.status.success(), "make-tiny: {}", stderr(&o));
+
+    let (code, clean) = bisect(&model, &[]);
+    assert_eq!(code, 0, "{clean}");
+    for rung in ["reference", "teacher-forced", "incremental", "batched", "served"] {
+        assert_eq!(status(&clean, rung), "match", "{rung}: {clean}");
+    }
+
+    let (code, graph) = bisect(&model, &["--inject", "gelu-tanh@1"]);
+    assert_eq!(code, 1);
+    assert_eq!(graph["first_divergent_rung"], "teacher-forced", "{graph}");
+    assert_eq!(graph["first_divergent_tensor"], "model.layers.1.mlp.act_fn", "the per-tensor comparison at that step: {graph}");
+    assert_eq!(status(&graph, "served"), "skipped", "a fault planted in-process is not compared with a clean server");
+
+    let (code, decode) = bisect(&model, &["--inject", "kv-write-decode@1"]);
+    assert_eq!(code, 1);
+    assert_eq!(status(&decode, "teacher-forced"), "match", "one pass over the sequence is right: {decode}");
+    assert_eq!(decode["first_divergent_rung"], "incremental", "{decode}");
+}
+
+#[test]
+fn bad_bisect_flags_exit_2() {
+    for (args, needle) in [
+        (&["--steps", "0"][..], "--steps must be at least 1"),
+        (&["--reference", "maybe"][..], "--reference maybe: expected hf or none"),
+        (&["--tie", "nan"][..], "--tie must be a non-negative number"),
+    ] {
+        let o = run(loupe().args(["bisect", "--prompt", "x", "-m"]).arg(tiny_model()).args(args));
+        assert_clean_failure(&o, needle);
+    }
+}
