@@ -46,7 +46,7 @@ pub struct ModelArgs {
     /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2-135M-Instruct Q4_1, fetched on first use]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// Weight precision [default: native; f32, the parity baseline, for dump and parity]
+    /// Weight precision [default: native; f32, the parity baseline, for dump, parity and bisect]
     #[arg(long, value_enum, alias = "mode")]
     pub precision: Option<PrecisionArg>,
     /// Compute threads [default: all cores]
