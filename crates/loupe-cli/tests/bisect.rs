@@ -44,12 +44,8 @@ fn without_the_reference_the_loupe_rungs_run_and_agree() {
 #[test]
 #[ignore = "needs the Python reference stack and the real model's tokenizer (scripts/test installs both)"]
 fn the_ladder_against_transformers_names_each_planted_subsystem() {
-    let tokenizer = real_model();
-    require_python_reference();
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    let o = python(&["make-tiny", "--seed", "0", "--out"]).arg(&model).arg("--tokenizer-gguf").arg(&tokenizer).output().expect("python3");
-    assert!(o.status.success(), "make-tiny: {}", stderr(&o));
+    let model = make_tiny_checkpoint(dir.path());
 
     let (code, clean) = bisect(&model, &[]);
     assert_eq!(code, 0, "{clean}");

@@ -104,12 +104,8 @@ fn check_faults(model: &Path, dir: &Path, layer: usize, floors: (&Path, &Path)) 
 #[test]
 #[ignore = "needs the Python reference stack and the real model's tokenizer (scripts/test installs both)"]
 fn calibrated_parity_on_a_tiny_checkpoint() {
-    let tokenizer = real_model();
-    require_python_reference();
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    let o = python(&["make-tiny", "--seed", "0", "--out"]).arg(&model).arg("--tokenizer-gguf").arg(&tokenizer).output().expect("python3");
-    assert!(o.status.success(), "make-tiny: {}", stderr(&o));
+    let model = make_tiny_checkpoint(dir.path());
     let out = dir.path().join("parity");
     let report = parity(&model, &out, &[]);
     check_clean(&report, "tiny f32");

@@ -66,6 +66,18 @@ pub fn python(args: &[&str]) -> Command {
     c
 }
 
+/// A tiny random Llama checkpoint (`python -m loupe_reference make-tiny --seed 0`, SmolLM2's
+/// tokenizer) in `dir`; needs the Python reference stack and the real model (for its
+/// tokenizer), and fails with one line when either is missing.
+pub fn make_tiny_checkpoint(dir: &Path) -> PathBuf {
+    let tokenizer = real_model();
+    require_python_reference();
+    let model = dir.join("tiny");
+    let o = python(&["make-tiny", "--seed", "0", "--out"]).arg(&model).arg("--tokenizer-gguf").arg(&tokenizer).output().expect("python3");
+    assert!(o.status.success(), "make-tiny: {}", stderr(&o));
+    model
+}
+
 pub fn loupe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_loupe"))
 }

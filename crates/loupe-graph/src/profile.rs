@@ -95,8 +95,8 @@ impl Profiler {
         let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
         d.steps += 1;
         d.step_nanos += step.nanos;
-        for s in step.nodes.iter_mut().filter(|s| s.calls > 0) {
-            let e = d.nodes.entry(s.name.as_str().into()).or_insert_with(|| NodeStats { name: s.name.clone(), op: s.op, ..NodeStats::default() });
+        for (s, name) in step.nodes.iter_mut().zip(&step.names).filter(|(s, _)| s.calls > 0) {
+            let e = d.nodes.entry(name.clone()).or_insert_with(|| NodeStats { name: s.name.clone(), op: s.op, ..NodeStats::default() });
             e.calls += s.calls;
             e.nanos += s.nanos;
             e.bytes += s.bytes;

@@ -167,15 +167,6 @@ impl Calibration {
         })
     }
 
-    /// A calibration from given floors (tests, other front ends).
-    pub fn from_floors(factor: f64, floors: impl IntoIterator<Item = ((u32, String), Floor)>) -> Calibration {
-        let floors: HashMap<_, _> = floors.into_iter().collect();
-        Calibration {
-            info: Some(CalibrationInfo { high: String::new(), low: String::new(), factor, floors: floors.len() }),
-            floors,
-        }
-    }
-
     pub fn factor(&self) -> Option<f64> {
         self.info.as_ref().map(|i| i.factor)
     }
