@@ -52,9 +52,10 @@ pub struct BisectArgs {
     /// divergence.
     #[arg(long, default_value_t = 1e-3)]
     pub tie: f64,
-    /// Plant a fault (as `loupe dump --inject`) in loupe's in-process rungs; the served rung
-    /// runs a separate, clean `loupe serve`.
-    #[arg(long = "inject", value_name = "CLASS@LAYER")]
+    /// Plant a fault on every rung that runs its subsystem: graph faults (as `loupe dump
+    /// --inject`), batched-engine faults (`block-table@L`, `batch-reduction@L`) and the
+    /// server's `stream-drop-last`; the served rung's `loupe serve` gets the same list.
+    #[arg(long = "inject", value_name = "CLASS[@LAYER]")]
     pub inject: Vec<Fault>,
     /// Skip the served rung (no server is started).
     #[arg(long)]
@@ -241,10 +242,8 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let served = Rung::new("served", "serving layer (detokenizer, stream)");
     rungs.push(if args.no_serve {
         served.skipped("--no-serve")
-    } else if !args.inject.is_empty() {
-        served.skipped("--inject plants faults in this process only; a server would run clean, so it is not compared")
     } else {
-        served_rung(&model_args, &prompt, k, &text)
+        served_rung(&model_args, &args.inject, &prompt, k, &text)
     });
 
     let mut ladder = Ladder {
@@ -344,7 +343,7 @@ impl Drop for Server {
     }
 }
 
-fn start_server(model: &ModelArgs) -> anyhow::Result<Server> {
+fn start_server(model: &ModelArgs, faults: &[Fault]) -> anyhow::Result<Server> {
     let exe = std::env::current_exe().context("cannot find the loupe binary")?;
     let mut cmd = Command::new(exe);
     cmd.arg("serve").arg("--model").arg(model.model.as_deref().unwrap_or(Path::new(""))).args(["--host", "127.0.0.1", "--port", "0"]);
@@ -356,6 +355,9 @@ fn start_server(model: &ModelArgs) -> anyhow::Result<Server> {
     }
     if let Some(d) = model.kv_dtype {
         cmd.args(["--kv-dtype", d.name()]);
+    }
+    for f in faults {
+        cmd.arg("--inject").arg(f.to_string());
     }
     let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().context("cannot start loupe serve")?;
     let stderr = child.stderr.take().context("no stderr")?;
@@ -404,11 +406,11 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&serde_json::Value>) 
 
 /// The served rung: the same prompt ids through `/v1/completions`, plain and streamed; both
 /// texts must equal the incremental rung's text.
-fn served_rung(model: &ModelArgs, prompt: &[u32], k: usize, want: &str) -> Rung {
+fn served_rung(model: &ModelArgs, faults: &[Fault], prompt: &[u32], k: usize, want: &str) -> Rung {
     let mut rung = Rung::new("served", "serving layer (detokenizer, stream)");
     let result = (|| -> anyhow::Result<(String, String)> {
         eprintln!("loupe: rung served: starting loupe serve on 127.0.0.1");
-        let server = start_server(model)?;
+        let server = start_server(model, faults)?;
         let models: serde_json::Value = serde_json::from_str(&http(&server.addr, "GET", "/v1/models", None)?)?;
         let id = models["data"][0]["id"].as_str().unwrap_or("").to_string();
         let req = |stream: bool| serde_json::json!({"model": id, "prompt": prompt, "max_tokens": k, "temperature": 0, "ignore_eos": true, "stream": stream});
@@ -468,7 +470,7 @@ fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g:
         output: Some(our_dir.clone()),
         style: Some(Style::Npy),
         digits: 6,
-        inject: args.inject.clone(),
+        inject: args.inject.iter().filter(|f| f.class.subsystem() == loupe_graph::Subsystem::Graph).copied().collect(),
     };
     dump(job, debug)?;
     let opts = CompareOptions { step: Some(step as u32), ..CompareOptions::default() };

@@ -42,7 +42,9 @@ pub struct DumpArgs {
     /// Plant a bug in loupe's own graph at decoder layer LAYER (repeatable), to test the
     /// parity tools against a known answer. CLASS: rope-interleaved, transposed-weight,
     /// norm-eps, norm-eps-subtle, o-proj-scale, gelu-tanh, softmax-scale, gqa-mapping,
-    /// missing-residual, bf16, kv-write, mask.
+    /// missing-residual, bf16, kv-write, kv-write-decode, mask. (block-table@L,
+    /// batch-reduction@L and stream-drop-last live in the batched engine and the server:
+    /// loupe bisect and loupe serve plant them.)
     #[arg(long = "inject", value_name = "CLASS@LAYER")]
     pub inject: Vec<loupe_models::Fault>,
 }

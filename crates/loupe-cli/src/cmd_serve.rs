@@ -50,6 +50,11 @@ pub struct ServeArgs {
     pub engine: BatchEngineArgs,
     #[command(flatten)]
     pub profile: crate::args::ProfileArgs,
+    /// Plant a fault, for testing the parity tools on a server that is wrong on purpose:
+    /// graph and batched-engine faults as `loupe dump --inject` and `loupe bisect --inject`
+    /// take them, and `stream-drop-last` in the server's streamed responses
+    #[arg(long = "inject", value_name = "CLASS[@LAYER]")]
+    pub inject: Vec<loupe_graph::Fault>,
     /// Sleep this long before loading (tests observe /health's 503 with it)
     #[arg(long, hide = true, default_value_t = 0)]
     pub load_delay_ms: u64,
@@ -85,7 +90,13 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         max_context: args.max_context,
         served_model_name: args.served_model_name,
         batch: args.engine.config(args.max_seqs),
+        drop_last_stream_delta: args.inject.iter().any(|f| f.class == loupe_graph::FaultClass::StreamDropLast),
     };
+    let faults: Vec<loupe_graph::Fault> = args.inject.iter().filter(|f| f.class.subsystem() != loupe_graph::Subsystem::Server).copied().collect();
+    if !args.inject.is_empty() {
+        let list: Vec<String> = args.inject.iter().map(|f| f.to_string()).collect();
+        eprintln!("loupe serve: warning: planted faults: {} (this server is wrong on purpose)", list.join(", "));
+    }
     let profiler = args.profile.profiler()?;
     let load_profiler = profiler.clone();
     let model = args.model;
@@ -95,7 +106,7 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let delay = Duration::from_millis(args.load_delay_ms);
     loupe_server::serve(options, move || {
         std::thread::sleep(delay);
-        load(&model, Load { profiler: load_profiler, ..Load::new(model.precision_or(PrecisionArg::Native)) }, &debug).map_err(|e| crate::one_line(&e))
+        load(&model, Load { profiler: load_profiler, faults, ..Load::new(model.precision_or(PrecisionArg::Native)) }, &debug).map_err(|e| crate::one_line(&e))
     })?;
     // After a graceful shutdown (SIGINT/SIGTERM with every request done in time).
     args.profile.report(profiler.as_ref())

@@ -153,6 +153,13 @@ pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
             return Err(UsageError(format!("--teacher-force gives {} ids for --steps {}", f.len(), args.steps)).into());
         }
     }
+    if let Some(f) = args.inject.iter().find(|f| f.class.subsystem() != loupe_graph::Subsystem::Graph) {
+        return Err(UsageError(format!(
+            "--inject {f}: that fault lives in the {}, which loupe dump does not run (loupe bisect and loupe serve plant it)",
+            if f.class.subsystem() == loupe_graph::Subsystem::Server { "server" } else { "batched engine" }
+        ))
+        .into());
+    }
     let layers = args.layers;
     let style = args.style.unwrap_or_else(|| default_style(args.output.is_some(), debug));
     let what = Load { layers, faults: args.inject.clone(), ..Load::new(args.model.precision_or(PrecisionArg::F32)) };

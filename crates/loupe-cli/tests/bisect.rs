@@ -1,7 +1,9 @@
 //! `loupe bisect` end to end: a clean run matches on every rung, and a planted fault is
 //! localized to its subsystem's rung: a graph fault (`gelu-tanh`) to the teacher-forced rung,
 //! with the per-tensor comparison naming the planted node; a decode-only KV-cache fault
-//! (`kv-write-decode`) to the incremental rung.
+//! (`kv-write-decode`) to the incremental rung; batched-engine faults (a block table read
+//! one entry late, a norm reduced over the batch's rows) to the batched rung; a streaming
+//! fault (the last delta dropped) to the served rung.
 
 mod common;
 use common::*;
@@ -39,6 +41,25 @@ fn without_the_reference_the_loupe_rungs_run_and_agree() {
     let batched = &faulty["rungs"][3];
     assert_eq!(batched["status"], "skipped");
     assert!(batched["detail"].as_str().unwrap().contains("does not plant"), "{batched}");
+    // The server's own fault: the engine rungs agree, the streamed text loses its tail.
+    let (code, stream) = bisect(&tiny_model(), &["--reference", "none", "--inject", "stream-drop-last"]);
+    assert_eq!((code, stream["first_divergent_rung"].as_str()), (1, Some("served")), "{stream}");
+    for rung in ["teacher-forced", "incremental", "batched"] {
+        assert_eq!(status(&stream, rung), "match", "{rung}: {stream}");
+    }
+    let detail = stream["rungs"][4]["detail"].as_str().unwrap();
+    assert!(detail.contains("streamed text differs from the plain response"), "{detail}");
+}
+
+#[test]
+fn faults_outside_the_graph_are_refused_where_they_cannot_be_planted() {
+    for (fault, place) in [("block-table@1", "batched engine"), ("stream-drop-last", "server")] {
+        let o = run(loupe().args(["dump", "--prompt", "x", "--inject", fault, "-m"]).arg(tiny_model()));
+        assert_clean_failure(&o, &format!("lives in the {place}, which loupe dump does not run"));
+    }
+    let o = run(loupe().args(["dump", "--prompt", "x", "--inject", "stream-drop-last@1", "-m"]).arg(tiny_model()));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("stream-drop-last has no layer: write it without @LAYER"), "{}", stderr(&o));
 }
 
 #[test]
@@ -57,12 +78,31 @@ fn the_ladder_against_transformers_names_each_planted_subsystem() {
     assert_eq!(code, 1);
     assert_eq!(graph["first_divergent_rung"], "teacher-forced", "{graph}");
     assert_eq!(graph["first_divergent_tensor"], "model.layers.1.mlp.act_fn", "the per-tensor comparison at that step: {graph}");
-    assert_eq!(status(&graph, "served"), "skipped", "a fault planted in-process is not compared with a clean server");
+    assert_eq!(status(&graph, "served"), "match", "the server plants the same fault, so it agrees with the batched rung: {graph}");
 
     let (code, decode) = bisect(&model, &["--inject", "kv-write-decode@1"]);
     assert_eq!(code, 1);
     assert_eq!(status(&decode, "teacher-forced"), "match", "one pass over the sequence is right: {decode}");
     assert_eq!(decode["first_divergent_rung"], "incremental", "{decode}");
+
+    // Batched-engine faults: one pass and incremental decode are right, the batch is not.
+    for fault in ["block-table@1", "batch-reduction@1"] {
+        let (code, batched) = bisect(&model, &["--inject", fault]);
+        assert_eq!(code, 1, "{fault}: {batched}");
+        for rung in ["reference", "teacher-forced", "incremental"] {
+            assert_eq!(status(&batched, rung), "match", "{fault}: {rung}: {batched}");
+        }
+        assert_eq!(batched["first_divergent_rung"], "batched", "{fault}: {batched}");
+        assert!(batched["first_divergent_tensor"].is_null(), "{fault}: no graph comparison for a batching fault: {batched}");
+    }
+
+    // The serving layer's fault: every engine rung agrees, the stream loses its last delta.
+    let (code, served) = bisect(&model, &["--inject", "stream-drop-last"]);
+    assert_eq!(code, 1, "{served}");
+    for rung in ["reference", "teacher-forced", "incremental", "batched"] {
+        assert_eq!(status(&served, rung), "match", "stream-drop-last: {rung}: {served}");
+    }
+    assert_eq!(served["first_divergent_rung"], "served", "{served}");
 }
 
 #[test]

@@ -22,7 +22,7 @@ use crate::ir::{Graph, Node, Op, Plant, ValueId, ValueInfo, WeightData};
 use crate::passes::plan_memory;
 use crate::profile::{node_cost, AttnWork, Profiler, StepProfile, TraceEvent};
 use crate::verify::row_width;
-use crate::{GraphError, KvCache, KvWrite, PagedKvCache};
+use crate::{FaultClass, GraphError, KvCache, KvWrite, PagedKvCache};
 
 /// Looks at values as the executor computes them.
 pub trait Observer {
@@ -597,6 +597,10 @@ impl Executor {
                     WeightData::F32(d) => d,
                     WeightData::Quant(q) => return Err(TensorError::UnsupportedType { op: "rms_norm weight", dtype: q.ty }),
                 };
+                if node.fault == Some(FaultClass::BatchReduction) && matches!(step, StepKv::Batch { .. }) {
+                    crate::fault::rms_norm_over_step(self.input(node, 0), w, *eps, out);
+                    return Ok(());
+                }
                 rms_norm(self.input(node, 0), w, *eps, out)
             }
             Op::Linear { weight, bias } => {
@@ -679,6 +683,11 @@ impl Executor {
                             buf.as_mut_slice()
                         });
                         let (keys, values) = kv.layer(*layer).ok_or_else(|| TensorError::Shape { op: "attention", detail: format!("layer {layer} has no paged cache") })?;
+                        if node.fault == Some(FaultClass::BlockTable) {
+                            let tables = crate::fault::stale_block_tables(&spans.iter().map(|s| s.blocks).collect::<Vec<_>>());
+                            let stale: Vec<PagedSpan<'_>> = spans.iter().zip(&tables).map(|(s, t)| PagedSpan { rows: s.rows.clone(), past: s.past, blocks: t }).collect();
+                            return paged_attention(*shape, *variant, q, keys, values, kv.block_size(), &stale, out, probs);
+                        }
                         paged_attention(*shape, *variant, q, keys, values, kv.block_size(), spans, out, probs)
                     }
                 }

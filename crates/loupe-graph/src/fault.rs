@@ -45,6 +45,19 @@ pub enum FaultClass {
     KvWriteDecode,
     /// No causal mask within a call: queries see later tokens of the same forward.
     Mask,
+    /// Batched engine only: layer `L`'s attention reads its keys and values through the
+    /// sequence's block table indexed one entry late (logical block `j > 0` reads the block
+    /// of `j - 1`), so every position past the first block sees older keys. Writes go to
+    /// the right blocks; the single-sequence path has no block table and is untouched.
+    BlockTable,
+    /// Batched engine only: layer `L`'s `input_layernorm` takes its mean square over the
+    /// step's rows (per feature, across every sequence in the step) instead of over each
+    /// row's features: a reduction over the wrong axis, so a sequence's numbers depend on
+    /// the rows batched beside it.
+    BatchReduction,
+    /// Server only: a streamed response drops its last text delta before the finish chunk
+    /// (text held back, for stop strings, and never flushed). Plain responses are right.
+    StreamDropLast,
     /// Test-only (for `LOUPE_DEBUG=nan-check`): `o_proj`'s output gets one NaN and one +Inf.
     Nan,
     /// Test-only (for `LOUPE_DEBUG=uninitialized-read-check`): `o_proj`'s output is
@@ -69,6 +82,10 @@ impl FaultClass {
         FaultClass::Mask,
     ];
 
+    /// Faults planted outside the graph's single-sequence arithmetic, each in the subsystem
+    /// that [`FaultClass::subsystem`] names: `loupe bisect` localizes them to its rungs.
+    pub const SUBSYSTEM: [FaultClass; 3] = [FaultClass::BlockTable, FaultClass::BatchReduction, FaultClass::StreamDropLast];
+
     /// Classes that exist to test the debugging options, not the parity tools; accepted by
     /// `--inject` but not listed in its help nor in [`FaultClass::ALL`].
     pub const TEST_ONLY: [FaultClass; 2] = [FaultClass::Nan, FaultClass::Uninit];
@@ -89,6 +106,9 @@ impl FaultClass {
             FaultClass::KvWrite => "kv-write",
             FaultClass::KvWriteDecode => "kv-write-decode",
             FaultClass::Mask => "mask",
+            FaultClass::BlockTable => "block-table",
+            FaultClass::BatchReduction => "batch-reduction",
+            FaultClass::StreamDropLast => "stream-drop-last",
             FaultClass::Nan => "nan",
             FaultClass::Uninit => "uninit",
         }
@@ -99,7 +119,7 @@ impl FaultClass {
         if s == "activation" {
             return Some(FaultClass::GeluTanh);
         }
-        FaultClass::ALL.into_iter().chain(FaultClass::TEST_ONLY).find(|c| c.name() == s)
+        FaultClass::ALL.into_iter().chain(FaultClass::SUBSYSTEM).chain(FaultClass::TEST_ONLY).find(|c| c.name() == s)
     }
 
     /// One line on what the faulty node does.
@@ -118,9 +138,39 @@ impl FaultClass {
             FaultClass::KvWrite => "keys written to the cache one position late",
             FaultClass::KvWriteDecode => "keys written one position late at decode steps only",
             FaultClass::Mask => "no causal mask within a forward call",
+            FaultClass::BlockTable => "batched engine: attention reads the block table one entry late",
+            FaultClass::BatchReduction => "batched engine: input_layernorm's mean square over the step's rows, not each row",
+            FaultClass::StreamDropLast => "server: a stream drops its last text delta",
             FaultClass::Nan => "o_proj's output holds one NaN and one +Inf (tests nan-check)",
             FaultClass::Uninit => "o_proj's output is half unwritten (tests uninitialized-read-check)",
         }
+    }
+}
+
+/// Where a fault is planted: what runs it, so which commands can show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subsystem {
+    /// The graph's arithmetic: every run of the graph (dump, generate, parity, ...).
+    Graph,
+    /// The batched engine's steps only ([`crate::Executor::run_batch`]).
+    BatchedEngine,
+    /// The HTTP server's responses only.
+    Server,
+}
+
+impl FaultClass {
+    /// Which subsystem plants this class.
+    pub fn subsystem(self) -> Subsystem {
+        match self {
+            FaultClass::BlockTable | FaultClass::BatchReduction => Subsystem::BatchedEngine,
+            FaultClass::StreamDropLast => Subsystem::Server,
+            _ => Subsystem::Graph,
+        }
+    }
+
+    /// Classes with no layer: written without `@LAYER`.
+    pub fn layerless(self) -> bool {
+        self.subsystem() == Subsystem::Server
     }
 }
 
@@ -139,6 +189,9 @@ pub struct Fault {
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.class.layerless() {
+            return f.write_str(self.class.name());
+        }
         write!(f, "{}@{}", self.class.name(), self.layer)
     }
 }
@@ -156,11 +209,20 @@ impl FromStr for Fault {
 
     fn from_str(s: &str) -> Result<Fault, FaultParseError> {
         let err = |reason: String| FaultParseError { spec: s.to_string(), reason };
-        let (class, layer) = s.split_once('@').ok_or_else(|| err("expected CLASS@LAYER, e.g. rope-interleaved@1".into()))?;
+        let (class, layer) = s.split_once('@').unwrap_or((s, ""));
         let class = FaultClass::from_name(class.trim()).ok_or_else(|| {
-            let names: Vec<&str> = FaultClass::ALL.iter().map(|c| c.name()).collect();
+            let names: Vec<&str> = FaultClass::ALL.iter().chain(&FaultClass::SUBSYSTEM).map(|c| c.name()).collect();
             err(format!("unknown class '{class}' (known: {})", names.join(", ")))
         })?;
+        if class.layerless() {
+            return match s.contains('@') {
+                true => Err(err(format!("{class} has no layer: write it without @LAYER"))),
+                false => Ok(Fault { class, layer: 0 }),
+            };
+        }
+        if !s.contains('@') {
+            return Err(err("expected CLASS@LAYER, e.g. rope-interleaved@1".into()));
+        }
         let layer = layer.trim().parse::<usize>().map_err(|_| err(format!("layer '{layer}' is not a non-negative integer")))?;
         Ok(Fault { class, layer })
     }
@@ -169,6 +231,40 @@ impl FromStr for Fault {
 /// The classes planted at `layer`, in the order given.
 pub fn at_layer(faults: &[Fault], layer: usize) -> impl Iterator<Item = FaultClass> + '_ {
     faults.iter().filter(move |f| f.layer == layer).map(|f| f.class)
+}
+
+/// Fault `batch-reduction`: RMSNorm whose mean square is taken over the step's rows (the
+/// token axis, per feature) instead of over each row's features: `mean(x², axis=0)` where
+/// `axis=-1` was meant.
+pub(crate) fn rms_norm_over_step(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    let rows = x.len() / dim.max(1);
+    let mut mean_sq = vec![0f64; dim];
+    for row in x.chunks_exact(dim) {
+        for (m, &v) in mean_sq.iter_mut().zip(row) {
+            *m += f64::from(v) * f64::from(v) / rows as f64;
+        }
+    }
+    for (out_row, row) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+        for (((o, &v), &w), &m) in out_row.iter_mut().zip(row).zip(weight).zip(&mean_sq) {
+            *o = w * (v / (m as f32 + eps).sqrt());
+        }
+    }
+}
+
+/// Fault `block-table`: the block tables attention reads, indexed one entry late: logical
+/// block `j > 0` reads the block of `j - 1`.
+pub(crate) fn stale_block_tables(tables: &[&[u32]]) -> Vec<Vec<u32>> {
+    tables
+        .iter()
+        .map(|t| {
+            let mut late = t.to_vec();
+            if t.len() >= 2 {
+                late[1..].copy_from_slice(&t[..t.len() - 1]);
+            }
+            late
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -183,11 +279,30 @@ mod tests {
             assert_eq!(f.to_string(), format!("{}@3", c.name()));
         }
         assert_eq!("activation@0".parse::<Fault>().unwrap().class, FaultClass::GeluTanh);
+        for c in FaultClass::SUBSYSTEM {
+            let spec = if c.layerless() { c.name().to_string() } else { format!("{}@2", c.name()) };
+            let f: Fault = spec.parse().unwrap();
+            assert_eq!((f.class, f.to_string()), (c, spec));
+            assert_ne!(c.subsystem(), Subsystem::Graph);
+        }
+        assert!(FaultClass::ALL.iter().all(|c| c.subsystem() == Subsystem::Graph));
+    }
+
+    #[test]
+    fn the_batched_engine_faults_do_what_they_say() {
+        // Rows [3, 4] and [0, 2]: feature 0's mean square is 9/2, feature 1's (16 + 4)/2.
+        let (x, w) = ([3.0f32, 4.0, 0.0, 2.0], [1.0f32, 2.0]);
+        let mut out = [0.0; 4];
+        rms_norm_over_step(&x, &w, 0.0, &mut out);
+        let (s0, s1) = (4.5f32.sqrt(), 10.0f32.sqrt());
+        assert_eq!(out, [3.0 / s0, 2.0 * (4.0 / s1), 0.0, 2.0 * (2.0 / s1)]);
+        let tables = stale_block_tables(&[&[7, 9, 4], &[5]]);
+        assert_eq!(tables, vec![vec![7, 7, 9], vec![5]]);
     }
 
     #[test]
     fn rejects_bad_specs() {
-        for bad in ["rope-interleaved", "nope@1", "mask@-1", "mask@x", "@1"] {
+        for bad in ["rope-interleaved", "nope@1", "mask@-1", "mask@x", "@1", "block-table", "stream-drop-last@1"] {
             let e = bad.parse::<Fault>().unwrap_err();
             assert_eq!(e.spec, bad);
         }

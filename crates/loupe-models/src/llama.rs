@@ -68,6 +68,8 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let normed = b.node(m(R::InputNorm).name(), Op::RmsNorm { weight: w, eps }, &[x], hidden(d), axes());
         mark_if(&mut b, normed, has(FaultClass::NormEps), FaultClass::NormEps);
         mark_if(&mut b, normed, has(FaultClass::NormEpsSubtle), FaultClass::NormEpsSubtle);
+        // Planted by the executor in batched steps only (see the class's docs).
+        mark_if(&mut b, normed, has(FaultClass::BatchReduction), FaultClass::BatchReduction);
         let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.attention_bias, false)?;
         let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
         let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
@@ -104,6 +106,10 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         if has(FaultClass::KvWrite) {
             kv_write = KvWrite::OneLate;
             attn_fault = Some(FaultClass::KvWrite);
+        }
+        if has(FaultClass::BlockTable) {
+            // The executor plants it in batched steps, where there is a block table.
+            attn_fault = Some(FaultClass::BlockTable);
         }
         let attn = b.node(m(R::AttnCore).name(), Op::Attention { layer: l, shape: layer_shape, variant, kv_write }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
         if let Some(f) = attn_fault {
@@ -335,6 +341,33 @@ mod tests {
             FaultClass::GeluTanh => "model.layers.1.mlp.act_fn",
             FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::KvWriteDecode | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
             FaultClass::MissingResidual => "model.layers.1.attn_residual",
+            FaultClass::BlockTable | FaultClass::BatchReduction | FaultClass::StreamDropLast => unreachable!("{c} is not in FaultClass::ALL"),
+        }
+    }
+
+    /// The batched-engine faults leave every single-sequence run bit-identical and change
+    /// the batched step's logits: `block-table` once a sequence spans two blocks,
+    /// `batch-reduction` in any step of several rows.
+    #[test]
+    fn batched_engine_faults_show_only_in_batched_steps() {
+        use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+        let clean = build(&[]);
+        let batched_logits = |g: &Graph| {
+            let mut exec = Executor::new(g, &Default::default());
+            let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
+            let tokens = [3u32, 14, 15, 9, 26, 5, 7, 8, 2];
+            let spans = [BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+            exec.run_batch(g, &tokens, &spans, &mut kv, None).unwrap().to_vec()
+        };
+        let base = batched_logits(&clean);
+        for class in [FaultClass::BlockTable, FaultClass::BatchReduction] {
+            let g = build(&[Fault { class, layer: 1 }]);
+            assert_eq!(run(&g), run(&clean), "{class}: the single-sequence path changed");
+            let text = loupe_graph::print::to_text(&g);
+            assert!(text.contains(&format!("FAULT={}", class.name())), "{class}: not marked\n{text}");
+            let faulty = batched_logits(&g);
+            let vocab = base.len() / 2;
+            assert_ne!(faulty[..vocab], base[..vocab], "{class}: the two-block sequence's logits did not change");
         }
     }
 

@@ -69,6 +69,9 @@ pub struct ServeOptions {
     /// The model id clients name; `None`: the model file's stem.
     pub served_model_name: Option<String>,
     pub batch: BatchConfig,
+    /// Planted fault `stream-drop-last` (`loupe serve --inject`, for testing `loupe
+    /// bisect`): streamed responses hold each text delta back one chunk and drop the last.
+    pub drop_last_stream_delta: bool,
 }
 
 /// Why the server could not run.
@@ -448,6 +451,9 @@ struct Answer {
     include_usage: bool,
     deadline: Option<tokio::time::Instant>,
     timeout: Option<Duration>,
+    /// [`ServeOptions::drop_last_stream_delta`]: the chunk held back, sent when the next
+    /// delta arrives and dropped at the end.
+    held: Option<Option<Value>>,
 }
 
 impl Drop for Answer {
@@ -640,6 +646,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
             include_usage: req.include_usage,
             deadline: timeout.map(|t| tokio::time::Instant::from_std(arrived + t)),
             timeout,
+            held: state.options.drop_last_stream_delta.then_some(None),
         },
         req.stream,
     ))
@@ -722,10 +729,17 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
                             }
                         };
                         let next_offset = offset + text.len();
-                        let body = match a.endpoint {
+                        let mut body = match a.endpoint {
                             Endpoint::Chat => chunk(&a, json!({"content": text}), lp, Value::Null),
                             Endpoint::Completion => chunk(&a, json!(text), lp, Value::Null),
                         };
+                        if let Some(held) = a.held.as_mut() {
+                            // Planted fault: send the chunk before this one, keep this one.
+                            match held.replace(body) {
+                                Some(previous) => body = previous,
+                                None => continue,
+                            }
+                        }
                         return Some((Ok(event(body)), (a, Phase::Body, next_offset)));
                     }
                     Received::Reply(Reply::Done { finish, usage, .. }) => {
