@@ -66,6 +66,10 @@ pub struct BisectArgs {
     /// Write the ladder as JSON to FILE (`-` for stdout, which replaces the table).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Write a self-contained HTML page: the ladder (verdict, rungs, tokens rung by rung),
+    /// then the per-tensor comparison at the divergent step when the graph rung ran.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// One rung's outcome against the rung above it.
@@ -112,6 +116,8 @@ pub struct Ladder {
     /// The graph rung's per-tensor comparison at the divergent step, when it ran.
     pub first_divergent_tensor: Option<String>,
     pub likely_cause: Option<String>,
+    /// The text of every token id the rungs hold, for reading them.
+    pub pieces: std::collections::BTreeMap<u32, String>,
 }
 
 /// Argmax and top-1/top-2 gap of each row of `logits` (`vocab` wide).
@@ -169,6 +175,9 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     }
     if !(args.tie.is_finite() && args.tie >= 0.0) {
         return Err(UsageError("--tie must be a non-negative number".into()).into());
+    }
+    if let Some(p) = &args.html {
+        crate::output::check_output_file("--html", p)?;
     }
     let model = model_path(args.model.model.as_deref())?;
     let precision = args.model.precision.unwrap_or(PrecisionArg::F32);
@@ -257,6 +266,7 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         next_step: None,
         first_divergent_tensor: None,
         likely_cause: None,
+        pieces: rungs.iter().filter_map(|r| r.tokens.as_ref()).flatten().map(|&t| (t, engine.tokenizer().decode(&[t], false).unwrap_or_default())).collect(),
         rungs,
     };
     if let Some(r) = ladder.rungs.iter().find(|r| r.status == "diverged") {
@@ -273,17 +283,24 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         });
     }
     // The graph rung: the per-tensor comparison at the divergent step.
+    let mut report = None;
     if ladder.first_divergent_rung == Some("teacher-forced") {
         let step = ladder.rungs[1].first_mismatch.unwrap_or(0);
         match graph_comparison(&args, &model, precision, &g, step, debug) {
-            Ok((first, cause)) => {
-                ladder.first_divergent_tensor = first;
-                ladder.likely_cause = cause;
+            Ok(r) => {
+                ladder.first_divergent_tensor = r.verdict.first_divergence.clone();
+                ladder.likely_cause = r.verdict.likely_cause.clone();
+                report = Some(r);
             }
             Err(e) => eprintln!("loupe: the per-tensor comparison did not run: {e:#}"),
         }
     }
     print(&ladder, &args)?;
+    if let Some(p) = &args.html {
+        let page = loupe_parity::html::bisect_html(&serde_json::to_value(&ladder)?, report.as_ref());
+        std::fs::write(p, page).map_err(|e| anyhow::anyhow!("--html {}: {e}", p.display()))?;
+        eprintln!("loupe: wrote the HTML report to {}", p.display());
+    }
     Ok(u8::from(ladder.verdict != "match"))
 }
 
@@ -444,7 +461,7 @@ fn served_rung(model: &ModelArgs, faults: &[Fault], prompt: &[u32], k: usize, wa
 }
 
 /// Dumps both sides teacher-forced through `step` and compares them there.
-fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g: &[u32], step: usize, debug: &DebugOptions) -> anyhow::Result<(Option<String>, Option<String>)> {
+fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g: &[u32], step: usize, debug: &DebugOptions) -> anyhow::Result<loupe_parity::Report> {
     let tmp;
     let root = match &args.output {
         Some(d) => {
@@ -473,14 +490,16 @@ fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g:
         inject: args.inject.iter().filter(|f| f.class.subsystem() == loupe_graph::Subsystem::Graph).copied().collect(),
     };
     dump(job, debug)?;
-    let opts = CompareOptions { step: Some(step as u32), ..CompareOptions::default() };
+    // The page's heat map and per-dimension view need the per-token and per-dim cosines.
+    let html = args.html.is_some();
+    let opts = CompareOptions { step: Some(step as u32), per_token: html, per_dim: html, ..CompareOptions::default() };
     let report = compare(&ref_dir, &our_dir, &opts, &mut NoProgress)?;
     if args.json.as_deref().is_none_or(|p| p.as_os_str() != "-") {
         println!("per-tensor comparison at decode step {step} (reference {} vs loupe {}):", ref_dir.display(), our_dir.display());
         print!("{}", render(&report, RenderOptions::default()));
         println!();
     }
-    Ok((report.verdict.first_divergence.clone(), report.verdict.likely_cause.clone()))
+    Ok(report)
 }
 
 fn print(ladder: &Ladder, args: &BisectArgs) -> anyhow::Result<()> {

@@ -1,7 +1,9 @@
-//! The HTML report (`loupe compare --html`) loaded in headless Chromium, as a user opens it:
+//! The HTML reports (`loupe compare --html`, `loupe bisect --html`) loaded in headless
+//! Chromium, as a user opens them:
 //! the page renders (it marks `<body data-rendered="ok">` when every section is drawn), shows
 //! the verdict and the first divergence, draws its plots, logs nothing to the console, and a
-//! screenshot is kept as an artifact (`target/artifacts/html-report.png`).
+//! screenshot is kept as an artifact (`target/artifacts/html-report.png`,
+//! `bisect-report.png`).
 //!
 //! Needs Chromium (Debian's `chromium`, which scripts/test installs under CI; or set
 //! LOUPE_CHROMIUM): ignored by default; with `--include-ignored` it fails with one line when
@@ -60,10 +62,7 @@ fn the_html_report_renders_in_a_browser_with_its_verdict_and_plots() {
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(!html.contains("__LOUPE_REPORT_JSON__"), "the data slot was filled");
 
-    let (dom, log) = browse(&page, &["--dump-dom"]);
-    assert!(dom.contains("data-rendered=\"ok\""), "the page did not finish drawing; console:\n{log}");
-    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
-    assert!(console.is_empty(), "console messages: {console:#?}");
+    let dom = rendered_dom(&page);
     assert!(dom.contains(">DIVERGENCE<"), "verdict");
     assert!(dom.contains("model.layers.1.mlp.act_fn (step 0)"), "first divergence");
     for plot in ["cosine", "nmse", "maxabs", "heatmap", "dims"] {
@@ -73,14 +72,52 @@ fn the_html_report_renders_in_a_browser_with_its_verdict_and_plots() {
     assert!(dom.matches("<tr").count() > 40, "the table lists every pair");
 
     // The artifact: a screenshot of the page as rendered.
+    screenshot(&page, "html-report.png");
+}
+
+/// Loads `page` in the browser: it must finish drawing with nothing on the console; the DOM.
+fn rendered_dom(page: &Path) -> String {
+    let (dom, log) = browse(page, &["--dump-dom"]);
+    assert!(dom.contains("data-rendered=\"ok\""), "the page did not finish drawing; console:\n{log}");
+    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "console messages: {console:#?}");
+    dom
+}
+
+/// A screenshot of `page` kept under target/artifacts/NAME.
+fn screenshot(page: &Path, name: &str) {
     let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().join("artifacts");
     std::fs::create_dir_all(&artifacts).unwrap();
-    let shot = artifacts.join("html-report.png");
+    let shot = artifacts.join(name);
     let _ = std::fs::remove_file(&shot);
-    browse(&page, &[&format!("--screenshot={}", shot.display()), "--window-size=1440,2400"]);
+    browse(page, &[&format!("--screenshot={}", shot.display()), "--window-size=1440,2400"]);
     let png = std::fs::read(&shot).unwrap_or_else(|e| panic!("no screenshot at {}: {e}", shot.display()));
     assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "a real screenshot ({} bytes)", png.len());
     eprintln!("screenshot: {}", shot.display());
+}
+
+/// `loupe bisect --html` with the server's planted stream fault (no Python needed): the
+/// ladder's verdict, its rungs and the token grid render; no per-tensor section is shown,
+/// since the graph rung did not diverge.
+#[test]
+#[ignore = "needs Chromium (scripts/test installs it under CI)"]
+fn the_bisect_page_renders_its_ladder() {
+    chromium();
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("bisect.html");
+    let o = run(loupe().args(["bisect", "--prompt", "The capital of France is", "-n", "6", "--reference", "none", "--inject", "stream-drop-last", "-m"]).arg(tiny_model()).arg("--html").arg(&page));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(!html.contains("__LOUPE_LADDER_JSON__") && !html.contains("__LOUPE_REPORT_JSON__"), "both data slots were filled");
+    let dom = rendered_dom(&page);
+    assert!(dom.contains("DIVERGENCE at rung 'served'"), "verdict");
+    assert!(dom.contains("serving layer (detokenizer, stream)"), "the subsystem");
+    assert_eq!(dom.matches("data-rung=").count(), 5, "one row per rung");
+    // Tokens rung by rung: teacher-forced, incremental, batched (no reference with --reference none).
+    let grid = &dom[dom.find("id=\"tokgrid\"").expect("token grid")..];
+    assert!(grid.matches("title=\"token ").count() >= 3 * 6, "a cell per rung and step");
+    assert!(!dom.contains("class=\"mono tok-diff\""), "the engine rungs agree token for token");
+    screenshot(&page, "bisect-report.png");
 }
 
 #[test]
