@@ -28,7 +28,7 @@ use loupe_graph::debug::DebugOptions;
 use loupe_graph::Fault;
 use loupe_parity::report::{render, RenderOptions};
 use loupe_parity::{compare, CompareOptions, NoProgress};
-use loupe_runtime::{argmax, BatchConfig, BatchEngine, Engine, SamplingParams, SeqRequest};
+use loupe_runtime::{argmax, BatchConfig, BatchEngine, Engine, SamplingParams, SeqEvent, SeqRequest};
 use serde::Serialize;
 
 use crate::args::{precision_name, ModelArgs, PrecisionArg, PromptArgs};
@@ -88,11 +88,23 @@ pub struct Rung {
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<Vec<u32>>,
+    /// The largest logit-level difference from the rung above over the steps where the two
+    /// agree on the token, measured as `logit_measure` says (reported, not judged: tokens
+    /// and near ties decide the verdict).
+    pub max_logit_diff: Option<f64>,
+    pub logit_measure: Option<&'static str>,
 }
 
 impl Rung {
     fn new(name: &'static str, subsystem: &'static str) -> Rung {
-        Rung { name, subsystem, status: "match", first_mismatch: None, near_ties: Vec::new(), detail: String::new(), tokens: None }
+        Rung { name, subsystem, status: "match", first_mismatch: None, near_ties: Vec::new(), detail: String::new(), tokens: None, max_logit_diff: None, logit_measure: None }
+    }
+
+    /// Records the largest `|mine − above|` over the steps where both have the same token.
+    fn logit_diff(&mut self, measure: &'static str, tokens: (&[u32], &[u32]), values: (&[f64], &[f64])) {
+        let d = tokens.0.iter().zip(tokens.1).zip(values.0.iter().zip(values.1)).filter(|((a, b), _)| a == b).map(|(_, (x, y))| (x - y).abs()).fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
+        self.max_logit_diff = d;
+        self.logit_measure = Some(measure);
     }
     fn skipped(mut self, why: impl Into<String>) -> Rung {
         self.status = "skipped";
@@ -118,6 +130,21 @@ pub struct Ladder {
     pub likely_cause: Option<String>,
     /// The text of every token id the rungs hold, for reading them.
     pub pieces: std::collections::BTreeMap<u32, String>,
+}
+
+/// The batched rung's log-probs may differ from the incremental rung's by this many times the
+/// noise between two correct paths of the same engine (one pass against step by step: the
+/// same arithmetic in another summation order) before the rung diverges with its tokens
+/// still equal. Clean runs measure a ratio under 1 (SmolLM2 f32: 2.2e-6 against 1.4e-5); a
+/// block table read one entry late at layer 3 measures 9,000 without flipping a token.
+const BATCHED_NOISE_FACTOR: f64 = 100.0;
+/// The noise is taken as at least this (about 8 f32 ulps of a log-prob near 1), so two paths
+/// that happen to agree to the bit do not make the rule demand bit-equality.
+const MIN_PATH_NOISE: f64 = 1e-6;
+
+/// Log-probability of `tokens[i]` under row `i` of `logits` (`vocab` wide).
+fn logprobs_of(logits: &[f32], vocab: usize, tokens: &[u32]) -> Vec<f64> {
+    logits.chunks(vocab).zip(tokens).map(|(row, &t)| f64::from(loupe_runtime::TokenLogprobs::from_logits(row, t, 0).logprob)).collect()
 }
 
 /// Argmax and top-1/top-2 gap of each row of `logits` (`vocab` wide).
@@ -195,11 +222,13 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let mut session = engine.session(prompt.len() + k);
     let mut g = Vec::with_capacity(k);
     let mut inc_margins = Vec::with_capacity(k);
+    let mut inc_logprobs = Vec::with_capacity(k);
     let mut logits = session.forward(&prompt, false, None)?.to_vec();
     for step in 0..k {
         let (t, m) = argmax_margins(&logits, vocab);
         g.push(t[0]);
         inc_margins.push(m[0]);
+        inc_logprobs.extend(logprobs_of(&logits, vocab, &t));
         if step + 1 < k {
             logits = session.forward(&[t[0]], false, None)?.to_vec();
         }
@@ -210,7 +239,10 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let mut all: Vec<u32> = prompt.clone();
     all.extend_from_slice(&g[..k - 1]);
     let tf_logits = session.forward(&all, true, None)?;
-    let (tf_argmax, tf_margins) = argmax_margins(&tf_logits[(prompt.len() - 1) * vocab..], vocab);
+    let tf_rows = &tf_logits[(prompt.len() - 1) * vocab..];
+    let (tf_argmax, tf_margins) = argmax_margins(tf_rows, vocab);
+    let tf_logprobs = logprobs_of(tf_rows, vocab, &g);
+    let tf_top1: Vec<f64> = tf_rows.chunks(vocab).zip(&tf_argmax).map(|(row, &t)| f64::from(row[t as usize])).collect();
     drop(session);
 
     let mut rungs = Vec::new();
@@ -230,6 +262,7 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
             reference.detail = "transformers' argmax along loupe's tokens".into();
             reference.tokens = Some(ref_argmax.clone());
             judge(&mut tf, &ref_argmax, &tf_argmax, &ref_margins, args.tie, false);
+            tf.logit_diff("top-1 logit", (&tf_argmax, &ref_argmax), (&tf_top1, r.top1.get(start..).unwrap_or_default()));
         }
     } else {
         reference = reference.skipped("--reference none");
@@ -239,11 +272,14 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     rungs.push(tf);
     let mut inc = Rung::new("incremental", "KV cache / positions (decode state)");
     judge(&mut inc, &tf_argmax, &g, &tf_margins, args.tie, false);
+    // Along G on both sides: the same token's log-probability, one pass against step by step.
+    inc.logit_diff("log-prob of the step's token", (&g, &g), (&inc_logprobs, &tf_logprobs));
     inc.tokens = Some(g.clone());
+    let path_noise = inc.max_logit_diff.unwrap_or(0.0).max(MIN_PATH_NOISE);
     rungs.push(inc);
 
     // Batched: neighbours, chunked prefill, then the same prompt again (prefix-cache hit).
-    let batched = batched_rung(&engine, &prompt, &g, &inc_margins, args.tie);
+    let batched = batched_rung(&engine, &prompt, &g, &inc_margins, &inc_logprobs, path_noise, args.tie);
     // Served: compared with the batched engine (the server runs it), or with G without it.
     let above = batched.tokens.as_deref().filter(|_| batched.status != "skipped").unwrap_or(&g);
     let text = engine.tokenizer().decode(above, true).unwrap_or_default();
@@ -306,30 +342,59 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
 
 /// The batched rung: the prompt among three neighbours with a small token budget per step
 /// (so prefill is chunked), then once more alone, when its prompt blocks are cached.
-fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], tie: f64) -> Rung {
+fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], inc_logprobs: &[f64], path_noise: f64, tie: f64) -> Rung {
     let mut rung = Rung::new("batched", "batching / scheduler (neighbours, chunked prefill, prefix cache)");
-    let greedy = |p: Vec<u32>, n: usize| SeqRequest { prompt: p, max_tokens: n, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: None };
+    let greedy = |p: Vec<u32>, n: usize| SeqRequest { prompt: p, max_tokens: n, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: Some(0) };
     let vocab = engine.config().vocab_size as u64;
     let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"
     let neighbours: Vec<Vec<u32>> = [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect();
     // Blocks of 4 positions: even a short prompt leaves whole blocks for the prefix cache.
     let config = BatchConfig { max_batch_tokens: 24, max_seqs: 8, block_size: 4, prefix_cache: true, ..BatchConfig::default() };
-    let run = || -> Result<(Vec<u32>, Vec<u32>, usize), String> {
+    // Steps until every request is done; the first request's tokens, their log-probs, and
+    // its prompt tokens served from the prefix cache.
+    let run_first = |be: &mut BatchEngine, reqs: Vec<SeqRequest>| -> Result<(Vec<u32>, Vec<f64>, usize), String> {
+        let ids = reqs.into_iter().map(|r| be.add(r)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+        let (mut tokens, mut logprobs, mut cached) = (Vec::new(), Vec::new(), 0);
+        while be.has_work() {
+            for event in be.step().map_err(|e| e.to_string())? {
+                match event {
+                    SeqEvent::Token { id, token, logprobs: lp } if id == ids[0] => {
+                        tokens.push(token);
+                        logprobs.push(lp.map_or(f64::NAN, |l| f64::from(l.logprob)));
+                    }
+                    SeqEvent::Finished { id, usage, .. } if id == ids[0] => cached = usage.cached_tokens,
+                    _ => {}
+                }
+            }
+        }
+        Ok((tokens, logprobs, cached))
+    };
+    let run = || -> Result<((Vec<u32>, Vec<f64>), Vec<u32>, usize), String> {
         let mut be = BatchEngine::new(engine, config.clone()).map_err(|e| e.to_string())?;
         let mut reqs = vec![greedy(prompt.to_vec(), g.len())];
         reqs.extend(neighbours.iter().map(|p| greedy(p.clone(), g.len())));
-        let first = be.run_all(reqs).map_err(|e| e.to_string())?;
-        let again = be.run_all(vec![greedy(prompt.to_vec(), g.len())]).map_err(|e| e.to_string())?;
-        let (a, b) = (first.into_iter().next(), again.into_iter().next());
-        match (a, b) {
-            (Some(a), Some(b)) => Ok((a.tokens, b.tokens, b.usage.cached_tokens)),
-            _ => Err("the batched engine returned no completion".into()),
-        }
+        let (first, first_lp, _) = run_first(&mut be, reqs)?;
+        let (again, _, hits) = run_first(&mut be, vec![greedy(prompt.to_vec(), g.len())])?;
+        Ok(((first, first_lp), again, hits))
     };
     match run() {
         Err(e) => rung.skipped(format!("the batched engine did not run: {e}")),
-        Ok((with_neighbours, cached, hits)) => {
+        Ok(((with_neighbours, logprobs), cached, hits)) => {
             judge(&mut rung, g, &with_neighbours, margins, tie, true);
+            rung.logit_diff("log-prob of the step's token", (&with_neighbours, g), (&logprobs, inc_logprobs));
+            let diff = rung.max_logit_diff.unwrap_or(0.0);
+            if rung.status == "match" && !(diff <= BATCHED_NOISE_FACTOR * path_noise) {
+                let step = with_neighbours.iter().zip(g).zip(logprobs.iter().zip(inc_logprobs)).position(|((a, b), (x, y))| a == b && !((x - y).abs() <= BATCHED_NOISE_FACTOR * path_noise));
+                rung.status = "diverged";
+                rung.first_mismatch = step;
+                rung.detail = format!(
+                    "the tokens agree, but the log-probs differ by up to {diff:.3e} (first at step {}), {:.0}x the noise between one pass and step-by-step decode ({path_noise:.2e}); more than {BATCHED_NOISE_FACTOR}x is a fault",
+                    step.unwrap_or(0),
+                    diff / path_noise
+                );
+                rung.tokens = Some(with_neighbours);
+                return rung;
+            }
             if rung.status == "match" {
                 let mut again = Rung::new("batched", "");
                 judge(&mut again, g, &cached, margins, tie, true);
@@ -520,7 +585,11 @@ fn print(ladder: &Ladder, args: &BisectArgs) -> anyhow::Result<()> {
             "near_tie" => "near tie",
             _ => "skipped",
         };
-        println!("  {}. {:<15} {:<9} {}", i + 1, r.name, mark, r.detail);
+        let logits = match (r.max_logit_diff, r.logit_measure) {
+            (Some(d), Some(m)) => format!(" [max |Δ {m}| {d:.2e}]"),
+            _ => String::new(),
+        };
+        println!("  {}. {:<15} {:<9} {}{logits}", i + 1, r.name, mark, r.detail);
     }
     match (ladder.first_divergent_rung, ladder.subsystem) {
         (Some(r), Some(s)) => {

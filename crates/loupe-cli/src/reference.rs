@@ -95,6 +95,8 @@ pub struct TeacherForced {
     pub prompt_tokens: Vec<u32>,
     pub argmax: Vec<u32>,
     pub margins: Vec<f64>,
+    /// The top-1 logit of each position.
+    pub top1: Vec<f64>,
 }
 
 /// `python -m loupe_reference teacher-force --tokens ... --top-logits 2`.
@@ -121,5 +123,6 @@ pub fn teacher_force(model: &Path, input: &PromptArgs, tokens: &[u32]) -> anyhow
                 .collect()
         })
         .unwrap_or_default();
-    Ok(TeacherForced { prompt_tokens: list("prompt_tokens"), argmax: list("argmax"), margins })
+    let top1 = v["top_logits"].as_array().map(|rows| rows.iter().map(|r| r.get(0).and_then(|p| p.get(1)).and_then(|x| x.as_f64()).unwrap_or(f64::NAN)).collect()).unwrap_or_default();
+    Ok(TeacherForced { prompt_tokens: list("prompt_tokens"), argmax: list("argmax"), margins, top1 })
 }
