@@ -52,8 +52,8 @@ pub struct ModelArgs {
     /// Compute threads [default: all cores]
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
-    /// KV cache element type: f16 or f32 [default: f16 for quantized weights, f32 at
-    /// --precision f32]
+    /// KV cache element type: f16, f32 or fp8_e4m3 (a scale per 32 elements) [default: f16
+    /// for quantized weights, f32 at --precision f32]
     #[arg(long, value_parser = parse_kv_dtype)]
     pub kv_dtype: Option<KvDtype>,
 }

@@ -341,7 +341,7 @@ fn decode_traffic(model: &Model) -> DecodeTraffic {
         }
     }
     // Keys and values of every layer, in the sessions' element type (Graph::kv_dtype).
-    let kv_bytes_per_position = (graph.kv_layers * 2 * graph.kv_width * graph.kv_dtype.bytes()) as u64;
+    let kv_bytes_per_position = (graph.kv_layers * 2 * graph.kv_dtype.row_bytes(graph.kv_width)) as u64;
     DecodeTraffic { weight_bytes, kv_bytes_per_position }
 }
 

@@ -30,13 +30,17 @@ enum Rows {
     F32(Vec<f32>),
     /// f16 bit patterns (`half`'s slice casts view them as `f16`).
     F16(Vec<u16>),
+    /// E4M3 codes and one guarded scale per `width` elements ([`KvDtype::fp8_group`] of the
+    /// row width; appends are whole rows).
+    Fp8 { codes: Vec<u8>, scales: Vec<f32>, width: usize },
 }
 
 impl Rows {
-    fn new(dtype: KvDtype) -> Rows {
+    fn new(dtype: KvDtype, width: usize) -> Rows {
         match dtype {
             KvDtype::F32 => Rows::F32(Vec::new()),
             KvDtype::F16 => Rows::F16(Vec::new()),
+            KvDtype::Fp8E4M3 => Rows::Fp8 { codes: Vec::new(), scales: Vec::new(), width: KvDtype::fp8_group(width) },
         }
     }
 
@@ -44,6 +48,7 @@ impl Rows {
         match self {
             Rows::F32(d) => d.len(),
             Rows::F16(d) => d.len(),
+            Rows::Fp8 { codes, .. } => codes.len(),
         }
     }
 
@@ -51,6 +56,10 @@ impl Rows {
         match self {
             Rows::F32(d) => d.reserve(n.saturating_sub(d.len())),
             Rows::F16(d) => d.reserve(n.saturating_sub(d.len())),
+            Rows::Fp8 { codes, scales, width } => {
+                codes.reserve(n.saturating_sub(codes.len()));
+                scales.reserve((n / *width).saturating_sub(scales.len()));
+            }
         }
     }
 
@@ -58,10 +67,15 @@ impl Rows {
         match self {
             Rows::F32(d) => d.truncate(n),
             Rows::F16(d) => d.truncate(n),
+            Rows::Fp8 { codes, scales, width } => {
+                codes.truncate(n);
+                scales.truncate(n / *width);
+            }
         }
     }
 
-    /// Appends `rows`, rounded to nearest even when stored as f16.
+    /// Appends `rows`, rounded to nearest even when stored as f16, quantized per row when
+    /// stored as FP8.
     fn extend(&mut self, rows: &[f32]) {
         match self {
             Rows::F32(d) => d.extend_from_slice(rows),
@@ -69,6 +83,13 @@ impl Rows {
                 let start = d.len();
                 d.resize(start + rows.len(), 0);
                 d[start..].reinterpret_cast_mut::<f16>().convert_from_f32_slice(rows);
+            }
+            Rows::Fp8 { codes, scales, width } => {
+                let (start, s) = (codes.len(), scales.len());
+                codes.resize(start + rows.len(), 0);
+                scales.resize(s + rows.len() / *width, 0.0);
+                // Whole rows by construction (the cache appends rows of `width`).
+                let _ = loupe_tensor::fp8::quantize_rows_e4m3(rows, *width, &mut codes[start..], &mut scales[s..]);
             }
         }
     }
@@ -78,6 +99,10 @@ impl Rows {
         match self {
             Rows::F32(d) => d.resize(d.len() + n, 0.0),
             Rows::F16(d) => d.resize(d.len() + n, 0),
+            Rows::Fp8 { codes, scales, width } => {
+                codes.resize(codes.len() + n, 0);
+                scales.resize(scales.len() + n / *width, 0.0);
+            }
         }
     }
 
@@ -85,6 +110,7 @@ impl Rows {
         match self {
             Rows::F32(d) => KvBlocks::F32(&d[..n]),
             Rows::F16(d) => KvBlocks::F16(d[..n].reinterpret_cast()),
+            Rows::Fp8 { codes, scales, width } => KvBlocks::Fp8 { codes: &codes[..n], scales: &scales[..n / *width], group: *width },
         }
     }
 }
@@ -114,8 +140,8 @@ impl KvCache {
     pub fn with_dtype(layers: usize, width: usize, capacity: usize, dtype: KvDtype) -> KvCache {
         KvCache {
             dtype,
-            keys: vec![Rows::new(dtype); layers],
-            values: vec![Rows::new(dtype); layers],
+            keys: vec![Rows::new(dtype, width); layers],
+            values: vec![Rows::new(dtype, width); layers],
             true_keys: vec![Vec::new(); layers],
             width,
             len: 0,
@@ -129,7 +155,7 @@ impl KvCache {
 
     /// Bytes of the rows held (keys and values of every layer).
     pub fn bytes(&self) -> usize {
-        2 * self.keys.len() * self.len * self.width * self.dtype.bytes()
+        2 * self.keys.len() * self.len * self.dtype.row_bytes(self.width)
     }
 
     /// Positions held.
@@ -299,5 +325,25 @@ mod tests {
         f16_cache.truncate(0);
         assert_eq!(f16_cache.bytes(), 0);
         assert!(widened(f16_cache.layer(0).0).is_empty());
+    }
+
+    #[test]
+    fn fp8_rows_keep_a_guarded_scale_per_row_and_truncate_with_them() {
+        let mut cache = KvCache::with_dtype(1, 4, 8, KvDtype::Fp8E4M3);
+        let rows = [1.0f32, -2.0, 0.5, 448.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.1, -0.2, 7.5];
+        cache.append(0, &rows, &rows);
+        cache.commit(3);
+        let (k, v) = cache.layer(0);
+        let (mut codes, mut scales) = ([0u8; 12], [0f32; 3]);
+        loupe_tensor::fp8::quantize_rows_e4m3(&rows, 4, &mut codes, &mut scales).unwrap();
+        let want = KvBlocks::Fp8 { codes: &codes, scales: &scales, group: 4 }.to_f32_vec();
+        assert_eq!(widened(k), want);
+        assert_eq!(widened(v), want);
+        assert_eq!(&widened(k)[4..8], &[0.0; 4], "an all-zero row stays exact zeros (guarded scale)");
+        assert_eq!(widened(k)[3], 448.0, "the row's max maps to E4M3's max exactly");
+        assert_eq!(cache.bytes(), 2 * 3 * (4 + 4), "a byte per element and 4 per row's scale");
+        cache.truncate(1);
+        let (k, _) = cache.append(0, &rows[8..], &rows[8..]);
+        assert_eq!(widened(k), [&want[..4], &want[8..]].concat(), "rows and scales truncate together");
     }
 }

@@ -71,7 +71,7 @@ fn seeded() -> SamplingParams {
 #[test]
 fn batched_tokens_equal_each_request_alone_greedy_and_seeded() {
     let engine = engine();
-    for (kv_dtype, sampling) in [(KvDtype::F16, SamplingParams::default()), (KvDtype::F32, seeded()), (KvDtype::F16, seeded())] {
+    for (kv_dtype, sampling) in [(KvDtype::F16, SamplingParams::default()), (KvDtype::F32, seeded()), (KvDtype::F16, seeded()), (KvDtype::Fp8E4M3, SamplingParams::default())] {
         let config = BatchConfig { kv_dtype: Some(kv_dtype), ..config() };
         let reqs = requests(12, 0, &sampling);
         let want = alone(&engine, &reqs, &config);

@@ -89,6 +89,123 @@ pub fn quantize_dynamic(x: &[f32], format: Fp8Format, granularity: Granularity) 
     Ok(Fp8Tensor { format, codes, scales, group })
 }
 
+/// Every E4M3FN code widened to f32, by code (exact; code 0x7f / 0xff is NaN).
+pub fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|c| Fp8Format::E4M3.decode(c as u8)))
+}
+
+/// 2^120: an E4M3 code's magnitude bits placed at the top of an f32's mantissa and exponent
+/// (`(c & 0x7f) << 20`) read as 2^-120 times the code's value, normals and subnormals
+/// alike (E4M3's exponent bias is 7, f32's 127; its subnormals land on f32 subnormals).
+const E4M3_REBIAS: f32 = 1.329_228e36;
+
+/// [`Fp8Format::decode`] for E4M3 without a table or a branch (so loops over it vectorize):
+/// the same value, bit for bit.
+#[inline(always)]
+pub fn decode_e4m3(c: u8) -> f32 {
+    let c = u32::from(c);
+    let magnitude = f32::from_bits((c & 0x7f) << 20) * E4M3_REBIAS;
+    let v = f32::from_bits(magnitude.to_bits() | ((c & 0x80) << 24));
+    if c & 0x7f == 0x7f {
+        f32::NAN
+    } else {
+        v
+    }
+}
+
+/// [`Fp8Format::encode`] for E4M3 on f32 bits: round to nearest even, saturating to ±448,
+/// NaN to the NaN code; the same code for every input (tested against it).
+#[inline]
+pub fn encode_e4m3(x: f32) -> u8 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let a = f32::from_bits(bits & 0x7fff_ffff);
+    if a.is_nan() {
+        return sign | 0x7f;
+    }
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    if a < 0.015_625 {
+        // Below the smallest normal (2^-6): subnormal codes count units of 2^-9 (the scaling
+        // is exact), up to code 8, which is the smallest normal.
+        return sign | (a * 512.0).round_ties_even() as u8;
+    }
+    // Keep the exponent and the top 3 mantissa bits, rounding the 20 dropped bits to
+    // nearest even; a carry moves into the exponent, as it should.
+    let b = a.to_bits();
+    let r = b + 0x7ffff + ((b >> 20) & 1);
+    let code = ((((r >> 23) - 120) << 3) | ((r >> 20) & 7)).min(0x7e);
+    sign | code as u8
+}
+
+/// Quantizes `rows` to E4M3 with one guarded scale per `width` consecutive elements (a row,
+/// or a group within one), into `codes` (as many as `rows`) and `scales` (one per group):
+/// the KV cache's FP8 rows.
+pub fn quantize_rows_e4m3(rows: &[f32], width: usize, codes: &mut [u8], scales: &mut [f32]) -> Result<(), TensorError> {
+    if width == 0 || !rows.len().is_multiple_of(width) || codes.len() != rows.len() || scales.len() != rows.len() / width {
+        return Err(TensorError::Shape {
+            op: "fp8 rows",
+            detail: format!("{} values in rows of {width} into {} codes and {} scales", rows.len(), codes.len(), scales.len()),
+        });
+    }
+    let format = Fp8Format::E4M3;
+    for ((row, out), scale) in rows.chunks_exact(width).zip(codes.chunks_exact_mut(width)).zip(scales.iter_mut()) {
+        let max_abs = row.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        let (s, inv) = scale_and_reciprocal(max_abs, format);
+        *scale = s;
+        for (c, &v) in out.iter_mut().zip(row) {
+            *c = encode_e4m3(if v.is_finite() { v * inv } else { v });
+        }
+    }
+    Ok(())
+}
+
+/// Widens E4M3 `codes` that share `scale` into `out` (as many).
+#[inline]
+pub fn dequantize_e4m3(codes: &[u8], scale: f32, out: &mut [f32]) {
+    dequantize_e4m3_isa(crate::quant::Isa::active(), codes, scale, out)
+}
+
+/// [`dequantize_e4m3`] under `isa`: the same branch-free loop compiled for AVX2 or AVX-512
+/// (the compiler vectorizes it there; the operations and so the bits are the scalar loop's).
+pub fn dequantize_e4m3_isa(isa: crate::quant::Isa, codes: &[u8], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::quant::Isa;
+        if isa >= Isa::Avx512 {
+            // SAFETY: Isa::Avx512 is only active where AVX-512 F/BW are available.
+            return unsafe { dequantize_e4m3_avx512(codes, scale, out) };
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: Isa::Avx2 is only active where AVX2 is available.
+            return unsafe { dequantize_e4m3_avx2(codes, scale, out) };
+        }
+    }
+    let _ = isa;
+    dequantize_e4m3_scalar(codes, scale, out)
+}
+
+#[inline(always)]
+fn dequantize_e4m3_scalar(codes: &[u8], scale: f32, out: &mut [f32]) {
+    for (o, &c) in out.iter_mut().zip(codes) {
+        *o = decode_e4m3(c) * scale;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dequantize_e4m3_avx2(codes: &[u8], scale: f32, out: &mut [f32]) {
+    dequantize_e4m3_scalar(codes, scale, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn dequantize_e4m3_avx512(codes: &[u8], scale: f32, out: &mut [f32]) {
+    dequantize_e4m3_scalar(codes, scale, out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +218,71 @@ mod tests {
         let max_abs = g.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let (scale, inv) = (max_abs / f.max(), reciprocal_unguarded(max_abs, f));
         g.iter().map(|&v| f.decode(f.encode(v * inv)) * scale).collect()
+    }
+
+    #[test]
+    fn the_fast_e4m3_codec_equals_the_reference_one() {
+        for c in 0..=255u8 {
+            let (fast, reference) = (decode_e4m3(c), Fp8Format::E4M3.decode(c));
+            assert!(fast.to_bits() == reference.to_bits() || (fast.is_nan() && reference.is_nan()), "code {c:#04x}: {fast} vs {reference}");
+            assert_eq!(e4m3_table()[c as usize].to_bits(), reference.to_bits());
+        }
+        // Every 509th f32 bit pattern (all exponents, signs, NaNs, infinities), every code's
+        // value, and the midpoints between neighbouring codes (the ties).
+        let mut inputs: Vec<f32> = (0..=u32::MAX / 509).map(|i| f32::from_bits(i * 509)).collect();
+        for c in 0..0x7eu8 {
+            let (lo, hi) = (Fp8Format::E4M3.decode(c), Fp8Format::E4M3.decode(c + 1));
+            for v in [lo, (lo + hi) / 2.0, f32::from_bits(((lo + hi) / 2.0).to_bits() + 1), f32::from_bits(((lo + hi) / 2.0).to_bits().saturating_sub(1))] {
+                inputs.extend([v, -v]);
+            }
+        }
+        inputs.extend([448.0, 464.0, 463.99, 1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, f32::MIN_POSITIVE, 2f32.powi(-10), 2f32.powi(-9) * 1.5]);
+        for x in inputs {
+            assert_eq!(encode_e4m3(x), Fp8Format::E4M3.encode(x), "x = {x:e} ({:#010x})", x.to_bits());
+        }
+    }
+
+    #[test]
+    fn every_isa_dequantizes_fp8_to_the_scalar_bits() {
+        let codes: Vec<u8> = (0..=255u8).chain(0..=255u8).rev().collect();
+        for scale in [1.0f32, 0.013, 3.5e-30, 0.0] {
+            let mut want = vec![0f32; codes.len()];
+            dequantize_e4m3_isa(crate::quant::Isa::Scalar, &codes, scale, &mut want);
+            for isa in crate::quant::Isa::available() {
+                // Odd lengths exercise the vector loops' tails.
+                for n in [codes.len(), 37, 5] {
+                    let mut got = vec![0f32; n];
+                    dequantize_e4m3_isa(isa, &codes[..n], scale, &mut got);
+                    let bits = |x: &[f32]| x.iter().map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() }).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want[..n]), "{isa:?}, scale {scale}, {n} codes");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kv_rows_round_trip_through_the_table_with_a_guarded_scale_per_row() {
+        let mut rng = SplitMix64::new(11);
+        let width = 24;
+        let mut rows: Vec<f32> = (0..3 * width).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0).collect();
+        rows[width..2 * width].iter_mut().for_each(|v| *v = 0.0); // an all-zero row
+        rows[2 * width] = f32::from_bits(5); // a denormal beside ordinary values
+        let (mut codes, mut scales) = (vec![0u8; rows.len()], vec![0f32; 3]);
+        quantize_rows_e4m3(&rows, width, &mut codes, &mut scales).unwrap();
+        let q = quantize_dynamic(&rows, Fp8Format::E4M3, Granularity::PerRow { cols: width }).unwrap();
+        assert_eq!((codes.clone(), scales.clone()), (q.codes.clone(), q.scales.clone()), "the same quantizer as quantize_dynamic per row");
+        let mut back = vec![0f32; rows.len()];
+        for ((c, o), &s) in codes.chunks(width).zip(back.chunks_mut(width)).zip(&scales) {
+            dequantize_e4m3(c, s, o);
+        }
+        assert_eq!(back, q.dequantize());
+        assert!(back[width..2 * width].iter().all(|v| *v == 0.0));
+        for (a, b) in rows.iter().zip(&back) {
+            // E4M3 keeps 3 mantissa bits: relative error at most 2^-4 of the row's scale range.
+            assert!((a - b).abs() <= a.abs() / 16.0 + scales.iter().cloned().fold(0.0, f32::max) * 2f32.powi(-9), "{a} vs {b}");
+        }
+        assert!(quantize_rows_e4m3(&rows, 7, &mut codes, &mut scales).is_err());
+        assert!(e4m3_table()[0x7f].is_nan() && e4m3_table()[0x7e] == 448.0);
     }
 
     #[test]

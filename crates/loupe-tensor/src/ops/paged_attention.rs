@@ -41,6 +41,10 @@ thread_local! {
 pub enum KvBlocks<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    /// FP8 E4M3 codes; element `i` is `decode(codes[i]) · scales[i / group]`, one guarded
+    /// scale per `group` consecutive elements of a cached row ([`crate::fp8::quantize_rows_e4m3`];
+    /// groups never cross rows).
+    Fp8 { codes: &'a [u8], scales: &'a [f32], group: usize },
 }
 
 /// One layer's cached keys or values, for writing.
@@ -48,6 +52,8 @@ pub enum KvBlocks<'a> {
 pub enum KvBlocksMut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
+    /// As [`KvBlocks::Fp8`].
+    Fp8 { codes: &'a mut [u8], scales: &'a mut [f32], group: usize },
 }
 
 impl KvBlocks<'_> {
@@ -55,6 +61,32 @@ impl KvBlocks<'_> {
         match self {
             KvBlocks::F32(d) => d.len(),
             KvBlocks::F16(d) => d.len(),
+            KvBlocks::Fp8 { codes, .. } => codes.len(),
+        }
+    }
+
+    /// Whether rows are narrower than f32 (widened on the way into the kernels).
+    pub fn is_narrow(&self) -> bool {
+        !matches!(self, KvBlocks::F32(_))
+    }
+
+    /// Widens elements `start..start + out.len()` into `out` (exact for f16; FP8 codes
+    /// times their row's scale).
+    pub fn widen_into(&self, start: usize, out: &mut [f32]) {
+        let n = out.len();
+        match self {
+            KvBlocks::F32(d) => out.copy_from_slice(&d[start..start + n]),
+            KvBlocks::F16(d) => d[start..start + n].convert_to_f32_slice(out),
+            KvBlocks::Fp8 { codes, scales, group } => {
+                // Group by group: a range may cross groups, each with its own scale.
+                let mut i = 0;
+                while i < n {
+                    let at = start + i;
+                    let end = ((at / group + 1) * group).min(start + n);
+                    crate::fp8::dequantize_e4m3(&codes[at..end], scales[at / group], &mut out[i..end - start]);
+                    i = end - start;
+                }
+            }
         }
     }
 
@@ -62,12 +94,11 @@ impl KvBlocks<'_> {
         self.len() == 0
     }
 
-    /// The rows widened to f32 (exact), for taps and tests.
+    /// The rows widened to f32, for taps and tests.
     pub fn to_f32_vec(&self) -> Vec<f32> {
-        match self {
-            KvBlocks::F32(d) => d.to_vec(),
-            KvBlocks::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
-        }
+        let mut out = vec![0.0; self.len()];
+        self.widen_into(0, &mut out);
+        out
     }
 }
 
@@ -118,12 +149,22 @@ pub fn write_paged(dst: &mut KvBlocksMut<'_>, width: usize, block_size: usize, b
     let len = match dst {
         KvBlocksMut::F32(d) => d.len(),
         KvBlocksMut::F16(d) => d.len(),
+        KvBlocksMut::Fp8 { codes, group, .. } => {
+            if *group == 0 || !width.is_multiple_of(*group) {
+                return Err(shape_error(format!("FP8 groups of {group} elements do not split rows of {width}")));
+            }
+            codes.len()
+        }
     };
     for (i, row) in rows.chunks_exact(width).enumerate() {
         let start = row_start(blocks, block_size, width, past + i, len)?;
         match dst {
             KvBlocksMut::F32(d) => d[start..start + width].copy_from_slice(row),
             KvBlocksMut::F16(d) => d[start..start + width].convert_from_f32_slice(row),
+            KvBlocksMut::Fp8 { codes, scales, group } => {
+                let (g, n) = (start / *group, width / *group);
+                crate::fp8::quantize_rows_e4m3(row, *group, &mut codes[start..start + width], &mut scales[g..g + n])?;
+            }
         }
     }
     Ok(())
@@ -285,6 +326,44 @@ mod tests {
         let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
         paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
         assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    }
+
+    /// FP8 pages (a scale per 16 elements, blocks out of order) give the contiguous
+    /// attention of the same rows widened, bit for bit.
+    #[test]
+    fn fp8_pages_equal_the_contiguous_path_over_their_widened_rows() {
+        let (ctx, bs, group) = (21, 4, 16);
+        let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
+        let qw = SHAPE.n_heads * SHAPE.head_dim;
+        let (k, v) = (data(ctx * kvw, 1), data(ctx * kvw, 2));
+        let q = data(qw, 3);
+        let table = [5u32, 0, 3, 1, 6, 2];
+        let n = 7 * bs * kvw;
+        let (mut kc, mut ks, mut vc, mut vs) = (vec![0u8; n], vec![0f32; n / group], vec![0u8; n], vec![0f32; n / group]);
+        write_paged(&mut KvBlocksMut::Fp8 { codes: &mut kc, scales: &mut ks, group }, kvw, bs, &table, 0, &k).unwrap();
+        write_paged(&mut KvBlocksMut::Fp8 { codes: &mut vc, scales: &mut vs, group }, kvw, bs, &table, 0, &v).unwrap();
+        let (kb, vb) = (KvBlocks::Fp8 { codes: &kc, scales: &ks, group }, KvBlocks::Fp8 { codes: &vc, scales: &vs, group });
+        // The rows in position order, widened.
+        let widen = |b: &KvBlocks<'_>| {
+            let mut rows = vec![0f32; ctx * kvw];
+            for p in 0..ctx {
+                let start = (table[p / bs] as usize * bs + p % bs) * kvw;
+                b.widen_into(start, &mut rows[p * kvw..(p + 1) * kvw]);
+            }
+            rows
+        };
+        let (kw, vw) = (widen(&kb), widen(&vb));
+        for (a, b) in kw.iter().zip(&k) {
+            assert!((a - b).abs() <= 0.07, "E4M3 keeps 3 mantissa bits: {a} vs {b}");
+        }
+        let mut want = vec![0f32; qw];
+        attention::causal_attention(SHAPE, &q, &kw, &vw, ctx, &mut want, None).unwrap();
+        let mut got = vec![0f32; qw];
+        let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
+        paged_attention(SHAPE, AttentionVariant::default(), &q, kb, vb, bs, &[span], &mut got, None).unwrap();
+        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        // A group that does not split the rows is refused.
+        assert!(write_paged(&mut KvBlocksMut::Fp8 { codes: &mut kc, scales: &mut ks, group: 7 }, kvw, bs, &table, 0, &k).is_err());
     }
 
     #[test]
