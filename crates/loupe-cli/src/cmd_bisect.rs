@@ -369,7 +369,9 @@ fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], inc
         }
         Ok((tokens, logprobs, cached))
     };
-    let run = || -> Result<((Vec<u32>, Vec<f64>), Vec<u32>, usize), String> {
+    // (tokens beside neighbours, their log-probs), tokens again from the prefix cache, hits.
+    type Runs = ((Vec<u32>, Vec<f64>), Vec<u32>, usize);
+    let run = || -> Result<Runs, String> {
         let mut be = BatchEngine::new(engine, config.clone()).map_err(|e| e.to_string())?;
         let mut reqs = vec![greedy(prompt.to_vec(), g.len())];
         reqs.extend(neighbours.iter().map(|p| greedy(p.clone(), g.len())));
@@ -383,8 +385,10 @@ fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], inc
             judge(&mut rung, g, &with_neighbours, margins, tie, true);
             rung.logit_diff("log-prob of the step's token", (&with_neighbours, g), (&logprobs, inc_logprobs));
             let diff = rung.max_logit_diff.unwrap_or(0.0);
-            if rung.status == "match" && !(diff <= BATCHED_NOISE_FACTOR * path_noise) {
-                let step = with_neighbours.iter().zip(g).zip(logprobs.iter().zip(inc_logprobs)).position(|((a, b), (x, y))| a == b && !((x - y).abs() <= BATCHED_NOISE_FACTOR * path_noise));
+            // NaN is a fault too, hence not `<=`.
+            let beyond = |d: f64| d.is_nan() || d > BATCHED_NOISE_FACTOR * path_noise;
+            if rung.status == "match" && beyond(diff) {
+                let step = with_neighbours.iter().zip(g).zip(logprobs.iter().zip(inc_logprobs)).position(|((a, b), (x, y))| a == b && beyond((x - y).abs()));
                 rung.status = "diverged";
                 rung.first_mismatch = step;
                 rung.detail = format!(

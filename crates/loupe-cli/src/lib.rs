@@ -23,6 +23,7 @@ pub mod cmd_generate;
 pub mod cmd_inspect;
 pub mod cmd_ir;
 pub mod cmd_parity;
+pub mod cmd_quantize;
 pub mod cmd_serve;
 pub mod debug_setup;
 pub mod load;
@@ -63,6 +64,8 @@ enum Command {
     Explain(cmd_explain::ExplainArgs),
     /// List a GGUF or safetensors file's metadata and tensors.
     Inspect(cmd_inspect::InspectArgs),
+    /// Write a GGUF with its weight matrices in another type (q4_0 .. q8_0, f16, bf16, f32).
+    Quantize(cmd_quantize::QuantizeArgs),
     /// Measure prefill and decode tokens/s like llama-bench (pp<N>, tg<N>; mean ± stddev, peak RSS).
     Bench(cmd_bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, metrics).
@@ -111,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::Crash { kind } => debug_setup::crash::crash(&kind).map(|()| 0),
         Command::Generate(args) => cmd_generate::run(args, &debug).map(|()| 0),
         Command::Inspect(args) => cmd_inspect::run(args).map(|()| 0),
+        Command::Quantize(args) => cmd_quantize::run(args).map(|()| 0),
         Command::Dump(args) => cmd_dump::run(args, &debug).map(|()| 0),
         Command::Compare(args) => cmd_compare::run(args),
         Command::Parity(args) => cmd_parity::run(args, &debug),

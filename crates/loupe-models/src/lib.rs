@@ -10,6 +10,7 @@
 pub mod config;
 pub mod error;
 pub mod llama;
+pub mod quantize;
 pub mod roles;
 pub mod tiny;
 pub mod tokenizer;
