@@ -51,6 +51,29 @@ fn quantizing_the_tiny_model_to_each_legacy_type_keeps_it_close_to_the_original(
     }
 }
 
+/// MXFP4 (4.25 bits: E2M1 values, a power-of-two scale per 32) written, loaded and run at
+/// f32 and native precision.
+#[test]
+fn mxfp4_files_load_and_run_near_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = tiny_model();
+    let want = dump_logits(&original, &dir.path().join("orig"));
+    let out = dir.path().join("tiny-mxfp4.gguf");
+    let o = run(loupe().arg("quantize").arg(&original).arg(&out).args(["--type", "mxfp4", "--all"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g = GgufFile::open(&out).unwrap();
+    assert!(g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "mxfp4"));
+    assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some("38".into()));
+    let got = dump_logits(&out, &dir.path().join("mx"));
+    let dot: f64 = want.iter().zip(&got).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let cos = dot / (norm(&want) * norm(&got));
+    eprintln!("mxfp4: logits cosine {cos}");
+    assert!(cos > 0.5 && cos < 0.9999, "mxfp4: logits cosine {cos} against the original");
+    let o = run(loupe().args(["generate", "--precision", "native", "-n", "4", "-m"]).arg(&out).arg("hello"));
+    assert!(o.status.success(), "native generate on MXFP4: {}", stderr(&o));
+}
+
 #[test]
 fn all_quantizes_the_embedding_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -71,7 +94,7 @@ fn bad_quantize_arguments_fail_with_one_line() {
     std::fs::write(&not_gguf, b"not a model").unwrap();
     std::fs::write(dir.path().join("exists.gguf"), b"").unwrap();
     for (args, needle) in [
-        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, f16, bf16, f32".to_string()),
+        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4, f16, bf16, f32".to_string()),
         (vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "a directory; loupe quantize reads a GGUF file".into()),
         (vec![not_gguf.display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "not a GGUF file".into()),
         (vec![tiny_model().display().to_string(), dir.path().join("exists.gguf").display().to_string(), "--type".into(), "q8_0".into()], "exists (--force replaces it)".into()),

@@ -23,6 +23,9 @@ pub enum GgmlType {
     Q5K,
     Q6K,
     Q8K,
+    /// OCP microscaling FP4 (gpt-oss's weights): blocks of 32 E2M1 values sharing an E8M0
+    /// power-of-two scale (ggml's `block_mxfp4`: 1 exponent byte + 16 nibble bytes).
+    Mxfp4,
 }
 
 /// Elements per super-block of the K-quants (ggml's `QK_K`).
@@ -30,7 +33,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every type loupe can read, in id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -46,6 +49,7 @@ impl GgmlType {
         GgmlType::Q6K,
         GgmlType::Q8K,
         GgmlType::BF16,
+        GgmlType::Mxfp4,
     ];
 
     /// The id used on disk (`ggml_type`).
@@ -66,6 +70,7 @@ impl GgmlType {
             GgmlType::Q6K => 14,
             GgmlType::Q8K => 15,
             GgmlType::BF16 => 30,
+            GgmlType::Mxfp4 => 39,
         }
     }
 
@@ -93,6 +98,7 @@ impl GgmlType {
             GgmlType::Q5K => "q5_K",
             GgmlType::Q6K => "q6_K",
             GgmlType::Q8K => "q8_K",
+            GgmlType::Mxfp4 => "mxfp4",
         }
     }
 
@@ -101,7 +107,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Mxfp4 => 32,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K => QK_K,
             GgmlType::Q6K | GgmlType::Q8K => QK_K,
         }
@@ -124,6 +130,7 @@ impl GgmlType {
             GgmlType::Q5K => 176, // 2*f16 + 12 scales + 32 qh + 128 qs
             GgmlType::Q6K => 210, // 128 ql + 64 qh + 16 scales + f16
             GgmlType::Q8K => 292, // f32 d + 256 qs + 16*i16 bsums
+            GgmlType::Mxfp4 => 17, // u8 e (E8M0) + 16 nibble bytes
         }
     }
 

@@ -19,8 +19,8 @@ use loupe_tensor::quant::{dequantize_row, quantize_row};
 use crate::ModelError;
 
 /// Types `loupe quantize --type` writes.
-pub const TARGETS: [GgmlType; 8] =
-    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16, GgmlType::F32];
+pub const TARGETS: [GgmlType; 9] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Mxfp4, GgmlType::F16, GgmlType::BF16, GgmlType::F32];
 
 /// llama.cpp's `llama_ftype` for a file mostly of `ty` (`general.file_type`; llama.h).
 fn file_type(ty: GgmlType) -> u32 {
@@ -33,6 +33,7 @@ fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Q5_0 => 8,
         GgmlType::Q5_1 => 9,
         GgmlType::BF16 => 32,
+        GgmlType::Mxfp4 => 38, // LLAMA_FTYPE_MOSTLY_MXFP4_MOE, as gpt-oss files say
         _ => 0,
     }
 }

@@ -205,3 +205,27 @@ pub(crate) fn q8_k(src: &[u8], dst: &mut [f32]) {
         }
     }
 }
+
+/// E2M1 values of the MXFP4 nibbles, doubled so they are integers (ggml's
+/// `kvalues_mxfp4`); the block scale carries the missing halving.
+pub(crate) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An E8M0 block exponent as `2^(e - 127) / 2` (ggml's `GGML_E8M0_TO_FP32_HALF`): the scale
+/// of the doubled [`MXFP4_VALUES`]. e = 0 and 1 give f32 subnormals.
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(u32::from(e - 1) << 23)
+    }
+}
+
+pub(crate) fn mxfp4(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
+        let d = e8m0_half(b[0]);
+        for j in 0..16 {
+            out[j] = f32::from(MXFP4_VALUES[(b[1 + j] & 0x0F) as usize]) * d;
+            out[j + 16] = f32::from(MXFP4_VALUES[(b[1 + j] >> 4) as usize]) * d;
+        }
+    }
+}

@@ -213,3 +213,31 @@ pub(crate) fn q8_k(src: &[f32], dst: &mut [u8]) {
         write(dst, i, &b);
     }
 }
+
+/// ggml's `quantize_row_mxfp4_ref`: the block exponent puts the largest magnitude in
+/// [4, 8) times the halved scale (so it lands on the top E2M1 values), then each value takes
+/// the nearest of the 16 codes (the first one on a tie, as ggml's linear search does).
+pub(crate) fn mxfp4(src: &[f32], dst: &mut [u8]) {
+    use super::dequant::{e8m0_half, MXFP4_VALUES};
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(17)) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // ggml casts the float exponent to u8 directly; outside 0..=255 (|x| below 2^-125 or
+        // from 2^130 up) that cast is undefined in C, so it is clamped here.
+        let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8 } else { 0 };
+        let d = e8m0_half(e);
+        b[0] = e;
+        let best = |v: f32| -> u8 {
+            let mut best = (0u8, (f32::from(MXFP4_VALUES[0]) * d - v).abs());
+            for (i, &k) in MXFP4_VALUES.iter().enumerate().skip(1) {
+                let err = (f32::from(k) * d - v).abs();
+                if err < best.1 {
+                    best = (i as u8, err);
+                }
+            }
+            best.0
+        };
+        for j in 0..16 {
+            b[1 + j] = best(x[j]) | (best(x[j + 16]) << 4);
+        }
+    }
+}

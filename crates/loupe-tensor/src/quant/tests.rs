@@ -8,7 +8,7 @@
 use half::{bf16, f16};
 
 use super::blocks::*;
-use super::dequantize_row;
+use super::{dequantize_row, quantize_row};
 use crate::GgmlType;
 
 fn h(x: f32) -> f16 {
@@ -212,4 +212,53 @@ fn rejects_wrong_lengths_and_unaligned_ok() {
     let mut buf = [0u8; 21];
     buf[1..].copy_from_slice(as_bytes(&[b]));
     assert_eq!(deq(GgmlType::Q4_1, &buf[1..], 32), deq(GgmlType::Q4_1, as_bytes(&[b]), 32));
+}
+
+/// MXFP4 (ggml's `block_mxfp4`): a hand-made block decodes to the E2M1 grid times its
+/// E8M0 scale; quantizing picks the nearest code under ggml's exponent rule; zero blocks
+/// stay zero; the generic dot equals dequantize-then-multiply.
+#[test]
+fn mxfp4_blocks_decode_and_quantize_as_ggml_does() {
+    // e = 127: the halved scale is 0.5, so the doubled values land on E2M1 itself.
+    let mut block = vec![127u8];
+    block.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let mut out = [0f32; 32];
+    dequantize_row(GgmlType::Mxfp4, &block, &mut out).unwrap();
+    let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+    for j in 0..16 {
+        assert_eq!(out[j], grid[j], "low nibble {j}");
+        assert_eq!(out[j + 16], grid[15 - j], "high nibble {j}");
+    }
+    // Representable values (max |x| = 6 gives e = floor(log2 6) - 2 + 127 = 127) round-trip.
+    let mut back = [0f32; 32];
+    let mut q = [0u8; 17];
+    quantize_row(GgmlType::Mxfp4, &out, &mut q).unwrap();
+    assert_eq!(q[0], 127);
+    dequantize_row(GgmlType::Mxfp4, &q, &mut back).unwrap();
+    assert_eq!(back, out, "representable values come back exactly");
+    // Random blocks at several magnitudes: every value takes its nearest code.
+    let mut rng = loupe_core::SplitMix64::new(5);
+    for scale in [1e-3f32, 0.7, 37.0, 3e4] {
+        let x: Vec<f32> = (0..64).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale).collect();
+        let mut q = vec![0u8; 34];
+        quantize_row(GgmlType::Mxfp4, &x, &mut q).unwrap();
+        let mut y = vec![0f32; 64];
+        dequantize_row(GgmlType::Mxfp4, &q, &mut y).unwrap();
+        for (b, (xs, ys)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert_eq!(q[b * 17], (amax.log2().floor() - 2.0 + 127.0) as u8, "scale {scale}: block exponent");
+            let d = f32::powi(2.0, i32::from(q[b * 17]) - 128);
+            for (&xv, &yv) in xs.iter().zip(ys) {
+                let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0].iter().flat_map(|&k| [k * d, -k * d]).map(|c| (c - xv).abs()).fold(f32::INFINITY, f32::min);
+                assert_eq!((yv - xv).abs(), nearest, "scale {scale}: {xv} became {yv}");
+            }
+        }
+        let act: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let want: f32 = y.chunks(32).zip(act.chunks(32)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
+        assert_eq!(crate::wq::dot_row_scalar(GgmlType::Mxfp4, &q, &act).unwrap(), want);
+    }
+    // An all-zero block: exponent 0, zero codes, zeros back.
+    let mut q = [0xAAu8; 17];
+    quantize_row(GgmlType::Mxfp4, &[0.0; 32], &mut q).unwrap();
+    assert_eq!(q, [0u8; 17]);
 }
