@@ -30,6 +30,7 @@ pub(super) fn dot_fn(ty: GgmlType) -> VecDotFn {
         GgmlType::Q5K => q5k_q8k,
         GgmlType::Q6K => q6k_q8k,
         GgmlType::Q8K => q8k_q8k,
+        GgmlType::Mxfp4 => mxfp4_f32,
         other => panic!("vec_dot: no kernel for {other}"),
     }
 }
@@ -70,6 +71,20 @@ pub(crate) fn f16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
 pub(crate) fn bf16_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     super::check_dot(GgmlType::BF16, w, a, n);
     float_dot(|i| bf16::from_le_bytes([w[2 * i], w[2 * i + 1]]).to_f32(), a, n)
+}
+
+/// MXFP4 against f32 activations (ggml multiplies them in f32 too, against its Q8_0
+/// activations; loupe keeps the activations exact): each block's codes in the doubled E2M1
+/// grid, times the block's halved E8M0 scale.
+pub(crate) fn mxfp4_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    super::check_dot(GgmlType::Mxfp4, w, a, n);
+    let mut vals = [0f32; QK];
+    let mut acc = 0f32;
+    for (b, block) in w[..n / QK * 17].chunks_exact(17).enumerate() {
+        super::dequant::mxfp4(block, &mut vals);
+        acc += vals.iter().enumerate().map(|(j, &v)| v * act_f32(a, b * QK + j)).sum::<f32>();
+    }
+    acc
 }
 
 /// Sum of `q[j] * y[j]` over a block of 32.

@@ -66,6 +66,15 @@ pub fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
         GgmlType::F32 => rng.activations(n).iter().flat_map(|v| (v * 0.05).to_le_bytes()).collect(),
         GgmlType::F16 => rng.activations(n).iter().flat_map(|v| f16::from_f32(v * 0.05).to_le_bytes()).collect(),
         GgmlType::BF16 => rng.activations(n).iter().flat_map(|v| bf16::from_f32(v * 0.05).to_le_bytes()).collect(),
+        GgmlType::Mxfp4 => {
+            // The E8M0 exponent byte in a weight-like range (2^-10 .. 2^-4 for the halved
+            // scale); the nibbles are any codes.
+            let mut out = rng.bytes(n / 32 * 17);
+            for blk in out.chunks_exact_mut(17) {
+                blk[0] = 118 + blk[0] % 7;
+            }
+            out
+        }
         GgmlType::Q8K => {
             // d is an f32 here; bsums only matter for activations (not used for weights).
             let mut out = Vec::new();
