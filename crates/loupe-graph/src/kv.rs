@@ -30,9 +30,9 @@ enum Rows {
     F32(Vec<f32>),
     /// f16 bit patterns (`half`'s slice casts view them as `f16`).
     F16(Vec<u16>),
-    /// E4M3 codes and one guarded scale per `width` elements ([`KvDtype::fp8_group`] of the
+    /// E4M3 codes and one guarded scale per `group` elements ([`KvDtype::fp8_group`] of the
     /// row width; appends are whole rows).
-    Fp8 { codes: Vec<u8>, scales: Vec<f32>, width: usize },
+    Fp8 { codes: Vec<u8>, scales: Vec<f32>, group: usize },
 }
 
 impl Rows {
@@ -40,7 +40,7 @@ impl Rows {
         match dtype {
             KvDtype::F32 => Rows::F32(Vec::new()),
             KvDtype::F16 => Rows::F16(Vec::new()),
-            KvDtype::Fp8E4M3 => Rows::Fp8 { codes: Vec::new(), scales: Vec::new(), width: KvDtype::fp8_group(width) },
+            KvDtype::Fp8E4M3 => Rows::Fp8 { codes: Vec::new(), scales: Vec::new(), group: KvDtype::fp8_group(width) },
         }
     }
 
@@ -56,9 +56,9 @@ impl Rows {
         match self {
             Rows::F32(d) => d.reserve(n.saturating_sub(d.len())),
             Rows::F16(d) => d.reserve(n.saturating_sub(d.len())),
-            Rows::Fp8 { codes, scales, width } => {
+            Rows::Fp8 { codes, scales, group } => {
                 codes.reserve(n.saturating_sub(codes.len()));
-                scales.reserve((n / *width).saturating_sub(scales.len()));
+                scales.reserve((n / *group).saturating_sub(scales.len()));
             }
         }
     }
@@ -67,9 +67,9 @@ impl Rows {
         match self {
             Rows::F32(d) => d.truncate(n),
             Rows::F16(d) => d.truncate(n),
-            Rows::Fp8 { codes, scales, width } => {
+            Rows::Fp8 { codes, scales, group } => {
                 codes.truncate(n);
-                scales.truncate(n / *width);
+                scales.truncate(n / *group);
             }
         }
     }
@@ -84,12 +84,12 @@ impl Rows {
                 d.resize(start + rows.len(), 0);
                 d[start..].reinterpret_cast_mut::<f16>().convert_from_f32_slice(rows);
             }
-            Rows::Fp8 { codes, scales, width } => {
+            Rows::Fp8 { codes, scales, group } => {
                 let (start, s) = (codes.len(), scales.len());
                 codes.resize(start + rows.len(), 0);
-                scales.resize(s + rows.len() / *width, 0.0);
+                scales.resize(s + rows.len() / *group, 0.0);
                 // Whole rows by construction (the cache appends rows of `width`).
-                let _ = loupe_tensor::fp8::quantize_rows_e4m3(rows, *width, &mut codes[start..], &mut scales[s..]);
+                let _ = loupe_tensor::fp8::quantize_rows_e4m3(rows, *group, &mut codes[start..], &mut scales[s..]);
             }
         }
     }
@@ -99,9 +99,9 @@ impl Rows {
         match self {
             Rows::F32(d) => d.resize(d.len() + n, 0.0),
             Rows::F16(d) => d.resize(d.len() + n, 0),
-            Rows::Fp8 { codes, scales, width } => {
+            Rows::Fp8 { codes, scales, group } => {
                 codes.resize(codes.len() + n, 0);
-                scales.resize(scales.len() + n / *width, 0.0);
+                scales.resize(scales.len() + n / *group, 0.0);
             }
         }
     }
@@ -110,7 +110,7 @@ impl Rows {
         match self {
             Rows::F32(d) => KvBlocks::F32(&d[..n]),
             Rows::F16(d) => KvBlocks::F16(d[..n].reinterpret_cast()),
-            Rows::Fp8 { codes, scales, width } => KvBlocks::Fp8 { codes: &codes[..n], scales: &scales[..n / *width], group: *width },
+            Rows::Fp8 { codes, scales, group } => KvBlocks::Fp8 { codes: &codes[..n], scales: &scales[..n / *group], group: *group },
         }
     }
 }
