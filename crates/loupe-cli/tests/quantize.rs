@@ -8,10 +8,7 @@ use common::*;
 use loupe_formats::GgufFile;
 
 fn dump_logits(model: &std::path::Path, out: &std::path::Path) -> Vec<f32> {
-    let o = run(loupe().args(["dump", "--precision", "f32", "--prompt", "The quick brown fox jumps over the lazy dog", "--taps", "lm_head", "-o"]).arg(out).arg("-m").arg(model));
-    assert!(o.status.success(), "dump: {}", stderr(&o));
-    let f = std::fs::read_dir(out.join("step0")).unwrap().filter_map(Result::ok).find(|e| e.file_name().to_string_lossy().starts_with("lm_head")).expect("lm_head dumped").path();
-    loupe_formats::npy::NpyFile::open(&f).expect("npy").tensor().expect("tensor").to_f32().expect("f32")
+    dump_logits_at(model, out, "f32")
 }
 
 #[test]
@@ -74,6 +71,81 @@ fn mxfp4_files_load_and_run_near_the_original() {
     assert!(o.status.success(), "native generate on MXFP4: {}", stderr(&o));
 }
 
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+fn dump_logits_at(model: &std::path::Path, out: &std::path::Path, precision: &str) -> Vec<f32> {
+    let o = run(loupe().args(["dump", "--precision", precision, "--prompt", "The quick brown fox jumps over the lazy dog", "--taps", "lm_head", "-o"]).arg(out).arg("-m").arg(model));
+    assert!(o.status.success(), "dump: {}", stderr(&o));
+    let f = std::fs::read_dir(out.join("step0")).unwrap().filter_map(Result::ok).find(|e| e.file_name().to_string_lossy().starts_with("lm_head")).expect("lm_head dumped").path();
+    loupe_formats::npy::NpyFile::open(&f).expect("npy").tensor().expect("tensor").to_f32().expect("f32")
+}
+
+/// NVFP4 (4.5 bits: E2M1 values, a UE4M3 scale per 16, a per-tensor f32 scale in a
+/// `.scale` sidecar) written, loaded and run: every matrix gets its sidecar holding
+/// amax / (6 * 448); the logits land nearer the original than MXFP4's (finer scales); native
+/// precision honours the per-tensor scale (its logits match f32's); requantizing to q8_0 folds
+/// the scale in and drops the sidecars.
+#[test]
+fn nvfp4_files_carry_their_tensor_scales_and_run_near_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = tiny_model();
+    let want = dump_logits(&original, &dir.path().join("orig"));
+    let mut cos_of = std::collections::HashMap::new();
+    for ty in ["mxfp4", "nvfp4"] {
+        let out = dir.path().join(format!("tiny-{ty}.gguf"));
+        let o = run(loupe().arg("quantize").arg(&original).arg(&out).args(["--type", ty, "--all"]));
+        assert!(o.status.success(), "{}", stderr(&o));
+        cos_of.insert(ty, cosine(&want, &dump_logits(&out, &dir.path().join(ty))));
+    }
+    eprintln!("logits cosine against the original: {cos_of:?}");
+    assert!(cos_of["nvfp4"] > cos_of["mxfp4"] && cos_of["nvfp4"] < 0.99999, "{cos_of:?}");
+
+    let nv = dir.path().join("tiny-nvfp4.gguf");
+    let (a, g) = (GgufFile::open(&original).unwrap(), GgufFile::open(&nv).unwrap());
+    assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some("39".into()));
+    for t in a.tensors.iter().filter(|t| t.dims.len() == 2) {
+        assert_eq!(g.tensor(&t.name).unwrap().ggml_type.name(), "nvfp4", "{}", t.name);
+        let side = g.tensor(&loupe_models::weights::nvfp4_scale_name(&t.name)).unwrap_or_else(|| panic!("{}: no .scale sidecar", t.name));
+        assert_eq!((side.ggml_type.name(), side.n_elements()), ("f32", 1));
+        let mut w = vec![0f32; t.n_elements() as usize];
+        loupe_tensor::quant::dequantize_row(t.ggml_type, a.tensor_data(t), &mut w).unwrap();
+        let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let got = loupe_models::weights::nvfp4_tensor_scale(&g, &t.name).unwrap();
+        assert_eq!(got, amax / (6.0 * 448.0), "{}", t.name);
+    }
+    let native = dump_logits_at(&nv, &dir.path().join("nv-native"), "native");
+    let f32_run = dump_logits(&nv, &dir.path().join("nv-f32"));
+    let c = cosine(&native, &f32_run);
+    assert!(c > 0.9999, "native vs f32 on the NVFP4 file: cosine {c} (a per-tensor scale dropped?)");
+
+    let q8 = dir.path().join("from-nvfp4-q8_0.gguf");
+    let o = run(loupe().arg("quantize").arg(&nv).arg(&q8).args(["--type", "q8_0", "--all"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g8 = GgufFile::open(&q8).unwrap();
+    assert!(!g8.tensors.iter().any(|t| t.name.ends_with(".scale")), "sidecars dropped with the NVFP4 tensors");
+    // Each q8_0 value is the NVFP4 value times its tensor's scale, to within q8_0's rounding
+    // (half a step d = max|block| / 127, plus 127 times the f16 rounding of d: 0.562 d).
+    for t in g.tensors.iter().filter(|t| t.ggml_type.name() == "nvfp4") {
+        let n = t.n_elements() as usize;
+        let scale = loupe_models::weights::nvfp4_tensor_scale(&g, &t.name).unwrap();
+        let (mut nv, mut q) = (vec![0f32; n], vec![0f32; n]);
+        loupe_tensor::quant::dequantize_row(t.ggml_type, g.tensor_data(t), &mut nv).unwrap();
+        let t8 = g8.tensor(&t.name).unwrap();
+        assert_eq!(t8.ggml_type.name(), "q8_0", "{}", t.name);
+        loupe_tensor::quant::dequantize_row(t8.ggml_type, g8.tensor_data(t8), &mut q).unwrap();
+        for (b, (nb, qb)) in nv.chunks(32).zip(q.chunks(32)).enumerate() {
+            let amax = nb.iter().fold(0f32, |m, v| m.max((v * scale).abs()));
+            for (x, y) in nb.iter().zip(qb) {
+                assert!((x * scale - y).abs() <= amax / 127.0 * 0.57 + 1e-30, "{} block {b}: {} became {y}", t.name, x * scale);
+            }
+        }
+    }
+}
+
 #[test]
 fn all_quantizes_the_embedding_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +166,7 @@ fn bad_quantize_arguments_fail_with_one_line() {
     std::fs::write(&not_gguf, b"not a model").unwrap();
     std::fs::write(dir.path().join("exists.gguf"), b"").unwrap();
     for (args, needle) in [
-        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4, f16, bf16, f32".to_string()),
+        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4, nvfp4, f16, bf16, f32".to_string()),
         (vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "a directory; loupe quantize reads a GGUF file".into()),
         (vec![not_gguf.display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "not a GGUF file".into()),
         (vec![tiny_model().display().to_string(), dir.path().join("exists.gguf").display().to_string(), "--type".into(), "q8_0".into()], "exists (--force replaces it)".into()),

@@ -26,6 +26,11 @@ pub enum GgmlType {
     /// OCP microscaling FP4 (gpt-oss's weights): blocks of 32 E2M1 values sharing an E8M0
     /// power-of-two scale (ggml's `block_mxfp4`: 1 exponent byte + 16 nibble bytes).
     Mxfp4,
+    /// NVIDIA FP4 as ggml stores it (`block_nvfp4`, type 40): blocks of 64 E2M1 values in four
+    /// sub-blocks of 16, each with an unsigned E4M3 ("UE4M3") scale byte; 4 scale bytes + 32
+    /// nibble bytes. NVFP4's second level, a per-tensor f32 scale, is not in the block: GGUF
+    /// files carry it as a sidecar tensor `<name>.scale` (llama.cpp's convention).
+    Nvfp4,
 }
 
 /// Elements per super-block of the K-quants (ggml's `QK_K`).
@@ -33,7 +38,7 @@ pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every type loupe can read, in id order.
-    pub const ALL: [GgmlType; 16] = [
+    pub const ALL: [GgmlType; 17] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -50,6 +55,7 @@ impl GgmlType {
         GgmlType::Q8K,
         GgmlType::BF16,
         GgmlType::Mxfp4,
+        GgmlType::Nvfp4,
     ];
 
     /// The id used on disk (`ggml_type`).
@@ -71,6 +77,7 @@ impl GgmlType {
             GgmlType::Q8K => 15,
             GgmlType::BF16 => 30,
             GgmlType::Mxfp4 => 39,
+            GgmlType::Nvfp4 => 40,
         }
     }
 
@@ -99,6 +106,7 @@ impl GgmlType {
             GgmlType::Q6K => "q6_K",
             GgmlType::Q8K => "q8_K",
             GgmlType::Mxfp4 => "mxfp4",
+            GgmlType::Nvfp4 => "nvfp4",
         }
     }
 
@@ -110,6 +118,7 @@ impl GgmlType {
             GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Mxfp4 => 32,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K => QK_K,
             GgmlType::Q6K | GgmlType::Q8K => QK_K,
+            GgmlType::Nvfp4 => 64,
         }
     }
 
@@ -131,6 +140,7 @@ impl GgmlType {
             GgmlType::Q6K => 210, // 128 ql + 64 qh + 16 scales + f16
             GgmlType::Q8K => 292, // f32 d + 256 qs + 16*i16 bsums
             GgmlType::Mxfp4 => 17, // u8 e (E8M0) + 16 nibble bytes
+            GgmlType::Nvfp4 => 36, // 4 UE4M3 sub-block scales + 32 nibble bytes
         }
     }
 

@@ -587,7 +587,10 @@ impl Executor {
                     }
                     match &w.data {
                         WeightData::F32(d) => row.copy_from_slice(&d[r * dim..(r + 1) * dim]),
-                        WeightData::Quant(q) => dequantize_row_fast(q.ty, q.row(r), row)?,
+                        WeightData::Quant(q) => {
+                            dequantize_row_fast(q.ty, q.row(r), row)?;
+                            q.apply_tensor_scale(row);
+                        }
                     }
                 }
                 Ok(())

@@ -20,6 +20,10 @@ pub enum ModelError {
     MissingWeight { path: PathBuf, name: String },
     #[error("{path}: tensor '{name}' has shape {found:?}, expected {expected:?}")]
     WeightShape { path: PathBuf, name: String, found: Vec<usize>, expected: Vec<usize> },
+    /// A checkpoint tensor whose shape differs from the model's, named with both dtypes (a
+    /// dtype alone is cast; a shape is never guessed).
+    #[error("{path}: tensor '{name}' is {found_dtype} {found:?}, the model expects {expected_dtype} {expected:?}: the shapes differ, so it cannot be cast")]
+    WeightMismatch { path: PathBuf, name: String, found: Vec<usize>, found_dtype: String, expected: Vec<usize>, expected_dtype: String },
     #[error("{path}: tensor '{name}': {source}")]
     Tensor {
         path: PathBuf,

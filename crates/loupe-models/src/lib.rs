@@ -150,8 +150,13 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
-            let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress);
+            let dtype = weights::config_dtype(&dir.join("config.json"))?;
+            let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress).with_config_dtype(dtype);
             let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            if let Some((first, from)) = source.converted.first() {
+                let to = source.expected_dtype(*from);
+                tracing::info!("{}: {} tensor(s) stored unlike the config's dtype, loaded as {to:?} (the first: {first}, stored as {from:?})", dir.display(), source.converted.len());
+            }
             Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision }
         }
     };

@@ -103,13 +103,15 @@ pub(crate) fn for_each_qk_row(rows: usize, n_heads: usize, mut f: impl FnMut(usi
 }
 
 /// Turns raw tensor bytes of type `ty` and row-major `shape` into a weight.
-fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[u8], precision: Precision) -> Result<Weight, ModelError> {
+/// `tensor_scale` multiplies every element (NVFP4's per-tensor scale; 1 otherwise): kept
+/// beside the blocks at native precision, folded into the f32 values otherwise.
+fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[u8], precision: Precision, tensor_scale: f32) -> Result<Weight, ModelError> {
     let tensor_err = |e| ModelError::Tensor { path: path.to_path_buf(), name: name.to_string(), source: e };
     let cols = *shape.last().unwrap_or(&1);
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
     let keep_blocks = precision != Precision::F32 && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
-        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, bytes.to_vec()).map_err(tensor_err)?))
+        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, bytes.to_vec()).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
     } else {
         let row_bytes = bytes.len() / rows.max(1);
         let mut out = vec![0f32; rows * cols];
@@ -117,9 +119,36 @@ fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[
             .zip(bytes.par_chunks(row_bytes.max(1)))
             .try_for_each(|(dst, src)| dequantize_row(ty, src, dst))
             .map_err(tensor_err)?;
+        if tensor_scale != 1.0 {
+            out.par_iter_mut().for_each(|v| *v *= tensor_scale);
+        }
         WeightData::F32(Arc::new(out))
     };
     Ok(Weight { name: name.to_string(), shape: shape.to_vec(), data, source_type: ty })
+}
+
+/// The name of the sidecar tensor holding the per-tensor scale of NVFP4 tensor `gguf_name`
+/// (`blk.0.attn_q.weight` -> `blk.0.attn_q.scale`, llama.cpp's `tn(..., "scale")`).
+pub fn nvfp4_scale_name(gguf_name: &str) -> String {
+    format!("{}.scale", gguf_name.strip_suffix(".weight").unwrap_or(gguf_name))
+}
+
+/// The per-tensor scale of an NVFP4 tensor: its sidecar's one f32, or 1 when the file has
+/// none (a file quantized without the second level, as ggml's own quantizer writes them). A
+/// sidecar that is not one finite f32 is an error naming it.
+pub fn nvfp4_tensor_scale(gguf: &GgufFile, gguf_name: &str) -> Result<f32, ModelError> {
+    let name = nvfp4_scale_name(gguf_name);
+    let Some(info) = gguf.tensor(&name) else { return Ok(1.0) };
+    let bad = |reason: String| ModelError::InvalidConfig { source_file: gguf.path.clone(), field: name.clone(), reason };
+    if info.ggml_type != GgmlType::F32 || info.n_elements() != 1 {
+        return Err(bad(format!("the per-tensor scale of NVFP4 tensor {gguf_name} must be one f32, found {} element(s) of {}", info.n_elements(), info.ggml_type)));
+    }
+    let b = gguf.tensor_data(info);
+    let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    if !v.is_finite() {
+        return Err(bad(format!("the per-tensor scale of NVFP4 tensor {gguf_name} is {v}")));
+    }
+    Ok(v)
 }
 
 /// Weights from a GGUF file.
@@ -159,7 +188,8 @@ impl WeightSource for GgufSource<'_> {
         if let Some(n) = heads {
             bytes = std::borrow::Cow::Owned(unpermute_rows(&bytes, n, bytes.len() / shape[0]));
         }
-        let w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision)?;
+        let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(self.gguf, &gname)? } else { 1.0 };
+        let w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale)?;
         self.done += info.size_bytes;
         if let Some(p) = self.progress {
             p(self.done, self.total);
@@ -181,12 +211,47 @@ impl WeightSource for GgufSource<'_> {
     }
 }
 
+/// The dtype a Hugging Face `config.json` says the checkpoint's weights are in (`dtype`, or
+/// `torch_dtype` before transformers 4.56): `float32`, `float16` or `bfloat16`; `None` when it
+/// names none of them (absent, `auto`).
+pub fn config_dtype(config_json: &Path) -> Result<Option<Dtype>, ModelError> {
+    let text = std::fs::read_to_string(config_json).map_err(|e| ModelError::Io { path: config_json.to_path_buf(), source: e })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig { source_file: config_json.to_path_buf(), field: "config.json".into(), reason: e.to_string() })?;
+    let name = v.get("dtype").or_else(|| v.get("torch_dtype")).and_then(serde_json::Value::as_str).unwrap_or("");
+    Ok(match name.trim_start_matches("torch.") {
+        "float32" => Some(Dtype::F32),
+        "float16" => Some(Dtype::F16),
+        "bfloat16" => Some(Dtype::BF16),
+        _ => None,
+    })
+}
+
+fn ggml_type_of(dtype: Dtype) -> Option<GgmlType> {
+    match dtype {
+        Dtype::F32 => Some(GgmlType::F32),
+        Dtype::F16 => Some(GgmlType::F16),
+        Dtype::BF16 => Some(GgmlType::BF16),
+        _ => None,
+    }
+}
+
 /// Weights from a Hugging Face safetensors checkpoint (already in HF naming and layout).
+///
+/// The auto-cast rule: each tensor is loaded as the dtype the model computes with, the
+/// *expected* dtype: f32 at `--precision f32`, else the config's `dtype` (or the stored one
+/// when the config names none). A stored dtype that differs is converted (bf16/f16 widened to
+/// f32 exactly; f32 rounded to bf16/f16 to nearest even, as `tensor.to(dtype)` does when
+/// transformers loads the checkpoint in its configured dtype) when the shapes match; when
+/// they do not, the load fails naming the tensor and both dtypes and shapes.
 pub struct SafetensorsSource<'a> {
     pub checkpoint: &'a SafetensorsCheckpoint,
     pub dir: PathBuf,
     pub precision: Precision,
     pub progress: Option<Progress<'a>>,
+    /// The config's dtype (see the type's docs); `None`: each tensor's stored dtype.
+    pub config_dtype: Option<Dtype>,
+    /// Tensors stored in another dtype than the config's, with their stored dtype.
+    pub converted: Vec<(String, Dtype)>,
     done: u64,
     total: u64,
 }
@@ -194,24 +259,60 @@ pub struct SafetensorsSource<'a> {
 impl<'a> SafetensorsSource<'a> {
     pub fn new(checkpoint: &'a SafetensorsCheckpoint, dir: PathBuf, precision: Precision, progress: Option<Progress<'a>>) -> Self {
         let total = checkpoint.names().filter_map(|n| checkpoint.tensor(n)).map(|(_, i)| (i.data_offsets.1 - i.data_offsets.0) as u64).sum();
-        SafetensorsSource { checkpoint, dir, precision, progress, done: 0, total }
+        SafetensorsSource { checkpoint, dir, precision, progress, config_dtype: None, converted: Vec::new(), done: 0, total }
+    }
+
+    /// The same source with the config's dtype (see [`config_dtype`]).
+    pub fn with_config_dtype(mut self, dtype: Option<Dtype>) -> Self {
+        self.config_dtype = dtype;
+        self
+    }
+
+    /// The dtype a tensor stored as `stored` is loaded as.
+    pub fn expected_dtype(&self, stored: Dtype) -> Dtype {
+        if self.precision == Precision::F32 {
+            Dtype::F32
+        } else {
+            self.config_dtype.unwrap_or(stored)
+        }
     }
 }
 
 impl WeightSource for SafetensorsSource<'_> {
     fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
         let (file, info) = self.checkpoint.tensor(hf_name).ok_or_else(|| ModelError::MissingWeight { path: self.dir.clone(), name: hf_name.to_string() })?;
+        let expected = self.expected_dtype(info.dtype);
         if info.shape != shape {
-            return Err(ModelError::WeightShape { path: self.dir.clone(), name: hf_name.to_string(), found: info.shape.clone(), expected: shape.to_vec() });
+            return Err(ModelError::WeightMismatch {
+                path: self.dir.clone(),
+                name: hf_name.to_string(),
+                found: info.shape.clone(),
+                found_dtype: format!("{:?}", info.dtype),
+                expected: shape.to_vec(),
+                expected_dtype: format!("{expected:?}"),
+            });
         }
-        let ty = match info.dtype {
-            Dtype::F32 => GgmlType::F32,
-            Dtype::F16 => GgmlType::F16,
-            Dtype::BF16 => GgmlType::BF16,
-            other => return Err(ModelError::InvalidConfig { source_file: self.dir.clone(), field: hf_name.to_string(), reason: format!("unsupported dtype {other:?} (loupe reads F32, F16 and BF16 checkpoints)") }),
-        };
+        let unsupported = |d: Dtype| ModelError::InvalidConfig { source_file: self.dir.clone(), field: hf_name.to_string(), reason: format!("unsupported dtype {d:?} (loupe reads F32, F16 and BF16 checkpoints)") };
+        let stored_ty = ggml_type_of(info.dtype).ok_or_else(|| unsupported(info.dtype))?;
         let bytes = file.tensor_data(info);
-        let w = make_weight(&self.dir, hf_name, ty, shape, bytes, self.precision)?;
+        let w = if expected == info.dtype || expected == Dtype::F32 {
+            // Same dtype, or a widening make_weight does exactly (f32 compute).
+            make_weight(&self.dir, hf_name, stored_ty, shape, bytes, self.precision, 1.0)?
+        } else {
+            let ty = ggml_type_of(expected).ok_or_else(|| unsupported(expected))?;
+            let tensor_err = |e| ModelError::Tensor { path: self.dir.clone(), name: hf_name.to_string(), source: e };
+            let n = bytes.len() / stored_ty.type_size();
+            let mut wide = vec![0f32; n];
+            dequantize_row(stored_ty, bytes, &mut wide).map_err(tensor_err)?;
+            let mut narrow = vec![0u8; n * ty.type_size()];
+            loupe_tensor::quant::quantize_row(ty, &wide, &mut narrow).map_err(tensor_err)?;
+            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0)?
+        };
+        // Recorded: tensors stored unlike the checkpoint's own config (widening everything
+        // to f32 at --precision f32 is the precision, not a cast worth reporting).
+        if self.config_dtype.is_some_and(|c| c != info.dtype) {
+            self.converted.push((hf_name.to_string(), info.dtype));
+        }
         self.done += bytes.len() as u64;
         if let Some(p) = self.progress {
             p(self.done, self.total);
@@ -238,6 +339,52 @@ mod tests {
         assert_eq!(gguf_name("model.layers.0.post_attention_layernorm.weight").as_deref(), Some("blk.0.ffn_norm.weight"));
         assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
         assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight"), None);
+    }
+
+    /// The auto-cast rule on a checkpoint whose config says bfloat16 but which stores one
+    /// matrix in f32 and one in bf16: at native precision the f32 one is rounded to bf16 (the
+    /// values transformers computes with after `.to(bfloat16)`), at f32 both are widened
+    /// exactly; a shape mismatch fails naming the tensor and both dtypes.
+    #[test]
+    fn stored_dtypes_are_cast_to_the_expected_one_and_shapes_are_never_guessed() {
+        use half::bf16;
+        use safetensors::tensor::TensorView;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"}"#).unwrap();
+        // 1 + 2^-10 is not a bf16 value (8 mantissa bits): it rounds to 1.0.
+        let f32_vals: Vec<f32> = vec![1.0 + 1.0 / 1024.0, -3.5, 0.1, 2.0e-3];
+        let f32_bytes: Vec<u8> = f32_vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bf_vals: Vec<f32> = vec![0.5, -1.25, 3.0, 0.0];
+        let bf_bytes: Vec<u8> = bf_vals.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+        let tensors = vec![
+            ("a.weight", TensorView::new(Dtype::F32, vec![2, 2], &f32_bytes).unwrap()),
+            ("b.weight", TensorView::new(Dtype::BF16, vec![2, 2], &bf_bytes).unwrap()),
+        ];
+        safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
+        assert_eq!(config_dtype(&dir.path().join("config.json")).unwrap(), Some(Dtype::BF16));
+        let ck = SafetensorsCheckpoint::open(dir.path()).unwrap();
+        let values = |w: &Weight| match &w.data {
+            WeightData::F32(v) => v.to_vec(),
+            WeightData::Quant(q) => q.dequantize(),
+        };
+
+        let mut native = SafetensorsSource::new(&ck, dir.path().to_path_buf(), Precision::Native, None).with_config_dtype(Some(Dtype::BF16));
+        let a = native.load("a.weight", &[2, 2]).unwrap();
+        assert_eq!(a.source_type, GgmlType::BF16, "cast to the config's dtype");
+        assert_eq!(values(&a), f32_vals.iter().map(|v| bf16::from_f32(*v).to_f32()).collect::<Vec<_>>());
+        assert_eq!(values(&a)[0], 1.0);
+        let b = native.load("b.weight", &[2, 2]).unwrap();
+        assert_eq!((b.source_type, values(&b)), (GgmlType::BF16, bf_vals.clone()));
+        assert_eq!(native.converted, vec![("a.weight".to_string(), Dtype::F32)]);
+
+        let mut wide = SafetensorsSource::new(&ck, dir.path().to_path_buf(), Precision::F32, None).with_config_dtype(Some(Dtype::BF16));
+        assert_eq!(values(&wide.load("a.weight", &[2, 2]).unwrap()), f32_vals, "f32 compute keeps f32 values exactly");
+        assert_eq!(values(&wide.load("b.weight", &[2, 2]).unwrap()), bf_vals);
+
+        let err = native.load("a.weight", &[4, 1]).unwrap_err().to_string();
+        for part in ["'a.weight'", "F32 [2, 2]", "expects BF16 [4, 1]", "cannot be cast"] {
+            assert!(err.contains(part), "{part:?} missing from: {err}");
+        }
     }
 
     #[test]

@@ -100,16 +100,21 @@ pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32],
     if can_group(w, k) {
         // Decode: a group of one matrix (the activation row quantized to Act16 on the stack,
         // then crate::gemv, each row bit-identical to wq::dot_row_act16). Allocates nothing.
-        return if m == 1 { matmul_wq_group_with(isa, x, &[w], &mut [y]) } else { batch_act16(isa, x, w, y, m) };
-    }
-    if w.ty == GgmlType::F32 {
+        // (The group applies the per-tensor scale itself.)
+        if m == 1 {
+            return matmul_wq_group_with(isa, x, &[w], &mut [y]);
+        }
+        batch_act16(isa, x, w, y, m)?;
+    } else if w.ty == GgmlType::F32 {
         let wp = w.data.as_ptr().cast::<f32>();
         // SAFETY: QMatrix::new checked data.len() == 4 * n * k; the kernels read it with
         // unaligned loads only.
         unsafe { f32_bands(isa, x, wp, y, m, k, n) };
-        return Ok(());
+    } else {
+        generic(isa, x, w, y, m)?;
     }
-    generic(isa, x, w, y, m)
+    w.apply_tensor_scale(y);
+    Ok(())
 }
 
 /// Tasks and weight rows per task for `n` weight rows and `m` activation rows.
@@ -190,7 +195,11 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
             }
         }
         Ok(())
-    })
+    })?;
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        w.apply_tensor_scale(y);
+    }
+    Ok(())
 }
 
 /// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`matmul_wq_group`] does, then the

@@ -141,6 +141,10 @@ pub struct QMatrix {
     /// Input features (`k`), a multiple of the type's block size.
     pub cols: usize,
     pub data: Vec<u8>,
+    /// A per-tensor factor on every element (NVFP4's second-level scale; 1 for every other
+    /// type). Kernels compute with the blocks alone and multiply their finished outputs by it
+    /// ([`QMatrix::apply_tensor_scale`]), as llama.cpp scales the result of an NVFP4 matmul.
+    pub tensor_scale: f32,
     layout: Layout,
 }
 
@@ -162,7 +166,7 @@ impl QMatrix {
                 got: data.len(),
             });
         }
-        Ok(QMatrix { ty, rows, cols, data, layout: Layout::RowMajor })
+        Ok(QMatrix { ty, rows, cols, data, tensor_scale: 1.0, layout: Layout::RowMajor })
     }
 
     /// Quantizes an f32 `[rows, cols]` matrix (types [`quant::quantize_row`] supports).
@@ -174,6 +178,21 @@ impl QMatrix {
             quant::quantize_row(ty, s, d)?;
         }
         QMatrix::new(ty, rows, cols, data)
+    }
+
+    /// The same matrix with a per-tensor scale (see [`QMatrix::tensor_scale`]).
+    pub fn with_tensor_scale(mut self, scale: f32) -> Self {
+        self.tensor_scale = scale;
+        self
+    }
+
+    /// Multiplies outputs computed from the blocks alone by the per-tensor scale (nothing to
+    /// do, and bit-identical, when it is 1).
+    pub fn apply_tensor_scale(&self, y: &mut [f32]) {
+        if self.tensor_scale != 1.0 {
+            let s = self.tensor_scale;
+            y.iter_mut().for_each(|v| *v *= s);
+        }
     }
 
     /// Bytes per row.
@@ -199,6 +218,7 @@ impl QMatrix {
                 quant::dequantize_row(self.ty, self.row(i), o).expect("QMatrix::new checked the size");
             }
         }
+        self.apply_tensor_scale(&mut out);
         out
     }
 }
@@ -238,7 +258,9 @@ pub fn matmul_q_with(
     }
     if w.ty == GgmlType::F32 && m >= GEMM_MIN_M {
         if let Some(wf) = aligned_f32(&w.data) {
-            return matmul_f32(x, wf, y, m, k, n);
+            matmul_f32(x, wf, y, m, k, n)?;
+            w.apply_tensor_scale(y);
+            return Ok(());
         }
     }
     let aty = quant::vec_dot_type(w.ty);
@@ -273,6 +295,7 @@ pub fn matmul_q_with(
             run(isa, rows, act, act_row, m, y);
         }
     }
+    w.apply_tensor_scale(y);
     Ok(())
 }
 

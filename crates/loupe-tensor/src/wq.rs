@@ -65,7 +65,9 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
             unsafe { gemm_x_wt(m, rows, k, out.get().add(j0), n, x.as_ptr(), k, s.as_ptr(), k) };
             Ok(())
         })
-    })
+    })?;
+    w.apply_tensor_scale(y);
+    Ok(())
 }
 
 /// One activation row quantized to 16-bit blocks of 32: `x[i] ~= scale[b] * q[i]` for

@@ -220,6 +220,37 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
     }
 }
 
+/// A UE4M3 sub-block scale of NVFP4 as ggml decodes it (`ggml_ue4m3_to_fp32`, ggml-impl.h):
+/// 4 exponent bits (bias 7) and 3 mantissa bits, bit 7 ignored, times 1/2 for the doubled
+/// [`MXFP4_VALUES`] grid; 0x00 and 0x7F (E4M3's NaN) decode to 0, so a broken scale byte
+/// zeroes its sub-block instead of spreading NaN.
+pub(crate) fn ue4m3_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7f {
+        return 0.0;
+    }
+    let exp = i32::from((x >> 3) & 0x0f);
+    let man = f32::from(x & 0x07);
+    // Both forms are exact in f32: man * 2^-9 (subnormal) and (8 + man) * 2^(exp - 10).
+    let raw = if exp == 0 { man * f32::powi(2.0, -9) } else { (8.0 + man) * f32::powi(2.0, exp - 10) };
+    raw * 0.5
+}
+
+/// ggml's `dequantize_row_nvfp4`: per 16-element sub-block s, byte j of its 8 holds element
+/// j in the low nibble and element j + 8 in the high one.
+pub(crate) fn nvfp4(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in src.chunks_exact(36).zip(dst.chunks_exact_mut(64)) {
+        for s in 0..4 {
+            let d = ue4m3_half(b[s]);
+            let qs = &b[4 + 8 * s..12 + 8 * s];
+            let o = &mut out[16 * s..16 * s + 16];
+            for j in 0..8 {
+                o[j] = f32::from(MXFP4_VALUES[(qs[j] & 0x0F) as usize]) * d;
+                o[j + 8] = f32::from(MXFP4_VALUES[(qs[j] >> 4) as usize]) * d;
+            }
+        }
+    }
+}
+
 pub(crate) fn mxfp4(src: &[u8], dst: &mut [f32]) {
     for (b, out) in src.chunks_exact(17).zip(dst.chunks_exact_mut(32)) {
         let d = e8m0_half(b[0]);

@@ -118,6 +118,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), T
         GgmlType::Q6K => dequant::q6_k(src, dst),
         GgmlType::Q8K => dequant::q8_k(src, dst),
         GgmlType::Mxfp4 => dequant::mxfp4(src, dst),
+        GgmlType::Nvfp4 => dequant::nvfp4(src, dst),
         _ => return Err(TensorError::UnsupportedType { op: "dequantize_row", dtype: ty }),
     }
     Ok(())
@@ -157,6 +158,7 @@ pub fn quantize_row_with(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) ->
         GgmlType::Q8_1 => quantize::q8_1(src, dst),
         GgmlType::Q8K => quantize::q8_k(src, dst),
         GgmlType::Mxfp4 => quantize::mxfp4(src, dst),
+        GgmlType::Nvfp4 => quantize::nvfp4(src, dst),
         _ => return Err(TensorError::UnsupportedType { op: "quantize_row", dtype: ty }),
     }
     Ok(())

@@ -214,11 +214,51 @@ pub(crate) fn q8_k(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// The nearest of the 16 doubled E2M1 codes to `v` at scale `d` (the first one on a tie, as
+/// ggml's `best_index_mxfp4` linear search picks).
+fn nearest_e2m1(v: f32, d: f32) -> u8 {
+    use super::dequant::MXFP4_VALUES;
+    let mut best = (0u8, (f32::from(MXFP4_VALUES[0]) * d - v).abs());
+    for (i, &k) in MXFP4_VALUES.iter().enumerate().skip(1) {
+        let err = (f32::from(k) * d - v).abs();
+        if err < best.1 {
+            best = (i as u8, err);
+        }
+    }
+    best.0
+}
+
+/// ggml's `quantize_row_nvfp4_ref`: each 16-element sub-block's scale is its largest
+/// magnitude over 6 (the top E2M1 value), narrowed to UE4M3 (here: E4M3's nearest code, ties
+/// to even, saturating at 448; a zero or non-finite block gets code 0); then each value
+/// takes its nearest code at the decoded scale. A sub-block whose scale narrows to 0 decodes
+/// to zeros.
+pub(crate) fn nvfp4(src: &[f32], dst: &mut [u8]) {
+    use super::dequant::ue4m3_half;
+    use loupe_core::fp8::Fp8Format;
+    for (x, b) in src.chunks_exact(64).zip(dst.chunks_exact_mut(36)) {
+        for s in 0..4 {
+            let xs = &x[16 * s..16 * s + 16];
+            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let target = amax / 6.0;
+            // `encode` saturates to 0x7E for large and infinite values; NaN (a NaN input)
+            // would give 0x7F, which decodes to 0: write 0 for it explicitly.
+            let ue = if target > 0.0 && !target.is_nan() { Fp8Format::E4M3.encode(target) & 0x7f } else { 0 };
+            b[s] = ue;
+            let d = ue4m3_half(ue);
+            let qs = &mut b[4 + 8 * s..12 + 8 * s];
+            for j in 0..8 {
+                qs[j] = nearest_e2m1(xs[j], d) | (nearest_e2m1(xs[j + 8], d) << 4);
+            }
+        }
+    }
+}
+
 /// ggml's `quantize_row_mxfp4_ref`: the block exponent puts the largest magnitude in
 /// [4, 8) times the halved scale (so it lands on the top E2M1 values), then each value takes
 /// the nearest of the 16 codes (the first one on a tie, as ggml's linear search does).
 pub(crate) fn mxfp4(src: &[f32], dst: &mut [u8]) {
-    use super::dequant::{e8m0_half, MXFP4_VALUES};
+    use super::dequant::e8m0_half;
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(17)) {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         // ggml casts the float exponent to u8 directly; outside 0..=255 (|x| below 2^-125 or
@@ -226,18 +266,8 @@ pub(crate) fn mxfp4(src: &[f32], dst: &mut [u8]) {
         let e = if amax > 0.0 { (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8 } else { 0 };
         let d = e8m0_half(e);
         b[0] = e;
-        let best = |v: f32| -> u8 {
-            let mut best = (0u8, (f32::from(MXFP4_VALUES[0]) * d - v).abs());
-            for (i, &k) in MXFP4_VALUES.iter().enumerate().skip(1) {
-                let err = (f32::from(k) * d - v).abs();
-                if err < best.1 {
-                    best = (i as u8, err);
-                }
-            }
-            best.0
-        };
         for j in 0..16 {
-            b[1 + j] = best(x[j]) | (best(x[j + 16]) << 4);
+            b[1 + j] = nearest_e2m1(x[j], d) | (nearest_e2m1(x[j + 16], d) << 4);
         }
     }
 }

@@ -31,6 +31,7 @@ pub(super) fn dot_fn(ty: GgmlType) -> VecDotFn {
         GgmlType::Q6K => q6k_q8k,
         GgmlType::Q8K => q8k_q8k,
         GgmlType::Mxfp4 => mxfp4_f32,
+        GgmlType::Nvfp4 => nvfp4_f32,
         other => panic!("vec_dot: no kernel for {other}"),
     }
 }
@@ -83,6 +84,20 @@ pub(crate) fn mxfp4_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     for (b, block) in w[..n / QK * 17].chunks_exact(17).enumerate() {
         super::dequant::mxfp4(block, &mut vals);
         acc += vals.iter().enumerate().map(|(j, &v)| v * act_f32(a, b * QK + j)).sum::<f32>();
+    }
+    acc
+}
+
+/// NVFP4 against f32 activations, as [`mxfp4_f32`]: each 64-element block's codes in the
+/// doubled E2M1 grid, times their sub-block's halved UE4M3 scale. The per-tensor scale, when
+/// the tensor has one, multiplies the finished row (`QMatrix::tensor_scale`).
+pub(crate) fn nvfp4_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    super::check_dot(GgmlType::Nvfp4, w, a, n);
+    let mut vals = [0f32; 64];
+    let mut acc = 0f32;
+    for (b, block) in w[..n / 64 * 36].chunks_exact(36).enumerate() {
+        super::dequant::nvfp4(block, &mut vals);
+        acc += vals.iter().enumerate().map(|(j, &v)| v * act_f32(a, b * 64 + j)).sum::<f32>();
     }
     acc
 }

@@ -262,3 +262,90 @@ fn mxfp4_blocks_decode_and_quantize_as_ggml_does() {
     quantize_row(GgmlType::Mxfp4, &[0.0; 32], &mut q).unwrap();
     assert_eq!(q, [0u8; 17]);
 }
+
+/// NVFP4 (ggml's `block_nvfp4`): the UE4M3 sub-block scales decode as ggml's
+/// `ggml_ue4m3_to_fp32` (halved, 0x00 and 0x7F give 0); a hand-made block decodes with each
+/// sub-block's byte j holding elements j and j + 8; quantizing takes each sub-block's scale
+/// from its own largest magnitude and every value its nearest code; the generic dot equals
+/// dequantize-then-multiply; zero and NaN-scale sub-blocks give zeros, never NaN.
+#[test]
+fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
+    use super::dequant::ue4m3_half;
+    // Every scale code against E4M3FN's own decoding (bit 7 ignored, halved).
+    for x in 0u8..=255 {
+        let want = if x & 0x7f == 0 || x == 0x7f { 0.0 } else { loupe_core::fp8::Fp8Format::E4M3.decode(x & 0x7f) * 0.5 };
+        if x == 0xff {
+            // ggml decodes 0xFF as exponent 15, mantissa 7 (only 0x7F is its NaN): 240.
+            assert_eq!(ue4m3_half(x), 240.0);
+            continue;
+        }
+        assert_eq!(ue4m3_half(x), want, "scale code {x:#04x}");
+    }
+    // Sub-block scales 1.0, 0.5, 2.0 (as raw UE4M3 values, decoded halved), and 0x7F.
+    let codes = [0x38u8, 0x30, 0x40, 0x7f];
+    let mut block = codes.to_vec();
+    for _ in 0..4 {
+        block.extend((0..8u8).map(|j| j | ((15 - j) << 4)));
+    }
+    let mut out = [0f32; 64];
+    dequantize_row(GgmlType::Nvfp4, &block, &mut out).unwrap();
+    let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+    for (s, raw) in [1.0f32, 0.5, 2.0, 0.0].into_iter().enumerate() {
+        for j in 0..8 {
+            assert_eq!(out[16 * s + j], grid[j] * raw, "sub-block {s}, low nibble {j}");
+            assert_eq!(out[16 * s + j + 8], grid[15 - j] * raw, "sub-block {s}, high nibble {j}");
+        }
+    }
+    // Values on the grid with max |x| = 6 per sub-block round-trip exactly (scale 1.0).
+    let x: Vec<f32> = (0..64).map(|i| grid[(i * 7) % 16] * if i % 16 == 0 { 0.0 } else { 1.0 }).collect();
+    let mut x = x;
+    for s in 0..4 {
+        x[16 * s + 3] = 6.0;
+    }
+    let mut q = [0u8; 36];
+    quantize_row(GgmlType::Nvfp4, &x, &mut q).unwrap();
+    assert_eq!(&q[..4], &[0x38; 4], "max 6 -> raw scale 1.0");
+    let mut back = [0f32; 64];
+    dequantize_row(GgmlType::Nvfp4, &q, &mut back).unwrap();
+    assert_eq!(back.to_vec(), x, "representable values come back exactly");
+    // Random blocks at several magnitudes: nearest code at the sub-block's decoded scale.
+    let mut rng = loupe_core::SplitMix64::new(9);
+    for mag in [1e-3f32, 0.7, 37.0, 300.0] {
+        let x: Vec<f32> = (0..128).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * mag).collect();
+        let mut q = vec![0u8; 72];
+        quantize_row(GgmlType::Nvfp4, &x, &mut q).unwrap();
+        let mut y = vec![0f32; 128];
+        dequantize_row(GgmlType::Nvfp4, &q, &mut y).unwrap();
+        for (sb, (xs, ys)) in x.chunks(16).zip(y.chunks(16)).enumerate() {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let code = q[(sb / 4) * 36 + sb % 4];
+            assert_eq!(code, loupe_core::fp8::Fp8Format::E4M3.encode(amax / 6.0), "magnitude {mag}: sub-block {sb}'s scale");
+            let d = ue4m3_half(code);
+            for (&xv, &yv) in xs.iter().zip(ys) {
+                let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0].iter().flat_map(|&k| [k * d, -k * d]).map(|c| (c - xv).abs()).fold(f32::INFINITY, f32::min);
+                assert_eq!((yv - xv).abs(), nearest, "magnitude {mag}: {xv} became {yv}");
+            }
+        }
+        let act: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin()).collect();
+        let want: f32 = y.chunks(64).zip(act.chunks(64)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
+        assert_eq!(crate::wq::dot_row_scalar(GgmlType::Nvfp4, &q, &act).unwrap(), want);
+        let mut out = [0f32; 1];
+        let qm = crate::matmul::QMatrix::new(GgmlType::Nvfp4, 1, 128, q.clone()).unwrap();
+        crate::wq::matmul_wq(&act, &qm, &mut out, 1).unwrap();
+        assert_eq!(out[0], want, "the matmul's generic path");
+        // A per-tensor scale multiplies the finished output (and the dequantized matrix).
+        let qm = qm.with_tensor_scale(0.25);
+        crate::wq::matmul_wq(&act, &qm, &mut out, 1).unwrap();
+        assert_eq!(out[0], want * 0.25, "the per-tensor scale");
+        assert_eq!(qm.dequantize(), y.iter().map(|v| v * 0.25).collect::<Vec<_>>());
+    }
+    // All-zero and NaN sub-blocks: scale code 0 and zeros back (never NaN).
+    let mut x = [0f32; 64];
+    x[16..32].fill(f32::NAN);
+    let mut q = [0xAAu8; 36];
+    quantize_row(GgmlType::Nvfp4, &x, &mut q).unwrap();
+    assert_eq!(&q[..2], &[0, 0]);
+    let mut back = [1f32; 64];
+    dequantize_row(GgmlType::Nvfp4, &q, &mut back).unwrap();
+    assert!(back.iter().all(|v| *v == 0.0), "{back:?}");
+}

@@ -75,6 +75,17 @@ pub fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             }
             out
         }
+        GgmlType::Nvfp4 => {
+            // UE4M3 sub-block scale bytes in a weight-like range (exponent field 1..4: halved
+            // scales 2^-7 .. 2^-3); the nibbles are any codes.
+            let mut out = rng.bytes(n / 64 * 36);
+            for blk in out.chunks_exact_mut(36) {
+                for s in &mut blk[..4] {
+                    *s = 0x08 + *s % 32;
+                }
+            }
+            out
+        }
         GgmlType::Q8K => {
             // d is an f32 here; bsums only matter for activations (not used for weights).
             let mut out = Vec::new();
