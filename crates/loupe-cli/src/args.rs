@@ -19,6 +19,9 @@ pub enum PrecisionArg {
     Native,
     /// Keep GGML blocks and quantize activations to 8-bit blocks, as llama.cpp does.
     Q8,
+    /// FP8 E4M3 weights (per output row) and activations (per token) in the decoder layers,
+    /// guarded scales, f32 accumulation: FP8 W8A8 numerics, emulated (speed of f32).
+    Fp8,
 }
 
 impl From<PrecisionArg> for Precision {
@@ -27,6 +30,7 @@ impl From<PrecisionArg> for Precision {
             PrecisionArg::F32 => Precision::F32,
             PrecisionArg::Native => Precision::Native,
             PrecisionArg::Q8 => Precision::Q8,
+            PrecisionArg::Fp8 => Precision::Fp8,
         }
     }
 }
@@ -37,6 +41,7 @@ pub fn precision_name(p: Precision) -> &'static str {
         Precision::F32 => "f32",
         Precision::Native => "native",
         Precision::Q8 => "q8",
+        Precision::Fp8 => "fp8",
     }
 }
 

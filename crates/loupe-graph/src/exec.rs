@@ -610,6 +610,14 @@ impl Executor {
                 let w = graph.weight(*weight);
                 let (n, k) = (w.shape[0], w.shape[1]);
                 let x_all = &self.slots[self.slot_of[node.inputs[0].0 as usize] as usize];
+                // --precision fp8: the input as FP8 E4M3 holds it, one scale per token.
+                let fp8_x;
+                let x_all: &[f32] = if graph.fp8_activations && crate::ir::is_fp8_linear(&w.name) {
+                    fp8_x = loupe_tensor::fp8::round_trip_rows_e4m3(x_all, k)?;
+                    &fp8_x
+                } else {
+                    x_all
+                };
                 match step {
                     StepKv::Single { .. } => {
                         // The logits of generation need only the last token's row.

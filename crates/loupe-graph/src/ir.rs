@@ -216,6 +216,10 @@ pub struct Graph {
     /// Quantize activations to 8-bit blocks for block-quantized weights (llama.cpp's
     /// scheme) instead of multiplying dequantized weights by f32 activations.
     pub quantize_activations: bool,
+    /// `--precision fp8`: the inputs of the decoder layers' linear layers ([`is_fp8_linear`])
+    /// are rounded to FP8 E4M3 per token (dynamic, guarded scale) before the matmul; their
+    /// weights were rounded per output row at load.
+    pub fp8_activations: bool,
     /// Element type of a single sequence's KV cache ([`crate::KvCache`]): f16 for graphs
     /// that keep quantized weights (half the bytes decode reads per cached position, as
     /// the batched engine's default), f32 for the f32 parity baseline. Set by the model
@@ -240,11 +244,19 @@ impl Default for Graph {
             kv_width: 0,
             context_length: 0,
             quantize_activations: false,
+            fp8_activations: false,
             kv_dtype: crate::KvDtype::F32,
             memory_plan: None,
             kernels: Vec::new(),
         }
     }
+}
+
+/// Whether `--precision fp8` applies to the linear layer of weight `name`: the decoder
+/// layers' projections (`model.layers.*`), as FP8 checkpoints' recipes quantize them and keep
+/// the embedding and `lm_head` in 16 bits.
+pub fn is_fp8_linear(weight_name: &str) -> bool {
+    weight_name.starts_with("model.layers.")
 }
 
 /// Which buffer slot holds each value while it is live. Two values share a slot only if

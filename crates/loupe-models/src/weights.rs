@@ -31,6 +31,12 @@ pub enum Precision {
     /// Keep GGML blocks and quantize activations to 8-bit blocks for integer dot products,
     /// as llama.cpp does (to compare with llama.cpp's numbers).
     Q8,
+    /// FP8 E4M3 weights (one guarded scale per output row) and activations (one guarded
+    /// scale per token, computed as they arrive) for the decoder layers' linear layers, the
+    /// products accumulated in f32: the numerics of an FP8 W8A8 GEMM, emulated on the f32
+    /// kernels (values rounded to FP8 and widened), so as fast as `F32`, not faster. The
+    /// embedding and `lm_head` stay in their own precision, as FP8 recipes keep them.
+    Fp8,
 }
 
 /// Where a model's weights come from.
@@ -109,7 +115,7 @@ fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[
     let tensor_err = |e| ModelError::Tensor { path: path.to_path_buf(), name: name.to_string(), source: e };
     let cols = *shape.last().unwrap_or(&1);
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
-    let keep_blocks = precision != Precision::F32 && shape.len() == 2 && ty != GgmlType::F32;
+    let keep_blocks = !matches!(precision, Precision::F32 | Precision::Fp8) && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
         WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, bytes.to_vec()).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
     } else {
@@ -121,6 +127,9 @@ fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[
             .map_err(tensor_err)?;
         if tensor_scale != 1.0 {
             out.par_iter_mut().for_each(|v| *v *= tensor_scale);
+        }
+        if precision == Precision::Fp8 && shape.len() == 2 && loupe_graph::is_fp8_linear(name) {
+            out = loupe_tensor::fp8::round_trip_rows_e4m3(&out, cols.max(1)).map_err(tensor_err)?;
         }
         WeightData::F32(Arc::new(out))
     };
@@ -270,7 +279,7 @@ impl<'a> SafetensorsSource<'a> {
 
     /// The dtype a tensor stored as `stored` is loaded as.
     pub fn expected_dtype(&self, stored: Dtype) -> Dtype {
-        if self.precision == Precision::F32 {
+        if matches!(self.precision, Precision::F32 | Precision::Fp8) {
             Dtype::F32
         } else {
             self.config_dtype.unwrap_or(stored)

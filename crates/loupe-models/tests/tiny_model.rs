@@ -182,3 +182,47 @@ fn runs_in_every_precision_with_finite_distinct_logits_and_agreeing_argmax() {
         assert!(agree >= floor, "{precision:?}: argmax agrees with f32 on {agree}/{} positions", tokens.len());
     }
 }
+
+/// `--precision fp8`: every decoder-layer matrix holds, row by row, values FP8 E4M3
+/// represents at that row's guarded scale (max|row| / 448, applied as its reciprocal), the embedding (also the tied
+/// lm_head) keeps f32's values, the graph rounds its layer inputs to FP8, and the logits
+/// stay near f32's without equalling them.
+#[test]
+fn fp8_precision_rounds_layer_weights_per_row_and_keeps_the_embedding() {
+    use loupe_core::fp8::Fp8Format;
+    let (_dir, path) = write(&TinyLlama::default());
+    let (wide, fp8) = (load_tiny(&path, Precision::F32), load_tiny(&path, Precision::Fp8));
+    assert!(fp8.graph.fp8_activations && !wide.graph.fp8_activations);
+    let values = |m: &Model, name: &str| -> Vec<f32> {
+        match &m.graph.weights.iter().find(|w| w.name == name).unwrap_or_else(|| panic!("no {name}")).data {
+            WeightData::F32(v) => v.to_vec(),
+            WeightData::Quant(_) => panic!("{name}: fp8 keeps f32 values"),
+        }
+    };
+    let mut layer_matrices = 0;
+    for w in fp8.graph.weights.iter().filter(|w| w.shape.len() == 2) {
+        let (a, b) = (values(&wide, &w.name), values(&fp8, &w.name));
+        if !loupe_graph::is_fp8_linear(&w.name) {
+            assert_eq!(a, b, "{}: kept as it was", w.name);
+            continue;
+        }
+        layer_matrices += 1;
+        assert_ne!(a, b, "{}: rounded", w.name);
+        for (ra, rb) in a.chunks(w.shape[1]).zip(b.chunks(w.shape[1])) {
+            let amax = ra.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let (scale, inv) = loupe_tensor::fp8::scale_and_reciprocal(amax, Fp8Format::E4M3);
+            for (&x, &y) in ra.iter().zip(rb) {
+                let code = Fp8Format::E4M3.encode(x * inv);
+                assert_eq!(y, Fp8Format::E4M3.decode(code) * scale, "{}: {x} became {y}", w.name);
+            }
+        }
+    }
+    assert_eq!(layer_matrices, 7 * TinyLlama::default().layers);
+    let tokens = fp8.tokenizer.encode("The quick brown fox jumps over the lazy dog", true).unwrap();
+    let (la, lb) = (all_logits(&wide.graph, &tokens), all_logits(&fp8.graph, &tokens));
+    let dot: f64 = la.iter().zip(&lb).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let cos = dot / (norm(&la) * norm(&lb));
+    eprintln!("fp8 against f32: logits cosine {cos}");
+    assert!(cos > 0.9 && cos < 1.0, "fp8 logits against f32's: cosine {cos}");
+}

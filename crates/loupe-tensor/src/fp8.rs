@@ -162,6 +162,21 @@ pub fn quantize_rows_e4m3(rows: &[f32], width: usize, codes: &mut [u8], scales: 
     Ok(())
 }
 
+/// `x` as FP8 E4M3 would hold it: quantized with one guarded scale per `width` consecutive
+/// elements ([`quantize_rows_e4m3`]) and widened back. `--precision fp8` passes its
+/// activations (per token) and weights (per output row) through this, so f32 kernels
+/// compute exactly with the values an FP8 W8A8 GEMM multiplies.
+pub fn round_trip_rows_e4m3(x: &[f32], width: usize) -> Result<Vec<f32>, TensorError> {
+    let groups = if width == 0 { 0 } else { x.len() / width };
+    let (mut codes, mut scales) = (vec![0u8; x.len()], vec![0f32; groups]);
+    quantize_rows_e4m3(x, width, &mut codes, &mut scales)?;
+    let mut out = vec![0f32; x.len()];
+    for ((c, o), &s) in codes.chunks_exact(width).zip(out.chunks_exact_mut(width)).zip(&scales) {
+        dequantize_e4m3(c, s, o);
+    }
+    Ok(out)
+}
+
 /// Widens E4M3 `codes` that share `scale` into `out` (as many).
 #[inline]
 pub fn dequantize_e4m3(codes: &[u8], scale: f32, out: &mut [f32]) {
@@ -346,6 +361,20 @@ mod tests {
         let err = quantize_dynamic(&x, Fp8Format::E4M3, Granularity::PerGroup { size: 5 }).unwrap_err();
         assert!(err.to_string().contains("12 elements do not split into groups of 5"), "{err}");
         assert!(quantize_dynamic(&x, Fp8Format::E4M3, Granularity::PerRow { cols: 0 }).is_err());
+    }
+
+    /// `--precision fp8`'s rounding: the same values as the reference per-row quantizer
+    /// widened back; an all-zero row stays exact zeros; bad widths are errors.
+    #[test]
+    fn round_trip_rows_match_the_reference_quantizer() {
+        let mut x: Vec<f32> = (0..96).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.013).collect();
+        x[64..96].fill(0.0);
+        let got = round_trip_rows_e4m3(&x, 32).unwrap();
+        let want = quantize_dynamic(&x, Fp8Format::E4M3, Granularity::PerRow { cols: 32 }).unwrap().dequantize();
+        assert_eq!(got, want);
+        assert!(got[64..].iter().all(|v| *v == 0.0 && v.is_sign_positive()));
+        assert_ne!(got[..64], x[..64], "values were rounded");
+        assert!(round_trip_rows_e4m3(&x, 5).is_err() && round_trip_rows_e4m3(&x, 0).is_err());
     }
 
     #[test]
