@@ -16,7 +16,7 @@ pub struct QuantizeArgs {
     pub input: PathBuf,
     /// The GGUF file to write.
     pub output: PathBuf,
-    /// Target type of the weight matrices: q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4, nvfp4, f16, bf16 or f32.
+    /// Target type of the weight matrices: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4, f16, bf16 or f32.
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: String,
     /// Replace OUTPUT if it exists.

@@ -146,6 +146,35 @@ fn nvfp4_files_carry_their_tensor_scales_and_run_near_the_original() {
     }
 }
 
+/// Q4_K (256-element super-blocks) on a tiny model wide enough for them (hidden 256, FFN
+/// 512): every matrix becomes Q4_K, the file says Q4_K_S, and it runs near the original at
+/// f32 and at native precision; on the default tiny model (hidden 64) every matrix is kept,
+/// each with its reason.
+#[test]
+fn q4_k_files_load_and_run_near_the_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.gguf");
+    let spec = loupe_models::tiny::TinyLlama { hidden: 256, ffn: 512, ..tiny_spec() };
+    loupe_models::tiny::write_tiny_llama_gguf(&wide, &spec).unwrap();
+    let want = dump_logits(&wide, &dir.path().join("orig"));
+    let out = dir.path().join("wide-q4_k.gguf");
+    let o = run(loupe().arg("quantize").arg(&wide).arg(&out).args(["--type", "q4_K", "--all"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g = GgufFile::open(&out).unwrap();
+    assert!(g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "q4_K"), "{:?}", g.tensors.iter().map(|t| (&t.name, t.ggml_type.name())).collect::<Vec<_>>());
+    assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some("14".into()));
+    let cos = cosine(&want, &dump_logits(&out, &dir.path().join("q4k")));
+    eprintln!("q4_K: logits cosine {cos}");
+    assert!(cos > 0.8 && cos < 0.99999, "q4_K: logits cosine {cos} against the original");
+    let native = dump_logits_at(&out, &dir.path().join("q4k-native"), "native");
+    assert!(cosine(&native, &dump_logits(&out, &dir.path().join("q4k-f32"))) > 0.999, "native against f32 on the Q4_K file");
+
+    let narrow = dir.path().join("narrow-q4_k.gguf");
+    let o = run(loupe().arg("quantize").arg(tiny_model()).arg(&narrow).args(["--type", "q4_K", "--all"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("rows do not split into the target's blocks"), "{}", stderr(&o));
+}
+
 #[test]
 fn all_quantizes_the_embedding_too() {
     let dir = tempfile::tempdir().unwrap();
@@ -166,7 +195,7 @@ fn bad_quantize_arguments_fail_with_one_line() {
     std::fs::write(&not_gguf, b"not a model").unwrap();
     std::fs::write(dir.path().join("exists.gguf"), b"").unwrap();
     for (args, needle) in [
-        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4, nvfp4, f16, bf16, f32".to_string()),
+        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4, f16, bf16, f32".to_string()),
         (vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "a directory; loupe quantize reads a GGUF file".into()),
         (vec![not_gguf.display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "not a GGUF file".into()),
         (vec![tiny_model().display().to_string(), dir.path().join("exists.gguf").display().to_string(), "--type".into(), "q8_0".into()], "exists (--force replaces it)".into()),

@@ -20,12 +20,13 @@ use crate::weights::{nvfp4_scale_name, nvfp4_tensor_scale};
 use crate::ModelError;
 
 /// Types `loupe quantize --type` writes.
-pub const TARGETS: [GgmlType; 10] = [
+pub const TARGETS: [GgmlType; 11] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q4K,
     GgmlType::Mxfp4,
     GgmlType::Nvfp4,
     GgmlType::F16,
@@ -61,6 +62,7 @@ fn file_type(ty: GgmlType) -> u32 {
         GgmlType::BF16 => 32,
         GgmlType::Mxfp4 => 38, // LLAMA_FTYPE_MOSTLY_MXFP4_MOE, as gpt-oss files say
         GgmlType::Nvfp4 => 39, // LLAMA_FTYPE_MOSTLY_NVFP4
+        GgmlType::Q4K => 14,   // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix Q4_K
         _ => 0,
     }
 }

@@ -126,7 +126,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), T
 
 /// Quantizes `src` into `dst` (exactly the bytes for `src.len()` elements of
 /// `ty`), as ggml's `quantize_row_*_ref` would. Supported: F32, F16, BF16, Q4_0,
-/// Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K; the K-quant weight types are not.
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, MXFP4, NVFP4 and Q4_K; the other K-quant weight
+/// types are not.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), TensorError> {
     quantize_row_with(Isa::active(), ty, src, dst)
 }
@@ -159,6 +160,7 @@ pub fn quantize_row_with(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) ->
         GgmlType::Q8K => quantize::q8_k(src, dst),
         GgmlType::Mxfp4 => quantize::mxfp4(src, dst),
         GgmlType::Nvfp4 => quantize::nvfp4(src, dst),
+        GgmlType::Q4K => quantize::q4_k(src, dst),
         _ => return Err(TensorError::UnsupportedType { op: "quantize_row", dtype: ty }),
     }
     Ok(())
@@ -168,7 +170,7 @@ pub fn quantize_row_with(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) ->
 pub fn can_quantize(ty: GgmlType) -> bool {
     !matches!(
         ty,
-        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K
     ) && GgmlType::ALL.contains(&ty)
 }
 

@@ -5,8 +5,9 @@
 //! Each follows ggml's `quantize_row_*_ref` (ggml/src/ggml-quants.c) step for step,
 //! including its rounding (`roundf` = half away from zero for Q8_0/Q8_1;
 //! truncation after `+ 0.5`/`+ 8.5` for Q4/Q5; `nearest_int` = half to even for
-//! Q8_K), so a model written here quantizes as ggml would write it. K-quant weight
-//! quantizers (ggml's iterative `make_qkx2_quants` search) are not implemented.
+//! Q8_K), so a model written here quantizes as ggml would write it. Of the K-quant weight
+//! types, Q4_K is written (ggml's `quantize_row_q4_K_ref` with its iterative
+//! `make_qkx2_quants` search for each sub-block's scale and min); the others are not.
 //!
 //! Callers (`quant::quantize_row`) have already checked the lengths.
 
@@ -269,5 +270,139 @@ pub(crate) fn mxfp4(src: &[f32], dst: &mut [u8]) {
         for j in 0..16 {
             b[1 + j] = nearest_e2m1(x[j], d) | (nearest_e2m1(x[j + 16], d) << 4);
         }
+    }
+}
+
+/// ggml's `make_qkx2_quants`: for `x` (one sub-block) with importance `weights`, the scale
+/// and (non-positive) offset minimising the weighted squared error of `scale * L + min` with
+/// `L` in `0..=nmax`. Starts from the min-max fit, then tries `nstep + 1` scales
+/// `(nmax + rmin + rdelta * is) / (max - min)`, refitting scale and min by weighted least
+/// squares for each and keeping the best. Returns the scale; `-min` goes to `the_min`.
+#[allow(clippy::too_many_arguments)]
+fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], l_out: &mut [u8], the_min: &mut f32, l_aux: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> f32 {
+    // |x| < 2^22 keeps nearest_int exact; weights come from finite rows, this only guards.
+    let near = |v: f32| nearest_int(v.clamp(-4_000_000.0, 4_000_000.0));
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..x.len() {
+        min = min.min(x[i]);
+        max = max.max(x[i]);
+        sum_w += weights[i];
+        sum_x += weights[i] * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l_out.fill(0);
+        *the_min = -min;
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best = 0.0f32;
+    for i in 0..x.len() {
+        let l = near(iscale * (x[i] - min)).clamp(0, nmax);
+        l_out[i] = l as u8;
+        let diff = scale * l as f32 + min - x[i];
+        best += weights[i] * diff * diff;
+    }
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
+        for i in 0..x.len() {
+            let l = near(iscale * (x[i] - min)).clamp(0, nmax);
+            l_aux[i] = l as u8;
+            let w = weights[i];
+            let lf = l as f32;
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * x[i];
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut err = 0.0f32;
+            for i in 0..x.len() {
+                let diff = this_scale * l_aux[i] as f32 + this_min - x[i];
+                err += weights[i] * diff * diff;
+            }
+            if err < best {
+                l_out.copy_from_slice(l_aux);
+                best = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    scale
+}
+
+/// ggml's `quantize_row_q4_K_ref`: per 32-element sub-block, [`make_qkx2_quants`] (values
+/// weighted by `rms(sub-block) + |x|`, 20 steps of 0.1 from -1) gives a scale and a min;
+/// both sets are quantized to 6 bits against the super-block's largest (`d = max_scale /
+/// 63`, `dmin = max_min / 63`, as f16), then every value is re-rounded against its
+/// sub-block's final 6-bit scale and min.
+pub(crate) fn q4_k(src: &[f32], dst: &mut [u8]) {
+    for (i, x) in src.chunks_exact(QK_K).enumerate() {
+        let mut l = [0u8; QK_K];
+        let mut l_aux = [0u8; 32];
+        let mut weights = [0f32; 32];
+        let (mut scales, mut mins) = ([0f32; 8], [0f32; 8]);
+        let (mut max_scale, mut max_min) = (0f32, 0f32);
+        for j in 0..8 {
+            let xs = &x[32 * j..32 * j + 32];
+            let av_x = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+            for (w, v) in weights.iter_mut().zip(xs) {
+                *w = av_x + v.abs();
+            }
+            scales[j] = make_qkx2_quants(15, xs, &weights, &mut l[32 * j..32 * j + 32], &mut mins[j], &mut l_aux, -1.0, 0.1, 20);
+            max_scale = max_scale.max(scales[j]);
+            max_min = max_min.max(mins[j]);
+        }
+        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+        let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+        let mut packed = [0u8; K_SCALE_SIZE];
+        for j in 0..8 {
+            let ls = nearest_int(inv_scale * scales[j]).clamp(0, 63) as u8;
+            let lm = nearest_int(inv_min * mins[j]).clamp(0, 63) as u8;
+            if j < 4 {
+                packed[j] = ls;
+                packed[j + 4] = lm;
+            } else {
+                packed[j + 4] = (ls & 0x0F) | ((lm & 0x0F) << 4);
+                packed[j - 4] |= (ls >> 4) << 6;
+                packed[j] |= (lm >> 4) << 6;
+            }
+        }
+        let d = f16::from_f32(max_scale / 63.0);
+        let dmin = f16::from_f32(max_min / 63.0);
+        let (sc, mn) = scale_min_k4(&packed);
+        for j in 0..8 {
+            let dl = d.to_f32() * sc[j] as f32;
+            if dl == 0.0 {
+                continue;
+            }
+            let dm = dmin.to_f32() * mn[j] as f32;
+            for ii in 0..32 {
+                let v = (x[32 * j + ii] + dm) / dl;
+                l[32 * j + ii] = nearest_int(v.clamp(-4_000_000.0, 4_000_000.0)).clamp(0, 15) as u8;
+            }
+        }
+        let mut qs = [0u8; QK_K / 2];
+        for (c, chunk) in qs.chunks_exact_mut(32).enumerate() {
+            for (t, q) in chunk.iter_mut().enumerate() {
+                *q = l[64 * c + t] | (l[64 * c + t + 32] << 4);
+            }
+        }
+        write(dst, i, &BlockQ4K { d, dmin, scales: packed, qs });
     }
 }
