@@ -68,14 +68,49 @@ mod x86 {
     use crate::wq::Act16;
     use crate::GgmlType;
 
-    /// The per-block products of one group of `R` rows: `p[b * R + r] = d_{r,b} * scale_b`,
-    /// and each row's offset `sum_b m_{r,b} * sum_b` (lane 1 of `off[r]`, from +0.0, block
-    /// by block). `[d, m] * [scale, sum]` as one 2-lane multiply and the offset as a lane
-    /// add are the operations of both single-row kernels (the AVX2 one spells them as
-    /// scalar f32 operations; IEEE makes them the same).
+    /// The per-block products of one group of `R` rows, and each row's offset.
+    ///
+    /// Q4_1: `p[2 * (b * R + r)] = d_{r,b} * scale_b` and `p[2 * (b * R + r) + 1] = m_{r,b} *
+    /// sum_b`; the offset of row `r` is `sum_b m_{r,b} * sum_b`, added block by block from
+    /// +0.0. Q8_0: `p[b * R + r] = d_{r,b} * scale_b`, offsets 0. `[d, m] * [scale, sum]` as
+    /// a lane multiply and the offset as a lane add are the operations of both single-row
+    /// kernels (the AVX2 one spells them as scalar f32 operations; IEEE makes them the same).
+    ///
+    /// A full group (`R == 4`) converts the four rows' scales of a block with one F16C
+    /// instruction: one block's `[d, m]` of the four rows is 8 halves, so Q4_1 needs one
+    /// 8-lane convert, multiply, store and add per block instead of four of each. Measured on
+    /// an AMD EPYC (Zen 3), where this pass took a fifth of decode.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn prepare<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [__m128; R] {
+    unsafe fn prepare<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [f32; R] {
+        let mut offsets = [0f32; R];
+        if R == 4 {
+            let rd32 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 20) as *const i32);
+            let rd16 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 34) as *const u16) as u64;
+            if Q4_1 {
+                let mut off = _mm256_setzero_ps();
+                for b in 0..blocks {
+                    // [scale, sum] in every lane pair.
+                    let sc = _mm256_castpd_ps(_mm256_broadcast_sd(&*(ss.add(2 * b) as *const f64)));
+                    let dm = _mm256_cvtph_ps(_mm_setr_epi32(rd32(b, 0), rd32(b, 1), rd32(b, 2), rd32(b, 3)));
+                    let prod = _mm256_mul_ps(dm, sc);
+                    _mm256_storeu_ps(p.add(8 * b), prod);
+                    off = _mm256_add_ps(off, prod);
+                }
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), off);
+                for r in 0..R {
+                    offsets[r] = lanes[2 * r + 1];
+                }
+            } else {
+                for b in 0..blocks {
+                    let halves = rd16(b, 0) | rd16(b, 1) << 16 | rd16(b, 2) << 32 | rd16(b, 3) << 48;
+                    let d = _mm_cvtph_ps(_mm_cvtsi64_si128(halves as i64));
+                    _mm_storeu_ps(p.add(4 * b), _mm_mul_ps(d, _mm_set1_ps(*ss.add(2 * b))));
+                }
+            }
+            return offsets;
+        }
         let mut off = [_mm_setzero_ps(); R];
         for b in 0..blocks {
             if Q4_1 {
@@ -84,7 +119,7 @@ mod x86 {
                     let blk = w.add(r * row_bytes + b * 20);
                     let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
                     let prod = _mm_mul_ps(dm, sc);
-                    *p.add(b * R + r) = _mm_cvtss_f32(prod);
+                    _mm_storel_pd(p.add(2 * (b * R + r)) as *mut f64, _mm_castps_pd(prod));
                     off[r] = _mm_add_ps(off[r], prod);
                 }
             } else {
@@ -96,7 +131,16 @@ mod x86 {
                 }
             }
         }
-        off
+        for r in 0..R {
+            offsets[r] = _mm_cvtss_f32(_mm_movehdup_ps(off[r]));
+        }
+        offsets
+    }
+
+    /// The index in `p` of block `b`'s `d * scale` for row `r` (see [`prepare`]).
+    #[inline(always)]
+    fn p_at<const R: usize, const Q4_1: bool>(b: usize, r: usize) -> usize {
+        if Q4_1 { 2 * (b * R + r) } else { b * R + r }
     }
 
     /// How many groups of rows ahead the weights are prefetched. The rows of a group are
@@ -147,8 +191,8 @@ mod x86 {
             let row_bytes = w.row_bytes();
             let (q, ss) = (act.q.as_ptr(), act.scale_sum.as_ptr());
             let blocks = act.q.len() / 32;
-            // Written by `prepare` before the group reads it; not zeroed (8 KiB per call).
-            let mut p = std::mem::MaybeUninit::<[f32; ROWS * MAX_STACK_BLOCKS]>::uninit();
+            // Written by `prepare` before the group reads it; not zeroed (16 KiB per call).
+            let mut p = std::mem::MaybeUninit::<[f32; 2 * ROWS * MAX_STACK_BLOCKS]>::uninit();
             let pp = p.as_mut_ptr().cast::<f32>();
             let (mut j, end) = ($rows.start, $rows.end);
             let base = w.data.as_ptr();
@@ -209,7 +253,7 @@ mod x86 {
                         _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(r * row_bytes + b * 34 + 2) as *const __m256i))
                     };
                     let dot = _mm512_madd_epi16(w16, x);
-                    $acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * R + r)), _mm512_cvtepi32_ps(dot), $acc[r]);
+                    $acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(p_at::<R, Q4_1>(b, r))), _mm512_cvtepi32_ps(dot), $acc[r]);
                 }
             }};
         }
@@ -217,7 +261,7 @@ mod x86 {
         for r in 0..R {
             let s = crate::batch::avx512::hsum(_mm512_add_ps(acc0[r], acc1[r]));
             // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
-            let v = if Q4_1 { s + _mm_cvtss_f32(_mm_movehdup_ps(off[r])) } else { s };
+            let v = if Q4_1 { s + off[r] } else { s };
             y.add(r).write(v);
         }
     }
@@ -241,8 +285,7 @@ mod x86 {
                     let (wlo, whi) = if Q4_1 {
                         // Byte i widened to word i: its low nibble is element i, its high
                         // nibble element i + 16.
-                        let blk = w.add(r * row_bytes + b * 20);
-                        let w16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.add(4) as *const __m128i));
+                        let w16 = crate::batch::avx2::widen_u8(w.add(r * row_bytes + b * 20 + 4));
                         (_mm256_and_si256(w16, mask), _mm256_srli_epi16::<4>(w16))
                     } else {
                         let blk = w.add(r * row_bytes + b * 34);
@@ -252,14 +295,14 @@ mod x86 {
                         )
                     };
                     let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
-                    $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * R + r)), _mm256_cvtepi32_ps(dot), $acc[r]);
+                    $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(p_at::<R, Q4_1>(b, r))), _mm256_cvtepi32_ps(dot), $acc[r]);
                 }
             }};
         }
         block_pairs!(blocks, |b| prefetch_pair::<R, Q4_1>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = crate::batch::avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
-            let v = if Q4_1 { s + _mm_cvtss_f32(_mm_movehdup_ps(off[r])) } else { s };
+            let v = if Q4_1 { s + off[r] } else { s };
             y.add(r).write(v);
         }
     }
