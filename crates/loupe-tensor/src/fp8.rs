@@ -167,7 +167,7 @@ pub fn quantize_rows_e4m3(rows: &[f32], width: usize, codes: &mut [u8], scales: 
 /// activations (per token) and weights (per output row) through this, so f32 kernels
 /// compute exactly with the values an FP8 W8A8 GEMM multiplies.
 pub fn round_trip_rows_e4m3(x: &[f32], width: usize) -> Result<Vec<f32>, TensorError> {
-    let groups = if width == 0 { 0 } else { x.len() / width };
+    let groups = x.len().checked_div(width).unwrap_or(0);
     let (mut codes, mut scales) = (vec![0u8; x.len()], vec![0f32; groups]);
     quantize_rows_e4m3(x, width, &mut codes, &mut scales)?;
     let mut out = vec![0f32; x.len()];
