@@ -225,6 +225,13 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
 /// [`MXFP4_VALUES`] grid; 0x00 and 0x7F (E4M3's NaN) decode to 0, so a broken scale byte
 /// zeroes its sub-block instead of spreading NaN.
 pub(crate) fn ue4m3_half(x: u8) -> f32 {
+    // A table: the formula's `powi` calls cost more than the rest of an NVFP4 sub-block's
+    // dot (decode ran at a third of MXFP4's speed with them).
+    static TABLE: std::sync::LazyLock<[f32; 256]> = std::sync::LazyLock::new(|| std::array::from_fn(|i| ue4m3_half_formula(i as u8)));
+    TABLE[usize::from(x)]
+}
+
+fn ue4m3_half_formula(x: u8) -> f32 {
     if x == 0 || x == 0x7f {
         return 0.0;
     }

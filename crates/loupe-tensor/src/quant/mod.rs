@@ -26,7 +26,7 @@
 //! (byte-identical).
 
 pub mod blocks;
-mod dequant;
+pub(crate) mod dequant;
 mod isa;
 mod quantize;
 mod scalar;
