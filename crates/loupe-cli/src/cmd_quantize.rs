@@ -68,12 +68,25 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let count = |f: fn(&TensorFate) -> bool| report.tensors.iter().filter(|(_, fate)| f(fate)).count();
     let quantized = count(|f| matches!(f, TensorFate::Quantized { .. }));
     let copied = count(|f| matches!(f, TensorFate::Copied));
-    let kept: Vec<String> = report
-        .tensors
+    // Kept tensors grouped by reason, in file order; a reason shared by many (NVFP4's
+    // per-tensor scales: one per matrix) is a count, not hundreds of names.
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (name, fate) in &report.tensors {
+        if let TensorFate::Kept { reason } = fate {
+            if *reason == "one-dimensional" {
+                continue;
+            }
+            match by_reason.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, names)) => names.push(name),
+                None => by_reason.push((reason, vec![name])),
+            }
+        }
+    }
+    let kept: Vec<String> = by_reason
         .iter()
-        .filter_map(|(n, f)| match f {
-            TensorFate::Kept { reason } if *reason != "one-dimensional" => Some(format!("{n} ({reason})")),
-            _ => None,
+        .map(|(reason, names)| match names.as_slice() {
+            [first, .., last] if names.len() > 3 => format!("{} tensors ({reason}: {first} ... {last})", names.len()),
+            _ => names.iter().map(|n| format!("{n} ({reason})")).collect::<Vec<_>>().join(", "),
         })
         .collect();
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
