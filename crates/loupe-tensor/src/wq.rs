@@ -252,7 +252,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1) {
         let (block, bytes) = (ty.block_size(), ty.type_size());
-        if w_row.len() % bytes != 0 || w_row.len() / bytes * block != x.len() {
+        if !w_row.len().is_multiple_of(bytes) || w_row.len() / bytes * block != x.len() {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), x.len()) });
         }
         // SAFETY: the CPU supports AVX2 and FMA (Isa::Avx2); `w_row` is whole blocks
@@ -734,7 +734,7 @@ mod tests {
                 let at = i % ty.type_size();
                 *b = match (ty, at) {
                     // f16 scales (and Q5_1's minimum) near 1: exponent bits 0x3C +- 1.
-                    (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1, 1) | (GgmlType::Q5_1, 3) => 0x3B + byte() % 3 | (byte() & 0x80),
+                    (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1, 1) | (GgmlType::Q5_1, 3) => (0x3B + byte() % 3) | (byte() & 0x80),
                     (GgmlType::Mxfp4, 0) => 112 + byte() % 32,
                     (GgmlType::Nvfp4, 0..=3) if i / ty.type_size() == 0 => [0x00, 0x7F, 0x01, 0x7E][at],
                     (GgmlType::Nvfp4, 0..=3) => byte() & 0x7F,
