@@ -721,7 +721,7 @@ pub(crate) mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16_at(p: *const u8) -> f32 {
+    pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
     }
 
@@ -742,7 +742,7 @@ pub(crate) mod avx2 {
     /// high one.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn nibbles(blk: *const u8) -> (__m256i, __m256i) {
+    pub(crate) unsafe fn nibbles(blk: *const u8) -> (__m256i, __m256i) {
         let w16 = widen_u8(blk.add(4));
         (_mm256_and_si256(w16, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16::<4>(w16))
     }
@@ -750,7 +750,7 @@ pub(crate) mod avx2 {
     /// Q8_0 block at `blk` as two vectors of 16 i16.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn bytes(blk: *const u8) -> (__m256i, __m256i) {
+    pub(crate) unsafe fn bytes(blk: *const u8) -> (__m256i, __m256i) {
         let a = _mm_loadu_si128(blk.add(2) as *const __m128i);
         let b = _mm_loadu_si128(blk.add(18) as *const __m128i);
         (_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b))

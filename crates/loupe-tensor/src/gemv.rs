@@ -63,7 +63,7 @@ mod x86 {
     use std::ops::Range;
 
     use super::ROWS;
-    use crate::batch::MAX_STACK_BLOCKS;
+    use crate::batch::{avx2, MAX_STACK_BLOCKS};
     use crate::matmul::{OutPtr, QMatrix};
     use crate::wq::Act16;
     use crate::GgmlType;
@@ -274,7 +274,6 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     unsafe fn group_avx2<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
         let off = prepare::<R, Q4_1>(w, row_bytes, blocks, ss, p);
-        let mask = _mm256_set1_epi16(0x0F);
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
@@ -282,18 +281,8 @@ mod x86 {
                 let xlo = _mm256_loadu_si256(q.add(b * 32) as *const __m256i);
                 let xhi = _mm256_loadu_si256(q.add(b * 32 + 16) as *const __m256i);
                 for r in 0..R {
-                    let (wlo, whi) = if Q4_1 {
-                        // Byte i widened to word i: its low nibble is element i, its high
-                        // nibble element i + 16.
-                        let w16 = crate::batch::avx2::widen_u8(w.add(r * row_bytes + b * 20 + 4));
-                        (_mm256_and_si256(w16, mask), _mm256_srli_epi16::<4>(w16))
-                    } else {
-                        let blk = w.add(r * row_bytes + b * 34);
-                        (
-                            _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(2) as *const __m128i)),
-                            _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(18) as *const __m128i)),
-                        )
-                    };
+                    // The single-row kernel's unpacking (elements 0..16 and 16..32 as i16).
+                    let (wlo, whi) = if Q4_1 { avx2::nibbles(w.add(r * row_bytes + b * 20)) } else { avx2::bytes(w.add(r * row_bytes + b * 34)) };
                     let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
                     $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(p_at::<R, Q4_1>(b, r))), _mm256_cvtepi32_ps(dot), $acc[r]);
                 }
@@ -301,7 +290,7 @@ mod x86 {
         }
         block_pairs!(blocks, |b| prefetch_pair::<R, Q4_1>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
-            let s = crate::batch::avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
+            let s = avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
             let v = if Q4_1 { s + off[r] } else { s };
             y.add(r).write(v);
         }

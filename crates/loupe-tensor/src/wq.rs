@@ -255,15 +255,19 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
         if !w_row.len().is_multiple_of(bytes) || w_row.len() / bytes * block != x.len() {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), x.len()) });
         }
-        // SAFETY: the CPU supports AVX2 and FMA (Isa::Avx2); `w_row` is whole blocks
-        // covering exactly `x` (checked just above).
+        let blocks = w_row.len() / bytes;
+        if ty == GgmlType::Q5_1 && sums.len() != blocks {
+            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
+        }
+        // SAFETY: the CPU supports AVX2, FMA and F16C (Isa::Avx2); `w_row` is whole blocks
+        // covering exactly `x`, and Q5_1 has one block sum per block (checked just above).
         return Ok(unsafe {
             match ty {
                 GgmlType::Mxfp4 => small_avx2::dot_mxfp4(w_row, x),
                 GgmlType::Nvfp4 => small_avx2::dot_nvfp4(w_row, x),
                 GgmlType::Q4_0 => small_avx2::dot_q4_0(w_row, x),
-                GgmlType::Q5_0 => small_avx2::dot_q5::<false>(w_row, x),
-                _ => small_avx2::dot_q5::<true>(w_row, x),
+                GgmlType::Q5_0 => small_avx2::dot_q5::<false>(w_row, x, sums),
+                _ => small_avx2::dot_q5::<true>(w_row, x, sums),
             }
         });
     }
@@ -311,6 +315,7 @@ pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<
 mod small_avx2 {
     use std::arch::x86_64::*;
 
+    use crate::batch::avx2::{f16_at, hsum};
     use crate::quant::dequant::{e8m0_half, ue4m3_half, MXFP4_VALUES};
 
     #[inline]
@@ -319,24 +324,19 @@ mod small_avx2 {
         _mm_loadu_si128(MXFP4_VALUES.as_ptr().cast())
     }
 
-    /// The 8 doubled E2M1 values of the i8 lanes 0..8 of `v`, times the 8 floats at `x`,
-    /// added to `acc`.
+    /// The i8 lanes 0..8 of `v` as f32, times the 8 floats at `x`, added to `acc`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn fma8(v: __m128i, x: *const f32, acc: __m256) -> __m256 {
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_loadu_ps(x), acc)
     }
 
+    /// The low and high nibbles of the bytes of `q`, each as a byte (0..16).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        crate::batch::avx2::hsum(v)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(p as *const u16) as i32)))
+    unsafe fn nibbles(q: __m128i) -> (__m128i, __m128i) {
+        let mask = _mm_set1_epi8(0x0F);
+        (_mm_and_si128(q, mask), _mm_and_si128(_mm_srli_epi16::<4>(q), mask))
     }
 
     /// A 32-element block as i8 values, elements 0..16 in `lo` and 16..32 in `hi`, times
@@ -357,13 +357,11 @@ mod small_avx2 {
     /// AVX2 + FMA + F16C; `w` whole blocks, `x` 32 floats per block.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q4_0(w: &[u8], x: &[f32]) -> f32 {
-        let (mask, eight) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(8));
+        let eight = _mm_set1_epi8(8);
         let mut acc = _mm256_setzero_ps();
         for (b, blk) in w.chunks_exact(18).enumerate() {
-            let q = _mm_loadu_si128(blk.as_ptr().add(2).cast());
-            let lo = _mm_sub_epi8(_mm_and_si128(q, mask), eight);
-            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(q), mask), eight);
-            let s = block32(lo, hi, x.as_ptr().add(32 * b));
+            let (lo, hi) = nibbles(_mm_loadu_si128(blk.as_ptr().add(2).cast()));
+            let s = block32(_mm_sub_epi8(lo, eight), _mm_sub_epi8(hi, eight), x.as_ptr().add(32 * b));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(blk.as_ptr())), s, acc);
         }
         hsum(acc)
@@ -371,18 +369,21 @@ mod small_avx2 {
 
     /// `block_q5_0 { f16 d; u8 qh[4]; u8 qs[16] }` (22 bytes), value `d * (q - 16)`, and
     /// `block_q5_1 { f16 d; f16 m; u8 qh[4]; u8 qs[16] }` (24 bytes), value `d * q + m`
-    /// (`OFFSET`): the low 4 bits of element `j` as in Q4_0, bit 4 is bit `j` of `qh`.
+    /// (`OFFSET`, whose `m` multiplies the block's activation sum `sums[b]`, as Q4_1's does):
+    /// the low 4 bits of element `j` as in Q4_0, bit 4 is bit `j` of `qh`.
     ///
     /// # Safety
-    /// AVX2 + FMA + F16C; `w` whole blocks, `x` 32 floats per block.
+    /// AVX2 + FMA + F16C; `w` whole blocks, `x` 32 floats per block, and with `OFFSET`
+    /// `sums` one float per block.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q5<const OFFSET: bool>(w: &[u8], x: &[f32]) -> f32 {
+    pub(super) unsafe fn dot_q5<const OFFSET: bool>(w: &[u8], x: &[f32], sums: &[f32]) -> f32 {
         let bytes = if OFFSET { 24 } else { 22 };
         let qh_at = if OFFSET { 4 } else { 2 };
-        let (mask, sixteen) = (_mm_set1_epi8(0x0F), _mm_set1_epi8(16));
+        let sixteen = _mm_set1_epi8(16);
         // Byte j of a 16-byte vector tests bit j % 8 of its qh byte.
         let bit = _mm_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
         let mut acc = _mm256_setzero_ps();
+        let mut offset = 0f32;
         for (b, blk) in w.chunks_exact(bytes).enumerate() {
             let p = blk.as_ptr();
             let qh = std::ptr::read_unaligned(p.add(qh_at) as *const u32);
@@ -392,22 +393,20 @@ mod small_avx2 {
                 let v = _mm_shuffle_epi8(_mm_cvtsi32_si128(bits as i32), _mm_set_epi64x(0x0101_0101_0101_0101, 0));
                 _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, bit), bit), sixteen)
             };
-            let q = _mm_loadu_si128(p.add(qh_at + 4).cast());
-            let mut lo = _mm_or_si128(_mm_and_si128(q, mask), spread(qh & 0xFFFF));
-            let mut hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16::<4>(q), mask), spread(qh >> 16));
+            let (lo4, hi4) = nibbles(_mm_loadu_si128(p.add(qh_at + 4).cast()));
+            let mut lo = _mm_or_si128(lo4, spread(qh & 0xFFFF));
+            let mut hi = _mm_or_si128(hi4, spread(qh >> 16));
             if !OFFSET {
                 lo = _mm_sub_epi8(lo, sixteen);
                 hi = _mm_sub_epi8(hi, sixteen);
             }
-            let xp = x.as_ptr().add(32 * b);
-            let s = block32(lo, hi, xp);
+            let s = block32(lo, hi, x.as_ptr().add(32 * b));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p)), s, acc);
             if OFFSET {
-                let xs = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8))), _mm256_add_ps(_mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(p.add(2))), xs, acc);
+                offset += f16_at(p.add(2)) * *sums.get_unchecked(b);
             }
         }
-        hsum(acc)
+        hsum(acc) + offset
     }
 
     /// `block_mxfp4 { u8 e; u8 qs[16] }` (17 bytes, 32 weights): element `j` in the low
@@ -417,17 +416,11 @@ mod small_avx2 {
     /// AVX2 + FMA; `w` whole blocks, `x` 32 floats per block.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_mxfp4(w: &[u8], x: &[f32]) -> f32 {
-        let (kv, mask) = (table(), _mm_set1_epi8(0x0F));
+        let kv = table();
         let mut acc = _mm256_setzero_ps();
         for (b, blk) in w.chunks_exact(17).enumerate() {
-            let xp = x.as_ptr().add(32 * b);
-            let q = _mm_loadu_si128(blk.as_ptr().add(1).cast());
-            let lo = _mm_shuffle_epi8(kv, _mm_and_si128(q, mask));
-            let hi = _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16::<4>(q), mask));
-            let mut s = fma8(lo, xp, _mm256_setzero_ps());
-            s = fma8(_mm_srli_si128::<8>(lo), xp.add(8), s);
-            s = fma8(hi, xp.add(16), s);
-            s = fma8(_mm_srli_si128::<8>(hi), xp.add(24), s);
+            let (lo, hi) = nibbles(_mm_loadu_si128(blk.as_ptr().add(1).cast()));
+            let s = block32(_mm_shuffle_epi8(kv, lo), _mm_shuffle_epi8(kv, hi), x.as_ptr().add(32 * b));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(blk[0])), s, acc);
         }
         hsum(acc)
@@ -442,15 +435,13 @@ mod small_avx2 {
     /// AVX2 + FMA; `w` whole blocks, `x` 64 floats per block.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_nvfp4(w: &[u8], x: &[f32]) -> f32 {
-        let (kv, mask) = (table(), _mm_set1_epi8(0x0F));
+        let kv = table();
         let mut acc = _mm256_setzero_ps();
         for (b, blk) in w.chunks_exact(36).enumerate() {
             for s in 0..4 {
                 let xp = x.as_ptr().add(64 * b + 16 * s);
-                let q = _mm_loadl_epi64(blk.as_ptr().add(4 + 8 * s).cast());
-                let lo = _mm_shuffle_epi8(kv, _mm_and_si128(q, mask));
-                let hi = _mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16::<4>(q), mask));
-                let sum = fma8(hi, xp.add(8), fma8(lo, xp, _mm256_setzero_ps()));
+                let (lo, hi) = nibbles(_mm_loadl_epi64(blk.as_ptr().add(4 + 8 * s).cast()));
+                let sum = fma8(_mm_shuffle_epi8(kv, hi), xp.add(8), fma8(_mm_shuffle_epi8(kv, lo), xp, _mm256_setzero_ps()));
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(ue4m3_half(blk[s])), sum, acc);
             }
         }
@@ -742,6 +733,7 @@ mod tests {
                 };
             }
             let x = data(k, 11);
+            let sums: Vec<f32> = x.chunks(ty.block_size()).map(|c| c.iter().sum()).collect();
             let reference = dot_row_scalar(ty, &row, &x).unwrap();
             let magnitude: f32 = {
                 let mut deq = vec![0f32; k];
@@ -749,10 +741,10 @@ mod tests {
                 deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum()
             };
             for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
-                let got = dot_row(isa, ty, &row, &x, &[]).unwrap();
+                let got = dot_row(isa, ty, &row, &x, &sums).unwrap();
                 assert!(got.is_finite() && (got - reference).abs() <= 1e-5 * (1.0 + magnitude), "{ty} {isa:?}: {got} vs {reference}");
             }
-            assert!(dot_row(Isa::detected(), ty, &row[1..], &x[1..], &[]).is_err(), "{ty}: a partial block is an error");
+            assert!(dot_row(Isa::detected(), ty, &row[1..], &x[1..], &sums).is_err(), "{ty}: a partial block is an error");
         }
     }
 

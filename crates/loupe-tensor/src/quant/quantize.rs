@@ -278,10 +278,14 @@ pub(crate) fn mxfp4(src: &[f32], dst: &mut [u8]) {
 /// `L` in `0..=nmax`. Starts from the min-max fit, then tries `nstep + 1` scales
 /// `(nmax + rmin + rdelta * is) / (max - min)`, refitting scale and min by weighted least
 /// squares for each and keeping the best. Returns the scale; `-min` goes to `the_min`.
+/// `nearest_int(v)` clamped to the levels `0..=nmax`, as `u8`; `v` is first clamped to
+/// |v| < 2^22, where `nearest_int` is exact (weights come from finite rows; this only guards).
+fn nearest_level(v: f32, nmax: i32) -> u8 {
+    nearest_int(v.clamp(-4_000_000.0, 4_000_000.0)).clamp(0, nmax) as u8
+}
+
 #[allow(clippy::too_many_arguments)]
 fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], l_out: &mut [u8], the_min: &mut f32, l_aux: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> f32 {
-    // |x| < 2^22 keeps nearest_int exact; weights come from finite rows, this only guards.
-    let near = |v: f32| nearest_int(v.clamp(-4_000_000.0, 4_000_000.0));
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
@@ -304,8 +308,8 @@ fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], l_out: &mut [u8], the
     let mut scale = 1.0 / iscale;
     let mut best = 0.0f32;
     for i in 0..x.len() {
-        let l = near(iscale * (x[i] - min)).clamp(0, nmax);
-        l_out[i] = l as u8;
+        let l = nearest_level(iscale * (x[i] - min), nmax);
+        l_out[i] = l;
         let diff = scale * l as f32 + min - x[i];
         best += weights[i] * diff * diff;
     }
@@ -313,8 +317,8 @@ fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], l_out: &mut [u8], the
         iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
         let (mut sum_l, mut sum_l2, mut sum_xl) = (0.0f32, 0.0f32, 0.0f32);
         for i in 0..x.len() {
-            let l = near(iscale * (x[i] - min)).clamp(0, nmax);
-            l_aux[i] = l as u8;
+            let l = nearest_level(iscale * (x[i] - min), nmax);
+            l_aux[i] = l;
             let w = weights[i];
             let lf = l as f32;
             sum_l += w * lf;
@@ -393,8 +397,7 @@ pub(crate) fn q4_k(src: &[f32], dst: &mut [u8]) {
             }
             let dm = dmin.to_f32() * mn[j] as f32;
             for ii in 0..32 {
-                let v = (x[32 * j + ii] + dm) / dl;
-                l[32 * j + ii] = nearest_int(v.clamp(-4_000_000.0, 4_000_000.0)).clamp(0, 15) as u8;
+                l[32 * j + ii] = nearest_level((x[32 * j + ii] + dm) / dl, 15);
             }
         }
         let mut qs = [0u8; QK_K / 2];
