@@ -1,5 +1,10 @@
-//! The Llama-family configuration, read from GGUF metadata (`llama.*` keys) or from a
-//! Hugging Face `config.json` (`LlamaConfig` fields), so both sources build the same graph.
+//! The configuration of a Llama-style decoder, read from GGUF metadata (`<arch>.*` keys) or
+//! from a Hugging Face `config.json`, so both sources build the same graph.
+//!
+//! Families built by this graph ([`Family`]) differ only in flags the builder reads: Qwen2
+//! is Llama with biases on q/k/v (not on o_proj; `modeling_qwen2.py`, `Qwen2Attention`) and,
+//! in GGUF, q/k rows stored unpermuted (llama.cpp runs Qwen2 with NeoX-style RoPE, so its
+//! converter does not apply `LlamaModel.permute`).
 
 use std::path::Path;
 
@@ -9,9 +14,62 @@ use serde_json::Value;
 
 use crate::ModelError;
 
+/// The model families the Llama-style graph builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+    Qwen2,
+}
+
+impl Family {
+    /// The family of a GGUF `general.architecture`.
+    pub fn from_gguf_arch(arch: &str) -> Option<Family> {
+        match arch {
+            "llama" => Some(Family::Llama),
+            "qwen2" => Some(Family::Qwen2),
+            _ => None,
+        }
+    }
+
+    /// The family of a config.json `architectures` entry.
+    pub fn from_hf_arch(arch: &str) -> Option<Family> {
+        match arch {
+            "LlamaForCausalLM" => Some(Family::Llama),
+            "Qwen2ForCausalLM" => Some(Family::Qwen2),
+            _ => None,
+        }
+    }
+
+    /// The family of a config.json `model_type` (transformers' fallback without
+    /// `architectures`).
+    pub fn from_model_type(model_type: &str) -> Option<Family> {
+        match model_type {
+            "llama" => Some(Family::Llama),
+            "qwen2" => Some(Family::Qwen2),
+            _ => None,
+        }
+    }
+
+    /// transformers' `model_type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+        }
+    }
+
+    /// Whether llama.cpp's converter permuted the rows of q/k (weights and biases) for its
+    /// interleaved RoPE (convert_hf_to_gguf.py: `LlamaModel.permute` for Llama; Qwen2 uses
+    /// NeoX RoPE and is stored as Hugging Face has it).
+    pub fn gguf_permutes_qk(self) -> bool {
+        self == Family::Llama
+    }
+}
+
 /// Hyper-parameters of a Llama-style decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
+    pub family: Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -24,24 +82,26 @@ pub struct LlamaConfig {
     pub rope_scaling: RopeScaling,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// Bias on q/k/v/o projections (`attention_bias`).
-    pub attention_bias: bool,
+    /// Bias on the q/k/v projections (Llama's `attention_bias`; always in Qwen2).
+    pub qkv_bias: bool,
+    /// Bias on o_proj (Llama's `attention_bias`; never in Qwen2).
+    pub o_bias: bool,
 }
 
 /// GGUF architectures read with the Llama graph (their tensors and keys follow `llama.*`
 /// naming under their own prefix).
-pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama"];
+pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM"];
 
 impl LlamaConfig {
     /// Reads the config from GGUF metadata. `vocab_size` falls back to the tokenizer's
     /// token count, as llama.cpp does.
     pub fn from_gguf(gguf: &GgufFile) -> Result<LlamaConfig, ModelError> {
         let arch = gguf.architecture()?;
-        if !GGUF_LLAMA_ARCHS.contains(&arch) {
+        let Some(family) = Family::from_gguf_arch(arch) else {
             return Err(ModelError::UnsupportedArchitecture { path: gguf.path.clone(), arch: arch.to_string(), supported: GGUF_LLAMA_ARCHS.join(", ") });
-        }
+        };
         let key = |k: &str| format!("{arch}.{k}");
         let hidden_size = gguf.get_usize(&key("embedding_length"))?;
         let num_attention_heads = gguf.get_usize(&key("attention.head_count"))?;
@@ -60,6 +120,7 @@ impl LlamaConfig {
             Some(other) => return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key("rope.scaling.type"), reason: format!("unsupported rope scaling '{other}'") }),
         };
         let cfg = LlamaConfig {
+            family,
             vocab_size,
             hidden_size,
             intermediate_size: gguf.get_usize(&key("feed_forward_length"))?,
@@ -72,7 +133,8 @@ impl LlamaConfig {
             rope_scaling,
             max_position_embeddings: gguf.get_usize(&key("context_length"))?,
             tie_word_embeddings: gguf.tensor("output.weight").is_none(),
-            attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
+            qkv_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
+            o_bias: gguf.tensor("blk.0.attn_output.bias").is_some(),
         };
         if let Some(rot) = gguf.opt_usize(&key("rope.dimension_count"))? {
             if rot != cfg.head_dim {
@@ -89,11 +151,12 @@ impl LlamaConfig {
         let bad = |field: &str, reason: String| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.to_string(), reason };
         let archs: Vec<&str> = v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
         // transformers loads a config without `architectures` by its `model_type`.
-        let llama_by_type = archs.is_empty() && v.get("model_type").and_then(Value::as_str) == Some("llama");
-        if !llama_by_type && !archs.iter().any(|a| HF_LLAMA_ARCHS.contains(a)) {
-            let found = if archs.is_empty() { v.get("model_type").and_then(Value::as_str).unwrap_or("<none>").to_string() } else { archs.join(", ") };
+        let model_type = v.get("model_type").and_then(Value::as_str);
+        let family = if archs.is_empty() { model_type.and_then(Family::from_model_type) } else { archs.iter().find_map(|a| Family::from_hf_arch(a)) };
+        let Some(family) = family else {
+            let found = if archs.is_empty() { model_type.unwrap_or("<none>").to_string() } else { archs.join(", ") };
             return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), arch: found, supported: HF_LLAMA_ARCHS.join(", ") });
-        }
+        };
         let usize_field = |k: &str| -> Result<usize, ModelError> {
             v.get(k).and_then(Value::as_u64).map(|n| n as usize).ok_or_else(|| bad(k, "missing or not a non-negative integer".into()))
         };
@@ -112,6 +175,12 @@ impl LlamaConfig {
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(bad("mlp_bias", "true is not supported (loupe's Llama MLP has no biases)".into()));
         }
+        // Qwen2's sliding window applies only with `use_sliding_window` (off in released
+        // Qwen2/2.5 checkpoints); loupe's attention has no window yet, so it is refused.
+        if family == Family::Qwen2 && v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
+            return Err(bad("use_sliding_window", "true is not supported (loupe's attention has no sliding window yet)".into()));
+        }
+        let attention_bias = v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false);
         let hidden_size = usize_field("hidden_size")?;
         let num_attention_heads = usize_field("num_attention_heads")?;
         if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
@@ -141,6 +210,7 @@ impl LlamaConfig {
             }
         };
         let cfg = LlamaConfig {
+            family,
             vocab_size: usize_field("vocab_size")?,
             hidden_size,
             intermediate_size: usize_field("intermediate_size")?,
@@ -153,7 +223,8 @@ impl LlamaConfig {
             rope_scaling,
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-            attention_bias: v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            qkv_bias: attention_bias || family == Family::Qwen2,
+            o_bias: attention_bias && family == Family::Llama,
         };
         cfg.validate(path)
     }
@@ -175,5 +246,42 @@ impl LlamaConfig {
             return bad("rms_norm_eps", format!("{} is not a valid epsilon", self.rms_norm_eps));
         }
         Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hf(json: &str) -> Result<LlamaConfig, ModelError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, json).unwrap();
+        LlamaConfig::from_hf_config(&path)
+    }
+
+    const BASE: &str = r#""hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100"#;
+
+    /// Qwen2 has q/k/v biases and no o_proj bias whatever `attention_bias` says (transformers'
+    /// `Qwen2Attention`); Llama's `attention_bias` covers all four projections.
+    #[test]
+    fn families_set_their_attention_biases() {
+        let q = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], {BASE}}}"#)).unwrap();
+        assert_eq!((q.family, q.qkv_bias, q.o_bias), (Family::Qwen2, true, false));
+        let q = hf(&format!(r#"{{"model_type": "qwen2", {BASE}}}"#)).unwrap();
+        assert_eq!(q.family, Family::Qwen2);
+        let l = hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "attention_bias": true, {BASE}}}"#)).unwrap();
+        assert_eq!((l.family, l.qkv_bias, l.o_bias), (Family::Llama, true, true));
+        let l = hf(&format!(r#"{{"model_type": "llama", {BASE}}}"#)).unwrap();
+        assert_eq!((l.family, l.qkv_bias, l.o_bias), (Family::Llama, false, false));
+        assert!(Family::Llama.gguf_permutes_qk() && !Family::Qwen2.gguf_permutes_qk());
+    }
+
+    #[test]
+    fn unsupported_features_are_refused_by_name() {
+        let e = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, {BASE}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("use_sliding_window"), "{e}");
+        let e = hf(&format!(r#"{{"architectures": ["GPTNeoXForCausalLM"], {BASE}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("GPTNeoXForCausalLM") && e.contains("Qwen2ForCausalLM"), "{e}");
     }
 }

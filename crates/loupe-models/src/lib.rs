@@ -1,6 +1,7 @@
 //! loupe-models: from a model file to a runnable graph, tokenizer and chat template.
 //!
-//! * [`config`]: `LlamaConfig` from GGUF metadata or `config.json`.
+//! * [`config`]: `LlamaConfig` (Llama-style decoders: Llama, Qwen2) from GGUF metadata or
+//!   `config.json`.
 //! * [`weights`]: weight sources (GGUF, safetensors), the GGUF <-> HF name map, precision.
 //! * [`llama`]: the Llama-family graph builder; values named by HF module paths.
 //! * [`roles`]: what each value the builder emits is (role, layer, name, inputs).
@@ -24,7 +25,7 @@ use loupe_formats::GgufFile;
 use loupe_graph::{Graph, KvDtype, WeightData};
 use loupe_text::{ChatTemplate, Tokenizer};
 
-pub use config::LlamaConfig;
+pub use config::{Family, LlamaConfig};
 pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
 pub use roles::{Module, ModuleRole};
@@ -136,7 +137,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 Some(src) => Some(chat_template_for(&tokenizer, src).map_err(text_err)?),
                 None => None,
             };
-            let mut source = weights::GgufSource::new(&gguf, options.precision, config.num_attention_heads, config.num_key_value_heads, options.progress);
+            let mut source = weights::GgufSource::new(&gguf, options.precision, &config, options.progress);
             let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
             Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision }
         }

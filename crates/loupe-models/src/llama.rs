@@ -70,9 +70,9 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         mark_if(&mut b, normed, has(FaultClass::NormEpsSubtle), FaultClass::NormEpsSubtle);
         // Planted by the executor in batched steps only (see the class's docs).
         mark_if(&mut b, normed, has(FaultClass::BatchReduction), FaultClass::BatchReduction);
-        let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.attention_bias, false)?;
-        let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
-        let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.attention_bias, false)?;
+        let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.qkv_bias, false)?;
+        let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+        let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
 
         let interleaved = has(FaultClass::RopeInterleaved);
         let mode = if interleaved { RopeMode::Interleaved } else { RopeMode::SplitHalf };
@@ -118,7 +118,7 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         b.side_output(attn, m(R::AttnProbs).name(), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
 
         let o_name = m(R::OProj).name();
-        let mut o = linear(&mut b, &mut load, &o_name, attn, d, h * hd, cfg.attention_bias, has(FaultClass::TransposedWeight))?;
+        let mut o = linear(&mut b, &mut load, &o_name, attn, d, h * hd, cfg.o_bias, has(FaultClass::TransposedWeight))?;
         if has(FaultClass::Bf16) {
             // The exact product keeps a suffixed name; the rounded value takes the module's.
             b.rename(o, format!("{o_name}.unrounded"));
@@ -287,6 +287,7 @@ mod tests {
 
     fn tiny() -> LlamaConfig {
         LlamaConfig {
+            family: crate::config::Family::Llama,
             vocab_size: 50,
             hidden_size: 16,
             intermediate_size: 24,
@@ -299,7 +300,8 @@ mod tests {
             rope_scaling: RopeScaling::None,
             max_position_embeddings: 64,
             tie_word_embeddings: true,
-            attention_bias: false,
+            qkv_bias: false,
+            o_bias: false,
         }
     }
 

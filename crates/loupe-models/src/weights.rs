@@ -1,10 +1,12 @@
 //! Weight sources: a GGUF file or a Hugging Face safetensors checkpoint, both looked up
 //! by Hugging Face parameter name and delivered in the precision the user chose.
 //!
-//! GGUF names map to HF names by [`gguf_name`]. llama.cpp's converter permutes the rows of
-//! `attn_q`/`attn_k` so that its interleaved RoPE works (convert_hf_to_gguf.py,
-//! `LlamaModel.permute`); [`unpermute_rows`] undoes that, so q/k projections here equal
-//! PyTorch's element for element and one split-half RoPE kernel serves both sources.
+//! GGUF names map to HF names by [`gguf_name`]. For Llama, llama.cpp's converter permutes
+//! the rows of `attn_q`/`attn_k` (weights and biases) so that its interleaved RoPE works
+//! (convert_hf_to_gguf.py, `LlamaModel.permute`); [`unpermute_rows`] undoes that, so q/k
+//! projections here equal PyTorch's element for element and one split-half RoPE kernel
+//! serves both sources. Families llama.cpp runs with NeoX RoPE (Qwen2) are stored unpermuted
+//! ([`crate::config::Family::gguf_permutes_qk`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -166,15 +168,18 @@ pub struct GgufSource<'a> {
     pub precision: Precision,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    /// Undo llama.cpp's q/k row permutation (see the module docs).
+    pub unpermute_qk: bool,
     pub progress: Option<Progress<'a>>,
     done: u64,
     total: u64,
 }
 
 impl<'a> GgufSource<'a> {
-    pub fn new(gguf: &'a GgufFile, precision: Precision, n_heads: usize, n_kv_heads: usize, progress: Option<Progress<'a>>) -> Self {
+    pub fn new(gguf: &'a GgufFile, precision: Precision, config: &crate::LlamaConfig, progress: Option<Progress<'a>>) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
-        GgufSource { gguf, precision, n_heads, n_kv_heads, progress, done: 0, total }
+        let (n_heads, n_kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
+        GgufSource { gguf, precision, n_heads, n_kv_heads, unpermute_qk: config.family.gguf_permutes_qk(), progress, done: 0, total }
     }
 }
 
@@ -187,9 +192,11 @@ impl WeightSource for GgufSource<'_> {
             return Err(ModelError::WeightShape { path: path.clone(), name: gname, found: info.shape(), expected: shape.to_vec() });
         }
         let mut bytes = std::borrow::Cow::Borrowed(self.gguf.tensor_data(info));
-        let heads = if gname.ends_with("attn_q.weight") {
+        let heads = if !self.unpermute_qk {
+            None
+        } else if gname.ends_with("attn_q.weight") || gname.ends_with("attn_q.bias") {
             Some(self.n_heads)
-        } else if gname.ends_with("attn_k.weight") {
+        } else if gname.ends_with("attn_k.weight") || gname.ends_with("attn_k.bias") {
             Some(self.n_kv_heads)
         } else {
             None
