@@ -211,6 +211,18 @@ fn matmul_weight_quantized(c: &mut Criterion) {
             }
         }
     }
+    // K-quants at the Qwen2.5-0.5B FFN-down shape: k = 4864 is 19 super-blocks (SmolLM2's
+    // 576 and Qwen's 896 are not multiples of 256, so those tensors are never K-quants).
+    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let (n, k) = (896, 4864);
+        let w = matrix(&mut rng, ty, n, k);
+        for m in [1usize, 64] {
+            let x = rng.activations(m * k);
+            let mut y = vec![0f32; m * n];
+            g.throughput(if m == 1 { Throughput::Bytes(w.data.len() as u64) } else { Throughput::Elements((m * n * k) as u64) });
+            g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap()));
+        }
+    }
     g.finish();
 }
 

@@ -250,7 +250,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1) {
+    if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q6K) {
         let (block, bytes) = (ty.block_size(), ty.type_size());
         if !w_row.len().is_multiple_of(bytes) || w_row.len() / bytes * block != x.len() {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), x.len()) });
@@ -260,13 +260,16 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
         }
         // SAFETY: the CPU supports AVX2, FMA and F16C (Isa::Avx2); `w_row` is whole blocks
-        // covering exactly `x`, and Q5_1 has one block sum per block (checked just above).
+        // (super-blocks for Q4_K/Q6_K) covering exactly `x`, and Q5_1 has one block sum per
+        // block (checked just above).
         return Ok(unsafe {
             match ty {
                 GgmlType::Mxfp4 => small_avx2::dot_mxfp4(w_row, x),
                 GgmlType::Nvfp4 => small_avx2::dot_nvfp4(w_row, x),
                 GgmlType::Q4_0 => small_avx2::dot_q4_0(w_row, x),
                 GgmlType::Q5_0 => small_avx2::dot_q5::<false>(w_row, x, sums),
+                GgmlType::Q4K => kquant_avx2::dot_q4_k(w_row, x),
+                GgmlType::Q6K => kquant_avx2::dot_q6_k(w_row, x),
                 _ => small_avx2::dot_q5::<true>(w_row, x, sums),
             }
         });
@@ -292,7 +295,8 @@ pub fn dot_row_scalar(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, Tens
     Ok(acc)
 }
 
-/// Dequantizes one row, with AVX-512 for the types SmolLM2 uses.
+/// Dequantizes one row, with AVX-512 for the types SmolLM2 uses and AVX2 for Q4_K/Q6_K;
+/// bit-identical to [`dequantize_row`].
 pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
     if Isa::active() >= Isa::Avx512 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && src.len() * ty.block_size() == dst.len() * ty.type_size() {
@@ -300,8 +304,25 @@ pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<
         unsafe { avx512::dequant(ty, src, dst) };
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() >= Isa::Avx2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && dst.len().is_multiple_of(ty.block_size()) && src.len() == dst.len() / ty.block_size() * ty.type_size() {
+        // SAFETY: the CPU supports AVX2 and FMA (Isa::Avx2); `src` is whole super-blocks,
+        // exactly those of `dst` (checked just above).
+        unsafe {
+            match ty {
+                GgmlType::Q4K => kquant_avx2::dequant_q4_k(src, dst),
+                _ => kquant_avx2::dequant_q6_k(src, dst),
+            }
+        }
+        return Ok(());
+    }
     dequantize_row(ty, src, dst)
 }
+
+/// Q4_K and Q6_K dots and dequantizers (AVX2), in their own file.
+#[cfg(target_arch = "x86_64")]
+#[path = "wq_kquant.rs"]
+mod kquant_avx2;
 
 /// Q4_0, Q5_0, Q5_1, MXFP4 and NVFP4 rows against f32 activations, dequantized in
 /// registers: each block's 32 (sub-block's 16) values become exact small integers as i8
@@ -327,14 +348,14 @@ mod small_avx2 {
     /// The i8 lanes 0..8 of `v` as f32, times the 8 floats at `x`, added to `acc`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn fma8(v: __m128i, x: *const f32, acc: __m256) -> __m256 {
+    pub(super) unsafe fn fma8(v: __m128i, x: *const f32, acc: __m256) -> __m256 {
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_loadu_ps(x), acc)
     }
 
     /// The low and high nibbles of the bytes of `q`, each as a byte (0..16).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn nibbles(q: __m128i) -> (__m128i, __m128i) {
+    pub(super) unsafe fn nibbles(q: __m128i) -> (__m128i, __m128i) {
         let mask = _mm_set1_epi8(0x0F);
         (_mm_and_si128(q, mask), _mm_and_si128(_mm_srli_epi16::<4>(q), mask))
     }
@@ -343,7 +364,7 @@ mod small_avx2 {
     /// the 32 floats at `x`: 8 f32 partial sums.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn block32(lo: __m128i, hi: __m128i, x: *const f32) -> __m256 {
+    pub(super) unsafe fn block32(lo: __m128i, hi: __m128i, x: *const f32) -> __m256 {
         let mut s = fma8(lo, x, _mm256_setzero_ps());
         s = fma8(_mm_srli_si128::<8>(lo), x.add(8), s);
         s = fma8(hi, x.add(16), s);
@@ -691,10 +712,126 @@ mod tests {
         }
     }
 
+    /// Q4_K and Q6_K rows of raw random bytes (every f16 bit pattern for the scales: zero,
+    /// subnormal, infinite, NaN) and of small finite scales: the AVX2 dequantizer writes
+    /// exactly the scalar one's bits, through `dequantize_row_fast` and called directly
+    /// (so the comparison runs under `LOUPE_ISA=scalar` too).
+    #[test]
+    fn kquant_simd_dequant_equals_reference_bit_for_bit() {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+            for (k, seed) in [(256, 1), (512, 2), (4864, 3), (4864, 4)] {
+                // Seed 4: any f16 pattern in the scale fields, NaN and infinity included.
+                let row = raw_kquant_row(ty, k, seed, seed != 4);
+                let mut want = vec![0f32; k];
+                dequantize_row(ty, &row, &mut want).unwrap();
+                let mut got = vec![f32::NAN; k];
+                dequantize_row_fast(ty, &row, &mut got).unwrap();
+                assert_eq!(bits(&got), bits(&want), "{ty} k={k} seed {seed}");
+                #[cfg(target_arch = "x86_64")]
+                if Isa::detected() >= Isa::Avx2 {
+                    let mut direct = vec![f32::NAN; k];
+                    // SAFETY: AVX2 and FMA checked above; `row` is k / 256 whole super-blocks.
+                    unsafe {
+                        match ty {
+                            GgmlType::Q4K => kquant_avx2::dequant_q4_k(&row, &mut direct),
+                            _ => kquant_avx2::dequant_q6_k(&row, &mut direct),
+                        }
+                    }
+                    assert_eq!(bits(&direct), bits(&want), "{ty} k={k} seed {seed}, AVX2 kernel");
+                }
+            }
+            // Not whole super-blocks: an error, as from dequantize_row, never a partial write.
+            let row = raw_kquant_row(ty, 512, 5, true);
+            assert!(dequantize_row_fast(ty, &row[..row.len() - 1], &mut vec![0f32; 512]).is_err());
+            assert!(dequantize_row_fast(ty, &row, &mut vec![0f32; 256]).is_err());
+            assert!(dequantize_row_fast(ty, &row[..9], &mut [0f32; 16]).is_err());
+        }
+    }
+
+    /// The AVX2 dot's word-wise unpacking of Q4_K's packed 6-bit scales and mins equals
+    /// the byte-wise `scale_min_k4` that the scalar dequantizer uses.
+    #[test]
+    fn q4k_scale_unpacking_matches_scale_min_k4() {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detected() >= Isa::Avx2 {
+            let row = raw_kquant_row(GgmlType::Q8_0, 32 * 4096, 7, false);
+            let mut cases: Vec<[u8; 12]> = row.chunks_exact(12).map(|c| c.try_into().unwrap()).collect();
+            cases.extend([[0u8; 12], [0xFF; 12], [0xC0; 12], [0x3F; 12], [0xF0; 12], [0x0F; 12]]);
+            for packed in cases {
+                let (sc, mn) = crate::quant::blocks::scale_min_k4(&packed);
+                let (mut got_sc, mut got_mn) = ([0f32; 8], [0f32; 8]);
+                // SAFETY: AVX2 checked above; `packed` is 12 readable bytes.
+                unsafe {
+                    use std::arch::x86_64::_mm256_storeu_ps;
+                    let (s, m) = kquant_avx2::scales_mins_q4k(packed.as_ptr());
+                    _mm256_storeu_ps(got_sc.as_mut_ptr(), s);
+                    _mm256_storeu_ps(got_mn.as_mut_ptr(), m);
+                }
+                assert_eq!(got_sc, sc.map(f32::from), "scales of {packed:02x?}");
+                assert_eq!(got_mn, mn.map(f32::from), "mins of {packed:02x?}");
+            }
+        }
+    }
+
+    /// A Q4_K / Q6_K row of `k` elements of random bytes; with `sane_scales` its f16 scales
+    /// (Q4_K's `d` and `dmin`, Q6_K's `d`) are near +-1.
+    fn raw_kquant_row(ty: GgmlType, k: usize, seed: u32, sane_scales: bool) -> Vec<u8> {
+        let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
+        let mut byte = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as u8
+        };
+        let bytes = ty.type_size();
+        (0..k / ty.block_size() * bytes)
+            .map(|i| match (ty, i % bytes) {
+                (GgmlType::Q4K, 1 | 3) | (GgmlType::Q6K, 209) if sane_scales => (0x3B + byte() % 3) | (byte() & 0x80),
+                _ => byte(),
+            })
+            .collect()
+    }
+
+    /// Q4_K / Q6_K rows of raw random bytes (every 4- and 6-bit code, every 6-bit scale and
+    /// min, every signed 8-bit scale) at 1, 2 and 19 super-blocks: each ISA's dot stays
+    /// within f32 rounding of the super-block-by-super-block reference and of an f64 dot of
+    /// the dequantized row; bad lengths are errors.
+    #[test]
+    fn kquant_dots_of_raw_blocks_match_the_scalar_reference() {
+        for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+            for (k, seed) in [(256, 1), (512, 2), (4864, 3), (4864, 4)] {
+                let row = raw_kquant_row(ty, k, seed, true);
+                let x = data(k, 11 + seed);
+                let sums: Vec<f32> = x.chunks(256).map(|c| c.iter().sum()).collect();
+                let reference = dot_row_scalar(ty, &row, &x).unwrap();
+                let mut deq = vec![0f32; k];
+                dequantize_row(ty, &row, &mut deq).unwrap();
+                let exact: f64 = deq.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let magnitude: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+                assert!((reference as f64 - exact).abs() <= 1e-5 * (1.0 + magnitude as f64), "{ty} k={k}: reference {reference} vs exact {exact}");
+                for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
+                    let got = dot_row(isa, ty, &row, &x, &sums).unwrap();
+                    assert!(got.is_finite() && (got - reference).abs() <= 1e-5 * (1.0 + magnitude), "{ty} k={k} {isa:?}: {got} vs {reference}");
+                    assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + magnitude as f64), "{ty} k={k} {isa:?}: {got} vs exact {exact}");
+                }
+            }
+            let row = raw_kquant_row(ty, 512, 6, true);
+            let x = data(512, 6);
+            for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
+                assert!(dot_row(isa, ty, &row[1..], &x[1..], &[]).is_err(), "{ty} {isa:?}: a partial super-block is an error");
+                assert!(dot_row(isa, ty, &row[..row.len() - 1], &x, &[]).is_err(), "{ty} {isa:?}: a short row is an error");
+                assert!(dot_row(isa, ty, &row, &x[..256], &[]).is_err(), "{ty} {isa:?}: too few activations are an error");
+                assert!(dot_row(isa, ty, &row[..ty.type_size()], &x, &[]).is_err(), "{ty} {isa:?}: too many activations are an error");
+                assert_eq!(dot_row(isa, ty, &[], &[], &[]).unwrap(), 0.0, "{ty} {isa:?}: an empty row");
+            }
+        }
+    }
+
     #[test]
     fn every_isa_dot_matches_the_scalar_reference() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Mxfp4, GgmlType::Nvfp4] {
-            let (q, _) = qmatrix(ty, 2, 256);
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Mxfp4, GgmlType::Nvfp4, GgmlType::Q4K, GgmlType::Q6K] {
+            let (q, _) = qmatrix_or_random(ty, 2, 256);
             let x = data(256, 3);
             let sums: Vec<f32> = x.chunks(32).map(|c| c.iter().sum()).collect();
             let reference = dot_row_scalar(ty, q.row(1), &x).unwrap();
