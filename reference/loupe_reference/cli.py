@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     mt = sub.add_parser(
         "make-tiny",
-        help="write a tiny random Llama checkpoint directory",
-        description="A tiny random LlamaForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
+        help="write a tiny random Llama (or Qwen2) checkpoint directory",
+        description="A tiny random LlamaForCausalLM or Qwen2ForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
         "intermediate 128, SmolLM2's vocabulary) as an HF directory: config.json, model.safetensors (f32), "
         "and the SmolLM2 tokenizer files.",
     )
@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
+    mt.add_argument("--family", choices=("llama", "qwen2"), default="llama",
+                    help="architecture: LlamaForCausalLM (default) or Qwen2ForCausalLM (q/k/v biases)")
     mt.add_argument("--tokenizer-gguf", metavar="PATH", default=None,
                     help="GGUF whose tokenizer is saved (default $LOUPE_MODEL or loupe's cached SmolLM2)")
     mt.set_defaults(func=cmd_make_tiny)
@@ -395,7 +397,8 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     files = fixtures.make_tiny(args.out, seed=args.seed, tie=args.tie, rope_scaling=args.rope_scaling,
                                layers=args.layers, tokenizer_gguf=args.tokenizer_gguf,
-                               attention_bias=args.attention_bias, mlp_bias=args.mlp_bias, hidden_act=args.hidden_act)
+                               attention_bias=args.attention_bias, mlp_bias=args.mlp_bias, hidden_act=args.hidden_act,
+                               family=args.family)
     print(f"loupe_reference: wrote {', '.join(files)} to {args.out} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     print(os.path.abspath(args.out))
     return 0

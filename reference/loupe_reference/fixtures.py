@@ -84,10 +84,29 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
     return tok
 
 
-def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos: int | None, eos: int | None,
-                attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu") -> Any:
-    from transformers import LlamaConfig
+# make-tiny --family: the transformers classes of each family built with the tiny shape.
+FAMILIES = ("llama", "qwen2")
 
+
+def _family_classes(family: str) -> tuple[Any, Any]:
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaConfig, LlamaForCausalLM
+    if family == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        return Qwen2Config, Qwen2ForCausalLM
+    raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
+
+
+def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos: int | None, eos: int | None,
+                attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu",
+                family: str = "llama") -> Any:
+    config_cls, _ = _family_classes(family)
+    if family != "llama" and (attention_bias or mlp_bias):
+        # Qwen2's biases are fixed by its architecture (q/k/v yes, o and MLP no).
+        raise InputError(f"--attention-bias/--mlp-bias apply to the llama family only, not {family}")
     kw: dict[str, Any] = dict(TINY)
     kw.update(
         vocab_size=int(vocab_size),
@@ -96,21 +115,22 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
         bos_token_id=bos,
         eos_token_id=eos,
         hidden_act=hidden_act,
-        attention_bias=bool(attention_bias),
-        mlp_bias=bool(mlp_bias),
     )
+    if family == "llama":
+        kw.update(attention_bias=bool(attention_bias), mlp_bias=bool(mlp_bias))
     if rope_scaling == "llama3":
         kw["rope_scaling"] = dict(LLAMA3_ROPE)
     elif rope_scaling != "none":
         raise InputError(f"--rope-scaling must be llama3 or none, got {rope_scaling!r}")
-    return LlamaConfig(**kw)
+    return config_cls(**kw)
 
 
 def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "none", layers: int = 2,
               tokenizer_gguf: str | None = None, attention_bias: bool = False, mlp_bias: bool = False,
-              hidden_act: str = "silu") -> list[str]:
-    """Write the tiny random checkpoint into ``out`` (created; must not hold a config.json).
-    Biases (``attention_bias``, ``mlp_bias``) are random like the weights."""
+              hidden_act: str = "silu", family: str = "llama") -> list[str]:
+    """Write the tiny random checkpoint of ``family`` (llama, qwen2) into ``out`` (created; must
+    not hold a config.json). Biases (``attention_bias``, ``mlp_bias``, Qwen2's q/k/v) are random
+    like the weights."""
     import torch
 
     from loupe_reference import model as M
@@ -123,7 +143,7 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
     if os.path.exists(os.path.join(out, "config.json")):
         raise InputError(f"{out}: already holds a checkpoint (config.json)")
     M.quiet_transformers(False)
-    from transformers import LlamaForCausalLM
+    _, model_cls = _family_classes(family)
 
     tok = cached_gguf_tokenizer(gguf)
     from transformers.activations import ACT2FN
@@ -131,10 +151,10 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
     if hidden_act not in ACT2FN:
         raise InputError(f"--hidden-act: unknown activation {hidden_act!r}")
     config = tiny_config(len(tok), tie, rope_scaling, layers, tok.bos_token_id, tok.eos_token_id,
-                         attention_bias=attention_bias, mlp_bias=mlp_bias, hidden_act=hidden_act)
+                         attention_bias=attention_bias, mlp_bias=mlp_bias, hidden_act=hidden_act, family=family)
     torch.manual_seed(int(seed))
     with torch.device("meta"):
-        meta = LlamaForCausalLM(config)
+        meta = model_cls(config)
     # Deterministic weights from the seed, independent of transformers' init code: parameters in
     # name order, tied ones once.
     gen = torch.Generator().manual_seed(int(seed))
@@ -146,7 +166,7 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
             state[name] = 1.0 + NORM_JITTER * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         else:
             state[name] = WEIGHT_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = model_cls(config).to(torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     bad = [k for k in missing if not (tie and k == "lm_head.weight")]
     if bad or unexpected:

@@ -65,6 +65,34 @@ GOLDEN_SPECS: tuple[GoldenSpec, ...] = (
     GoldenSpec("raw-long-lighthouses", LIGHTHOUSE_TEXT + "\n\nIn summary,", chat=False),
 )
 
+# Qwen2.5-Coder-0.5B-Instruct (GGUF qwen2; `scripts/fetch-model qwen2.5-coder-0.5b`): the second
+# architecture at parity. Prompts a coding model answers at length (so 64 steps are compared),
+# plus one plain-prose prompt; each was checked for margins above 1e-3 when first generated.
+QWEN_MODEL_ID = "qwen2.5-coder-0.5b"
+QWEN_MODEL_FILE = "Qwen2.5-Coder-0.5B-Instruct.gguf"
+QWEN_GOLDEN_SPECS: tuple[GoldenSpec, ...] = (
+    GoldenSpec("chat-prime-function", "Write a Python function that checks whether a number is prime.", chat=True),
+    GoldenSpec("chat-capital-france", "What is the capital of France?", chat=True),
+    GoldenSpec("raw-code-fibonacci", "def fibonacci(n):\n", chat=False),
+    GoldenSpec("raw-quick-brown-fox", "The quick brown fox", chat=False),
+)
+
+
+@dataclass(frozen=True)
+class GoldenSet:
+    """The goldens of one model: where they live (`tests/golden/<model_id>/`), the model file
+    they were made from (its name in the cache, and its `scripts/fetch-model` name), and the prompts."""
+    model_id: str
+    model_file: str
+    fetch_name: str
+    specs: tuple[GoldenSpec, ...]
+
+
+GOLDEN_SETS: dict[str, GoldenSet] = {
+    MODEL_ID: GoldenSet(MODEL_ID, MODEL_FILE, "smollm2", GOLDEN_SPECS),
+    QWEN_MODEL_ID: GoldenSet(QWEN_MODEL_ID, QWEN_MODEL_FILE, "qwen2.5-coder-0.5b", QWEN_GOLDEN_SPECS),
+}
+
 REQUIRED_KEYS: dict[str, type | tuple[type, ...]] = {
     "name": str,
     "prompt": str,
@@ -81,7 +109,8 @@ REQUIRED_KEYS: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def build_record(ref: Any, spec: GoldenSpec, model_sha256: str, versions: dict[str, str]) -> dict[str, Any]:
+def build_record(ref: Any, spec: GoldenSpec, model_sha256: str, versions: dict[str, str],
+                 model_file: str = MODEL_FILE) -> dict[str, Any]:
     """Run the reference on one spec: prompt ids, greedy generation, teacher-forced argmax, margins."""
     from loupe_reference import model as M
 
@@ -119,7 +148,7 @@ def build_record(ref: Any, spec: GoldenSpec, model_sha256: str, versions: dict[s
             "loupe_reference": __import__("loupe_reference").__version__,
             "settings": "float32, attn_implementation=eager, greedy generate(do_sample=False), CPU",
         },
-        "model_file": MODEL_FILE,
+        "model_file": model_file,
         "model_sha256": model_sha256,
     }
 

@@ -72,8 +72,12 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// Measure a running OpenAI-compatible server (or a `loupe serve` it starts): TTFT, TPOT, ITL, throughput, multi-turn KV retention.
     BenchServe(cmd_bench_serve::BenchServeArgs),
-    /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
-    FetchModel,
+    /// Download a model into the cache and print its path: the default (SmolLM2-135M-Instruct Q4_1) or one of `scripts/fetch-model --list`.
+    FetchModel {
+        /// smollm2 (the default) or qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, GGUF, 491 MB).
+        #[arg(default_value = "smollm2")]
+        name: String,
+    },
     /// Print the model's graph IR after a lowering pass (`--list-passes` lists them).
     Ir(cmd_ir::IrArgs),
     /// List the LOUPE_DEBUG options in effect and where each value came from.
@@ -123,7 +127,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => cmd_bench::run(args, &debug).map(|()| 0),
         Command::Serve(args) => cmd_serve::run(args, &debug).map(|()| 0),
         Command::BenchServe(args) => cmd_bench_serve::run(args).map(|()| 0),
-        Command::FetchModel => loupe_runtime::default_model().map_err(anyhow::Error::from).map(|p| {
+        Command::FetchModel { name } => loupe_runtime::fetch_model(&name).map_err(anyhow::Error::from).map(|p| {
             println!("{}", p.display());
             0
         }),

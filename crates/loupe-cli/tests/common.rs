@@ -125,10 +125,19 @@ pub struct Golden {
     pub argmax: Vec<u32>,
     #[serde(default)]
     pub margins: Vec<f64>,
+    #[serde(default)]
+    pub eos_token_ids: Vec<u32>,
 }
 
+/// The default model's goldens (tests/golden/smollm2-q4_1).
 pub fn goldens() -> Vec<Golden> {
-    let dir = repo_root().join("tests/golden/smollm2-q4_1");
+    goldens_of("smollm2-q4_1")
+}
+
+/// The goldens of one model (`tests/golden/<model_id>/`, written by
+/// `scripts/regen-goldens --set <model_id>`), sorted by name.
+pub fn goldens_of(model_id: &str) -> Vec<Golden> {
+    let dir = repo_root().join("tests/golden").join(model_id);
     let mut out: Vec<Golden> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -136,8 +145,97 @@ pub fn goldens() -> Vec<Golden> {
         .map(|p| serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    assert!(out.len() >= 6, "expected at least 6 goldens in {}", dir.display());
+    assert!(out.len() >= 4, "expected at least 4 goldens in {}", dir.display());
     out
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct (GGUF, architecture qwen2): `$LOUPE_QWEN_MODEL`, else where
+/// `scripts/fetch-model qwen2.5-coder-0.5b` puts it. Tests that call this are ignored by
+/// default; run with `--include-ignored` (scripts/test fetches it) and without the file, they
+/// fail with one line saying how to get it.
+pub fn qwen_model() -> PathBuf {
+    let path = match std::env::var_os("LOUPE_QWEN_MODEL").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => loupe_models::cache_dir().join("models").join("Qwen2.5-Coder-0.5B-Instruct.gguf"),
+    };
+    assert!(path.is_file(), "needs Qwen2.5-Coder-0.5B-Instruct at {} (missing): run scripts/fetch-model qwen2.5-coder-0.5b or set LOUPE_QWEN_MODEL", path.display());
+    path
+}
+
+/// The goldens themselves (checked in; no model needed), as tests/golden/README.md defines
+/// them: each generation ran to `max_tokens` or stopped at one of the model's EOS tokens,
+/// and the teacher-forced argmax has one entry per position and agrees with every
+/// generated token.
+pub fn check_goldens_complete(goldens: &[Golden]) {
+    for g in goldens {
+        assert!(!g.eos_token_ids.is_empty(), "{}: no eos_token_ids", g.name);
+        let is_eos = |t: &u32| g.eos_token_ids.contains(t);
+        assert!(g.tokens.len() == g.max_tokens || (g.tokens.len() < g.max_tokens && g.tokens.last().is_some_and(is_eos)), "{}: {} tokens of {} and no EOS {:?} at the end: golden truncated", g.name, g.tokens.len(), g.max_tokens, g.eos_token_ids);
+        assert!(!g.tokens[..g.tokens.len() - 1].iter().any(is_eos), "{}: tokens go on after EOS", g.name);
+        assert_eq!(g.argmax.len(), g.prompt_tokens.len() + g.tokens.len(), "{}: one argmax per position", g.name);
+        // Greedy: the argmax after the prompt and after each generated token is the next token.
+        let after_prompt = g.prompt_tokens.len() - 1;
+        assert_eq!(&g.argmax[after_prompt..after_prompt + g.tokens.len()], &g.tokens[..], "{}: generated tokens are not the teacher-forced argmax", g.name);
+        assert!(g.margins.is_empty() || g.margins.len() == g.tokens.len(), "{}: {} margins for {} tokens", g.name, g.margins.len(), g.tokens.len());
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct GenerateJson {
+    prompt_tokens: Vec<u32>,
+    tokens: Vec<u32>,
+    text: String,
+}
+
+/// `loupe generate --precision f32` greedy on every golden of `model`: one line per golden
+/// whose tokens differ from transformers' (the first differing step, both tokens and the
+/// reference's margin there). Prompt ids and, for equal tokens, the text must match exactly.
+pub fn f32_greedy_failures(model: &Path, goldens: &[Golden]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for g in goldens {
+        let out = run(loupe()
+            .arg("generate")
+            .arg("--model")
+            .arg(model)
+            .args(["--precision", "f32", "--temperature", "0", "--json", "--threads", "2"])
+            .args(["--max-tokens", &g.max_tokens.to_string()])
+            .args(prompt_args(g)));
+        assert!(out.status.success(), "{}: loupe failed: {}", g.name, stderr(&out));
+        let got: GenerateJson = serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("{}: bad json {e}: {}", g.name, stdout(&out)));
+        assert_eq!(got.prompt_tokens, g.prompt_tokens, "{}: prompt tokens differ from transformers'", g.name);
+        if got.tokens != g.tokens {
+            let at = got.tokens.iter().zip(&g.tokens).position(|(a, b)| a != b).unwrap_or(got.tokens.len().min(g.tokens.len()));
+            failures.push(format!("{}: first differing token at step {at} (loupe {:?}, reference {:?}, reference margin there {:?})", g.name, got.tokens.get(at), g.tokens.get(at), g.margins.get(at)));
+        } else {
+            assert_eq!(got.text, g.text, "{}: same tokens but different text", g.name);
+        }
+    }
+    failures
+}
+
+/// Teacher-forced next-token argmax of `graph` on every golden sequence against the
+/// reference's: (agreeing, total) over all positions, then over the generated positions;
+/// printed under `label`.
+pub fn teacher_forced_agreement(graph: &loupe_graph::Graph, goldens: &[Golden], label: &str) -> (usize, usize, usize, usize) {
+    let (mut agree, mut total, mut gen_agree, mut gen_total) = (0, 0, 0, 0);
+    for g in goldens {
+        let mut seq = g.prompt_tokens.clone();
+        seq.extend_from_slice(&g.tokens);
+        seq.pop(); // the last token has no next token to predict in the golden
+        let mut session = loupe_runtime::Session::new(graph, seq.len(), &Default::default());
+        let ours = session.teacher_forced_argmax(&seq).expect("forward");
+        assert_eq!(ours.len(), seq.len());
+        for (i, (a, b)) in ours.iter().zip(&g.argmax).enumerate() {
+            total += 1;
+            agree += (a == b) as usize;
+            if i + 1 >= g.prompt_tokens.len() {
+                gen_total += 1;
+                gen_agree += (a == b) as usize;
+            }
+        }
+    }
+    eprintln!("{label}: teacher-forced argmax agreement {agree}/{total} = {:.2}% (generated positions {gen_agree}/{gen_total} = {:.2}%)", 100.0 * agree as f64 / total as f64, 100.0 * gen_agree as f64 / gen_total as f64);
+    (agree, total, gen_agree, gen_total)
 }
 
 /// `loupe generate` arguments reproducing a golden's prompt.

@@ -5,57 +5,16 @@
 mod common;
 use common::*;
 
-#[derive(serde::Deserialize)]
-struct JsonOut {
-    prompt_tokens: Vec<u32>,
-    tokens: Vec<u32>,
-    text: String,
-}
-
-/// The goldens themselves (checked in; no model needed), as tests/golden/README.md defines
-/// them: each generation ran to `max_tokens` or stopped at EOS, and the teacher-forced
-/// argmax has one entry per position and agrees with every generated token.
+/// The goldens themselves (checked in; no model needed) are well formed
+/// ([`check_goldens_complete`]).
 #[test]
 fn goldens_are_complete() {
-    for g in goldens() {
-        assert!(g.tokens.len() == g.max_tokens || (g.tokens.len() < g.max_tokens && g.tokens.last() == Some(&2)), "{}: {} tokens of {} and no EOS (<|im_end|>, 2) at the end: golden truncated", g.name, g.tokens.len(), g.max_tokens);
-        assert!(!g.tokens[..g.tokens.len() - 1].contains(&2), "{}: tokens go on after EOS", g.name);
-        assert_eq!(g.argmax.len(), g.prompt_tokens.len() + g.tokens.len(), "{}: one argmax per position", g.name);
-        // Greedy: the argmax after the prompt and after each generated token is the next token.
-        let after_prompt = g.prompt_tokens.len() - 1;
-        assert_eq!(&g.argmax[after_prompt..after_prompt + g.tokens.len()], &g.tokens[..], "{}: generated tokens are not the teacher-forced argmax", g.name);
-        assert!(g.margins.is_empty() || g.margins.len() == g.tokens.len(), "{}: {} margins for {} tokens", g.name, g.margins.len(), g.tokens.len());
-    }
+    check_goldens_complete(&goldens());
 }
 
 #[test]
 #[ignore = "needs the real model (scripts/test fetches it)"]
 fn f32_greedy_matches_reference_goldens() {
-    let model = real_model();
-    let mut failures = Vec::new();
-    for g in goldens() {
-        let out = run(loupe()
-            .arg("generate")
-            .arg("--model")
-            .arg(&model)
-            .args(["--precision", "f32", "--temperature", "0", "--json", "--threads", "2"])
-            .args(["--max-tokens", &g.max_tokens.to_string()])
-            .args(prompt_args(&g)));
-        assert!(out.status.success(), "{}: loupe failed: {}", g.name, stderr(&out));
-        let got: JsonOut = serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("{}: bad json {e}: {}", g.name, stdout(&out)));
-        assert_eq!(got.prompt_tokens, g.prompt_tokens, "{}: prompt tokens differ from transformers'", g.name);
-        if got.tokens != g.tokens {
-            let at = got.tokens.iter().zip(&g.tokens).position(|(a, b)| a != b).unwrap_or(got.tokens.len().min(g.tokens.len()));
-            failures.push(format!(
-                "{}: first differing token at step {at} (loupe {:?}, reference {:?}, reference margin there {:?})",
-                g.name,
-                got.tokens.get(at),
-                g.tokens.get(at),
-                g.margins.get(at)
-            ));
-        } else {
-            assert_eq!(got.text, g.text, "{}: same tokens but different text", g.name);
-        }
-    }
+    let failures = f32_greedy_failures(&real_model(), &goldens());
     assert!(failures.is_empty(), "f32 greedy diverged from the reference:\n{}", failures.join("\n"));
 }

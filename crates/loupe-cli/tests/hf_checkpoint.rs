@@ -129,6 +129,29 @@ fn tiny_untied_llama3_rope_matches_reference() {
     assert_ne!(unscaled, tokens, "llama3 RoPE scaling changes nothing on these prompts; the test cannot detect its absence");
 }
 
+/// Qwen2ForCausalLM: q/k/v biases (random, so a loader that drops them is caught) and no
+/// o_proj bias, through the same builder.
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_qwen2_matches_reference() {
+    let (_guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-qwen2");
+    make_tiny_with(&dir, &gguf, false, "none", &["--family", "qwen2"]);
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["architectures"][0], "Qwen2ForCausalLM", "{cfg}");
+    let tokens = compare(&dir, "qwen2");
+
+    // The test must see the biases: the same checkpoint read as a Llama without them generates otherwise.
+    let path = dir.join("config.json");
+    let mut cfg = cfg;
+    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+    cfg["model_type"] = serde_json::json!("llama");
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let unbiased: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
+    assert_ne!(unbiased, tokens, "q/k/v biases change nothing on these prompts; the test cannot detect their absence");
+}
+
 /// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:
 /// on the raw prompt, loupe's tokens equal the reference's, or loupe fails cleanly.
 fn matches_or_refuses(extra: &[&str], field: &str) {

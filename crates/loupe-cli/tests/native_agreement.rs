@@ -17,26 +17,8 @@ fn agreement_with_kv(precision: Precision, kv: Option<loupe_graph::KvDtype>) -> 
     if let Some(kv) = kv {
         model.graph.kv_dtype = kv;
     }
-    let precision = format!("{precision:?} with a {} KV cache", model.graph.kv_dtype);
-    let (mut agree, mut total, mut gen_agree, mut gen_total) = (0, 0, 0, 0);
-    for g in goldens() {
-        let mut seq = g.prompt_tokens.clone();
-        seq.extend_from_slice(&g.tokens);
-        seq.pop(); // the last token has no next token to predict in the golden
-        let mut session = Session::new(&model.graph, seq.len(), &Default::default());
-        let ours = session.teacher_forced_argmax(&seq).expect("forward");
-        assert_eq!(ours.len(), seq.len());
-        for (i, (a, b)) in ours.iter().zip(&g.argmax).enumerate() {
-            total += 1;
-            agree += (a == b) as usize;
-            if i + 1 >= g.prompt_tokens.len() {
-                gen_total += 1;
-                gen_agree += (a == b) as usize;
-            }
-        }
-    }
-    eprintln!("{precision}: teacher-forced argmax agreement {agree}/{total} = {:.2}% (generated positions {gen_agree}/{gen_total} = {:.2}%)", 100.0 * agree as f64 / total as f64, 100.0 * gen_agree as f64 / gen_total as f64);
-    (agree, total, gen_agree, gen_total)
+    let label = format!("{precision:?} with a {} KV cache", model.graph.kv_dtype);
+    teacher_forced_agreement(&model.graph, &goldens(), &label)
 }
 
 #[test]

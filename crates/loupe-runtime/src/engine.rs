@@ -99,6 +99,8 @@ pub enum EngineError {
     Text(#[from] loupe_text::TextError),
     #[error("the default model: {0}")]
     DefaultModel(String),
+    #[error("fetching a model: {0}")]
+    Fetch(String),
 }
 
 /// A prompt: raw text, or a user message rendered through the model's chat template.

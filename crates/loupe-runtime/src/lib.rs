@@ -24,7 +24,7 @@ use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, StepShape, Usage};
-pub use default_model::{default_model, default_model_path};
+pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};
 pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation, StopMatcher};
 pub use sampling::{argmax, Sampler, SamplingParams, TokenLogprobs};

@@ -1,0 +1,42 @@
+//! Qwen2 on real weights: Qwen2.5-Coder-0.5B-Instruct (GGUF `qwen2`: q/k/v biases, q/k rows
+//! stored unpermuted, an untied Q8_0 `output.weight`, GPT-2 BPE with Qwen's pre-tokenizer,
+//! 151,936 tokens, a ChatML template with tools), against transformers' goldens in
+//! tests/golden/qwen2.5-coder-0.5b (`scripts/regen-goldens --set qwen2.5-coder-0.5b`):
+//! `--precision f32` greedy identical token for token, and the native precision's
+//! teacher-forced argmax in agreement on at least 99% of positions.
+//!
+//! The model tests are ignored by default; scripts/test fetches the model
+//! (`scripts/fetch-model qwen2.5-coder-0.5b`) and runs them with `--include-ignored`.
+
+mod common;
+use common::*;
+use loupe_models::{Family, LoadOptions, Precision};
+
+const SET: &str = "qwen2.5-coder-0.5b";
+
+#[test]
+fn qwen_goldens_are_complete() {
+    let goldens = goldens_of(SET);
+    check_goldens_complete(&goldens);
+    for g in &goldens {
+        // Qwen's <|im_end|> and <|endoftext|>: the goldens were made with Qwen's ids, not SmolLM2's.
+        assert!(g.eos_token_ids.contains(&151645), "{}: eos {:?}", g.name, g.eos_token_ids);
+    }
+}
+
+#[test]
+#[ignore = "needs Qwen2.5-Coder-0.5B-Instruct (scripts/test fetches it)"]
+fn qwen_f32_greedy_matches_reference_goldens() {
+    let failures = f32_greedy_failures(&qwen_model(), &goldens_of(SET));
+    assert!(failures.is_empty(), "Qwen2.5 f32 greedy diverged from the reference:\n{}", failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs Qwen2.5-Coder-0.5B-Instruct (scripts/test fetches it)"]
+fn qwen_native_teacher_forced_argmax_agreement_at_least_99_percent() {
+    let model = loupe_models::load(&qwen_model(), LoadOptions { precision: Precision::Native, ..Default::default() }).expect("load");
+    assert_eq!(model.config.family, Family::Qwen2);
+    assert!((model.config.qkv_bias, model.config.o_bias, model.config.tie_word_embeddings) == (true, false, false), "{:?}", model.config);
+    let (agree, total, _, _) = teacher_forced_agreement(&model.graph, &goldens_of(SET), "Qwen2.5 native");
+    assert!(agree as f64 >= 0.99 * total as f64, "native agreement {agree}/{total} is below 99%");
+}
