@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     mt = sub.add_parser(
         "make-tiny",
         help="write a tiny random Llama (or Qwen2) checkpoint directory",
-        description="A tiny random LlamaForCausalLM or Qwen2ForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
+        description="A tiny random LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
         "intermediate 128, SmolLM2's vocabulary) as an HF directory: config.json, model.safetensors (f32), "
         "and the SmolLM2 tokenizer files.",
     )
@@ -127,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2"), default="llama",
-                    help="architecture: LlamaForCausalLM (default) or Qwen2ForCausalLM (q/k/v biases)")
+    mt.add_argument("--family", choices=("llama", "qwen2", "mistral"), default="llama",
+                    help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases) "
+                    "or MistralForCausalLM (sliding-window attention)")
+    mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
+                    help="mistral: attention window in tokens (default: none)")
     mt.add_argument("--tokenizer-gguf", metavar="PATH", default=None,
                     help="GGUF whose tokenizer is saved (default $LOUPE_MODEL or loupe's cached SmolLM2)")
     mt.set_defaults(func=cmd_make_tiny)
@@ -398,7 +401,7 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     files = fixtures.make_tiny(args.out, seed=args.seed, tie=args.tie, rope_scaling=args.rope_scaling,
                                layers=args.layers, tokenizer_gguf=args.tokenizer_gguf,
                                attention_bias=args.attention_bias, mlp_bias=args.mlp_bias, hidden_act=args.hidden_act,
-                               family=args.family)
+                               family=args.family, sliding_window=args.sliding_window)
     print(f"loupe_reference: wrote {', '.join(files)} to {args.out} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     print(os.path.abspath(args.out))
     return 0

@@ -85,7 +85,7 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2")
+FAMILIES = ("llama", "qwen2", "mistral")
 
 
 def _family_classes(family: str) -> tuple[Any, Any]:
@@ -97,12 +97,16 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
         return Qwen2Config, Qwen2ForCausalLM
+    if family == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        return MistralConfig, MistralForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
 def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos: int | None, eos: int | None,
                 attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu",
-                family: str = "llama") -> Any:
+                family: str = "llama", sliding_window: int | None = None) -> Any:
     config_cls, _ = _family_classes(family)
     if family != "llama" and (attention_bias or mlp_bias):
         # Qwen2's biases are fixed by its architecture (q/k/v yes, o and MLP no).
@@ -118,6 +122,11 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
     )
     if family == "llama":
         kw.update(attention_bias=bool(attention_bias), mlp_bias=bool(mlp_bias))
+    if family == "mistral":
+        # MistralConfig defaults to a 4096 window; the tiny model's is given or none.
+        kw.update(sliding_window=int(sliding_window) if sliding_window else None)
+    elif sliding_window:
+        raise InputError(f"--sliding-window applies to the mistral family only, not {family}")
     if rope_scaling == "llama3":
         kw["rope_scaling"] = dict(LLAMA3_ROPE)
     elif rope_scaling != "none":
@@ -127,7 +136,7 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
 
 def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "none", layers: int = 2,
               tokenizer_gguf: str | None = None, attention_bias: bool = False, mlp_bias: bool = False,
-              hidden_act: str = "silu", family: str = "llama") -> list[str]:
+              hidden_act: str = "silu", family: str = "llama", sliding_window: int | None = None) -> list[str]:
     """Write the tiny random checkpoint of ``family`` (llama, qwen2) into ``out`` (created; must
     not hold a config.json). Biases (``attention_bias``, ``mlp_bias``, Qwen2's q/k/v) are random
     like the weights."""
@@ -151,7 +160,8 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
     if hidden_act not in ACT2FN:
         raise InputError(f"--hidden-act: unknown activation {hidden_act!r}")
     config = tiny_config(len(tok), tie, rope_scaling, layers, tok.bos_token_id, tok.eos_token_id,
-                         attention_bias=attention_bias, mlp_bias=mlp_bias, hidden_act=hidden_act, family=family)
+                         attention_bias=attention_bias, mlp_bias=mlp_bias, hidden_act=hidden_act, family=family,
+                         sliding_window=sliding_window)
     torch.manual_seed(int(seed))
     with torch.device("meta"):
         meta = model_cls(config)

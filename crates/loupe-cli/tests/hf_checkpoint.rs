@@ -152,6 +152,28 @@ fn tiny_qwen2_matches_reference() {
     assert_ne!(unbiased, tokens, "q/k/v biases change nothing on these prompts; the test cannot detect their absence");
 }
 
+/// MistralForCausalLM with an 8-token window: both prompts outgrow it within their 24
+/// generated tokens (the chat prompt before the first), so every layer's mask is exercised
+/// at prefill and decode.
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_mistral_sliding_window_matches_reference() {
+    let (_guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-mistral");
+    make_tiny_with(&dir, &gguf, false, "none", &["--family", "mistral", "--sliding-window", "8"]);
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("MistralForCausalLM"), Some(8)), "{cfg}");
+    let tokens = compare(&dir, "mistral, window 8");
+
+    // The test must see the window: without it the same weights generate otherwise.
+    cfg["sliding_window"] = serde_json::Value::Null;
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let full: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
+    assert_ne!(full, tokens, "the sliding window changes nothing on these prompts; the test cannot detect its absence");
+}
+
 /// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:
 /// on the raw prompt, loupe's tokens equal the reference's, or loupe fails cleanly.
 fn matches_or_refuses(extra: &[&str], field: &str) {

@@ -58,6 +58,9 @@ pub fn to_text(graph: &Graph) -> String {
                 match variant.mask {
                     AttentionMask::Causal => {}
                     AttentionMask::None => s.push_str(" mask=none"),
+                    AttentionMask::SlidingWindow(w) => {
+                        let _ = write!(s, " mask=sliding-window({w})");
+                    }
                 }
                 match kv_write {
                     KvWrite::InPlace => {}

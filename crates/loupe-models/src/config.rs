@@ -19,6 +19,8 @@ use crate::ModelError;
 pub enum Family {
     Llama,
     Qwen2,
+    /// Llama with a sliding-window attention mask on every layer (`sliding_window`).
+    Mistral,
 }
 
 impl Family {
@@ -36,6 +38,7 @@ impl Family {
         match arch {
             "LlamaForCausalLM" => Some(Family::Llama),
             "Qwen2ForCausalLM" => Some(Family::Qwen2),
+            "MistralForCausalLM" => Some(Family::Mistral),
             _ => None,
         }
     }
@@ -46,6 +49,7 @@ impl Family {
         match model_type {
             "llama" => Some(Family::Llama),
             "qwen2" => Some(Family::Qwen2),
+            "mistral" => Some(Family::Mistral),
             _ => None,
         }
     }
@@ -55,6 +59,7 @@ impl Family {
         match self {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
+            Family::Mistral => "mistral",
         }
     }
 
@@ -62,7 +67,7 @@ impl Family {
     /// interleaved RoPE (convert_hf_to_gguf.py: `LlamaModel.permute` for Llama; Qwen2 uses
     /// NeoX RoPE and is stored as Hugging Face has it).
     pub fn gguf_permutes_qk(self) -> bool {
-        self == Family::Llama
+        matches!(self, Family::Llama | Family::Mistral)
     }
 }
 
@@ -86,15 +91,23 @@ pub struct LlamaConfig {
     pub qkv_bias: bool,
     /// Bias on o_proj (Llama's `attention_bias`; never in Qwen2).
     pub o_bias: bool,
+    /// The sliding window of each decoder layer's attention (`None`: full causal attention).
+    /// Empty when no layer has one.
+    pub layer_windows: Vec<Option<usize>>,
 }
 
 /// GGUF architectures read with the Llama graph (their tensors and keys follow `llama.*`
 /// naming under their own prefix).
 pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"];
 
 impl LlamaConfig {
+    /// The attention window of decoder layer `layer` (`None`: full causal attention).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.layer_windows.get(layer).copied().flatten()
+    }
+
     /// Reads the config from GGUF metadata. `vocab_size` falls back to the tokenizer's
     /// token count, as llama.cpp does.
     pub fn from_gguf(gguf: &GgufFile) -> Result<LlamaConfig, ModelError> {
@@ -135,6 +148,9 @@ impl LlamaConfig {
             tie_word_embeddings: gguf.tensor("output.weight").is_none(),
             qkv_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             o_bias: gguf.tensor("blk.0.attn_output.bias").is_some(),
+            // llama.cpp's `<arch>.attention.sliding_window` is not read: the GGUF families
+            // here (llama, qwen2) use full attention.
+            layer_windows: Vec::new(),
         };
         if let Some(rot) = gguf.opt_usize(&key("rope.dimension_count"))? {
             if rot != cfg.head_dim {
@@ -175,11 +191,8 @@ impl LlamaConfig {
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(bad("mlp_bias", "true is not supported (loupe's Llama MLP has no biases)".into()));
         }
-        // Qwen2's sliding window applies only with `use_sliding_window` (off in released
-        // Qwen2/2.5 checkpoints); loupe's attention has no window yet, so it is refused.
-        if family == Family::Qwen2 && v.get("use_sliding_window").and_then(Value::as_bool) == Some(true) {
-            return Err(bad("use_sliding_window", "true is not supported (loupe's attention has no sliding window yet)".into()));
-        }
+        let layers = usize_field("num_hidden_layers")?;
+        let layer_windows = hf_layer_windows(&v, family, layers).map_err(|(field, reason)| bad(field, reason))?;
         let attention_bias = v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false);
         let hidden_size = usize_field("hidden_size")?;
         let num_attention_heads = usize_field("num_attention_heads")?;
@@ -225,10 +238,12 @@ impl LlamaConfig {
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qkv_bias: attention_bias || family == Family::Qwen2,
             o_bias: attention_bias && family == Family::Llama,
+            layer_windows,
         };
         cfg.validate(path)
     }
 
+    /// Every layer's window (`layer_windows`) is empty or has one entry per layer.
     fn validate(self, path: &Path) -> Result<LlamaConfig, ModelError> {
         let bad = |field: &str, reason: String| Err(ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.into(), reason });
         if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
@@ -242,10 +257,58 @@ impl LlamaConfig {
                 return bad(field, "must be non-zero".into());
             }
         }
+        if !self.layer_windows.is_empty() && self.layer_windows.len() != self.num_hidden_layers {
+            return bad("layer_types", format!("{} entries for {} layers", self.layer_windows.len(), self.num_hidden_layers));
+        }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return bad("rms_norm_eps", format!("{} is not a valid epsilon", self.rms_norm_eps));
         }
         Ok(self)
+    }
+}
+
+/// Each layer's attention window from a config.json, as transformers decides it:
+/// * Mistral: `sliding_window` (an integer, or null for none) on every layer;
+/// * Qwen2: only with `use_sliding_window`, on the layers `layer_types` marks
+///   `sliding_attention` (transformers' default: layers from `max_window_layers` on);
+/// * Llama: none.
+fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Option<usize>>, (&'static str, String)> {
+    let window = || -> Result<Option<usize>, (&'static str, String)> {
+        match v.get("sliding_window") {
+            None | Some(Value::Null) => Ok(None),
+            Some(w) => match w.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n as usize)),
+                _ => Err(("sliding_window", format!("{w} is not a positive integer"))),
+            },
+        }
+    };
+    match family {
+        Family::Llama => Ok(Vec::new()),
+        Family::Mistral => Ok(match window()? {
+            Some(w) => vec![Some(w); layers],
+            None => Vec::new(),
+        }),
+        Family::Qwen2 => {
+            if v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
+                return Ok(Vec::new());
+            }
+            let Some(w) = window()? else { return Err(("sliding_window", "use_sliding_window is true but sliding_window is null".into())) };
+            match v.get("layer_types").filter(|x| !x.is_null()) {
+                Some(Value::Array(types)) if types.len() == layers => types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        Some("full_attention") => Ok(None),
+                        Some("sliding_attention") => Ok(Some(w)),
+                        _ => Err(("layer_types", format!("unsupported layer type {t}"))),
+                    })
+                    .collect(),
+                Some(other) => Err(("layer_types", format!("expected {layers} layer types, found {other}"))),
+                None => {
+                    let from = v.get("max_window_layers").and_then(Value::as_u64).unwrap_or(layers as u64) as usize;
+                    Ok((0..layers).map(|l| (l >= from).then_some(w)).collect())
+                }
+            }
+        }
     }
 }
 
@@ -277,10 +340,27 @@ mod tests {
         assert!(Family::Llama.gguf_permutes_qk() && !Family::Qwen2.gguf_permutes_qk());
     }
 
+    /// Windows per layer as transformers sets them (2 layers in BASE).
+    #[test]
+    fn sliding_windows_follow_each_family() {
+        let m = hf(&format!(r#"{{"architectures": ["MistralForCausalLM"], "sliding_window": 8, {BASE}}}"#)).unwrap();
+        assert_eq!((m.family, m.layer_windows.clone(), m.window(1), m.window(5)), (Family::Mistral, vec![Some(8), Some(8)], Some(8), None));
+        let m = hf(&format!(r#"{{"model_type": "mistral", "sliding_window": null, {BASE}}}"#)).unwrap();
+        assert!(m.layer_windows.is_empty());
+        let q = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "sliding_window": 8, {BASE}}}"#)).unwrap();
+        assert!(q.layer_windows.is_empty(), "use_sliding_window is off by default");
+        let q = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1, {BASE}}}"#)).unwrap();
+        assert_eq!(q.layer_windows, vec![None, Some(8)]);
+        let q = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], {BASE}}}"#)).unwrap();
+        assert_eq!(q.layer_windows, vec![Some(8), None]);
+        let e = hf(&format!(r#"{{"architectures": ["MistralForCausalLM"], "sliding_window": -1, {BASE}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("sliding_window"), "{e}");
+        let e = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention"], {BASE}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("layer_types"), "{e}");
+    }
+
     #[test]
     fn unsupported_features_are_refused_by_name() {
-        let e = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, {BASE}}}"#)).unwrap_err().to_string();
-        assert!(e.contains("use_sliding_window"), "{e}");
         let e = hf(&format!(r#"{{"architectures": ["GPTNeoXForCausalLM"], {BASE}}}"#)).unwrap_err().to_string();
         assert!(e.contains("GPTNeoXForCausalLM") && e.contains("Qwen2ForCausalLM"), "{e}");
     }

@@ -85,6 +85,9 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         // applied, and the IR text shows each as an attribute anyway.
         let mut layer_shape = shape;
         let mut variant = AttentionVariant::default();
+        if let Some(w) = cfg.window(l) {
+            variant.mask = AttentionMask::SlidingWindow(w);
+        }
         let mut kv_write = KvWrite::InPlace;
         let mut attn_fault = None;
         if has(FaultClass::SoftmaxScale) {
@@ -302,6 +305,7 @@ mod tests {
             tie_word_embeddings: true,
             qkv_bias: false,
             o_bias: false,
+            layer_windows: Vec::new(),
         }
     }
 

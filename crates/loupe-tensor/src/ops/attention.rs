@@ -73,6 +73,22 @@ pub enum AttentionMask {
     Causal,
     /// Every query sees the whole context, later tokens of the same call included.
     None,
+    /// Causal within a window: the query at position `p` sees the keys at positions
+    /// `p + 1 - window ..= p` (transformers' `sliding_window_overlay`: `kv_idx > q_idx -
+    /// sliding_window`; Mistral, Gemma 2/3's local layers). The cache keeps every key; the
+    /// older ones are masked.
+    SlidingWindow(usize),
+}
+
+impl AttentionMask {
+    /// The positions of the keys the query at `position` sees, in a context of `ctx` keys.
+    pub fn visible(self, position: usize, ctx: usize) -> std::ops::Range<usize> {
+        match self {
+            AttentionMask::Causal => 0..position + 1,
+            AttentionMask::None => 0..ctx,
+            AttentionMask::SlidingWindow(w) => (position + 1).saturating_sub(w)..position + 1,
+        }
+    }
 }
 
 /// Conventions of one attention call beyond its geometry.
@@ -206,10 +222,7 @@ pub fn attention_cached(
     let out_ptr = OutPtr(out.as_mut_ptr());
     let probs_ptr = probs.map(|p| OutPtr(p.as_mut_ptr()));
     // Keys query row `t` of this call sees.
-    let visible_keys = |t: usize| match variant.mask {
-        AttentionMask::Causal => past + t + 1,
-        AttentionMask::None => ctx,
-    };
+    let visible_keys = |t: usize| variant.mask.visible(past + t, ctx);
 
     // One task per (head, chunk of query rows); each writes only its rows of its head's
     // slice of `out` and `probs`.
@@ -225,7 +238,7 @@ pub fn attention_cached(
             if tokens >= GEMM_MIN_TOKENS {
                 // Prefill: the chunk's scores and outputs as two small matrix products.
                 // Keys any row of the chunk sees: those of its last row.
-                let n_keys = visible_keys(rows.end - 1);
+                let n_keys = visible_keys(rows.end - 1).end;
                 let s_all = &mut scratch[..rows.len() * n_keys];
                 // SAFETY (both gemm calls): q rows `rows` of head h are rows.len() x
                 // head_dim at row stride q_width; K^T is head_dim x n_keys read from the
@@ -239,8 +252,9 @@ pub fn attention_cached(
                 for (i, t) in rows.clone().enumerate() {
                     let visible = visible_keys(t);
                     let srow = &mut s_all[i * n_keys..(i + 1) * n_keys];
-                    softmax_row(&mut srow[..visible], scale);
-                    srow[visible..].fill(0.0);
+                    softmax_row(&mut srow[visible.clone()], scale);
+                    srow[..visible.start].fill(0.0);
+                    srow[visible.end..].fill(0.0);
                     if let Some(p) = probs_ptr {
                         // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to
                         // this task alone; the length was checked above.
@@ -271,18 +285,19 @@ pub fn attention_cached(
                     Some(p) => unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) },
                     None => &mut scratch[..ctx],
                 };
-                for (j, s) in scores[..visible].iter_mut().enumerate() {
-                    *s = dot_cached(isa, q_row, &k, j * kv_width + kv_h * head_dim, wide_row);
+                for j in visible.clone() {
+                    scores[j] = dot_cached(isa, q_row, &k, j * kv_width + kv_h * head_dim, wide_row);
                 }
-                softmax_row(&mut scores[..visible], scale);
+                softmax_row(&mut scores[visible.clone()], scale);
                 // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
                 // this task alone; out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
                 o.fill(0.0);
-                for (j, &p) in scores[..visible].iter().enumerate() {
-                    axpy_cached(isa, p, &v, j * kv_width + kv_h * head_dim, wide_row, o);
+                for j in visible.clone() {
+                    axpy_cached(isa, scores[j], &v, j * kv_width + kv_h * head_dim, wide_row, o);
                 }
-                scores[visible..].fill(0.0);
+                scores[..visible.start].fill(0.0);
+                scores[visible.end..].fill(0.0);
             }
         };
         if need <= MIN_SCORE_SCRATCH {
@@ -660,13 +675,21 @@ mod tests {
                 HeadMap::Modulo => h % n_kv_heads,
             };
             for t in 0..tokens {
-                let visible = if variant.mask == AttentionMask::Causal { ctx - tokens + t + 1 } else { ctx };
-                let s: Vec<f64> = (0..visible).map(|j| (0..head_dim).map(|d| q[t * qw + h * head_dim + d] as f64 * k[j * kw + kh * head_dim + d] as f64).sum::<f64>() * scale as f64).collect();
+                let pos = ctx - tokens + t;
+                // Written as the masks' definitions, not through AttentionMask::visible.
+                let keys: Vec<usize> = (0..ctx)
+                    .filter(|&j| match variant.mask {
+                        AttentionMask::Causal => j <= pos,
+                        AttentionMask::None => true,
+                        AttentionMask::SlidingWindow(w) => j <= pos && pos - j < w,
+                    })
+                    .collect();
+                let s: Vec<f64> = keys.iter().map(|&j| (0..head_dim).map(|d| q[t * qw + h * head_dim + d] as f64 * k[j * kw + kh * head_dim + d] as f64).sum::<f64>() * scale as f64).collect();
                 let max = s.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for d in 0..head_dim {
-                    out[t * qw + h * head_dim + d] = (0..visible).map(|j| e[j] / z * v[j * kw + kh * head_dim + d] as f64).sum();
+                    out[t * qw + h * head_dim + d] = keys.iter().zip(&e).map(|(&j, e)| e / z * v[j * kw + kh * head_dim + d] as f64).sum();
                 }
             }
         }
@@ -678,7 +701,8 @@ mod tests {
         let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
         let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
         for head_map in [HeadMap::Grouped, HeadMap::Modulo] {
-            for mask in [AttentionMask::Causal, AttentionMask::None] {
+            // Windows shorter than the context, longer than the call, and wider than it all.
+            for mask in [AttentionMask::Causal, AttentionMask::None, AttentionMask::SlidingWindow(1), AttentionMask::SlidingWindow(7), AttentionMask::SlidingWindow(64)] {
                 let variant = AttentionVariant { head_map, mask };
                 // 40 new tokens after 5 cached (prefill path), and 1 after 44 (decode).
                 for (tokens, ctx) in [(40, 45), (1, 45)] {

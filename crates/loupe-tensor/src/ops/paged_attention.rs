@@ -257,27 +257,25 @@ pub fn paged_attention(
             }
             for r in rows {
                 let position = span.past + (r - span.rows.start);
-                let visible = match variant.mask {
-                    AttentionMask::Causal => position + 1,
-                    AttentionMask::None => span.context(),
-                };
+                let visible = variant.mask.visible(position, span.context());
                 let q_row = &q[r * q_width + h * head_dim..][..head_dim];
-                let scores = &mut scores[..visible];
-                for (p, sc) in scores.iter_mut().enumerate() {
-                    *sc = dot_cached(isa, q_row, &keys, head_start(p), kv_row);
+                let scores = &mut scores[..visible.end];
+                scores[..visible.start].fill(0.0);
+                for p in visible.clone() {
+                    scores[p] = dot_cached(isa, q_row, &keys, head_start(p), kv_row);
                 }
-                softmax_row(scores, scale);
+                softmax_row(&mut scores[visible.clone()], scale);
                 // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
                 // out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
                 o.fill(0.0);
-                for (p, &w) in scores.iter().enumerate() {
-                    axpy_cached(isa, w, &values, head_start(p), kv_row, o);
+                for p in visible.clone() {
+                    axpy_cached(isa, scores[p], &values, head_start(p), kv_row, o);
                 }
                 if let Some(pp) = probs_ptr {
                     // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
-                    // task alone; visible <= ctx_max; the length was checked above.
-                    let prow = unsafe { std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible) };
+                    // task alone; visible.end <= ctx_max; the length was checked above.
+                    let prow = unsafe { std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible.end) };
                     prow.copy_from_slice(scores);
                 }
             }
@@ -320,12 +318,22 @@ mod tests {
         // Blocks out of order, as a block manager hands them out.
         let table = [5u32, 0, 3, 1, 6, 2];
         let (kp, vp) = (paged(&k, kvw, bs, &table, 7), paged(&v, kvw, bs, &table, 7));
-        let mut want = vec![0f32; qw];
-        attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut want, None).unwrap();
-        let mut got = vec![0f32; qw];
-        let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
-        paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
-        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        // A sliding window starting mid-block, and one wider than the context.
+        for mask in [AttentionMask::Causal, AttentionMask::SlidingWindow(6), AttentionMask::SlidingWindow(40)] {
+            let variant = AttentionVariant { mask, ..Default::default() };
+            let mut want = vec![0f32; qw];
+            attention::attention(SHAPE, variant, &q, &k, &v, ctx, &mut want, None).unwrap();
+            let mut got = vec![0f32; qw];
+            let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
+            paged_attention(SHAPE, variant, &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
+            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{mask:?}");
+        }
+        // The window changes the result (the test can see it).
+        let mut causal = vec![0f32; qw];
+        attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut causal, None).unwrap();
+        let mut windowed = vec![0f32; qw];
+        attention::attention(SHAPE, AttentionVariant { mask: AttentionMask::SlidingWindow(6), ..Default::default() }, &q, &k, &v, ctx, &mut windowed, None).unwrap();
+        assert_ne!(causal, windowed);
     }
 
     /// FP8 pages (a scale per 16 elements, blocks out of order) give the contiguous
