@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     mt = sub.add_parser(
         "make-tiny",
         help="write a tiny random Llama (or Qwen2) checkpoint directory",
-        description="A tiny random LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
+        description="A tiny random LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or Qwen3ForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
         "intermediate 128, SmolLM2's vocabulary) as an HF directory: config.json, model.safetensors (f32), "
         "and the SmolLM2 tokenizer files.",
     )
@@ -127,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2", "mistral"), default="llama",
-                    help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases) "
-                    "or MistralForCausalLM (sliding-window attention)")
+    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3"), default="llama",
+                    help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases), "
+                    "MistralForCausalLM (sliding-window attention) or Qwen3ForCausalLM (per-head q/k norms)")
     mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
                     help="mistral: attention window in tokens (default: none)")
     mt.add_argument("--tokenizer-gguf", metavar="PATH", default=None,

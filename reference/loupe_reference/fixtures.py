@@ -85,7 +85,7 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3")
 
 
 def _family_classes(family: str) -> tuple[Any, Any]:
@@ -101,6 +101,10 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import MistralConfig, MistralForCausalLM
 
         return MistralConfig, MistralForCausalLM
+    if family == "qwen3":
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        return Qwen3Config, Qwen3ForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
@@ -108,9 +112,10 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
                 attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu",
                 family: str = "llama", sliding_window: int | None = None) -> Any:
     config_cls, _ = _family_classes(family)
-    if family != "llama" and (attention_bias or mlp_bias):
-        # Qwen2's biases are fixed by its architecture (q/k/v yes, o and MLP no).
-        raise InputError(f"--attention-bias/--mlp-bias apply to the llama family only, not {family}")
+    if (family not in ("llama", "qwen3") and attention_bias) or (family != "llama" and mlp_bias):
+        # Qwen2's biases are fixed by its architecture (q/k/v yes, o and MLP no); Qwen3 reads
+        # attention_bias only.
+        raise InputError(f"--attention-bias/--mlp-bias do not apply to the {family} family")
     kw: dict[str, Any] = dict(TINY)
     kw.update(
         vocab_size=int(vocab_size),
@@ -122,6 +127,8 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
     )
     if family == "llama":
         kw.update(attention_bias=bool(attention_bias), mlp_bias=bool(mlp_bias))
+    if family == "qwen3":
+        kw.update(attention_bias=bool(attention_bias))
     if family == "mistral":
         # MistralConfig defaults to a 4096 window; the tiny model's is given or none.
         kw.update(sliding_window=int(sliding_window) if sliding_window else None)
@@ -173,6 +180,7 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
         if tie and name == "lm_head.weight":
             continue
         if name.endswith("norm.weight"):
+            # RMSNorm weights, the per-head q/k norms included
             state[name] = 1.0 + NORM_JITTER * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         else:
             state[name] = WEIGHT_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32)

@@ -174,6 +174,28 @@ fn tiny_mistral_sliding_window_matches_reference() {
     assert_ne!(full, tokens, "the sliding window changes nothing on these prompts; the test cannot detect its absence");
 }
 
+/// Qwen3ForCausalLM: per-head q/k RMSNorms (random weights 1 + N(0, 0.1^2)) before RoPE,
+/// with attention biases.
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_qwen3_matches_reference() {
+    let (_guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-qwen3");
+    make_tiny_with(&dir, &gguf, true, "none", &["--family", "qwen3", "--attention-bias"]);
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(cfg["architectures"][0], "Qwen3ForCausalLM", "{cfg}");
+    let tokens = compare(&dir, "qwen3");
+
+    // The test must see the q/k norms: read as a Llama (which has none) it generates otherwise.
+    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+    cfg["model_type"] = serde_json::json!("llama");
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let plain: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
+    assert_ne!(plain, tokens, "q/k norms change nothing on these prompts; the test cannot detect their absence");
+}
+
 /// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:
 /// on the raw prompt, loupe's tokens equal the reference's, or loupe fails cleanly.
 fn matches_or_refuses(extra: &[&str], field: &str) {

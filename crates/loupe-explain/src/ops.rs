@@ -67,7 +67,9 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     // Decoder layers the model needs for this value (the final norm reads the last layer
     // the reference dumped).
     let n_layers = if m.role.in_layer() { m.layer + 1 } else { ctx.reference.last_layer(ctx.step).map_or(0, |l| l + 1) };
-    let inputs = m.inputs(n_layers);
+    // RoPE reads the normed q/k in families with q/k norms: known from the reference's dump.
+    let qk_norm = ctx.reference.has(&Module::layer(m.layer, R::QNorm).name(), ctx.step);
+    let inputs = m.inputs_with(n_layers, qk_norm);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
     match m.role {
@@ -85,7 +87,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         }
         R::Embedding | R::ActMul => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
-        R::InputNorm | R::PostAttnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
+        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
     }
 }
 

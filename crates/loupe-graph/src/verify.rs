@@ -114,7 +114,10 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
         }
         Op::RmsNorm { weight: wid, .. } => {
             let w = weight(graph, i, node, wid.0)?;
-            expect(width(0) == Some(w.shape[0]) && out_w == width(0), format!("norm weight {:?}, input width {:?}", w.shape, width(0)))
+            // A weight narrower than the row normalizes each slice of its width (per-head
+            // q/k norms).
+            let slices = width(0).is_some_and(|n| w.shape.len() == 1 && w.shape[0] > 0 && n % w.shape[0] == 0);
+            expect(slices && out_w == width(0), format!("norm weight {:?}, input width {:?}", w.shape, width(0)))
         }
         Op::Linear { weight: wid, bias } => {
             let w = weight(graph, i, node, wid.0)?;

@@ -21,6 +21,9 @@ pub enum Family {
     Qwen2,
     /// Llama with a sliding-window attention mask on every layer (`sliding_window`).
     Mistral,
+    /// Llama with per-head RMSNorms of q and k before RoPE (`q_norm`, `k_norm`;
+    /// `modeling_qwen3.py`), biases as `attention_bias` says, Qwen2's sliding-window rules.
+    Qwen3,
 }
 
 impl Family {
@@ -29,6 +32,7 @@ impl Family {
         match arch {
             "llama" => Some(Family::Llama),
             "qwen2" => Some(Family::Qwen2),
+            "qwen3" => Some(Family::Qwen3),
             _ => None,
         }
     }
@@ -39,6 +43,7 @@ impl Family {
             "LlamaForCausalLM" => Some(Family::Llama),
             "Qwen2ForCausalLM" => Some(Family::Qwen2),
             "MistralForCausalLM" => Some(Family::Mistral),
+            "Qwen3ForCausalLM" => Some(Family::Qwen3),
             _ => None,
         }
     }
@@ -50,6 +55,7 @@ impl Family {
             "llama" => Some(Family::Llama),
             "qwen2" => Some(Family::Qwen2),
             "mistral" => Some(Family::Mistral),
+            "qwen3" => Some(Family::Qwen3),
             _ => None,
         }
     }
@@ -60,6 +66,7 @@ impl Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Mistral => "mistral",
+            Family::Qwen3 => "qwen3",
         }
     }
 
@@ -68,6 +75,11 @@ impl Family {
     /// NeoX RoPE and is stored as Hugging Face has it).
     pub fn gguf_permutes_qk(self) -> bool {
         matches!(self, Family::Llama | Family::Mistral)
+    }
+
+    /// Whether q and k go through per-head RMSNorms before RoPE.
+    pub fn qk_norm(self) -> bool {
+        self == Family::Qwen3
     }
 }
 
@@ -98,9 +110,9 @@ pub struct LlamaConfig {
 
 /// GGUF architectures read with the Llama graph (their tensors and keys follow `llama.*`
 /// naming under their own prefix).
-pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2"];
+pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"];
 
 impl LlamaConfig {
     /// The attention window of decoder layer `layer` (`None`: full causal attention).
@@ -237,7 +249,7 @@ impl LlamaConfig {
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qkv_bias: attention_bias || family == Family::Qwen2,
-            o_bias: attention_bias && family == Family::Llama,
+            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3),
             layer_windows,
         };
         cfg.validate(path)
@@ -269,7 +281,7 @@ impl LlamaConfig {
 
 /// Each layer's attention window from a config.json, as transformers decides it:
 /// * Mistral: `sliding_window` (an integer, or null for none) on every layer;
-/// * Qwen2: only with `use_sliding_window`, on the layers `layer_types` marks
+/// * Qwen2, Qwen3: only with `use_sliding_window`, on the layers `layer_types` marks
 ///   `sliding_attention` (transformers' default: layers from `max_window_layers` on);
 /// * Llama: none.
 fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Option<usize>>, (&'static str, String)> {
@@ -288,7 +300,7 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
             Some(w) => vec![Some(w); layers],
             None => Vec::new(),
         }),
-        Family::Qwen2 => {
+        Family::Qwen2 | Family::Qwen3 => {
             if v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok(Vec::new());
             }

@@ -73,6 +73,17 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.qkv_bias, false)?;
         let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
         let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+        // Qwen3's q_norm/k_norm: an RMSNorm over each head's head_dim values (a weight of
+        // head_dim normalizes each head_dim-wide slice of the row).
+        let (q, k) = if cfg.family.qk_norm() {
+            let wq = b.weight(load(&m(R::QNorm).param("weight"), &[hd])?);
+            let wk = b.weight(load(&m(R::KNorm).param("weight"), &[hd])?);
+            let q = b.node(m(R::QNorm).name(), Op::RmsNorm { weight: wq, eps: cfg.rms_norm_eps }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
+            let k = b.node(m(R::KNorm).name(), Op::RmsNorm { weight: wk, eps: cfg.rms_norm_eps }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
+            (q, k)
+        } else {
+            (q, k)
+        };
 
         let interleaved = has(FaultClass::RopeInterleaved);
         let mode = if interleaved { RopeMode::Interleaved } else { RopeMode::SplitHalf };
@@ -446,35 +457,41 @@ mod tests {
     /// a role, each role appears in each layer, and each node reads the values `inputs` says.
     #[test]
     fn roles_describe_the_built_graph() {
+        use crate::config::Family;
         use crate::roles::{Module, ModuleRole};
-        let g = build(&[]);
-        let n_layers = tiny().num_hidden_layers;
-        let mut seen = std::collections::HashSet::new();
-        for node in &g.nodes {
-            for out in std::iter::once(node.output).chain(node.side) {
-                let v = g.value(out);
-                let m = Module::parse(&v.name).unwrap_or_else(|| panic!("{}: no role", v.name));
-                assert_eq!(m.name(), v.name);
-                seen.insert(m);
-                let want: Vec<String> = m.inputs(n_layers).iter().map(Module::name).collect();
-                let got: Vec<String> = node.inputs.iter().map(|&i| g.value(i).name.clone()).collect();
-                assert_eq!(got, want, "inputs of {}", v.name);
-                let aliases: Vec<Module> = v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
-                assert!(aliases.iter().all(|a| a.canonical() == m), "{}: {:?}", v.name, v.aliases);
-                assert_eq!(m.names()[1..], v.aliases[..], "{}", v.name);
-                seen.extend(aliases);
+        // Both wirings: without q/k norms (Llama) and with them (Qwen3).
+        for family in [Family::Llama, Family::Qwen3] {
+            let cfg = LlamaConfig { family, ..tiny() };
+            let mut src = FakeSource { path: "fake".into(), seed: 7 };
+            let g = build_llama(&cfg, &mut src, None, false, &[]).unwrap();
+            let n_layers = cfg.num_hidden_layers;
+            let mut seen = std::collections::HashSet::new();
+            for node in &g.nodes {
+                for out in std::iter::once(node.output).chain(node.side) {
+                    let v = g.value(out);
+                    let m = Module::parse(&v.name).unwrap_or_else(|| panic!("{}: no role", v.name));
+                    assert_eq!(m.name(), v.name);
+                    seen.insert(m);
+                    let want: Vec<String> = m.inputs_with(n_layers, family.qk_norm()).iter().map(Module::name).collect();
+                    let got: Vec<String> = node.inputs.iter().map(|&i| g.value(i).name.clone()).collect();
+                    assert_eq!(got, want, "{family:?}: inputs of {}", v.name);
+                    let aliases: Vec<Module> = v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
+                    assert!(aliases.iter().all(|a| a.canonical() == m), "{}: {:?}", v.name, v.aliases);
+                    assert_eq!(m.names()[1..], v.aliases[..], "{}", v.name);
+                    seen.extend(aliases);
+                }
             }
-        }
-        for l in 0..n_layers {
-            for role in ModuleRole::ALL {
-                assert!(seen.contains(&Module::layer(l, role)), "layer {l}: no {role:?}");
+            for l in 0..n_layers {
+                for role in ModuleRole::ALL {
+                    assert_eq!(seen.contains(&Module::layer(l, role)), !role.needs_qk_norm() || family.qk_norm(), "{family:?} layer {l}: {role:?}");
+                }
             }
-        }
-        for m in &seen {
-            if m.role.is_linear() || m.role.is_norm() || m.role == ModuleRole::Embedding {
-                let w = m.param("weight");
-                // a tied lm_head reads the embedding table
-                assert!(g.weights.iter().any(|x| x.name == w) || m.role == ModuleRole::LmHead, "{w}");
+            for m in &seen {
+                if m.role.is_linear() || m.role.is_norm() || m.role == ModuleRole::Embedding {
+                    let w = m.param("weight");
+                    // a tied lm_head reads the embedding table
+                    assert!(g.weights.iter().any(|x| x.name == w) || m.role == ModuleRole::LmHead, "{w}");
+                }
             }
         }
     }

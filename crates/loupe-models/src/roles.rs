@@ -16,6 +16,11 @@ pub enum ModuleRole {
     QProj,
     KProj,
     VProj,
+    /// The per-head RMSNorm of q before RoPE (`self_attn.q_norm`; Qwen3, Gemma 3). Only in
+    /// families with q/k norms.
+    QNorm,
+    /// The per-head RMSNorm of k (`self_attn.k_norm`).
+    KNorm,
     /// q after the rotary embedding (`self_attn.q_rope`).
     QRope,
     KRope,
@@ -50,8 +55,8 @@ use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 22] = [
-        Embedding, InputNorm, QProj, KProj, VProj, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, Gate, Up, ActFn,
+    pub const ALL: [ModuleRole; 24] = [
+        Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, Gate, Up, ActFn,
         ActMul, Down, Mlp, LayerOutput, FinalNorm, LmHead,
     ];
 
@@ -69,6 +74,8 @@ impl ModuleRole {
             QProj => "self_attn.q_proj",
             KProj => "self_attn.k_proj",
             VProj => "self_attn.v_proj",
+            QNorm => "self_attn.q_norm",
+            KNorm => "self_attn.k_norm",
             QRope => "self_attn.q_rope",
             KRope => "self_attn.k_rope",
             AttnCore => "self_attn.attn_output",
@@ -119,7 +126,12 @@ impl ModuleRole {
 
     /// Whether the value is an RMSNorm with the module's weight.
     pub fn is_norm(self) -> bool {
-        matches!(self, InputNorm | PostAttnNorm | FinalNorm)
+        matches!(self, InputNorm | QNorm | KNorm | PostAttnNorm | FinalNorm)
+    }
+
+    /// Whether only families with per-head q/k norms emit the role.
+    pub fn needs_qk_norm(self) -> bool {
+        matches!(self, QNorm | KNorm)
     }
 }
 
@@ -198,15 +210,24 @@ impl Module {
     }
 
     /// The values this one is computed from, as the builder wires them (value inputs, not
-    /// weights). `n_layers` is the number of decoder layers (the final norm reads the last).
+    /// weights) in a family without q/k norms. `n_layers` is the number of decoder layers
+    /// (the final norm reads the last).
     pub fn inputs(&self, n_layers: usize) -> Vec<Module> {
+        self.inputs_with(n_layers, false)
+    }
+
+    /// [`inputs`](Self::inputs) in a family with (`qk_norm`) or without per-head q/k norms
+    /// (with them, RoPE reads the normed q/k).
+    pub fn inputs_with(&self, n_layers: usize, qk_norm: bool) -> Vec<Module> {
         let l = |role| Module::layer(self.layer, role);
         match self.role {
             Embedding => vec![],
             InputNorm => vec![Module::layer_input(self.layer)],
             QProj | KProj | VProj => vec![l(InputNorm)],
-            QRope => vec![l(QProj)],
-            KRope => vec![l(KProj)],
+            QNorm => vec![l(QProj)],
+            KNorm => vec![l(KProj)],
+            QRope => vec![l(if qk_norm { QNorm } else { QProj })],
+            KRope => vec![l(if qk_norm { KNorm } else { KProj })],
             AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(VProj)],
             OProj | SelfAttn => vec![l(AttnCore)],
             AttnResidual => vec![Module::layer_input(self.layer), l(OProj)],

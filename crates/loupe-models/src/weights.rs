@@ -74,6 +74,8 @@ pub fn gguf_name(hf_name: &str) -> Option<String> {
         "self_attn.q_proj" => "attn_q",
         "self_attn.k_proj" => "attn_k",
         "self_attn.v_proj" => "attn_v",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
         "self_attn.o_proj" => "attn_output",
         "post_attention_layernorm" => "ffn_norm",
         "mlp.gate_proj" => "ffn_gate",

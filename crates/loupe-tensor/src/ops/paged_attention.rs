@@ -20,7 +20,7 @@ use std::ops::Range;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::attention::{axpy_cached, dot_cached, softmax_row, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
+use super::attention::{axpy_cached, dot_cached, softmax_row, AttentionShape, AttentionVariant, HeadMap};
 use crate::matmul::OutPtr;
 use crate::pool;
 use crate::quant::Isa;
@@ -287,7 +287,7 @@ pub fn paged_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::attention::{self, axpy, dot};
+    use crate::ops::attention::{self, axpy, dot, AttentionMask};
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
