@@ -223,6 +223,16 @@ fn matmul_weight_quantized(c: &mut Criterion) {
             g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap()));
         }
     }
+    // Q5_0, most of Qwen2.5-Coder-0.5B's matrices: the FFN up/gate (4864 x 896) and down
+    // (896 x 4864) shapes at decode.
+    for (n, k) in [(896, 4864), (4864, 896)] {
+        let ty = GgmlType::Q5_0;
+        let w = matrix(&mut rng, ty, n, k);
+        let x = rng.activations(k);
+        let mut y = vec![0f32; n];
+        g.throughput(Throughput::Bytes(w.data.len() as u64));
+        g.bench_function(format!("{ty}/{n}x{k}/m1"), |b| b.iter(|| matmul_wq(black_box(&x), &w, &mut y, 1).unwrap()));
+    }
     g.finish();
 }
 

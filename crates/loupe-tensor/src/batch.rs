@@ -12,10 +12,11 @@
 //! weight type and the [`Isa`] alone (the kernels of different ISAs are *not* bit-equal
 //! to each other, each is to itself across `m`).
 //!
-//! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types) each activation row is
-//! quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
+//! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types) and Q5_0 (most of
+//! Qwen2.5-0.5B's) each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
-//! up to 8 (AVX-512) or 4 (AVX2) activation rows, each row keeping its own accumulators
+//! up to 8 (AVX-512; Q5_0 has AVX2 kernels only, which AVX-512 machines run in every path)
+//! or 4 (AVX2) activation rows, each row keeping its own accumulators
 //! in exactly the order of the single-row kernel ([`crate::wq::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
 //! are computed vectorized across activation rows (lanes = rows, so each lane does the
@@ -133,11 +134,11 @@ fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorEr
     })
 }
 
-/// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1 or Q8_0 rows of
-/// `k` columns, `k` a multiple of 32 with at most [`MAX_STACK_BLOCKS`] blocks (the decode
+/// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1, Q8_0 or Q5_0
+/// rows of `k` columns, `k` a multiple of 32 with at most [`MAX_STACK_BLOCKS`] blocks (the decode
 /// path of [`matmul_wq_invariant`]).
 pub fn can_group(w: &QMatrix, k: usize) -> bool {
-    matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && w.cols == k && k.is_multiple_of(32) && k / 32 <= MAX_STACK_BLOCKS
+    matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) && w.cols == k && k.is_multiple_of(32) && k / 32 <= MAX_STACK_BLOCKS
 }
 
 /// Most matrices one [`matmul_wq_group`] call takes (q/k/v need 3): the bookkeeping lives
@@ -202,7 +203,7 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
     Ok(())
 }
 
-/// `m > 1` rows of Q4_1 / Q8_0: every row quantized as [`matmul_wq_group`] does, then the
+/// `m > 1` rows of Q4_1 / Q8_0 / Q5_0: every row quantized as [`matmul_wq_group`] does, then the
 /// multi-row kernels of `isa`.
 fn batch_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     BATCH.with(|cell| match cell.try_borrow_mut() {
@@ -263,8 +264,10 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                 // m rows of k quantized activations and mp-lane transposed scales; the
                 // weight rows are whole rows of `w`; this task alone writes columns
                 // `rows` of y (m x n).
+                // Q5_0 has AVX2 kernels only, which AVX-512 machines run in every path
+                // (single row, gemv, here), so decode and batch agree there too.
                 unsafe {
-                    if isa >= Isa::Avx512 {
+                    if isa >= Isa::Avx512 && w.ty != GgmlType::Q5_0 {
                         avx512::act16_rows(w, rows, &act, p, off, out)
                     } else {
                         avx2::act16_rows(w, rows, &act, p, off, out)
@@ -287,7 +290,7 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
     })
 }
 
-/// The activation side of a multi-row Q4_1 / Q8_0 call.
+/// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 call.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct ActBatch<'a> {
@@ -303,7 +306,7 @@ struct ActBatch<'a> {
     blocks: usize,
 }
 
-/// Every other type (and Q4_1 / Q8_0 rows too long for the stack path): one
+/// Every other type (and Q4_1 / Q8_0 / Q5_0 rows too long for the stack path): one
 /// [`dot_row`] per output, each against its own row and its own block sums.
 fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
@@ -694,12 +697,12 @@ pub(crate) mod avx512 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     //! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `wq::dot_row_act16`
-    //! runs at [`crate::quant::Isa::Avx2`], and their multi-row twins, which repeat the
-    //! single-row arithmetic per activation row.
+    //! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, at `Avx512` too), and their
+    //! multi-row twins, which repeat the single-row arithmetic per activation row.
     //!
     //! Per block `b` of 32: the 32 weights widened to two vectors of 16 i16, each
     //! `vpmaddwd`'d with 16 activations and the two i32 vectors added (exact: at most
-    //! 2 * 32 products of |w| <= 128 and |q| <= 32767 per lane, < 2^24 so the f32
+    //! 4 products of |w| <= 128 and |q| <= 32767 per lane, < 2^24 so the f32
     //! conversion is exact too), converted, and FMA'd with `d * scale` broadcast into
     //! accumulator `b % 2`; Q4_1's `m * sum` is added to a scalar offset from +0.0 block
     //! by block. Result: `hsum(acc0 + acc1) (+ offset)`.
@@ -756,6 +759,65 @@ pub(crate) mod avx2 {
         (_mm256_cvtepi8_epi16(a), _mm256_cvtepi8_epi16(b))
     }
 
+    /// Q5_0 block at `blk` (`f16 d; u8 qh[4]; u8 qs[16]`): elements 0..16 and 16..32 as
+    /// i16 `q - 16` (-16..=15). Element `j`'s low 4 bits are the low (`j < 16`) or high
+    /// nibble of `qs[j % 16]`, its fifth bit is bit `j` of the little-endian `qh`. Word `j`
+    /// of the low vector tests bit `j` of `qh`'s low half (broadcast to every word), of the
+    /// high vector bit `j` of its high half; where the bit is clear, `0xFFF0` is or'ed over
+    /// the nibble, which makes it `nibble - 16` (set: `nibble + 16 - 16`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q5_0(blk: *const u8) -> (__m256i, __m256i) {
+        let w16 = widen_u8(blk.add(6));
+        let bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, i16::MIN);
+        let neg = _mm256_set1_epi16(0xFFF0_u16 as i16);
+        let hl = _mm256_set1_epi16(std::ptr::read_unaligned(blk.add(2) as *const i16));
+        let hh = _mm256_set1_epi16(std::ptr::read_unaligned(blk.add(4) as *const i16));
+        let set_lo = _mm256_cmpeq_epi16(_mm256_and_si256(hl, bit), bit);
+        let set_hi = _mm256_cmpeq_epi16(_mm256_and_si256(hh, bit), bit);
+        let lo = _mm256_or_si256(_mm256_and_si256(w16, _mm256_set1_epi16(0x0F)), _mm256_andnot_si256(set_lo, neg));
+        let hi = _mm256_or_si256(_mm256_srli_epi16::<4>(w16), _mm256_andnot_si256(set_hi, neg));
+        (lo, hi)
+    }
+
+    /// The block formats of the AVX2 Act16 kernels, as a const parameter (`KIND`).
+    pub(crate) const Q4_1: u8 = 0;
+    pub(crate) const Q8_0: u8 = 1;
+    pub(crate) const Q5_0: u8 = 2;
+
+    /// The `KIND` of a type the Act16 kernels take (Q4_1, Q8_0 or Q5_0).
+    pub(crate) fn kind(ty: GgmlType) -> u8 {
+        match ty {
+            GgmlType::Q4_1 => Q4_1,
+            GgmlType::Q5_0 => Q5_0,
+            _ => Q8_0,
+        }
+    }
+
+    /// Bytes per block of `KIND`.
+    #[inline(always)]
+    pub(crate) const fn block_bytes(kind: u8) -> usize {
+        match kind {
+            Q4_1 => 20,
+            Q5_0 => 22,
+            _ => 34,
+        }
+    }
+
+    /// Block `b` of a row at `w` of `KIND`, elements 0..16 and 16..32 as i16 (the
+    /// unpacking every AVX2 Act16 kernel uses; the integer lanes of [`block_dot`] depend
+    /// only on it).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn unpack<const KIND: u8>(w: *const u8, b: usize) -> (__m256i, __m256i) {
+        let blk = w.add(b * block_bytes(KIND));
+        match KIND {
+            Q4_1 => nibbles(blk),
+            Q5_0 => q5_0(blk),
+            _ => bytes(blk),
+        }
+    }
+
     /// The exact integer dot of one block's weights with 32 activations at `q`, as 8 i32
     /// lanes converted to f32.
     #[inline]
@@ -800,15 +862,30 @@ pub(crate) mod avx2 {
     /// Q8_0 row x 16-bit activations (no offset term).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q8_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        dot_d_act16::<Q8_0>(w, q, ss)
+    }
+
+    /// Q5_0 row x 16-bit activations: [`dot_q8_0_act16`] with the weights `q - 16` of
+    /// [`q5_0`]. Lengths are checked by the caller (`w.len() == 22 * blocks`). Also the
+    /// kernel of AVX-512 machines (every Q5_0 path routes there, so decode and batch agree).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q5_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        dot_d_act16::<Q5_0>(w, q, ss)
+    }
+
+    /// The formats without an offset term (`value = d * q`): per block
+    /// `d * scale` FMA'd with the exact integer dot into accumulator `b % 2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_d_act16<const KIND: u8>(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
         let blocks = q.len() / 32;
         let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
         let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
                 let b = $b;
-                let blk = wp.add(b * 34);
-                let d = f16_at(blk);
-                let dot = block_dot(bytes(blk), qp.add(b * 32));
+                let d = f16_at(wp.add(b * block_bytes(KIND)));
+                let dot = block_dot(unpack::<KIND>(wp, b), qp.add(b * 32));
                 $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * *sp.add(2 * b)), dot, $acc);
             }};
         }
@@ -831,28 +908,32 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
         let (m, mp, blocks, k, n) = (act.m, act.mp, act.blocks, act.k, w.rows);
-        let q4_1 = w.ty == GgmlType::Q4_1;
-        let bytes_per = if q4_1 { 20 } else { 34 };
+        let kind = kind(w.ty);
+        let q4_1 = kind == Q4_1;
         for j in rows {
             let row = w.row(j).as_ptr();
-            prepare(row, bytes_per, q4_1, act, p.as_mut_ptr(), off.as_mut_ptr());
+            prepare(row, block_bytes(kind), q4_1, act, p.as_mut_ptr(), off.as_mut_ptr());
             let (pp, y) = (p.as_ptr(), out.get().add(j));
             let mut i = 0;
             while i < m {
                 let na = (m - i).min(4);
                 let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
-                let r: &[f32] = match (q4_1, na) {
-                    (true, 4) => &tile::<4, true>(row, blocks, q, k, pi, mp),
-                    (true, 3) => &tile::<3, true>(row, blocks, q, k, pi, mp),
-                    (true, 2) => &tile::<2, true>(row, blocks, q, k, pi, mp),
-                    (true, _) => &tile::<1, true>(row, blocks, q, k, pi, mp),
-                    (false, 4) => &tile::<4, false>(row, blocks, q, k, pi, mp),
-                    (false, 3) => &tile::<3, false>(row, blocks, q, k, pi, mp),
-                    (false, 2) => &tile::<2, false>(row, blocks, q, k, pi, mp),
-                    (false, _) => &tile::<1, false>(row, blocks, q, k, pi, mp),
+                let r: &[f32] = match (kind, na) {
+                    (Q4_1, 4) => &tile::<4, Q4_1>(row, blocks, q, k, pi, mp),
+                    (Q4_1, 3) => &tile::<3, Q4_1>(row, blocks, q, k, pi, mp),
+                    (Q4_1, 2) => &tile::<2, Q4_1>(row, blocks, q, k, pi, mp),
+                    (Q4_1, _) => &tile::<1, Q4_1>(row, blocks, q, k, pi, mp),
+                    (Q5_0, 4) => &tile::<4, Q5_0>(row, blocks, q, k, pi, mp),
+                    (Q5_0, 3) => &tile::<3, Q5_0>(row, blocks, q, k, pi, mp),
+                    (Q5_0, 2) => &tile::<2, Q5_0>(row, blocks, q, k, pi, mp),
+                    (Q5_0, _) => &tile::<1, Q5_0>(row, blocks, q, k, pi, mp),
+                    (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi, mp),
+                    (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi, mp),
+                    (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi, mp),
+                    (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi, mp),
                 };
                 for (a, &v) in r.iter().enumerate() {
-                    // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
+                    // Q8_0 / Q5_0 add no offset (adding 0.0 would turn -0.0 into +0.0).
                     let v = if q4_1 { v + off[i + a] } else { v };
                     yi.add(a * n).write(v);
                 }
@@ -888,12 +969,12 @@ pub(crate) mod avx2 {
     /// registers hold them, the two weight halves and the temporaries only barely).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const NA: usize, const Q4_1: bool>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+    unsafe fn tile<const NA: usize, const KIND: u8>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
                 let b = $b;
-                let wv = if Q4_1 { nibbles(w.add(b * 20)) } else { bytes(w.add(b * 34)) };
+                let wv = unpack::<KIND>(w, b);
                 for a in 0..NA {
                     let dot = block_dot(wv, q.add(a * k + b * 32));
                     $acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), dot, $acc[a]);
@@ -1043,6 +1124,8 @@ mod tests {
             (GgmlType::Q4_1, 19, 576),
             (GgmlType::Q8_0, 37, 96),
             (GgmlType::Q8_0, 19, 576),
+            (GgmlType::Q5_0, 37, 96),
+            (GgmlType::Q5_0, 19, 896),
             (GgmlType::Q6K, 9, 512),
             (GgmlType::F32, 23, 100),
             (GgmlType::F32, 7, 576),
@@ -1079,7 +1162,7 @@ mod tests {
         // The same request row at different positions of batches of different sizes
         // with different other rows, on the pool and serially.
         for isa in Isa::available() {
-            for (ty, n, k) in [(GgmlType::Q4_1, 100, 576), (GgmlType::Q8_0, 100, 576), (GgmlType::F32, 50, 576)] {
+            for (ty, n, k) in [(GgmlType::Q4_1, 100, 576), (GgmlType::Q8_0, 100, 576), (GgmlType::Q5_0, 100, 896), (GgmlType::F32, 50, 576)] {
                 let (w, _) = matrix(ty, n, k, 4);
                 let probe = acts(1, k, 99);
                 let mut want = vec![0f32; n];
@@ -1107,7 +1190,7 @@ mod tests {
             matmul_wq_invariant(&x, &w, &mut a, 1).unwrap();
             matmul_wq(&x, &w, &mut b, 1).unwrap();
             assert_eq!(bits(&a), bits(&b), "{ty}");
-            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
                 // The single-row Act16 dot of the active ISA (today's decode kernel).
                 let (mut q, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
                 let act = Act16::quantize(&x, &mut q, &mut ss);
@@ -1121,14 +1204,14 @@ mod tests {
 
     #[test]
     fn every_isa_matches_scalar_and_the_f64_reference() {
-        for (ty, n, k) in cases().into_iter().chain([(GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1))]) {
+        for (ty, n, k) in cases().into_iter().chain([(GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1)), (GgmlType::Q5_0, 3, 32 * (MAX_STACK_BLOCKS + 1))]) {
             let (w, deq) = matrix(ty, n, k, 6);
             for m in [1, 5, 32] {
                 let x = acts(m, k, 20 + m as u32);
                 let mut reference = vec![0f32; m * n];
                 matmul_wq_invariant_with(Isa::Scalar, &x, &w, &mut reference, m).unwrap();
                 // 16-bit activations round each to within 2^-16 of its block's largest.
-                let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) { 4e-5 } else { 1e-5 };
+                let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) { 4e-5 } else { 1e-5 };
                 for i in 0..m {
                     for j in 0..n {
                         let terms = (0..k).map(|c| x[i * k + c] as f64 * deq[j * k + c] as f64);
@@ -1182,21 +1265,24 @@ mod tests {
     #[test]
     fn a_group_equals_its_matrices_one_by_one() {
         let k = 576;
-        let mats: Vec<QMatrix> = [(GgmlType::Q4_1, 576), (GgmlType::Q4_1, 192), (GgmlType::Q8_0, 190), (GgmlType::Q4_1, 5)]
+        let mats: Vec<QMatrix> = [(GgmlType::Q4_1, 576), (GgmlType::Q4_1, 192), (GgmlType::Q8_0, 190), (GgmlType::Q4_1, 5), (GgmlType::Q5_0, 67), (GgmlType::Q5_0, 576)]
             .iter()
             .enumerate()
             .map(|(s, &(ty, n))| matrix(ty, n, k, 40 + s as u32).0)
             .collect();
         let x = acts(1, k, 9);
         for isa in Isa::available() {
-            let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![f32::NAN; w.rows]).collect();
-            let ws: Vec<&QMatrix> = mats.iter().collect();
-            let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
-            matmul_wq_group_with(isa, &x, &ws, &mut ys).unwrap();
-            for (w, got) in mats.iter().zip(&outs) {
-                let mut want = vec![0f32; w.rows];
-                matmul_wq_invariant_with(isa, &x, w, &mut want, 1).unwrap();
-                assert_eq!(bits(got), bits(&want), "{} {}x{} at {isa}", w.ty, w.rows, w.cols);
+            // The first four, then a group with Q5_0 ones mixed in.
+            for group in [&mats[..4], &mats[2..]] {
+                let mut outs: Vec<Vec<f32>> = group.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+                let ws: Vec<&QMatrix> = group.iter().collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_wq_group_with(isa, &x, &ws, &mut ys).unwrap();
+                for (w, got) in group.iter().zip(&outs) {
+                    let mut want = vec![0f32; w.rows];
+                    matmul_wq_invariant_with(isa, &x, w, &mut want, 1).unwrap();
+                    assert_eq!(bits(got), bits(&want), "{} {}x{} at {isa}", w.ty, w.rows, w.cols);
+                }
             }
         }
         // Mismatched shapes are errors, not panics.

@@ -1,5 +1,5 @@
-//! The decode GEMV of `--precision native`: several Q4_1 / Q8_0 weight rows against one
-//! activation row quantized to 16-bit blocks ([`Act16`]).
+//! The decode GEMV of `--precision native`: several Q4_1 / Q8_0 / Q5_0 weight rows against
+//! one activation row quantized to 16-bit blocks ([`Act16`]).
 //!
 //! **Why a kernel of its own.** One row at a time ([`crate::wq::dot_row_act16`]), a
 //! 576-wide row is 18 blocks; every block waits on the scalar offset chain
@@ -19,6 +19,9 @@
 //! the same horizontal sum. So decode keeps its numbers, and the batched engine's
 //! multi-row kernels (`crate::batch`), which repeat that arithmetic per activation row,
 //! stay bit-identical to it (tested below and in `batch`).
+//!
+//! Q5_0 has AVX2 kernels only (single-row, group, multi-row): an AVX-512 machine runs
+//! those for Q5_0 in every path, so the agreement holds there as well.
 
 use std::ops::Range;
 
@@ -31,7 +34,7 @@ use crate::{GgmlType, TensorError};
 /// activations and the unpacked weights fits AVX2's 16 ymm registers.
 pub const ROWS: usize = 4;
 
-/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1 or Q8_0 with `act` of `w.cols`
+/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0 or Q5_0 with `act` of `w.cols`
 /// activations (checked by the caller, [`crate::batch`]).
 ///
 /// # Safety
@@ -41,8 +44,9 @@ pub const ROWS: usize = 4;
 /// two floats per block.
 pub(crate) unsafe fn gemv_rows(isa: Isa, w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
-        if isa >= Isa::Avx512 {
+    if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
+        // Q5_0: the AVX2 kernels at AVX-512 too, as `wq::dot_row_act16` and `batch` run.
+        if isa >= Isa::Avx512 && w.ty != GgmlType::Q5_0 {
             x86::rows_avx512(w, rows, act, out);
         } else {
             x86::rows_avx2(w, rows, act, out);
@@ -63,16 +67,16 @@ mod x86 {
     use std::ops::Range;
 
     use super::ROWS;
-    use crate::batch::{avx2, MAX_STACK_BLOCKS};
+    use crate::batch::avx2::{self, block_bytes, Q4_1, Q5_0, Q8_0};
+    use crate::batch::MAX_STACK_BLOCKS;
     use crate::matmul::{OutPtr, QMatrix};
     use crate::wq::Act16;
-    use crate::GgmlType;
 
     /// The per-block products of one group of `R` rows, and each row's offset.
     ///
     /// Q4_1: `p[2 * (b * R + r)] = d_{r,b} * scale_b` and `p[2 * (b * R + r) + 1] = m_{r,b} *
     /// sum_b`; the offset of row `r` is `sum_b m_{r,b} * sum_b`, added block by block from
-    /// +0.0. Q8_0: `p[b * R + r] = d_{r,b} * scale_b`, offsets 0. `[d, m] * [scale, sum]` as
+    /// +0.0. Q8_0 and Q5_0: `p[b * R + r] = d_{r,b} * scale_b`, offsets 0. `[d, m] * [scale, sum]` as
     /// a lane multiply and the offset as a lane add are the operations of both single-row
     /// kernels (the AVX2 one spells them as scalar f32 operations; IEEE makes them the same).
     ///
@@ -82,12 +86,13 @@ mod x86 {
     /// an AMD EPYC (Zen 3), where this pass took a fifth of decode.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn prepare<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [f32; R] {
+    unsafe fn prepare<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [f32; R] {
         let mut offsets = [0f32; R];
+        let bytes = block_bytes(KIND);
         if R == 4 {
             let rd32 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 20) as *const i32);
-            let rd16 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 34) as *const u16) as u64;
-            if Q4_1 {
+            let rd16 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * bytes) as *const u16) as u64;
+            if KIND == Q4_1 {
                 let mut off = _mm256_setzero_ps();
                 for b in 0..blocks {
                     // [scale, sum] in every lane pair.
@@ -113,7 +118,7 @@ mod x86 {
         }
         let mut off = [_mm_setzero_ps(); R];
         for b in 0..blocks {
-            if Q4_1 {
+            if KIND == Q4_1 {
                 let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));
                 for r in 0..R {
                     let blk = w.add(r * row_bytes + b * 20);
@@ -125,7 +130,7 @@ mod x86 {
             } else {
                 let scale = *ss.add(2 * b);
                 for r in 0..R {
-                    let blk = w.add(r * row_bytes + b * 34);
+                    let blk = w.add(r * row_bytes + b * bytes);
                     let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
                     *p.add(b * R + r) = d * scale;
                 }
@@ -139,8 +144,8 @@ mod x86 {
 
     /// The index in `p` of block `b`'s `d * scale` for row `r` (see [`prepare`]).
     #[inline(always)]
-    fn p_at<const R: usize, const Q4_1: bool>(b: usize, r: usize) -> usize {
-        if Q4_1 { 2 * (b * R + r) } else { b * R + r }
+    fn p_at<const R: usize, const KIND: u8>(b: usize, r: usize) -> usize {
+        if KIND == Q4_1 { 2 * (b * R + r) } else { b * R + r }
     }
 
     /// How many groups of rows ahead the weights are prefetched. The rows of a group are
@@ -155,8 +160,8 @@ mod x86 {
     /// prefetches per group stalled on the fill buffers). The address may lie past the
     /// matrix: prefetches never fault, and it is formed with `wrapping_add`.
     #[inline(always)]
-    unsafe fn prefetch_pair<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, b: usize, ahead: usize) {
-        let pair = if Q4_1 { 40 } else { 68 };
+    unsafe fn prefetch_pair<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, b: usize, ahead: usize) {
+        let pair = 2 * block_bytes(KIND);
         for r in 0..R {
             let p = w.wrapping_add(r * row_bytes + b * (pair / 2) + ahead);
             _mm_prefetch::<_MM_HINT_T0>(p.cast());
@@ -184,9 +189,10 @@ mod x86 {
         }};
     }
 
-    /// Runs `group::<R>` over `rows` in groups of [`ROWS`], the tail with fewer.
+    /// Runs `group::<R, KIND>` over `rows` in groups of [`ROWS`], the tail with fewer, for
+    /// the block formats `$kind` (the caller routes only those here).
     macro_rules! drive {
-        ($w:expr, $rows:expr, $act:expr, $out:expr, $group:ident) => {{
+        ($w:expr, $rows:expr, $act:expr, $out:expr, $group:ident, [$($kind:ident),*]) => {{
             let (w, act) = ($w, $act);
             let row_bytes = w.row_bytes();
             let (q, ss) = (act.q.as_ptr(), act.scale_sum.as_ptr());
@@ -196,35 +202,34 @@ mod x86 {
             let pp = p.as_mut_ptr().cast::<f32>();
             let (mut j, end) = ($rows.start, $rows.end);
             let base = w.data.as_ptr();
-            let q4_1 = w.ty == GgmlType::Q4_1;
+            let kind = avx2::kind(w.ty);
             while j < end {
                 let r = (end - j).min(ROWS);
                 let (wj, y) = (base.add(j * row_bytes), $out.get().add(j));
-                match (q4_1, r) {
-                    (true, 4) => $group::<4, true>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (true, 3) => $group::<3, true>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (true, 2) => $group::<2, true>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (true, _) => $group::<1, true>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (false, 4) => $group::<4, false>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (false, 3) => $group::<3, false>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (false, 2) => $group::<2, false>(wj, row_bytes, blocks, q, ss, pp, y),
-                    (false, _) => $group::<1, false>(wj, row_bytes, blocks, q, ss, pp, y),
+                match (kind, r) {
+                    $(
+                        ($kind, 4) => $group::<4, $kind>(wj, row_bytes, blocks, q, ss, pp, y),
+                        ($kind, 3) => $group::<3, $kind>(wj, row_bytes, blocks, q, ss, pp, y),
+                        ($kind, 2) => $group::<2, $kind>(wj, row_bytes, blocks, q, ss, pp, y),
+                        ($kind, _) => $group::<1, $kind>(wj, row_bytes, blocks, q, ss, pp, y),
+                    )*
+                    _ => unreachable!("{} has no group kernel at this ISA", w.ty),
                 }
                 j += r;
             }
         }};
     }
 
-    /// AVX-512 driver (see [`super::gemv_rows`] for the contract).
+    /// AVX-512 driver (see [`super::gemv_rows`] for the contract), Q4_1 and Q8_0 only.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     pub(super) unsafe fn rows_avx512(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
-        drive!(w, rows, act, out, group_avx512)
+        drive!(w, rows, act, out, group_avx512, [Q4_1, Q8_0])
     }
 
     /// AVX2 driver (see [`super::gemv_rows`] for the contract).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_avx2(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
-        drive!(w, rows, act, out, group_avx2)
+        drive!(w, rows, act, out, group_avx2, [Q4_1, Q8_0, Q5_0])
     }
 
     /// `R` consecutive weight rows at `w` against the activations: per row, the
@@ -233,8 +238,8 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn group_avx512<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
-        let off = prepare::<R, Q4_1>(w, row_bytes, blocks, ss, p);
+    unsafe fn group_avx512<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+        let off = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
         let mask = _mm256_set1_epi8(0x0F);
         // Q4_1: the 16 bytes in both halves of a ymm; the low half keeps the low nibbles
         // (elements 0..16), the high half shifts to the high ones (16..32).
@@ -245,7 +250,7 @@ mod x86 {
                 let b = $b;
                 let x = _mm512_loadu_si512(q.add(b * 32) as *const _);
                 for r in 0..R {
-                    let w16 = if Q4_1 {
+                    let w16 = if KIND == Q4_1 {
                         let blk = w.add(r * row_bytes + b * 20);
                         let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(4) as *const __m128i));
                         _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(both, shifts), mask))
@@ -253,27 +258,27 @@ mod x86 {
                         _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(r * row_bytes + b * 34 + 2) as *const __m256i))
                     };
                     let dot = _mm512_madd_epi16(w16, x);
-                    $acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(p_at::<R, Q4_1>(b, r))), _mm512_cvtepi32_ps(dot), $acc[r]);
+                    $acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(p_at::<R, KIND>(b, r))), _mm512_cvtepi32_ps(dot), $acc[r]);
                 }
             }};
         }
-        block_pairs!(blocks, |b| prefetch_pair::<R, Q4_1>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
+        block_pairs!(blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = crate::batch::avx512::hsum(_mm512_add_ps(acc0[r], acc1[r]));
             // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
-            let v = if Q4_1 { s + off[r] } else { s };
+            let v = if KIND == Q4_1 { s + off[r] } else { s };
             y.add(r).write(v);
         }
     }
 
     /// `R` consecutive weight rows at `w` against the activations: per row, the
-    /// arithmetic of `batch::avx2::dot_q{4_1,8_0}_act16` (per block, elements 0..16 and
+    /// arithmetic of `batch::avx2::dot_q{4_1,8_0,5_0}_act16` (per block, elements 0..16 and
     /// 16..32 as i16 each `vpmaddwd`'d and the two i32 vectors added: 8 lanes).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn group_avx2<const R: usize, const Q4_1: bool>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
-        let off = prepare::<R, Q4_1>(w, row_bytes, blocks, ss, p);
+    unsafe fn group_avx2<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+        let off = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
@@ -282,16 +287,16 @@ mod x86 {
                 let xhi = _mm256_loadu_si256(q.add(b * 32 + 16) as *const __m256i);
                 for r in 0..R {
                     // The single-row kernel's unpacking (elements 0..16 and 16..32 as i16).
-                    let (wlo, whi) = if Q4_1 { avx2::nibbles(w.add(r * row_bytes + b * 20)) } else { avx2::bytes(w.add(r * row_bytes + b * 34)) };
+                    let (wlo, whi) = avx2::unpack::<KIND>(w.add(r * row_bytes), b);
                     let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
-                    $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(p_at::<R, Q4_1>(b, r))), _mm256_cvtepi32_ps(dot), $acc[r]);
+                    $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(p_at::<R, KIND>(b, r))), _mm256_cvtepi32_ps(dot), $acc[r]);
                 }
             }};
         }
-        block_pairs!(blocks, |b| prefetch_pair::<R, Q4_1>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
+        block_pairs!(blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
-            let v = if Q4_1 { s + off[r] } else { s };
+            let v = if KIND == Q4_1 { s + off[r] } else { s };
             y.add(r).write(v);
         }
     }
@@ -321,8 +326,8 @@ mod tests {
     #[test]
     #[allow(clippy::needless_range_loop)]
     fn rows_are_bit_identical_to_the_single_row_dot() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            for (n, k) in [(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96)] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
+            for (n, k) in [(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96), (6, 896)] {
                 let w = QMatrix::quantize(ty, n, k, &data(n * k, n as u32 * 7 + k as u32)).unwrap();
                 let x = data(k, 99 + k as u32);
                 let mut q = vec![0i16; k];
@@ -347,11 +352,11 @@ mod tests {
         }
     }
 
-    /// A zero activation row gives +0.0 for Q8_0 and the exact offset-free zero for
+    /// A zero activation row gives +0.0 for Q8_0 / Q5_0 and the exact offset-free zero for
     /// Q4_1, as the single-row kernels do (the sign of zero is part of the bits).
     #[test]
     fn zero_activations_keep_the_single_row_zero() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
             let (n, k) = (6, 64);
             let w = QMatrix::quantize(ty, n, k, &data(n * k, 5)).unwrap();
             let x = vec![0f32; k];

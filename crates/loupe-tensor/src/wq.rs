@@ -8,7 +8,7 @@
 //! activations (see BENCHMARKS.md / the engine issue's closing note).
 //!
 //! * decode (`m == 1`): a fused dequantize-and-dot per weight row, rows split over threads;
-//!   for Q4_1/Q8_0 the activation row is first quantized to 16-bit blocks ([`Act16`]),
+//!   for Q4_1/Q8_0/Q5_0 the activation row is first quantized to 16-bit blocks ([`Act16`]),
 //!   exact integer products with error under 2^-16 of each block's largest activation
 //!   (100% argmax agreement on the goldens through the decode path, see
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;
@@ -185,7 +185,8 @@ fn quantize_blocks(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
     }
 }
 
-/// Dot of one Q4_1 or Q8_0 weight row with 16-bit activation blocks.
+/// Dot of one Q4_1, Q8_0 or Q5_0 weight row with 16-bit activation blocks. Q5_0 has AVX2
+/// kernels only: at [`Isa::Avx512`] it runs those, as `gemv` and `batch` do for it.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
     if !act.q.len().is_multiple_of(32) || act.scale_sum.len() != 2 * blocks || w_row.len() != blocks * ty.type_size() || ty.block_size() != 32 {
@@ -197,6 +198,8 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             // SAFETY: the CPU supports AVX-512 F/BW and F16C (Isa::Avx512); lengths checked above.
             GgmlType::Q4_1 => return Ok(unsafe { avx512::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
             GgmlType::Q8_0 => return Ok(unsafe { avx512::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: Isa::Avx512 implies AVX2, FMA and F16C; lengths checked above.
+            GgmlType::Q5_0 => return Ok(unsafe { crate::batch::avx2::dot_q5_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     } else if isa >= Isa::Avx2 {
@@ -204,6 +207,8 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             // SAFETY: the CPU supports AVX2, FMA and F16C (Isa::Avx2); lengths checked above.
             GgmlType::Q4_1 => return Ok(unsafe { crate::batch::avx2::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
             GgmlType::Q8_0 => return Ok(unsafe { crate::batch::avx2::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above.
+            GgmlType::Q5_0 => return Ok(unsafe { crate::batch::avx2::dot_q5_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     }
@@ -212,7 +217,7 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
 }
 
 /// Reference for [`dot_row_act16`]: exact integer dot per block, then
-/// `d * scale * dot (+ m * sum)` in f32.
+/// `d * scale * dot (+ m * sum)` in f32 (Q5_0's weights are `q - 16`, no offset term).
 pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let bytes = ty.type_size();
     let mut acc = 0f32;
@@ -229,6 +234,16 @@ pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Resu
             }
             GgmlType::Q8_0 => {
                 let dot: i32 = wb[2..34].iter().zip(xq).map(|(&w, &x)| w as i8 as i32 * x as i32).sum();
+                acc += d * scale * dot as f32;
+            }
+            GgmlType::Q5_0 => {
+                let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+                let qs = &wb[6..22];
+                let w = |j: usize| {
+                    let nibble = if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 };
+                    (nibble as i32 | ((qh >> j) as i32 & 1) << 4) - 16
+                };
+                let dot: i32 = (0..32).map(|j| w(j) * xq[j] as i32).sum();
                 acc += d * scale * dot as f32;
             }
             _ => return Err(TensorError::UnsupportedType { op: "dot_row_act16", dtype: ty }),
@@ -331,7 +346,9 @@ mod kquant_avx2;
 /// the activations, and each block's sum is multiplied by its scale once (Q5_1 adds `m`
 /// times the block's activation sum). The scalar reference dequantizes block by block
 /// through `dequantize_row` (one call per 32 or 64 weights), which decoded these formats at
-/// 8-11 tokens/s on SmolLM2 (AMD EPYC Zen 3, 2 threads).
+/// 8-11 tokens/s on SmolLM2 (AMD EPYC Zen 3, 2 threads). Q5_0's decode and batched decode
+/// run the Act16 kernels instead ([`dot_row_act16`]); its f32 dot here is left to rows too
+/// long for them (over `batch::MAX_STACK_BLOCKS` blocks).
 #[cfg(target_arch = "x86_64")]
 mod small_avx2 {
     use std::arch::x86_64::*;
@@ -922,7 +939,7 @@ mod tests {
 
     #[test]
     fn act16_dot_matches_scalar_reference_and_f32() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
             for k in [32, 64, 576, 1536] {
                 let (q, deq) = qmatrix(ty, 3, k);
                 let x = data(k, 3);
@@ -948,10 +965,103 @@ mod tests {
         assert!(dot_row_act16(Isa::active(), GgmlType::Q4_1, q.row(0), &act).is_err());
     }
 
+    /// `rows` Q5_0 rows of `k` elements of raw random bytes (every nibble and `qh` bit),
+    /// with f16 scales `d` small and finite (2^-5 .. 2^-3, either sign).
+    fn raw_q5_0_rows(rows: usize, k: usize, seed: u32) -> Vec<u8> {
+        let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
+        let mut byte = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as u8
+        };
+        (0..rows * k / 32 * 22).map(|i| if i % 22 == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() }).collect()
+    }
+
+    /// The AVX2 unpacking of a Q5_0 block (the one every AVX2 Act16 path uses) gives
+    /// exactly `q - 16` for every element, on raw random blocks and all-zero / all-one
+    /// bit patterns.
+    #[test]
+    fn q5_0_unpacking_matches_dequantize() {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detected() >= Isa::Avx2 {
+            let mut blocks = raw_q5_0_rows(1, 32 * 256, 9);
+            for fill in [0x00, 0xFF, 0xAA, 0x0F] {
+                blocks.extend([0x00, 0x3C]);
+                blocks.extend([fill; 20]);
+            }
+            for blk in blocks.chunks_exact_mut(22) {
+                blk[..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+                let mut want = [0f32; 32];
+                dequantize_row(GgmlType::Q5_0, blk, &mut want).unwrap();
+                let mut got = [0i16; 32];
+                // SAFETY: AVX2 checked above; `blk` is one whole 22-byte block.
+                unsafe {
+                    use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
+                    let (lo, hi) = crate::batch::avx2::q5_0(blk.as_ptr());
+                    _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
+                    _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
+                }
+                assert_eq!(got.map(f32::from), want, "block {blk:02x?}");
+            }
+        }
+    }
+
+    /// Q5_0 rows of raw random blocks at Qwen2.5-0.5B's widths: the Act16 dot of every ISA
+    /// is within the 16-bit activation error of the f32 reference `dot_row_scalar` (and of
+    /// an f64 dot), and the decode and batched paths give its bits.
+    #[test]
+    fn q5_0_act16_dot_of_raw_blocks_matches_the_f32_reference() {
+        for (k, seed) in [(896, 1), (4864, 2), (96, 3)] {
+            let n = 5;
+            let w = QMatrix::new(GgmlType::Q5_0, n, k, raw_q5_0_rows(n, k, seed)).unwrap();
+            let mut x = data(3 * k, 20 + seed);
+            // Rows 1 and 2: a few large activations, so block scales differ.
+            for v in x[k..].iter_mut().step_by(61) {
+                *v *= 40.0;
+            }
+            for (i, xi) in x.chunks(k).enumerate() {
+                let (mut xq, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
+                let act = Act16::quantize(xi, &mut xq, &mut ss);
+                for isa in Isa::available() {
+                    let mut batched = vec![0f32; 3 * n];
+                    matmul_wq_invariant_with(isa, &x, &w, &mut batched, 3).unwrap();
+                    let mut decode = vec![0f32; n];
+                    matmul_wq_invariant_with(isa, xi, &w, &mut decode, 1).unwrap();
+                    for j in 0..n {
+                        let row = w.row(j);
+                        let mut deq = vec![0f32; k];
+                        dequantize_row(GgmlType::Q5_0, row, &mut deq).unwrap();
+                        let exact: f64 = deq.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mag: f64 = deq.iter().zip(xi).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                        let reference = dot_row_scalar(GgmlType::Q5_0, row, xi).unwrap();
+                        let got = dot_row_act16(isa, GgmlType::Q5_0, row, &act).unwrap();
+                        // Each activation is rounded to within half a code, 2^-16 of its
+                        // block's largest: the error is at most sum |w| * amax_b / 65534,
+                        // plus f32 rounding. Without outliers (row 0) that is within the
+                        // 4e-5 of the terms' magnitude the Q4_1 / Q8_0 tests use.
+                        let act_err: f64 = deq
+                            .chunks(32)
+                            .zip(xi.chunks(32))
+                            .map(|(wb, xb)| wb.iter().map(|v| v.abs() as f64).sum::<f64>() * xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) / 65534.0)
+                            .sum();
+                        let tol = if i == 0 { 4e-5 * mag } else { act_err + 1e-5 * mag };
+                        assert!(got.is_finite() && (got as f64 - reference as f64).abs() <= tol, "k={k} {isa} x{i} row {j}: {got} vs f32 {reference}");
+                        assert!((got as f64 - exact).abs() <= tol, "k={k} {isa} x{i} row {j}: {got} vs exact {exact}");
+                        let scalar = dot_row_act16_scalar(GgmlType::Q5_0, row, &act).unwrap();
+                        assert!((got - scalar).abs() <= 1e-5 * (1.0 + mag as f32), "k={k} {isa} x{i} row {j}: {got} vs scalar Act16 {scalar}");
+                        assert_eq!(decode[j].to_bits(), got.to_bits(), "k={k} {isa} x{i} row {j}: decode vs the single-row dot");
+                        assert_eq!(batched[i * n + j].to_bits(), got.to_bits(), "k={k} {isa} x{i} row {j}: batched vs the single-row dot");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn matmul_equals_dequantized_f32_matmul() {
         for (m, n, k) in [(1, 70, 64), (5, 130, 96), (17, 64, 32)] {
-            for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q6K] {
+            for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K] {
                 let k = if ty == GgmlType::Q6K { 256 } else { k };
                 let (q, deq) = qmatrix_or_random(ty, n, k);
                 let x = data(m * k, 11);
