@@ -74,7 +74,7 @@ enum Command {
     BenchServe(cmd_bench_serve::BenchServeArgs),
     /// Download a model into the cache and print its path: the default (SmolLM2-135M-Instruct Q4_1) or one of `scripts/fetch-model --list`.
     FetchModel {
-        /// smollm2 (the default) or qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, GGUF, 491 MB).
+        /// smollm2 (the default), qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, GGUF, 491 MB) or gemma3-270m (Gemma 3 270M base, GGUF Q4_K_M, 253 MB; not yet runnable: architecture gemma3 is next).
         #[arg(default_value = "smollm2")]
         name: String,
     },
