@@ -4,6 +4,8 @@
 //! transformers reference (`loupe_reference generate --hf-dir`); prompt ids and tokens must be
 //! identical, for a raw and a chat prompt, in two configurations:
 //! tied embeddings without RoPE scaling, and an untied lm_head with Llama-3 RoPE scaling.
+//! The other families (Qwen2, Qwen3, Mistral) are generated the same way and also pass
+//! `loupe parity` (every named value within tolerance of transformers' forward hooks).
 //!
 //! Needs the Python reference stack and the SmolLM2 GGUF (which supplies the tokenizer): ignored
 //! by default; run with `--include-ignored` (scripts/test) it fails with one line when they are missing.
@@ -74,6 +76,17 @@ fn ours(dir: &Path, prompt: &str, chat: bool) -> JsonOut {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("loupe json: {e}: {out}"))
 }
 
+/// `loupe parity` on the checkpoint (both sides dumped by module path, every paired value
+/// compared): the verdict must be MATCH, every value within tolerance. The prompt is longer
+/// than the sliding-window tests' window.
+fn parity_matches(dir: &Path, label: &str) {
+    let mut c = loupe();
+    c.arg("parity").arg("--model").arg(dir).args(["--prompt", "The quick brown fox jumps over the lazy dog because it was tired of running", "-o"]).arg(dir.join("parity"));
+    let o = run(&mut c);
+    let out = stdout(&o);
+    assert!(o.status.success() && out.contains("verdict: MATCH"), "{label}: loupe parity did not match ({}):\n{out}\n{}", o.status, stderr(&o));
+}
+
 /// Both sides on both prompts; returns loupe's tokens per prompt.
 fn compare(dir: &Path, label: &str) -> Vec<Vec<u32>> {
     let mut all = Vec::new();
@@ -141,6 +154,7 @@ fn tiny_qwen2_matches_reference() {
     let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["architectures"][0], "Qwen2ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen2");
+    parity_matches(&dir, "qwen2");
 
     // The test must see the biases: the same checkpoint read as a Llama without them generates otherwise.
     let path = dir.join("config.json");
@@ -166,6 +180,7 @@ fn tiny_mistral_sliding_window_matches_reference() {
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("MistralForCausalLM"), Some(8)), "{cfg}");
     let tokens = compare(&dir, "mistral, window 8");
+    parity_matches(&dir, "mistral, window 8");
 
     // The test must see the window: without it the same weights generate otherwise.
     cfg["sliding_window"] = serde_json::Value::Null;
@@ -187,6 +202,7 @@ fn tiny_qwen3_matches_reference() {
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(cfg["architectures"][0], "Qwen3ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen3");
+    parity_matches(&dir, "qwen3");
 
     // The test must see the q/k norms: read as a Llama (which has none) it generates otherwise.
     cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);

@@ -78,8 +78,11 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let (q, k) = if cfg.family.qk_norm() {
             let wq = b.weight(load(&m(R::QNorm).param("weight"), &[hd])?);
             let wk = b.weight(load(&m(R::KNorm).param("weight"), &[hd])?);
-            let q = b.node(m(R::QNorm).name(), Op::RmsNorm { weight: wq, eps: cfg.rms_norm_eps }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
-            let k = b.node(m(R::KNorm).name(), Op::RmsNorm { weight: wk, eps: cfg.rms_norm_eps }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
+            // Shaped [token, head, head_dim], as transformers' q_norm sees (and its hook
+            // returns) q_proj's output viewed per head; the rows are the same floats.
+            let per_head = |n: usize| vec![Dim::Tokens, Dim::Fixed(n), Dim::Fixed(hd)];
+            let q = b.node(m(R::QNorm).name(), Op::RmsNorm { weight: wq, eps: cfg.rms_norm_eps }, &[q], per_head(h), vec!["token", "head", "head_dim"]);
+            let k = b.node(m(R::KNorm).name(), Op::RmsNorm { weight: wk, eps: cfg.rms_norm_eps }, &[k], per_head(kvh), vec!["token", "kv_head", "head_dim"]);
             (q, k)
         } else {
             (q, k)

@@ -18,7 +18,21 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
         let inferred = match &node.op {
             Op::Embedding { table } => vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))],
             Op::Linear { weight, .. } => with_last(input(0), graph.weight(*weight).shape.first().copied().unwrap_or(0)),
-            Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => input(0),
+            // A norm weight narrower than the row normalizes each slice of its width: the
+            // output is viewed per slice ([token, head, head_dim] for per-head q/k norms).
+            Op::RmsNorm { weight, .. } => {
+                let w = graph.weight(*weight).shape.first().copied().unwrap_or(0);
+                match crate::verify::row_width(graph.value(node.inputs[0])) {
+                    Some(n) if w > 0 && n != w && n % w == 0 => vec![Dim::Tokens, Dim::Fixed(n / w), Dim::Fixed(w)],
+                    _ => input(0),
+                }
+            }
+            // RoPE rotates each head's pairs in place and returns the flat row.
+            Op::Rope { .. } => match crate::verify::row_width(graph.value(node.inputs[0])) {
+                Some(n) => vec![Dim::Tokens, Dim::Fixed(n)],
+                None => input(0),
+            },
+            Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
         };
