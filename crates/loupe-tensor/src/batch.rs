@@ -12,10 +12,10 @@
 //! weight type and the [`Isa`] alone (the kernels of different ISAs are *not* bit-equal
 //! to each other, each is to itself across `m`).
 //!
-//! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types) and Q5_0 (most of
-//! Qwen2.5-0.5B's) each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
+//! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types), Q5_0 (most of
+//! Qwen2.5-0.5B's), Q6_K and Q4_K each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
-//! up to 8 (AVX-512; Q5_0 has AVX2 kernels only, which AVX-512 machines run in every path)
+//! up to 8 (AVX-512; Q5_0, Q6_K and Q4_K have AVX2 kernels only, which AVX-512 machines run in every path)
 //! or 4 (AVX2) activation rows, each row keeping its own accumulators
 //! in exactly the order of the single-row kernel ([`crate::wq::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
@@ -134,11 +134,22 @@ fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorEr
     })
 }
 
-/// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1, Q8_0 or Q5_0
-/// rows of `k` columns, `k` a multiple of 32 with at most [`MAX_STACK_BLOCKS`] blocks (the decode
-/// path of [`matmul_wq_invariant`]).
+/// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1, Q8_0, Q5_0,
+/// Q6_K or Q4_K rows of `k` columns, `k` a multiple of the block (32; the K types 256) with at most
+/// [`MAX_STACK_BLOCKS`] blocks of 32 (the decode path of [`matmul_wq_invariant`]).
 pub fn can_group(w: &QMatrix, k: usize) -> bool {
-    matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) && w.cols == k && k.is_multiple_of(32) && k / 32 <= MAX_STACK_BLOCKS
+    matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K)
+        && w.cols == k
+        && k.is_multiple_of(w.ty.block_size())
+        && k.is_multiple_of(32)
+        && k / 32 <= MAX_STACK_BLOCKS
+}
+
+/// Whether a type runs the AVX2 Act16 kernels at [`Isa::Avx512`] too (it has no AVX-512
+/// ones): every path (single row, gemv, batch) routes it there, so decode and batch agree.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn avx2_only(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K)
 }
 
 /// Most matrices one [`matmul_wq_group`] call takes (q/k/v need 3): the bookkeeping lives
@@ -203,7 +214,7 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
     Ok(())
 }
 
-/// `m > 1` rows of Q4_1 / Q8_0 / Q5_0: every row quantized as [`matmul_wq_group`] does, then the
+/// `m > 1` rows of Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K: every row quantized as [`matmul_wq_group`] does, then the
 /// multi-row kernels of `isa`.
 fn batch_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     BATCH.with(|cell| match cell.try_borrow_mut() {
@@ -264,10 +275,10 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                 // m rows of k quantized activations and mp-lane transposed scales; the
                 // weight rows are whole rows of `w`; this task alone writes columns
                 // `rows` of y (m x n).
-                // Q5_0 has AVX2 kernels only, which AVX-512 machines run in every path
-                // (single row, gemv, here), so decode and batch agree there too.
+                // Q5_0, Q6_K and Q4_K have AVX2 kernels only, which AVX-512 machines run in every
+                // path (single row, gemv, here), so decode and batch agree there too.
                 unsafe {
-                    if isa >= Isa::Avx512 && w.ty != GgmlType::Q5_0 {
+                    if isa >= Isa::Avx512 && !avx2_only(w.ty) {
                         avx512::act16_rows(w, rows, &act, p, off, out)
                     } else {
                         avx2::act16_rows(w, rows, &act, p, off, out)
@@ -290,7 +301,7 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
     })
 }
 
-/// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 call.
+/// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K call.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct ActBatch<'a> {
@@ -306,7 +317,7 @@ struct ActBatch<'a> {
     blocks: usize,
 }
 
-/// Every other type (and Q4_1 / Q8_0 / Q5_0 rows too long for the stack path): one
+/// Every other type (and Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K rows too long for the stack path): one
 /// [`dot_row`] per output, each against its own row and its own block sums.
 fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
@@ -697,14 +708,16 @@ pub(crate) mod avx512 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     //! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `wq::dot_row_act16`
-    //! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, at `Avx512` too), and their
+    //! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, Q6_K and Q4_K, at `Avx512` too), and their
     //! multi-row twins, which repeat the single-row arithmetic per activation row.
     //!
     //! Per block `b` of 32: the 32 weights widened to two vectors of 16 i16, each
     //! `vpmaddwd`'d with 16 activations and the two i32 vectors added (exact: at most
     //! 4 products of |w| <= 128 and |q| <= 32767 per lane, < 2^24 so the f32
-    //! conversion is exact too), converted, and FMA'd with `d * scale` broadcast into
-    //! accumulator `b % 2`; Q4_1's `m * sum` is added to a scalar offset from +0.0 block
+    //! conversion is exact too; Q6_K's weights carry their sub-block scale, |w| <= 4096,
+    //! lanes < 2^29 exact in i32 and rounded once by the conversion, see [`q6_k`]), converted, and FMA'd with `d * scale` broadcast into
+    //! accumulator `b % 2` (Q6_K / Q4_K: a super-block of 8 blocks per iteration, same
+    //! order); Q4_1's (Q4_K's `-(dmin * m)`) `m * sum` is added to a scalar offset from +0.0 block
     //! by block. Result: `hsum(acc0 + acc1) (+ offset)`.
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -780,27 +793,132 @@ pub(crate) mod avx2 {
         (lo, hi)
     }
 
+    /// Q6_K's 32-element Act16 block `b` of a row at `w` (`block_q6_K { u8 ql[128]; u8
+    /// qh[64]; i8 scales[16]; f16 d }`, 210 bytes per 256 elements): elements 0..16 and
+    /// 16..32 as i16 `(q - 32) * scale`, each half one 16-element sub-block with its own
+    /// i8 scale. Block `b` is quarter `j = b % 4` of half `h = b / 4 % 2` of super-block
+    /// `b / 8`: element `l` takes its low 4 bits from nibble `j / 2` of `ql[64h + 32 (j %
+    /// 2) + l]`, its top 2 from bits `2j..2j + 2` of `qh[32h + l]`, and its scale from
+    /// `scales[8h + 2j + l / 16]` (ggml's `dequantize_row_q6_K`). `|(q - 32) * scale| <=
+    /// 32 * 128 = 4096` fits i16 exactly, so `vpmaddwd` against 16-bit activations
+    /// (|x| <= 32767) is exact per lane: 4 products per lane of [`block_dot`] are at most
+    /// 4 * 4096 * 32767 < 2^29, so the i32 lanes are `sc0 * isum0 + sc1 * isum1` split
+    /// over 8 lanes, exact; their conversion to f32 may round (above 2^24), identically
+    /// in every AVX2 path.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q6_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
+        let sb = w.add(b / 8 * 210);
+        let (h, j) = (b / 4 % 2, b % 4);
+        let l = _mm256_loadu_si256(sb.add(64 * h + 32 * (j % 2)) as *const __m256i);
+        let hb = _mm256_loadu_si256(sb.add(128 + 32 * h) as *const __m256i);
+        // 16-bit shifts move bits across the byte boundary only into bits the masks clear:
+        // after the right shift by 2j <= 6, bits 0-1 of each byte are its bits 2j, 2j + 1,
+        // and the left shift by 4 puts them at bits 4-5 of the same byte.
+        let low = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (j / 2) as i32)), _mm256_set1_epi8(0x0F));
+        let high = _mm256_and_si256(_mm256_slli_epi16::<4>(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j as i32))), _mm256_set1_epi8(0x30));
+        let code = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+        let sc = sb.add(192 + 8 * h + 2 * j);
+        let (sc0, sc1) = (_mm256_set1_epi16(*sc as i8 as i16), _mm256_set1_epi16(*sc.add(1) as i8 as i16));
+        let lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(code));
+        let hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(code));
+        (_mm256_mullo_epi16(lo, sc0), _mm256_mullo_epi16(hi, sc1))
+    }
+
+    /// Q6_K (`$kind`): the blocks of whole super-blocks in the order of the pair loop
+    /// (even blocks into `$acc0`, odd into `$acc1`), a super-block per iteration with `b = 8
+    /// s + i`, `i` constant, so [`q6_k`]'s shifts and offsets fold to constants. Evaluates
+    /// to the first block left (0 for the other kinds).
+    macro_rules! super_blocks {
+        ($kind:expr, $blocks:expr, $step:ident, $acc0:ident, $acc1:ident) => {{
+            if $kind == Q6_K || $kind == Q4_K {
+                for s in 0..$blocks / 8 {
+                    let b8 = 8 * s;
+                    $step!(b8, $acc0);
+                    $step!(b8 + 1, $acc1);
+                    $step!(b8 + 2, $acc0);
+                    $step!(b8 + 3, $acc1);
+                    $step!(b8 + 4, $acc0);
+                    $step!(b8 + 5, $acc1);
+                    $step!(b8 + 6, $acc0);
+                    $step!(b8 + 7, $acc1);
+                }
+                $blocks / 8 * 8
+            } else {
+                0
+            }
+        }};
+    }
+
     /// The block formats of the AVX2 Act16 kernels, as a const parameter (`KIND`).
     pub(crate) const Q4_1: u8 = 0;
     pub(crate) const Q8_0: u8 = 1;
     pub(crate) const Q5_0: u8 = 2;
+    pub(crate) const Q6_K: u8 = 3;
+    pub(crate) const Q4_K: u8 = 4;
 
-    /// The `KIND` of a type the Act16 kernels take (Q4_1, Q8_0 or Q5_0).
+    /// Whether `KIND` adds an offset term (`m * sum` per block, Q4_1 and Q4_K).
+    #[inline(always)]
+    pub(crate) const fn has_offset(kind: u8) -> bool {
+        kind == Q4_1 || kind == Q4_K
+    }
+
+    /// Q4_K's 32-element Act16 block `b` of a row at `w` (`block_q4_K { f16 d; f16 dmin;
+    /// u8 scales[12]; u8 qs[128] }`, 144 bytes per 256 elements): sub-block `j = b % 8` of
+    /// super-block `b / 8`, its 4-bit codes `q` (0..=15, unscaled) from the low (`j`
+    /// even) or high nibbles of `qs[32 (j / 2)..][..32]`, as i16 (elements 0..16, 16..32).
+    /// The integer lanes of [`block_dot`] are then exact in f32 (< 2^24); the sub-block's
+    /// scale and min are applied in f32 ([`q4_k_dm`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q4_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
+        let j = b % 8;
+        let v = _mm256_loadu_si256(w.add(b / 8 * 144 + 16 + 32 * (j / 2)) as *const __m256i);
+        let q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j % 2) as i32)), _mm256_set1_epi8(0x0F));
+        (_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(q)))
+    }
+
+    /// The `KIND` of a type the Act16 kernels take (Q4_1, Q8_0, Q5_0, Q6_K or Q4_K).
     pub(crate) fn kind(ty: GgmlType) -> u8 {
         match ty {
             GgmlType::Q4_1 => Q4_1,
             GgmlType::Q5_0 => Q5_0,
+            GgmlType::Q6K => Q6_K,
+            GgmlType::Q4K => Q4_K,
             _ => Q8_0,
         }
     }
 
-    /// Bytes per block of `KIND`.
+    /// Bytes per 32-element block of `KIND` (Q6_K: 26, its 210 bytes per 256 elements
+    /// rounded down; only the prefetch distance uses it there, see [`block_at`]).
     #[inline(always)]
     pub(crate) const fn block_bytes(kind: u8) -> usize {
         match kind {
             Q4_1 => 20,
             Q5_0 => 22,
+            Q6_K => 26,
+            Q4_K => 18,
             _ => 34,
+        }
+    }
+
+    /// Byte offset in a row of `KIND` of 32-element block `b`'s data (Q6_K: of the
+    /// 1/8 of its super-block it falls at, for prefetching).
+    #[inline(always)]
+    pub(crate) const fn block_at(kind: u8, b: usize) -> usize {
+        match kind {
+            Q6_K => b * 210 / 8,
+            _ => b * block_bytes(kind),
+        }
+    }
+
+    /// Byte offset in a row of `KIND` of the f16 `d` that scales 32-element block `b`
+    /// (Q6_K: its super-block's, at byte 208).
+    #[inline(always)]
+    pub(crate) const fn d_at(kind: u8, b: usize) -> usize {
+        match kind {
+            Q6_K => b / 8 * 210 + 208,
+            _ => b * block_bytes(kind),
         }
     }
 
@@ -814,6 +932,8 @@ pub(crate) mod avx2 {
         match KIND {
             Q4_1 => nibbles(blk),
             Q5_0 => q5_0(blk),
+            Q6_K => q6_k(w, b),
+            Q4_K => q4_k(w, b),
             _ => bytes(blk),
         }
     }
@@ -832,22 +952,83 @@ pub(crate) mod avx2 {
     /// caller (`q.len() == 32 * blocks`, `w.len() == 20 * blocks`, `ss.len() == 2 * blocks`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_1_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        dot_dm_act16::<Q4_1>(w, q, ss)
+    }
+
+    /// Q4_K row x 16-bit activations: [`dot_q4_1_act16`]'s arithmetic with block `b`'s
+    /// `d' = d * sc` and `m' = -(dmin * m)` of [`q4_k_dm`] and the codes of [`q4_k`].
+    /// Lengths are checked by the caller (`q.len()` a multiple of 256, `w.len() == 144 *
+    /// q.len() / 256`). Also the kernel of AVX-512 machines.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_k_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        dot_dm_act16::<Q4_K>(w, q, ss)
+    }
+
+    /// Block `b`'s `(d, m)` of an offset kind: Q4_1's two halves; Q4_K's `d * sc` and
+    /// `-(dmin * m)` ([`q4_k_dm`]).
+    #[inline(always)]
+    pub(crate) unsafe fn dm_at<const KIND: u8>(w: *const u8, b: usize) -> (f32, f32) {
+        if KIND == Q4_K {
+            q4_k_dm(w.add(b / 8 * 144), b % 8)
+        } else {
+            let blk = w.add(b * 20);
+            (f16_at(blk), f16_at(blk.add(2)))
+        }
+    }
+
+    /// Sub-block `j`'s `(d * sc, -(dmin * m))` of the Q4_K super-block at `sb` (ggml's
+    /// `get_scale_min_k4`; both products of an f16 and a 6-bit integer, exact in f32, and
+    /// the negation exact: the value `d sc q - dmin m` is `d' q + m'`).
+    #[inline(always)]
+    pub(crate) unsafe fn q4_k_dm(sb: *const u8, j: usize) -> (f32, f32) {
+        let sc = |i: usize| *sb.add(4 + i);
+        let (s, m) = if j < 4 { (sc(j) & 63, sc(j + 4) & 63) } else { ((sc(j + 4) & 0x0F) | ((sc(j - 4) >> 6) << 4), (sc(j + 4) >> 4) | ((sc(j) >> 6) << 4)) };
+        let (d, dmin) = (f16_at(sb), f16_at(sb.add(2)));
+        (d * s as f32, -(dmin * m as f32))
+    }
+
+    /// All 8 sub-blocks' `(d * sc, -(dmin * m))` of the Q4_K super-block at `sb`, the
+    /// values of [`q4_k_dm`] bit for bit (each an exact product, whatever computes it),
+    /// with the scales unpacked 8 at a time.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q4_k_dms(sb: *const u8) -> ([f32; 8], [f32; 8]) {
+        let (sc, mn) = crate::wq::kquant_avx2::scales_mins_q4k(sb.add(4));
+        let (mut d, mut m) = ([0f32; 8], [0f32; 8]);
+        _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(f16_at(sb)), sc));
+        _mm256_storeu_ps(m.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(-f16_at(sb.add(2))), mn));
+        (d, m)
+    }
+
+    /// The offset formats (`value = d q + m`): per block `d * scale` FMA'd with the exact
+    /// integer dot into accumulator `b % 2`, `m * sum` added to a scalar offset from +0.0.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_dm_act16<const KIND: u8>(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
         let blocks = q.len() / 32;
         let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
         let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut off = 0f32;
+        // Q4_K: the super-block's 8 (d', m') pairs, decoded at its first block.
+        let mut dms = ([0f32; 8], [0f32; 8]);
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
                 let b = $b;
-                let blk = wp.add(b * 20);
-                let (d, m) = (f16_at(blk), f16_at(blk.add(2)));
+                let (d, m) = if KIND == Q4_K {
+                    if b % 8 == 0 {
+                        dms = q4_k_dms(wp.add(b / 8 * 144));
+                    }
+                    (dms.0[b % 8], dms.1[b % 8])
+                } else {
+                    dm_at::<KIND>(wp, b)
+                };
                 let (scale, sum) = (*sp.add(2 * b), *sp.add(2 * b + 1));
-                let dot = block_dot(nibbles(blk), qp.add(b * 32));
+                let dot = block_dot(unpack::<KIND>(wp, b), qp.add(b * 32));
                 $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * scale), dot, $acc);
                 off += m * sum;
             }};
         }
-        let mut b = 0;
+        let mut b = super_blocks!(KIND, blocks, step, acc0, acc1);
         while b + 2 <= blocks {
             step!(b, acc0);
             step!(b + 1, acc1);
@@ -873,6 +1054,15 @@ pub(crate) mod avx2 {
         dot_d_act16::<Q5_0>(w, q, ss)
     }
 
+    /// Q6_K row x 16-bit activations: per 32-element block, the exact `sc0 * isum0 + sc1 *
+    /// isum1` lanes of [`q6_k`]'s scaled weights, FMA'd with `d * scale` (`d` the
+    /// super-block's). Lengths are checked by the caller (`q.len()` a multiple of 256,
+    /// `w.len() == 210 * q.len() / 256`). Also the kernel of AVX-512 machines.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q6_k_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+        dot_d_act16::<Q6_K>(w, q, ss)
+    }
+
     /// The formats without an offset term (`value = d * q`): per block
     /// `d * scale` FMA'd with the exact integer dot into accumulator `b % 2`.
     #[inline]
@@ -884,12 +1074,12 @@ pub(crate) mod avx2 {
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
                 let b = $b;
-                let d = f16_at(wp.add(b * block_bytes(KIND)));
+                let d = f16_at(wp.add(d_at(KIND, b)));
                 let dot = block_dot(unpack::<KIND>(wp, b), qp.add(b * 32));
                 $acc = _mm256_fmadd_ps(_mm256_set1_ps(d * *sp.add(2 * b)), dot, $acc);
             }};
         }
-        let mut b = 0;
+        let mut b = super_blocks!(KIND, blocks, step, acc0, acc1);
         while b + 2 <= blocks {
             step!(b, acc0);
             step!(b + 1, acc1);
@@ -909,10 +1099,10 @@ pub(crate) mod avx2 {
     pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
         let (m, mp, blocks, k, n) = (act.m, act.mp, act.blocks, act.k, w.rows);
         let kind = kind(w.ty);
-        let q4_1 = kind == Q4_1;
+        let offset = has_offset(kind);
         for j in rows {
             let row = w.row(j).as_ptr();
-            prepare(row, block_bytes(kind), q4_1, act, p.as_mut_ptr(), off.as_mut_ptr());
+            prepare(row, kind, act, p.as_mut_ptr(), off.as_mut_ptr());
             let (pp, y) = (p.as_ptr(), out.get().add(j));
             let mut i = 0;
             while i < m {
@@ -927,14 +1117,22 @@ pub(crate) mod avx2 {
                     (Q5_0, 3) => &tile::<3, Q5_0>(row, blocks, q, k, pi, mp),
                     (Q5_0, 2) => &tile::<2, Q5_0>(row, blocks, q, k, pi, mp),
                     (Q5_0, _) => &tile::<1, Q5_0>(row, blocks, q, k, pi, mp),
+                    (Q6_K, 4) => &tile::<4, Q6_K>(row, blocks, q, k, pi, mp),
+                    (Q6_K, 3) => &tile::<3, Q6_K>(row, blocks, q, k, pi, mp),
+                    (Q6_K, 2) => &tile::<2, Q6_K>(row, blocks, q, k, pi, mp),
+                    (Q6_K, _) => &tile::<1, Q6_K>(row, blocks, q, k, pi, mp),
+                    (Q4_K, 4) => &tile::<4, Q4_K>(row, blocks, q, k, pi, mp),
+                    (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi, mp),
+                    (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi, mp),
+                    (Q4_K, _) => &tile::<1, Q4_K>(row, blocks, q, k, pi, mp),
                     (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi, mp),
                     (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi, mp),
                     (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi, mp),
                     (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi, mp),
                 };
                 for (a, &v) in r.iter().enumerate() {
-                    // Q8_0 / Q5_0 add no offset (adding 0.0 would turn -0.0 into +0.0).
-                    let v = if q4_1 { v + off[i + a] } else { v };
+                    // Q8_0 / Q5_0 / Q6_K add no offset (adding 0.0 would turn -0.0 into +0.0).
+                    let v = if offset { v + off[i + a] } else { v };
                     yi.add(a * n).write(v);
                 }
                 i += na;
@@ -946,18 +1144,30 @@ pub(crate) mod avx2 {
     /// activation rows per vector; the same f32 operations as the single-row kernels.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn prepare(row: *const u8, bytes: usize, q4_1: bool, act: &ActBatch<'_>, p: *mut f32, off: *mut f32) {
+    unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, p: *mut f32, off: *mut f32) {
         let (mp, blocks) = (act.mp, act.blocks);
+        let offset = has_offset(kind);
         let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
+        // Q4_K: every block's (d', m') decoded once per weight row.
+        let mut q4k = [[0f32; 8]; 2 * super::MAX_STACK_BLOCKS / 8];
+        if kind == Q4_K {
+            for s in 0..blocks / 8 {
+                (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * 144));
+            }
+        }
         for c in (0..mp).step_by(8) {
             let mut o = _mm256_setzero_ps();
             for b in 0..blocks {
-                let blk = row.add(b * bytes);
                 let at = b * mp + c;
-                let d = _mm256_set1_ps(f16_at(blk));
+                let (dv, mv) = match kind {
+                    Q4_1 => dm_at::<Q4_1>(row, b),
+                    Q4_K => (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]),
+                    _ => (f16_at(row.add(d_at(kind, b))), 0.0),
+                };
+                let d = _mm256_set1_ps(dv);
                 _mm256_storeu_ps(p.add(at), _mm256_mul_ps(d, _mm256_loadu_ps(st.add(at))));
-                if q4_1 {
-                    let mm = _mm256_set1_ps(f16_at(blk.add(2)));
+                if offset {
+                    let mm = _mm256_set1_ps(mv);
                     o = _mm256_add_ps(o, _mm256_mul_ps(mm, _mm256_loadu_ps(su.add(at))));
                 }
             }
@@ -981,7 +1191,7 @@ pub(crate) mod avx2 {
                 }
             }};
         }
-        let mut b = 0;
+        let mut b = super_blocks!(KIND, blocks, step, acc0, acc1);
         while b + 2 <= blocks {
             step!(b, acc0);
             step!(b + 1, acc1);
@@ -1089,7 +1299,13 @@ mod tests {
             let mut bytes: Vec<u8> = data(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
             for blk in bytes.chunks_mut(ty.type_size()) {
                 let n = blk.len();
-                blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                if ty == GgmlType::Q4K {
+                    // Q4_K's d and dmin lead the block.
+                    blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                    blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+                } else {
+                    blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
             }
             QMatrix::new(ty, rows, cols, bytes).unwrap()
         };
@@ -1127,6 +1343,10 @@ mod tests {
             (GgmlType::Q5_0, 37, 96),
             (GgmlType::Q5_0, 19, 896),
             (GgmlType::Q6K, 9, 512),
+            (GgmlType::Q6K, 6, 256),
+            (GgmlType::Q6K, 7, 4864),
+            (GgmlType::Q4K, 9, 512),
+            (GgmlType::Q4K, 7, 4864),
             (GgmlType::F32, 23, 100),
             (GgmlType::F32, 7, 576),
             (GgmlType::F16, 5, 64),
@@ -1162,7 +1382,7 @@ mod tests {
         // The same request row at different positions of batches of different sizes
         // with different other rows, on the pool and serially.
         for isa in Isa::available() {
-            for (ty, n, k) in [(GgmlType::Q4_1, 100, 576), (GgmlType::Q8_0, 100, 576), (GgmlType::Q5_0, 100, 896), (GgmlType::F32, 50, 576)] {
+            for (ty, n, k) in [(GgmlType::Q4_1, 100, 576), (GgmlType::Q8_0, 100, 576), (GgmlType::Q5_0, 100, 896), (GgmlType::Q6K, 100, 768), (GgmlType::Q4K, 100, 768), (GgmlType::F32, 50, 576)] {
                 let (w, _) = matrix(ty, n, k, 4);
                 let probe = acts(1, k, 99);
                 let mut want = vec![0f32; n];
@@ -1190,7 +1410,7 @@ mod tests {
             matmul_wq_invariant(&x, &w, &mut a, 1).unwrap();
             matmul_wq(&x, &w, &mut b, 1).unwrap();
             assert_eq!(bits(&a), bits(&b), "{ty}");
-            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
+            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) {
                 // The single-row Act16 dot of the active ISA (today's decode kernel).
                 let (mut q, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
                 let act = Act16::quantize(&x, &mut q, &mut ss);
@@ -1204,14 +1424,14 @@ mod tests {
 
     #[test]
     fn every_isa_matches_scalar_and_the_f64_reference() {
-        for (ty, n, k) in cases().into_iter().chain([(GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1)), (GgmlType::Q5_0, 3, 32 * (MAX_STACK_BLOCKS + 1))]) {
+        for (ty, n, k) in cases().into_iter().chain([(GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1)), (GgmlType::Q5_0, 3, 32 * (MAX_STACK_BLOCKS + 1)), (GgmlType::Q6K, 3, 256 * (MAX_STACK_BLOCKS / 8 + 1)), (GgmlType::Q4K, 3, 256 * (MAX_STACK_BLOCKS / 8 + 1))]) {
             let (w, deq) = matrix(ty, n, k, 6);
             for m in [1, 5, 32] {
                 let x = acts(m, k, 20 + m as u32);
                 let mut reference = vec![0f32; m * n];
                 matmul_wq_invariant_with(Isa::Scalar, &x, &w, &mut reference, m).unwrap();
                 // 16-bit activations round each to within 2^-16 of its block's largest.
-                let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) { 4e-5 } else { 1e-5 };
+                let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) { 4e-5 } else { 1e-5 };
                 for i in 0..m {
                     for j in 0..n {
                         let terms = (0..k).map(|c| x[i * k + c] as f64 * deq[j * k + c] as f64);
@@ -1281,6 +1501,27 @@ mod tests {
                 for (w, got) in group.iter().zip(&outs) {
                     let mut want = vec![0f32; w.rows];
                     matmul_wq_invariant_with(isa, &x, w, &mut want, 1).unwrap();
+                    assert_eq!(bits(got), bits(&want), "{} {}x{} at {isa}", w.ty, w.rows, w.cols);
+                }
+            }
+        }
+        // Q6_K and Q4_K (whole super-blocks: k = 768) mixed with Q5_0 and Q8_0.
+        let k6 = 768;
+        let mats6: Vec<QMatrix> = [(GgmlType::Q6K, 67), (GgmlType::Q5_0, 100), (GgmlType::Q4K, 30), (GgmlType::Q6K, 256), (GgmlType::Q4K, 5)]
+            .iter()
+            .enumerate()
+            .map(|(s, &(ty, n))| matrix(ty, n, k6, 60 + s as u32).0)
+            .collect();
+        let x6 = acts(1, k6, 19);
+        for isa in Isa::available() {
+            for group in [&mats6[..4], &mats6[1..], &mats6[..1], &mats6[4..]] {
+                let mut outs: Vec<Vec<f32>> = group.iter().map(|w| vec![f32::NAN; w.rows]).collect();
+                let ws: Vec<&QMatrix> = group.iter().collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_wq_group_with(isa, &x6, &ws, &mut ys).unwrap();
+                for (w, got) in group.iter().zip(&outs) {
+                    let mut want = vec![0f32; w.rows];
+                    matmul_wq_invariant_with(isa, &x6, w, &mut want, 1).unwrap();
                     assert_eq!(bits(got), bits(&want), "{} {}x{} at {isa}", w.ty, w.rows, w.cols);
                 }
             }

@@ -1,4 +1,4 @@
-//! The decode GEMV of `--precision native`: several Q4_1 / Q8_0 / Q5_0 weight rows against
+//! The decode GEMV of `--precision native`: several Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K weight rows against
 //! one activation row quantized to 16-bit blocks ([`Act16`]).
 //!
 //! **Why a kernel of its own.** One row at a time ([`crate::wq::dot_row_act16`]), a
@@ -20,8 +20,8 @@
 //! multi-row kernels (`crate::batch`), which repeat that arithmetic per activation row,
 //! stay bit-identical to it (tested below and in `batch`).
 //!
-//! Q5_0 has AVX2 kernels only (single-row, group, multi-row): an AVX-512 machine runs
-//! those for Q5_0 in every path, so the agreement holds there as well.
+//! Q5_0, Q6_K and Q4_K have AVX2 kernels only (single-row, group, multi-row): an AVX-512 machine
+//! runs those for them in every path, so the agreement holds there as well.
 
 use std::ops::Range;
 
@@ -34,7 +34,7 @@ use crate::{GgmlType, TensorError};
 /// activations and the unpacked weights fits AVX2's 16 ymm registers.
 pub const ROWS: usize = 4;
 
-/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0 or Q5_0 with `act` of `w.cols`
+/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0, Q5_0, Q6_K or Q4_K with `act` of `w.cols`
 /// activations (checked by the caller, [`crate::batch`]).
 ///
 /// # Safety
@@ -44,9 +44,9 @@ pub const ROWS: usize = 4;
 /// two floats per block.
 pub(crate) unsafe fn gemv_rows(isa: Isa, w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
-        // Q5_0: the AVX2 kernels at AVX-512 too, as `wq::dot_row_act16` and `batch` run.
-        if isa >= Isa::Avx512 && w.ty != GgmlType::Q5_0 {
+    if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) {
+        // Q5_0 / Q6_K / Q4_K: the AVX2 kernels at AVX-512 too, as `wq::dot_row_act16` and `batch` run.
+        if isa >= Isa::Avx512 && !crate::batch::avx2_only(w.ty) {
             x86::rows_avx512(w, rows, act, out);
         } else {
             x86::rows_avx2(w, rows, act, out);
@@ -67,7 +67,7 @@ mod x86 {
     use std::ops::Range;
 
     use super::ROWS;
-    use crate::batch::avx2::{self, block_bytes, Q4_1, Q5_0, Q8_0};
+    use crate::batch::avx2::{self, block_at, block_bytes, d_at, has_offset, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0};
     use crate::batch::MAX_STACK_BLOCKS;
     use crate::matmul::{OutPtr, QMatrix};
     use crate::wq::Act16;
@@ -76,7 +76,9 @@ mod x86 {
     ///
     /// Q4_1: `p[2 * (b * R + r)] = d_{r,b} * scale_b` and `p[2 * (b * R + r) + 1] = m_{r,b} *
     /// sum_b`; the offset of row `r` is `sum_b m_{r,b} * sum_b`, added block by block from
-    /// +0.0. Q8_0 and Q5_0: `p[b * R + r] = d_{r,b} * scale_b`, offsets 0. `[d, m] * [scale, sum]` as
+    /// +0.0. Q8_0, Q5_0 and Q6_K: `p[b * R + r] = d_{r,b} * scale_b` (Q6_K: its super-block's
+    /// `d`), offsets 0. Q4_K: `p[b * R + r] = d'_{r,b} * scale_b` and the offset `sum_b
+    /// m'_{r,b} * sum_b` with `d' = d * sc`, `m' = -(dmin * m)` (`avx2::q4_k_dms`). `[d, m] * [scale, sum]` as
     /// a lane multiply and the offset as a lane add are the operations of both single-row
     /// kernels (the AVX2 one spells them as scalar f32 operations; IEEE makes them the same).
     ///
@@ -88,10 +90,9 @@ mod x86 {
     #[allow(clippy::needless_range_loop)]
     unsafe fn prepare<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [f32; R] {
         let mut offsets = [0f32; R];
-        let bytes = block_bytes(KIND);
-        if R == 4 {
+        if R == 4 && KIND != Q4_K {
             let rd32 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 20) as *const i32);
-            let rd16 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * bytes) as *const u16) as u64;
+            let rd16 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + d_at(KIND, b)) as *const u16) as u64;
             if KIND == Q4_1 {
                 let mut off = _mm256_setzero_ps();
                 for b in 0..blocks {
@@ -117,8 +118,26 @@ mod x86 {
             return offsets;
         }
         let mut off = [_mm_setzero_ps(); R];
+        if KIND == Q4_K {
+            // [d', m'] * [scale, sum] (`avx2::q4_k_dms`, a super-block's 8 at a time), the
+            // single-row kernel's products; each row's offset added block by block.
+            for s in 0..blocks / 8 {
+                for r in 0..R {
+                    let (d, m) = avx2::q4_k_dms(w.add(r * row_bytes + s * 144));
+                    for j in 0..8 {
+                        let b = 8 * s + j;
+                        let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));
+                        let prod = _mm_mul_ps(_mm_setr_ps(d[j], m[j], 0.0, 0.0), sc);
+                        *p.add(b * R + r) = _mm_cvtss_f32(prod);
+                        off[r] = _mm_add_ps(off[r], prod);
+                    }
+                }
+            }
+        }
         for b in 0..blocks {
-            if KIND == Q4_1 {
+            if KIND == Q4_K {
+                break;
+            } else if KIND == Q4_1 {
                 let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));
                 for r in 0..R {
                     let blk = w.add(r * row_bytes + b * 20);
@@ -130,7 +149,7 @@ mod x86 {
             } else {
                 let scale = *ss.add(2 * b);
                 for r in 0..R {
-                    let blk = w.add(r * row_bytes + b * bytes);
+                    let blk = w.add(r * row_bytes + d_at(KIND, b));
                     let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
                     *p.add(b * R + r) = d * scale;
                 }
@@ -163,7 +182,7 @@ mod x86 {
     unsafe fn prefetch_pair<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, b: usize, ahead: usize) {
         let pair = 2 * block_bytes(KIND);
         for r in 0..R {
-            let p = w.wrapping_add(r * row_bytes + b * (pair / 2) + ahead);
+            let p = w.wrapping_add(r * row_bytes + block_at(KIND, b) + ahead);
             _mm_prefetch::<_MM_HINT_T0>(p.cast());
             if pair > 64 {
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
@@ -174,9 +193,31 @@ mod x86 {
     /// The block loop of both ISAs' groups: pairs of blocks (the even one into `$acc0`, the
     /// odd one into `$acc1`, as the single-row kernels), each pair's prefetch issued first,
     /// then an odd last block.
+    ///
+    /// Q6_K (`$kind`, whole super-blocks of 8 blocks) runs the same sequence a super-block
+    /// per iteration with `b = 8 s + i`, `i` constant, so its unpacking's shifts and
+    /// offsets within the super-block fold to constants.
     macro_rules! block_pairs {
-        ($blocks:expr, $prefetch:expr, $step:ident, $acc0:ident, $acc1:ident) => {{
+        ($kind:expr, $blocks:expr, $prefetch:expr, $step:ident, $acc0:ident, $acc1:ident) => {{
             let mut b = 0;
+            if $kind == Q6_K || $kind == Q4_K {
+                for s in 0..$blocks / 8 {
+                    let b8 = 8 * s;
+                    $prefetch(b8);
+                    $step!(b8, $acc0);
+                    $step!(b8 + 1, $acc1);
+                    $prefetch(b8 + 2);
+                    $step!(b8 + 2, $acc0);
+                    $step!(b8 + 3, $acc1);
+                    $prefetch(b8 + 4);
+                    $step!(b8 + 4, $acc0);
+                    $step!(b8 + 5, $acc1);
+                    $prefetch(b8 + 6);
+                    $step!(b8 + 6, $acc0);
+                    $step!(b8 + 7, $acc1);
+                }
+                b = $blocks / 8 * 8;
+            }
             while b + 2 <= $blocks {
                 $prefetch(b);
                 $step!(b, $acc0);
@@ -229,7 +270,7 @@ mod x86 {
     /// AVX2 driver (see [`super::gemv_rows`] for the contract).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_avx2(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
-        drive!(w, rows, act, out, group_avx2, [Q4_1, Q8_0, Q5_0])
+        drive!(w, rows, act, out, group_avx2, [Q4_1, Q8_0, Q5_0, Q6_K, Q4_K])
     }
 
     /// `R` consecutive weight rows at `w` against the activations: per row, the
@@ -262,7 +303,7 @@ mod x86 {
                 }
             }};
         }
-        block_pairs!(blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
+        block_pairs!(KIND, blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = crate::batch::avx512::hsum(_mm512_add_ps(acc0[r], acc1[r]));
             // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
@@ -272,7 +313,7 @@ mod x86 {
     }
 
     /// `R` consecutive weight rows at `w` against the activations: per row, the
-    /// arithmetic of `batch::avx2::dot_q{4_1,8_0,5_0}_act16` (per block, elements 0..16 and
+    /// arithmetic of `batch::avx2::dot_{q4_1,q8_0,q5_0,q6_k}_act16` (per block, elements 0..16 and
     /// 16..32 as i16 each `vpmaddwd`'d and the two i32 vectors added: 8 lanes).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -293,10 +334,10 @@ mod x86 {
                 }
             }};
         }
-        block_pairs!(blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
+        block_pairs!(KIND, blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
         for r in 0..R {
             let s = avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
-            let v = if KIND == Q4_1 { s + off[r] } else { s };
+            let v = if has_offset(KIND) { s + off[r] } else { s };
             y.add(r).write(v);
         }
     }
@@ -321,14 +362,35 @@ mod tests {
             .collect()
     }
 
+    /// `n x k` of `ty`: quantized from [`data`], or for Q6_K / Q4_K (no quantizer) random
+    /// bytes with each super-block's f16 `d` (and Q4_K's `dmin`) small and finite.
+    fn matrix(ty: GgmlType, n: usize, k: usize, seed: u32) -> QMatrix {
+        if !matches!(ty, GgmlType::Q6K | GgmlType::Q4K) {
+            return QMatrix::quantize(ty, n, k, &data(n * k, seed)).unwrap();
+        }
+        let bytes_per = ty.type_size();
+        let mut bytes: Vec<u8> = data(n * k / 256 * bytes_per, seed).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
+        let small = half::f16::from_f32(0.01).to_le_bytes();
+        for sb in bytes.chunks_mut(bytes_per) {
+            if ty == GgmlType::Q6K {
+                sb[208..].copy_from_slice(&small);
+            } else {
+                sb[..2].copy_from_slice(&small);
+                sb[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+            }
+        }
+        QMatrix::new(ty, n, k, bytes).unwrap()
+    }
+
     /// Every row of every group size (1..=9 rows, so full groups and each tail) is
     /// bit-identical to the single-row kernel of the same ISA, on every ISA this CPU has.
     #[test]
     #[allow(clippy::needless_range_loop)]
     fn rows_are_bit_identical_to_the_single_row_dot() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
-            for (n, k) in [(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96), (6, 896)] {
-                let w = QMatrix::quantize(ty, n, k, &data(n * k, n as u32 * 7 + k as u32)).unwrap();
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
+            let shapes: &[(usize, usize)] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[(9, 256), (7, 512), (13, 768), (5, 4864)] } else { &[(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96), (6, 896)] };
+            for &(n, k) in shapes {
+                let w = matrix(ty, n, k, n as u32 * 7 + k as u32);
                 let x = data(k, 99 + k as u32);
                 let mut q = vec![0i16; k];
                 let mut ss = vec![0f32; 2 * (k / 32)];
@@ -356,12 +418,12 @@ mod tests {
     /// Q4_1, as the single-row kernels do (the sign of zero is part of the bits).
     #[test]
     fn zero_activations_keep_the_single_row_zero() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
-            let (n, k) = (6, 64);
-            let w = QMatrix::quantize(ty, n, k, &data(n * k, 5)).unwrap();
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
+            let (n, k) = (6, if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { 256 } else { 64 });
+            let w = matrix(ty, n, k, 5);
             let x = vec![0f32; k];
             let mut q = vec![0i16; k];
-            let mut ss = vec![0f32; 4];
+            let mut ss = vec![0f32; 2 * k / 32];
             let act = Act16::quantize(&x, &mut q, &mut ss);
             for isa in Isa::available() {
                 let mut y = vec![1f32; n];

@@ -8,7 +8,7 @@
 //! activations (see BENCHMARKS.md / the engine issue's closing note).
 //!
 //! * decode (`m == 1`): a fused dequantize-and-dot per weight row, rows split over threads;
-//!   for Q4_1/Q8_0/Q5_0 the activation row is first quantized to 16-bit blocks ([`Act16`]),
+//!   for Q4_1/Q8_0/Q5_0/Q6_K/Q4_K the activation row is first quantized to 16-bit blocks ([`Act16`]),
 //!   exact integer products with error under 2^-16 of each block's largest activation
 //!   (100% argmax agreement on the goldens through the decode path, see
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;
@@ -185,11 +185,14 @@ fn quantize_blocks(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
     }
 }
 
-/// Dot of one Q4_1, Q8_0 or Q5_0 weight row with 16-bit activation blocks. Q5_0 has AVX2
-/// kernels only: at [`Isa::Avx512`] it runs those, as `gemv` and `batch` do for it.
+/// Dot of one Q4_1, Q8_0, Q5_0, Q6_K or Q4_K weight row with 16-bit activation blocks (the
+/// K types: rows of whole 256-element super-blocks). Q5_0, Q6_K and Q4_K have AVX2 kernels only: at
+/// [`Isa::Avx512`] they run those, as `gemv` and `batch` do for them.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
-    if !act.q.len().is_multiple_of(32) || act.scale_sum.len() != 2 * blocks || w_row.len() != blocks * ty.type_size() || ty.block_size() != 32 {
+    let per = ty.block_size();
+    let takes = per == 32 || matches!(ty, GgmlType::Q6K | GgmlType::Q4K);
+    if !act.q.len().is_multiple_of(32) || act.scale_sum.len() != 2 * blocks || !takes || !act.q.len().is_multiple_of(per) || w_row.len() != act.q.len() / per * ty.type_size() {
         return Err(TensorError::Shape { op: "dot_row_act16", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), act.q.len()) });
     }
     #[cfg(target_arch = "x86_64")]
@@ -200,6 +203,10 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             GgmlType::Q8_0 => return Ok(unsafe { avx512::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: Isa::Avx512 implies AVX2, FMA and F16C; lengths checked above.
             GgmlType::Q5_0 => return Ok(unsafe { crate::batch::avx2::dot_q5_0_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above (whole super-blocks checked above).
+            GgmlType::Q6K => return Ok(unsafe { crate::batch::avx2::dot_q6_k_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above (whole super-blocks checked above).
+            GgmlType::Q4K => return Ok(unsafe { crate::batch::avx2::dot_q4_k_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     } else if isa >= Isa::Avx2 {
@@ -209,6 +216,10 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             GgmlType::Q8_0 => return Ok(unsafe { crate::batch::avx2::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above.
             GgmlType::Q5_0 => return Ok(unsafe { crate::batch::avx2::dot_q5_0_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above (whole super-blocks checked above).
+            GgmlType::Q6K => return Ok(unsafe { crate::batch::avx2::dot_q6_k_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above (whole super-blocks checked above).
+            GgmlType::Q4K => return Ok(unsafe { crate::batch::avx2::dot_q4_k_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     }
@@ -218,7 +229,19 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
 
 /// Reference for [`dot_row_act16`]: exact integer dot per block, then
 /// `d * scale * dot (+ m * sum)` in f32 (Q5_0's weights are `q - 16`, no offset term).
+///
+/// Q6_K: per 32-element Act16 block (two 16-element sub-blocks with i8 scales `sc0`,
+/// `sc1`), the exact integer `sc0 * isum0 + sc1 * isum1` (at most 32 * 32 * 128 * 32767
+/// < 2^32 in magnitude, so summed in i64) rounded once to f32, times `d * scale` with
+/// `d` the super-block's. The AVX2 kernels compute the same integer split over 8 i32
+/// lanes (each exact, < 2^29) and round each lane, so they agree within f32 rounding.
 pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
+    if ty == GgmlType::Q6K {
+        return Ok(dot_q6_k_act16_scalar(w_row, act));
+    }
+    if ty == GgmlType::Q4K {
+        return Ok(dot_q4_k_act16_scalar(w_row, act));
+    }
     let bytes = ty.type_size();
     let mut acc = 0f32;
     for (b, wb) in w_row.chunks_exact(bytes).enumerate() {
@@ -250,6 +273,53 @@ pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Resu
         }
     }
     Ok(acc)
+}
+
+/// [`dot_row_act16_scalar`] for Q6_K (super-blocks of 210 bytes, see
+/// `batch::avx2::q6_k` for the layout); extra activations past the row's super-blocks are
+/// not read.
+fn dot_q6_k_act16_scalar(w_row: &[u8], act: &Act16<'_>) -> f32 {
+    let mut acc = 0f32;
+    for (s, sb) in w_row.chunks_exact(210).enumerate() {
+        let (ql, qh, sc) = (&sb[..128], &sb[128..192], &sb[192..208]);
+        let d = half::f16::from_le_bytes([sb[208], sb[209]]).to_f32();
+        for i in 0..8 {
+            let b = 8 * s + i;
+            let (h, j) = (i / 4, i % 4);
+            let xq = &act.q[b * 32..(b + 1) * 32];
+            let dot: i64 = (0..32)
+                .map(|l| {
+                    let low = (ql[64 * h + 32 * (j % 2) + l] >> (4 * (j / 2))) & 0x0F;
+                    let high = (qh[32 * h + l] >> (2 * j)) & 3;
+                    let q = (low | high << 4) as i64 - 32;
+                    q * sc[8 * h + 2 * j + l / 16] as i8 as i64 * xq[l] as i64
+                })
+                .sum();
+            acc += d * act.scale_sum[2 * b] * dot as f32;
+        }
+    }
+    acc
+}
+
+/// [`dot_row_act16_scalar`] for Q4_K (super-blocks of 144 bytes): per 32-element sub-block
+/// `j`, `d' = d * sc` and `m' = -(dmin * m)` (exact in f32), the exact integer dot of the
+/// 4-bit codes, and `acc += d' * scale * dot + m' * sum`, Q4_1's form.
+fn dot_q4_k_act16_scalar(w_row: &[u8], act: &Act16<'_>) -> f32 {
+    let mut acc = 0f32;
+    for (s, sb) in w_row.chunks_exact(144).enumerate() {
+        let d = half::f16::from_le_bytes([sb[0], sb[1]]).to_f32();
+        let dmin = half::f16::from_le_bytes([sb[2], sb[3]]).to_f32();
+        let (sc, mn) = crate::quant::blocks::scale_min_k4(sb[4..16].try_into().unwrap());
+        for j in 0..8 {
+            let b = 8 * s + j;
+            let xq = &act.q[b * 32..(b + 1) * 32];
+            let qs = &sb[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
+            let dot: i32 = qs.iter().zip(xq).map(|(&q, &x)| ((q >> (4 * (j % 2))) & 0x0F) as i32 * x as i32).sum();
+            let (dp, mp) = (d * sc[j] as f32, -(dmin * mn[j] as f32));
+            acc += dp * act.scale_sum[2 * b] * dot as f32 + mp * act.scale_sum[2 * b + 1];
+        }
+    }
+    acc
 }
 
 /// Dot of one weight row with f32 `x`; `sums` holds the sum of `x` over each weight block
@@ -337,7 +407,7 @@ pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<
 /// Q4_K and Q6_K dots and dequantizers (AVX2), in their own file.
 #[cfg(target_arch = "x86_64")]
 #[path = "wq_kquant.rs"]
-mod kquant_avx2;
+pub(crate) mod kquant_avx2;
 
 /// Q4_0, Q5_0, Q5_1, MXFP4 and NVFP4 rows against f32 activations, dequantized in
 /// registers: each block's 32 (sub-block's 16) values become exact small integers as i8
@@ -939,9 +1009,10 @@ mod tests {
 
     #[test]
     fn act16_dot_matches_scalar_reference_and_f32() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
-            for k in [32, 64, 576, 1536] {
-                let (q, deq) = qmatrix(ty, 3, k);
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
+            let ks: &[usize] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[256, 768, 1536] } else { &[32, 64, 576, 1536] };
+            for &k in ks {
+                let (q, deq) = qmatrix_or_random(ty, 3, k);
                 let x = data(k, 3);
                 let (mut xq, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
                 let act = Act16::quantize(&x, &mut xq, &mut ss);
@@ -963,6 +1034,159 @@ mod tests {
         let (mut xq, mut ss) = (vec![0i16; 32], vec![0f32; 2]);
         let act = Act16::quantize(&data(32, 1), &mut xq, &mut ss);
         assert!(dot_row_act16(Isa::active(), GgmlType::Q4_1, q.row(0), &act).is_err());
+        // Q6_K / Q4_K: only whole super-blocks against exactly their activations.
+        for ty in [GgmlType::Q6K, GgmlType::Q4K] {
+            let row = raw_kquant_row(ty, 1024, 3, true);
+            for k in [896, 768, 1280, 32] {
+                let (mut xq, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
+                let act = Act16::quantize(&data(k, 1), &mut xq, &mut ss);
+                for isa in Isa::available() {
+                    assert!(dot_row_act16(isa, ty, &row, &act).is_err(), "{ty} row of 1024 against {k} at {isa}");
+                    assert!(dot_row_act16(isa, ty, &row[..row.len() - 1], &act).is_err(), "short {ty} row against {k} at {isa}");
+                }
+            }
+        }
+    }
+
+    /// The AVX2 unpacking of a Q6_K Act16 block (the one every AVX2 Act16 path uses) gives
+    /// exactly `(q - 32) * scale` for every element of raw random super-blocks (every code
+    /// and signed scale) with `d = 1` (dequantized exactly as `1 * scale * (q - 32)`).
+    #[test]
+    fn q6_k_unpacking_matches_dequantize() {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detected() >= Isa::Avx2 {
+            let mut row = raw_kquant_row(GgmlType::Q6K, 256 * 64, 5, false);
+            // Extreme scales and codes too.
+            let mut extreme = vec![0xFFu8; 210];
+            extreme[192..208].copy_from_slice(&[0x80, 0x7F, 0x80, 0x01, 0xFF, 0x00, 0x80, 0x80, 0x7F, 0x7F, 0x81, 0x80, 0x80, 0x7F, 0x02, 0x80]);
+            row.extend(&extreme);
+            row.extend(vec![0u8; 192]);
+            row.extend([0x80u8; 16]);
+            row.extend([0, 0]);
+            for sb in row.chunks_exact_mut(210) {
+                sb[208..].copy_from_slice(&half::f16::ONE.to_le_bytes());
+                let mut want = [0f32; 256];
+                dequantize_row(GgmlType::Q6K, sb, &mut want).unwrap();
+                for b in 0..8 {
+                    let mut got = [0i16; 32];
+                    // SAFETY: AVX2 checked above; `sb` is one whole 210-byte super-block
+                    // holding blocks 0..8.
+                    unsafe {
+                        use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
+                        let (lo, hi) = crate::batch::avx2::q6_k(sb.as_ptr(), b);
+                        _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
+                        _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
+                    }
+                    assert_eq!(got.map(f32::from), want[32 * b..32 * b + 32], "block {b} of {sb:02x?}");
+                }
+            }
+        }
+    }
+
+    /// The AVX2 unpacking of a Q4_K Act16 block gives its 4-bit codes and [`q4_k_dm`] its
+    /// `(d * sc, -(dmin * m))`: with them, `d' q + m'` is the dequantized value bit for bit
+    /// (`quant::dequant::q4_k` rounds `d * sc`, `dmin * m` (both exact), then `dl q - ml`),
+    /// on raw random super-blocks (every code, scale and min).
+    #[test]
+    fn q4_k_unpacking_matches_dequantize() {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detected() >= Isa::Avx2 {
+            let mut row = raw_kquant_row(GgmlType::Q4K, 256 * 64, 7, true);
+            row.extend(vec![0xFFu8; 144]);
+            let last = row.len() - 144;
+            row[last..last + 4].copy_from_slice(&[0x00, 0x3C, 0x00, 0xBC]);
+            for sb in row.chunks_exact(144) {
+                let mut want = [0f32; 256];
+                dequantize_row(GgmlType::Q4K, sb, &mut want).unwrap();
+                for b in 0..8 {
+                    let mut got = [0i16; 32];
+                    // SAFETY: AVX2 checked above; `sb` is one whole 144-byte super-block
+                    // holding blocks 0..8.
+                    let (d, m) = unsafe {
+                        use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
+                        let (lo, hi) = crate::batch::avx2::q4_k(sb.as_ptr(), b);
+                        _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
+                        _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
+                        let (ds, ms) = crate::batch::avx2::q4_k_dms(sb.as_ptr());
+                        let dm = crate::batch::avx2::q4_k_dm(sb.as_ptr(), b);
+                        assert_eq!((ds[b].to_bits(), ms[b].to_bits()), (dm.0.to_bits(), dm.1.to_bits()), "block {b}: q4_k_dms vs q4_k_dm");
+                        dm
+                    };
+                    assert!(got.iter().all(|&q| (0..16).contains(&q)), "block {b}: codes {got:?}");
+                    let value: Vec<f32> = got.iter().map(|&q| d * q as f32 + m).collect();
+                    assert_eq!(value, want[32 * b..32 * b + 32], "block {b} of {sb:02x?}");
+                }
+            }
+        }
+    }
+
+    /// Q4_K rows of raw random super-blocks (`d`, `dmin` near +-1): as the Q6_K test below.
+    #[test]
+    fn q4_k_act16_dot_of_raw_blocks_matches_the_f32_reference() {
+        assert!(QMatrix::new(GgmlType::Q4K, 1, 896, vec![0u8; 896 / 256 * 144]).is_err(), "896 columns are not whole super-blocks");
+        for (k, seed) in [(256, 1), (768, 2), (4864, 3)] {
+            let n = 5;
+            let w = QMatrix::new(GgmlType::Q4K, n, k, raw_kquant_row(GgmlType::Q4K, n * k, seed, true)).unwrap();
+            check_act16_raw(&w, seed);
+        }
+    }
+
+    /// Q6_K rows of raw random super-blocks (every code, every signed scale, `d` near +-1)
+    /// at 1, 3 and 19 super-blocks: the Act16 dot of every ISA is within the 16-bit
+    /// activation error of the f32 reference `dot_row_scalar` (and of an f64 dot), the
+    /// decode and batched paths give its bits; a 896-wide Q6_K matrix is refused.
+    #[test]
+    fn q6_k_act16_dot_of_raw_blocks_matches_the_f32_reference() {
+        assert!(QMatrix::new(GgmlType::Q6K, 1, 896, vec![0u8; 896 / 256 * 210]).is_err(), "896 columns are not whole super-blocks");
+        for (k, seed) in [(256, 1), (768, 2), (4864, 3)] {
+            let n = 5;
+            let w = QMatrix::new(GgmlType::Q6K, n, k, raw_kquant_row(GgmlType::Q6K, n * k, seed, true)).unwrap();
+            check_act16_raw(&w, seed);
+        }
+    }
+
+    /// The body of the raw-block Act16 tests: `w` against three activation rows (the last
+    /// two with outliers) at every ISA.
+    fn check_act16_raw(w: &QMatrix, seed: u32) {
+        let (ty, n, k) = (w.ty, w.rows, w.cols);
+        let mut x = data(3 * k, 20 + seed);
+        for v in x[k..].iter_mut().step_by(61) {
+            *v *= 40.0;
+        }
+        for (i, xi) in x.chunks(k).enumerate() {
+            let (mut xq, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
+            let act = Act16::quantize(xi, &mut xq, &mut ss);
+            for isa in Isa::available() {
+                let mut batched = vec![0f32; 3 * n];
+                matmul_wq_invariant_with(isa, &x, w, &mut batched, 3).unwrap();
+                let mut decode = vec![0f32; n];
+                matmul_wq_invariant_with(isa, xi, w, &mut decode, 1).unwrap();
+                for j in 0..n {
+                    let row = w.row(j);
+                    let mut deq = vec![0f32; k];
+                    dequantize_row(ty, row, &mut deq).unwrap();
+                    let exact: f64 = deq.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let mag: f64 = deq.iter().zip(xi).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                    let reference = dot_row_scalar(ty, row, xi).unwrap();
+                    let got = dot_row_act16(isa, ty, row, &act).unwrap();
+                    // Each activation is rounded to within half a code, 2^-16 of its block's
+                    // largest: the error is at most sum |w| * amax_b / 65534, plus f32
+                    // rounding (Q6_K's lanes past 2^24 round once more, 2^-24 relative).
+                    let act_err: f64 = deq
+                        .chunks(32)
+                        .zip(xi.chunks(32))
+                        .map(|(wb, xb)| wb.iter().map(|v| v.abs() as f64).sum::<f64>() * xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) / 65534.0)
+                        .sum();
+                    let tol = if i == 0 { 4e-5 * mag } else { act_err + 1e-5 * mag };
+                    assert!(got.is_finite() && (got as f64 - reference as f64).abs() <= tol, "{ty} k={k} {isa} x{i} row {j}: {got} vs f32 {reference}");
+                    assert!((got as f64 - exact).abs() <= tol, "{ty} k={k} {isa} x{i} row {j}: {got} vs exact {exact}");
+                    let scalar = dot_row_act16_scalar(ty, row, &act).unwrap();
+                    assert!((got - scalar).abs() <= 1e-5 * (1.0 + mag as f32), "{ty} k={k} {isa} x{i} row {j}: {got} vs scalar Act16 {scalar}");
+                    assert_eq!(decode[j].to_bits(), got.to_bits(), "{ty} k={k} {isa} x{i} row {j}: decode vs the single-row dot");
+                    assert_eq!(batched[i * n + j].to_bits(), got.to_bits(), "{ty} k={k} {isa} x{i} row {j}: batched vs the single-row dot");
+                }
+            }
+        }
     }
 
     /// `rows` Q5_0 rows of `k` elements of raw random bytes (every nibble and `qh` bit),
@@ -1015,46 +1239,7 @@ mod tests {
         for (k, seed) in [(896, 1), (4864, 2), (96, 3)] {
             let n = 5;
             let w = QMatrix::new(GgmlType::Q5_0, n, k, raw_q5_0_rows(n, k, seed)).unwrap();
-            let mut x = data(3 * k, 20 + seed);
-            // Rows 1 and 2: a few large activations, so block scales differ.
-            for v in x[k..].iter_mut().step_by(61) {
-                *v *= 40.0;
-            }
-            for (i, xi) in x.chunks(k).enumerate() {
-                let (mut xq, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
-                let act = Act16::quantize(xi, &mut xq, &mut ss);
-                for isa in Isa::available() {
-                    let mut batched = vec![0f32; 3 * n];
-                    matmul_wq_invariant_with(isa, &x, &w, &mut batched, 3).unwrap();
-                    let mut decode = vec![0f32; n];
-                    matmul_wq_invariant_with(isa, xi, &w, &mut decode, 1).unwrap();
-                    for j in 0..n {
-                        let row = w.row(j);
-                        let mut deq = vec![0f32; k];
-                        dequantize_row(GgmlType::Q5_0, row, &mut deq).unwrap();
-                        let exact: f64 = deq.iter().zip(xi).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        let mag: f64 = deq.iter().zip(xi).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                        let reference = dot_row_scalar(GgmlType::Q5_0, row, xi).unwrap();
-                        let got = dot_row_act16(isa, GgmlType::Q5_0, row, &act).unwrap();
-                        // Each activation is rounded to within half a code, 2^-16 of its
-                        // block's largest: the error is at most sum |w| * amax_b / 65534,
-                        // plus f32 rounding. Without outliers (row 0) that is within the
-                        // 4e-5 of the terms' magnitude the Q4_1 / Q8_0 tests use.
-                        let act_err: f64 = deq
-                            .chunks(32)
-                            .zip(xi.chunks(32))
-                            .map(|(wb, xb)| wb.iter().map(|v| v.abs() as f64).sum::<f64>() * xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) / 65534.0)
-                            .sum();
-                        let tol = if i == 0 { 4e-5 * mag } else { act_err + 1e-5 * mag };
-                        assert!(got.is_finite() && (got as f64 - reference as f64).abs() <= tol, "k={k} {isa} x{i} row {j}: {got} vs f32 {reference}");
-                        assert!((got as f64 - exact).abs() <= tol, "k={k} {isa} x{i} row {j}: {got} vs exact {exact}");
-                        let scalar = dot_row_act16_scalar(GgmlType::Q5_0, row, &act).unwrap();
-                        assert!((got - scalar).abs() <= 1e-5 * (1.0 + mag as f32), "k={k} {isa} x{i} row {j}: {got} vs scalar Act16 {scalar}");
-                        assert_eq!(decode[j].to_bits(), got.to_bits(), "k={k} {isa} x{i} row {j}: decode vs the single-row dot");
-                        assert_eq!(batched[i * n + j].to_bits(), got.to_bits(), "k={k} {isa} x{i} row {j}: batched vs the single-row dot");
-                    }
-                }
-            }
+            check_act16_raw(&w, seed);
         }
     }
 

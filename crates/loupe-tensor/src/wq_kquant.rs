@@ -13,6 +13,10 @@
 //! * `block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }` (210 bytes): see
 //!   [`q6_codes`]; value `d * scales[e / 16] * (q - 32)`.
 //!
+//! Decode and batched decode run these types through the Act16 kernels instead
+//! (`wq::dot_row_act16`, `batch::avx2::q6_k` / `q4_k`); the f32 dots here are left to rows
+//! too long for them (over `batch::MAX_STACK_BLOCKS` blocks of 32) and to `dot_row` callers.
+//!
 //! The scalar reference (`wq::dot_row_scalar`) dequantizes each super-block through
 //! `quant::dequant::q4_k` / `q6_k` and then dots in f32; it was ~75% of the decode time
 //! of Qwen2.5-Coder 0.5B (Q4_K_M) on an AMD EPYC Zen 3.
@@ -50,7 +54,7 @@ unsafe fn sum32(x: *const f32) -> __m256 {
 /// AVX2; 12 readable bytes at `p`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn scales_mins_q4k(p: *const u8) -> (__m256, __m256) {
+pub(crate) unsafe fn scales_mins_q4k(p: *const u8) -> (__m256, __m256) {
     const LOW6: u32 = 0x3F3F_3F3F;
     const LOW4: u32 = 0x0F0F_0F0F;
     const LOW2: u32 = 0x0303_0303;
