@@ -87,6 +87,23 @@ fn parity_matches(dir: &Path, label: &str) {
     assert!(o.status.success() && out.contains("verdict: MATCH"), "{label}: loupe parity did not match ({}):\n{out}\n{}", o.status, stderr(&o));
 }
 
+/// The test must be able to see `feature`: with `edit` applied to config.json, loupe's
+/// tokens on the prompts differ from `tokens` (those of the unedited checkpoint).
+fn assert_generation_changes_without(dir: &Path, tokens: &[Vec<u32>], feature: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    let edited: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(dir, p, *chat).tokens).collect();
+    assert_ne!(edited, tokens, "{feature} change nothing on these prompts; the test cannot detect their absence");
+}
+
+/// config.json edit: the same checkpoint read as a Llama.
+fn as_llama(cfg: &mut serde_json::Value) {
+    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
+    cfg["model_type"] = serde_json::json!("llama");
+}
+
 /// Both sides on both prompts; returns loupe's tokens per prompt.
 fn compare(dir: &Path, label: &str) -> Vec<Vec<u32>> {
     let mut all = Vec::new();
@@ -156,14 +173,8 @@ fn tiny_qwen2_matches_reference() {
     let tokens = compare(&dir, "qwen2");
     parity_matches(&dir, "qwen2");
 
-    // The test must see the biases: the same checkpoint read as a Llama without them generates otherwise.
-    let path = dir.join("config.json");
-    let mut cfg = cfg;
-    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
-    cfg["model_type"] = serde_json::json!("llama");
-    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let unbiased: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
-    assert_ne!(unbiased, tokens, "q/k/v biases change nothing on these prompts; the test cannot detect their absence");
+    // Read as a Llama, the checkpoint's q/k/v biases are not loaded.
+    assert_generation_changes_without(&dir, &tokens, "q/k/v biases", as_llama);
 }
 
 /// MistralForCausalLM with an 8-token window: both prompts outgrow it within their 24
@@ -176,17 +187,12 @@ fn tiny_mistral_sliding_window_matches_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-mistral");
     make_tiny_with(&dir, &gguf, false, "none", &["--family", "mistral", "--sliding-window", "8"]);
-    let path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("MistralForCausalLM"), Some(8)), "{cfg}");
     let tokens = compare(&dir, "mistral, window 8");
     parity_matches(&dir, "mistral, window 8");
 
-    // The test must see the window: without it the same weights generate otherwise.
-    cfg["sliding_window"] = serde_json::Value::Null;
-    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let full: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
-    assert_ne!(full, tokens, "the sliding window changes nothing on these prompts; the test cannot detect its absence");
+    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| cfg["sliding_window"] = serde_json::Value::Null);
 }
 
 /// Qwen3ForCausalLM: per-head q/k RMSNorms (random weights 1 + N(0, 0.1^2)) before RoPE,
@@ -198,18 +204,13 @@ fn tiny_qwen3_matches_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-qwen3");
     make_tiny_with(&dir, &gguf, true, "none", &["--family", "qwen3", "--attention-bias"]);
-    let path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["architectures"][0], "Qwen3ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen3");
     parity_matches(&dir, "qwen3");
 
-    // The test must see the q/k norms: read as a Llama (which has none) it generates otherwise.
-    cfg["architectures"] = serde_json::json!(["LlamaForCausalLM"]);
-    cfg["model_type"] = serde_json::json!("llama");
-    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let plain: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
-    assert_ne!(plain, tokens, "q/k norms change nothing on these prompts; the test cannot detect their absence");
+    // Read as a Llama (which has none), the q/k norms are not applied.
+    assert_generation_changes_without(&dir, &tokens, "q/k norms", as_llama);
 }
 
 /// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:
