@@ -10,7 +10,8 @@ loupe names but PyTorch has no module for are captured under loupe's names:
 ``model.layers.N.self_attn.k_rope``        k after RoPE, ``[T, KVH*hd]``
 ``model.layers.N.self_attn.attn_probs``    eager attention's softmax probabilities, ``[H, T, ctx]``
 ``model.layers.N.self_attn.attn_output``   the input of ``o_proj`` (forward pre-hook), ``[T, H*hd]``
-``model.layers.N.attn_residual``           the input of ``post_attention_layernorm`` (pre-hook)
+``model.layers.N.attn_residual``           the input of ``post_attention_layernorm`` (pre-hook; in layers with
+                                           Gemma's sandwich norms, of ``pre_feedforward_layernorm``)
 ``model.layers.N.mlp.act_mul``             the input of ``down_proj`` (pre-hook)
 =========================================  ==========================================================
 
@@ -93,6 +94,19 @@ def heads_to_tokens(t: torch.Tensor) -> torch.Tensor:
     return squeeze_batch(t)
 
 
+# Attention classes that apply q_norm/k_norm after moving heads first (``[B, H, T, hd]``;
+# ``modeling_gemma3.py``). Qwen3 norms ``[B, T, H, hd]``, loupe's layout, so only these are
+# transposed on capture.
+HEADS_FIRST_QK_NORM = ("Gemma3Attention",)
+
+
+def heads_first_to_token_major(t: torch.Tensor) -> torch.Tensor:
+    """``[B, H, T, hd]`` (batch 1) -> ``[T, H, hd]``, the layout loupe's q/k norms have."""
+    if t.dim() == 4:
+        return squeeze_batch(t.transpose(1, 2))
+    return squeeze_batch(t)
+
+
 class Recorder:
     """Hooks on a model that turn every forward into named ``Entry``s.
 
@@ -163,16 +177,23 @@ class Recorder:
         for name, module in self.model.named_modules():
             if name == "":
                 continue
-            self._handles.append(module.register_forward_hook(self._output_hook(name, module)))
             leaf = name.rsplit(".", 1)[-1]
             parent = name.rsplit(".", 1)[0] if "." in name else ""
+            layout = squeeze_batch
+            if leaf in ("q_norm", "k_norm") and type(self.model.get_submodule(parent)).__name__ in HEADS_FIRST_QK_NORM:
+                layout = heads_first_to_token_major
+            self._handles.append(module.register_forward_hook(self._output_hook(name, module, layout)))
             if leaf == "self_attn":
                 self._attn_names[id(module)] = name
                 self._handles.append(module.register_forward_pre_hook(self._attn_enter(name), with_kwargs=True))
                 self._patch_attention_module(type(module))
             elif leaf == "o_proj" and parent.endswith("self_attn"):
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".attn_output"), with_kwargs=True))
-            elif leaf == "post_attention_layernorm":
+            elif leaf == "post_attention_layernorm" and not self._has_sandwich_norms(parent):
+                self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".attn_residual"), with_kwargs=True))
+            elif leaf == "pre_feedforward_layernorm":
+                # Gemma's sandwich norms: post_attention_layernorm normalizes attention's output,
+                # and the residual sum is the input of the MLP's norm.
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".attn_residual"), with_kwargs=True))
             elif leaf == "down_proj" and parent.endswith("mlp"):
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".act_mul"), with_kwargs=True))
@@ -186,7 +207,13 @@ class Recorder:
             setattr(mod, attr, orig)
         self._patches.clear()
 
-    def _output_hook(self, name: str, module: nn.Module):
+    def _has_sandwich_norms(self, layer: str) -> bool:
+        try:
+            return hasattr(self.model.get_submodule(layer), "pre_feedforward_layernorm")
+        except AttributeError:
+            return False
+
+    def _output_hook(self, name: str, module: nn.Module, layout: Callable[[torch.Tensor], torch.Tensor] = squeeze_batch):
         is_attn = name.rsplit(".", 1)[-1] == "self_attn"
 
         def hook(mod: nn.Module, args: Any, out: Any) -> None:
@@ -194,7 +221,7 @@ class Recorder:
                 self._attn_stack.pop()
             t = _first_tensor(out)
             if t is not None:
-                self.record(name, t, module=module)
+                self.record(name, t, layout=layout, module=module)
 
         return hook
 

@@ -78,6 +78,20 @@ QWEN_GOLDEN_SPECS: tuple[GoldenSpec, ...] = (
 )
 
 
+# Gemma 3 270M (GGUF gemma3, base model, no chat template; `scripts/fetch-model gemma3-270m`):
+# raw prompts only. The long prompt (about 730 tokens) runs past the 512-token sliding window of
+# five layers in six, so the goldens pin the window's mask and the local RoPE base.
+GEMMA_MODEL_ID = "gemma3-270m"
+GEMMA_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_GOLDEN_SPECS: tuple[GoldenSpec, ...] = (
+    GoldenSpec("raw-quick-brown-fox", "The quick brown fox", chat=False),
+    GoldenSpec("raw-code-fibonacci", "def fibonacci(n):\n", chat=False),
+    GoldenSpec("raw-columbus-2024", "In 1492, Columbus sailed across the Atlantic. The year 2024", chat=False),
+    GoldenSpec("raw-long-lighthouses-x3",
+               "\n\n".join([LIGHTHOUSE_TEXT] * 3) + "\n\nIn summary,", chat=False),
+)
+
+
 @dataclass(frozen=True)
 class GoldenSet:
     """The goldens of one model: where they live (`tests/golden/<model_id>/`), the model file
@@ -91,6 +105,7 @@ class GoldenSet:
 GOLDEN_SETS: dict[str, GoldenSet] = {
     MODEL_ID: GoldenSet(MODEL_ID, MODEL_FILE, "smollm2", GOLDEN_SPECS),
     QWEN_MODEL_ID: GoldenSet(QWEN_MODEL_ID, QWEN_MODEL_FILE, "qwen2.5-coder-0.5b", QWEN_GOLDEN_SPECS),
+    GEMMA_MODEL_ID: GoldenSet(GEMMA_MODEL_ID, GEMMA_MODEL_FILE, "gemma3-270m", GEMMA_GOLDEN_SPECS),
 }
 
 REQUIRED_KEYS: dict[str, type | tuple[type, ...]] = {

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use loupe_graph::{Op, WeightData};
-use loupe_models::{LlamaConfig, Model, Module, ModuleRole as R};
+use loupe_models::{HiddenAct, LlamaConfig, Model, Module, ModuleRole as R, Wiring};
 use loupe_tensor::matmul::matmul_f32;
 use loupe_tensor::ops::{attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeTable};
 
@@ -67,9 +67,11 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     // Decoder layers the model needs for this value (the final norm reads the last layer
     // the reference dumped).
     let n_layers = if m.role.in_layer() { m.layer + 1 } else { ctx.reference.last_layer(ctx.step).map_or(0, |l| l + 1) };
-    // RoPE reads the normed q/k in families with q/k norms: known from the reference's dump.
-    let qk_norm = ctx.reference.has(&Module::layer(m.layer, R::QNorm).name(), ctx.step);
-    let inputs = m.inputs_with(n_layers, qk_norm);
+    // The family's wiring, known from the reference's dump: RoPE reads the normed q/k in
+    // families with q/k norms; Gemma's sandwich norms sit between blocks and residuals.
+    let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
+    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm) };
+    let inputs = m.inputs_in(n_layers, wiring);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
     match m.role {
@@ -87,7 +89,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         }
         R::Embedding | R::ActMul => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
-        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
+        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
     }
 }
 
@@ -355,18 +357,35 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
 }
 
 fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
+    let configured = ctx.config()?.hidden_act;
     let x = ctx.reference(input)?;
     let with = |f: &dyn Fn(&mut [f32])| {
         let mut d = x.data.clone();
         f(&mut d);
         d
     };
-    let candidates = vec![
-        cand("correct", "SiLU", "", with(&silu)),
-        cand("gelu-tanh", "GELU (tanh approximation)", "the activation is GELU with the tanh approximation instead of SiLU (hidden_act mixed up)", with(&|d| gelu(d, true))),
-        cand("gelu-erf", "GELU (erf)", "the activation is exact GELU instead of SiLU (hidden_act mixed up)", with(&|d| gelu(d, false))),
-    ];
+    // The configured activation is "correct"; each other one is the hypothesis that the
+    // port used it instead (hidden_act mixed up).
+    let (name, what) = match configured {
+        HiddenAct::Silu => ("SiLU", "SiLU"),
+        HiddenAct::GeluTanh => ("GELU (tanh approximation)", "GELU with the tanh approximation"),
+    };
+    let mut candidates = vec![cand("correct", name, "", with(&|d| apply_act(configured, d)))];
+    if configured != HiddenAct::Silu {
+        candidates.push(cand("silu", "SiLU", format!("the activation is SiLU instead of {what} (hidden_act mixed up)"), with(&silu)));
+    }
+    if configured != HiddenAct::GeluTanh {
+        candidates.push(cand("gelu-tanh", "GELU (tanh approximation)", format!("the activation is GELU with the tanh approximation instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, true))));
+    }
+    candidates.push(cand("gelu-erf", "GELU (erf)", format!("the activation is exact GELU instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, false))));
     Ok(Plan { op: format!("activation of `{input}`"), inputs: vec![input.to_string()], candidates })
+}
+
+fn apply_act(act: HiddenAct, d: &mut [f32]) {
+    match act {
+        HiddenAct::Silu => silu(d),
+        HiddenAct::GeluTanh => gelu(d, true),
+    }
 }
 
 fn residual(ctx: &mut Context<'_>, skip: &str, branch: &str, what: &str) -> Result<Plan, ExplainError> {

@@ -577,7 +577,7 @@ impl Executor {
     #[allow(clippy::too_many_arguments)]
     fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], step: &mut StepKv<'_, '_>, rows: usize, is_logits: bool, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
         match &node.op {
-            Op::Embedding { table } => {
+            Op::Embedding { table, scale } => {
                 let w = graph.weight(*table);
                 let dim = w.shape[1];
                 for (t, (&id, row)) in tokens.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
@@ -591,6 +591,11 @@ impl Executor {
                             dequantize_row_fast(q.ty, q.row(r), row)?;
                             q.apply_tensor_scale(row);
                         }
+                    }
+                    // An f32 product after the lookup, as transformers multiplies the
+                    // embedding's output (`Gemma3TextScaledWordEmbedding.forward`).
+                    if *scale != 1.0 {
+                        row.iter_mut().for_each(|v| *v *= scale);
                     }
                 }
                 Ok(())

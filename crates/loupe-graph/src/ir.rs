@@ -110,8 +110,9 @@ impl Weight {
 /// compile wherever it is not handled.
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// Rows of `table` for this call's token ids. No value inputs.
-    Embedding { table: WeightId },
+    /// Rows of `table` for this call's token ids, times `scale` (1 except in families that
+    /// scale embeddings, e.g. Gemma's sqrt(hidden_size)). No value inputs.
+    Embedding { table: WeightId, scale: f32 },
     /// `weight * x / rms(x)` per row.
     RmsNorm { weight: WeightId, eps: f32 },
     /// `x @ weight^T (+ bias)`.

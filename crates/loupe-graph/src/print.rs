@@ -29,8 +29,11 @@ pub fn to_text(graph: &Graph) -> String {
             format!("{}[{} {}]", w.name, dims.join("x"), w.compute_type())
         };
         match &node.op {
-            Op::Embedding { table } => {
+            Op::Embedding { table, scale } => {
                 let _ = write!(s, " table={}", w(table));
+                if *scale != 1.0 {
+                    let _ = write!(s, " scale={scale}");
+                }
             }
             Op::RmsNorm { weight, eps } => {
                 let _ = write!(s, " w={} eps={eps:e}", w(weight));

@@ -108,7 +108,7 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
     let out_w = row_width(out);
     let expect = |ok: bool, what: String| if ok { Ok(()) } else { Err(fail(graph, i, node, what)) };
     match &node.op {
-        Op::Embedding { table } => {
+        Op::Embedding { table, .. } => {
             let w = weight(graph, i, node, table.0)?;
             expect(w.shape.len() == 2 && out_w == Some(w.shape[1]), format!("embedding table {:?} vs output width {:?}", w.shape, out_w))
         }

@@ -24,6 +24,20 @@ pub enum Family {
     /// Llama with per-head RMSNorms of q and k before RoPE (`q_norm`, `k_norm`;
     /// `modeling_qwen3.py`), biases as `attention_bias` says, Qwen2's sliding-window rules.
     Qwen3,
+    /// Gemma 3's text decoder (`modeling_gemma3.py`): RMSNorms scale by `1 + weight`, four
+    /// norms per layer (attention and MLP outputs are normalized before their residual
+    /// adds), q/k norms, embeddings scaled by sqrt(hidden_size), a GELU-tanh gated MLP, and
+    /// sliding-window layers with their own RoPE base.
+    Gemma3,
+}
+
+/// The activation of the gated MLP's gate (`hidden_act` / `hidden_activation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenAct {
+    /// `silu` (Llama, Qwen, Mistral).
+    Silu,
+    /// `gelu_pytorch_tanh`: GELU with the tanh approximation (Gemma).
+    GeluTanh,
 }
 
 impl Family {
@@ -33,6 +47,7 @@ impl Family {
             "llama" => Some(Family::Llama),
             "qwen2" => Some(Family::Qwen2),
             "qwen3" => Some(Family::Qwen3),
+            "gemma3" => Some(Family::Gemma3),
             _ => None,
         }
     }
@@ -44,6 +59,7 @@ impl Family {
             "Qwen2ForCausalLM" => Some(Family::Qwen2),
             "MistralForCausalLM" => Some(Family::Mistral),
             "Qwen3ForCausalLM" => Some(Family::Qwen3),
+            "Gemma3ForCausalLM" => Some(Family::Gemma3),
             _ => None,
         }
     }
@@ -56,6 +72,7 @@ impl Family {
             "qwen2" => Some(Family::Qwen2),
             "mistral" => Some(Family::Mistral),
             "qwen3" => Some(Family::Qwen3),
+            "gemma3_text" => Some(Family::Gemma3),
             _ => None,
         }
     }
@@ -67,6 +84,7 @@ impl Family {
             Family::Qwen2 => "qwen2",
             Family::Mistral => "mistral",
             Family::Qwen3 => "qwen3",
+            Family::Gemma3 => "gemma3_text",
         }
     }
 
@@ -79,7 +97,30 @@ impl Family {
 
     /// Whether q and k go through per-head RMSNorms before RoPE.
     pub fn qk_norm(self) -> bool {
-        self == Family::Qwen3
+        matches!(self, Family::Qwen3 | Family::Gemma3)
+    }
+
+    /// Whether each layer has Gemma's four norms: `post_attention_layernorm` normalizes
+    /// attention's output before the residual add, `pre_feedforward_layernorm` is the MLP's
+    /// input norm and `post_feedforward_layernorm` normalizes the MLP's output.
+    pub fn sandwich_norms(self) -> bool {
+        self == Family::Gemma3
+    }
+
+    /// Whether RMSNorms scale by `1 + weight` (Gemma's `Gemma3RMSNorm`) instead of `weight`.
+    pub fn norm_unit_offset(self) -> bool {
+        self == Family::Gemma3
+    }
+
+    /// Whether the embedding output is multiplied by sqrt(hidden_size)
+    /// (`Gemma3TextScaledWordEmbedding`).
+    pub fn scales_embedding(self) -> bool {
+        self == Family::Gemma3
+    }
+
+    /// What each decoder layer emits and how it is wired.
+    pub fn wiring(self) -> crate::roles::Wiring {
+        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms() }
     }
 }
 
@@ -106,13 +147,28 @@ pub struct LlamaConfig {
     /// The sliding window of each decoder layer's attention (`None`: full causal attention).
     /// Empty when no layer has one.
     pub layer_windows: Vec<Option<usize>>,
+    /// The gate's activation in the MLP.
+    pub hidden_act: HiddenAct,
+    /// The factor applied to q.k before the softmax: head_dim^-0.5, or Gemma's
+    /// `query_pre_attn_scalar`^-0.5.
+    pub attention_scale: f32,
+    /// The RoPE base of sliding-window layers where it differs from `rope_theta` (Gemma 3's
+    /// local base, unscaled); `None`: every layer uses `rope_theta` and `rope_scaling`.
+    pub rope_local_theta: Option<f32>,
 }
 
 /// GGUF architectures read with the Llama graph (their tensors and keys follow `llama.*`
 /// naming under their own prefix).
-pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3"];
+pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"];
+
+/// Gemma 3's default pattern of sliding-window and global layers: every sixth layer is
+/// global (`Gemma3TextConfig._sliding_window_pattern`; llama.cpp's `set_swa_pattern(6)`).
+pub const GEMMA3_SLIDING_WINDOW_PATTERN: usize = 6;
+/// Gemma 3's RoPE base on sliding-window layers when the source does not state one
+/// (`Gemma3TextConfig.default_theta["local"]`; llama.cpp hard-codes the same for gemma3).
+pub const GEMMA3_LOCAL_ROPE_THETA: f32 = 10_000.0;
 
 impl LlamaConfig {
     /// The attention window of decoder layer `layer` (`None`: full causal attention).
@@ -160,9 +216,12 @@ impl LlamaConfig {
             tie_word_embeddings: gguf.tensor("output.weight").is_none(),
             qkv_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             o_bias: gguf.tensor("blk.0.attn_output.bias").is_some(),
-            // llama.cpp's `<arch>.attention.sliding_window` is not read: the GGUF families
-            // here (llama, qwen2) use full attention.
-            layer_windows: Vec::new(),
+            layer_windows: gguf_layer_windows(gguf, family)?,
+            hidden_act: if family == Family::Gemma3 { HiddenAct::GeluTanh } else { HiddenAct::Silu },
+            // Gemma 3's `query_pre_attn_scalar` is not in the file; llama.cpp uses head_dim
+            // (all sizes but 27B) and transformers' default is 256, the 270M's head_dim.
+            attention_scale: (head_dim as f32).powf(-0.5),
+            rope_local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
         };
         if let Some(rot) = gguf.opt_usize(&key("rope.dimension_count"))? {
             if rot != cfg.head_dim {
@@ -196,9 +255,18 @@ impl LlamaConfig {
             }
         };
         // Features the Llama graph does not build are refused by name, never ignored.
-        match v.get("hidden_act").and_then(Value::as_str) {
-            None | Some("silu") => {}
-            Some(other) => return Err(bad("hidden_act", format!("'{other}' is not supported (loupe's Llama graph uses silu)"))),
+        // Gemma names the key `hidden_activation`; its `hidden_act` (if any) is unused.
+        let act_key = if family == Family::Gemma3 { "hidden_activation" } else { "hidden_act" };
+        let hidden_act = match v.get(act_key).and_then(Value::as_str) {
+            None if family == Family::Gemma3 => HiddenAct::GeluTanh,
+            None | Some("silu") => HiddenAct::Silu,
+            Some("gelu_pytorch_tanh") => HiddenAct::GeluTanh,
+            Some(other) => return Err(bad(act_key, format!("'{other}' is not supported (loupe builds silu and gelu_pytorch_tanh)"))),
+        };
+        for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
+            if v.get(cap).is_some_and(|x| !x.is_null()) {
+                return Err(bad(cap, "logit soft-capping is not supported yet".into()));
+            }
         }
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(bad("mlp_bias", "true is not supported (loupe's Llama MLP has no biases)".into()));
@@ -211,29 +279,36 @@ impl LlamaConfig {
         if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
             return Err(bad("num_attention_heads", format!("{num_attention_heads} heads do not divide hidden size {hidden_size}")));
         }
-        // transformers 5 moves rope_theta/rope_scaling into `rope_parameters`.
+        // transformers 5 moves rope_theta/rope_scaling into `rope_parameters`; Gemma 3 keeps
+        // one entry per layer type there (`full_attention`, `sliding_attention`).
         let rope_params = v.get("rope_parameters").or_else(|| v.get("rope_scaling")).filter(|x| !x.is_null());
-        let rope_theta = match rope_params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
-            Some(t) => t as f32,
-            None => f32_field("rope_theta", 10000.0)?,
+        let (global_params, local_params) = match rope_params {
+            Some(p) if family == Family::Gemma3 && (p.get("full_attention").is_some() || p.get("sliding_attention").is_some()) => (p.get("full_attention").filter(|x| !x.is_null()), p.get("sliding_attention").filter(|x| !x.is_null())),
+            p => (p, None),
         };
-        let rope_scaling = match rope_params {
+        let (default_theta, default_local) = if family == Family::Gemma3 { (1_000_000.0, GEMMA3_LOCAL_ROPE_THETA) } else { (10000.0, 10000.0) };
+        let rope_theta = match global_params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
+            Some(t) => t as f32,
+            None => f32_field("rope_theta", default_theta)?,
+        };
+        let rope_scaling = match global_params {
             None => RopeScaling::None,
-            Some(p) => {
-                let get = |k: &str| p.get(k).and_then(Value::as_f64).map(|x| x as f32).ok_or_else(|| bad(&format!("rope_scaling.{k}"), "missing or not a number".into()));
-                match p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default") {
-                    "default" => RopeScaling::None,
-                    "linear" => RopeScaling::Linear { factor: get("factor")? },
-                    "llama3" => RopeScaling::Llama3 {
-                        factor: get("factor")?,
-                        low_freq_factor: get("low_freq_factor")?,
-                        high_freq_factor: get("high_freq_factor")?,
-                        original_max_position_embeddings: get("original_max_position_embeddings")?,
-                    },
-                    other => return Err(bad("rope_scaling.rope_type", format!("unsupported rope type '{other}'"))),
+            Some(p) => rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))?,
+        };
+        let rope_local_theta = if family == Family::Gemma3 {
+            if let Some(p) = local_params {
+                if rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))? != RopeScaling::None {
+                    return Err(bad("rope_parameters.sliding_attention", "scaled RoPE on sliding-window layers is not supported".into()));
                 }
             }
+            Some(match local_params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
+                Some(t) => t as f32,
+                None => f32_field("rope_local_base_freq", default_local)?,
+            })
+        } else {
+            None
         };
+        let head_dim = opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
         let cfg = LlamaConfig {
             family,
             vocab_size: usize_field("vocab_size")?,
@@ -242,15 +317,21 @@ impl LlamaConfig {
             num_hidden_layers: usize_field("num_hidden_layers")?,
             num_attention_heads,
             num_key_value_heads: opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
-            head_dim: opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads),
+            head_dim,
             rms_norm_eps: f32_field("rms_norm_eps", 1e-6)?,
             rope_theta,
             rope_scaling,
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qkv_bias: attention_bias || family == Family::Qwen2,
-            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3),
+            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3),
             layer_windows,
+            hidden_act,
+            attention_scale: match family {
+                Family::Gemma3 => (f32_field("query_pre_attn_scalar", 256.0)? as f64).powf(-0.5) as f32,
+                _ => (head_dim as f32).powf(-0.5),
+            },
+            rope_local_theta,
         };
         cfg.validate(path)
     }
@@ -279,6 +360,39 @@ impl LlamaConfig {
     }
 }
 
+/// The RoPE scaling one `rope_parameters` (or legacy `rope_scaling`) entry describes; errors
+/// name the offending key.
+fn rope_scaling_of(p: &Value) -> Result<RopeScaling, (String, String)> {
+    let get = |k: &str| p.get(k).and_then(Value::as_f64).map(|x| x as f32).ok_or_else(|| (format!("rope_scaling.{k}"), "missing or not a number".to_string()));
+    Ok(match p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default") {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: get("factor")? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: get("factor")?,
+            low_freq_factor: get("low_freq_factor")?,
+            high_freq_factor: get("high_freq_factor")?,
+            original_max_position_embeddings: get("original_max_position_embeddings")?,
+        },
+        other => return Err(("rope_scaling.rope_type".into(), format!("unsupported rope type '{other}'"))),
+    })
+}
+
+/// Each layer's attention window from GGUF metadata: Gemma 3 has `<arch>.attention.sliding_window`
+/// on five of every six layers ([`GEMMA3_SLIDING_WINDOW_PATTERN`]), as llama.cpp and
+/// transformers' GGUF loader both assume; the other GGUF families here use full attention.
+fn gguf_layer_windows(gguf: &GgufFile, family: Family) -> Result<Vec<Option<usize>>, ModelError> {
+    if family != Family::Gemma3 {
+        return Ok(Vec::new());
+    }
+    let key = "gemma3.attention.sliding_window";
+    let window = gguf.get_usize(key)?;
+    if window == 0 {
+        return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key.into(), reason: "must be positive".into() });
+    }
+    let layers = gguf.get_usize("gemma3.block_count")?;
+    Ok((0..layers).map(|l| ((l + 1) % GEMMA3_SLIDING_WINDOW_PATTERN != 0).then_some(window)).collect())
+}
+
 /// Each layer's attention window from a config.json, as transformers decides it:
 /// * Mistral: `sliding_window` (an integer, or null for none) on every layer;
 /// * Qwen2, Qwen3: only with `use_sliding_window`, on the layers `layer_types` marks
@@ -300,8 +414,8 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
             Some(w) => vec![Some(w); layers],
             None => Vec::new(),
         }),
-        Family::Qwen2 | Family::Qwen3 => {
-            if v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
+        Family::Qwen2 | Family::Qwen3 | Family::Gemma3 => {
+            if family != Family::Gemma3 && v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok(Vec::new());
             }
             let Some(w) = window()? else { return Err(("sliding_window", "use_sliding_window is true but sliding_window is null".into())) };
@@ -315,6 +429,10 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
                     })
                     .collect(),
                 Some(other) => Err(("layer_types", format!("expected {layers} layer types, found {other}"))),
+                None if family == Family::Gemma3 => {
+                    let pattern = v.get("sliding_window_pattern").and_then(Value::as_u64).map_or(GEMMA3_SLIDING_WINDOW_PATTERN, |p| p.max(1) as usize);
+                    Ok((0..layers).map(|l| ((l + 1) % pattern != 0).then_some(w)).collect())
+                }
                 None => {
                     let from = v.get("max_window_layers").and_then(Value::as_u64).unwrap_or(layers as u64) as usize;
                     Ok((0..layers).map(|l| (l >= from).then_some(w)).collect())

@@ -25,10 +25,10 @@ use loupe_formats::GgufFile;
 use loupe_graph::{Graph, KvDtype, WeightData};
 use loupe_text::{ChatTemplate, Tokenizer};
 
-pub use config::{Family, LlamaConfig};
+pub use config::{Family, HiddenAct, LlamaConfig};
 pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
-pub use roles::{Module, ModuleRole};
+pub use roles::{Module, ModuleRole, Wiring};
 pub use weights::{Precision, Progress};
 
 /// File name of the default model (SmolLM2-135M-Instruct, GGUF Q4_1).

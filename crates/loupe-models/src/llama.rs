@@ -11,7 +11,7 @@ use std::sync::Arc;
 use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData, WeightId};
 use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
-use crate::config::LlamaConfig;
+use crate::config::{HiddenAct, LlamaConfig};
 use crate::roles::{Module, ModuleRole as R};
 use crate::weights::WeightSource;
 use crate::ModelError;
@@ -41,23 +41,39 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         Some(f) => RopeScaling::FreqFactors(f),
         None => cfg.rope_scaling.clone(),
     };
-    let rope = Arc::new(RopeTable::new(hd, cfg.rope_theta, &rope_scaling).map_err(|e| ModelError::Tensor { path: source.path().to_path_buf(), name: "rope".into(), source: e })?);
-    let shape = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let rope_err = |e| ModelError::Tensor { path: source.path().to_path_buf(), name: "rope".into(), source: e };
+    let rope = Arc::new(RopeTable::new(hd, cfg.rope_theta, &rope_scaling).map_err(rope_err)?);
+    // Gemma 3's sliding-window layers rotate with their own (unscaled) base.
+    let local_rope = match cfg.rope_local_theta {
+        Some(theta) => Some(Arc::new(RopeTable::new(hd, theta, &RopeScaling::None).map_err(rope_err)?)),
+        None => None,
+    };
+    let shape = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: cfg.attention_scale };
+    let wiring = cfg.family.wiring();
+    let unit_offset = cfg.family.norm_unit_offset();
 
     let hidden = |n: usize| vec![Dim::Tokens, Dim::Fixed(n)];
     let axes = || vec!["token", "hidden"];
     let mut load = |name: &str, shape: &[usize]| -> Result<Weight, ModelError> { source.load(name, shape) };
+    // A norm's weight as the kernel multiplies by it: Gemma's `1 + weight` is formed here,
+    // in f32 as `Gemma3RMSNorm` does, so one RMSNorm op serves every family.
+    let norm_weight = |b: &mut GraphBuilder, load: &mut Load<'_>, m: Module, n: usize| -> Result<WeightId, ModelError> {
+        let w = load(&m.param("weight"), &[n])?;
+        Ok(b.weight(if unit_offset { plus_one(w) } else { w }))
+    };
 
     let embedding = Module::model(R::Embedding);
     let embed = b.weight(load(&embedding.param("weight"), &[cfg.vocab_size, d])?);
-    let mut x = b.node(embedding.name(), Op::Embedding { table: embed }, &[], hidden(d), axes());
+    // transformers multiplies by sqrt(hidden_size) rounded to the weights' dtype (f32).
+    let embed_scale = if cfg.family.scales_embedding() { (d as f64).sqrt() as f32 } else { 1.0 };
+    let mut x = b.node(embedding.name(), Op::Embedding { table: embed, scale: embed_scale }, &[], hidden(d), axes());
 
     for l in 0..n_layers {
         // Every value and weight is named through `roles`, the description tools read.
         let m = |role| Module::layer(l, role);
         let has = |c: FaultClass| faults.iter().any(|f| f.layer == l && f.class == c);
 
-        let w = b.weight(load(&m(R::InputNorm).param("weight"), &[d])?);
+        let w = norm_weight(&mut b, &mut load, m(R::InputNorm), d)?;
         let eps = if has(FaultClass::NormEps) {
             FAULT_NORM_EPS
         } else if has(FaultClass::NormEpsSubtle) {
@@ -75,9 +91,9 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
         // Qwen3's q_norm/k_norm: an RMSNorm over each head's head_dim values (a weight of
         // head_dim normalizes each head_dim-wide slice of the row).
-        let (q, k) = if cfg.family.qk_norm() {
-            let wq = b.weight(load(&m(R::QNorm).param("weight"), &[hd])?);
-            let wk = b.weight(load(&m(R::KNorm).param("weight"), &[hd])?);
+        let (q, k) = if wiring.qk_norm {
+            let wq = norm_weight(&mut b, &mut load, m(R::QNorm), hd)?;
+            let wk = norm_weight(&mut b, &mut load, m(R::KNorm), hd)?;
             // Shaped [token, head, head_dim], as transformers' q_norm sees (and its hook
             // returns) q_proj's output viewed per head; the rows are the same floats.
             let per_head = |n: usize| vec![Dim::Tokens, Dim::Fixed(n), Dim::Fixed(hd)];
@@ -90,8 +106,12 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
 
         let interleaved = has(FaultClass::RopeInterleaved);
         let mode = if interleaved { RopeMode::Interleaved } else { RopeMode::SplitHalf };
-        let q = b.node(m(R::QRope).name(), Op::Rope { n_heads: h, table: rope.clone(), mode }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
-        let k = b.node(m(R::KRope).name(), Op::Rope { n_heads: kvh, table: rope.clone(), mode }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
+        let table = match (&local_rope, cfg.window(l)) {
+            (Some(local), Some(_)) => local.clone(),
+            _ => rope.clone(),
+        };
+        let q = b.node(m(R::QRope).name(), Op::Rope { n_heads: h, table: table.clone(), mode }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
+        let k = b.node(m(R::KRope).name(), Op::Rope { n_heads: kvh, table, mode }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
         mark_if(&mut b, q, interleaved, FaultClass::RopeInterleaved);
         mark_if(&mut b, k, interleaved, FaultClass::RopeInterleaved);
 
@@ -159,31 +179,45 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             }
         }
         b.alias(o, m(R::SelfAttn).name());
+        // Sandwich norms (Gemma): attention's output is normalized before the residual add.
+        let branch = if wiring.sandwich_norms {
+            let w = norm_weight(&mut b, &mut load, m(R::PostAttnNorm), d)?;
+            b.node(m(R::PostAttnNorm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[o], hidden(d), axes())
+        } else {
+            o
+        };
         let resid = if has(FaultClass::MissingResidual) {
-            let r = b.node(m(R::AttnResidual).name(), Op::Copy, &[o], hidden(d), axes());
+            let r = b.node(m(R::AttnResidual).name(), Op::Copy, &[branch], hidden(d), axes());
             b.mark_fault(r, FaultClass::MissingResidual);
             r
         } else {
-            b.node(m(R::AttnResidual).name(), Op::Add, &[x, o], hidden(d), axes())
+            b.node(m(R::AttnResidual).name(), Op::Add, &[x, branch], hidden(d), axes())
         };
 
-        let w = b.weight(load(&m(R::PostAttnNorm).param("weight"), &[d])?);
-        let normed = b.node(m(R::PostAttnNorm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[resid], hidden(d), axes());
+        let mlp_norm = if wiring.sandwich_norms { R::PreFfnNorm } else { R::PostAttnNorm };
+        let w = norm_weight(&mut b, &mut load, m(mlp_norm), d)?;
+        let normed = b.node(m(mlp_norm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[resid], hidden(d), axes());
         let f = cfg.intermediate_size;
         let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
         let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
         let gelu = has(FaultClass::GeluTanh);
-        let act_op = if gelu { Op::Gelu { tanh: true } } else { Op::Silu };
+        let act_op = if gelu || cfg.hidden_act == HiddenAct::GeluTanh { Op::Gelu { tanh: true } } else { Op::Silu };
         let act = b.node(m(R::ActFn).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
         mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
         let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
         let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
         b.alias(down, m(R::Mlp).name());
-        x = b.node(m(R::LayerOutput).name(), Op::Add, &[resid, down], hidden(d), axes());
+        let branch = if wiring.sandwich_norms {
+            let w = norm_weight(&mut b, &mut load, m(R::PostFfnNorm), d)?;
+            b.node(m(R::PostFfnNorm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[down], hidden(d), axes())
+        } else {
+            down
+        };
+        x = b.node(m(R::LayerOutput).name(), Op::Add, &[resid, branch], hidden(d), axes());
     }
 
     let final_norm = Module::model(R::FinalNorm);
-    let w = b.weight(load(&final_norm.param("weight"), &[d])?);
+    let w = norm_weight(&mut b, &mut load, final_norm, d)?;
     let normed = b.node(final_norm.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[x], hidden(d), axes());
     let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load(&Module::model(R::LmHead).param("weight"), &[cfg.vocab_size, d])?) };
     let logits = b.node(Module::model(R::LmHead).name(), Op::Linear { weight: head, bias: None }, &[normed], vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)], vec!["token", "vocab"]);
@@ -234,6 +268,16 @@ fn mark_if(b: &mut GraphBuilder, v: ValueId, on: bool, class: FaultClass) {
     }
 }
 
+/// `1 + w` in f32, element by element: Gemma's RMSNorm scale (`Gemma3RMSNorm.forward`
+/// computes `1.0 + self.weight.float()`), formed once at load.
+fn plus_one(w: Weight) -> Weight {
+    let data = match &w.data {
+        WeightData::F32(d) => d.iter().map(|v| 1.0 + v).collect(),
+        WeightData::Quant(q) => q.dequantize().into_iter().map(|v| 1.0 + v).collect(),
+    };
+    Weight { data: WeightData::F32(Arc::new(data)), ..w }
+}
+
 /// Rejects faults that cannot be planted in this model, before any weight is loaded.
 fn check_faults(cfg: &LlamaConfig, source: &dyn WeightSource, faults: &[Fault], n_layers: usize) -> Result<(), ModelError> {
     for f in faults {
@@ -242,6 +286,9 @@ fn check_faults(cfg: &LlamaConfig, source: &dyn WeightSource, faults: &[Fault], 
             return Err(bad(format!("layer {} does not exist (the graph has {n_layers} decoder layers)", f.layer)));
         }
         let o_cols = cfg.num_attention_heads * cfg.head_dim;
+        if f.class == FaultClass::GeluTanh && cfg.hidden_act == HiddenAct::GeluTanh {
+            return Err(bad("the model's activation already is GELU (tanh approximation)".into()));
+        }
         if f.class == FaultClass::TransposedWeight && o_cols != cfg.hidden_size {
             return Err(bad(format!("o_proj's weight is {}x{o_cols}, not square, so it cannot be used transposed", cfg.hidden_size)));
         }
@@ -320,6 +367,9 @@ mod tests {
             qkv_bias: false,
             o_bias: false,
             layer_windows: Vec::new(),
+            hidden_act: HiddenAct::Silu,
+            attention_scale: 0.5,
+            rope_local_theta: None,
         }
     }
 
@@ -462,9 +512,10 @@ mod tests {
     fn roles_describe_the_built_graph() {
         use crate::config::Family;
         use crate::roles::{Module, ModuleRole};
-        // Both wirings: without q/k norms (Llama) and with them (Qwen3).
-        for family in [Family::Llama, Family::Qwen3] {
+        // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3).
+        for family in [Family::Llama, Family::Qwen3, Family::Gemma3] {
             let cfg = LlamaConfig { family, ..tiny() };
+            let wiring = family.wiring();
             let mut src = FakeSource { path: "fake".into(), seed: 7 };
             let g = build_llama(&cfg, &mut src, None, false, &[]).unwrap();
             let n_layers = cfg.num_hidden_layers;
@@ -475,7 +526,7 @@ mod tests {
                     let m = Module::parse(&v.name).unwrap_or_else(|| panic!("{}: no role", v.name));
                     assert_eq!(m.name(), v.name);
                     seen.insert(m);
-                    let want: Vec<String> = m.inputs_with(n_layers, family.qk_norm()).iter().map(Module::name).collect();
+                    let want: Vec<String> = m.inputs_in(n_layers, wiring).iter().map(Module::name).collect();
                     let got: Vec<String> = node.inputs.iter().map(|&i| g.value(i).name.clone()).collect();
                     assert_eq!(got, want, "{family:?}: inputs of {}", v.name);
                     let aliases: Vec<Module> = v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
@@ -486,7 +537,7 @@ mod tests {
             }
             for l in 0..n_layers {
                 for role in ModuleRole::ALL {
-                    assert_eq!(seen.contains(&Module::layer(l, role)), !role.needs_qk_norm() || family.qk_norm(), "{family:?} layer {l}: {role:?}");
+                    assert_eq!(seen.contains(&Module::layer(l, role)), wiring.emits(role), "{family:?} layer {l}: {role:?}");
                 }
             }
             for m in &seen {

@@ -33,7 +33,11 @@ pub enum ModuleRole {
     SelfAttn,
     /// The residual sum after attention (`attn_residual`).
     AttnResidual,
+    /// `post_attention_layernorm`: the MLP's input norm in Llama-style layers; in layers
+    /// with sandwich norms (Gemma), the norm of attention's output before the residual add.
     PostAttnNorm,
+    /// `pre_feedforward_layernorm`: the MLP's input norm (sandwich-norm layers only).
+    PreFfnNorm,
     Gate,
     Up,
     /// The activation of `gate_proj` (`mlp.act_fn`).
@@ -43,6 +47,9 @@ pub enum ModuleRole {
     Down,
     /// The MLP block's output: an alias of [`Down`](Self::Down) (`mlp`).
     Mlp,
+    /// `post_feedforward_layernorm`: the norm of the MLP's output before the residual add
+    /// (sandwich-norm layers only).
+    PostFfnNorm,
     /// The decoder layer's output (`model.layers.N`).
     LayerOutput,
     /// `model.norm`.
@@ -55,9 +62,9 @@ use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 24] = [
-        Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, Gate, Up, ActFn,
-        ActMul, Down, Mlp, LayerOutput, FinalNorm, LmHead,
+    pub const ALL: [ModuleRole; 26] = [
+        Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, PreFfnNorm, Gate,
+        Up, ActFn, ActMul, Down, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead,
     ];
 
     /// Whether the role belongs to a decoder layer (its name carries the layer index).
@@ -84,6 +91,8 @@ impl ModuleRole {
             SelfAttn => "self_attn",
             AttnResidual => "attn_residual",
             PostAttnNorm => "post_attention_layernorm",
+            PreFfnNorm => "pre_feedforward_layernorm",
+            PostFfnNorm => "post_feedforward_layernorm",
             Gate => "mlp.gate_proj",
             Up => "mlp.up_proj",
             ActFn => "mlp.act_fn",
@@ -126,12 +135,35 @@ impl ModuleRole {
 
     /// Whether the value is an RMSNorm with the module's weight.
     pub fn is_norm(self) -> bool {
-        matches!(self, InputNorm | QNorm | KNorm | PostAttnNorm | FinalNorm)
+        matches!(self, InputNorm | QNorm | KNorm | PostAttnNorm | PreFfnNorm | PostFfnNorm | FinalNorm)
     }
 
     /// Whether only families with per-head q/k norms emit the role.
     pub fn needs_qk_norm(self) -> bool {
         matches!(self, QNorm | KNorm)
+    }
+
+    /// Whether only families with sandwich norms emit the role.
+    pub fn needs_sandwich_norms(self) -> bool {
+        matches!(self, PreFfnNorm | PostFfnNorm)
+    }
+}
+
+/// How a family's decoder layers are wired: which optional values they emit and what reads
+/// what ([`Module::inputs_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wiring {
+    /// Per-head RMSNorms of q and k before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Gemma's four norms per layer: attention's and the MLP's outputs are normalized
+    /// before their residual adds, and the MLP reads `pre_feedforward_layernorm`.
+    pub sandwich_norms: bool,
+}
+
+impl Wiring {
+    /// Whether layers wired this way emit `role`.
+    pub fn emits(&self, role: ModuleRole) -> bool {
+        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms())
     }
 }
 
@@ -213,12 +245,14 @@ impl Module {
     /// weights) in a family without q/k norms. `n_layers` is the number of decoder layers
     /// (the final norm reads the last).
     pub fn inputs(&self, n_layers: usize) -> Vec<Module> {
-        self.inputs_with(n_layers, false)
+        self.inputs_in(n_layers, Wiring::default())
     }
 
-    /// [`inputs`](Self::inputs) in a family with (`qk_norm`) or without per-head q/k norms
-    /// (with them, RoPE reads the normed q/k).
-    pub fn inputs_with(&self, n_layers: usize, qk_norm: bool) -> Vec<Module> {
+    /// [`inputs`](Self::inputs) in a family wired as `wiring` says: with q/k norms RoPE reads
+    /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
+    /// and the MLP reads `pre_feedforward_layernorm`.
+    pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
+        let Wiring { qk_norm, sandwich_norms: sandwich } = wiring;
         let l = |role| Module::layer(self.layer, role);
         match self.role {
             Embedding => vec![],
@@ -230,13 +264,15 @@ impl Module {
             KRope => vec![l(if qk_norm { KNorm } else { KProj })],
             AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(VProj)],
             OProj | SelfAttn => vec![l(AttnCore)],
-            AttnResidual => vec![Module::layer_input(self.layer), l(OProj)],
-            PostAttnNorm => vec![l(AttnResidual)],
-            Gate | Up => vec![l(PostAttnNorm)],
+            AttnResidual => vec![Module::layer_input(self.layer), l(if sandwich { PostAttnNorm } else { OProj })],
+            PostAttnNorm => vec![l(if sandwich { OProj } else { AttnResidual })],
+            PreFfnNorm => vec![l(AttnResidual)],
+            Gate | Up => vec![l(if sandwich { PreFfnNorm } else { PostAttnNorm })],
             ActFn => vec![l(Gate)],
             ActMul => vec![l(ActFn), l(Up)],
             Down | Mlp => vec![l(ActMul)],
-            LayerOutput => vec![l(AttnResidual), l(Down)],
+            PostFfnNorm => vec![l(Down)],
+            LayerOutput => vec![l(AttnResidual), l(if sandwich { PostFfnNorm } else { Down })],
             FinalNorm => vec![Module::layer_input(n_layers)],
             LmHead => vec![Module::model(FinalNorm)],
         }

@@ -56,6 +56,15 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 
 /// The GGUF tensor name of a Hugging Face Llama parameter name.
 pub fn gguf_name(hf_name: &str) -> Option<String> {
+    gguf_name_in(crate::Family::Llama, hf_name)
+}
+
+/// The GGUF tensor name of a Hugging Face parameter name in `family`'s layout: llama.cpp
+/// calls the MLP's input norm `ffn_norm` in every family, which is `post_attention_layernorm`
+/// in Llama-style layers and `pre_feedforward_layernorm` in Gemma's (whose
+/// `post_attention_layernorm` is `post_attention_norm`).
+pub fn gguf_name_in(family: crate::Family, hf_name: &str) -> Option<String> {
+    let sandwich = family.sandwich_norms();
     let fixed = match hf_name {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
         "model.norm.weight" => Some("output_norm.weight"),
@@ -77,7 +86,10 @@ pub fn gguf_name(hf_name: &str) -> Option<String> {
         "self_attn.q_norm" => "attn_q_norm",
         "self_attn.k_norm" => "attn_k_norm",
         "self_attn.o_proj" => "attn_output",
+        "post_attention_layernorm" if sandwich => "post_attention_norm",
         "post_attention_layernorm" => "ffn_norm",
+        "pre_feedforward_layernorm" if sandwich => "ffn_norm",
+        "post_feedforward_layernorm" if sandwich => "post_ffw_norm",
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
@@ -172,6 +184,7 @@ pub struct GgufSource<'a> {
     pub n_kv_heads: usize,
     /// Undo llama.cpp's q/k row permutation (see the module docs).
     pub unpermute_qk: bool,
+    pub family: crate::Family,
     pub progress: Option<Progress<'a>>,
     done: u64,
     total: u64,
@@ -181,14 +194,14 @@ impl<'a> GgufSource<'a> {
     pub fn new(gguf: &'a GgufFile, precision: Precision, config: &crate::LlamaConfig, progress: Option<Progress<'a>>) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
         let (n_heads, n_kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
-        GgufSource { gguf, precision, n_heads, n_kv_heads, unpermute_qk: config.family.gguf_permutes_qk(), progress, done: 0, total }
+        GgufSource { gguf, precision, n_heads, n_kv_heads, unpermute_qk: config.family.gguf_permutes_qk(), family: config.family, progress, done: 0, total }
     }
 }
 
 impl WeightSource for GgufSource<'_> {
     fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
         let path = &self.gguf.path;
-        let gname = gguf_name(hf_name).ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: hf_name.to_string() })?;
+        let gname = gguf_name_in(self.family, hf_name).ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: hf_name.to_string() })?;
         let info = self.gguf.tensor(&gname).ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: gname.clone() })?;
         if info.shape() != shape {
             return Err(ModelError::WeightShape { path: path.clone(), name: gname, found: info.shape(), expected: shape.to_vec() });
@@ -207,7 +220,16 @@ impl WeightSource for GgufSource<'_> {
             bytes = std::borrow::Cow::Owned(unpermute_rows(&bytes, n, bytes.len() / shape[0]));
         }
         let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(self.gguf, &gname)? } else { 1.0 };
-        let w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale)?;
+        let mut w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale)?;
+        // llama.cpp's converter stores Gemma's norm weights plus one (it runs a plain RMSNorm);
+        // subtract it in f32, as transformers' GGUF loader does (`Gemma2TensorProcessor`), so
+        // the weight is in Hugging Face's convention and the builder forms `1 + w` as
+        // transformers does.
+        if self.family.norm_unit_offset() && gname.ends_with("norm.weight") {
+            if let WeightData::F32(d) = &mut w.data {
+                *d = Arc::new(d.iter().map(|v| v - 1.0).collect());
+            }
+        }
         self.done += info.size_bytes;
         if let Some(p) = self.progress {
             p(self.done, self.total);
@@ -357,6 +379,12 @@ mod tests {
         assert_eq!(gguf_name("model.layers.0.post_attention_layernorm.weight").as_deref(), Some("blk.0.ffn_norm.weight"));
         assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
         assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight"), None);
+        assert_eq!(gguf_name("model.layers.0.pre_feedforward_layernorm.weight"), None);
+        let gemma = |n: &str| gguf_name_in(crate::Family::Gemma3, n);
+        assert_eq!(gemma("model.layers.2.post_attention_layernorm.weight").as_deref(), Some("blk.2.post_attention_norm.weight"));
+        assert_eq!(gemma("model.layers.2.pre_feedforward_layernorm.weight").as_deref(), Some("blk.2.ffn_norm.weight"));
+        assert_eq!(gemma("model.layers.2.post_feedforward_layernorm.weight").as_deref(), Some("blk.2.post_ffw_norm.weight"));
+        assert_eq!(gemma("model.layers.2.self_attn.q_norm.weight").as_deref(), Some("blk.2.attn_q_norm.weight"));
     }
 
     /// The auto-cast rule on a checkpoint whose config says bfloat16 but which stores one

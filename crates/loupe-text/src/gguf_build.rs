@@ -48,7 +48,7 @@ pub(crate) struct Built {
     pub add_eos: bool,
 }
 
-const SUPPORTED: &str = "gpt2 (byte-level BPE), llama (SentencePiece BPE; also phi3)";
+const SUPPORTED: &str = "gpt2 (byte-level BPE), llama (SentencePiece BPE; also phi3, gemma, gemma2, gemma3)";
 
 /// Mirrors `convert_gguf_tokenizer` + `TokenizersBackend.__init__` for a GGUF tokenizer.
 pub(crate) fn build(spec: &TokenizerSpec) -> Result<Built> {
@@ -57,14 +57,7 @@ pub(crate) fn build(spec: &TokenizerSpec) -> Result<Built> {
     let mut tokenizer = match spec.model.as_str() {
         "gpt2" => byte_level_tokenizer(spec)?,
         "llama" => match arch {
-            // `gemma_tokenizer` respells whitespace tokens and derives merges from file order;
-            // refusing beats tokenizing silently differently from HF.
-            "gemma" | "gemma2" | "gemma3" => {
-                return Err(TextError::Unsupported {
-                    what: format!("SentencePiece GGUF of architecture {arch:?}"),
-                    supported: SUPPORTED,
-                })
-            }
+            "gemma" | "gemma2" | "gemma3" => gemma_tokenizer(spec)?,
             "phi3" => phi3_tokenizer(spec)?,
             _ => sentencepiece_tokenizer(spec)?,
         },
@@ -206,6 +199,59 @@ fn phi3_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
         NormalizerSequence::new(vec![Prepend::new("\u{2581}".into()).into(), replace.into()]);
     tokenizer.with_normalizer(Some(normalizer));
     tokenizer.with_pre_tokenizer(None::<Metaspace>);
+    Ok(tokenizer)
+}
+
+/// Python's `str.isspace` for one character: Unicode White_Space plus the four ASCII
+/// information separators U+001C..U+001F, which Python also counts.
+fn py_isspace(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// `gemma_tokenizer` + `GemmaTokenizer.__init__`: SentencePiece BPE with two fixes Gemma files
+/// need. A token of two or more spaces is stored with real spaces and respelled with one `▁`
+/// per character (HF: `"▁" * len(t) if " " in t and not t.strip()`), and the merges are derived
+/// from the vocabulary ranked by file position (score `-index`), not by the file's scores.
+/// Then Gemma's pipeline: spaces replaced by `▁` in a normalizer, no prefix space, a split
+/// on " " merged with the previous piece, byte fallback, and `<unk>` as the model's unknown.
+fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
+    let respelled: Vec<String> = spec
+        .tokens
+        .iter()
+        .map(|t| {
+            if t.contains(' ') && t.chars().all(py_isspace) {
+                "\u{2581}".repeat(t.chars().count())
+            } else {
+                t.clone()
+            }
+        })
+        .collect();
+    let mut vocab = Vocab::with_capacity(respelled.len());
+    for (id, token) in respelled.iter().enumerate() {
+        vocab.insert(token.clone(), id as u32);
+    }
+    // Positions as scores: exact in f32 below 2^24 entries (Vocab sizes are far smaller).
+    let positions: Vec<f32> = (0..respelled.len()).map(|i| -(i as f32)).collect();
+    // `get_merges`: a file that lists merges keeps them.
+    let merges = if spec.merges.is_empty() { generate_merges(&respelled, &positions) } else { merges_of(spec)? };
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .fuse_unk(true)
+        .unk_token("<unk>".into())
+        .byte_fallback(true)
+        .build()
+        .map_err(|e| build_err("BPE model", e))?;
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    let split = Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false)
+        .map_err(|e| build_err("split pre-tokenizer", e))?;
+    tokenizer.with_pre_tokenizer(Some(split));
+    let replace = Replace::new("\u{2581}", " ").map_err(|e| build_err("decoder", e))?;
+    let decoders: Vec<DecoderWrapper> = vec![replace.into(), ByteFallback::new().into(), Fuse::new().into()];
+    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    tokenizer.with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(|e| build_err("normalizer", e))?));
+    // GemmaTokenizer's defaults, in SPECIAL_TOKENS_ATTRIBUTES order (bos, eos, unk, pad, mask).
+    let defaults = ["<bos>", "<eos>", "<unk>", "<pad>", "<mask>"].map(String::from);
+    add_missing_specials(&mut tokenizer, &defaults.iter().collect::<Vec<_>>());
     Ok(tokenizer)
 }
 

@@ -68,7 +68,7 @@ fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
                 WeightData::Quant(q) if graph.quantize_activations => format!("matmul_q({}x8-bit activations,{isa})", q.ty),
                 WeightData::Quant(q) => format!("matmul_wq({},{isa})", q.ty),
             },
-            Op::Embedding { table } => match &graph.weight(*table).data {
+            Op::Embedding { table, .. } => match &graph.weight(*table).data {
                 WeightData::F32(_) => "gather_f32".to_string(),
                 WeightData::Quant(q) => format!("gather_dequantize({})", q.ty),
             },

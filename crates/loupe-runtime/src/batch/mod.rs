@@ -240,7 +240,7 @@ impl<'e> BatchEngine<'e> {
             vocab: graph
                 .nodes
                 .iter()
-                .find_map(|n| if let loupe_graph::Op::Embedding { table } = n.op { Some(graph.weight(table).shape[0]) } else { None })
+                .find_map(|n| if let loupe_graph::Op::Embedding { table, .. } = n.op { Some(graph.weight(table).shape[0]) } else { None })
                 .unwrap_or(usize::MAX),
         })
     }

@@ -21,6 +21,8 @@ pub const STRINGS: &[&str] = &[
     "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
     "text<|endoftext|>more text",
     "<|im_start|><|im_end|><|im_start|>",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+    "  \n  x \t\n\n   y",
     " <|im_start|> spaced <|im_end|> ",
     "Café naïve résumé façade",
     "日本語のテキストです。中文文本。",

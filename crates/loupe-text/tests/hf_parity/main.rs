@@ -217,6 +217,13 @@ fn gguf_phi3_matches_hf() {
 
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn gguf_gemma3_matches_hf() {
+    // Whitespace runs respelled, merges ranked by file position (the scores say otherwise).
+    check_gguf_model("gemma3");
+}
+
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn checkpoint_files_match_hf() {
     let fx = fixture();
     let hf = &fx.out["checkpoint"];

@@ -116,6 +116,24 @@ def small_sentencepiece():
     return {"model": "llama", "tokens": tokens, "types": types, "scores": scores, "bos": 1, "eos": 2, "unk": 0}
 
 
+def gemma_sentencepiece():
+    """A Gemma-style vocabulary: Gemma's specials first, whitespace runs stored with real spaces
+    (user-defined, as in Gemma 3's GGUF), newline and tab runs, then bytes and pieces. The
+    scores rise with the index, the opposite of the merge order that the file position gives,
+    so a builder that ranked merges by score would tokenize differently."""
+    spm = small_sentencepiece()
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]", "<start_of_turn>", "<end_of_turn>",
+              "\n", "\n\n", "\t", "  ", "   ", "    ", " \n"]
+    types = [3, 3, 3, 3, 3, 4, 3, 3, 4, 4, 4, 4, 4, 4, 4]
+    for token, kind in zip(spm["tokens"], spm["types"]):
+        if kind in (1, 6) and token not in tokens:
+            tokens.append(token)
+            types.append(kind)
+    scores = [float(i) for i in range(len(tokens))]
+    return {"model": "llama", "tokens": tokens, "types": types, "scores": scores, "bos": 2, "eos": 1, "unk": 3,
+            "pad": 0, "add_bos": True, "add_eos": False, "add_space_prefix": False}
+
+
 def synthetic_models(smol_meta, workdir):
     """(name, arch, tokenizer metadata) of every synthetic GGUF."""
     base = {
@@ -141,6 +159,7 @@ def synthetic_models(smol_meta, workdir):
         # transformers ignores add_space_prefix for GGUF files; so must we.
         ("spm_flags", "llama", dict(spm, add_bos=False, add_eos=True, add_space_prefix=False)),
         ("phi3", "phi3", spm),
+        ("gemma3", "gemma3", gemma_sentencepiece()),
     ]
     out = []
     for name, arch, meta in models:
