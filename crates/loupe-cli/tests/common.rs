@@ -154,11 +154,21 @@ pub fn goldens_of(model_id: &str) -> Vec<Golden> {
 /// default; run with `--include-ignored` (scripts/test fetches it) and without the file, they
 /// fail with one line saying how to get it.
 pub fn qwen_model() -> PathBuf {
-    let path = match std::env::var_os("LOUPE_QWEN_MODEL").filter(|p| !p.is_empty()) {
+    cached_model("LOUPE_QWEN_MODEL", "Qwen2.5-Coder-0.5B-Instruct.gguf", "Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b")
+}
+
+/// Gemma 3 270M (`scripts/fetch-model gemma3-270m`), or `$LOUPE_GEMMA_MODEL`.
+pub fn gemma_model() -> PathBuf {
+    cached_model("LOUPE_GEMMA_MODEL", "gemma-3-270m-q4_k_m.gguf", "Gemma 3 270M", "gemma3-270m")
+}
+
+/// `$env`, else `file` in the model cache; one clear failure naming how to fetch it.
+fn cached_model(env: &str, file: &str, what: &str, fetch_name: &str) -> PathBuf {
+    let path = match std::env::var_os(env).filter(|p| !p.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => loupe_models::cache_dir().join("models").join("Qwen2.5-Coder-0.5B-Instruct.gguf"),
+        None => loupe_models::cache_dir().join("models").join(file),
     };
-    assert!(path.is_file(), "needs Qwen2.5-Coder-0.5B-Instruct at {} (missing): run scripts/fetch-model qwen2.5-coder-0.5b or set LOUPE_QWEN_MODEL", path.display());
+    assert!(path.is_file(), "needs {what} at {} (missing): run scripts/fetch-model {fetch_name} or set {env}", path.display());
     path
 }
 

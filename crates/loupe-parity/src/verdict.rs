@@ -86,10 +86,12 @@ pub fn decode_mask(pairs: &[PairReport]) -> Option<FalseCliff> {
     })
 }
 
-/// Names with a repeated-call marker `(k)` on one side only (false cliff 3).
+/// Names with a repeated-call marker `(k)` on one side only (false cliff 3), whose base name
+/// the other side has: a module called twice that the other side never names (Gemma 3's
+/// `model.rotary_emb`, run once per layer type) cannot be mispaired.
 pub fn double_hooks(names_a: &[String], names_b: &[String]) -> Option<FalseCliff> {
-    let marked = |v: &[String]| v.iter().filter(|n| repeat_call_base(n).is_some()).cloned().collect::<Vec<_>>();
-    let (ma, mb) = (marked(names_a), marked(names_b));
+    let marked = |v: &[String], other: &[String]| v.iter().filter(|n| repeat_call_base(n).is_some_and(|base| other.iter().any(|o| *o == base))).cloned().collect::<Vec<_>>();
+    let (ma, mb) = (marked(names_a, names_b), marked(names_b, names_a));
     let (side, names) = match (ma.is_empty(), mb.is_empty()) {
         (false, true) => ("reference", ma),
         (true, false) => ("target", mb),

@@ -310,11 +310,21 @@ fn false_cliff_double_fired_hook() {
     let mut b = a.clone();
     let mut twice = b.iter().find(|t| t.name == "model.layers.1.mlp.down_proj").expect("t").clone();
     twice.name = "model.layers.1.mlp.down_proj(1)".into();
-    b.push(twice);
+    b.push(twice.clone());
     let r = run(&a, &b);
     let c = r.verdict.false_cliffs.iter().find(|c| c.kind == "double_hook").expect("double hook cliff");
     assert_eq!(c.names, ["model.layers.1.mlp.down_proj(1)"]);
     assert_eq!(r.unpaired_b.len(), 1);
+    // A module called twice that the other side never names (Gemma 3's rotary_emb, once per
+    // layer type) cannot be mispaired: no cliff.
+    let mut rotary = twice.clone();
+    rotary.name = "model.rotary_emb".into();
+    let mut rotary1 = twice;
+    rotary1.name = "model.rotary_emb(1)".into();
+    let mut b = a.clone();
+    b.extend([rotary, rotary1]);
+    let r = run(&a, &b);
+    assert!(r.verdict.false_cliffs.iter().all(|c| c.kind != "double_hook"), "{:?}", r.verdict.false_cliffs);
 }
 
 #[test]
