@@ -127,11 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3"), default="llama",
+    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3"), default="llama",
                     help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases), "
-                    "MistralForCausalLM (sliding-window attention) or Qwen3ForCausalLM (per-head q/k norms)")
+                    "MistralForCausalLM (sliding-window attention), Qwen3ForCausalLM (per-head q/k norms) or "
+                    "Gemma3ForCausalLM (1+w norms, sandwich norms, scaled embeddings, GELU-tanh, sliding and "
+                    "global layers with their own RoPE bases)")
     mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
-                    help="mistral: attention window in tokens (default: none)")
+                    help="mistral: attention window in tokens (default: none); gemma3: the even layers' "
+                    "window (default 8)")
     mt.add_argument("--tokenizer-gguf", metavar="PATH", default=None,
                     help="GGUF whose tokenizer is saved (default $LOUPE_MODEL or loupe's cached SmolLM2)")
     mt.set_defaults(func=cmd_make_tiny)

@@ -85,7 +85,12 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3")
+# Gemma 3's tiny shape beyond TINY: query_pre_attn_scalar differs from head_dim (16) so the
+# attention scale is tested; the global RoPE base differs from the sliding layers' one.
+GEMMA3_QUERY_PRE_ATTN_SCALAR = 24
+GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
 
 
 def _family_classes(family: str) -> tuple[Any, Any]:
@@ -105,6 +110,10 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         return Qwen3Config, Qwen3ForCausalLM
+    if family == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        return Gemma3TextConfig, Gemma3ForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
@@ -123,8 +132,12 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
         tie_word_embeddings=bool(tie),
         bos_token_id=bos,
         eos_token_id=eos,
-        hidden_act=hidden_act,
     )
+    if family == "gemma3":
+        # Gemma's key; the gate's activation is GELU-tanh unless told otherwise.
+        kw.update(hidden_activation="gelu_pytorch_tanh" if hidden_act == "silu" else hidden_act)
+    else:
+        kw.update(hidden_act=hidden_act)
     if family == "llama":
         kw.update(attention_bias=bool(attention_bias), mlp_bias=bool(mlp_bias))
     if family == "qwen3":
@@ -132,8 +145,18 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
     if family == "mistral":
         # MistralConfig defaults to a 4096 window; the tiny model's is given or none.
         kw.update(sliding_window=int(sliding_window) if sliding_window else None)
+    elif family == "gemma3":
+        # Even layers slide (window given, default 8), odd ones attend globally, so both layer
+        # types and both RoPE bases appear in a 2-layer model.
+        kw.pop("rope_theta")
+        kw.update(sliding_window=int(sliding_window or 8),
+                  layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(int(layers))],
+                  query_pre_attn_scalar=GEMMA3_QUERY_PRE_ATTN_SCALAR,
+                  rope_parameters={k: dict(v) for k, v in GEMMA3_ROPE.items()})
+        if rope_scaling != "none":
+            raise InputError("--rope-scaling does not apply to the gemma3 family")
     elif sliding_window:
-        raise InputError(f"--sliding-window applies to the mistral family only, not {family}")
+        raise InputError(f"--sliding-window applies to the mistral and gemma3 families only, not {family}")
     if rope_scaling == "llama3":
         kw["rope_scaling"] = dict(LLAMA3_ROPE)
     elif rope_scaling != "none":
@@ -180,8 +203,10 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
         if tie and name == "lm_head.weight":
             continue
         if name.endswith("norm.weight"):
-            # RMSNorm weights, the per-head q/k norms included
-            state[name] = 1.0 + NORM_JITTER * torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            # RMSNorm weights, the per-head q/k norms included; Gemma's norms scale by
+            # 1 + weight, so theirs are centred on 0.
+            centre = 0.0 if family == "gemma3" else 1.0
+            state[name] = centre + NORM_JITTER * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         else:
             state[name] = WEIGHT_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32)
     model = model_cls(config).to(torch.float32)

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 /// One Python model run at a time (the machine has 2 cores shared with builds).
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const MAX_TOKENS: &str = "24";
+const MAX_TOKENS: &str = "32";
 const PROMPTS: [(&str, bool); 2] = [("The quick brown fox", false), ("What is the capital of France?", true)];
 
 #[derive(serde::Deserialize, Debug)]
@@ -77,11 +77,11 @@ fn ours(dir: &Path, prompt: &str, chat: bool) -> JsonOut {
 }
 
 /// `loupe parity` on the checkpoint (both sides dumped by module path, every paired value
-/// compared): the verdict must be MATCH, every value within tolerance. The prompt is longer
-/// than the sliding-window tests' window.
+/// compared, at the prefill and two teacher-forced decode steps): the verdict must be MATCH,
+/// every value within tolerance. The prompt is longer than the sliding-window tests' window.
 fn parity_matches(dir: &Path, label: &str) {
     let mut c = loupe();
-    c.arg("parity").arg("--model").arg(dir).args(["--prompt", "The quick brown fox jumps over the lazy dog because it was tired of running", "-o"]).arg(dir.join("parity"));
+    c.arg("parity").arg("--model").arg(dir).args(["--prompt", "The quick brown fox jumps over the lazy dog because it was tired of running", "--steps", "2", "-o"]).arg(dir.join("parity"));
     let o = run(&mut c);
     let out = stdout(&o);
     assert!(o.status.success() && out.contains("verdict: MATCH"), "{label}: loupe parity did not match ({}):\n{out}\n{}", o.status, stderr(&o));
@@ -213,6 +213,27 @@ fn tiny_qwen3_matches_reference() {
     assert_generation_changes_without(&dir, &tokens, "q/k norms", as_llama);
 }
 
+/// Gemma3ForCausalLM: `1 + weight` norms (random weights N(0, 0.1^2)), four norms per layer,
+/// q/k norms, embeddings scaled by sqrt(64), GELU-tanh, query_pre_attn_scalar 24 (not
+/// head_dim), layer 0 sliding (window 8, RoPE base 1e4) and layer 1 global (base 1e6).
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_gemma3_matches_reference() {
+    let (_guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-gemma3");
+    make_tiny_with(&dir, &gguf, true, "none", &["--family", "gemma3", "--sliding-window", "8"]);
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("Gemma3ForCausalLM"), Some(8)), "{cfg}");
+    let tokens = compare(&dir, "gemma3");
+    parity_matches(&dir, "gemma3");
+
+    // Without the window (both layers global), the generation changes: the window is seen.
+    assert_generation_changes_without(&dir, &tokens, "the sliding window and local RoPE base do", |cfg| {
+        cfg["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
+    });
+}
+
 /// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:
 /// on the raw prompt, loupe's tokens equal the reference's, or loupe fails cleanly.
 fn matches_or_refuses(extra: &[&str], field: &str) {
@@ -250,8 +271,8 @@ fn tiny_mlp_bias_matches_reference_or_is_refused() {
     matches_or_refuses(&["--mlp-bias"], "mlp_bias");
 }
 
-/// Known loupe bug (found by this test): `hidden_act` is not read from config.json; every
-/// checkpoint runs SiLU, so e.g. gelu_pytorch_tanh silently produces other tokens.
+/// `hidden_act: gelu_pytorch_tanh` on a Llama: read from config.json and built (HiddenAct),
+/// so loupe's tokens equal the reference's (this test once caught it silently running SiLU).
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_gelu_matches_reference_or_is_refused() {

@@ -129,6 +129,31 @@ fn load(src: &TensorSource, side: Side, c: &Candidate, mapping: &Mapping) -> Res
     Ok(t)
 }
 
+/// Attention probabilities `[head, query, key]` whose key axes differ because one side's
+/// sliding-window cache keeps only the last keys (transformers' `DynamicSlidingWindowLayer`
+/// during decode) while the other holds the whole context with zeros outside the window: the
+/// longer side is cropped to the trailing keys when every key it drops has exactly zero
+/// probability (`Ok(note)`); otherwise the shorter side dropped keys the longer one attends
+/// to (`Err(note)`). `None`: not such a pair.
+fn align_window_keys(name: &str, ta: &mut Tensor, tb: &mut Tensor) -> Option<Result<String, String>> {
+    if !name.ends_with(".attn_probs") || ta.shape.len() != 3 || tb.shape.len() != 3 || ta.shape[..2] != tb.shape[..2] || ta.shape[2] == tb.shape[2] {
+        return None;
+    }
+    let a_longer = ta.shape[2] > tb.shape[2];
+    let (long, short, long_side, short_side) = if a_longer { (ta, tb, "reference", "target") } else { (tb, ta, "target", "reference") };
+    let (lk, sk) = (long.shape[2], short.shape[2]);
+    let dropped = lk - sk;
+    let mass: f32 = long.data.chunks_exact(lk).map(|row| row[..dropped].iter().map(|v| v.abs()).sum::<f32>()).fold(0.0, f32::max);
+    if mass != 0.0 {
+        return Some(Err(format!(
+            "key axes differ: the {short_side} holds {sk} keys, the {long_side} {lk}, and the {long_side} puts up to {mass:.3e} probability on the {dropped} leading keys the {short_side} does not have (a sliding window applied on one side only?)"
+        )));
+    }
+    let cropped: Vec<f32> = long.data.chunks_exact(lk).flat_map(|row| row[dropped..].iter().copied()).collect();
+    *long = Tensor::new(vec![long.shape[0], long.shape[1], sk], cropped);
+    Some(Ok(format!("the {short_side}'s cache keeps the last {sk} of {lk} keys (a sliding window); the {long_side}'s {dropped} leading keys all have probability 0 and were dropped")))
+}
+
 /// Measures one pair.
 pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOptions, vocab: Option<usize>) -> PairReport {
     let (shape_a, shape_b) = (ta.shape.clone(), tb.shape.clone());
@@ -136,6 +161,12 @@ pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOpti
     ta.squeeze_leading();
     tb.squeeze_leading();
     let mut note = None;
+    if let Some(aligned) = align_window_keys(key.name, &mut ta, &mut tb) {
+        match aligned {
+            Ok(n) => note = Some(n),
+            Err(n) => return bare(Status::ShapeMismatch, n),
+        }
+    }
     if ta.shape != tb.shape {
         if opts.allow_reshape && ta.data.len() == tb.data.len() {
             note = Some(format!("target reshaped from {:?} to {:?} (--allow-reshape)", tb.shape, ta.shape));
@@ -282,4 +313,29 @@ fn layer_shifts(sa: &TensorSource, sb: &TensorSource, pairs: &[(Candidate, Candi
         out.push(LayerShift { layer: l, step: r.step, own_cosine: r.cosine().unwrap_or(0.0), vs_next, vs_prev });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    /// One head, one query: the reference's sliding-window cache kept the last 2 of 4 keys.
+    #[test]
+    fn trailing_window_keys_align_only_when_the_dropped_keys_have_no_mass() {
+        let name = "model.layers.0.self_attn.attn_probs";
+        let mut reference = Tensor::new(vec![1, 1, 2], vec![0.25, 0.75]);
+        let mut target = Tensor::new(vec![1, 1, 4], vec![0.0, 0.0, 0.25, 0.75]);
+        let note = align_window_keys(name, &mut reference, &mut target).expect("a window pair").expect("aligned");
+        assert!(note.contains("last 2 of 4 keys"), "{note}");
+        assert_eq!((target.shape.clone(), target.data.clone()), (vec![1, 1, 2], vec![0.25, 0.75]));
+        // The target attends to a key the reference's window dropped: a real difference.
+        let mut reference = Tensor::new(vec![1, 1, 2], vec![0.25, 0.75]);
+        let mut target = Tensor::new(vec![1, 1, 4], vec![0.1, 0.0, 0.2, 0.7]);
+        let e = align_window_keys(name, &mut reference, &mut target).expect("a window pair").expect_err("mass on dropped keys");
+        assert!(e.contains("sliding window applied on one side only"), "{e}");
+        // Other values and equal shapes are left alone.
+        let mut a = Tensor::new(vec![1, 1, 2], vec![0.0; 2]);
+        let mut b = Tensor::new(vec![1, 1, 4], vec![0.0; 4]);
+        assert!(align_window_keys("model.layers.0.mlp", &mut a, &mut b).is_none());
+    }
 }
