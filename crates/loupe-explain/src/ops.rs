@@ -344,6 +344,16 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
         Ok(out)
     };
     let mut candidates = vec![cand("correct", format!("RMSNorm eps = {cfg_eps:e} (config)"), "", run(cfg_eps)?)];
+    // The weight convention, a classic porting bug: Gemma's RMSNorm scales by `1 + weight`
+    // (the graph's weight already holds `1 + w`), others by `weight`.
+    let (other_w, label, cause) = if model.config.family.norm_unit_offset() {
+        (w.iter().map(|v| v - 1.0).collect::<Vec<f32>>(), "RMSNorm scaled by weight, not 1 + weight", "the norm multiplies by its stored weight where Gemma's RMSNorm multiplies by 1 + weight (the checkpoint's convention dropped, or a GGUF's stored weight + 1 undone twice)")
+    } else {
+        (w.iter().map(|v| v + 1.0).collect::<Vec<f32>>(), "RMSNorm scaled by 1 + weight", "the norm multiplies by 1 + weight (Gemma's convention) where this model's RMSNorm multiplies by its weight")
+    };
+    let mut offset = vec![0.0f32; x.data.len()];
+    rms_norm(&x.data, &other_w, cfg_eps, &mut offset)?;
+    candidates.push(cand("norm-weight-offset", label, cause, offset));
     // The usual defaults of other models, and the config's off by one or two decades.
     let mut tried: Vec<f32> = vec![cfg_eps];
     for eps in [1e-6f32, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, cfg_eps / 10.0, cfg_eps * 100.0] {
@@ -357,7 +367,12 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
 }
 
 fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
-    let configured = ctx.config()?.hidden_act;
+    // The activation the config names; without a loadable model (dumps alone), SiLU, the
+    // Llama family's, said so in the label.
+    let (configured, assumed) = match ctx.config() {
+        Ok(c) => (c.hidden_act, ""),
+        Err(_) => (HiddenAct::Silu, " (assumed: no model to read hidden_act from)"),
+    };
     let x = ctx.reference(input)?;
     let with = |f: &dyn Fn(&mut [f32])| {
         let mut d = x.data.clone();
@@ -370,7 +385,7 @@ fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
         HiddenAct::Silu => ("SiLU", "SiLU"),
         HiddenAct::GeluTanh => ("GELU (tanh approximation)", "GELU with the tanh approximation"),
     };
-    let mut candidates = vec![cand("correct", name, "", with(&|d| apply_act(configured, d)))];
+    let mut candidates = vec![cand("correct", format!("{name}{assumed}"), "", with(&|d| apply_act(configured, d)))];
     if configured != HiddenAct::Silu {
         candidates.push(cand("silu", "SiLU", format!("the activation is SiLU instead of {what} (hidden_act mixed up)"), with(&silu)));
     }

@@ -81,3 +81,44 @@ fn bad_input_names_what_is_missing() {
     let e = explain(&a, &a, "model.embed_tokens", 0, no_model()).unwrap();
     assert_eq!(e.verdict, Verdict::Correct);
 }
+
+/// A norm that multiplies by `1 + weight` in a model whose RMSNorm multiplies by `weight`
+/// (Gemma's convention applied to a Llama, or the reverse) is named: the weights come from a
+/// tiny generated GGUF, the values from the RMSNorm kernel.
+#[test]
+fn a_norm_weight_convention_mixup_is_named() {
+    use loupe_graph::WeightData;
+    use loupe_models::tiny::{write_tiny_llama_gguf, TinyLlama};
+    use loupe_tensor::ops::rms_norm;
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = TinyLlama::default();
+    let model_path = tmp.path().join("tiny.gguf");
+    write_tiny_llama_gguf(&model_path, &spec).unwrap();
+    let model = loupe_models::load(&model_path, loupe_models::LoadOptions { precision: loupe_models::Precision::F32, layers: Some(1), ..Default::default() }).unwrap();
+    let w = match &model.graph.weights.iter().find(|w| w.name == "model.layers.0.input_layernorm.weight").unwrap().data {
+        WeightData::F32(d) => d.as_ref().clone(),
+        WeightData::Quant(_) => panic!("an f32 norm weight expected"),
+    };
+    let d = spec.hidden;
+    let x = vals(9, T * d);
+    let norm = |w: &[f32]| {
+        let mut out = vec![0.0f32; x.len()];
+        rms_norm(&x, w, spec.rms_eps, &mut out).unwrap();
+        out
+    };
+    let write_t = |dir: &Path, tensors: &[(&str, Vec<f32>)]| {
+        let mut wr = DumpWriter::create(dir, "test", DumpStyle::Npy).unwrap();
+        wr.manifest.prompt_tokens = Some(vec![1, 2, 3]);
+        for (name, data) in tensors {
+            wr.add(name, 0, &[T, d], data).unwrap();
+        }
+        wr.finish().unwrap()
+    };
+    let plus_one: Vec<f32> = w.iter().map(|v| v + 1.0).collect();
+    let a = write_t(&tmp.path().join("a"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&w))]);
+    let b = write_t(&tmp.path().join("b"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&plus_one))]);
+    let e = explain(&a, &b, "model.layers.0.input_layernorm", 0, model_path.clone()).unwrap();
+    assert_eq!(e.verdict, Verdict::Hypothesis("norm-weight-offset"), "{}", e.conclusion);
+    assert!(e.conclusion.contains("1 + weight"), "{}", e.conclusion);
+    assert_eq!(explain(&a, &a, "model.layers.0.input_layernorm", 0, model_path).unwrap().verdict, Verdict::Correct);
+}
