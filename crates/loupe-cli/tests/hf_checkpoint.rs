@@ -48,7 +48,7 @@ fn make_tiny_with(dir: &Path, tokenizer_gguf: &Path, tie: bool, rope: &str, extr
     for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(dir.join(f).is_file(), "make-tiny wrote no {f}");
     }
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = config_of(&dir);
     assert_eq!(cfg["tie_word_embeddings"], serde_json::Value::Bool(tie), "{cfg}");
     let rope_type = cfg["rope_parameters"]["rope_type"].as_str().or_else(|| cfg["rope_scaling"]["rope_type"].as_str());
     assert_eq!(rope_type.unwrap_or("default"), if rope == "none" { "default" } else { rope }, "{cfg}");
@@ -87,13 +87,17 @@ fn parity_matches(dir: &Path, label: &str) {
     assert!(o.status.success() && out.contains("verdict: MATCH"), "{label}: loupe parity did not match ({}):\n{out}\n{}", o.status, stderr(&o));
 }
 
+/// The checkpoint's config.json.
+fn config_of(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
 /// The test must be able to see `feature`: with `edit` applied to config.json, loupe's
 /// tokens on the prompts differ from `tokens` (those of the unedited checkpoint).
 fn assert_generation_changes_without(dir: &Path, tokens: &[Vec<u32>], feature: &str, edit: impl FnOnce(&mut serde_json::Value)) {
-    let path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut cfg = config_of(dir);
     edit(&mut cfg);
-    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
     let edited: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(dir, p, *chat).tokens).collect();
     assert_ne!(edited, tokens, "{feature} change nothing on these prompts; the test cannot detect their absence");
 }
@@ -148,15 +152,12 @@ fn tiny_untied_llama3_rope_matches_reference() {
     make_tiny(&dir, &gguf, false, "llama3");
     let tokens = compare(&dir, "untied, rope llama3");
 
-    // The test must be able to see the scaling: the same weights without it generate otherwise.
-    let path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let obj = cfg.as_object_mut().unwrap();
-    obj.remove("rope_scaling");
-    obj.insert("rope_parameters".into(), serde_json::json!({"rope_type": "default", "rope_theta": 10000.0}));
-    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let unscaled: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect();
-    assert_ne!(unscaled, tokens, "llama3 RoPE scaling changes nothing on these prompts; the test cannot detect its absence");
+    // The same weights without the scaling generate otherwise.
+    assert_generation_changes_without(&dir, &tokens, "llama3 RoPE scaling does", |cfg| {
+        let obj = cfg.as_object_mut().unwrap();
+        obj.remove("rope_scaling");
+        obj.insert("rope_parameters".into(), serde_json::json!({"rope_type": "default", "rope_theta": 10000.0}));
+    });
 }
 
 /// Qwen2ForCausalLM: q/k/v biases (random, so a loader that drops them is caught) and no
@@ -168,7 +169,7 @@ fn tiny_qwen2_matches_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-qwen2");
     make_tiny_with(&dir, &gguf, false, "none", &["--family", "qwen2"]);
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = config_of(&dir);
     assert_eq!(cfg["architectures"][0], "Qwen2ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen2");
     parity_matches(&dir, "qwen2");
@@ -187,7 +188,7 @@ fn tiny_mistral_sliding_window_matches_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-mistral");
     make_tiny_with(&dir, &gguf, false, "none", &["--family", "mistral", "--sliding-window", "8"]);
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = config_of(&dir);
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("MistralForCausalLM"), Some(8)), "{cfg}");
     let tokens = compare(&dir, "mistral, window 8");
     parity_matches(&dir, "mistral, window 8");
@@ -204,7 +205,7 @@ fn tiny_qwen3_matches_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-qwen3");
     make_tiny_with(&dir, &gguf, true, "none", &["--family", "qwen3", "--attention-bias"]);
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = config_of(&dir);
     assert_eq!(cfg["architectures"][0], "Qwen3ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen3");
     parity_matches(&dir, "qwen3");
@@ -223,7 +224,7 @@ fn tiny_gemma3_matches_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-gemma3");
     make_tiny_with(&dir, &gguf, true, "none", &["--family", "gemma3", "--sliding-window", "8"]);
-    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = config_of(&dir);
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("Gemma3ForCausalLM"), Some(8)), "{cfg}");
     let tokens = compare(&dir, "gemma3");
     parity_matches(&dir, "gemma3");

@@ -338,12 +338,12 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
     let wname = module.param("weight");
     let (_, w) = weight(model, &wname).ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
     rows_of(&x, w.len(), input)?;
-    let run = |eps: f32| -> Result<Vec<f32>, ExplainError> {
+    let run = |w: &[f32], eps: f32| -> Result<Vec<f32>, ExplainError> {
         let mut out = vec![0.0f32; x.data.len()];
-        rms_norm(&x.data, &w, eps, &mut out)?;
+        rms_norm(&x.data, w, eps, &mut out)?;
         Ok(out)
     };
-    let mut candidates = vec![cand("correct", format!("RMSNorm eps = {cfg_eps:e} (config)"), "", run(cfg_eps)?)];
+    let mut candidates = vec![cand("correct", format!("RMSNorm eps = {cfg_eps:e} (config)"), "", run(&w, cfg_eps)?)];
     // The weight convention, a classic porting bug: Gemma's RMSNorm scales by `1 + weight`
     // (the graph's weight already holds `1 + w`), others by `weight`.
     let (other_w, label, cause) = if model.config.family.norm_unit_offset() {
@@ -351,9 +351,7 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
     } else {
         (w.iter().map(|v| v + 1.0).collect::<Vec<f32>>(), "RMSNorm scaled by 1 + weight", "the norm multiplies by 1 + weight (Gemma's convention) where this model's RMSNorm multiplies by its weight")
     };
-    let mut offset = vec![0.0f32; x.data.len()];
-    rms_norm(&x.data, &other_w, cfg_eps, &mut offset)?;
-    candidates.push(cand("norm-weight-offset", label, cause, offset));
+    candidates.push(cand("norm-weight-offset", label, cause, run(&other_w, cfg_eps)?));
     // The usual defaults of other models, and the config's off by one or two decades.
     let mut tried: Vec<f32> = vec![cfg_eps];
     for eps in [1e-6f32, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, cfg_eps / 10.0, cfg_eps * 100.0] {
@@ -361,7 +359,7 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
             continue;
         }
         tried.push(eps);
-        candidates.push(cand("norm-eps", format!("RMSNorm eps = {eps:e}"), format!("RMSNorm epsilon is {eps:e} instead of the config's {cfg_eps:e}"), run(eps)?));
+        candidates.push(cand("norm-eps", format!("RMSNorm eps = {eps:e}"), format!("RMSNorm epsilon is {eps:e} instead of the config's {cfg_eps:e}"), run(&w, eps)?));
     }
     Ok(Plan { op: format!("RMSNorm `{module}` of `{input}`"), inputs: vec![input.to_string()], candidates })
 }

@@ -106,17 +106,9 @@ fn a_norm_weight_convention_mixup_is_named() {
         rms_norm(&x, w, spec.rms_eps, &mut out).unwrap();
         out
     };
-    let write_t = |dir: &Path, tensors: &[(&str, Vec<f32>)]| {
-        let mut wr = DumpWriter::create(dir, "test", DumpStyle::Npy).unwrap();
-        wr.manifest.prompt_tokens = Some(vec![1, 2, 3]);
-        for (name, data) in tensors {
-            wr.add(name, 0, &[T, d], data).unwrap();
-        }
-        wr.finish().unwrap()
-    };
     let plus_one: Vec<f32> = w.iter().map(|v| v + 1.0).collect();
-    let a = write_t(&tmp.path().join("a"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&w))]);
-    let b = write_t(&tmp.path().join("b"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&plus_one))]);
+    let a = write(&tmp.path().join("a"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&w))]);
+    let b = write(&tmp.path().join("b"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&plus_one))]);
     let e = explain(&a, &b, "model.layers.0.input_layernorm", 0, model_path.clone()).unwrap();
     assert_eq!(e.verdict, Verdict::Hypothesis("norm-weight-offset"), "{}", e.conclusion);
     assert!(e.conclusion.contains("1 + weight"), "{}", e.conclusion);

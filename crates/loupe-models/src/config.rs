@@ -118,6 +118,12 @@ impl Family {
         self == Family::Gemma3
     }
 
+    /// The MLP activation when the source names none: GELU-tanh for Gemma (a GGUF never
+    /// names it), SiLU otherwise.
+    pub fn default_hidden_act(self) -> HiddenAct {
+        if self == Family::Gemma3 { HiddenAct::GeluTanh } else { HiddenAct::Silu }
+    }
+
     /// What each decoder layer emits and how it is wired.
     pub fn wiring(self) -> crate::roles::Wiring {
         crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms() }
@@ -217,7 +223,7 @@ impl LlamaConfig {
             qkv_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             o_bias: gguf.tensor("blk.0.attn_output.bias").is_some(),
             layer_windows: gguf_layer_windows(gguf, family)?,
-            hidden_act: if family == Family::Gemma3 { HiddenAct::GeluTanh } else { HiddenAct::Silu },
+            hidden_act: family.default_hidden_act(),
             // Gemma 3's `query_pre_attn_scalar` is not in the file; llama.cpp uses head_dim
             // (all sizes but 27B) and transformers' default is 256, the 270M's head_dim.
             attention_scale: (head_dim as f32).powf(-0.5),
@@ -258,8 +264,8 @@ impl LlamaConfig {
         // Gemma names the key `hidden_activation`; its `hidden_act` (if any) is unused.
         let act_key = if family == Family::Gemma3 { "hidden_activation" } else { "hidden_act" };
         let hidden_act = match v.get(act_key).and_then(Value::as_str) {
-            None if family == Family::Gemma3 => HiddenAct::GeluTanh,
-            None | Some("silu") => HiddenAct::Silu,
+            None => family.default_hidden_act(),
+            Some("silu") => HiddenAct::Silu,
             Some("gelu_pytorch_tanh") => HiddenAct::GeluTanh,
             Some(other) => return Err(bad(act_key, format!("'{other}' is not supported (loupe builds silu and gelu_pytorch_tanh)"))),
         };
@@ -390,7 +396,13 @@ fn gguf_layer_windows(gguf: &GgufFile, family: Family) -> Result<Vec<Option<usiz
         return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key.into(), reason: "must be positive".into() });
     }
     let layers = gguf.get_usize("gemma3.block_count")?;
-    Ok((0..layers).map(|l| ((l + 1) % GEMMA3_SLIDING_WINDOW_PATTERN != 0).then_some(window)).collect())
+    Ok(gemma3_layer_windows(layers, GEMMA3_SLIDING_WINDOW_PATTERN, window))
+}
+
+/// Gemma 3's layer types: every `pattern`-th layer global, the others windowed
+/// (`Gemma3TextConfig.__post_init__`'s `layer_types`).
+fn gemma3_layer_windows(layers: usize, pattern: usize, window: usize) -> Vec<Option<usize>> {
+    (0..layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect()
 }
 
 /// Each layer's attention window from a config.json, as transformers decides it:
@@ -431,7 +443,7 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
                 Some(other) => Err(("layer_types", format!("expected {layers} layer types, found {other}"))),
                 None if family == Family::Gemma3 => {
                     let pattern = v.get("sliding_window_pattern").and_then(Value::as_u64).map_or(GEMMA3_SLIDING_WINDOW_PATTERN, |p| p.max(1) as usize);
-                    Ok((0..layers).map(|l| ((l + 1) % pattern != 0).then_some(w)).collect())
+                    Ok(gemma3_layer_windows(layers, pattern, w))
                 }
                 None => {
                     let from = v.get("max_window_layers").and_then(Value::as_u64).unwrap_or(layers as u64) as usize;

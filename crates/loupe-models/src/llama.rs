@@ -61,6 +61,11 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let w = load(&m.param("weight"), &[n])?;
         Ok(b.weight(if unit_offset { plus_one(w) } else { w }))
     };
+    // A hidden-wide RMSNorm with the config's eps, named after its module.
+    let hidden_norm = |b: &mut GraphBuilder, load: &mut Load<'_>, m: Module, input: ValueId| -> Result<ValueId, ModelError> {
+        let w = norm_weight(b, load, m, d)?;
+        Ok(b.node(m.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[input], hidden(d), axes()))
+    };
 
     let embedding = Module::model(R::Embedding);
     let embed = b.weight(load(&embedding.param("weight"), &[cfg.vocab_size, d])?);
@@ -180,12 +185,7 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         }
         b.alias(o, m(R::SelfAttn).name());
         // Sandwich norms (Gemma): attention's output is normalized before the residual add.
-        let branch = if wiring.sandwich_norms {
-            let w = norm_weight(&mut b, &mut load, m(R::PostAttnNorm), d)?;
-            b.node(m(R::PostAttnNorm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[o], hidden(d), axes())
-        } else {
-            o
-        };
+        let branch = if wiring.sandwich_norms { hidden_norm(&mut b, &mut load, m(R::PostAttnNorm), o)? } else { o };
         let resid = if has(FaultClass::MissingResidual) {
             let r = b.node(m(R::AttnResidual).name(), Op::Copy, &[branch], hidden(d), axes());
             b.mark_fault(r, FaultClass::MissingResidual);
@@ -195,8 +195,7 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         };
 
         let mlp_norm = if wiring.sandwich_norms { R::PreFfnNorm } else { R::PostAttnNorm };
-        let w = norm_weight(&mut b, &mut load, m(mlp_norm), d)?;
-        let normed = b.node(m(mlp_norm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[resid], hidden(d), axes());
+        let normed = hidden_norm(&mut b, &mut load, m(mlp_norm), resid)?;
         let f = cfg.intermediate_size;
         let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
         let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
@@ -207,18 +206,11 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
         let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
         b.alias(down, m(R::Mlp).name());
-        let branch = if wiring.sandwich_norms {
-            let w = norm_weight(&mut b, &mut load, m(R::PostFfnNorm), d)?;
-            b.node(m(R::PostFfnNorm).name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[down], hidden(d), axes())
-        } else {
-            down
-        };
+        let branch = if wiring.sandwich_norms { hidden_norm(&mut b, &mut load, m(R::PostFfnNorm), down)? } else { down };
         x = b.node(m(R::LayerOutput).name(), Op::Add, &[resid, branch], hidden(d), axes());
     }
 
-    let final_norm = Module::model(R::FinalNorm);
-    let w = norm_weight(&mut b, &mut load, final_norm, d)?;
-    let normed = b.node(final_norm.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[x], hidden(d), axes());
+    let normed = hidden_norm(&mut b, &mut load, Module::model(R::FinalNorm), x)?;
     let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load(&Module::model(R::LmHead).param("weight"), &[cfg.vocab_size, d])?) };
     let logits = b.node(Module::model(R::LmHead).name(), Op::Linear { weight: head, bias: None }, &[normed], vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)], vec!["token", "vocab"]);
     b.set_logits(logits);

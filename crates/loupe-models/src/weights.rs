@@ -182,8 +182,8 @@ pub struct GgufSource<'a> {
     pub precision: Precision,
     pub n_heads: usize,
     pub n_kv_heads: usize,
-    /// Undo llama.cpp's q/k row permutation (see the module docs).
-    pub unpermute_qk: bool,
+    /// Decides the GGUF names, whether llama.cpp's q/k row permutation is undone
+    /// ([`crate::Family::gguf_permutes_qk`], see the module docs) and Gemma's norm offset.
     pub family: crate::Family,
     pub progress: Option<Progress<'a>>,
     done: u64,
@@ -194,7 +194,7 @@ impl<'a> GgufSource<'a> {
     pub fn new(gguf: &'a GgufFile, precision: Precision, config: &crate::LlamaConfig, progress: Option<Progress<'a>>) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
         let (n_heads, n_kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
-        GgufSource { gguf, precision, n_heads, n_kv_heads, unpermute_qk: config.family.gguf_permutes_qk(), family: config.family, progress, done: 0, total }
+        GgufSource { gguf, precision, n_heads, n_kv_heads, family: config.family, progress, done: 0, total }
     }
 }
 
@@ -207,7 +207,7 @@ impl WeightSource for GgufSource<'_> {
             return Err(ModelError::WeightShape { path: path.clone(), name: gname, found: info.shape(), expected: shape.to_vec() });
         }
         let mut bytes = std::borrow::Cow::Borrowed(self.gguf.tensor_data(info));
-        let heads = if !self.unpermute_qk {
+        let heads = if !self.family.gguf_permutes_qk() {
             None
         } else if gname.ends_with("attn_q.weight") || gname.ends_with("attn_q.bias") {
             Some(self.n_heads)

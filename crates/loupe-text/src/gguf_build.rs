@@ -140,7 +140,7 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
         };
         vocab.insert(key, id as u32);
     }
-    let merges = merges_of(spec)?;
+    let merges = merges_of(spec, &spec.tokens, None)?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .continuing_subword_prefix(String::new())
@@ -158,37 +158,48 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
 
 /// `sentencepiece_tokenizer` + `LlamaTokenizer.__init__` (legacy=False, add_prefix_space=True).
 fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
-    let mut vocab = Vocab::with_capacity(spec.tokens.len());
-    for (id, token) in spec.tokens.iter().enumerate() {
-        vocab.insert(token.clone(), id as u32);
-    }
-    let merges = merges_of(spec)?;
     // No unk_token on the model: LlamaTokenizer does not pass one, so unknown characters without
     // a byte token are dropped, as in HF.
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .fuse_unk(true)
-        .byte_fallback(true)
-        .build()
-        .map_err(|e| build_err("BPE model", e))?;
+    let bpe = sentencepiece_bpe(spec, &spec.tokens, None, None)?;
     let mut tokenizer = tokenizers::Tokenizer::new(bpe);
     tokenizer.with_pre_tokenizer(Some(Metaspace::new(
         '\u{2581}',
         PrependScheme::First,
         false,
     )));
-    let replace = Replace::new("\u{2581}", " ").map_err(|e| build_err("decoder", e))?;
-    let decoders: Vec<DecoderWrapper> = vec![
-        replace.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-        Strip::new(' ', 1, 0).into(),
-    ];
-    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    tokenizer.with_decoder(Some(sentencepiece_decoder(true)?));
     // LlamaTokenizer's defaults, in SPECIAL_TOKENS_ATTRIBUTES order (bos, eos, unk).
     let defaults = ["<s>".to_string(), "</s>".to_string(), "<unk>".to_string()];
     add_missing_specials(&mut tokenizer, &defaults.iter().collect::<Vec<_>>());
     Ok(tokenizer)
+}
+
+/// `sentencepiece_tokenizer(tokenizer_dict, vocab_scores)`'s model: `tokens` as the vocabulary
+/// (a later duplicate overwrites the id, as a Python dict does), merges from the file or derived
+/// by `get_merges` (ranked by `vocab_scores`, else the file's scores), byte fallback, `unk`
+/// as the model's unknown token when the tokenizer class passes one.
+fn sentencepiece_bpe(spec: &TokenizerSpec, tokens: &[String], vocab_scores: Option<&[f32]>, unk: Option<&str>) -> Result<BPE> {
+    let mut vocab = Vocab::with_capacity(tokens.len());
+    for (id, token) in tokens.iter().enumerate() {
+        vocab.insert(token.clone(), id as u32);
+    }
+    let merges = merges_of(spec, tokens, vocab_scores)?;
+    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk.into());
+    }
+    builder.build().map_err(|e| build_err("BPE model", e))
+}
+
+/// The SentencePiece decoder: `▁` back to spaces, byte tokens to bytes, fused; `strip_prefix`
+/// drops the one leading space the Metaspace prefix added (LlamaTokenizer; Gemma adds none).
+fn sentencepiece_decoder(strip_prefix: bool) -> Result<DecoderSequence> {
+    let replace = Replace::new("\u{2581}", " ").map_err(|e| build_err("decoder", e))?;
+    let mut decoders: Vec<DecoderWrapper> = vec![replace.into(), ByteFallback::new().into(), Fuse::new().into()];
+    if strip_prefix {
+        decoders.push(Strip::new(' ', 1, 0).into());
+    }
+    Ok(DecoderSequence::new(decoders))
 }
 
 /// `phi3_tokenizer`: the prefix space comes from a normalizer and there is no pre-tokenizer.
@@ -226,28 +237,14 @@ fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
             }
         })
         .collect();
-    let mut vocab = Vocab::with_capacity(respelled.len());
-    for (id, token) in respelled.iter().enumerate() {
-        vocab.insert(token.clone(), id as u32);
-    }
     // Positions as scores: exact in f32 below 2^24 entries (Vocab sizes are far smaller).
     let positions: Vec<f32> = (0..respelled.len()).map(|i| -(i as f32)).collect();
-    // `get_merges`: a file that lists merges keeps them.
-    let merges = if spec.merges.is_empty() { generate_merges(&respelled, &positions) } else { merges_of(spec)? };
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .fuse_unk(true)
-        .unk_token("<unk>".into())
-        .byte_fallback(true)
-        .build()
-        .map_err(|e| build_err("BPE model", e))?;
+    let bpe = sentencepiece_bpe(spec, &respelled, Some(&positions), Some("<unk>"))?;
     let mut tokenizer = tokenizers::Tokenizer::new(bpe);
     let split = Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false)
         .map_err(|e| build_err("split pre-tokenizer", e))?;
     tokenizer.with_pre_tokenizer(Some(split));
-    let replace = Replace::new("\u{2581}", " ").map_err(|e| build_err("decoder", e))?;
-    let decoders: Vec<DecoderWrapper> = vec![replace.into(), ByteFallback::new().into(), Fuse::new().into()];
-    tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
+    tokenizer.with_decoder(Some(sentencepiece_decoder(false)?));
     tokenizer.with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(|e| build_err("normalizer", e))?));
     // GemmaTokenizer's defaults, in SPECIAL_TOKENS_ATTRIBUTES order (bos, eos, unk, pad, mask).
     let defaults = ["<bos>", "<eos>", "<unk>", "<pad>", "<mask>"].map(String::from);
@@ -255,8 +252,9 @@ fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
     Ok(tokenizer)
 }
 
-/// `get_merges`: the file's merges, or ones derived from the vocabulary and its scores.
-fn merges_of(spec: &TokenizerSpec) -> Result<Vec<(String, String)>> {
+/// `get_merges(tokenizer_dict, vocab_scores)`: the file's merges, or ones derived from the
+/// vocabulary `tokens` ranked by `vocab_scores`, else by the file's scores.
+fn merges_of(spec: &TokenizerSpec, tokens: &[String], vocab_scores: Option<&[f32]>) -> Result<Vec<(String, String)>> {
     if !spec.merges.is_empty() {
         return spec
             .merges
@@ -271,13 +269,13 @@ fn merges_of(spec: &TokenizerSpec) -> Result<Vec<(String, String)>> {
             })
             .collect();
     }
-    let scores = spec.scores.as_ref().ok_or_else(|| {
+    let scores = vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
         invalid(
             "tokenizer.ggml.scores",
             "needed to derive merges: the file has neither merges nor scores",
         )
     })?;
-    Ok(generate_merges(&spec.tokens, scores))
+    Ok(generate_merges(tokens, scores))
 }
 
 /// `generate_merges(vocab, vocab_scores)` of transformers: every split of every token into two

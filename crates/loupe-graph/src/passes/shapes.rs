@@ -20,11 +20,10 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
             Op::Linear { weight, .. } => with_last(input(0), graph.weight(*weight).shape.first().copied().unwrap_or(0)),
             // A norm weight narrower than the row normalizes each slice of its width: the
             // output is viewed per slice ([token, head, head_dim] for per-head q/k norms).
+            // With one head the row is as wide as the weight, and the node's declared
+            // [T, 1, w] says it is a per-head norm all the same.
             Op::RmsNorm { weight, .. } => {
                 let w = graph.weight(*weight).shape.first().copied().unwrap_or(0);
-                // A weight narrower than the row normalizes each w-wide slice (per-head q/k
-                // norms): [T, heads, w]. With one head the row is as wide as the weight, and
-                // the node's declared [T, 1, w] says it is a per-head norm all the same.
                 let per_head = graph.value(node.output).shape.len() == 3;
                 match crate::verify::row_width(graph.value(node.inputs[0])) {
                     Some(n) if w > 0 && n % w == 0 && (n != w || per_head) => vec![Dim::Tokens, Dim::Fixed(n / w), Dim::Fixed(w)],
