@@ -62,7 +62,7 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
     for s in 0..npl {
         let prompt = bench_tokens(args.n_prompt, bos, vocab, TOKEN_SEED ^ (round << 32) ^ s as u64);
         // n_gen decode steps after the first token, which the prefill's logits give.
-        batch.add(SeqRequest { prompt, max_tokens: args.n_gen + 1, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: None })?;
+        batch.add(SeqRequest { prompt, max_tokens: args.n_gen + 1, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: None, grammar: None, fast_forward: false })?;
     }
     let start = Instant::now();
     let mut prefill_steps = 0;

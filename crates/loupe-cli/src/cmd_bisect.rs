@@ -344,7 +344,7 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
 /// (so prefill is chunked), then once more alone, when its prompt blocks are cached.
 fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], inc_logprobs: &[f64], path_noise: f64, tie: f64) -> Rung {
     let mut rung = Rung::new("batched", "batching / scheduler (neighbours, chunked prefill, prefix cache)");
-    let greedy = |p: Vec<u32>, n: usize| SeqRequest { prompt: p, max_tokens: n, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: Some(0) };
+    let greedy = |p: Vec<u32>, n: usize| SeqRequest { prompt: p, max_tokens: n, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: Some(0), grammar: None, fast_forward: false };
     let vocab = engine.config().vocab_size as u64;
     let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"
     let neighbours: Vec<Vec<u32>> = [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect();

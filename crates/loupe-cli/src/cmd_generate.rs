@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::Context;
 use clap::Args;
 use loupe_graph::debug::DebugOptions;
-use loupe_runtime::{GenerateRequest, Prompt, RuntimeError, SamplingParams};
+use loupe_runtime::{ConstraintError, GenerateRequest, GrammarSpec, Prompt, RuntimeError, SamplingParams};
 
 use crate::args::{precision_name, ModelArgs, PrecisionArg};
 use crate::load::{cli_error, load, Load};
@@ -57,7 +57,54 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub grammar: GrammarArgs,
+    #[command(flatten)]
     pub profile: crate::args::ProfileArgs,
+}
+
+/// Constrained decoding: at most one of these (the output must match it).
+#[derive(Args, Debug, Default)]
+#[group(multiple = false)]
+pub struct GrammarArgs {
+    /// Output must be JSON valid against the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// Output must be a JSON object.
+    #[arg(long)]
+    pub json_object: bool,
+    /// Output must match this regular expression (whole).
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+    /// Output must match the Lark grammar in FILE (llguidance's dialect; the root rule is `start`).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// With a grammar: append the tokens it forces without sampling them.
+    #[arg(long)]
+    pub fast_forward: bool,
+}
+
+impl GrammarArgs {
+    /// The grammar asked for, read from its file; a file that is missing or not JSON is a
+    /// usage error naming it.
+    pub fn spec(&self) -> Result<Option<GrammarSpec>, UsageError> {
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| UsageError(format!("{}: {e}", p.display())));
+        Ok(if let Some(p) = &self.json_schema {
+            let text = read(p)?;
+            let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| UsageError(format!("{}: not JSON: {e}", p.display())))?;
+            Some(GrammarSpec::JsonSchema(schema))
+        } else if self.json_object {
+            Some(GrammarSpec::JsonObject)
+        } else if let Some(rx) = &self.regex {
+            Some(GrammarSpec::Regex(rx.clone()))
+        } else if let Some(p) = &self.grammar {
+            Some(GrammarSpec::Lark(read(p)?))
+        } else {
+            if self.fast_forward {
+                return Err(UsageError("--fast-forward needs a grammar (--json-schema, --json-object, --regex or --grammar)".into()));
+            }
+            None
+        })
+    }
 }
 
 pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
@@ -72,6 +119,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         seed: args.seed,
     };
     sampling.validate().map_err(UsageError)?;
+    let grammar = args.grammar.spec()?;
     let profiler = args.profile.profiler()?;
     let engine = load(&args.model, Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) }, debug)?;
     let prompt = Prompt { text: &args.prompt, chat: args.chat, system: args.system.as_deref() };
@@ -86,6 +134,8 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         sampling,
         stop_ids: engine.tokenizer().eos_ids(),
         stop_strings: args.stop.clone(),
+        grammar,
+        fast_forward: args.grammar.fast_forward,
     };
     let stdout = std::io::stdout();
     let json = args.json;
@@ -97,7 +147,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         }
     };
     let result = engine.generate_tokens(&request, &mut on_text).map_err(|e| match e {
-        RuntimeError::PromptTooLong { .. } | RuntimeError::InvalidRequest(_) => anyhow::Error::from(UsageError(e.to_string())),
+        RuntimeError::PromptTooLong { .. } | RuntimeError::InvalidRequest(_) | RuntimeError::Constraint(ConstraintError::Invalid { .. }) => anyhow::Error::from(UsageError(e.to_string())),
         other => anyhow::Error::from(other),
     })?;
     if json {
@@ -118,6 +168,9 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         engine.threads(),
         result.finish_reason.as_str()
     );
+    if let Some((n, t)) = result.masks {
+        eprintln!("loupe: grammar masks {n}, {:.3} ms each (computed during the forward passes)", t.as_secs_f64() * 1e3 / n.max(1) as f64);
+    }
     std::io::stdout().flush().context("writing stdout")?;
     args.profile.report(profiler.as_ref())
 }

@@ -19,6 +19,7 @@ use loupe_graph::{Fault, Graph, KvDtype, Profiler};
 use loupe_models::{LlamaConfig, Model, ModelError, Precision, Progress};
 use loupe_text::{ChatMessage, Tokenizer};
 
+use crate::constraint::{ConstraintError, Grammars};
 use crate::{generate, GenerateRequest, Generation, RuntimeError, SamplingParams, Session};
 
 /// How far to lower the built graph.
@@ -136,6 +137,7 @@ pub struct Engine {
     load_time: Duration,
     ir_files: Vec<PathBuf>,
     profiler: Option<Profiler>,
+    grammars: std::sync::OnceLock<Result<Grammars, ConstraintError>>,
 }
 
 impl Engine {
@@ -176,7 +178,7 @@ impl Engine {
             }
         };
         model.graph = graph;
-        Ok(Engine { model, debug: options.debug, threads, load_time: start.elapsed(), ir_files, profiler: options.profiler })
+        Ok(Engine { model, debug: options.debug, threads, load_time: start.elapsed(), ir_files, profiler: options.profiler, grammars: std::sync::OnceLock::new() })
     }
 
     pub fn model(&self) -> &Model {
@@ -266,7 +268,7 @@ impl Engine {
     /// `on_text` receives the text as it becomes final.
     pub fn generate(&self, prompt: &Prompt<'_>, max_tokens: usize, sampling: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
         let prompt_tokens = self.prompt_tokens(prompt).map_err(|e| RuntimeError::InvalidRequest(e.to_string()))?;
-        let request = GenerateRequest { prompt_tokens, max_tokens, sampling: sampling.clone(), stop_ids: self.model.tokenizer.eos_ids(), stop_strings: Vec::new() };
+        let request = GenerateRequest::new(prompt_tokens, max_tokens, sampling.clone(), self.model.tokenizer.eos_ids());
         self.generate_tokens(&request, on_text)
     }
 
@@ -276,8 +278,21 @@ impl Engine {
         if request.prompt_tokens.len() >= context {
             return Err(RuntimeError::PromptTooLong { prompt: request.prompt_tokens.len(), context });
         }
+        let grammars = match request.grammar {
+            Some(_) => Some(self.grammars()?),
+            None => None,
+        };
         let mut session = self.session((request.prompt_tokens.len() + request.max_tokens).min(context));
-        generate(&mut session, &self.model.tokenizer, request, on_text)
+        generate(&mut session, &self.model.tokenizer, grammars, request, on_text)
+    }
+
+    /// The model's grammar compiler for constrained decoding, built on first use (it walks
+    /// the whole vocabulary) over the model's end-of-generation ids.
+    pub fn grammars(&self) -> Result<&Grammars, ConstraintError> {
+        self.grammars
+            .get_or_init(|| Grammars::new(&self.model.tokenizer, self.model.config.vocab_size, &self.model.tokenizer.eos_ids()))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 }
 

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use loupe_text::Tokenizer;
 
+use crate::constraint::{Constraint, GrammarSpec, Grammars};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::{RuntimeError, Session};
 
@@ -19,6 +20,18 @@ pub struct GenerateRequest {
     pub stop_ids: Vec<u32>,
     /// Strings that end generation; the text is cut before the first occurrence.
     pub stop_strings: Vec<String>,
+    /// What the output must match ([`crate::constraint`]); `None`: unconstrained.
+    pub grammar: Option<GrammarSpec>,
+    /// With a grammar: append the tokens it forces without sampling them (fewer decode
+    /// steps; the forced tokenization may differ from the one the model would sample).
+    pub fast_forward: bool,
+}
+
+impl GenerateRequest {
+    /// An unconstrained request with these stop ids and no stop strings.
+    pub fn new(prompt_tokens: Vec<u32>, max_tokens: usize, sampling: SamplingParams, stop_ids: Vec<u32>) -> GenerateRequest {
+        GenerateRequest { prompt_tokens, max_tokens, sampling, stop_ids, stop_strings: Vec::new(), grammar: None, fast_forward: false }
+    }
 }
 
 /// Why generation ended.
@@ -27,6 +40,8 @@ pub enum FinishReason {
     Eos,
     StopString,
     Length,
+    /// The grammar is complete and admits no further token.
+    Grammar,
 }
 
 impl FinishReason {
@@ -35,6 +50,7 @@ impl FinishReason {
             FinishReason::Eos => "eos",
             FinishReason::StopString => "stop",
             FinishReason::Length => "length",
+            FinishReason::Grammar => "grammar",
         }
     }
 }
@@ -47,6 +63,9 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    /// With a grammar: masks computed and their total time (overlapped with the forward
+    /// passes, so not all of it adds to the decode time).
+    pub masks: Option<(u64, Duration)>,
 }
 
 impl Generation {
@@ -123,8 +142,14 @@ fn floor_char(s: &str, mut i: usize) -> usize {
 }
 
 /// Generates from `request.prompt_tokens`, calling `on_text` with each piece of final text.
-pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, request: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
+/// A request with a grammar needs the model's `grammars`.
+pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, grammars: Option<&Grammars>, request: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
     request.sampling.validate().map_err(RuntimeError::InvalidRequest)?;
+    let mut constraint: Option<Constraint> = match (&request.grammar, grammars) {
+        (None, _) => None,
+        (Some(spec), Some(g)) => Some(g.compile(spec)?),
+        (Some(_), None) => return Err(RuntimeError::InvalidRequest("a grammar needs the model's token environment (Engine::grammars)".into())),
+    };
     let prompt_len = request.prompt_tokens.len();
     if prompt_len == 0 {
         return Err(RuntimeError::InvalidRequest("the prompt is empty (no tokens)".into()));
@@ -150,28 +175,57 @@ pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, request: &Gene
     let prefill_time = start.elapsed();
     let decode_start = Instant::now();
 
-    while tokens.len() < budget {
+    'outer: while tokens.len() < budget {
+        if let Some(c) = constraint.as_mut() {
+            c.apply(&mut logits_buf)?;
+        }
         let next = sampler.sample(&mut logits_buf, &context);
-        tokens.push(next);
-        context.push(next);
-        if request.stop_ids.contains(&next) {
-            finish = FinishReason::Eos;
+        // The sampled token, then any the grammar forces after it.
+        let mut new = vec![next];
+        if let Some(c) = constraint.as_mut() {
+            let mut forced = c.advance(next, request.fast_forward)?;
+            forced.truncate(budget - tokens.len() - 1);
+            new.extend(forced);
+        }
+        for &t in &new {
+            tokens.push(t);
+            context.push(t);
+            if request.stop_ids.contains(&t) {
+                finish = FinishReason::Eos;
+                break 'outer;
+            }
+            let piece = decoder.push(t)?;
+            let (out, stopped) = stops.push(&piece);
+            if !out.is_empty() {
+                on_text(&out);
+            }
+            if stopped {
+                finish = FinishReason::StopString;
+                break 'outer;
+            }
+        }
+        if constraint.as_ref().is_some_and(Constraint::is_finished) {
+            finish = FinishReason::Grammar;
             break;
         }
-        let piece = decoder.push(next)?;
-        let (out, stopped) = stops.push(&piece);
-        if !out.is_empty() {
-            on_text(&out);
-        }
-        if stopped {
-            finish = FinishReason::StopString;
-            break;
-        }
-        if tokens.len() == budget {
+        if tokens.len() >= budget {
             break;
         }
         logits_buf.clear();
-        logits_buf.extend_from_slice(session.forward(&[next], false, None)?);
+        match constraint.as_mut() {
+            // The next mask depends only on the tokens so far: compute it while the
+            // forward pass runs.
+            Some(c) => {
+                let (logits, mask) = std::thread::scope(|s| {
+                    let mask = s.spawn(|| c.compute_mask());
+                    let logits = session.forward(&new, false, None);
+                    (logits, mask.join())
+                });
+                logits_buf.extend_from_slice(logits?);
+                mask.map_err(|_| RuntimeError::InvalidRequest("the grammar engine panicked".into()))??;
+            }
+            None => logits_buf.extend_from_slice(session.forward(&new, false, None)?),
+        }
     }
     if finish != FinishReason::StopString {
         let (out, _) = stops.push(&decoder.finish()?);
@@ -181,7 +235,7 @@ pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, request: &Gene
         }
     }
     let decode_time = decode_start.elapsed();
-    Ok(Generation { tokens, text: stops.text, finish_reason: finish, prefill_time, decode_time })
+    Ok(Generation { tokens, text: stops.text, finish_reason: finish, prefill_time, decode_time, masks: constraint.map(|c| c.mask_stats()) })
 }
 
 #[cfg(test)]

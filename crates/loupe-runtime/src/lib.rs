@@ -11,8 +11,10 @@
 //!   continuous-batching scheduler, batch-invariant output.
 //! * [`sampling`]: greedy and seeded sampling.
 //! * [`generate`]: the generation loop with streaming, EOS and stop strings.
+//! * [`constraint`]: constrained decoding (JSON schema, regex, Lark) through llguidance.
 
 pub mod batch;
+pub mod constraint;
 pub mod debug_config;
 pub mod default_model;
 pub mod engine;
@@ -24,6 +26,7 @@ use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, StepShape, Usage};
+pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};
 pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation, StopMatcher};
@@ -41,6 +44,8 @@ pub enum RuntimeError {
     PromptTooLong { prompt: usize, context: usize },
     #[error("{0}")]
     InvalidRequest(String),
+    #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
 }
 
 /// One sequence being run through a model graph.

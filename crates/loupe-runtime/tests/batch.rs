@@ -41,7 +41,7 @@ fn requests(n: usize, shared: usize, sampling: &SamplingParams) -> Vec<SeqReques
             let mut prompt = prefix.clone();
             prompt.extend((0..len).map(|_| 3 + (rng.next_u64() % 400) as u32));
             let sampling = SamplingParams { seed: 1000 + i as u64, ..sampling.clone() };
-            SeqRequest { prompt, max_tokens: 12 + i % 7, sampling, stop_ids: vec![], logprobs: None }
+            SeqRequest { prompt, max_tokens: 12 + i % 7, sampling, stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false }
         })
         .collect()
 }
@@ -174,14 +174,14 @@ fn limits_and_bad_requests() {
         b.step().unwrap();
         assert!(b.stats().running <= 2);
     }
-    let empty = SeqRequest { prompt: vec![], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None };
+    let empty = SeqRequest { prompt: vec![], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
     assert!(b.add(empty).is_err());
-    let long = SeqRequest { prompt: vec![5; 100], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None };
+    let long = SeqRequest { prompt: vec![5; 100], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
     let err = b.add(long).unwrap_err().to_string();
     assert!(err.contains("KV blocks"), "{err}");
-    let too_long = SeqRequest { prompt: vec![5; 300], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None };
+    let too_long = SeqRequest { prompt: vec![5; 300], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
     assert!(b.add(too_long).is_err());
-    let bad_id = SeqRequest { prompt: vec![1 << 30], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None };
+    let bad_id = SeqRequest { prompt: vec![1 << 30], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
     assert!(b.add(bad_id).is_err());
     assert!(BatchEngine::new(&engine, BatchConfig { kv_blocks: Some(0), ..config() }).is_err());
 }

@@ -45,7 +45,7 @@ fn goldens() -> Vec<Golden> {
 }
 
 fn request(prompt: Vec<u32>, g: &Golden, sampling: &SamplingParams) -> SeqRequest {
-    SeqRequest { prompt, max_tokens: g.max_tokens, sampling: sampling.clone(), stop_ids: g.eos.clone(), logprobs: None }
+    SeqRequest { prompt, max_tokens: g.max_tokens, sampling: sampling.clone(), stop_ids: g.eos.clone(), logprobs: None, grammar: None, fast_forward: false }
 }
 
 fn alone(engine: &Engine, reqs: &[SeqRequest]) -> Vec<Vec<u32>> {

@@ -340,6 +340,27 @@ fn token_route_fields(state: &AppState, body: Result<Bytes, BytesRejection>) -> 
     Ok((r, f))
 }
 
+/// Compiles a `response_format` grammar once here, so an invalid or unsupported schema is
+/// a 400 naming the keyword and the JSON path (in the message and as `error.keyword` /
+/// `error.path`), never a 200 with unconstrained text. The engine compiles it again when
+/// the request is admitted (a few milliseconds; the first request also builds the token
+/// environment, which takes longer, so this runs off the async workers).
+fn check_grammar(r: &Ready, spec: &loupe_runtime::GrammarSpec) -> Result<(), ApiError> {
+    let compiled = tokio::task::block_in_place(|| r.engine.grammars().and_then(|g| g.compile(spec).map(drop)));
+    compiled.map_err(|e| {
+        let mut err = ApiError::invalid("response_format", format!("{e}."));
+        if let loupe_runtime::ConstraintError::Invalid { keyword, path, .. } = &e {
+            if let Some(k) = keyword {
+                err.extra.insert("keyword".into(), k.clone().into());
+            }
+            if let Some(p) = path {
+                err.extra.insert("path".into(), if p.is_empty() { "/".into() } else { p.clone().into() });
+            }
+        }
+        err
+    })
+}
+
 /// Refuses ids the tokenizer does not know, naming the request field.
 fn check_vocabulary(r: &Ready, ids: &[u32], param: &str) -> Result<(), ApiError> {
     let vocab = r.engine.tokenizer().vocab_size();
@@ -616,6 +637,9 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     if prompt.len() >= r.context {
         return Err(ApiError::prompt_too_long(prompt.len(), r.context, param));
     }
+    if let Some(spec) = &req.grammar {
+        check_grammar(r, spec)?;
+    }
     let room = r.context - prompt.len();
     let max_tokens = req.max_tokens.map_or(room, |m| m.min(room));
     // Admission: a bounded number in flight.
@@ -627,7 +651,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     let admission = Admission { state: state.clone(), key, finished: false };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, ignore_eos: req.ignore_eos, arrived, replies: tx };
+    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, ignore_eos: req.ignore_eos, grammar: req.grammar, arrived, replies: tx };
     if !r.handle.submit(job) {
         return Err(ApiError::shutting_down());
     }

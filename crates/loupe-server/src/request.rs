@@ -4,7 +4,7 @@
 //! every range error names its parameter. Fields the server does not implement yet are
 //! refused with a 400 when they would change the output (never silently dropped).
 
-use loupe_runtime::SamplingParams;
+use loupe_runtime::{GrammarSpec, SamplingParams};
 use loupe_text::ChatMessage;
 use serde_json::{Map, Value};
 
@@ -41,6 +41,8 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// Unknown fields dropped under `--allow-extra-request-fields`.
     pub dropped: Vec<String>,
+    /// `response_format` `json_object` / `json_schema`: what the output must match.
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// A request body's fields, consumed as they are read; what is left is unknown.
@@ -129,6 +131,55 @@ struct Common {
     stream: bool,
     include_usage: bool,
     ignore_eos: bool,
+    grammar: Option<GrammarSpec>,
+}
+
+/// `response_format`: `text` (or null), `json_object`, or `json_schema` with
+/// `json_schema.schema`. A schema root must admit an object (OpenAI's structured-outputs
+/// contract): its `type` missing, `"object"`, or a list including `"object"`.
+fn response_format(v: Option<Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    let bad = |m: String| ApiError::invalid("response_format", m);
+    let Some(v) = v else { return Ok(None) };
+    let Value::Object(mut o) = v else { return Err(bad(format!("'response_format' must be an object, got {}.", kind_of(&v)))) };
+    let kind = match o.remove("type") {
+        Some(Value::String(t)) => t,
+        _ => return Err(bad("'response_format.type' must be one of 'text', 'json_object', 'json_schema'.".into())),
+    };
+    match kind.as_str() {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(GrammarSpec::JsonObject)),
+        "json_schema" => {
+            let Some(Value::Object(mut js)) = o.remove("json_schema") else {
+                return Err(bad("'response_format.json_schema' must be an object holding 'name' and 'schema'.".into()));
+            };
+            // `name`, `description` and `strict` do not change the grammar: it is always
+            // enforced (strict), whatever `strict` says.
+            if let Some(n) = js.get("name") {
+                if !n.is_string() {
+                    return Err(bad("'response_format.json_schema.name' must be a string.".into()));
+                }
+            }
+            let schema = match js.remove("schema") {
+                Some(Value::Object(s)) => Value::Object(s),
+                None => serde_json::json!({"type": "object"}),
+                Some(v) => return Err(bad(format!("'response_format.json_schema.schema' must be an object, got {}.", kind_of(&v)))),
+            };
+            let admits_object = match schema.get("type") {
+                None => true,
+                Some(Value::String(t)) => t == "object",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
+                Some(_) => false,
+            };
+            if !admits_object {
+                return Err(bad(format!(
+                    "invalid json schema (keyword 'type' at '/'): the root of a response schema must be an object (its 'type' missing, \"object\", or a list including \"object\"), got {}.",
+                    schema["type"]
+                )));
+            }
+            Ok(Some(GrammarSpec::JsonSchema(schema)))
+        }
+        other => Err(bad(format!("'response_format.type' must be one of 'text', 'json_object', 'json_schema', got '{other}'."))),
+    }
 }
 
 fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
@@ -225,7 +276,8 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
         }
     }
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
-    Ok(Common { sampling: s, max_tokens, stop, stream, include_usage, ignore_eos })
+    let grammar = response_format(f.take("response_format"))?;
+    Ok(Common { sampling: s, max_tokens, stop, stream, include_usage, ignore_eos, grammar })
 }
 
 /// The text of a message's `content`: a string, or an array of `{"type": "text"}` parts.
@@ -293,18 +345,13 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
     let mut f = Fields::parse(body)?;
     let model = f.string("model")?;
     let input = Input::Chat(messages(f.take("messages"))?);
-    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos } = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } = common(&mut f, fallback_seed)?;
     let want = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
     if top.is_some() && !want {
         return Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true."));
     }
     let logprobs = want.then(|| top.unwrap_or(0) as usize);
-    match f.take("response_format") {
-        None => {}
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => {}
-        Some(_) => return Err(ApiError::invalid("response_format", "'response_format' other than {\"type\": \"text\"} (structured output) is not supported by this server yet.")),
-    }
     if let Some(v) = f.take("tools") {
         if v.as_array().is_none_or(|a| !a.is_empty()) {
             return Err(ApiError::invalid("tools", "'tools' is not supported by this server yet; the request is refused rather than answered without them."));
@@ -316,7 +363,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
         Some(_) => return Err(ApiError::invalid("tool_choice", "'tool_choice' needs tools, which this server does not support yet.")),
     }
     let dropped = f.finish(allow_extra)?;
-    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped })
+    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar })
 }
 
 /// `POST /v1/completions`.
@@ -335,7 +382,7 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
         },
         _ => return Err(bad_prompt()),
     };
-    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos } = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } = common(&mut f, fallback_seed)?;
     let logprobs = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as usize);
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "'echo' is not supported by this server yet."));
@@ -346,7 +393,7 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
     }
     let dropped = f.finish(allow_extra)?;
     // OpenAI's default for the completions endpoint is 16 tokens.
-    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped })
+    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar })
 }
 
 /// Token ids from JSON numbers; `None` if any is not a u32.
@@ -393,7 +440,10 @@ mod tests {
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#, "max_tokens"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "stop": [1]}"#, "stop"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#, "tools"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#, "response_format"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}"#, "response_format"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string"}}}}"#, "response_format"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": ["array", "null"]}}}}"#, "response_format"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}"#, "response_format"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}"#, "stream_options"),
             (r#"{"messages": []}"#, "messages"),
             (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages"),
@@ -403,6 +453,19 @@ mod tests {
         }
         assert_eq!(chat_of("[1]").unwrap_err().status, 400);
         assert_eq!(chat_of("{").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn response_format_roots_that_admit_an_object_are_accepted() {
+        let with = |rf: &str| chat_of(&format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "response_format": {rf}}}"#));
+        assert_eq!(with(r#"{"type": "text"}"#).unwrap().grammar, None);
+        assert_eq!(with(r#"{"type": "json_object"}"#).unwrap().grammar, Some(GrammarSpec::JsonObject));
+        for schema in [r#"{"properties": {"a": {"type": "integer"}}}"#, r#"{"type": "object"}"#, r#"{"type": ["object", "null"]}"#] {
+            let g = with(&format!(r#"{{"type": "json_schema", "json_schema": {{"name": "n", "strict": true, "schema": {schema}}}}}"#)).unwrap().grammar;
+            assert_eq!(g, Some(GrammarSpec::JsonSchema(serde_json::from_str(schema).unwrap())), "{schema}");
+        }
+        let e = with(r#"{"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}"#).unwrap_err();
+        assert!(e.message.contains("keyword 'type' at '/'"), "{}", e.message);
     }
 
     #[test]

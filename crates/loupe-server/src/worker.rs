@@ -54,6 +54,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Generate past the end-of-sequence token, up to `max_tokens`.
     pub ignore_eos: bool,
+    /// What the output must match (validated by the handler).
+    pub grammar: Option<loupe_runtime::GrammarSpec>,
     pub arrived: Instant,
     pub replies: UnboundedSender<Reply>,
 }
@@ -197,7 +199,7 @@ impl<'e> Worker<'e> {
     fn admit(&mut self, job: Job) {
         self.metrics.requests_awaiting_admission.add(-1);
         let stop_ids = if job.ignore_eos { Vec::new() } else { self.eos_ids.clone() };
-        let request = SeqRequest { prompt: job.prompt, max_tokens: job.max_tokens, sampling: job.sampling, stop_ids: stop_ids.clone(), logprobs: job.logprobs };
+        let request = SeqRequest { logprobs: job.logprobs, grammar: job.grammar, ..SeqRequest::new(job.prompt, job.max_tokens, job.sampling, stop_ids.clone()) };
         match self.batch.add(request) {
             Ok(id) => {
                 let _ = job.replies.send(Reply::Admitted);

@@ -66,6 +66,10 @@ pub enum TextError {
     #[error("chat template raised: {message}")]
     TemplateRaised { message: String },
 
+    /// A token's true bytes cannot be derived (constrained decoding needs them).
+    #[error("token bytes: {0}")]
+    TokenBytes(String),
+
     /// No chat template is known for this tokenizer.
     #[error("no chat template: the model file / tokenizer_config.json carries none")]
     NoChatTemplate,

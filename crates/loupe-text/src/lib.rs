@@ -37,6 +37,7 @@ mod pyjson;
 pub mod spec;
 mod stream;
 mod strftime;
+mod token_bytes;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -46,4 +47,5 @@ pub use error::{Result, TextError};
 pub use hf_config::TokenizerConfig;
 pub use spec::TokenizerSpec;
 pub use stream::StreamDecoder;
+pub use token_bytes::TokenBytes;
 pub use tokenizer::{Tokenizer, END_OF_GENERATION_TOKENS};

@@ -172,3 +172,46 @@ fn public_types_are_send_and_sync() {
     check::<loupe_text::TokenizerSpec>();
     check::<loupe_text::TextError>();
 }
+
+fn text_of(bytes: &[loupe_text::TokenBytes], ids: &[u32]) -> Vec<u8> {
+    ids.iter()
+        .flat_map(|&id| match &bytes[id as usize] {
+            loupe_text::TokenBytes::Text(b) => b.clone(),
+            loupe_text::TokenBytes::Special(_) => Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn byte_level_token_bytes_concatenate_to_the_decode() {
+    let tok = byte_level();
+    let n = tok.vocab_size();
+    let bytes = tok.token_bytes(n + 3).expect("token bytes");
+    assert_eq!(bytes.len(), n + 3);
+    // The control tokens and the ids past the vocabulary are special, with their names.
+    let im_end = tok.id_of("<|im_end|>").unwrap() as usize;
+    assert_eq!(bytes[im_end], loupe_text::TokenBytes::Special("<|im_end|>".into()));
+    assert_eq!(bytes[n + 1], loupe_text::TokenBytes::Special(format!("<[{}]>", n + 1)));
+    assert_eq!(bytes[tok.id_of(&spell(" the")).unwrap() as usize], loupe_text::TokenBytes::Text(b" the".to_vec()));
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..200 {
+        let ids: Vec<u32> = (0..1 + rng.below(12)).map(|_| rng.below(n as u32)).collect();
+        let ours = String::from_utf8_lossy(&text_of(&bytes, &ids)).into_owned();
+        assert_eq!(ours, tok.decode(&ids, true).unwrap(), "ids {ids:?}");
+    }
+}
+
+#[test]
+fn sentencepiece_token_bytes_spell_the_encoded_text() {
+    let tok = sentencepiece();
+    let bytes = tok.token_bytes(tok.vocab_size()).expect("token bytes");
+    assert_eq!(bytes[tok.id_of("<0xE2>").unwrap() as usize], loupe_text::TokenBytes::Text(vec![0xE2]));
+    assert_eq!(bytes[tok.id_of("▁ab").unwrap() as usize], loupe_text::TokenBytes::Text(b" ab".to_vec()));
+    assert_eq!(bytes[2], loupe_text::TokenBytes::Special("</s>".into()));
+    for text in ["ab c", "abc  b 日本語 ü", "é😀a", "a  b"] {
+        let ids = tok.encode(text, false).unwrap();
+        // The Metaspace pre-tokenizer adds one leading space (▁) that the decoder strips.
+        let ours = text_of(&bytes, &ids);
+        assert_eq!(std::str::from_utf8(&ours).unwrap().strip_prefix(' ').unwrap(), text, "ids {ids:?}");
+    }
+}

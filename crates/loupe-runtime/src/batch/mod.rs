@@ -29,6 +29,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, Observer, PagedKvCache, ValueInfo};
 
+use crate::constraint::{Constraint, GrammarSpec};
 use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams, TokenLogprobs};
 pub use blocks::{BlockManager, PrefixStats};
 
@@ -72,6 +73,19 @@ pub struct SeqRequest {
     /// Report each generated token's log-probability and this many most likely
     /// alternatives ([`TokenLogprobs`]); `None`: no log-probabilities.
     pub logprobs: Option<usize>,
+    /// What the output must match ([`crate::constraint`]); compiled when the request is
+    /// added, so an invalid grammar fails [`BatchEngine::add`].
+    pub grammar: Option<GrammarSpec>,
+    /// With a grammar: append the tokens it forces without sampling them (they come
+    /// without log-probabilities).
+    pub fast_forward: bool,
+}
+
+impl SeqRequest {
+    /// An unconstrained request without log-probabilities.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, stop_ids: Vec<u32>) -> SeqRequest {
+        SeqRequest { prompt, max_tokens, sampling, stop_ids, logprobs: None, grammar: None, fast_forward: false }
+    }
 }
 
 /// Token counts of a finished sequence.
@@ -138,6 +152,8 @@ struct Sequence {
     stop_ids: Vec<u32>,
     logprobs: Option<usize>,
     sampler: Sampler,
+    constraint: Option<Constraint>,
+    fast_forward: bool,
     /// Block table: position `p` is in `blocks[p / block_size]`.
     blocks: Vec<u32>,
     /// Chain keys of the first `keys.len()` full blocks (registered or claimed).
@@ -160,6 +176,7 @@ impl Sequence {
 
 /// Many sequences over one model; see the module docs.
 pub struct BatchEngine<'e> {
+    engine: &'e Engine,
     graph: &'e Graph,
     executor: Executor,
     kv: PagedKvCache,
@@ -222,6 +239,7 @@ impl<'e> BatchEngine<'e> {
         let kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, config.block_size, n_blocks, kv_dtype);
         let blocks = BlockManager::new(n_blocks, config.block_size, salt.finish(), config.prefix_cache);
         Ok(BatchEngine {
+            engine,
             graph,
             executor: {
                 let mut e = Executor::new(graph, engine.debug());
@@ -277,6 +295,10 @@ impl<'e> BatchEngine<'e> {
                 self.blocks.total()
             )));
         }
+        let constraint = match &request.grammar {
+            Some(spec) => Some(self.engine.grammars()?.compile(spec)?),
+            None => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Sequence {
@@ -287,6 +309,8 @@ impl<'e> BatchEngine<'e> {
             stop_ids: request.stop_ids,
             logprobs: request.logprobs,
             sampler: Sampler::new(request.sampling),
+            constraint,
+            fast_forward: request.fast_forward,
             blocks: Vec::new(),
             keys: Vec::new(),
             computed: 0,
@@ -469,6 +493,17 @@ impl<'e> BatchEngine<'e> {
         let mut events = Vec::new();
         let plan = self.schedule(&mut events);
         self.last_step = StepShape::default();
+        // Grammar masks of the sequences that sample this step, computed on a helper
+        // thread while the forward pass runs (they depend only on the tokens so far).
+        let mut constraints: Vec<(usize, Constraint)> = Vec::new();
+        for (i, &n) in plan.iter().enumerate() {
+            let seq = &mut self.running[i];
+            if n > 0 && seq.computed + n == seq.tokens.len() {
+                if let Some(c) = seq.constraint.take() {
+                    constraints.push((i, c));
+                }
+            }
+        }
         let mut tokens = Vec::new();
         let mut spans = Vec::new();
         let mut logit_seqs = Vec::new();
@@ -492,13 +527,27 @@ impl<'e> BatchEngine<'e> {
         if let Some(obs) = observer.as_deref_mut() {
             obs.begin_step(&layout);
         }
-        let logits = self.executor.run_batch(self.graph, &tokens, &spans, &mut self.kv, observer.map(|o| o.as_observer()))?;
+        let (executor, kv, graph) = (&mut self.executor, &mut self.kv, self.graph);
+        let (logits, masks) = std::thread::scope(|s| {
+            let masks = (!constraints.is_empty()).then(|| s.spawn(|| constraints.iter_mut().try_for_each(|(_, c)| c.compute_mask())));
+            let logits = executor.run_batch(graph, &tokens, &spans, kv, observer.map(|o| o.as_observer()));
+            (logits, masks.map(|h| h.join()))
+        });
+        let n_spans = spans.len();
+        drop(spans);
+        for (i, c) in constraints {
+            self.running[i].constraint = Some(c);
+        }
+        if let Some(masks) = masks {
+            masks.map_err(|_| RuntimeError::InvalidRequest("the grammar engine panicked".into()))??;
+        }
+        let logits = logits?;
         let vocab = if logit_seqs.is_empty() { 0 } else { logits.len() / logit_seqs.len() };
         self.stats.steps += 1;
         self.stats.tokens_computed += tokens.len() as u64;
         let decode_tokens = plan.iter().enumerate().filter(|&(i, &n)| n == 1 && self.running[i].computed + 1 == self.running[i].tokens.len() && self.running[i].generated() > 0).count();
         self.stats.prefill_tokens_computed += (tokens.len() - decode_tokens) as u64;
-        self.last_step = StepShape { ce_seqs: spans.len() - decode_tokens, ce_tokens: tokens.len() - decode_tokens, tg_seqs: decode_tokens };
+        self.last_step = StepShape { ce_seqs: n_spans - decode_tokens, ce_tokens: tokens.len() - decode_tokens, tg_seqs: decode_tokens };
         // Sample in plan order; logits rows follow the spans that asked for them.
         let mut sampled = Vec::with_capacity(logit_seqs.len());
         for (row, &i) in logit_seqs.iter().enumerate() {
@@ -506,6 +555,9 @@ impl<'e> BatchEngine<'e> {
             self.logits_row.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
             let seq = &mut self.running[i];
             let raw = &logits[row * vocab..(row + 1) * vocab];
+            if let Some(c) = seq.constraint.as_mut() {
+                c.apply(&mut self.logits_row)?;
+            }
             let token = seq.sampler.sample(&mut self.logits_row, &seq.tokens);
             sampled.push((i, token, seq.logprobs.map(|n| TokenLogprobs::from_logits(raw, token, n))));
         }
@@ -523,15 +575,29 @@ impl<'e> BatchEngine<'e> {
         let mut finished = Vec::new();
         for (i, token, logprobs) in sampled {
             let seq = &mut self.running[i];
-            seq.tokens.push(token);
-            events.push(SeqEvent::Token { id: seq.id, token, logprobs });
-            let reason = if seq.stop_ids.contains(&token) {
-                Some(FinishReason::Eos)
-            } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= self.graph.context_length {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
+            // The sampled token, then any the grammar forces after it.
+            let mut new = vec![(token, logprobs)];
+            let room = seq.max_tokens.saturating_sub(seq.generated() + 1).min(self.graph.context_length.saturating_sub(seq.tokens.len() + 1));
+            if let Some(c) = seq.constraint.as_mut() {
+                new.extend(c.advance(token, seq.fast_forward)?.into_iter().take(room).map(|t| (t, None)));
+            }
+            let mut reason = None;
+            for (token, logprobs) in new {
+                seq.tokens.push(token);
+                events.push(SeqEvent::Token { id: seq.id, token, logprobs });
+                reason = if seq.stop_ids.contains(&token) {
+                    Some(FinishReason::Eos)
+                } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= self.graph.context_length {
+                    Some(FinishReason::Length)
+                } else if seq.constraint.as_ref().is_some_and(Constraint::is_finished) {
+                    Some(FinishReason::Grammar)
+                } else {
+                    None
+                };
+                if reason.is_some() {
+                    break;
+                }
+            }
             if let Some(reason) = reason {
                 events.push(SeqEvent::Finished { id: seq.id, reason, usage: seq.usage() });
                 finished.push(i);
