@@ -64,11 +64,17 @@ pub struct BenchArgs {
     pub no_ceiling: bool,
     #[command(flatten)]
     pub engine: crate::args::BatchEngineArgs,
+    /// With a grammar (--json-schema, --regex, ...): two more decode tests, alternated run
+    /// by run, greedy decoding without and with the grammar's masks, and their ratio (what
+    /// constrained decoding costs at batch 1).
+    #[command(flatten)]
+    pub grammar: crate::cmd_generate::GrammarArgs,
     #[command(flatten)]
     pub profile: crate::args::ProfileArgs,
 }
 
 /// The timings of one test (`pp512`, `tg128`).
+#[derive(Clone)]
 struct TestResult {
     name: String,
     tokens: usize,
@@ -195,6 +201,14 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         tests.push(TestResult { name, tokens: args.n_gen, runs });
     }
     bar.finish_and_clear();
+    let grammar_cost = match args.grammar.spec()? {
+        Some(spec) if args.n_gen > 0 => Some(grammar_tests(&engine, &spec, &args, bos)?),
+        Some(_) => return Err(UsageError("a grammar benchmark needs decode steps (--n-gen > 0)".into()).into()),
+        None => None,
+    };
+    if let Some(g) = &grammar_cost {
+        tests.extend([g.free.clone(), g.constrained.clone()]);
+    }
 
     let peak_rss = peak_rss_bytes();
     let precision = precision_name(model.precision);
@@ -246,6 +260,14 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             "read_bandwidth_buffer_bytes": ceiling.map(|c| c.buffer_bytes),
             "read_bandwidth_passes": ceiling.map(|c| c.passes),
             "tg_share_of_read_bandwidth": share,
+            "grammar": grammar_cost.as_ref().map(|g| serde_json::json!({
+                "kind": g.kind,
+                "greedy_tokens_per_s_runs": g.free.runs,
+                "constrained_tokens_per_s_runs": g.constrained.runs,
+                "ratio_of_medians": median(&g.constrained.runs) / median(&g.free.runs),
+                "masks": g.masks,
+                "mask_ms_mean": g.mask_ms,
+            })),
         });
         writeln!(out, "{obj}").context("writing stdout")?;
     } else {
@@ -302,12 +324,111 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             )
             .context("writing stdout")?;
         }
+        if let Some(g) = &grammar_cost {
+            writeln!(
+                out,
+                "grammar ({}): greedy decode {:.2} t/s with masks vs {:.2} without, {:.3}x (medians of {} alternations); {} masks, {:.3} ms each, computed during the forward passes",
+                g.kind,
+                median(&g.constrained.runs),
+                median(&g.free.runs),
+                median(&g.constrained.runs) / median(&g.free.runs),
+                g.free.runs.len(),
+                g.masks,
+                g.mask_ms
+            )
+            .context("writing stdout")?;
+        }
         if isa != isa_detected {
             writeln!(out, "note: kernels forced to {isa} by LOUPE_ISA; this CPU supports {isa_detected}").context("writing stdout")?;
         }
     }
     out.flush().context("writing stdout")?;
     args.profile.report(profiler.as_ref())
+}
+
+/// The constrained-decoding figures of one bench run.
+struct GrammarCost {
+    kind: &'static str,
+    free: TestResult,
+    constrained: TestResult,
+    masks: u64,
+    mask_ms: f64,
+}
+
+fn median(runs: &[f64]) -> f64 {
+    let mut v = runs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Greedy decode of --n-gen tokens without and with `spec`'s masks, alternated run by run
+/// so both see the same machine state. Both pick tokens by argmax from the logits (the
+/// constrained one after masking), so the only difference is the grammar: its mask
+/// (computed on a helper thread during each forward pass, as the engines do), applying it,
+/// and advancing it. A grammar that completes is compiled afresh and decoding goes on, as
+/// the next request would.
+fn grammar_tests(engine: &loupe_runtime::Engine, spec: &loupe_runtime::GrammarSpec, args: &BenchArgs, bos: Option<u32>) -> anyhow::Result<GrammarCost> {
+    let grammars = engine.grammars().map_err(|e| UsageError(e.to_string()))?;
+    grammars.compile(spec).map_err(|e| UsageError(e.to_string()))?;
+    let prompt = bench_tokens(8, bos, engine.config().vocab_size, TOKEN_SEED);
+    let mut session = engine.session(prompt.len() + args.n_gen + 1);
+    session.reserve(prompt.len() + args.n_gen + 1);
+    let (mut free, mut constrained) = (Vec::new(), Vec::new());
+    let (mut masks, mut mask_time) = (0u64, std::time::Duration::ZERO);
+    for i in 0..args.warmup + args.repetitions {
+        for with_grammar in [false, true] {
+            session.reset();
+            let mut logits = session.forward(&prompt, false, None).context("grammar bench: prompt")?.to_vec();
+            let mut c = if with_grammar { Some(grammars.compile(spec)?) } else { None };
+            let start = Instant::now();
+            for _ in 0..args.n_gen {
+                if let Some(c) = c.as_mut() {
+                    c.apply(&mut logits)?;
+                }
+                let token = loupe_runtime::argmax(&logits);
+                let next = match c.as_mut() {
+                    Some(con) => {
+                        con.advance(token, false)?;
+                        if con.is_finished() {
+                            let (n, t) = con.mask_stats();
+                            masks += n;
+                            mask_time += t;
+                            *con = grammars.compile(spec)?;
+                        }
+                        let (fwd, mask) = std::thread::scope(|s| {
+                            let mask = s.spawn(|| con.compute_mask());
+                            (session.forward(&[token], false, None).map(<[f32]>::to_vec), mask.join())
+                        });
+                        mask.map_err(|_| anyhow::anyhow!("the grammar engine panicked"))??;
+                        fwd
+                    }
+                    None => session.forward(&[token], false, None).map(<[f32]>::to_vec),
+                };
+                logits = next.context("grammar bench: decode step")?;
+            }
+            let tps = args.n_gen as f64 / start.elapsed().as_secs_f64();
+            if let Some(con) = c {
+                let (n, t) = con.mask_stats();
+                masks += n;
+                mask_time += t;
+            }
+            if i >= args.warmup {
+                if with_grammar { constrained.push(tps) } else { free.push(tps) }
+            }
+        }
+    }
+    let name = |s: &str| format!("tg{} {s}", args.n_gen);
+    Ok(GrammarCost {
+        kind: spec.kind(),
+        free: TestResult { name: name("greedy"), tokens: args.n_gen, runs: free },
+        constrained: TestResult { name: name("greedy+grammar"), tokens: args.n_gen, runs: constrained },
+        masks,
+        mask_ms: mask_time.as_secs_f64() * 1e3 / masks.max(1) as f64,
+    })
 }
 
 /// `n` token ids: BOS first when given, then ids drawn uniformly from `0..vocab` by SplitMix64.

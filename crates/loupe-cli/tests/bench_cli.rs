@@ -159,3 +159,27 @@ fn batched_json_and_table() {
     assert_clean_failure(&run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "-p", "200", "-n", "100"])), "context window");
     assert_clean_failure(&run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "--kv-cache-mb", "0"])), "KV cache budget");
 }
+
+/// `loupe bench --regex`: greedy decode with and without the grammar, alternated, in the
+/// same report, with the masks counted.
+#[test]
+fn grammar_cost_is_reported_beside_plain_greedy() {
+    let out = run(loupe().arg("bench").arg("--model").arg(tiny_model()).args(["-p", "0", "-n", "12", "-r", "2", "-t", "2", "--no-ceiling", "--json", "--regex", "[a-z]{3}[0-9]{2}"]));
+    assert!(out.status.success(), "loupe bench failed: {}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let g = &v["grammar"];
+    assert_eq!(g["kind"], "regex", "{v}");
+    for key in ["greedy_tokens_per_s_runs", "constrained_tokens_per_s_runs"] {
+        let runs = g[key].as_array().unwrap_or_else(|| panic!("{key}: {v}"));
+        assert_eq!(runs.len(), 2, "{v}");
+        assert!(runs.iter().all(|r| r.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)), "{v}");
+    }
+    // 12 steps per run, 3 runs (warm-up included), and the grammar completes every 5 tokens
+    // and is compiled afresh: at least one mask per step.
+    assert!(g["masks"].as_u64().unwrap() >= 36, "{v}");
+    positive_finite(g, "mask_ms_mean");
+    positive_finite(g, "ratio_of_medians");
+    let bad = run(loupe().arg("bench").arg("--model").arg(tiny_model()).args(["-p", "0", "-n", "4", "-r", "1", "--regex", "a("]));
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("invalid regex"), "{}", stderr(&bad));
+}
