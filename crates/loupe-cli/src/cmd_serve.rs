@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// The model id clients send in `model` [default: the model file's name without extension]
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// Move the model's thinking into the message's `reasoning` field: qwen3, deepseek_r1
+    /// (output starts inside the block), or none [default: by model family: qwen3 for
+    /// Qwen3, none otherwise]
+    #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(loupe_text::REASONING_PARSERS))]
+    pub reasoning_parser: Option<String>,
     #[command(flatten)]
     pub engine: BatchEngineArgs,
     #[command(flatten)]
@@ -91,6 +96,7 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         served_model_name: args.served_model_name,
         batch: args.engine.config(args.max_seqs),
         drop_last_stream_delta: args.inject.iter().any(|f| f.class == loupe_graph::FaultClass::StreamDropLast),
+        reasoning_parser: args.reasoning_parser,
     };
     let faults: Vec<loupe_graph::Fault> = args.inject.iter().filter(|f| f.class.subsystem() != loupe_graph::Subsystem::Server).copied().collect();
     if !args.inject.is_empty() {

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
+use loupe_text::{Section, SectionMarkers, SectionSplitter};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
@@ -72,6 +73,9 @@ pub struct ServeOptions {
     /// Planted fault `stream-drop-last` (`loupe serve --inject`, for testing `loupe
     /// bisect`): streamed responses hold each text delta back one chunk and drop the last.
     pub drop_last_stream_delta: bool,
+    /// `--reasoning-parser`: one of [`loupe_text::REASONING_PARSERS`]; `None`: by the model's
+    /// family (`qwen3` for Qwen3, `none` otherwise).
+    pub reasoning_parser: Option<String>,
 }
 
 /// Why the server could not run.
@@ -95,6 +99,8 @@ fn log(message: impl AsRef<str>) {
 
 /// What exists once the model is loaded.
 struct Ready {
+    /// How chat answers are split into `content` and `reasoning`; `None`: not at all.
+    reasoning: Option<SectionMarkers>,
     engine: Arc<Engine>,
     handle: EngineHandle,
     model_id: String,
@@ -195,7 +201,11 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
                         b.max_batch_tokens,
                         if b.prefix_cache { "on" } else { "off" }
                     ));
-                    let _ = state.ready.set(Ready { engine, handle, model_id: model_id.clone(), context, created: unix_now() });
+                    let parser = state.options.reasoning_parser.clone().unwrap_or_else(|| default_reasoning_parser(engine.config().family).into());
+                    // Tool calls are not served yet, so only reasoning markers split the text.
+                    let reasoning = SectionMarkers::for_reasoning_parser(&parser).filter(|m| m.reasoning.is_some()).map(|m| SectionMarkers { tool_call: None, ..m });
+                    log(format!("reasoning parser: {parser}"));
+                    let _ = state.ready.set(Ready { reasoning, engine, handle, model_id: model_id.clone(), context, created: unix_now() });
                     log(format!("ready in {:.2} s: model '{model_id}', context {context} tokens, at most {} requests in flight", start.elapsed().as_secs_f64(), state.limit()));
                 }
                 Ok(Err(e)) => {
@@ -475,6 +485,9 @@ struct Answer {
     /// [`ServeOptions::drop_last_stream_delta`]: the chunk held back, sent when the next
     /// delta arrives and dropped at the end.
     held: Option<Option<Value>>,
+    /// Chat answers of a reasoning model: splits streamed text into `content` and
+    /// `reasoning` (docs/serving.md).
+    sections: Option<SectionSplitter>,
 }
 
 impl Drop for Answer {
@@ -671,6 +684,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
             deadline: timeout.map(|t| tokio::time::Instant::from_std(arrived + t)),
             timeout,
             held: state.options.drop_last_stream_delta.then_some(None),
+            sections: if endpoint == Endpoint::Chat { r.reasoning.map(SectionSplitter::new) } else { None },
         },
         req.stream,
     ))
@@ -696,7 +710,7 @@ async fn collect(answer: &mut Answer) -> Result<Response, ApiError> {
                 let body = match answer.endpoint {
                     Endpoint::Chat => json!({
                         "id": answer.id, "object": "chat.completion", "created": answer.created, "model": answer.model,
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                        "choices": [{"index": 0, "message": message(answer.sections.take(), &text),
                                      "logprobs": if answer.logprobs { json!({"content": chat_lp, "refusal": null}) } else { Value::Null },
                                      "finish_reason": finish}],
                         "usage": usage_json, "system_fingerprint": null,
@@ -753,8 +767,16 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
                             }
                         };
                         let next_offset = offset + text.len();
+                        let delta = match a.sections.as_mut() {
+                            Some(s) => match section_delta(s.push(&text)) {
+                                Some(d) => d,
+                                None if lp.is_null() => continue,
+                                None => json!({"content": ""}),
+                            },
+                            None => json!({"content": text}),
+                        };
                         let mut body = match a.endpoint {
-                            Endpoint::Chat => chunk(&a, json!({"content": text}), lp, Value::Null),
+                            Endpoint::Chat => chunk(&a, delta, lp, Value::Null),
                             Endpoint::Completion => chunk(&a, json!(text), lp, Value::Null),
                         };
                         if let Some(held) = a.held.as_mut() {
@@ -768,7 +790,9 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
                     }
                     Received::Reply(Reply::Done { finish, usage, .. }) => {
                         a.admission.finished = true;
-                        let empty = if a.endpoint == Endpoint::Chat { json!({}) } else { json!("") };
+                        // What the section splitter still held goes out with the last chunk.
+                        let held_back = a.sections.take().and_then(|s| section_delta(s.finish()));
+                        let empty = if a.endpoint == Endpoint::Chat { held_back.unwrap_or_else(|| json!({})) } else { json!("") };
                         let last = chunk(&a, empty, Value::Null, json!(finish));
                         let next = if a.include_usage { Phase::Usage(a.usage(&usage)) } else { Phase::Done };
                         return Some((Ok(event(last)), (a, next, offset)));
@@ -792,6 +816,54 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
         }
     });
     Sse::new(stream)
+}
+
+/// The reasoning parser a model family uses by default: its chat template's thinking markers.
+fn default_reasoning_parser(family: loupe_models::Family) -> &'static str {
+    match family {
+        loupe_models::Family::Qwen3 => "qwen3",
+        _ => "none",
+    }
+}
+
+/// The answer text and the thinking in `parts`, each joined.
+fn content_and_reasoning(parts: Vec<Section>) -> (String, String) {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    for p in parts {
+        match p {
+            Section::Content(t) | Section::ToolCall(t) => content.push_str(&t),
+            Section::Reasoning(t) => reasoning.push_str(&t),
+        }
+    }
+    (content, reasoning)
+}
+
+/// A chat answer's `message`: with a splitter, the thinking goes to `reasoning` (present
+/// only when the model thought) and the rest to `content`.
+fn message(sections: Option<SectionSplitter>, text: &str) -> Value {
+    let Some(mut s) = sections else { return json!({"role": "assistant", "content": text}) };
+    let mut parts = s.push(text);
+    parts.extend(s.finish());
+    let (content, reasoning) = content_and_reasoning(parts);
+    let mut m = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        m["reasoning"] = json!(reasoning);
+    }
+    m
+}
+
+/// A streamed delta from the sections one piece of text completed: `reasoning` and/or
+/// `content`; `None` when the splitter holds everything back.
+fn section_delta(parts: Vec<Section>) -> Option<Value> {
+    let (content, reasoning) = content_and_reasoning(parts);
+    let mut d = serde_json::Map::new();
+    if !reasoning.is_empty() {
+        d.insert("reasoning".into(), json!(reasoning));
+    }
+    if !content.is_empty() {
+        d.insert("content".into(), json!(content));
+    }
+    (!d.is_empty()).then_some(Value::Object(d))
 }
 
 /// One streamed chunk; `usage: null` on every chunk when usage was asked for, as OpenAI does.
