@@ -8,11 +8,12 @@ use loupe_server::request::fuzz_request;
 const SEED: u64 = 0x6c6f_7570_6500_0011;
 const ITERATIONS: usize = 4000;
 
-const VALID: [&str; 4] = [
+const VALID: [&str; 5] = [
     r#"{"model": "m", "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "temperature": 0.5, "top_p": 0.9, "stop": ["\n", "END"], "logprobs": true, "top_logprobs": 3, "stream": true, "stream_options": {"include_usage": true}, "seed": -3, "max_completion_tokens": 40}"#,
     r#"{"prompt": "Once upon a time", "max_tokens": 16, "logprobs": 2, "presence_penalty": 1.5, "frequency_penalty": -0.5, "n": 1, "best_of": 1, "echo": false, "suffix": null}"#,
     r#"{"prompt": [1, 2, 3, 4294967295], "top_k": -1, "min_p": 0.1, "repetition_penalty": 1.1, "user": "u", "metadata": {"a": 1}}"#,
     r#"{"messages": [{"role": "assistant", "content": null, "name": "x"}], "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {}}"#,
+    r##"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": ["object", "null"], "properties": {"a": {"type": "array", "items": {"$ref": "#/$defs/b"}}}, "$defs": {"b": {"enum": [1, "x", null]}}}}}}"##,
 ];
 
 fn mutate(input: &mut Vec<u8>, rng: &mut SplitMix64) {
