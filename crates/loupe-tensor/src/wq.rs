@@ -336,11 +336,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q6K) {
-        let (block, bytes) = (ty.block_size(), ty.type_size());
-        if !w_row.len().is_multiple_of(bytes) || w_row.len() / bytes * block != x.len() {
-            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), x.len()) });
-        }
-        let blocks = w_row.len() / bytes;
+        let blocks = whole_blocks(ty, w_row.len(), x.len())?;
         if ty == GgmlType::Q5_1 && sums.len() != blocks {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
         }
@@ -363,13 +359,23 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
     dot_row_scalar(ty, w_row, x)
 }
 
+/// The number of `ty` blocks in `w_bytes` when they are whole and cover exactly `n_values`
+/// values. The product test `bytes * block == values * type_size` alone would accept a row
+/// that is not whole blocks when the counts happen to balance (9 bytes of Q4_K, whose blocks
+/// are 144 bytes of 256 values, against 16 values), and the dot would then be over nothing.
+fn whole_blocks(ty: GgmlType, w_bytes: usize, n_values: usize) -> Result<usize, TensorError> {
+    let (block, bytes) = (ty.block_size(), ty.type_size());
+    if w_bytes.is_multiple_of(bytes) && (w_bytes / bytes).checked_mul(block) == Some(n_values) {
+        Ok(w_bytes / bytes)
+    } else {
+        Err(TensorError::Shape { op: "dot_row", detail: format!("{w_bytes} bytes of {ty} against {n_values} activations (whole {bytes}-byte blocks of {block} values expected)") })
+    }
+}
+
 /// Reference: dequantize block by block, multiply in f32.
 pub fn dot_row_scalar(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, TensorError> {
-    let block = ty.block_size();
-    let bytes = ty.type_size();
-    if w_row.len() * block != x.len() * bytes {
-        return Err(TensorError::Shape { op: "dot_row", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), x.len()) });
-    }
+    let (block, bytes) = (ty.block_size(), ty.type_size());
+    whole_blocks(ty, w_row.len(), x.len())?;
     let mut buf = [0f32; 256];
     let mut acc = 0f32;
     for (wb, xb) in w_row.chunks_exact(bytes).zip(x.chunks_exact(block)) {
@@ -384,7 +390,7 @@ pub fn dot_row_scalar(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, Tens
 /// bit-identical to [`dequantize_row`].
 pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
-    if Isa::active() >= Isa::Avx512 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && src.len() * ty.block_size() == dst.len() * ty.type_size() {
+    if Isa::active() >= Isa::Avx512 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && whole_blocks(ty, src.len(), dst.len()).is_ok() {
         // SAFETY: AVX-512 is available; lengths were checked just above.
         unsafe { avx512::dequant(ty, src, dst) };
         return Ok(());
@@ -912,6 +918,26 @@ mod tests {
                 assert!(dot_row(isa, ty, &row[..ty.type_size()], &x, &[]).is_err(), "{ty} {isa:?}: too many activations are an error");
                 assert_eq!(dot_row(isa, ty, &[], &[], &[]).unwrap(), 0.0, "{ty} {isa:?}: an empty row");
             }
+        }
+    }
+
+    #[test]
+    fn rows_that_are_not_whole_blocks_are_errors_even_when_the_counts_balance() {
+        // 9 bytes against 16 values: 9 * 256 == 16 * 144 for Q4_K, 9 * 32 == 16 * 18 for
+        // Q8_0 (34-byte blocks: no), so pick, per type, a byte count that balances.
+        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
+            let (block, bytes) = (ty.block_size(), ty.type_size());
+            // Half a block's bytes against half its values: the products balance.
+            let (b, n) = if bytes % 2 == 0 && block % 2 == 0 { (bytes / 2, block / 2) } else { continue };
+            assert_eq!(b * block, n * bytes);
+            let row = vec![0x11u8; b];
+            let x = vec![1f32; n];
+            assert!(dot_row_scalar(ty, &row, &x).is_err(), "{ty}: {b} bytes against {n} values");
+            for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
+                assert!(dot_row(isa, ty, &row, &x, &vec![0.0; 1]).is_err(), "{ty} {isa:?}");
+            }
+            let mut dst = vec![7f32; n];
+            assert!(dequantize_row_fast(ty, &row, &mut dst).is_err() || dst.iter().all(|&v| v != 7.0), "{ty}: neither an error nor written");
         }
     }
 
