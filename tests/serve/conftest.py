@@ -49,11 +49,21 @@ def model_path() -> Path:
     return path
 
 
+def qwen_model_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct, whose chat template renders tools (LOUPE_QWEN_MODEL,
+    default the cached GGUF; `scripts/fetch-model qwen2.5-coder-0.5b`)."""
+    env = os.environ.get("LOUPE_QWEN_MODEL")
+    path = Path(env) if env else Path.home() / ".cache" / "loupe" / "models" / "Qwen2.5-Coder-0.5B-Instruct.gguf"
+    if not path.exists():
+        _missing(f"needs Qwen2.5-Coder-0.5B-Instruct at {path} (scripts/fetch-model qwen2.5-coder-0.5b, or set LOUPE_QWEN_MODEL)")
+    return path
+
+
 class Server:
     """A running `loupe serve` process."""
 
-    def __init__(self, *args: str, wait_ready: bool = True, timeout: float = 120.0):
-        self.args = [str(loupe_bin()), "serve", "--model", str(model_path()), "--host", "127.0.0.1", "--port", "0", *args]
+    def __init__(self, *args: str, model: Path | None = None, wait_ready: bool = True, timeout: float = 120.0):
+        self.args = [str(loupe_bin()), "serve", "--model", str(model or model_path()), "--host", "127.0.0.1", "--port", "0", *args]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []
         self._listening = threading.Event()

@@ -385,7 +385,7 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesR
         let (r, mut f) = token_route_fields(&state, body)?;
         let tokens = if let Some(messages) = f.take("messages") {
             let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-            chat_tokens(r, &request::messages(Some(messages))?, add_generation_prompt)?
+            chat_tokens(r, &request::messages(Some(messages))?, None, add_generation_prompt)?
         } else {
             let prompt = f.string("prompt")?.ok_or_else(|| ApiError::invalid("prompt", "'prompt' (a string) or 'messages' is required."))?;
             let special = f.bool("add_special_tokens")?.unwrap_or(true);
@@ -427,9 +427,20 @@ fn check_model(model: &str, r: &Ready) -> Result<(), ApiError> {
     }
 }
 
-fn chat_tokens(r: &Ready, messages: &[loupe_text::ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+fn chat_tokens(r: &Ready, messages: &[Value], tools: Option<&request::Tools>, add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
     let template = r.engine.model().chat_template.as_ref().ok_or_else(|| ApiError::invalid("messages", "This model has no chat template; use /v1/completions with a raw prompt."))?;
-    let text = template.render(messages, add_generation_prompt).map_err(|e| ApiError::invalid("messages", format!("The chat template could not render these messages: {e}")))?;
+    let messages_json = Value::Array(messages.to_vec()).to_string();
+    let rendered = match tools {
+        None => template.render_json(&messages_json, add_generation_prompt),
+        Some(t) => {
+            // A template that never reads `tools` would silently drop them (llama.cpp #27129).
+            if !r.engine.tokenizer().chat_template_source().is_some_and(|s| s.contains("tools")) {
+                return Err(ApiError::invalid("tools", "This model's chat template does not render tools; the request is refused rather than answered without them."));
+            }
+            template.render_json_with_tools(&messages_json, &Value::Array(t.list.clone()).to_string(), add_generation_prompt)
+        }
+    };
+    let text = rendered.map_err(|e| ApiError::invalid("messages", format!("The chat template could not render these messages: {e}")))?;
     r.engine.tokenizer().encode(&text, false).map_err(|e| {
         log(format!("error: encoding a rendered chat failed: {e}"));
         ApiError::internal()
@@ -485,9 +496,11 @@ struct Answer {
     /// [`ServeOptions::drop_last_stream_delta`]: the chunk held back, sent when the next
     /// delta arrives and dropped at the end.
     held: Option<Option<Value>>,
-    /// Chat answers of a reasoning model: splits streamed text into `content` and
-    /// `reasoning` (docs/serving.md).
+    /// Chat answers of a reasoning model or with tools: splits streamed text into
+    /// `content`, `reasoning` and tool calls (docs/serving.md).
     sections: Option<SectionSplitter>,
+    /// Tool calls sent so far (their `index` in streamed deltas).
+    tool_calls: usize,
 }
 
 impl Drop for Answer {
@@ -639,7 +652,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
         check_model(m, r)?;
     }
     let (prompt, param) = match &req.input {
-        Input::Chat(messages) => (chat_tokens(r, messages, true)?, "messages"),
+        Input::Chat(messages) => (chat_tokens(r, messages, req.tools.as_ref(), true)?, "messages"),
         Input::Text(text) => (r.engine.tokenizer().encode(text, true).map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?, "prompt"),
         Input::Tokens(ids) => (ids.clone(), "prompt"),
     };
@@ -650,8 +663,10 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     if prompt.len() >= r.context {
         return Err(ApiError::prompt_too_long(prompt.len(), r.context, param));
     }
-    if let Some(spec) = &req.grammar {
-        check_grammar(r, spec)?;
+    // `tool_choice` required or named: the output is tool calls, by grammar.
+    let grammar = req.grammar.clone().or_else(|| req.tools.as_ref().and_then(request::Tools::grammar));
+    if let Some(spec) = &grammar {
+        check_grammar(r, spec).map_err(|e| if req.grammar.is_some() { e } else { ApiError { param: Some("tools".into()), ..e } })?;
     }
     let room = r.context - prompt.len();
     let max_tokens = req.max_tokens.map_or(room, |m| m.min(room));
@@ -664,7 +679,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     let admission = Admission { state: state.clone(), key, finished: false };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, ignore_eos: req.ignore_eos, grammar: req.grammar, arrived, replies: tx };
+    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, ignore_eos: req.ignore_eos, grammar, arrived, replies: tx };
     if !r.handle.submit(job) {
         return Err(ApiError::shutting_down());
     }
@@ -684,7 +699,14 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
             deadline: timeout.map(|t| tokio::time::Instant::from_std(arrived + t)),
             timeout,
             held: state.options.drop_last_stream_delta.then_some(None),
-            sections: if endpoint == Endpoint::Chat { r.reasoning.map(SectionSplitter::new) } else { None },
+            sections: match (&req.tools, endpoint) {
+                // Tool calls are split out whenever tools are offered, with the reasoning
+                // markers if the model reasons.
+                (Some(_), Endpoint::Chat) => Some(SectionSplitter::new(r.reasoning.unwrap_or(SectionMarkers::PLAIN).with_tool_calls())),
+                (None, Endpoint::Chat) => r.reasoning.map(SectionSplitter::new),
+                _ => None,
+            },
+            tool_calls: 0,
         },
         req.stream,
     ))
@@ -707,10 +729,12 @@ async fn collect(answer: &mut Answer) -> Result<Response, ApiError> {
             Received::Reply(Reply::Done { finish, usage, .. }) => {
                 answer.admission.finished = true;
                 let usage_json = answer.usage(&usage);
+                let (chat_message, has_calls) = message(answer.sections.take(), &text, &answer.id);
+                let finish = if has_calls && finish == "stop" { "tool_calls" } else { finish };
                 let body = match answer.endpoint {
                     Endpoint::Chat => json!({
                         "id": answer.id, "object": "chat.completion", "created": answer.created, "model": answer.model,
-                        "choices": [{"index": 0, "message": message(answer.sections.take(), &text),
+                        "choices": [{"index": 0, "message": chat_message,
                                      "logprobs": if answer.logprobs { json!({"content": chat_lp, "refusal": null}) } else { Value::Null },
                                      "finish_reason": finish}],
                         "usage": usage_json, "system_fingerprint": null,
@@ -768,7 +792,7 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
                         };
                         let next_offset = offset + text.len();
                         let delta = match a.sections.as_mut() {
-                            Some(s) => match section_delta(s.push(&text)) {
+                            Some(s) => match section_delta(s.push(&text), &a.id, &mut a.tool_calls) {
                                 Some(d) => d,
                                 None if lp.is_null() => continue,
                                 None => json!({"content": ""}),
@@ -791,7 +815,9 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
                     Received::Reply(Reply::Done { finish, usage, .. }) => {
                         a.admission.finished = true;
                         // What the section splitter still held goes out with the last chunk.
-                        let held_back = a.sections.take().and_then(|s| section_delta(s.finish()));
+                        let mut calls = a.tool_calls;
+                        let held_back = a.sections.take().and_then(|s| section_delta(s.finish(), &a.id, &mut calls));
+                        let finish = if calls > 0 && finish == "stop" { "tool_calls" } else { finish };
                         let empty = if a.endpoint == Endpoint::Chat { held_back.unwrap_or_else(|| json!({})) } else { json!("") };
                         let last = chunk(&a, empty, Value::Null, json!(finish));
                         let next = if a.include_usage { Phase::Usage(a.usage(&usage)) } else { Phase::Done };
@@ -826,42 +852,70 @@ fn default_reasoning_parser(family: loupe_models::Family) -> &'static str {
     }
 }
 
-/// The answer text and the thinking in `parts`, each joined.
-fn content_and_reasoning(parts: Vec<Section>) -> (String, String) {
-    let (mut content, mut reasoning) = (String::new(), String::new());
+/// The answer text, the thinking and the tool calls in `parts`. A tool call whose body
+/// is not `{"name": ..., "arguments": ...}` JSON stays answer text, markers included.
+/// Calls get ids `call_<request>_<n>`, numbered from `first`.
+fn split_answer(parts: Vec<Section>, request_id: &str, first: usize) -> (String, String, Vec<Value>) {
+    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
     for p in parts {
         match p {
-            Section::Content(t) | Section::ToolCall(t) => content.push_str(&t),
+            Section::Content(t) => content.push_str(&t),
             Section::Reasoning(t) => reasoning.push_str(&t),
+            Section::ToolCall(body) => match serde_json::from_str::<Value>(body.trim()) {
+                Ok(Value::Object(call)) if call.get("name").is_some_and(Value::is_string) => {
+                    let arguments = call.get("arguments").cloned().unwrap_or_else(|| json!({}));
+                    let n = first + calls.len();
+                    let id = format!("call_{}_{n}", request_id.rsplit('-').next().unwrap_or(request_id));
+                    calls.push(json!({"id": id, "type": "function", "function": {"name": call["name"], "arguments": arguments.to_string()}}));
+                }
+                _ => {
+                    let (open, close) = loupe_text::sections::TOOL_CALL_MARKERS;
+                    content.push_str(&format!("{open}{body}{close}"));
+                }
+            },
         }
     }
-    (content, reasoning)
+    (content, reasoning, calls)
 }
 
 /// A chat answer's `message`: with a splitter, the thinking goes to `reasoning` (present
-/// only when the model thought) and the rest to `content`.
-fn message(sections: Option<SectionSplitter>, text: &str) -> Value {
-    let Some(mut s) = sections else { return json!({"role": "assistant", "content": text}) };
+/// only when the model thought), tool calls to `tool_calls` (content null when the answer
+/// is only calls, as OpenAI's), the rest to `content`. Also says whether it holds calls.
+fn message(sections: Option<SectionSplitter>, text: &str, request_id: &str) -> (Value, bool) {
+    let Some(mut s) = sections else { return (json!({"role": "assistant", "content": text}), false) };
     let mut parts = s.push(text);
     parts.extend(s.finish());
-    let (content, reasoning) = content_and_reasoning(parts);
-    let mut m = json!({"role": "assistant", "content": content});
+    let (content, reasoning, calls) = split_answer(parts, request_id, 0);
+    let has_calls = !calls.is_empty();
+    let mut m = json!({"role": "assistant", "content": if has_calls && content.trim().is_empty() { Value::Null } else { json!(content) }});
     if !reasoning.is_empty() {
         m["reasoning"] = json!(reasoning);
     }
-    m
+    if has_calls {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    (m, has_calls)
 }
 
-/// A streamed delta from the sections one piece of text completed: `reasoning` and/or
-/// `content`; `None` when the splitter holds everything back.
-fn section_delta(parts: Vec<Section>) -> Option<Value> {
-    let (content, reasoning) = content_and_reasoning(parts);
+/// A streamed delta from the sections one piece of text completed: `reasoning`,
+/// `content` and/or whole `tool_calls` (each with its `index`); `None` when the splitter
+/// holds everything back. `calls` counts the calls sent so far.
+fn section_delta(parts: Vec<Section>, request_id: &str, calls: &mut usize) -> Option<Value> {
+    let (content, reasoning, new_calls) = split_answer(parts, request_id, *calls);
     let mut d = serde_json::Map::new();
     if !reasoning.is_empty() {
         d.insert("reasoning".into(), json!(reasoning));
     }
     if !content.is_empty() {
         d.insert("content".into(), json!(content));
+    }
+    if !new_calls.is_empty() {
+        let indexed: Vec<Value> = new_calls.into_iter().enumerate().map(|(k, mut c)| {
+            c["index"] = json!(*calls + k);
+            c
+        }).collect();
+        *calls += indexed.len();
+        d.insert("tool_calls".into(), Value::Array(indexed));
     }
     (!d.is_empty()).then_some(Value::Object(d))
 }

@@ -5,7 +5,6 @@
 //! refused with a 400 when they would change the output (never silently dropped).
 
 use loupe_runtime::{GrammarSpec, SamplingParams};
-use loupe_text::ChatMessage;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -18,7 +17,10 @@ pub const MAX_STOP_STRINGS: usize = 16;
 /// What the prompt is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
-    Chat(Vec<ChatMessage>),
+    /// OpenAI messages, validated and normalized for the chat template: `role` (developer
+    /// as system), `content` as text, and an assistant's `tool_calls` (arguments parsed into
+    /// objects, as templates expect) or a tool result's `tool_call_id`.
+    Chat(Vec<Value>),
     Text(String),
     Tokens(Vec<u32>),
 }
@@ -43,6 +45,110 @@ pub struct GenRequest {
     pub dropped: Vec<String>,
     /// `response_format` `json_object` / `json_schema`: what the output must match.
     pub grammar: Option<GrammarSpec>,
+    /// `tools` with a `tool_choice` other than `none`.
+    pub tools: Option<Tools>,
+}
+
+/// Which tool calls a request asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// The model may call tools or answer.
+    Auto,
+    /// The model must call at least one tool (constrained by a grammar).
+    Required,
+    /// The model must call this tool (constrained by a grammar).
+    Named(String),
+}
+
+/// A request's tools: the OpenAI tool objects (what the chat template renders), the
+/// choice, and whether several calls may come in one answer (`parallel_tool_calls`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tools {
+    pub list: Vec<Value>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+}
+
+impl Tools {
+    /// The function names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.list.iter().filter_map(|t| t["function"]["name"].as_str()).collect()
+    }
+
+    /// The output grammar that `required` or a named choice imposes (`None` for `auto`):
+    /// one call, or with `parallel` one or more separated by newlines, each in the Hermes /
+    /// Qwen2.5 form `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` whose
+    /// arguments match that function's `parameters` schema. The grammar is complete after
+    /// any call, so the model may stop (end of turn) or, when parallel, go on.
+    pub fn grammar(&self) -> Option<GrammarSpec> {
+        let names: Vec<&str> = match &self.choice {
+            ToolChoice::Auto => return None,
+            ToolChoice::Required => self.names(),
+            ToolChoice::Named(n) => vec![n.as_str()],
+        };
+        let variants: Vec<Value> = self
+            .list
+            .iter()
+            .filter(|t| names.contains(&t["function"]["name"].as_str().unwrap_or_default()))
+            .map(|t| {
+                let params = t["function"].get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+                serde_json::json!({"type": "object", "properties": {"name": {"const": t["function"]["name"]}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false})
+            })
+            .collect();
+        let schema = serde_json::json!({"anyOf": variants, "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
+        let repeat = if self.parallel { " (\"\\n\" call)*" } else { "" };
+        Some(GrammarSpec::Lark(format!("start: call{repeat}\ncall: \"<tool_call>\\n\" args \"\\n</tool_call>\"\nargs: %json {schema}\n")))
+    }
+}
+
+/// OpenAI's rule for function names.
+fn valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
+fn tools(f: &mut Fields) -> Result<Option<Tools>, ApiError> {
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    let bad = |param: &str, m: String| ApiError::invalid(param, m);
+    let list = match f.take("tools") {
+        None => Vec::new(),
+        Some(Value::Array(list)) => list,
+        Some(v) => return Err(bad("tools", format!("'tools' must be an array, got {}.", kind_of(&v)))),
+    };
+    for (i, t) in list.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(bad("tools", format!("tools[{i}].type must be \"function\".")));
+        }
+        let func = t.get("function").and_then(Value::as_object).ok_or_else(|| bad("tools", format!("tools[{i}].function must be an object.")))?;
+        match func.get("name").and_then(Value::as_str) {
+            Some(n) if valid_function_name(n) => {}
+            _ => return Err(bad("tools", format!("tools[{i}].function.name must be 1-64 letters, digits, '_' or '-'."))),
+        }
+        if func.get("parameters").is_some_and(|p| !p.is_object()) {
+            return Err(bad("tools", format!("tools[{i}].function.parameters must be a JSON schema object.")));
+        }
+    }
+    let names: Vec<&str> = list.iter().filter_map(|t| t["function"]["name"].as_str()).collect();
+    if let Some(dup) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| *n) {
+        return Err(bad("tools", format!("two tools are named '{dup}'.")));
+    }
+    let choice = match f.take("tool_choice") {
+        None => (!list.is_empty()).then_some(ToolChoice::Auto),
+        Some(Value::String(s)) if s == "none" => None,
+        Some(Value::String(s)) if s == "auto" => (!list.is_empty()).then_some(ToolChoice::Auto),
+        Some(Value::String(s)) if s == "required" => Some(ToolChoice::Required),
+        Some(v) => match v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => Some(ToolChoice::Named(name.to_string())),
+            _ => return Err(bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}.".into())),
+        },
+    };
+    let Some(choice) = choice else { return Ok(None) };
+    match &choice {
+        _ if list.is_empty() => return Err(bad("tool_choice", "'tool_choice' needs 'tools'.".into())),
+        ToolChoice::Named(n) if !names.contains(&n.as_str()) => return Err(bad("tool_choice", format!("'tool_choice' names '{n}', which is not among the tools ({}).", names.join(", ")))),
+        _ => {}
+    }
+    Ok(Some(Tools { list, choice, parallel }))
 }
 
 /// A request body's fields, consumed as they are read; what is left is unknown.
@@ -266,7 +372,7 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
         Some(v) => return Err(ApiError::invalid("stream_options", format!("'stream_options' must be an object, got {}.", kind_of(&v)))),
     };
     // Accepted and without effect on the output.
-    for ignored in ["user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier"] {
+    for ignored in ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"] {
         f.take(ignored);
     }
     // Refused rather than dropped: they would change the output.
@@ -302,8 +408,30 @@ fn content_text(v: Option<Value>, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// An assistant message's `tool_calls`, for the template: `{"id", "type": "function",
+/// "function": {"name", "arguments"}}` with the arguments (a JSON string in OpenAI's API)
+/// parsed into an object, as transformers' templates expect them.
+fn tool_calls(v: Value, at: &str) -> Result<Value, ApiError> {
+    let bad = |m: String| ApiError::invalid("messages", format!("{at}.tool_calls{m}"));
+    let Value::Array(calls) = v else { return Err(bad(" must be an array.".into())) };
+    let mut out = Vec::with_capacity(calls.len());
+    for (j, call) in calls.into_iter().enumerate() {
+        let func = call.get("function").ok_or_else(|| bad(format!("[{j}].function is required.")))?;
+        let name = func.get("name").and_then(Value::as_str).ok_or_else(|| bad(format!("[{j}].function.name must be a string.")))?;
+        let arguments = match func.get("arguments") {
+            Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| bad(format!("[{j}].function.arguments is not JSON: {e}.")))?,
+            Some(v @ Value::Object(_)) => v.clone(),
+            None => serde_json::json!({}),
+            Some(v) => return Err(bad(format!("[{j}].function.arguments must be a JSON string, got {}.", kind_of(v)))),
+        };
+        let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+        out.push(serde_json::json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
+    }
+    Ok(Value::Array(out))
+}
+
 /// The `messages` array of a chat request (also what `/tokenize` takes).
-pub fn messages(v: Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
+pub fn messages(v: Option<Value>) -> Result<Vec<Value>, ApiError> {
     let Some(Value::Array(items)) = v else {
         return Err(ApiError::invalid("messages", "'messages' is required: a non-empty array of {\"role\", \"content\"} objects."));
     };
@@ -326,16 +454,28 @@ pub fn messages(v: Option<Value>) -> Result<Vec<ChatMessage>, ApiError> {
             "developer" | "system" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" | "function" => return Err(ApiError::invalid("messages", format!("{at}: '{role}' messages need tool calling, which this server does not support yet."))),
-            other => return Err(ApiError::invalid("messages", format!("{at}.role '{other}' is not one of system, developer, user, assistant."))),
+            "tool" => "tool",
+            other => return Err(ApiError::invalid("messages", format!("{at}.role '{other}' is not one of system, developer, user, assistant, tool."))),
         };
         let content = content_text(m.remove("content"), &at)?;
         m.remove("name");
+        let mut message = serde_json::json!({"role": role, "content": content});
+        if role == "assistant" {
+            if let Some(calls) = m.remove("tool_calls") {
+                message["tool_calls"] = tool_calls(calls, &at)?;
+            }
+        }
+        if role == "tool" {
+            match m.remove("tool_call_id") {
+                Some(Value::String(id)) => message["tool_call_id"] = Value::String(id),
+                _ => return Err(ApiError::invalid("messages", format!("{at}.tool_call_id is required on a tool message: the id of the call it answers."))),
+            }
+        }
         if let Some(k) = m.keys().next() {
-            let what = if k == "tool_calls" || k == "function_call" { " (tool calling is not supported yet)" } else { "" };
+            let what = if k == "function_call" { " (the deprecated function_call; use tool_calls)" } else { "" };
             return Err(ApiError::invalid("messages", format!("{at} has an unsupported field '{k}'{what}.")));
         }
-        out.push(ChatMessage::new(role, content));
+        out.push(message);
     }
     Ok(out)
 }
@@ -345,6 +485,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
     let mut f = Fields::parse(body)?;
     let model = f.string("model")?;
     let input = Input::Chat(messages(f.take("messages"))?);
+    let tools = tools(&mut f)?;
     let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } = common(&mut f, fallback_seed)?;
     let want = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
@@ -352,18 +493,11 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
         return Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true."));
     }
     let logprobs = want.then(|| top.unwrap_or(0) as usize);
-    if let Some(v) = f.take("tools") {
-        if v.as_array().is_none_or(|a| !a.is_empty()) {
-            return Err(ApiError::invalid("tools", "'tools' is not supported by this server yet; the request is refused rather than answered without them."));
-        }
-    }
-    match f.take("tool_choice") {
-        None => {}
-        Some(Value::String(s)) if s == "none" || s == "auto" => {}
-        Some(_) => return Err(ApiError::invalid("tool_choice", "'tool_choice' needs tools, which this server does not support yet.")),
+    if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && grammar.is_some() {
+        return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a 'tool_choice' that forces tool calls: both would constrain the output."));
     }
     let dropped = f.finish(allow_extra)?;
-    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar })
+    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar, tools })
 }
 
 /// `POST /v1/completions`.
@@ -391,9 +525,10 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
     if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix", "'suffix' (fill-in-the-middle) is not supported by this server."));
     }
+    f.take("parallel_tool_calls");
     let dropped = f.finish(allow_extra)?;
     // OpenAI's default for the completions endpoint is 16 tokens.
-    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar })
+    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar, tools: None })
 }
 
 /// Token ids from JSON numbers; `None` if any is not a u32.
@@ -414,7 +549,7 @@ mod tests {
         let r = chat_of(r#"{"model": "m", "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                           "tools": null, "tool_choice": null, "response_format": null, "temperature": null, "seed": null}"#)
         .unwrap();
-        assert_eq!(r.input, Input::Chat(vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")]));
+        assert_eq!(r.input, Input::Chat(vec![serde_json::json!({"role": "system", "content": "Be brief."}), serde_json::json!({"role": "user", "content": "Hi"})]));
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.seed, 7);
         assert_eq!(r.max_tokens, None);
@@ -440,13 +575,17 @@ mod tests {
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#, "max_tokens"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "stop": [1]}"#, "stop"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#, "tools"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}"#, "tools"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}"#, "tool_choice"),
+            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}"#, "tool_choice"),
+            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages"),
+            (r#"{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]}"#, "messages"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}"#, "response_format"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string"}}}}"#, "response_format"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": ["array", "null"]}}}}"#, "response_format"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}"#, "response_format"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}"#, "stream_options"),
             (r#"{"messages": []}"#, "messages"),
-            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages"),
         ] {
             let e = chat_of(body).unwrap_err();
             assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);

@@ -155,7 +155,17 @@ impl ChatTemplate {
     /// `apply_chat_template(messages, tokenize=False, add_generation_prompt=...)`.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(Value::from_serialize).collect();
-        self.render_values(messages, add_generation_prompt)
+        self.render_values(messages, add_generation_prompt, None)
+    }
+
+    /// [`Self::render_json`] with `tools` (a JSON array of OpenAI tool objects, key order
+    /// kept) as `apply_chat_template(messages, tools=tools)` passes them.
+    pub fn render_json_with_tools(&self, messages_json: &str, tools_json: &str, add_generation_prompt: bool) -> Result<String> {
+        let parse = |what: &str, json: &str| -> Result<Value> {
+            serde_json::from_str(json).map_err(|e| TextError::TemplateRender { message: format!("{what} are not valid JSON: {e}") })
+        };
+        let messages: Vec<Value> = parse("messages", messages_json)?.try_iter().map_err(|e| TextError::TemplateRender { message: describe(&e) })?.collect();
+        self.render_values(messages, add_generation_prompt, Some(parse("tools", tools_json)?))
     }
 
     /// Like [`Self::render`], for messages given as a JSON array of objects (OpenAI-style messages
@@ -165,10 +175,10 @@ impl ChatTemplate {
             serde_json::from_str(messages_json).map_err(|e| TextError::TemplateRender {
                 message: format!("messages are not a JSON array: {e}"),
             })?;
-        self.render_values(messages, add_generation_prompt)
+        self.render_values(messages, add_generation_prompt, None)
     }
 
-    fn render_values(&self, messages: Vec<Value>, add_generation_prompt: bool) -> Result<String> {
+    fn render_values(&self, messages: Vec<Value>, add_generation_prompt: bool, tools: Option<Value>) -> Result<String> {
         if messages.is_empty() {
             // transformers refuses before rendering; templates would index messages[0].
             return Err(TextError::TemplateRender {
@@ -188,7 +198,7 @@ impl ChatTemplate {
                 Value::from(add_generation_prompt),
             ),
         ];
-        for (name, value) in &self.vars {
+        for (name, value) in self.vars.iter().chain(tools.map(|t| ("tools".to_string(), t)).as_ref()) {
             match ctx.iter_mut().find(|(k, _)| k == name) {
                 Some(slot) => slot.1 = value.clone(),
                 None => ctx.push((name.clone(), value.clone())),

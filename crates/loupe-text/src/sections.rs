@@ -36,6 +36,9 @@ pub struct SectionMarkers {
     pub tool_call: Option<(&'static str, &'static str)>,
 }
 
+/// Hermes / Qwen2.5 / Qwen3 tool-call markers.
+pub const TOOL_CALL_MARKERS: (&str, &str) = ("<tool_call>", "</tool_call>");
+
 /// The reasoning parsers, by the name `--reasoning-parser` takes.
 pub const REASONING_PARSERS: &[&str] = &["qwen3", "deepseek_r1", "none"];
 
@@ -43,11 +46,16 @@ impl SectionMarkers {
     /// No sections: all text is answer text.
     pub const PLAIN: SectionMarkers = SectionMarkers { reasoning: None, starts_in_reasoning: false, tool_call: None };
 
+    /// These markers, with tool calls split out too.
+    pub fn with_tool_calls(self) -> SectionMarkers {
+        SectionMarkers { tool_call: Some(TOOL_CALL_MARKERS), ..self }
+    }
+
     /// The markers of reasoning parser `name` (one of [`REASONING_PARSERS`]), with the
     /// Hermes/Qwen tool-call markers; `None` for an unknown name.
     pub fn for_reasoning_parser(name: &str) -> Option<SectionMarkers> {
         const THINK: (&str, &str) = ("<think>", "</think>");
-        const TOOL: (&str, &str) = ("<tool_call>", "</tool_call>");
+        const TOOL: (&str, &str) = TOOL_CALL_MARKERS;
         match name {
             "qwen3" => Some(SectionMarkers { reasoning: Some(THINK), starts_in_reasoning: false, tool_call: Some(TOOL) }),
             "deepseek_r1" => Some(SectionMarkers { reasoning: Some(THINK), starts_in_reasoning: true, tool_call: Some(TOOL) }),
