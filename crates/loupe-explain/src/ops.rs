@@ -167,7 +167,7 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
         table.apply_mode(&mut d, heads, from, mode)?;
         Ok(d)
     };
-    let base = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let base = AttentionShape::new(h, kvh, hd, (hd as f32).powf(-0.5));
     let plain = AttentionVariant::default();
     let block = |mode: RopeMode, shape: AttentionShape, variant: AttentionVariant, late_keys: bool, w: &[f32]| -> Result<Vec<f32>, ExplainError> {
         let qr = roped(&q, h, first, mode)?;
@@ -257,7 +257,7 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     if rows_of(&v, kvh * hd, &vn)? != context || tokens > context || tokens == 0 {
         return Err(ExplainError::Shape { what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)) });
     }
-    let base = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let base = AttentionShape::new(h, kvh, hd, (hd as f32).powf(-0.5));
     let run = |shape: AttentionShape, variant: AttentionVariant, keys: &[f32]| -> Result<Vec<f32>, ExplainError> {
         let mut out = vec![0.0f32; tokens * h * hd];
         let mut pr = vec![0.0f32; h * tokens * context];

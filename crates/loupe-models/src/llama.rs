@@ -48,7 +48,7 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         Some(theta) => Some(Arc::new(RopeTable::new(hd, theta, &RopeScaling::None).map_err(rope_err)?)),
         None => None,
     };
-    let shape = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: cfg.attention_scale };
+    let shape = AttentionShape::new(h, kvh, hd, cfg.attention_scale);
     let wiring = cfg.family.wiring();
     let unit_offset = cfg.family.norm_unit_offset();
 
