@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     mt = sub.add_parser(
         "make-tiny",
         help="write a tiny random Llama (or Qwen2) checkpoint directory",
-        description="A tiny random LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or Qwen3ForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
+        description="A tiny random LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM or Gemma2ForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
         "intermediate 128, SmolLM2's vocabulary) as an HF directory: config.json, model.safetensors (f32), "
         "and the SmolLM2 tokenizer files.",
     )
@@ -127,13 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3"), default="llama",
+    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2"), default="llama",
                     help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases), "
                     "MistralForCausalLM (sliding-window attention), Qwen3ForCausalLM (per-head q/k norms) or "
                     "Gemma3ForCausalLM (1+w norms, sandwich norms, scaled embeddings, GELU-tanh, sliding and "
-                    "global layers with their own RoPE bases)")
+                    "global layers with their own RoPE bases) or Gemma2ForCausalLM (Gemma 3's norms without q/k "
+                    "norms, every other layer sliding, one RoPE base, soft-capped attention scores and logits)")
     mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
-                    help="mistral: attention window in tokens (default: none); gemma3: the even layers' "
+                    help="mistral: attention window in tokens (default: none); gemma3, gemma2: the even layers' "
                     "window (default 8)")
     mt.add_argument("--tokenizer-gguf", metavar="PATH", default=None,
                     help="GGUF whose tokenizer is saved (default $LOUPE_MODEL or loupe's cached SmolLM2)")

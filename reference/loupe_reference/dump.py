@@ -13,6 +13,8 @@ loupe names but PyTorch has no module for are captured under loupe's names:
 ``model.layers.N.attn_residual``           the input of ``post_attention_layernorm`` (pre-hook; in layers with
                                            Gemma's sandwich norms, of ``pre_feedforward_layernorm``)
 ``model.layers.N.mlp.act_mul``             the input of ``down_proj`` (pre-hook)
+``logits``                                 the model output's ``logits`` where they differ from ``lm_head``'s
+                                           output: soft-capped by ``config.final_logit_softcapping`` (Gemma 2)
 =========================================  ==========================================================
 
 ``model.layers.N.self_attn`` (the attention module's output) equals ``.o_proj``'s output; both are
@@ -53,7 +55,7 @@ def axes_for(name: str, ndim: int, module: nn.Module | None = None) -> list[str]
         return ["token", "head*head_dim"]
     if base.endswith(".k_rope"):
         return ["token", "kv_head*head_dim"]
-    if base == "lm_head" or base.endswith(".lm_head"):
+    if base in ("lm_head", "logits") or base.endswith(".lm_head"):
         return ["token", "vocab"]
     if base.endswith("rotary_emb"):
         return ["token", "head_dim"]
@@ -174,6 +176,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ hooks
     def __enter__(self) -> "Recorder":
+        if getattr(getattr(self.model, "config", None), "final_logit_softcapping", None) is not None:
+            # The capped logits come from the root's forward, after lm_head's hook.
+            self._handles.append(self.model.register_forward_hook(self._logits_hook()))
         for name, module in self.model.named_modules():
             if name == "":
                 continue
@@ -222,6 +227,14 @@ class Recorder:
             t = _first_tensor(out)
             if t is not None:
                 self.record(name, t, layout=layout, module=module)
+
+        return hook
+
+    def _logits_hook(self):
+        def hook(mod: nn.Module, args: Any, out: Any) -> None:
+            logits = getattr(out, "logits", None)
+            if isinstance(logits, torch.Tensor):
+                self.record("logits", logits)
 
         return hook
 

@@ -85,12 +85,19 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2")
+GEMMA_FAMILIES = ("gemma3", "gemma2")
 # Gemma 3's tiny shape beyond TINY: query_pre_attn_scalar differs from head_dim (16) so the
 # attention scale is tested; the global RoPE base differs from the sliding layers' one.
 GEMMA3_QUERY_PRE_ATTN_SCALAR = 24
 GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+# Gemma 2's tiny shape beyond TINY: query_pre_attn_scalar 8 (not head_dim 16) puts the scaled
+# attention scores at a few units, so an attention soft-cap of 3 flattens the larger ones; the
+# final cap of 5 bends logits of up to about 6 (both caps change greedy or sampled tokens).
+GEMMA2_QUERY_PRE_ATTN_SCALAR = 8
+GEMMA2_ATTN_SOFTCAP = 3.0
+GEMMA2_FINAL_SOFTCAP = 5.0
 
 
 def _family_classes(family: str) -> tuple[Any, Any]:
@@ -114,6 +121,10 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
         return Gemma3TextConfig, Gemma3ForCausalLM
+    if family == "gemma2":
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        return Gemma2Config, Gemma2ForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
@@ -133,7 +144,7 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
         bos_token_id=bos,
         eos_token_id=eos,
     )
-    if family == "gemma3":
+    if family in GEMMA_FAMILIES:
         # Gemma's key; the gate's activation is GELU-tanh unless told otherwise.
         kw.update(hidden_activation="gelu_pytorch_tanh" if hidden_act == "silu" else hidden_act)
     else:
@@ -155,8 +166,16 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
                   rope_parameters={k: dict(v) for k, v in GEMMA3_ROPE.items()})
         if rope_scaling != "none":
             raise InputError("--rope-scaling does not apply to the gemma3 family")
+    elif family == "gemma2":
+        # Layers 0, 2, ... slide (Gemma2Config's own rule, left to it), one RoPE base for all.
+        kw.update(sliding_window=int(sliding_window or 8),
+                  query_pre_attn_scalar=GEMMA2_QUERY_PRE_ATTN_SCALAR,
+                  attn_logit_softcapping=GEMMA2_ATTN_SOFTCAP,
+                  final_logit_softcapping=GEMMA2_FINAL_SOFTCAP)
+        if rope_scaling != "none":
+            raise InputError("--rope-scaling does not apply to the gemma2 family")
     elif sliding_window:
-        raise InputError(f"--sliding-window applies to the mistral and gemma3 families only, not {family}")
+        raise InputError(f"--sliding-window applies to the mistral, gemma3 and gemma2 families only, not {family}")
     if rope_scaling == "llama3":
         kw["rope_scaling"] = dict(LLAMA3_ROPE)
     elif rope_scaling != "none":
@@ -205,7 +224,7 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
         if name.endswith("norm.weight"):
             # RMSNorm weights, the per-head q/k norms included; Gemma's norms scale by
             # 1 + weight, so theirs are centred on 0.
-            centre = 0.0 if family == "gemma3" else 1.0
+            centre = 0.0 if family in GEMMA_FAMILIES else 1.0
             state[name] = centre + NORM_JITTER * torch.randn(p.shape, generator=gen, dtype=torch.float32)
         else:
             state[name] = WEIGHT_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32)

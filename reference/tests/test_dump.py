@@ -407,6 +407,38 @@ class HookTests(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
+class SoftCapHookTests(unittest.TestCase):
+    """Gemma 2: ``lm_head`` is its module's (uncapped) output; ``logits``, recorded from the root's
+    output after it, is the model output soft-capped by ``final_logit_softcapping``."""
+
+    def test_gemma2_logits_are_lm_head_soft_capped(self):
+        import torch
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        from loupe_reference import dump as D
+
+        torch.manual_seed(0)
+        cfg = Gemma2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                           query_pre_attn_scalar=8, attn_logit_softcapping=3.0, final_logit_softcapping=0.2)
+        m = Gemma2ForCausalLM(cfg).to(torch.float32).eval()
+        m.config._attn_implementation = "eager"
+        run = D.run_dump(m, [5, 17, 42, 7, 99, 3], steps=1)
+        by = {(e.step, e.name): e for e in run.entries}
+        for step in (0, 1):
+            head, logits = by[(step, "lm_head")], by[(step, "logits")]
+            self.assertLess(head.order, logits.order)
+            self.assertEqual(logits.axes, ["token", "vocab"])
+            np.testing.assert_allclose(logits.data, 0.2 * np.tanh(head.data / 0.2), rtol=1e-5, atol=1e-6)
+            self.assertGreater(np.abs(head.data).max(), 0.2, "the cap does not bite")
+        # Without final soft-capping there is nothing to record beside lm_head.
+        cfg.final_logit_softcapping = None
+        names = {e.name for e in D.run_dump(m, [5, 17], steps=0).entries}
+        self.assertIn("lm_head", names)
+        self.assertNotIn("logits", names)
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
 class ConfigDumpCliTests(unittest.TestCase):
     """``dump --config`` end to end (random weights, byte tokenizer): files, manifest, styles."""
 

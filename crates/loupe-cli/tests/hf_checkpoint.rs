@@ -4,7 +4,7 @@
 //! transformers reference (`loupe_reference generate --hf-dir`); prompt ids and tokens must be
 //! identical, for a raw and a chat prompt, in two configurations:
 //! tied embeddings without RoPE scaling, and an untied lm_head with Llama-3 RoPE scaling.
-//! The other families (Qwen2, Qwen3, Mistral) are generated the same way and also pass
+//! The other families (Qwen2, Qwen3, Mistral, Gemma 3, Gemma 2) are generated the same way and also pass
 //! `loupe parity` (every named value within tolerance of transformers' forward hooks).
 //!
 //! Needs the Python reference stack and the SmolLM2 GGUF (which supplies the tokenizer): ignored
@@ -64,10 +64,20 @@ fn reference(dir: &Path, prompt: &str, chat: bool) -> JsonOut {
     serde_json::from_str(out.lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("reference json: {e}: {out}"))
 }
 
+/// Greedy decoding, loupe's default in these tests.
+const GREEDY: &[&str] = &["--temperature", "0"];
+/// Seeded sampling at temperature 1: tokens follow the whole distribution, not only its
+/// argmax (what a monotone change of the logits, such as a final soft-cap, moves).
+const SAMPLED: &[&str] = &["--temperature", "1", "--seed", "7"];
+
 fn ours(dir: &Path, prompt: &str, chat: bool) -> JsonOut {
+    ours_with(dir, prompt, chat, GREEDY)
+}
+
+fn ours_with(dir: &Path, prompt: &str, chat: bool, sampling: &[&str]) -> JsonOut {
     let mut c = loupe();
     c.arg("generate").arg("--model").arg(dir);
-    c.args(["--precision", "f32", "--temperature", "0", "--json", "--max-tokens", MAX_TOKENS]);
+    c.args(["--precision", "f32", "--json", "--max-tokens", MAX_TOKENS]).args(sampling);
     if chat {
         c.arg("--chat");
     }
@@ -93,13 +103,21 @@ fn config_of(dir: &Path) -> serde_json::Value {
 }
 
 /// The test must be able to see `feature`: with `edit` applied to config.json, loupe's
-/// tokens on the prompts differ from `tokens` (those of the unedited checkpoint).
+/// greedy tokens on the prompts differ from `tokens` (those of the unedited checkpoint).
 fn assert_generation_changes_without(dir: &Path, tokens: &[Vec<u32>], feature: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    assert_ne!(generation_without(dir, GREEDY, edit), tokens, "{feature} change nothing on these prompts; the test cannot detect their absence");
+}
+
+/// loupe's tokens on the prompts, decoded as `sampling` says, with `edit` applied to
+/// config.json; the file is restored afterwards.
+fn generation_without(dir: &Path, sampling: &[&str], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<Vec<u32>> {
+    let original = std::fs::read(dir.join("config.json")).unwrap();
     let mut cfg = config_of(dir);
     edit(&mut cfg);
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
-    let edited: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours(dir, p, *chat).tokens).collect();
-    assert_ne!(edited, tokens, "{feature} change nothing on these prompts; the test cannot detect their absence");
+    let edited = PROMPTS.iter().map(|(p, chat)| ours_with(dir, p, *chat, sampling).tokens).collect();
+    std::fs::write(dir.join("config.json"), original).unwrap();
+    edited
 }
 
 /// config.json edit: the same checkpoint read as a Llama.
@@ -122,6 +140,16 @@ fn compare(dir: &Path, label: &str) -> Vec<Vec<u32>> {
         all.push(o.tokens);
     }
     all
+}
+
+/// A tiny checkpoint (`make-tiny` with `extra`, no RoPE scaling) in `<temp>/<name>`, with the
+/// Python lock held; the directory lives as long as the returned TempDir.
+fn tiny_checkpoint(name: &str, tie: bool, extra: &[&str]) -> (std::sync::MutexGuard<'static, ()>, tempfile::TempDir, std::path::PathBuf) {
+    let (guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(name);
+    make_tiny_with(&dir, &gguf, tie, "none", extra);
+    (guard, tmp, dir)
 }
 
 fn setup() -> (std::sync::MutexGuard<'static, ()>, std::path::PathBuf) {
@@ -165,10 +193,7 @@ fn tiny_untied_llama3_rope_matches_reference() {
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_qwen2_matches_reference() {
-    let (_guard, gguf) = setup();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("tiny-qwen2");
-    make_tiny_with(&dir, &gguf, false, "none", &["--family", "qwen2"]);
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-qwen2", false, &["--family", "qwen2"]);
     let cfg = config_of(&dir);
     assert_eq!(cfg["architectures"][0], "Qwen2ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen2");
@@ -184,10 +209,7 @@ fn tiny_qwen2_matches_reference() {
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_mistral_sliding_window_matches_reference() {
-    let (_guard, gguf) = setup();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("tiny-mistral");
-    make_tiny_with(&dir, &gguf, false, "none", &["--family", "mistral", "--sliding-window", "8"]);
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-mistral", false, &["--family", "mistral", "--sliding-window", "8"]);
     let cfg = config_of(&dir);
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("MistralForCausalLM"), Some(8)), "{cfg}");
     let tokens = compare(&dir, "mistral, window 8");
@@ -201,10 +223,7 @@ fn tiny_mistral_sliding_window_matches_reference() {
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_qwen3_matches_reference() {
-    let (_guard, gguf) = setup();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("tiny-qwen3");
-    make_tiny_with(&dir, &gguf, true, "none", &["--family", "qwen3", "--attention-bias"]);
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-qwen3", true, &["--family", "qwen3", "--attention-bias"]);
     let cfg = config_of(&dir);
     assert_eq!(cfg["architectures"][0], "Qwen3ForCausalLM", "{cfg}");
     let tokens = compare(&dir, "qwen3");
@@ -220,10 +239,7 @@ fn tiny_qwen3_matches_reference() {
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_gemma3_matches_reference() {
-    let (_guard, gguf) = setup();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("tiny-gemma3");
-    make_tiny_with(&dir, &gguf, true, "none", &["--family", "gemma3", "--sliding-window", "8"]);
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-gemma3", true, &["--family", "gemma3", "--sliding-window", "8"]);
     let cfg = config_of(&dir);
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("Gemma3ForCausalLM"), Some(8)), "{cfg}");
     let tokens = compare(&dir, "gemma3");
@@ -231,6 +247,36 @@ fn tiny_gemma3_matches_reference() {
 
     // Without the window (both layers global), the generation changes: the window is seen.
     assert_generation_changes_without(&dir, &tokens, "the sliding window and local RoPE base do", |cfg| {
+        cfg["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
+    });
+}
+
+/// Gemma2ForCausalLM: Gemma 3's `1 + weight` and sandwich norms, scaled embeddings and
+/// GELU-tanh without q/k norms; query_pre_attn_scalar 8 (not head_dim 16); layer 0 sliding
+/// (window 8), layer 1 global, one RoPE base; attention scores (up to about 7) soft-capped
+/// at 3 and logits (up to about 7) at 5 (make-tiny's values).
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_gemma2_matches_reference() {
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-gemma2", true, &["--family", "gemma2", "--sliding-window", "8"]);
+    let cfg = config_of(&dir);
+    let f = |k: &str| cfg[k].as_f64();
+    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("Gemma2ForCausalLM"), Some(8)), "{cfg}");
+    assert_eq!((f("attn_logit_softcapping"), f("final_logit_softcapping"), f("query_pre_attn_scalar")), (Some(3.0), Some(5.0), Some(8.0)), "{cfg}");
+    assert_eq!(cfg["layer_types"], serde_json::json!(["sliding_attention", "full_attention"]), "{cfg}");
+    let tokens = compare(&dir, "gemma2");
+    // Parity pairs `lm_head` (uncapped) and `logits` (the capped model output) too.
+    parity_matches(&dir, "gemma2");
+
+    // Null turns a cap off (an absent key would mean Gemma2Config's default, 50 or 30).
+    let no_attn_cap = |cfg: &mut serde_json::Value| cfg["attn_logit_softcapping"] = serde_json::Value::Null;
+    let no_final_cap = |cfg: &mut serde_json::Value| cfg["final_logit_softcapping"] = serde_json::Value::Null;
+    assert_generation_changes_without(&dir, &tokens, "the attention soft-cap does", no_attn_cap);
+    // The final cap is monotone, so greedy tokens keep their argmax; sampled ones change.
+    assert_eq!(generation_without(&dir, GREEDY, no_final_cap), tokens, "without the final cap greedy tokens should not change (tanh is monotone)");
+    let sampled: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours_with(&dir, p, *chat, SAMPLED).tokens).collect();
+    assert_ne!(generation_without(&dir, SAMPLED, no_final_cap), sampled, "the final soft-cap changes no sampled token; the test cannot detect its absence");
+    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| {
         cfg["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
     });
 }

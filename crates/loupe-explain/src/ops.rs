@@ -70,7 +70,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     // The family's wiring, known from the reference's dump: RoPE reads the normed q/k in
     // families with q/k norms; Gemma's sandwich norms sit between blocks and residuals.
     let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
-    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm) };
+    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits) };
     let inputs = m.inputs_in(n_layers, wiring);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
@@ -87,7 +87,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
             let what = if m.role == R::AttnResidual { "attention" } else { "MLP" };
             Site::Residual { skip: input, branch: inputs.get(1).copied().unwrap_or(input), what }
         }
-        R::Embedding | R::ActMul => Site::Other,
+        R::Embedding | R::ActMul | R::Logits => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
         R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
     }
@@ -167,7 +167,7 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
         table.apply_mode(&mut d, heads, from, mode)?;
         Ok(d)
     };
-    let base = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let base = cfg.attention_shape();
     let plain = AttentionVariant::default();
     let block = |mode: RopeMode, shape: AttentionShape, variant: AttentionVariant, late_keys: bool, w: &[f32]| -> Result<Vec<f32>, ExplainError> {
         let qr = roped(&q, h, first, mode)?;
@@ -186,7 +186,7 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
     };
     let split = RopeMode::SplitHalf;
     let mut candidates = vec![
-        cand("correct", format!("RoPE split-half, causal attention, scale 1/sqrt({hd}), kv head h/{}, then o_proj", h / kvh.max(1)), "", block(split, base, plain, false, &w_o)?),
+        cand("correct", format!("RoPE split-half, causal attention, {}, kv head h/{}, then o_proj", scores(&base), h / kvh.max(1)), "", block(split, base, plain, false, &w_o)?),
         cand("rope-interleaved", "RoPE interleaved (2i, 2i+1) on q and k", cause::ROPE_INTERLEAVED, block(RopeMode::Interleaved, base, plain, false, &w_o)?),
         cand("softmax-scale", format!("scale 1/{hd}"), cause::SOFTMAX_SCALE, block(split, AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, false, &w_o)?),
         cand("no-scale", "scale 1", cause::NO_SCALE, block(split, AttentionShape { scale: 1.0, ..base }, plain, false, &w_o)?),
@@ -257,7 +257,7 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     if rows_of(&v, kvh * hd, &vn)? != context || tokens > context || tokens == 0 {
         return Err(ExplainError::Shape { what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)) });
     }
-    let base = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: (hd as f32).powf(-0.5) };
+    let base = cfg.attention_shape();
     let run = |shape: AttentionShape, variant: AttentionVariant, keys: &[f32]| -> Result<Vec<f32>, ExplainError> {
         let mut out = vec![0.0f32; tokens * h * hd];
         let mut pr = vec![0.0f32; h * tokens * context];
@@ -270,7 +270,7 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     let mut late = vec![0.0f32; k.data.len()];
     late[w..].copy_from_slice(&k.data[..k.data.len() - w]);
     let candidates = vec![
-        cand("correct", format!("causal, scale 1/sqrt({hd}), kv head h/{}", h / kvh.max(1)), "", run(base, plain, &k.data)?),
+        cand("correct", format!("causal, {}, kv head h/{}", scores(&base), h / kvh.max(1)), "", run(base, plain, &k.data)?),
         cand("softmax-scale", format!("scale 1/{hd}"), cause::SOFTMAX_SCALE, run(AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, &k.data)?),
         cand("no-scale", "scale 1", cause::NO_SCALE, run(AttentionShape { scale: 1.0, ..base }, plain, &k.data)?),
         cand("gqa-mapping", format!("kv head h % {kvh}"), cause::GQA_MAPPING, run(base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, &k.data)?),
@@ -279,6 +279,17 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     ];
     let op = format!("attention of `{qn}` over `{kn}`, `{vn}` (steps 0..={}: {context} positions; {h} heads, {kvh} kv heads, head_dim {hd})", ctx.step);
     Ok(Plan { op, inputs: vec![qn, kn, vn], candidates })
+}
+
+/// The model's score arithmetic in words: `scale 1/sqrt(hd)` (or the configured scale, e.g.
+/// Gemma's `query_pre_attn_scalar`), and the soft-cap where there is one.
+fn scores(shape: &AttentionShape) -> String {
+    let hd = shape.head_dim;
+    let scale = if shape.scale == (hd as f32).powf(-0.5) { format!("scale 1/sqrt({hd})") } else { format!("scale {}", shape.scale) };
+    match shape.softcap {
+        Some(cap) => format!("{scale}, scores soft-capped at {cap}"),
+        None => scale,
+    }
 }
 
 /// The transpose of a square `n x n` row-major matrix (the transposed-weight hypothesis).

@@ -12,13 +12,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention_cached, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, PagedSpan};
+use loupe_tensor::ops::{add_in_place, attention_cached, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
 use crate::debug::{AssertLevel, DebugOptions, UninitMode};
-use crate::ir::{Graph, Node, Op, Plant, ValueId, ValueInfo, WeightData};
+use crate::ir::{Graph, Node, Op, Plant, ValueInfo, WeightData};
 use crate::passes::plan_memory;
 use crate::profile::{node_cost, AttnWork, Profiler, StepProfile, TraceEvent};
 use crate::verify::row_width;
@@ -69,6 +69,8 @@ pub struct Executor {
     slots: Vec<Vec<f32>>,
     /// Slot of each value (the graph's `plan-memory` result, or planned here).
     slot_of: Vec<u32>,
+    /// Per value, whether it holds only the logits' rows ([`Graph::logit_rows_values`]).
+    on_logit_rows: Vec<bool>,
     quant_scratch: Vec<u8>,
     /// The rows of the logits' input gathered for a batched step.
     gathered: Vec<f32>,
@@ -136,6 +138,7 @@ impl Executor {
         Executor {
             slots: vec![Vec::new(); plan.n_slots],
             slot_of: plan.slot,
+            on_logit_rows: graph.logit_rows_values(),
             quant_scratch: Vec::new(),
             gathered: Vec::new(),
             logits: Vec::new(),
@@ -284,7 +287,7 @@ impl Executor {
         while next < graph.nodes.len() {
             let i = next;
             let node = &graph.nodes[i];
-            let group = self.linear_group(graph, i, n_tokens, logits_id, step);
+            let group = self.linear_group(graph, i, n_tokens, step);
             if group > 1 {
                 let t0 = self.profile_start(i);
                 self.run_linear_group(graph, i, group, n_tokens, context, observer.as_deref_mut())?;
@@ -297,8 +300,10 @@ impl Executor {
             next += 1;
             let info = graph.value(node.output);
             let width = row_width(info).ok_or_else(|| GraphError::Input(format!("value {} has no row width", info.name)))?;
-            let is_logits = node.output == logits_id;
-            let rows = if is_logits { logit_rows } else { n_tokens };
+            let on_logit_rows = self.on_logit_rows.get(node.output.0 as usize).copied().unwrap_or(false);
+            let rows = if on_logit_rows { logit_rows } else { n_tokens };
+            // The node that selects the logits' rows from every token's (lm_head's linear).
+            let gathers = on_logit_rows && !node.inputs.first().is_some_and(|i| self.on_logit_rows[i.0 as usize]);
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
             let mut out = std::mem::take(&mut self.slots[out_slot]);
             out.clear();
@@ -310,7 +315,7 @@ impl Executor {
             let mut side_buf = side.map(|s| std::mem::take(&mut self.slots[self.slot_of[s.0 as usize] as usize]));
             let started = if self.debug.any { self.before_node(graph, i, node, n_tokens)? } else { None };
             let t0 = self.profile_start(i);
-            self.exec_node(graph, node, tokens, step, rows, is_logits, &mut out, side_buf.as_mut())
+            self.exec_node(graph, node, tokens, step, rows, gathers, &mut out, side_buf.as_mut())
                 .map_err(|source| GraphError::Kernel { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), source })?;
             if let Some(t0) = t0 {
                 let (bytes, flops) = node_cost(graph, node, rows, attn);
@@ -392,7 +397,7 @@ impl Executor {
     /// always with a debug option on (those check node by node). The grouped kernel gives
     /// every output the bits of its own matmul, so this changes the cost (one fork-join for
     /// q/k/v, one for gate/up), never the numbers.
-    fn linear_group(&self, graph: &Graph, i: usize, n_tokens: usize, logits: ValueId, step: &StepKv<'_, '_>) -> usize {
+    fn linear_group(&self, graph: &Graph, i: usize, n_tokens: usize, step: &StepKv<'_, '_>) -> usize {
         if self.debug.any || n_tokens != 1 || graph.quantize_activations || !matches!(step, StepKv::Single { .. }) {
             return 1;
         }
@@ -412,7 +417,7 @@ impl Executor {
                 && node.inputs[0] == input
                 && node.side.is_none()
                 && node.fault.is_none()
-                && node.output != logits
+                && !self.on_logit_rows[node.output.0 as usize]
         };
         // The input's slot and the outputs' so far (fixed size: decode allocates nothing).
         let mut slots = [self.slot_of[input.0 as usize]; MAX_GROUP + 1];
@@ -574,8 +579,10 @@ impl Executor {
         &self.slots[self.slot_of[node.inputs[k].0 as usize] as usize]
     }
 
+    /// Runs one node into `out` (`rows` rows). `gathers`: the node reads every token's rows
+    /// and computes only the logits' rows (the last one, or each span's in a batched step).
     #[allow(clippy::too_many_arguments)]
-    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], step: &mut StepKv<'_, '_>, rows: usize, is_logits: bool, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
+    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], step: &mut StepKv<'_, '_>, rows: usize, gathers: bool, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
         match &node.op {
             Op::Embedding { table, scale } => {
                 let w = graph.weight(*table);
@@ -634,7 +641,7 @@ impl Executor {
                         }
                     }
                     StepKv::Batch { logit_rows, .. } => {
-                        let x = if is_logits {
+                        let x = if gathers {
                             self.gathered.clear();
                             for &r in logit_rows.iter() {
                                 self.gathered.extend_from_slice(&x_all[r * k..(r + 1) * k]);
@@ -731,6 +738,16 @@ impl Executor {
                 for (o, x) in out.iter_mut().zip(self.input(node, 0)) {
                     *o = x * factor;
                 }
+                Ok(())
+            }
+            Op::SoftCap { cap } => {
+                // Row-local: on the logits' rows its input holds exactly those rows.
+                let x = self.input(node, 0);
+                if x.len() != out.len() {
+                    return Err(TensorError::Shape { op: "soft_cap", detail: format!("input has {} elements, output {}", x.len(), out.len()) });
+                }
+                out.copy_from_slice(x);
+                soft_cap(out, *cap);
                 Ok(())
             }
             Op::Mul => {

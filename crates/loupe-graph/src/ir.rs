@@ -135,6 +135,10 @@ pub enum Op {
     RoundBf16,
     /// The input times a constant (embedding and residual multipliers; fault `o-proj-scale`).
     Scale { factor: f32 },
+    /// `cap * tanh(x / cap)` elementwise ([`loupe_tensor::ops::soft_cap`]): Gemma 2's
+    /// `final_logit_softcapping` of `lm_head`'s output. Row-local, so when it follows the
+    /// logits' linear it runs on the logits' rows only (see [`Graph::logit_rows_values`]).
+    SoftCap { cap: f32 },
     /// `silu(gate) * up` (inputs 0, 1): the `fuse` pass's replacement for `mlp.act_fn`
     /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
     /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
@@ -170,6 +174,7 @@ impl Op {
             Op::Copy => "copy",
             Op::RoundBf16 => "round_bf16",
             Op::Scale { .. } => "scale",
+            Op::SoftCap { .. } => "soft_cap",
             Op::SwiGlu => "swiglu",
             Op::Plant(Plant::NanInf) => "plant_nan",
             Op::Plant(Plant::HalfUnwritten) => "plant_unwritten",
@@ -180,7 +185,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } => 0,
-            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => 1,
+            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => 1,
             Op::Mul | Op::Add | Op::SwiGlu => 2,
             Op::Attention { .. } => 3,
         }
@@ -282,6 +287,24 @@ impl Graph {
     /// The value with this name or alias.
     pub fn find_value(&self, name: &str) -> Option<ValueId> {
         self.values.iter().position(|v| v.answers_to(name)).map(|i| ValueId(i as u32))
+    }
+
+    /// Which values hold only the rows the caller gets logits for (the last token in
+    /// generation, each sequence's last in a batched step), indexed by value id: the logits,
+    /// and, walking back, the input of each row-local [`Op::SoftCap`] between them and the
+    /// linear that computes them (whose input it gathers those rows from). So a soft-capped
+    /// `lm_head` still multiplies only the rows it must.
+    pub fn logit_rows_values(&self) -> Vec<bool> {
+        let mut on = vec![false; self.values.len()];
+        let mut v = self.logits;
+        while let Some(id) = v {
+            on[id.0 as usize] = true;
+            v = match self.producer(id) {
+                Some(Node { op: Op::SoftCap { .. }, inputs, .. }) => inputs.first().copied(),
+                _ => None,
+            };
+        }
+        on
     }
 
     /// The node that produces `value`.

@@ -54,6 +54,9 @@ pub fn to_text(graph: &Graph) -> String {
             }
             Op::Attention { layer, shape, variant, kv_write } => {
                 let _ = write!(s, " layer={layer} heads={} kv_heads={} head_dim={} scale={}", shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale);
+                if let Some(cap) = shape.softcap {
+                    let _ = write!(s, " softcap={cap}");
+                }
                 match variant.head_map {
                     HeadMap::Grouped => {}
                     HeadMap::Modulo => s.push_str(" head_map=modulo"),
@@ -73,6 +76,9 @@ pub fn to_text(graph: &Graph) -> String {
             }
             Op::Scale { factor } => {
                 let _ = write!(s, " factor={factor}");
+            }
+            Op::SoftCap { cap } => {
+                let _ = write!(s, " cap={cap}");
             }
             Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::SwiGlu | Op::Plant(_) => {}
         }

@@ -211,7 +211,7 @@ pub fn node_cost(graph: &Graph, node: &Node, rows: usize, attn: AttnWork) -> (u6
         // A rotation: 2 multiplies and an add per element, plus the table read.
         Op::Rope { .. } => (2 * act_bytes, 3 * rows * out),
         // exp, add, divide, multiply: ~4 per element (GELU's tanh about as much).
-        Op::Silu | Op::Gelu { .. } => (act_bytes, 4 * rows * out),
+        Op::Silu | Op::Gelu { .. } | Op::SoftCap { .. } => (act_bytes, 4 * rows * out),
         Op::SwiGlu => (act_bytes, 5 * rows * out),
         Op::Mul | Op::Add | Op::Scale { .. } | Op::RoundBf16 => (act_bytes, rows * out),
         Op::Copy | Op::Plant(_) => (act_bytes, 0),

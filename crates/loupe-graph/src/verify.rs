@@ -140,6 +140,7 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
             expect(ok, format!("attention widths q {:?} k {:?} v {:?} out {:?} for {shape:?}", width(0), width(1), width(2), out_w))?;
             expect(*layer < graph.kv_layers && kv == graph.kv_width, format!("layer {layer} / kv width {kv} outside the cache ({} layers x {})", graph.kv_layers, graph.kv_width))
         }
+        Op::SoftCap { cap } => expect(cap.is_finite() && *cap > 0.0 && width(0).is_some() && out_w == width(0), format!("soft_cap {cap} (must be positive) of width {:?} into {out_w:?}", width(0))),
         Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => expect(width(0).is_some() && out_w == width(0), format!("{} changes width", node.op.name())),
         Op::Mul | Op::Add | Op::SwiGlu => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
     }

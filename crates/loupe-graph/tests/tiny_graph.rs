@@ -626,3 +626,53 @@ fn profiling_changes_no_number() {
     let (plain, profiled) = (run(false), run(true));
     assert!(plain.iter().zip(&profiled).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
+
+/// The tiny graph with a `soft_cap` node after `lm_head` as its logits (Gemma 2's final
+/// soft-cap): the logits are `lm_head`'s soft-capped, row for row, and `lm_head` still runs
+/// on the logits' rows only — the last token in generation, each span's last in a batched
+/// step (where it gathers them) — with the same numbers as in the graph without the cap.
+#[test]
+fn a_soft_cap_after_lm_head_runs_on_the_logits_rows_only() {
+    use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+    let plain = model(Precision::F32).graph;
+    let cap = 2.0;
+    let mut g = plain.clone();
+    let head = g.logits.unwrap();
+    let capped = ValueId(g.values.len() as u32);
+    let mut info = g.value(head).clone();
+    info.name = "logits".into();
+    info.aliases.clear();
+    g.values.push(info);
+    g.nodes.push(loupe_graph::Node { op: Op::SoftCap { cap }, inputs: vec![head], output: capped, side: None, fault: None });
+    g.logits = Some(capped);
+    verify(&g).unwrap();
+    let on = g.logit_rows_values();
+    assert!(on[head.0 as usize] && on[capped.0 as usize] && on.iter().filter(|&&x| x).count() == 2);
+    let capped_of = |x: &[f32]| {
+        let mut y = x.to_vec();
+        loupe_tensor::ops::soft_cap(&mut y, cap);
+        y
+    };
+    for g2 in [g.clone(), lowered(&g)] {
+        for all_logits in [false, true] {
+            let opts = RunOptions { all_logits };
+            let want = executor(&plain).run(&plain, &PROMPT, &mut cache(&plain), opts, None).unwrap().to_vec();
+            let got = executor(&g2).run(&g2, &PROMPT, &mut cache(&g2), opts, None).unwrap().to_vec();
+            assert_eq!(got, capped_of(&want), "all_logits {all_logits}");
+        }
+        // A batched step of two sequences: one logits row each, gathered by lm_head.
+        let batched = |graph: &Graph| {
+            let mut kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, 4, 8, KvDtype::F32);
+            let spans = [BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+            executor(graph).run_batch(graph, &PROMPT, &spans, &mut kv, None).unwrap().to_vec()
+        };
+        let want = batched(&plain);
+        assert_eq!(want.len(), 2 * (3 + 256 + TinyLlama::default().merges));
+        assert_eq!(batched(&g2), capped_of(&want));
+    }
+    assert!(loupe_graph::print::to_text(&g).contains(&format!("%{} logits = soft_cap(%{} lm_head) cap=2", capped.0, head.0)));
+    // A cap that is not a positive number is refused by the verifier.
+    let mut bad = g.clone();
+    bad.nodes.last_mut().unwrap().op = Op::SoftCap { cap: 0.0 };
+    assert!(verify_reason(verify(&bad)).contains("soft_cap 0"));
+}

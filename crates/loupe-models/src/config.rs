@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use loupe_formats::GgufFile;
-use loupe_tensor::ops::RopeScaling;
+use loupe_tensor::ops::{AttentionShape, RopeScaling};
 use serde_json::Value;
 
 use crate::ModelError;
@@ -29,6 +29,10 @@ pub enum Family {
     /// adds), q/k norms, embeddings scaled by sqrt(hidden_size), a GELU-tanh gated MLP, and
     /// sliding-window layers with their own RoPE base.
     Gemma3,
+    /// Gemma 2 (`modeling_gemma2.py`): Gemma 3's norms, embedding scale and MLP without q/k
+    /// norms, every other layer sliding (one RoPE base for all), and soft-capped attention
+    /// scores and final logits (`attn_logit_softcapping`, `final_logit_softcapping`).
+    Gemma2,
 }
 
 /// The activation of the gated MLP's gate (`hidden_act` / `hidden_activation`).
@@ -48,6 +52,7 @@ impl Family {
             "qwen2" => Some(Family::Qwen2),
             "qwen3" => Some(Family::Qwen3),
             "gemma3" => Some(Family::Gemma3),
+            "gemma2" => Some(Family::Gemma2),
             _ => None,
         }
     }
@@ -60,6 +65,7 @@ impl Family {
             "MistralForCausalLM" => Some(Family::Mistral),
             "Qwen3ForCausalLM" => Some(Family::Qwen3),
             "Gemma3ForCausalLM" => Some(Family::Gemma3),
+            "Gemma2ForCausalLM" => Some(Family::Gemma2),
             _ => None,
         }
     }
@@ -73,6 +79,7 @@ impl Family {
             "mistral" => Some(Family::Mistral),
             "qwen3" => Some(Family::Qwen3),
             "gemma3_text" => Some(Family::Gemma3),
+            "gemma2" => Some(Family::Gemma2),
             _ => None,
         }
     }
@@ -85,7 +92,15 @@ impl Family {
             Family::Mistral => "mistral",
             Family::Qwen3 => "qwen3",
             Family::Gemma3 => "gemma3_text",
+            Family::Gemma2 => "gemma2",
         }
+    }
+
+    /// Gemma 2 or 3: the traits the two share (1 + w norms, sandwich norms, the embedding
+    /// scale, GELU-tanh by default, `query_pre_attn_scalar`, `hidden_activation`, logit
+    /// soft-capping when configured).
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Family::Gemma2 | Family::Gemma3)
     }
 
     /// Whether llama.cpp's converter permuted the rows of q/k (weights and biases) for its
@@ -104,29 +119,40 @@ impl Family {
     /// attention's output before the residual add, `pre_feedforward_layernorm` is the MLP's
     /// input norm and `post_feedforward_layernorm` normalizes the MLP's output.
     pub fn sandwich_norms(self) -> bool {
-        self == Family::Gemma3
+        self.is_gemma()
     }
 
     /// Whether RMSNorms scale by `1 + weight` (Gemma's `Gemma3RMSNorm`) instead of `weight`.
     pub fn norm_unit_offset(self) -> bool {
-        self == Family::Gemma3
+        self.is_gemma()
     }
 
     /// Whether the embedding output is multiplied by sqrt(hidden_size)
     /// (`Gemma3TextScaledWordEmbedding`).
     pub fn scales_embedding(self) -> bool {
-        self == Family::Gemma3
+        self.is_gemma()
     }
 
     /// The MLP activation when the source names none: GELU-tanh for Gemma (a GGUF never
     /// names it), SiLU otherwise.
     pub fn default_hidden_act(self) -> HiddenAct {
-        if self == Family::Gemma3 { HiddenAct::GeluTanh } else { HiddenAct::Silu }
+        if self.is_gemma() { HiddenAct::GeluTanh } else { HiddenAct::Silu }
     }
 
-    /// What each decoder layer emits and how it is wired.
+    /// Every how-many-th layer attends globally, the others through a sliding window, by
+    /// default (Gemma); `None`: the family has no fixed pattern.
+    pub fn window_pattern(self) -> Option<usize> {
+        match self {
+            Family::Gemma3 => Some(GEMMA3_SLIDING_WINDOW_PATTERN),
+            Family::Gemma2 => Some(GEMMA2_SLIDING_WINDOW_PATTERN),
+            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 => None,
+        }
+    }
+
+    /// What each decoder layer emits and how it is wired (without final soft-capping, which
+    /// the config decides: [`LlamaConfig::wiring`]).
     pub fn wiring(self) -> crate::roles::Wiring {
-        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms() }
+        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms(), final_softcap: false }
     }
 }
 
@@ -161,13 +187,18 @@ pub struct LlamaConfig {
     /// The RoPE base of sliding-window layers where it differs from `rope_theta` (Gemma 3's
     /// local base, unscaled); `None`: every layer uses `rope_theta` and `rope_scaling`.
     pub rope_local_theta: Option<f32>,
+    /// Soft-capping of the scaled attention scores, `cap * tanh(s / cap)` before the mask
+    /// (Gemma 2's `attn_logit_softcapping`); `None`: none.
+    pub attn_logit_softcap: Option<f32>,
+    /// Soft-capping of the logits (`final_logit_softcapping`); `None`: none.
+    pub final_logit_softcap: Option<f32>,
 }
 
 /// GGUF architectures read with the Llama graph (their tensors and keys follow `llama.*`
 /// naming under their own prefix).
-pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "gemma2"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM"];
 
 /// Gemma 3's default pattern of sliding-window and global layers: every sixth layer is
 /// global (`Gemma3TextConfig._sliding_window_pattern`; llama.cpp's `set_swa_pattern(6)`).
@@ -175,8 +206,32 @@ pub const GEMMA3_SLIDING_WINDOW_PATTERN: usize = 6;
 /// Gemma 3's RoPE base on sliding-window layers when the source does not state one
 /// (`Gemma3TextConfig.default_theta["local"]`; llama.cpp hard-codes the same for gemma3).
 pub const GEMMA3_LOCAL_ROPE_THETA: f32 = 10_000.0;
+/// Gemma 2's pattern: layers 0, 2, 4, ... slide, the odd ones are global
+/// (`Gemma2Config.__post_init__`: sliding when `(i + 1) % 2`; llama.cpp's `set_swa_pattern(2)`).
+pub const GEMMA2_SLIDING_WINDOW_PATTERN: usize = 2;
+/// `Gemma2Config`'s and `Gemma3TextConfig`'s `sliding_window` when config.json has none.
+pub const GEMMA_DEFAULT_SLIDING_WINDOW: usize = 4096;
+/// `Gemma2Config`'s defaults for absent soft-capping keys (null turns each off).
+pub const GEMMA2_DEFAULT_ATTN_SOFTCAP: f32 = 50.0;
+pub const GEMMA2_DEFAULT_FINAL_SOFTCAP: f32 = 30.0;
+
+/// A soft-cap must be a positive finite number.
+fn valid_softcap(cap: f32) -> bool {
+    cap.is_finite() && cap > 0.0
+}
 
 impl LlamaConfig {
+    /// What the builder emits: the family's layer wiring, and the final soft-cap's value
+    /// when the config has one.
+    pub fn wiring(&self) -> crate::roles::Wiring {
+        crate::roles::Wiring { final_softcap: self.final_logit_softcap.is_some(), ..self.family.wiring() }
+    }
+
+    /// Every layer's attention geometry and score arithmetic (scale, soft-cap).
+    pub fn attention_shape(&self) -> AttentionShape {
+        AttentionShape { n_heads: self.num_attention_heads, n_kv_heads: self.num_key_value_heads, head_dim: self.head_dim, scale: self.attention_scale, softcap: self.attn_logit_softcap }
+    }
+
     /// The attention window of decoder layer `layer` (`None`: full causal attention).
     pub fn window(&self, layer: usize) -> Option<usize> {
         self.layer_windows.get(layer).copied().flatten()
@@ -206,12 +261,24 @@ impl LlamaConfig {
             Some("linear") => RopeScaling::Linear { factor: gguf.get_f32(&key("rope.scaling.factor"))? },
             Some(other) => return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key("rope.scaling.type"), reason: format!("unsupported rope scaling '{other}'") }),
         };
+        let num_hidden_layers = gguf.get_usize(&key("block_count"))?;
+        // Gemma 2's caps as llama.cpp reads them (its defaults when absent, as
+        // Gemma2Config's); transformers' GGUF loader maps neither key and always takes
+        // Gemma2Config's 50 and 30.
+        let softcap = |k: &str, default: Option<f32>| -> Result<Option<f32>, ModelError> {
+            let field = key(k);
+            let cap = if family.is_gemma() { gguf.opt_f32(&field)?.or(if family == Family::Gemma2 { default } else { None }) } else { None };
+            match cap {
+                Some(c) if !valid_softcap(c) => Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field, reason: format!("{c} is not a positive soft-cap") }),
+                c => Ok(c),
+            }
+        };
         let cfg = LlamaConfig {
             family,
             vocab_size,
             hidden_size,
             intermediate_size: gguf.get_usize(&key("feed_forward_length"))?,
-            num_hidden_layers: gguf.get_usize(&key("block_count"))?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -224,10 +291,16 @@ impl LlamaConfig {
             o_bias: gguf.tensor("blk.0.attn_output.bias").is_some(),
             layer_windows: gguf_layer_windows(gguf, family)?,
             hidden_act: family.default_hidden_act(),
-            // Gemma 3's `query_pre_attn_scalar` is not in the file; llama.cpp uses head_dim
-            // (all sizes but 27B) and transformers' default is 256, the 270M's head_dim.
-            attention_scale: (head_dim as f32).powf(-0.5),
+            // Gemma's `query_pre_attn_scalar` is not in the file; llama.cpp uses head_dim
+            // except for the 27B models (Gemma 2 27B: 46 layers, hidden / heads = 144), and
+            // transformers' default is 256, the head_dim of the other sizes.
+            attention_scale: match family {
+                Family::Gemma2 if num_hidden_layers == 46 => ((hidden_size / num_attention_heads) as f32).powf(-0.5),
+                _ => (head_dim as f32).powf(-0.5),
+            },
             rope_local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
+            attn_logit_softcap: softcap("attn_logit_softcapping", Some(GEMMA2_DEFAULT_ATTN_SOFTCAP))?,
+            final_logit_softcap: softcap("final_logit_softcapping", Some(GEMMA2_DEFAULT_FINAL_SOFTCAP))?,
         };
         if let Some(rot) = gguf.opt_usize(&key("rope.dimension_count"))? {
             if rot != cfg.head_dim {
@@ -262,17 +335,31 @@ impl LlamaConfig {
         };
         // Features the Llama graph does not build are refused by name, never ignored.
         // Gemma names the key `hidden_activation`; its `hidden_act` (if any) is unused.
-        let act_key = if family == Family::Gemma3 { "hidden_activation" } else { "hidden_act" };
+        let act_key = if family.is_gemma() { "hidden_activation" } else { "hidden_act" };
         let hidden_act = match v.get(act_key).and_then(Value::as_str) {
             None => family.default_hidden_act(),
             Some("silu") => HiddenAct::Silu,
             Some("gelu_pytorch_tanh") => HiddenAct::GeluTanh,
             Some(other) => return Err(bad(act_key, format!("'{other}' is not supported (loupe builds silu and gelu_pytorch_tanh)"))),
         };
-        for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
-            if v.get(cap).is_some_and(|x| !x.is_null()) {
-                return Err(bad(cap, "logit soft-capping is not supported yet".into()));
+        // Soft-capping: Gemma 2 and 3 apply it when the key is a number, not when it is null;
+        // an absent key takes the config class's default (Gemma2Config: 50 and 30;
+        // Gemma3TextConfig: none). Other families' transformers code has no soft-capping.
+        let softcap = |k: &str, gemma2_default: f32| -> Result<Option<f32>, ModelError> {
+            match v.get(k) {
+                None if family == Family::Gemma2 => Ok(Some(gemma2_default)),
+                None | Some(Value::Null) => Ok(None),
+                Some(_) if !family.is_gemma() => Err(bad(k, format!("logit soft-capping is not part of the {} family", family.name()))),
+                Some(x) => match x.as_f64().map(|c| c as f32) {
+                    Some(c) if valid_softcap(c) => Ok(Some(c)),
+                    _ => Err(bad(k, format!("{x} is not a positive number or null"))),
+                },
             }
+        };
+        let attn_logit_softcap = softcap("attn_logit_softcapping", GEMMA2_DEFAULT_ATTN_SOFTCAP)?;
+        let final_logit_softcap = softcap("final_logit_softcapping", GEMMA2_DEFAULT_FINAL_SOFTCAP)?;
+        if family.is_gemma() && v.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
+            return Err(bad("use_bidirectional_attention", "true is not supported (loupe builds causal decoders)".into()));
         }
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(bad("mlp_bias", "true is not supported (loupe's Llama MLP has no biases)".into()));
@@ -330,14 +417,13 @@ impl LlamaConfig {
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qkv_bias: attention_bias || family == Family::Qwen2,
-            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3),
+            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3 | Family::Gemma2),
             layer_windows,
             hidden_act,
-            attention_scale: match family {
-                Family::Gemma3 => (f32_field("query_pre_attn_scalar", 256.0)? as f64).powf(-0.5) as f32,
-                _ => (head_dim as f32).powf(-0.5),
-            },
+            attention_scale: if family.is_gemma() { (f32_field("query_pre_attn_scalar", 256.0)? as f64).powf(-0.5) as f32 } else { (head_dim as f32).powf(-0.5) },
             rope_local_theta,
+            attn_logit_softcap,
+            final_logit_softcap,
         };
         cfg.validate(path)
     }
@@ -383,25 +469,25 @@ fn rope_scaling_of(p: &Value) -> Result<RopeScaling, (String, String)> {
     })
 }
 
-/// Each layer's attention window from GGUF metadata: Gemma 3 has `<arch>.attention.sliding_window`
-/// on five of every six layers ([`GEMMA3_SLIDING_WINDOW_PATTERN`]), as llama.cpp and
-/// transformers' GGUF loader both assume; the other GGUF families here use full attention.
+/// Each layer's attention window from GGUF metadata: Gemma has `<arch>.attention.sliding_window`
+/// on the layers of its pattern ([`Family::window_pattern`]: five of every six in Gemma 3,
+/// every other in Gemma 2), as llama.cpp and transformers' GGUF loader both assume; the
+/// other GGUF families here use full attention.
 fn gguf_layer_windows(gguf: &GgufFile, family: Family) -> Result<Vec<Option<usize>>, ModelError> {
-    if family != Family::Gemma3 {
-        return Ok(Vec::new());
-    }
-    let key = "gemma3.attention.sliding_window";
-    let window = gguf.get_usize(key)?;
+    let Some(pattern) = family.window_pattern() else { return Ok(Vec::new()) };
+    let arch = gguf.architecture()?;
+    let key = format!("{arch}.attention.sliding_window");
+    let window = gguf.get_usize(&key)?;
     if window == 0 {
-        return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key.into(), reason: "must be positive".into() });
+        return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key, reason: "must be positive".into() });
     }
-    let layers = gguf.get_usize("gemma3.block_count")?;
-    Ok(gemma3_layer_windows(layers, GEMMA3_SLIDING_WINDOW_PATTERN, window))
+    let layers = gguf.get_usize(&format!("{arch}.block_count"))?;
+    Ok(gemma_layer_windows(layers, pattern, window))
 }
 
-/// Gemma 3's layer types: every `pattern`-th layer global, the others windowed
-/// (`Gemma3TextConfig.__post_init__`'s `layer_types`).
-fn gemma3_layer_windows(layers: usize, pattern: usize, window: usize) -> Vec<Option<usize>> {
+/// Gemma's layer types: every `pattern`-th layer global, the others windowed
+/// (`Gemma3TextConfig.__post_init__`'s and `Gemma2Config.__post_init__`'s `layer_types`).
+fn gemma_layer_windows(layers: usize, pattern: usize, window: usize) -> Vec<Option<usize>> {
     (0..layers).map(|l| ((l + 1) % pattern != 0).then_some(window)).collect()
 }
 
@@ -409,10 +495,15 @@ fn gemma3_layer_windows(layers: usize, pattern: usize, window: usize) -> Vec<Opt
 /// * Mistral: `sliding_window` (an integer, or null for none) on every layer;
 /// * Qwen2, Qwen3: only with `use_sliding_window`, on the layers `layer_types` marks
 ///   `sliding_attention` (transformers' default: layers from `max_window_layers` on);
+/// * Gemma 2 and 3: always, on the layers `layer_types` marks, by default those of the
+///   family's pattern ([`Family::window_pattern`]; Gemma 3's `sliding_window_pattern` key
+///   overrides it), with a window of `sliding_window` (4096 when absent, as their configs'
+///   default);
 /// * Llama: none.
 fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Option<usize>>, (&'static str, String)> {
     let window = || -> Result<Option<usize>, (&'static str, String)> {
         match v.get("sliding_window") {
+            None if family.is_gemma() => Ok(Some(GEMMA_DEFAULT_SLIDING_WINDOW)),
             None | Some(Value::Null) => Ok(None),
             Some(w) => match w.as_u64() {
                 Some(n) if n > 0 => Ok(Some(n as usize)),
@@ -426,11 +517,14 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
             Some(w) => vec![Some(w); layers],
             None => Vec::new(),
         }),
-        Family::Qwen2 | Family::Qwen3 | Family::Gemma3 => {
-            if family != Family::Gemma3 && v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
+        Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 => {
+            if !family.is_gemma() && v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok(Vec::new());
             }
-            let Some(w) = window()? else { return Err(("sliding_window", "use_sliding_window is true but sliding_window is null".into())) };
+            let Some(w) = window()? else {
+                let why = if family.is_gemma() { "null, but the family has sliding-window layers" } else { "null, but use_sliding_window is true" };
+                return Err(("sliding_window", why.into()));
+            };
             match v.get("layer_types").filter(|x| !x.is_null()) {
                 Some(Value::Array(types)) if types.len() == layers => types
                     .iter()
@@ -441,14 +535,19 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
                     })
                     .collect(),
                 Some(other) => Err(("layer_types", format!("expected {layers} layer types, found {other}"))),
-                None if family == Family::Gemma3 => {
-                    let pattern = v.get("sliding_window_pattern").and_then(Value::as_u64).map_or(GEMMA3_SLIDING_WINDOW_PATTERN, |p| p.max(1) as usize);
-                    Ok(gemma3_layer_windows(layers, pattern, w))
-                }
-                None => {
-                    let from = v.get("max_window_layers").and_then(Value::as_u64).unwrap_or(layers as u64) as usize;
-                    Ok((0..layers).map(|l| (l >= from).then_some(w)).collect())
-                }
+                None => match family.window_pattern() {
+                    Some(default) => {
+                        let pattern = match family {
+                            Family::Gemma3 => v.get("sliding_window_pattern").and_then(Value::as_u64).map_or(default, |p| p.max(1) as usize),
+                            _ => default,
+                        };
+                        Ok(gemma_layer_windows(layers, pattern, w))
+                    }
+                    None => {
+                        let from = v.get("max_window_layers").and_then(Value::as_u64).unwrap_or(layers as u64) as usize;
+                        Ok((0..layers).map(|l| (l >= from).then_some(w)).collect())
+                    }
+                },
             }
         }
     }
@@ -499,6 +598,34 @@ mod tests {
         assert!(e.contains("sliding_window"), "{e}");
         let e = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention"], {BASE}}}"#)).unwrap_err().to_string();
         assert!(e.contains("layer_types"), "{e}");
+    }
+
+    /// Gemma 2 as `Gemma2Config` reads config.json: absent caps and window take the class's
+    /// defaults (50, 30, 4096), null turns a cap off, layers 0, 2, ... slide, one RoPE base,
+    /// `query_pre_attn_scalar` sets the scale; bad values are refused naming their key.
+    #[test]
+    fn gemma2_reads_soft_caps_windows_and_scale() {
+        let g = hf(&format!(r#"{{"architectures": ["Gemma2ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 24, {BASE}}}"#)).unwrap();
+        assert_eq!((g.family, g.hidden_act, g.attn_logit_softcap, g.final_logit_softcap), (Family::Gemma2, HiddenAct::GeluTanh, Some(50.0), Some(30.0)));
+        assert_eq!((g.layer_windows.clone(), g.rope_local_theta, g.rope_theta), (vec![Some(4096), None], None, 10000.0));
+        assert_eq!(g.attention_scale, (24f64).powf(-0.5) as f32);
+        assert!(g.family.sandwich_norms() && g.family.norm_unit_offset() && g.family.scales_embedding() && !g.family.qk_norm());
+        assert!(g.wiring().final_softcap && !Family::Gemma2.wiring().final_softcap);
+        let g = hf(&format!(r#"{{"model_type": "gemma2", "attn_logit_softcapping": 7.5, "final_logit_softcapping": null, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"], {BASE}}}"#)).unwrap();
+        assert_eq!((g.family, g.attn_logit_softcap, g.final_logit_softcap, g.layer_windows.clone()), (Family::Gemma2, Some(7.5), None, vec![None, Some(8)]));
+        assert!(!g.wiring().final_softcap);
+        for (key, value) in [("attn_logit_softcapping", "0"), ("final_logit_softcapping", "-3"), ("final_logit_softcapping", "\"big\""), ("use_bidirectional_attention", "true"), ("sliding_window", "null")] {
+            let e = hf(&format!(r#"{{"architectures": ["Gemma2ForCausalLM"], "{key}": {value}, {BASE}}}"#)).unwrap_err();
+            assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == key), "{key}: {e}");
+        }
+        // Gemma 3 has none unless configured; Llama has no soft-capping at all.
+        let g3 = hf(&format!(r#"{{"architectures": ["Gemma3ForCausalLM"], "sliding_window": 8, {BASE}}}"#)).unwrap();
+        assert_eq!((g3.attn_logit_softcap, g3.final_logit_softcap), (None, None));
+        let g3 = hf(&format!(r#"{{"architectures": ["Gemma3ForCausalLM"], "sliding_window": 8, "final_logit_softcapping": 30.0, {BASE}}}"#)).unwrap();
+        assert_eq!(g3.final_logit_softcap, Some(30.0));
+        let e = hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "attn_logit_softcapping": 50.0, {BASE}}}"#)).unwrap_err().to_string();
+        assert!(e.contains("attn_logit_softcapping"), "{e}");
+        assert!(hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "final_logit_softcapping": null, {BASE}}}"#)).is_ok());
     }
 
     #[test]

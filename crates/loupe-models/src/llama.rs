@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData, WeightId};
-use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
+use loupe_tensor::ops::{AttentionMask, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
 use crate::config::{HiddenAct, LlamaConfig};
 use crate::roles::{Module, ModuleRole as R};
@@ -48,8 +48,10 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         Some(theta) => Some(Arc::new(RopeTable::new(hd, theta, &RopeScaling::None).map_err(rope_err)?)),
         None => None,
     };
-    let shape = AttentionShape { n_heads: h, n_kv_heads: kvh, head_dim: hd, scale: cfg.attention_scale };
-    let wiring = cfg.family.wiring();
+    // Gemma 2 soft-caps the scaled scores inside every attention path (an attribute of the
+    // op, as the mask is), so attention's output and probabilities keep their module names.
+    let shape = cfg.attention_shape();
+    let wiring = cfg.wiring();
     let unit_offset = cfg.family.norm_unit_offset();
 
     let hidden = |n: usize| vec![Dim::Tokens, Dim::Fixed(n)];
@@ -212,7 +214,13 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
 
     let normed = hidden_norm(&mut b, &mut load, Module::model(R::FinalNorm), x)?;
     let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load(&Module::model(R::LmHead).param("weight"), &[cfg.vocab_size, d])?) };
-    let logits = b.node(Module::model(R::LmHead).name(), Op::Linear { weight: head, bias: None }, &[normed], vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)], vec!["token", "vocab"]);
+    let vocab = || vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)];
+    let mut logits = b.node(Module::model(R::LmHead).name(), Op::Linear { weight: head, bias: None }, &[normed], vocab(), vec!["token", "vocab"]);
+    // Gemma 2's final soft-cap: `lm_head` keeps its module's (uncapped) output, the capped
+    // rows are the model output's `logits`.
+    if let Some(cap) = cfg.final_logit_softcap {
+        logits = b.node(Module::model(R::Logits).name(), Op::SoftCap { cap }, &[logits], vocab(), vec!["token", "vocab"]);
+    }
     b.set_logits(logits);
     let graph = b.finish();
     loupe_graph::verify::verify(&graph)?;
@@ -362,6 +370,8 @@ mod tests {
             hidden_act: HiddenAct::Silu,
             attention_scale: 0.5,
             rope_local_theta: None,
+            attn_logit_softcap: None,
+            final_logit_softcap: None,
         }
     }
 
@@ -504,10 +514,13 @@ mod tests {
     fn roles_describe_the_built_graph() {
         use crate::config::Family;
         use crate::roles::{Module, ModuleRole};
-        // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3).
-        for family in [Family::Llama, Family::Qwen3, Family::Gemma3] {
+        // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3),
+        // sandwich norms and the final soft-cap (Gemma 2).
+        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2] {
             let cfg = LlamaConfig { family, ..tiny() };
-            let wiring = family.wiring();
+            let cfg = if family == Family::Gemma2 { LlamaConfig { attn_logit_softcap: Some(5.0), final_logit_softcap: Some(3.0), ..cfg } } else { cfg };
+            let wiring = cfg.wiring();
+            assert_eq!(wiring.final_softcap, family == Family::Gemma2);
             let mut src = FakeSource { path: "fake".into(), seed: 7 };
             let g = build_llama(&cfg, &mut src, None, false, &[]).unwrap();
             let n_layers = cfg.num_hidden_layers;

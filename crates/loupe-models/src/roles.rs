@@ -54,22 +54,25 @@ pub enum ModuleRole {
     LayerOutput,
     /// `model.norm`.
     FinalNorm,
-    /// `lm_head`: the logits.
+    /// `lm_head`: the logits (before any final soft-capping).
     LmHead,
+    /// `logits`: `lm_head`'s output soft-capped (`final_logit_softcapping`, Gemma 2), the
+    /// model output's `logits` field. Only in models with a final soft-cap.
+    Logits,
 }
 
 use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 26] = [
+    pub const ALL: [ModuleRole; 27] = [
         Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, PreFfnNorm, Gate,
-        Up, ActFn, ActMul, Down, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead,
+        Up, ActFn, ActMul, Down, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead, Logits,
     ];
 
     /// Whether the role belongs to a decoder layer (its name carries the layer index).
     pub fn in_layer(self) -> bool {
-        !matches!(self, Embedding | FinalNorm | LmHead)
+        !matches!(self, Embedding | FinalNorm | LmHead | Logits)
     }
 
     /// The name's part after `model.layers.N.` for layer roles (empty for the layer
@@ -102,6 +105,7 @@ impl ModuleRole {
             LayerOutput => "",
             FinalNorm => "model.norm",
             LmHead => "lm_head",
+            Logits => "logits",
         }
     }
 
@@ -147,6 +151,11 @@ impl ModuleRole {
     pub fn needs_sandwich_norms(self) -> bool {
         matches!(self, PreFfnNorm | PostFfnNorm)
     }
+
+    /// Whether only models with a final soft-cap emit the role.
+    pub fn needs_final_softcap(self) -> bool {
+        self == Logits
+    }
 }
 
 /// How a family's decoder layers are wired: which optional values they emit and what reads
@@ -158,12 +167,14 @@ pub struct Wiring {
     /// Gemma's four norms per layer: attention's and the MLP's outputs are normalized
     /// before their residual adds, and the MLP reads `pre_feedforward_layernorm`.
     pub sandwich_norms: bool,
+    /// `lm_head`'s output soft-capped into `logits` (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: bool,
 }
 
 impl Wiring {
-    /// Whether layers wired this way emit `role`.
+    /// Whether a model wired this way emits `role`.
     pub fn emits(&self, role: ModuleRole) -> bool {
-        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms())
+        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap())
     }
 }
 
@@ -252,7 +263,7 @@ impl Module {
     /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
     /// and the MLP reads `pre_feedforward_layernorm`.
     pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
-        let Wiring { qk_norm, sandwich_norms: sandwich } = wiring;
+        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _ } = wiring;
         let l = |role| Module::layer(self.layer, role);
         match self.role {
             Embedding => vec![],
@@ -275,6 +286,7 @@ impl Module {
             LayerOutput => vec![l(AttnResidual), l(if sandwich { PostFfnNorm } else { Down })],
             FinalNorm => vec![Module::layer_input(n_layers)],
             LmHead => vec![Module::model(FinalNorm)],
+            Logits => vec![Module::model(LmHead)],
         }
     }
 }

@@ -9,6 +9,10 @@
 //! "smollm"`, every byte a token, merges learnt from a small English text, `<|endoftext|>`,
 //! `<|im_start|>`, `<|im_end|>` as control tokens, BOS 1, EOS 2) with SmolLM2's ChatML template.
 //!
+//! With [`TinyLlama::gemma2`] set, the file is laid out as llama.cpp's converter writes a
+//! Gemma 2 instead (architecture `gemma2`): four norms per layer stored plus one, q/k rows
+//! unpermuted, every other layer sliding, and the two soft-caps in the metadata.
+//!
 //! Deterministic: the same [`TinyLlama`] gives the same bytes on every run and machine
 //! (SplitMix64 draws, scalar quantization).
 
@@ -44,6 +48,27 @@ pub struct TinyLlama {
     pub matrix_type: GgmlType,
     /// v and down projections.
     pub matrix_type_alt: GgmlType,
+    /// Write a Gemma 2 (architecture `gemma2`) instead of a Llama.
+    pub gemma2: Option<TinyGemma2>,
+}
+
+/// What a tiny Gemma 2 adds to the shape: its window and soft-caps (`gemma2.*` keys).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TinyGemma2 {
+    /// `gemma2.attention.sliding_window`, on layers 0, 2, 4, ...
+    pub sliding_window: usize,
+    /// `gemma2.attn_logit_softcapping`.
+    pub attn_softcap: f32,
+    /// `gemma2.final_logit_softcapping`.
+    pub final_softcap: f32,
+}
+
+impl Default for TinyGemma2 {
+    /// Caps low enough to change the tiny model's scores and logits, a window shorter than
+    /// the tests' prompts.
+    fn default() -> Self {
+        TinyGemma2 { sliding_window: 8, attn_softcap: 4.0, final_softcap: 10.0 }
+    }
 }
 
 impl Default for TinyLlama {
@@ -62,6 +87,7 @@ impl Default for TinyLlama {
             embedding_type: GgmlType::Q8_0,
             matrix_type: GgmlType::Q4_1,
             matrix_type_alt: GgmlType::Q8_0,
+            gemma2: None,
         }
     }
 }
@@ -250,21 +276,28 @@ pub fn tiny_llama_gguf_bytes(spec: &TinyLlama) -> Result<Vec<u8>, ModelError> {
     let kv = spec.kv_width();
     let u32v = |n: usize| GgufValue::U32(n as u32);
 
+    let arch = if spec.gemma2.is_some() { "gemma2" } else { "llama" };
+    let key = |k: &str| format!("{arch}.{k}");
     let mut w = GgufWriter::new().with_label("<tiny llama>");
-    w.add("general.architecture", GgufValue::String("llama".into()));
-    w.add("general.name", GgufValue::String("loupe tiny llama".into()));
+    w.add("general.architecture", GgufValue::String(arch.into()));
+    w.add("general.name", GgufValue::String(format!("loupe tiny {arch}")));
     w.add("general.file_type", GgufValue::U32(3)); // MOSTLY_Q4_1, as SmolLM2's
     w.add("general.quantization_version", GgufValue::U32(2));
-    w.add("llama.vocab_size", u32v(vocab));
-    w.add("llama.context_length", u32v(spec.context_length));
-    w.add("llama.embedding_length", u32v(h));
-    w.add("llama.block_count", u32v(spec.layers));
-    w.add("llama.feed_forward_length", u32v(f));
-    w.add("llama.rope.dimension_count", u32v(hd));
-    w.add("llama.attention.head_count", u32v(spec.heads));
-    w.add("llama.attention.head_count_kv", u32v(spec.kv_heads));
-    w.add("llama.attention.layer_norm_rms_epsilon", GgufValue::F32(spec.rms_eps));
-    w.add("llama.rope.freq_base", GgufValue::F32(spec.rope_theta));
+    w.add(key("vocab_size"), u32v(vocab));
+    w.add(key("context_length"), u32v(spec.context_length));
+    w.add(key("embedding_length"), u32v(h));
+    w.add(key("block_count"), u32v(spec.layers));
+    w.add(key("feed_forward_length"), u32v(f));
+    w.add(key("rope.dimension_count"), u32v(hd));
+    w.add(key("attention.head_count"), u32v(spec.heads));
+    w.add(key("attention.head_count_kv"), u32v(spec.kv_heads));
+    w.add(key("attention.layer_norm_rms_epsilon"), GgufValue::F32(spec.rms_eps));
+    w.add(key("rope.freq_base"), GgufValue::F32(spec.rope_theta));
+    if let Some(g) = &spec.gemma2 {
+        w.add(key("attention.sliding_window"), u32v(g.sliding_window));
+        w.add(key("attn_logit_softcapping"), GgufValue::F32(g.attn_softcap));
+        w.add(key("final_logit_softcapping"), GgufValue::F32(g.final_softcap));
+    }
     w.add("tokenizer.ggml.model", GgufValue::String("gpt2".into()));
     w.add("tokenizer.ggml.pre", GgufValue::String("smollm".into()));
     w.add("tokenizer.ggml.tokens", strings(&tokens));
@@ -282,16 +315,26 @@ pub fn tiny_llama_gguf_bytes(spec: &TinyLlama) -> Result<Vec<u8>, ModelError> {
     let rng = &mut rng;
     let (m, alt) = (spec.matrix_type, spec.matrix_type_alt);
     add_matrix(&mut w, rng, "token_embd.weight".into(), spec.embedding_type, vocab, h, (h as f32 / 3.0).sqrt(), None)?;
+    // Gemma's converter stores q/k rows as Hugging Face has them, and norms plus one (which
+    // `norm_weight`'s 1 +- 0.2 stands for).
+    let gemma = spec.gemma2.is_some();
+    let (q_perm, k_perm) = if gemma { (None, None) } else { (Some(spec.heads), Some(spec.kv_heads)) };
     for l in 0..spec.layers {
         w.add_f32_tensor(format!("blk.{l}.attn_norm.weight"), &[h as u64], &norm_weight(rng, h));
-        add_matrix(&mut w, rng, format!("blk.{l}.attn_q.weight"), m, spec.heads * hd, h, 2.0, Some(spec.heads))?;
-        add_matrix(&mut w, rng, format!("blk.{l}.attn_k.weight"), m, kv, h, 2.0, Some(spec.kv_heads))?;
+        add_matrix(&mut w, rng, format!("blk.{l}.attn_q.weight"), m, spec.heads * hd, h, 2.0, q_perm)?;
+        add_matrix(&mut w, rng, format!("blk.{l}.attn_k.weight"), m, kv, h, 2.0, k_perm)?;
         add_matrix(&mut w, rng, format!("blk.{l}.attn_v.weight"), alt, kv, h, 1.0, None)?;
         add_matrix(&mut w, rng, format!("blk.{l}.attn_output.weight"), m, h, spec.heads * hd, 1.0, None)?;
+        if gemma {
+            w.add_f32_tensor(format!("blk.{l}.post_attention_norm.weight"), &[h as u64], &norm_weight(rng, h));
+        }
         w.add_f32_tensor(format!("blk.{l}.ffn_norm.weight"), &[h as u64], &norm_weight(rng, h));
         add_matrix(&mut w, rng, format!("blk.{l}.ffn_gate.weight"), m, f, h, 1.0, None)?;
         add_matrix(&mut w, rng, format!("blk.{l}.ffn_up.weight"), m, f, h, 1.0, None)?;
         add_matrix(&mut w, rng, format!("blk.{l}.ffn_down.weight"), alt, h, f, 1.0, None)?;
+        if gemma {
+            w.add_f32_tensor(format!("blk.{l}.post_ffw_norm.weight"), &[h as u64], &norm_weight(rng, h));
+        }
     }
     w.add_f32_tensor("output_norm.weight", &[h as u64], &norm_weight(rng, h));
     Ok(w.to_bytes()?)

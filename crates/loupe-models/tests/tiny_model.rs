@@ -226,3 +226,58 @@ fn fp8_precision_rounds_layer_weights_per_row_and_keeps_the_embedding() {
     eprintln!("fp8 against f32: logits cosine {cos}");
     assert!(cos > 0.9 && cos < 1.0, "fp8 logits against f32's: cosine {cos}");
 }
+
+/// A tiny Gemma 2 GGUF (`gemma2` keys and tensor names, norms stored plus one): the config
+/// reads its caps and every-other-layer window, the graph soft-caps attention (an attribute
+/// of each attention node) and the logits (a `soft_cap` node named `logits` after `lm_head`),
+/// whose rows are `lm_head`'s capped; and each cap changes the logits.
+#[test]
+fn a_tiny_gemma2_soft_caps_its_scores_and_logits() {
+    use loupe_graph::{Observer, ValueInfo};
+    use loupe_models::tiny::TinyGemma2;
+    use loupe_models::Family;
+    let gemma = TinyGemma2::default();
+    let spec = TinyLlama { gemma2: Some(gemma), ..TinyLlama::default() };
+    let (_dir, path) = write(&spec);
+    let m = load_tiny(&path, Precision::F32);
+    let c = &m.config;
+    assert_eq!((c.family, c.attn_logit_softcap, c.final_logit_softcap), (Family::Gemma2, Some(gemma.attn_softcap), Some(gemma.final_softcap)));
+    assert_eq!(c.layer_windows, [Some(8), None, Some(8), None]);
+    let text = loupe_graph::print::to_text(&m.graph);
+    assert_eq!(text.matches(&format!("softcap={}", gemma.attn_softcap)).count(), spec.layers, "{text}");
+    assert!(text.contains(&format!("%{} logits = soft_cap(", m.graph.logits.unwrap().0)), "{text}");
+
+    struct Rows(Vec<(String, Vec<f32>)>);
+    impl Observer for Rows {
+        fn wants(&mut self, v: &ValueInfo) -> bool {
+            v.name == "lm_head" || v.name == "logits"
+        }
+        fn observe(&mut self, v: &ValueInfo, _: &[usize], data: &[f32]) {
+            self.0.push((v.name.clone(), data.to_vec()));
+        }
+    }
+    let tokens = [1u32, 72, 301, 44, 260, 7, 415, 99, 3, 12, 40];
+    let mut exec = Executor::new(&m.graph, &DebugOptions::default());
+    let mut kv = KvCache::new(m.graph.kv_layers, m.graph.kv_width, m.graph.context_length);
+    let mut rows = Rows(Vec::new());
+    let logits = exec.run(&m.graph, &tokens, &mut kv, RunOptions::default(), Some(&mut rows)).unwrap().to_vec();
+    let vocab = logits.len();
+    let (head, capped) = (&rows.0[0], &rows.0[1]);
+    assert_eq!((head.0.as_str(), head.1.len(), capped.0.as_str()), ("lm_head", vocab, "logits"), "generation computes the last row only");
+    let mut want = head.1.clone();
+    loupe_tensor::ops::soft_cap(&mut want, gemma.final_softcap);
+    assert_eq!(capped.1, want);
+    assert_eq!(logits, want);
+    assert!(head.1.iter().any(|x| x.abs() > gemma.final_softcap / 2.0), "the final cap does not bite: {:?}", &head.1[..8]);
+    assert_eq!(argmax(&head.1), argmax(&logits), "soft-capping is monotone");
+    // With all logits the last row is the same.
+    assert_eq!(all_logits(&m.graph, &tokens)[(tokens.len() - 1) * vocab..], logits[..]);
+
+    // Each cap changes the logits (a large cap is no cap).
+    for other in [TinyGemma2 { attn_softcap: 1e9, ..gemma }, TinyGemma2 { final_softcap: 1e9, ..gemma }] {
+        let (_d, p) = write(&TinyLlama { gemma2: Some(other), ..spec.clone() });
+        let uncapped = all_logits(&load_tiny(&p, Precision::F32).graph, &tokens);
+        let diff = uncapped[(tokens.len() - 1) * vocab..].iter().zip(&logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff > 1e-2, "{other:?}: logits moved by only {diff}");
+    }
+}

@@ -11,20 +11,22 @@ use loupe_runtime::{BatchConfig, BatchEngine, Completion, Engine, LoadOptions, S
 
 fn tiny_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let spec = loupe_models::tiny::TinyLlama::default();
-        let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(&spec).expect("building the tiny model");
-        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
-        if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
-            std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
-            let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-            std::fs::write(&tmp, &bytes).unwrap();
-            std::fs::rename(&tmp, &path).unwrap();
-        }
-        path
-    })
-    .clone()
+    PATH.get_or_init(|| tiny_file(&loupe_models::tiny::TinyLlama::default())).clone()
+}
+
+/// The tiny model of `spec` under the target's temporary folder, named by its bytes' hash
+/// (written once, atomically, shared by concurrent test binaries).
+fn tiny_file(spec: &loupe_models::tiny::TinyLlama) -> PathBuf {
+    let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(spec).expect("building the tiny model");
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
+    if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
+        std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        std::fs::write(&tmp, &bytes).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    path
 }
 
 fn engine() -> Engine {
@@ -80,6 +82,36 @@ fn batched_tokens_equal_each_request_alone_greedy_and_seeded() {
         assert_eq!(tokens(&got), want, "{kv_dtype} {sampling:?}");
         assert!(b.stats().steps < want.iter().map(|t| t.len() as u64 + 1).sum::<u64>(), "the requests shared steps");
         assert_eq!(b.stats().blocks_in_use, 0);
+    }
+}
+
+/// The tiny Gemma 2 (attention scores and logits soft-capped, layers 0 and 2 sliding over 8
+/// positions, prompts up to 40 tokens): the batched engine's tokens, all requests in one
+/// batch and their prompts chunked, equal the single-sequence path's (`generate_tokens`:
+/// contiguous cache, matrix-product prefill), greedy and seeded, f32 weights and cache in
+/// both. The server runs the batched path, so a cap or window applied in one path only
+/// would show here.
+#[test]
+fn tiny_gemma2_batched_tokens_equal_the_single_sequence_path() {
+    use loupe_models::tiny::{TinyGemma2, TinyLlama};
+    use loupe_runtime::GenerateRequest;
+    let path = tiny_file(&TinyLlama { gemma2: Some(TinyGemma2::default()), ..TinyLlama::default() });
+    let engine = Engine::load(path, LoadOptions { precision: loupe_models::Precision::F32, ..LoadOptions::default() }).unwrap();
+    assert_eq!(engine.config().family, loupe_models::Family::Gemma2);
+    assert!(engine.graph().nodes.iter().any(|n| matches!(n.op, loupe_graph::Op::SoftCap { .. })));
+    for sampling in [SamplingParams::default(), seeded()] {
+        let reqs = requests(8, 0, &sampling);
+        let single: Vec<Vec<u32>> = reqs
+            .iter()
+            .map(|r| {
+                let g = GenerateRequest { prompt_tokens: r.prompt.clone(), max_tokens: r.max_tokens, sampling: r.sampling.clone(), stop_ids: vec![], stop_strings: vec![] };
+                engine.generate_tokens(&g, &mut |_| {}).unwrap().tokens
+            })
+            .collect();
+        for max_batch_tokens in [BatchConfig::default().max_batch_tokens, 5] {
+            let mut b = BatchEngine::new(&engine, BatchConfig { kv_dtype: Some(KvDtype::F32), max_batch_tokens, ..config() }).unwrap();
+            assert_eq!(tokens(&b.run_all(reqs.clone()).unwrap()), single, "{sampling:?}, max_batch_tokens {max_batch_tokens}");
+        }
     }
 }
 

@@ -296,7 +296,7 @@ fn layer_ops(c: &mut Criterion) {
     g.finish();
 
     let mut g = c.benchmark_group("attention");
-    let shape = AttentionShape { n_heads: N_HEADS, n_kv_heads: N_KV_HEADS, head_dim: HEAD_DIM, scale: (HEAD_DIM as f32).powf(-0.5) };
+    let shape = AttentionShape::new(N_HEADS, N_KV_HEADS, HEAD_DIM, (HEAD_DIM as f32).powf(-0.5));
     // Decode after a 128- and a 512-token context; prefill of 64 and 512 tokens.
     for (tokens, ctx) in [(1usize, 128usize), (1, 512), (64, 64), (512, 512)] {
         let q = rng.activations(tokens * HIDDEN);

@@ -35,7 +35,7 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
                 Some(n) => vec![Dim::Tokens, Dim::Fixed(n)],
                 None => input(0),
             },
-            Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => input(0),
+            Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
         };

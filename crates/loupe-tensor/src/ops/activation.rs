@@ -59,6 +59,23 @@ pub fn erf(x: f64) -> f64 {
     r.min(1.0).copysign(x)
 }
 
+/// Soft-capping in place, as Gemma 2 applies it to attention scores
+/// (`eager_attention_forward`'s `softcap`) and to the final logits
+/// (`Gemma2ForCausalLM.forward`'s `final_logit_softcapping`): `cap * tanh(x / cap)`, in f32
+/// with a true division (not a multiply by the reciprocal) as torch computes `x / cap`.
+/// Values far below `cap` pass almost unchanged; larger ones approach `±cap`.
+pub fn soft_cap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = soft_cap_one(*v, cap);
+    }
+}
+
+/// [`soft_cap`] of one value.
+#[inline]
+pub fn soft_cap_one(x: f32, cap: f32) -> f32 {
+    (x / cap).tanh() * cap
+}
+
 /// Rounds each value to the nearest bfloat16 (ties to even, as `tensor.to(torch.bfloat16)`)
 /// and widens it back to f32: the numbers a bf16 activation would hold.
 pub fn round_bf16(x: &mut [f32]) {
@@ -136,6 +153,32 @@ mod tests {
         assert_eq!(x, [1.0, 1.0 + 2f32.powi(-6), 1.0 + 2f32.powi(-7), f32::INFINITY]);
         let mut nan = [f32::NAN];
         round_bf16(&mut nan);
+        assert!(nan[0].is_nan());
+    }
+
+    /// The kernel against the formula in f64 (the scalar reference): within two f32 ulps of
+    /// `cap * tanh(x / cap)` over values below, near and far above the cap, both signs.
+    #[test]
+    fn soft_cap_matches_its_f64_reference() {
+        for cap in [5.0f32, 30.0, 50.0, 0.75] {
+            let xs: Vec<f32> = (-400..=400).map(|i| i as f32 * cap / 37.0).chain([0.0, -0.0, 1e-30, f32::MAX, -f32::MAX]).collect();
+            let mut got = xs.clone();
+            soft_cap(&mut got, cap);
+            for (&x, &g) in xs.iter().zip(&got) {
+                let want = (x as f64 / cap as f64).tanh() * cap as f64;
+                let ulp = (want.abs() as f32).max(f32::MIN_POSITIVE) * f32::EPSILON;
+                assert!((g as f64 - want).abs() <= 2.0 * ulp as f64, "cap {cap}, x {x}: {g} vs {want}");
+                assert!(g.abs() <= cap, "cap {cap}, x {x}: {g} exceeds the cap");
+                assert_eq!(g.to_bits(), soft_cap_one(x, cap).to_bits());
+            }
+        }
+        // Monotone, so the argmax of capped logits is the argmax of the raw ones, up to ties
+        // where tanh saturates in f32.
+        let mut row = [1.0f32, 4.0, -3.0, 2.5];
+        soft_cap(&mut row, 5.0);
+        assert!(row[1] > row[3] && row[3] > row[0] && row[0] > row[2]);
+        let mut nan = [f32::NAN];
+        soft_cap(&mut nan, 5.0);
         assert!(nan[0].is_nan());
     }
 

@@ -43,7 +43,7 @@ thread_local! {
     static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Head geometry of one attention call.
+/// Head geometry of one attention call, and the arithmetic of its scores.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionShape {
     pub n_heads: usize,
@@ -51,6 +51,16 @@ pub struct AttentionShape {
     pub head_dim: usize,
     /// Multiplier of `q k^T` (usually `head_dim^-0.5`).
     pub scale: f32,
+    /// Soft-capping of the scaled scores before the mask and softmax, `cap * tanh(s / cap)`
+    /// (Gemma 2's `attn_logit_softcapping`; [`super::soft_cap`]); `None` in most models.
+    pub softcap: Option<f32>,
+}
+
+impl AttentionShape {
+    /// Without soft-capping.
+    pub fn new(n_heads: usize, n_kv_heads: usize, head_dim: usize, scale: f32) -> AttentionShape {
+        AttentionShape { n_heads, n_kv_heads, head_dim, scale, softcap: None }
+    }
 }
 
 /// Which kv head a query head reads.
@@ -156,7 +166,7 @@ pub fn attention_cached(
     out: &mut [f32],
     probs: Option<&mut [f32]>,
 ) -> Result<(), TensorError> {
-    let AttentionShape { n_heads, n_kv_heads, head_dim, scale } = shape;
+    let AttentionShape { n_heads, n_kv_heads, head_dim, scale, softcap } = shape;
     let q_width = n_heads * head_dim;
     let kv_width = n_kv_heads * head_dim;
     if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q_width == 0 {
@@ -252,7 +262,7 @@ pub fn attention_cached(
                 for (i, t) in rows.clone().enumerate() {
                     let visible = visible_keys(t);
                     let srow = &mut s_all[i * n_keys..(i + 1) * n_keys];
-                    softmax_row(&mut srow[visible.clone()], scale);
+                    softmax_row(&mut srow[visible.clone()], scale, softcap);
                     srow[..visible.start].fill(0.0);
                     srow[visible.end..].fill(0.0);
                     if let Some(p) = probs_ptr {
@@ -288,7 +298,7 @@ pub fn attention_cached(
                 for j in visible.clone() {
                     scores[j] = dot_cached(isa, q_row, &k, j * kv_width + kv_h * head_dim, wide_row);
                 }
-                softmax_row(&mut scores[visible.clone()], scale);
+                softmax_row(&mut scores[visible.clone()], scale, softcap);
                 // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
                 // this task alone; out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
@@ -315,12 +325,17 @@ pub fn attention_cached(
     Ok(())
 }
 
-/// Scales raw scores `q . k` by `scale` and turns them into probabilities in place
-/// (max-subtracted exp, as torch.softmax does, in f32).
-pub(crate) fn softmax_row(scores: &mut [f32], scale: f32) {
+/// Scales raw scores `q . k` by `scale`, soft-caps them when `softcap` says so (as
+/// `eager_attention_forward` does before adding the mask), and turns them into
+/// probabilities in place (max-subtracted exp, as torch.softmax does, in f32). Every
+/// attention path (prefill, decode, paged) goes through here, so the cap applies alike.
+pub(crate) fn softmax_row(scores: &mut [f32], scale: f32, softcap: Option<f32>) {
     let mut max = f32::NEG_INFINITY;
     for s in scores.iter_mut() {
         *s *= scale;
+        if let Some(cap) = softcap {
+            *s = super::soft_cap_one(*s, cap);
+        }
         max = max.max(*s);
     }
     let mut sum = 0.0f32;
@@ -580,7 +595,7 @@ mod tests {
     #[test]
     fn first_token_attends_only_to_itself() {
         // token-0 invariant: the output of token 0 is V[0] whatever q and k are.
-        let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, scale: 0.7 };
+        let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 2, scale: 0.7, softcap: None };
         let q = [1.0, 2.0, 3.0, 4.0, 0.5, 0.5, -1.0, 1.0];
         let k = [0.3, 0.1, 0.9, -0.2];
         let v = [5.0, 6.0, 7.0, 8.0];
@@ -599,7 +614,7 @@ mod tests {
     fn variants_change_head_map_and_mask() {
         // 4 query heads over 2 kv heads of dim 1; two tokens. v of kv head 0 is 10+pos,
         // of kv head 1 is 20+pos; all scores equal, so outputs are means of visible v.
-        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 1, scale: 1.0 };
+        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 1, scale: 1.0, softcap: None };
         let q = [0.0; 8];
         let k = [0.0; 4];
         let v = [10.0, 20.0, 11.0, 21.0];
@@ -640,7 +655,7 @@ mod tests {
     fn prefill_in_chunks_equals_token_by_token_decode() {
         // 70 tokens spans three query chunks; the result must match running the same
         // queries one at a time over a growing context, with and without probs.
-        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
+        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
         let tokens = 70;
         let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
         let q = gen(tokens * 64, 1);
@@ -665,7 +680,7 @@ mod tests {
 
     /// Straightforward f64 attention over any variant.
     fn naive(shape: AttentionShape, variant: AttentionVariant, q: &[f32], k: &[f32], v: &[f32], ctx: usize) -> Vec<f64> {
-        let AttentionShape { n_heads, n_kv_heads, head_dim, scale } = shape;
+        let AttentionShape { n_heads, n_kv_heads, head_dim, scale, softcap } = shape;
         let tokens = q.len() / (n_heads * head_dim);
         let (qw, kw) = (n_heads * head_dim, n_kv_heads * head_dim);
         let mut out = vec![0.0; q.len()];
@@ -685,6 +700,8 @@ mod tests {
                     })
                     .collect();
                 let s: Vec<f64> = keys.iter().map(|&j| (0..head_dim).map(|d| q[t * qw + h * head_dim + d] as f64 * k[j * kw + kh * head_dim + d] as f64).sum::<f64>() * scale as f64).collect();
+                // Soft-capping as `eager_attention_forward` writes it, before the mask.
+                let s: Vec<f64> = s.into_iter().map(|x| softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())).collect();
                 let max = s.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -698,9 +715,12 @@ mod tests {
 
     #[test]
     fn prefill_and_decode_paths_match_a_naive_reference_for_every_variant() {
-        let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
+        let plain = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
+        // Scores up to about +-8 soft-capped at 2 (Gemma 2's attn_logit_softcapping): the cap
+        // bites on most keys.
+        let capped = AttentionShape { scale: 1.5, softcap: Some(2.0), ..plain };
         let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
-        for head_map in [HeadMap::Grouped, HeadMap::Modulo] {
+        for (shape, head_map) in [(plain, HeadMap::Grouped), (plain, HeadMap::Modulo), (capped, HeadMap::Grouped)] {
             // Windows shorter than the context, longer than the call, and wider than it all.
             for mask in [AttentionMask::Causal, AttentionMask::None, AttentionMask::SlidingWindow(1), AttentionMask::SlidingWindow(7), AttentionMask::SlidingWindow(64)] {
                 let variant = AttentionVariant { head_map, mask };
@@ -713,7 +733,14 @@ mod tests {
                     attention(shape, variant, &q, &k, &v, ctx, &mut out, None).unwrap();
                     let want = naive(shape, variant, &q, &k, &v, ctx);
                     for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                        assert!((*a as f64 - b).abs() < 1e-5, "{variant:?} tokens {tokens} [{i}]: {a} vs {b}");
+                        assert!((*a as f64 - b).abs() < 1e-5, "{shape:?} {variant:?} tokens {tokens} [{i}]: {a} vs {b}");
+                    }
+                    if shape.softcap.is_some() && mask != AttentionMask::SlidingWindow(1) {
+                        // The cap is seen: without it the same scores give another output
+                        // (except over one key, whose probability is 1 whatever its score).
+                        let uncapped = naive(AttentionShape { softcap: None, ..shape }, variant, &q, &k, &v, ctx);
+                        let diff = want.iter().zip(&uncapped).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                        assert!(diff > 1e-2, "{variant:?} tokens {tokens}: the soft-cap changes the output by only {diff}");
                     }
                 }
             }
@@ -726,7 +753,7 @@ mod tests {
     fn an_fp8_cache_gives_the_bits_of_its_rows_widened_to_f32() {
         let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 100.0) - 5.0).collect() };
         for head_dim in [64, 24, 7] {
-            let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25 };
+            let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25, softcap: None };
             let (qw, kw) = (4 * head_dim, 2 * head_dim);
             for (tokens, ctx) in [(1, 45), (3, 45), (40, 45)] {
                 let q = gen(tokens * qw, 1);
@@ -753,7 +780,7 @@ mod tests {
         let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
         // head_dim 64 (whole vectors), 24 (an AVX-512 tail) and 7 (scalar only).
         for head_dim in [64, 24, 7] {
-            let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25 };
+            let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25, softcap: None };
             let (qw, kw) = (4 * head_dim, 2 * head_dim);
             // Decode (1 and 3 tokens: one dot per key) and prefill (40 tokens: gemm).
             for (tokens, ctx) in [(1, 45), (3, 45), (40, 45)] {
@@ -779,7 +806,7 @@ mod tests {
             }
         }
         // Too few cached rows is an error, not a panic.
-        let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 4, scale: 1.0 };
+        let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 4, scale: 1.0, softcap: None };
         let short = vec![f16::ZERO; 4];
         let mut out = [0.0; 8];
         assert!(attention_cached(shape, AttentionVariant::default(), &[0.0; 8], KvBlocks::F16(&short), KvBlocks::F16(&short), 2, &mut out, None).is_err());
@@ -787,7 +814,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_grouping() {
-        let shape = AttentionShape { n_heads: 3, n_kv_heads: 2, head_dim: 2, scale: 1.0 };
+        let shape = AttentionShape { n_heads: 3, n_kv_heads: 2, head_dim: 2, scale: 1.0, softcap: None };
         let mut out = [0.0; 6];
         assert!(causal_attention(shape, &[0.0; 6], &[0.0; 4], &[0.0; 4], 1, &mut out, None).is_err());
     }

@@ -188,7 +188,7 @@ pub fn paged_attention(
     out: &mut [f32],
     probs: Option<&mut [f32]>,
 ) -> Result<(), TensorError> {
-    let AttentionShape { n_heads, n_kv_heads, head_dim, scale } = shape;
+    let AttentionShape { n_heads, n_kv_heads, head_dim, scale, softcap } = shape;
     let q_width = n_heads * head_dim;
     let kv_width = n_kv_heads * head_dim;
     if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q_width == 0 || head_dim > MAX_HEAD_DIM || block_size == 0 {
@@ -264,7 +264,7 @@ pub fn paged_attention(
                 for p in visible.clone() {
                     scores[p] = dot_cached(isa, q_row, &keys, head_start(p), kv_row);
                 }
-                softmax_row(&mut scores[visible.clone()], scale);
+                softmax_row(&mut scores[visible.clone()], scale, softcap);
                 // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
                 // out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
@@ -299,7 +299,7 @@ mod tests {
             .collect()
     }
 
-    const SHAPE: AttentionShape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25 };
+    const SHAPE: AttentionShape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
 
     /// Scatters contiguous rows into blocks following `table`.
     fn paged(rows: &[f32], width: usize, bs: usize, table: &[u32], n_blocks: usize) -> Vec<f32> {
@@ -318,16 +318,27 @@ mod tests {
         // Blocks out of order, as a block manager hands them out.
         let table = [5u32, 0, 3, 1, 6, 2];
         let (kp, vp) = (paged(&k, kvw, bs, &table, 7), paged(&v, kvw, bs, &table, 7));
-        // A sliding window starting mid-block, and one wider than the context.
-        for mask in [AttentionMask::Causal, AttentionMask::SlidingWindow(6), AttentionMask::SlidingWindow(40)] {
-            let variant = AttentionVariant { mask, ..Default::default() };
-            let mut want = vec![0f32; qw];
-            attention::attention(SHAPE, variant, &q, &k, &v, ctx, &mut want, None).unwrap();
-            let mut got = vec![0f32; qw];
-            let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
-            paged_attention(SHAPE, variant, &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
-            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{mask:?}");
+        // A sliding window starting mid-block, and one wider than the context; with and
+        // without soft-capped scores (Gemma 2), which the paged path must cap alike.
+        let capped = AttentionShape { scale: 2.0, softcap: Some(1.5), ..SHAPE };
+        for shape in [SHAPE, capped] {
+            for mask in [AttentionMask::Causal, AttentionMask::SlidingWindow(6), AttentionMask::SlidingWindow(40)] {
+                let variant = AttentionVariant { mask, ..Default::default() };
+                let mut want = vec![0f32; qw];
+                attention::attention(shape, variant, &q, &k, &v, ctx, &mut want, None).unwrap();
+                let mut got = vec![0f32; qw];
+                let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
+                paged_attention(shape, variant, &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
+                assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{shape:?} {mask:?}");
+            }
         }
+        // The cap changes the result (the test can see it).
+        let run = |shape: AttentionShape| {
+            let mut out = vec![0f32; qw];
+            attention::causal_attention(shape, &q, &k, &v, ctx, &mut out, None).unwrap();
+            out
+        };
+        assert_ne!(run(capped), run(AttentionShape { softcap: None, ..capped }));
         // The window changes the result (the test can see it).
         let mut causal = vec![0f32; qw];
         attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut causal, None).unwrap();
