@@ -75,7 +75,7 @@ def test_server_output_validates(server, client, case):
     jsonschema.validate(json.loads(choice.message.content), schema)
 
 
-@pytest.mark.parametrize("case", [0, 4, 9, 14, 19])
+@pytest.mark.parametrize("case", range(len(CASES)))
 def test_cli_output_validates(tmp_path, case):
     prompt, schema = CASES[case]
     schema_file = tmp_path / "schema.json"

@@ -195,6 +195,24 @@ impl Grammars {
     }
 }
 
+/// The grammar of an answer made only of tool calls, in the Hermes / Qwen2.5 form
+/// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`: one call, or with
+/// `parallel` one or more separated by newlines. `functions` are (name, parameters schema);
+/// each call's arguments must match its function's. With `think`, each call may be preceded
+/// by a `<think>…</think>` block (a reasoning model thinks between calls). The grammar is
+/// complete after any call, so the model may end its turn there; every later call is under
+/// the same grammar (enforcement never stops after the first).
+pub fn tool_call_grammar(functions: &[(&str, Value)], parallel: bool, think: bool) -> GrammarSpec {
+    let variants: Vec<Value> = functions
+        .iter()
+        .map(|(name, params)| serde_json::json!({"type": "object", "properties": {"name": {"const": name}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false}))
+        .collect();
+    let schema = with_compact_json(&serde_json::json!({"anyOf": variants}));
+    let repeat = if parallel { " (\"\\n\" section)*" } else { "" };
+    let section = if think { "section: (think_block ws)? call\nthink_block[lazy]: /<think>(.|\\n)*<\\/think>/\nws: /[ \\n]*/\n" } else { "section: call\n" };
+    GrammarSpec::Lark(format!("start: section{repeat}\n{section}call: \"<tool_call>\\n\" args \"\\n</tool_call>\"\nargs: %json {schema}\n"))
+}
+
 /// Adds compact separators unless the schema sets its own `x-guidance` options.
 fn with_compact_json(schema: &Value) -> Value {
     let mut s = schema.clone();

@@ -104,7 +104,7 @@ fn tiny_gemma2_batched_tokens_equal_the_single_sequence_path() {
         let single: Vec<Vec<u32>> = reqs
             .iter()
             .map(|r| {
-                let g = GenerateRequest { prompt_tokens: r.prompt.clone(), max_tokens: r.max_tokens, sampling: r.sampling.clone(), stop_ids: vec![], stop_strings: vec![] };
+                let g = GenerateRequest::new(r.prompt.clone(), r.max_tokens, r.sampling.clone(), vec![]);
                 engine.generate_tokens(&g, &mut |_| {}).unwrap().tokens
             })
             .collect();

@@ -167,3 +167,36 @@ fn constraints_are_send_so_masks_can_run_beside_the_forward_pass() {
     fn sync<T: Send + Sync>() {}
     sync::<loupe_runtime::Grammars>();
 }
+
+/// Feeds `text` through a fresh constraint token by token; the first token refused, if any.
+fn refused_at(spec: &GrammarSpec, text: &str) -> Option<usize> {
+    let e = engine();
+    let mut c = e.grammars().unwrap().compile(spec).unwrap();
+    for (i, t) in e.tokenizer().encode(text, false).unwrap().into_iter().enumerate() {
+        if !c.allows(t).unwrap() {
+            return Some(i);
+        }
+        c.advance(t, false).unwrap();
+    }
+    None
+}
+
+#[test]
+fn tool_call_grammar_admits_calls_with_valid_arguments_and_optional_thinking() {
+    let add = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false});
+    let call = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
+    let two = format!("{call}\n{call}");
+    let thinking = format!("<think>\nI add.\n</think>\n\n{call}\n<think>Again.</think>{call}");
+    let one = loupe_runtime::constraint::tool_call_grammar(&[("add", add.clone())], false, false);
+    let many = loupe_runtime::constraint::tool_call_grammar(&[("add", add.clone()), ("other", json!({"type": "object"}))], true, false);
+    let thinks = loupe_runtime::constraint::tool_call_grammar(&[("add", add)], true, true);
+    assert_eq!(refused_at(&one, call), None);
+    assert_eq!(refused_at(&many, &two), None);
+    assert_eq!(refused_at(&thinks, &thinking), None);
+    // A second call is still under the grammar: its arguments must validate too.
+    assert!(refused_at(&many, &format!("{call}\n<tool_call>\n{{\"name\": \"add\", \"arguments\": {{\"a\": \"x\"")).is_some());
+    assert!(refused_at(&one, &format!("{call}\n")).is_some(), "one call only without parallel calls");
+    assert!(refused_at(&many, "<think>x</think>").is_some(), "no thinking unless asked for");
+    assert!(refused_at(&one, "Sure! <tool_call>").is_some(), "text before a forced call");
+    assert!(refused_at(&one, "<tool_call>\n{\"name\": \"sub\"").is_some(), "an undeclared function");
+}

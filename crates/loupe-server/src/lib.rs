@@ -664,7 +664,7 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
         return Err(ApiError::prompt_too_long(prompt.len(), r.context, param));
     }
     // `tool_choice` required or named: the output is tool calls, by grammar.
-    let grammar = req.grammar.clone().or_else(|| req.tools.as_ref().and_then(request::Tools::grammar));
+    let grammar = req.grammar.clone().or_else(|| req.tools.as_ref().and_then(|t| t.grammar(r.reasoning.is_some())));
     if let Some(spec) = &grammar {
         check_grammar(r, spec).map_err(|e| if req.grammar.is_some() { e } else { ApiError { param: Some("tools".into()), ..e } })?;
     }

@@ -76,28 +76,23 @@ impl Tools {
     }
 
     /// The output grammar that `required` or a named choice imposes (`None` for `auto`):
-    /// one call, or with `parallel` one or more separated by newlines, each in the Hermes /
-    /// Qwen2.5 form `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` whose
-    /// arguments match that function's `parameters` schema. The grammar is complete after
-    /// any call, so the model may stop (end of turn) or, when parallel, go on.
-    pub fn grammar(&self) -> Option<GrammarSpec> {
+    /// [`loupe_runtime::constraint::tool_call_grammar`] over the chosen functions, with a
+    /// thinking block allowed before each call when the model reasons (`think`).
+    pub fn grammar(&self, think: bool) -> Option<GrammarSpec> {
         let names: Vec<&str> = match &self.choice {
             ToolChoice::Auto => return None,
             ToolChoice::Required => self.names(),
             ToolChoice::Named(n) => vec![n.as_str()],
         };
-        let variants: Vec<Value> = self
+        let functions: Vec<(&str, Value)> = self
             .list
             .iter()
-            .filter(|t| names.contains(&t["function"]["name"].as_str().unwrap_or_default()))
-            .map(|t| {
-                let params = t["function"].get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}));
-                serde_json::json!({"type": "object", "properties": {"name": {"const": t["function"]["name"]}, "arguments": params}, "required": ["name", "arguments"], "additionalProperties": false})
+            .filter_map(|t| {
+                let name = t["function"]["name"].as_str().filter(|n| names.contains(n))?;
+                Some((name, t["function"].get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}))))
             })
             .collect();
-        let schema = serde_json::json!({"anyOf": variants, "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}});
-        let repeat = if self.parallel { " (\"\\n\" call)*" } else { "" };
-        Some(GrammarSpec::Lark(format!("start: call{repeat}\ncall: \"<tool_call>\\n\" args \"\\n</tool_call>\"\nargs: %json {schema}\n")))
+        Some(loupe_runtime::constraint::tool_call_grammar(&functions, self.parallel, think))
     }
 }
 
