@@ -188,7 +188,17 @@ class Recorder:
             if leaf in ("q_norm", "k_norm") and type(self.model.get_submodule(parent)).__name__ in HEADS_FIRST_QK_NORM:
                 layout = heads_first_to_token_major
             self._handles.append(module.register_forward_hook(self._output_hook(name, module, layout)))
-            if leaf == "self_attn":
+            if leaf == "self" and parent.endswith(".attention"):
+                # BERT's `attention.self` (BertSelfAttention): its probabilities come from the
+                # patched eager_attention_forward, named after it.
+                self._attn_names[id(module)] = name
+                self._patch_attention_module(type(module))
+            elif leaf == "LayerNorm" and (parent == "embeddings" or parent.endswith(".attention.output") or parent.endswith(".output")):
+                # BERT's residual sums (and the embeddings' sum) are the LayerNorms' inputs;
+                # loupe names them after the module that adds them.
+                label = "embeddings.add_position" if parent == "embeddings" else parent + ".residual"
+                self._handles.append(module.register_forward_pre_hook(self._input_hook(label), with_kwargs=True))
+            elif leaf == "self_attn":
                 self._attn_names[id(module)] = name
                 self._handles.append(module.register_forward_pre_hook(self._attn_enter(name), with_kwargs=True))
                 self._patch_attention_module(type(module))
@@ -309,6 +319,17 @@ def run_dump(model: nn.Module, prompt_ids: Sequence[int], steps: int = 0, teache
     from transformers import DynamicCache
 
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    from loupe_reference.model import is_encoder
+
+    if is_encoder(model):
+        # An encoder runs its input once; there is no next token to decode.
+        if steps > 0:
+            raise ValueError(f"{type(model).__name__} is an encoder: it has no decode steps (--steps must be 0)")
+        with Recorder(model, taps=taps, native=native, sink=sink) as rec:
+            rec.begin_step(0)
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            entries, count = rec.entries, rec.order
+        return DumpRun(entries, count, list(prompt_ids), [], None, [])
     cache = DynamicCache(config=model.config) if steps > 0 else None
     fed: list[int] = []
     with Recorder(model, taps=taps, native=native, sink=sink) as rec:

@@ -135,7 +135,14 @@ def load(
             config = AutoConfig.from_pretrained(path, local_files_only=True)
             truncate_layers(config, layers)
             model_kwargs["config"] = config
-        model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+        model_cls = AutoModelForCausalLM
+        if is_encoder_dir(path):
+            # A bare encoder (BertModel): transformers' AutoModel builds exactly the checkpoint's
+            # class, with the state dict's own names (`embeddings.*`, `encoder.layer.*`).
+            from transformers import AutoModel
+
+            model_cls = AutoModel
+        model = model_cls.from_pretrained(path, **model_kwargs)
         kind = "hf-dir"
     model.eval()
     pad = tokenizer.pad_token_id
@@ -143,6 +150,27 @@ def load(
     if pad is None and eos:
         pad = eos[0]
     return Reference(model=model, tokenizer=tokenizer, kind=kind, path=path, eos_token_ids=eos, pad_token_id=pad)
+
+
+#: config.json ``architectures`` loupe runs as encoders (sentence embeddings, no logits).
+ENCODER_ARCHITECTURES = ("BertModel",)
+
+
+def is_encoder_dir(path: str) -> bool:
+    """Whether the HF checkpoint directory ``path`` holds an encoder (``BertModel``)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return any(a in ENCODER_ARCHITECTURES for a in config.get("architectures") or [])
+
+
+def is_encoder(model: Any) -> bool:
+    """Whether a loaded model is an encoder without a language-model head."""
+    return type(model).__name__ in ENCODER_ARCHITECTURES
 
 
 #: Config keys that hold a layer count (MAX's debug_model --num-hidden-layers writes them all).

@@ -218,7 +218,7 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
 
     // Step 1's guard, part two: embeddings equal, every layer close.
     let cos_of = |name: &str| report.pairs.iter().find(|p| p.name == name && p.step == 0).and_then(|p| p.metrics.as_ref()).map(|m| m.cosine);
-    let embed = cos_of("model.embed_tokens");
+    let embed = report.pairs.iter().find(|p| p.step == 0 && loupe_parity::names::is_embedding(&p.name)).and_then(|p| cos_of(&p.name));
     let layers: Vec<(String, f64)> = report
         .pairs
         .iter()

@@ -18,6 +18,7 @@ pub mod cmd_bench_serve;
 pub mod cmd_bisect;
 pub mod cmd_compare;
 pub mod cmd_dump;
+pub mod cmd_embed;
 pub mod cmd_explain;
 pub mod cmd_generate;
 pub mod cmd_inspect;
@@ -51,6 +52,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt.
     Generate(cmd_generate::GenerateArgs),
+    /// Sentence embeddings from an encoder model (BERT; all-MiniLM-L6-v2 by default).
+    Embed(cmd_embed::EmbedArgs),
     /// Capture named intermediate tensors (taps) into a dump directory, or print them.
     Dump(cmd_dump::DumpArgs),
     /// Compare two dumps (or tensor files): metrics per tensor, first divergence, likely cause.
@@ -74,7 +77,7 @@ enum Command {
     BenchServe(cmd_bench_serve::BenchServeArgs),
     /// Download a model into the cache and print its path: the default (SmolLM2-135M-Instruct Q4_1) or one of `scripts/fetch-model --list`.
     FetchModel {
-        /// smollm2 (the default), qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, GGUF, 491 MB) or gemma3-270m (Gemma 3 270M base, GGUF Q4_K_M, 253 MB; not yet runnable: architecture gemma3 is next).
+        /// smollm2 (the default), qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, GGUF, 491 MB), gemma3-270m (Gemma 3 270M base, GGUF Q4_K_M, 253 MB) or all-minilm-l6-v2 (sentence-transformers' all-MiniLM-L6-v2, a BERT encoder directory, 91 MB; for `loupe embed`).
         #[arg(default_value = "smollm2")]
         name: String,
     },
@@ -117,6 +120,7 @@ pub fn main() -> ExitCode {
         }
         Command::Crash { kind } => debug_setup::crash::crash(&kind).map(|()| 0),
         Command::Generate(args) => cmd_generate::run(args, &debug).map(|()| 0),
+        Command::Embed(args) => cmd_embed::run(args, &debug).map(|()| 0),
         Command::Inspect(args) => cmd_inspect::run(args).map(|()| 0),
         Command::Quantize(args) => cmd_quantize::run(args).map(|()| 0),
         Command::Dump(args) => cmd_dump::run(args, &debug).map(|()| 0),

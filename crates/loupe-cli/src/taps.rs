@@ -165,6 +165,9 @@ pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
     let what = Load { layers, faults: args.inject.clone(), ..Load::new(args.model.precision_or(PrecisionArg::F32)) };
     let engine = load(&args.model, what, debug)?;
     let tokens = engine.prompt_tokens(&args.input.prompt()).map_err(cli_error)?;
+    if engine.is_encoder() && (args.steps > 0 || args.input.chat || args.input.system.is_some()) {
+        return Err(UsageError(format!("{} is an encoder: it runs its input once (no --steps, no chat template)", engine.path().display())).into());
+    }
 
     let file_style = match style {
         Style::Npy => Some(DumpStyle::Npy),

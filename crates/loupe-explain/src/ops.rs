@@ -393,6 +393,7 @@ fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
     let (name, what) = match configured {
         HiddenAct::Silu => ("SiLU", "SiLU"),
         HiddenAct::GeluTanh => ("GELU (tanh approximation)", "GELU with the tanh approximation"),
+        HiddenAct::Gelu => ("GELU (erf)", "exact GELU"),
     };
     let mut candidates = vec![cand("correct", format!("{name}{assumed}"), "", with(&|d| apply_act(configured, d)))];
     if configured != HiddenAct::Silu {
@@ -401,7 +402,9 @@ fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
     if configured != HiddenAct::GeluTanh {
         candidates.push(cand("gelu-tanh", "GELU (tanh approximation)", format!("the activation is GELU with the tanh approximation instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, true))));
     }
-    candidates.push(cand("gelu-erf", "GELU (erf)", format!("the activation is exact GELU instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, false))));
+    if configured != HiddenAct::Gelu {
+        candidates.push(cand("gelu-erf", "GELU (erf)", format!("the activation is exact GELU instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, false))));
+    }
     Ok(Plan { op: format!("activation of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
 
@@ -409,6 +412,7 @@ fn apply_act(act: HiddenAct, d: &mut [f32]) {
     match act {
         HiddenAct::Silu => silu(d),
         HiddenAct::GeluTanh => gelu(d, true),
+        HiddenAct::Gelu => gelu(d, false),
     }
 }
 

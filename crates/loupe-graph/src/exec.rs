@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention_cached, gelu, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, soft_cap, PagedSpan};
+use loupe_tensor::ops::{add_in_place, attention_cached, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
@@ -182,7 +182,8 @@ impl Executor {
         }
         kv.check_room(tokens.len())?;
         let past = kv.len();
-        let logit_rows = if options.all_logits { tokens.len() } else { 1 };
+        // An encoder's output is every token's hidden state.
+        let logit_rows = if options.all_logits || graph.encoder { tokens.len() } else { 1 };
         let mut step = StepKv::Single { kv, past };
         let attn = AttnWork::causal(past, tokens.len());
         self.run_step(graph, tokens, &mut step, past + tokens.len(), logit_rows, attn, observer)?;
@@ -210,6 +211,9 @@ impl Executor {
     ) -> Result<&[f32], GraphError> {
         if tokens.is_empty() {
             return Err(GraphError::Input("no tokens to run".into()));
+        }
+        if graph.encoder {
+            return Err(GraphError::Input("the batched engine runs decoders; an encoder runs one sequence at a time".into()));
         }
         let total: usize = spans.iter().map(|s| s.len).sum();
         if total != tokens.len() || spans.iter().any(|s| s.len == 0) {
@@ -592,13 +596,7 @@ impl Executor {
                     if r >= w.shape[0] {
                         return Err(TensorError::Shape { op: "embedding", detail: format!("token id {id} at position {t} is outside the vocabulary of {}", w.shape[0]) });
                     }
-                    match &w.data {
-                        WeightData::F32(d) => row.copy_from_slice(&d[r * dim..(r + 1) * dim]),
-                        WeightData::Quant(q) => {
-                            dequantize_row_fast(q.ty, q.row(r), row)?;
-                            q.apply_tensor_scale(row);
-                        }
-                    }
+                    table_row(w, r, row)?;
                     // An f32 product after the lookup, as transformers multiplies the
                     // embedding's output (`Gemma3TextScaledWordEmbedding.forward`).
                     if *scale != 1.0 {
@@ -606,6 +604,39 @@ impl Executor {
                     }
                 }
                 Ok(())
+            }
+            Op::PositionEmbedding { table, offset } => {
+                let w = graph.weight(*table);
+                let dim = w.shape[1];
+                // Each row's position: the cached positions before it in its own sequence.
+                let position_of = |t: usize| match &*step {
+                    StepKv::Single { past, .. } => *past + t,
+                    StepKv::Batch { spans, .. } => spans.iter().find(|s| s.rows.contains(&t)).map_or(t, |s| s.past + (t - s.rows.start)),
+                };
+                for (t, row) in out.chunks_exact_mut(dim).enumerate() {
+                    let r = position_of(t) + offset;
+                    if r >= w.shape[0] {
+                        return Err(TensorError::Shape { op: "position_embedding", detail: format!("position {r} is outside the table of {} positions", w.shape[0]) });
+                    }
+                    table_row(w, r, row)?;
+                }
+                Ok(())
+            }
+            Op::ConstantEmbedding { table, row: r } => {
+                let w = graph.weight(*table);
+                let dim = w.shape[1];
+                let Some(first) = out.chunks_exact_mut(dim).next() else { return Ok(()) };
+                table_row(w, *r, first)?;
+                let (first, rest) = out.split_at_mut(dim);
+                rest.chunks_exact_mut(dim).for_each(|row| row.copy_from_slice(first));
+                Ok(())
+            }
+            Op::LayerNorm { weight, bias, eps } => {
+                let (w, b) = match (&graph.weight(*weight).data, &graph.weight(*bias).data) {
+                    (WeightData::F32(w), WeightData::F32(b)) => (w, b),
+                    (WeightData::Quant(q), _) | (_, WeightData::Quant(q)) => return Err(TensorError::UnsupportedType { op: "layer_norm weight", dtype: q.ty }),
+                };
+                layer_norm(self.input(node, 0), w, b, *eps, out)
             }
             Op::RmsNorm { weight, eps } => {
                 let w = match &graph.weight(*weight).data {
@@ -818,4 +849,17 @@ fn matmul_rows_invariant(x: &[f32], w: &WeightData, quantize_activations: bool, 
         }
         WeightData::Quant(q) => matmul_wq_invariant(x, q, y, m),
     }
+}
+
+/// Row `r` of an embedding table into `row` (dequantized when the table is block-quantized).
+fn table_row(w: &crate::Weight, r: usize, row: &mut [f32]) -> Result<(), TensorError> {
+    let dim = w.shape[1];
+    match &w.data {
+        WeightData::F32(d) => row.copy_from_slice(&d[r * dim..(r + 1) * dim]),
+        WeightData::Quant(q) => {
+            dequantize_row_fast(q.ty, q.row(r), row)?;
+            q.apply_tensor_scale(row);
+        }
+    }
+    Ok(())
 }

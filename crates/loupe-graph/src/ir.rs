@@ -113,8 +113,16 @@ pub enum Op {
     /// Rows of `table` for this call's token ids, times `scale` (1 except in families that
     /// scale embeddings, e.g. Gemma's sqrt(hidden_size)). No value inputs.
     Embedding { table: WeightId, scale: f32 },
+    /// Rows of `table` at the call's positions plus `offset` (absolute position
+    /// embeddings: BERT's `embeddings.position_embeddings`, offset 0). No value inputs.
+    PositionEmbedding { table: WeightId, offset: usize },
+    /// Row `row` of `table` for every token (BERT's `token_type_embeddings` of a
+    /// single-segment input, all type 0). No value inputs.
+    ConstantEmbedding { table: WeightId, row: usize },
     /// `weight * x / rms(x)` per row.
     RmsNorm { weight: WeightId, eps: f32 },
+    /// `(x - mean) / sqrt(var + eps) * weight + bias` per row (`torch.nn.LayerNorm`).
+    LayerNorm { weight: WeightId, bias: WeightId, eps: f32 },
     /// `x @ weight^T (+ bias)`.
     Linear { weight: WeightId, bias: Option<WeightId> },
     /// Rotary embedding of `n_heads` heads at the call's positions, pairing elements as
@@ -162,7 +170,10 @@ impl Op {
     pub fn name(&self) -> &'static str {
         match self {
             Op::Embedding { .. } => "embedding",
+            Op::PositionEmbedding { .. } => "position_embedding",
+            Op::ConstantEmbedding { .. } => "constant_embedding",
             Op::RmsNorm { .. } => "rms_norm",
+            Op::LayerNorm { .. } => "layer_norm",
             Op::Linear { .. } => "linear",
             Op::Rope { .. } => "rope",
             Op::Attention { .. } => "attention",
@@ -184,8 +195,8 @@ impl Op {
     /// Number of value inputs the op takes.
     pub fn arity(&self) -> usize {
         match self {
-            Op::Embedding { .. } => 0,
-            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => 1,
+            Op::Embedding { .. } | Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => 0,
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => 1,
             Op::Mul | Op::Add | Op::SwiGlu => 2,
             Op::Attention { .. } => 3,
         }
@@ -212,8 +223,11 @@ pub struct Graph {
     pub values: Vec<ValueInfo>,
     pub weights: Vec<Weight>,
     pub nodes: Vec<Node>,
-    /// The value holding the logits.
+    /// The value a run returns: a decoder's logits, an encoder's last hidden state.
     pub logits: Option<ValueId>,
+    /// An encoder (BERT): attention is bidirectional, and every run returns the output value
+    /// for every token (there are no "logit rows" to select).
+    pub encoder: bool,
     /// Number of attention layers with a KV cache, and each cache row's width.
     pub kv_layers: usize,
     pub kv_width: usize,
@@ -246,6 +260,7 @@ impl Default for Graph {
             weights: Vec::new(),
             nodes: Vec::new(),
             logits: None,
+            encoder: false,
             kv_layers: 0,
             kv_width: 0,
             context_length: 0,
@@ -296,6 +311,9 @@ impl Graph {
     /// `lm_head` still multiplies only the rows it must.
     pub fn logit_rows_values(&self) -> Vec<bool> {
         let mut on = vec![false; self.values.len()];
+        if self.encoder {
+            return on;
+        }
         let mut v = self.logits;
         while let Some(id) = v {
             on[id.0 as usize] = true;
@@ -390,6 +408,11 @@ impl GraphBuilder {
         self.graph.kv_layers = layers;
         self.graph.kv_width = width;
         self.graph.context_length = context_length;
+    }
+
+    /// Marks the graph as an encoder ([`Graph::encoder`]).
+    pub fn set_encoder(&mut self, on: bool) {
+        self.graph.encoder = on;
     }
 
     pub fn set_quantize_activations(&mut self, on: bool) {

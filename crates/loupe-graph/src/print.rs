@@ -35,8 +35,17 @@ pub fn to_text(graph: &Graph) -> String {
                     let _ = write!(s, " scale={scale}");
                 }
             }
+            Op::PositionEmbedding { table, offset } => {
+                let _ = write!(s, " table={} offset={offset}", w(table));
+            }
+            Op::ConstantEmbedding { table, row } => {
+                let _ = write!(s, " table={} row={row}", w(table));
+            }
             Op::RmsNorm { weight, eps } => {
                 let _ = write!(s, " w={} eps={eps:e}", w(weight));
+            }
+            Op::LayerNorm { weight, bias, eps } => {
+                let _ = write!(s, " w={} b={} eps={eps:e}", w(weight), w(bias));
             }
             Op::Linear { weight, bias } => {
                 let _ = write!(s, " w={}", w(weight));

@@ -205,7 +205,9 @@ pub fn node_cost(graph: &Graph, node: &Node, rows: usize, attn: AttnWork) -> (u6
             // q·k and p·v: 2 flops per element each, per scored pair.
             (4 * rows * q_width + 2 * attn.positions * kv_width * kv_elem, 4 * attn.pairs * q_width)
         }
-        Op::Embedding { .. } => (4 * rows * out, 0),
+        Op::Embedding { .. } | Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => (4 * rows * out, 0),
+        // Two passes for the moments, then a multiply-add and the affine: ~7 per element.
+        Op::LayerNorm { .. } => (act_bytes + 8 * out, 7 * rows * out),
         // x², the sum, the scale and the weight: ~4 per element.
         Op::RmsNorm { .. } => (act_bytes + 4 * out, 4 * rows * out),
         // A rotation: 2 multiplies and an add per element, plus the table read.

@@ -112,6 +112,20 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
             let w = weight(graph, i, node, table.0)?;
             expect(w.shape.len() == 2 && out_w == Some(w.shape[1]), format!("embedding table {:?} vs output width {:?}", w.shape, out_w))
         }
+        Op::PositionEmbedding { table, .. } | Op::ConstantEmbedding { table, .. } => {
+            let w = weight(graph, i, node, table.0)?;
+            expect(w.shape.len() == 2 && out_w == Some(w.shape[1]), format!("embedding table {:?} vs output width {:?}", w.shape, out_w))?;
+            if let Op::ConstantEmbedding { row, .. } = node.op {
+                expect(row < w.shape[0], format!("row {row} of a table of {} rows", w.shape[0]))?;
+            }
+            Ok(())
+        }
+        Op::LayerNorm { weight: wid, bias, eps } => {
+            let w = weight(graph, i, node, wid.0)?;
+            let b = weight(graph, i, node, bias.0)?;
+            let ok = w.shape.len() == 1 && b.shape == w.shape && width(0) == Some(w.shape[0]) && out_w == width(0) && eps.is_finite() && *eps >= 0.0;
+            expect(ok, format!("layer_norm weight {:?}, bias {:?}, eps {eps}, input width {:?}", w.shape, b.shape, width(0)))
+        }
         Op::RmsNorm { weight: wid, .. } => {
             let w = weight(graph, i, node, wid.0)?;
             // A weight narrower than the row normalizes each slice of its width (per-head

@@ -33,6 +33,10 @@ pub enum Family {
     /// norms, every other layer sliding (one RoPE base for all), and soft-capped attention
     /// scores and final logits (`attn_logit_softcapping`, `final_logit_softcapping`).
     Gemma2,
+    /// A BERT encoder (`BertModel`, [`crate::bert`]): bidirectional attention, LayerNorms,
+    /// absolute position embeddings; built by [`crate::bert::build_bert`], not the Llama
+    /// builder.
+    Bert,
 }
 
 /// The activation of the gated MLP's gate (`hidden_act` / `hidden_activation`).
@@ -42,6 +46,8 @@ pub enum HiddenAct {
     Silu,
     /// `gelu_pytorch_tanh`: GELU with the tanh approximation (Gemma).
     GeluTanh,
+    /// `gelu`: the exact GELU, `x * (1 + erf(x / sqrt 2)) / 2` (BERT).
+    Gelu,
 }
 
 impl Family {
@@ -66,6 +72,7 @@ impl Family {
             "Qwen3ForCausalLM" => Some(Family::Qwen3),
             "Gemma3ForCausalLM" => Some(Family::Gemma3),
             "Gemma2ForCausalLM" => Some(Family::Gemma2),
+            "BertModel" => Some(Family::Bert),
             _ => None,
         }
     }
@@ -80,6 +87,7 @@ impl Family {
             "qwen3" => Some(Family::Qwen3),
             "gemma3_text" => Some(Family::Gemma3),
             "gemma2" => Some(Family::Gemma2),
+            "bert" => Some(Family::Bert),
             _ => None,
         }
     }
@@ -93,7 +101,14 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Gemma3 => "gemma3_text",
             Family::Gemma2 => "gemma2",
+            Family::Bert => "bert",
         }
+    }
+
+    /// Whether the family is an encoder (every token sees every other; the output is hidden
+    /// states, not logits).
+    pub fn is_encoder(self) -> bool {
+        matches!(self, Family::Bert)
     }
 
     /// Gemma 2 or 3: the traits the two share (1 + w norms, sandwich norms, the embedding
@@ -145,7 +160,7 @@ impl Family {
         match self {
             Family::Gemma3 => Some(GEMMA3_SLIDING_WINDOW_PATTERN),
             Family::Gemma2 => Some(GEMMA2_SLIDING_WINDOW_PATTERN),
-            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 => None,
+            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Bert => None,
         }
     }
 
@@ -321,8 +336,12 @@ impl LlamaConfig {
         let family = if archs.is_empty() { model_type.and_then(Family::from_model_type) } else { archs.iter().find_map(|a| Family::from_hf_arch(a)) };
         let Some(family) = family else {
             let found = if archs.is_empty() { model_type.unwrap_or("<none>").to_string() } else { archs.join(", ") };
-            return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), arch: found, supported: HF_LLAMA_ARCHS.join(", ") });
+            let supported = HF_LLAMA_ARCHS.iter().chain(crate::bert::HF_BERT_ARCHS).copied().collect::<Vec<_>>().join(", ");
+            return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), arch: found, supported });
         };
+        if family == Family::Bert {
+            return Ok(crate::bert::BertConfig::from_json(&v, path)?.base);
+        }
         let usize_field = |k: &str| -> Result<usize, ModelError> {
             v.get(k).and_then(Value::as_u64).map(|n| n as usize).ok_or_else(|| bad(k, "missing or not a non-negative integer".into()))
         };
@@ -512,7 +531,7 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
         }
     };
     match family {
-        Family::Llama => Ok(Vec::new()),
+        Family::Llama | Family::Bert => Ok(Vec::new()),
         Family::Mistral => Ok(match window()? {
             Some(w) => vec![Some(w); layers],
             None => Vec::new(),

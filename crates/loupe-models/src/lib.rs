@@ -8,6 +8,7 @@
 //! * [`tokenizer`]: tokenizer specs from GGUF metadata.
 //! * [`tiny`]: a tiny random-weight Llama GGUF (real tokenizer) for tests.
 
+pub mod bert;
 pub mod config;
 pub mod error;
 pub mod llama;
@@ -153,7 +154,12 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
             let dtype = weights::config_dtype(&dir.join("config.json"))?;
             let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress).with_config_dtype(dtype);
-            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
+            let graph = if config.family == Family::Bert {
+                let bert_config = bert::BertConfig::from_hf_config(&dir.join("config.json"))?;
+                bert::build_bert(&bert_config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?
+            } else {
+                llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?
+            };
             if let Some((first, from)) = source.converted.first() {
                 let to = source.expected_dtype(*from);
                 tracing::info!("{}: {} tensor(s) stored unlike the config's dtype, loaded as {to:?} (the first: {first}, stored as {from:?})", dir.display(), source.converted.len());

@@ -111,19 +111,23 @@ fn trim_zeros(d: &[u8]) -> &[u8] {
 
 /// The decoder layer a module path belongs to: `model.layers.3.mlp` -> 3.
 pub fn layer_index(name: &str) -> Option<usize> {
-    let rest = name.split("layers.").nth(1)?;
+    // `model.layers.N...`, or a BERT encoder's `encoder.layer.N...`.
+    let rest = name.split("layers.").nth(1).or_else(|| name.split("encoder.layer.").nth(1))?;
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
 }
 
-/// Whether `name` is a whole layer's output (`model.layers.N`).
+/// Whether `name` is a whole layer's output (`model.layers.N`; a BERT encoder's
+/// `encoder.layer.N`).
 pub fn is_layer_output(name: &str) -> bool {
-    name.strip_prefix("model.layers.").is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
+    name.strip_prefix("model.layers.")
+        .or_else(|| name.strip_prefix("encoder.layer."))
+        .is_some_and(|r| !r.is_empty() && r.bytes().all(|c| c.is_ascii_digit()))
 }
 
 /// Whether `name` is the embedding output.
 pub fn is_embedding(name: &str) -> bool {
-    name == "model.embed_tokens" || name.ends_with(".embed_tokens") || name == "post_embed"
+    name == "model.embed_tokens" || name.ends_with(".embed_tokens") || name == "post_embed" || name == "embeddings.word_embeddings"
 }
 
 /// Whether `name` holds logits.
@@ -151,6 +155,17 @@ mod tests {
         assert_eq!(canonical("model.layers.0-input_0").name, "model.layers.0-input_0");
         assert!(canonical("lm_head").exact);
         assert_eq!(canonical("-output").name, "-output");
+    }
+
+    #[test]
+    fn bert_layers_and_embeddings() {
+        assert!(is_layer_output("encoder.layer.3"));
+        assert!(!is_layer_output("encoder.layer.3.output"));
+        assert!(!is_layer_output("encoder.layer."));
+        assert_eq!(layer_index("encoder.layer.11.attention.self.query"), Some(11));
+        assert_eq!(layer_index("model.layers.4.mlp"), Some(4));
+        assert!(is_embedding("embeddings.word_embeddings"));
+        assert!(!is_embedding("embeddings.position_embeddings"));
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub fn default_model() -> Result<PathBuf, EngineError> {
 }
 
 /// The names of the models the fetch script knows (`scripts/fetch-model --list`).
-pub const FETCHABLE_MODELS: &[&str] = &["smollm2", "qwen2.5-coder-0.5b", "gemma3-270m"];
+pub const FETCHABLE_MODELS: &[&str] = &["smollm2", "qwen2.5-coder-0.5b", "gemma3-270m", "all-minilm-l6-v2"];
 
 /// Fetches model `name` of the script's catalog into the cache (nothing is downloaded when
 /// it is already there and verified) and returns its path; progress goes to stderr.

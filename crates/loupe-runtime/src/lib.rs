@@ -12,11 +12,13 @@
 //! * [`sampling`]: greedy and seeded sampling.
 //! * [`generate`]: the generation loop with streaming, EOS and stop strings.
 //! * [`constraint`]: constrained decoding (JSON schema, regex, Lark) through llguidance.
+//! * [`embed`]: sentence embeddings from an encoder (pooling, normalization).
 
 pub mod batch;
 pub mod constraint;
 pub mod debug_config;
 pub mod default_model;
+pub mod embed;
 pub mod engine;
 pub mod generate;
 pub mod sampling;
@@ -27,6 +29,7 @@ use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, StepShape, Usage};
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
+pub use embed::{EmbedConfig, Embedding, Pooling};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};
 pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation, StopMatcher};

@@ -90,6 +90,15 @@ impl Tokenizer {
                 path: tokenizer_json.to_path_buf(),
                 message: e.to_string(),
             })?;
+        // tokenizer.json may carry a padding and truncation setting (all-MiniLM-L6-v2's pads
+        // every input to 128). transformers' `tokenizer(text)` turns both off for the call
+        // (`PreTrainedTokenizerFast.set_truncation_and_padding` with DO_NOT_PAD and
+        // DO_NOT_TRUNCATE), so ids are the text's own; callers that cut do so explicitly
+        // ([`Tokenizer::encode_truncated`]).
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| TextError::Parse { path: tokenizer_json.to_path_buf(), message: e.to_string() })?;
         let config = match tokenizer_config {
             Some(path) => TokenizerConfig::from_file(path)?,
             None => TokenizerConfig::default(),
@@ -153,6 +162,23 @@ impl Tokenizer {
                 preview: preview(text),
                 message: e.to_string(),
             })
+    }
+
+    /// `text` with the tokenizer's special tokens, at most `max_tokens` long, as
+    /// `tokenizer(text, truncation=True, max_length=max_tokens)` cuts it: the text's own
+    /// tokens are cut from the end, then the post-processor adds its specials (BERT's
+    /// `[CLS] ... [SEP]` stay). Returns the ids and the length before truncation.
+    pub fn encode_truncated(&self, text: &str, max_tokens: usize) -> Result<(Vec<u32>, usize)> {
+        use tokenizers::PostProcessor;
+        let err = |e: tokenizers::Error| TextError::Encode { preview: preview(text), message: e.to_string() };
+        let mut enc = self.inner.encode_fast(text, false).map_err(err)?;
+        let added = self.inner.get_post_processor().map_or(0, |p| p.added_tokens(false));
+        let full = enc.len() + added;
+        if full > max_tokens {
+            enc.truncate(max_tokens.saturating_sub(added), 0, tokenizers::TruncationDirection::Right);
+        }
+        let enc = self.inner.post_process(enc, None, true).map_err(err)?;
+        Ok((enc.get_ids().to_vec(), full))
     }
 
     /// A raw prompt as `tokenizer(prompt)["input_ids"]` encodes it (HF's default

@@ -16,7 +16,7 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
             s
         };
         let inferred = match &node.op {
-            Op::Embedding { table, .. } => vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))],
+            Op::Embedding { table, .. } | Op::PositionEmbedding { table, .. } | Op::ConstantEmbedding { table, .. } => vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))],
             Op::Linear { weight, .. } => with_last(input(0), graph.weight(*weight).shape.first().copied().unwrap_or(0)),
             // A norm weight narrower than the row normalizes each slice of its width: the
             // output is viewed per slice ([token, head, head_dim] for per-head q/k norms).
@@ -35,7 +35,7 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
                 Some(n) => vec![Dim::Tokens, Dim::Fixed(n)],
                 None => input(0),
             },
-            Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => input(0),
+            Op::LayerNorm { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
         };
