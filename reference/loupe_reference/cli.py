@@ -14,6 +14,7 @@ Exit codes follow loupe's: 0 success, 2 bad usage or bad input (one line on stde
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -65,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--tokens", required=True, help='comma-separated ids appended to the prompt, e.g. "1,2,3" ("" for none)')
     t.add_argument("--top-logits", type=int, default=0, metavar="K", help="also print the top K [id, logit] pairs per position")
     t.set_defaults(func=cmd_teacher_force)
+
+    em = sub.add_parser(
+        "embed",
+        help="sentence embeddings of an encoder checkpoint (sentence-transformers' pipeline)",
+        description="Embed each text as sentence-transformers does with the directory's modules.json: "
+        "tokenize with truncation at max_seq_length, BertModel's last hidden state, pooling, Normalize. "
+        'Prints JSON {"embeddings": [[...], ...], "tokens": [...]}.',
+    )
+    em.add_argument("--hf-dir", required=True, metavar="DIR", help="encoder checkpoint directory (BertModel)")
+    em.add_argument("texts", nargs="+", help="texts to embed")
+    em.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    em.set_defaults(func=cmd_embed)
 
     e = sub.add_parser(
         "export-hf",
@@ -396,6 +409,16 @@ def dump_header(ref, text: str, args: argparse.Namespace, ids: list[int], run) -
     if ref.kind == "config":
         header["seed"] = args.seed or 0
     return header
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from loupe_reference import model as M
+
+    M.configure_torch(args.threads)
+    out = M.embed(args.hf_dir, args.texts)
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> int:

@@ -441,3 +441,68 @@ def stack_versions() -> dict[str, str]:
             out[name] = None
     out["torch"] = torch.__version__
     return out
+
+
+def embed(hf_dir: str, texts: Sequence[str]) -> dict:
+    """Sentence embeddings as sentence-transformers computes them for the directory's pipeline
+    (``modules.json``: Transformer, Pooling, Normalize), written out by hand so no
+    sentence-transformers install is needed: each text tokenized with the tokenizer's specials
+    and truncation at ``max_seq_length`` (``sentence_bert_config.json``), ``BertModel``'s last
+    hidden state, pooled (mean over the attention mask, CLS or max, from the Pooling
+    module's ``config.json``), then ``torch.nn.functional.normalize`` when a Normalize module
+    follows. One text per forward, so there is no padding to mask."""
+    import json as _json
+
+    from transformers import AutoModel, AutoTokenizer
+
+    path = os.path.abspath(hf_dir)
+    if not is_encoder_dir(path):
+        raise InputError(f"{hf_dir}: not an encoder checkpoint (config.json architectures must name BertModel)")
+    quiet_transformers(False)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", local_files_only=True)
+    model.eval()
+
+    def read(rel: str) -> Any:
+        p = os.path.join(path, rel)
+        if not os.path.isfile(p):
+            return None
+        with open(p, encoding="utf-8") as f:
+            return _json.load(f)
+
+    max_length = model.config.max_position_embeddings
+    pooling, normalize = "mean", False
+    for m in read("modules.json") or []:
+        kind = m.get("type", "").rsplit(".", 1)[-1]
+        sub = m.get("path", "")
+        if kind == "Transformer":
+            st = read(os.path.join(sub, "sentence_bert_config.json")) or {}
+            max_length = min(int(st.get("max_seq_length", max_length)), max_length)
+        elif kind == "Pooling":
+            cfg = read(os.path.join(sub, "config.json")) or {}
+            modes = [k for k in ("mean_tokens", "cls_token", "max_tokens") if cfg.get("pooling_mode_" + k)]
+            if len(modes) != 1:
+                raise InputError(f"{sub}/config.json: expected one of mean/cls/max pooling, found {modes}")
+            pooling = {"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}[modes[0]]
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise InputError(f"modules.json: module type {m.get('type')!r} is not supported")
+    vectors, counts = [], []
+    with torch.no_grad():
+        for text in texts:
+            enc = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
+            states = model(**enc).last_hidden_state[0]
+            mask = enc["attention_mask"][0].unsqueeze(-1).to(states.dtype)
+            if pooling == "mean":
+                # sentence-transformers' Pooling: sum(states * mask) / clamp(sum(mask), 1e-9).
+                v = (states * mask).sum(0) / torch.clamp(mask.sum(0), min=1e-9)
+            elif pooling == "cls":
+                v = states[0]
+            else:
+                v = states.max(0).values
+            if normalize:
+                v = torch.nn.functional.normalize(v, p=2, dim=0)
+            vectors.append([float(x) for x in v])
+            counts.append(int(enc["input_ids"].shape[1]))
+    return {"embeddings": vectors, "tokens": counts, "pooling": pooling, "normalized": normalize, "max_tokens": max_length}

@@ -162,6 +162,17 @@ pub fn gemma_model() -> PathBuf {
     cached_model("LOUPE_GEMMA_MODEL", "gemma-3-270m-q4_k_m.gguf", "Gemma 3 270M", "gemma3-270m")
 }
 
+/// all-MiniLM-L6-v2, a BERT checkpoint directory (`scripts/fetch-model all-minilm-l6-v2`), or
+/// `$LOUPE_MINILM_MODEL`.
+pub fn minilm_model() -> PathBuf {
+    let path = match std::env::var_os("LOUPE_MINILM_MODEL").filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => loupe_models::cache_dir().join("models").join("all-MiniLM-L6-v2"),
+    };
+    assert!(path.join("config.json").is_file(), "needs all-MiniLM-L6-v2 at {} (missing): run scripts/fetch-model all-minilm-l6-v2 or set LOUPE_MINILM_MODEL", path.display());
+    path
+}
+
 /// `$env`, else `file` in the model cache; one clear failure naming how to fetch it.
 fn cached_model(env: &str, file: &str, what: &str, fetch_name: &str) -> PathBuf {
     let path = match std::env::var_os(env).filter(|p| !p.is_empty()) {

@@ -15,6 +15,7 @@ pub mod llama;
 pub mod quantize;
 pub mod roles;
 pub mod tiny;
+pub mod tiny_bert;
 pub mod tokenizer;
 pub mod weights;
 
