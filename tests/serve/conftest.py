@@ -59,6 +59,16 @@ def qwen_model_path() -> Path:
     return path
 
 
+def minilm_model_path() -> Path:
+    """all-MiniLM-L6-v2, a BERT encoder directory (LOUPE_MINILM_MODEL, default the cached
+    directory; `scripts/fetch-model all-minilm-l6-v2`)."""
+    env = os.environ.get("LOUPE_MINILM_MODEL")
+    path = Path(env) if env else Path.home() / ".cache" / "loupe" / "models" / "all-MiniLM-L6-v2"
+    if not (path / "config.json").exists():
+        _missing(f"needs all-MiniLM-L6-v2 at {path} (scripts/fetch-model all-minilm-l6-v2, or set LOUPE_MINILM_MODEL)")
+    return path
+
+
 class Server:
     """A running `loupe serve` process."""
 

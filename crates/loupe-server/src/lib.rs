@@ -103,6 +103,8 @@ struct Ready {
     reasoning: Option<SectionMarkers>,
     engine: Arc<Engine>,
     handle: EngineHandle,
+    /// An encoder's sentence-embedding pipeline (`/v1/embeddings`); `None` for decoders.
+    embed: Option<loupe_runtime::EmbedConfig>,
     model_id: String,
     context: usize,
     created: u64,
@@ -111,6 +113,8 @@ struct Ready {
 struct AppState {
     options: ServeOptions,
     ready: OnceLock<Ready>,
+    /// Embedding requests run one at a time (each is a whole encoder pass on the pool).
+    embed_lock: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
     in_flight: AtomicUsize,
     next_key: AtomicU64,
@@ -152,6 +156,7 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
     let state = Arc::new(AppState {
         options: options.clone(),
         ready: OnceLock::new(),
+        embed_lock: Arc::new(Mutex::new(())),
         metrics: metrics.clone(),
         in_flight: AtomicUsize::new(0),
         next_key: AtomicU64::new(1),
@@ -170,17 +175,18 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
             let loaded = tokio::task::spawn_blocking(move || {
                 let t = Instant::now();
                 let engine = load().map_err(ServeError::Load)?;
+                let embed = if engine.is_encoder() { Some(engine.embed_config().map_err(|e| ServeError::Load(e.to_string()))?) } else { None };
                 let load_time = t.elapsed();
                 log(format!("phase load: {:.2} s ({}, {:?} precision, {} threads)", load_time.as_secs_f64(), engine.path().display(), engine.precision(), engine.threads()));
                 let engine = Arc::new(engine);
                 let t = Instant::now();
                 let handle = EngineHandle::spawn(engine.clone(), batch, metrics).map_err(ServeError::Engine)?;
                 let kv_time = t.elapsed();
-                Ok::<_, ServeError>((engine, handle, load_time, kv_time))
+                Ok::<_, ServeError>((engine, handle, embed, load_time, kv_time))
             })
             .await;
             match loaded {
-                Ok(Ok((engine, handle, load_time, kv_time))) => {
+                Ok(Ok((engine, handle, embed, load_time, kv_time))) => {
                     let model_context = engine.context_length();
                     let context = state.options.max_context.map_or(model_context, |c| c.min(model_context));
                     let model_id = state.options.served_model_name.clone().unwrap_or_else(|| {
@@ -205,7 +211,10 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
                     // Tool calls are not served yet, so only reasoning markers split the text.
                     let reasoning = SectionMarkers::for_reasoning_parser(&parser).filter(|m| m.reasoning.is_some()).map(|m| SectionMarkers { tool_call: None, ..m });
                     log(format!("reasoning parser: {parser}"));
-                    let _ = state.ready.set(Ready { reasoning, engine, handle, model_id: model_id.clone(), context, created: unix_now() });
+                    if let Some(e) = &embed {
+                        log(format!("encoder: serving /v1/embeddings only ({} pooling{}, inputs cut at {} tokens)", e.pooling.name(), if e.normalize { ", L2-normalized" } else { "" }, e.max_tokens));
+                    }
+                    let _ = state.ready.set(Ready { reasoning, engine, handle, embed, model_id: model_id.clone(), context, created: unix_now() });
                     log(format!("ready in {:.2} s: model '{model_id}', context {context} tokens, at most {} requests in flight", start.elapsed().as_secs_f64(), state.limit()));
                 }
                 Ok(Err(e)) => {
@@ -287,6 +296,7 @@ fn router(state: Arc<AppState>) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -295,7 +305,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .merge(api)
-        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.") })
+        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.") })
         .method_not_allowed_fallback(|| async { ApiError { status: StatusCode::METHOD_NOT_ALLOWED, ..ApiError::bad_request("Method not allowed on this route.") } })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -451,6 +461,78 @@ fn chat_tokens(r: &Ready, messages: &[Value], tools: Option<&request::Tools>, ad
 enum Endpoint {
     Chat,
     Completion,
+}
+
+async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = embed_request(&state, body).await.map(|v| Json(v).into_response());
+    respond(&state, result)
+}
+
+/// `POST /v1/embeddings`: validates, then embeds every input on a blocking thread (the
+/// engine never runs on the async runtime), one request at a time.
+async fn embed_request(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let r = state.ready()?;
+    let body = body_bytes(body, state)?;
+    let req = request::embeddings(&body, state.options.allow_extra_request_fields)?;
+    if !req.dropped.is_empty() {
+        log(format!("warning: dropped unknown request fields: {}", req.dropped.join(", ")));
+    }
+    if let Some(m) = &req.model {
+        check_model(m, r)?;
+    }
+    let Some(config) = r.embed.clone() else {
+        return Err(ApiError::invalid("model", format!("The model `{}` is a decoder: /v1/embeddings needs an encoder model (BERT, e.g. `loupe serve --model` an all-MiniLM-L6-v2 directory).", r.model_id)));
+    };
+    let hidden = r.engine.config().hidden_size;
+    if let Some(d) = req.dimensions.filter(|&d| d != hidden) {
+        return Err(ApiError::invalid("dimensions", format!("This model's embeddings have {hidden} dimensions; {d} would need truncation the model was not trained for.")));
+    }
+    let limit = state.limit();
+    if state.in_flight.fetch_add(1, Ordering::Relaxed) >= limit {
+        state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::queue_full(limit));
+    }
+    struct InFlight<'a>(&'a AtomicUsize);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    let _in_flight = InFlight(&state.in_flight);
+    let (engine, lock, inputs) = (r.engine.clone(), state.embed_lock.clone(), req.input);
+    let embedded = tokio::task::spawn_blocking(move || {
+        let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
+        inputs.iter().map(|text| engine.embed(text, &config)).collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| {
+        log(format!("error: embedding thread failed: {e}"));
+        ApiError::internal()
+    })?;
+    let embedded = embedded.map_err(|e| match e {
+        loupe_runtime::RuntimeError::InvalidRequest(m) => ApiError::invalid("input", m),
+        other => {
+            log(format!("error: embedding failed: {other}"));
+            ApiError::internal()
+        }
+    })?;
+    let tokens: usize = embedded.iter().map(|e| e.tokens).sum();
+    let data: Vec<Value> = embedded
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let embedding = match req.encoding_format {
+                request::EncodingFormat::Float => json!(e.vector),
+                request::EncodingFormat::Base64 => {
+                    use base64::Engine as _;
+                    let bytes: Vec<u8> = e.vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(json!({"object": "list", "data": data, "model": r.model_id, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -635,6 +717,9 @@ async fn generate(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, end
 /// Validates, tokenizes and hands the request to the engine thread.
 fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: Endpoint, arrived: Instant) -> Result<(Answer, bool), ApiError> {
     let r = state.ready()?;
+    if r.embed.is_some() {
+        return Err(ApiError::invalid("model", format!("The model `{}` is an encoder: this server answers POST /v1/embeddings only.", r.model_id)));
+    }
     let body = body_bytes(body, state)?;
     let key = state.next_key.fetch_add(1, Ordering::Relaxed);
     // Without a seed, each request draws its own (OpenAI's sampling is not reproducible
