@@ -804,4 +804,66 @@ mod tests {
         let e = build_llama(&tiny_moe(crate::config::Family::Qwen3Moe), &mut src, None, false, &[Fault { class: FaultClass::GeluTanh, layer: 0 }]).unwrap_err();
         assert!(e.to_string().contains("sparse MoE block"), "{e}");
     }
+
+    /// Expert weights stored block-quantized (Q8_0) run through the same matmuls as a
+    /// quantized linear (`--precision native`: f32 activations; `q8`: 8-bit activations),
+    /// single-sequence and batched: the first sparse layer's experts output stays within
+    /// Q8_0's rounding of the f32 graph's (same weights before quantization, same routing).
+    #[test]
+    fn moe_experts_run_quantized_weights() {
+        use crate::config::Family;
+        use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+        struct QuantExperts(FakeSource);
+        impl WeightSource for QuantExperts {
+            fn load(&mut self, name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
+                let w = self.0.load(name, shape)?;
+                if !name.contains(".experts.") {
+                    return Ok(w);
+                }
+                let WeightData::F32(d) = &w.data else { unreachable!("FakeSource gives f32") };
+                let q = loupe_tensor::matmul::QMatrix::quantize(loupe_tensor::GgmlType::Q8_0, shape[0], shape[1], d).unwrap();
+                Ok(Weight { data: WeightData::Quant(Arc::new(q)), source_type: loupe_tensor::GgmlType::Q8_0, ..w })
+            }
+            fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
+                Ok(None)
+            }
+            fn path(&self) -> &Path {
+                self.0.path()
+            }
+        }
+        for family in [Family::Qwen3Moe, Family::Glm4Moe] {
+            // Q8_0 blocks are 32 wide: hidden and expert widths of 32.
+            let mut cfg = tiny_moe(family);
+            cfg.hidden_size = 32;
+            cfg.head_dim = 8;
+            if let Some(m) = cfg.moe.as_mut() {
+                m.moe_intermediate_size = 32;
+                m.shared_intermediate_size = m.shared_intermediate_size.map(|_| 32);
+            }
+            let f32_graph = build_llama(&cfg, &mut FakeSource { path: "fake".into(), seed: 3 }, None, false, &[]).unwrap();
+            let layer = (0..cfg.num_hidden_layers).find(|&l| cfg.is_sparse(l)).unwrap();
+            let name = format!("model.layers.{layer}.mlp.experts@0");
+            let want = &run(&f32_graph)[&name];
+            for q8 in [false, true] {
+                let g = build_llama(&cfg, &mut QuantExperts(FakeSource { path: "fake".into(), seed: 3 }), None, q8, &[]).unwrap();
+                assert!(g.weights.iter().any(|w| matches!(w.data, WeightData::Quant(_))));
+                let got = &run(&g)[&name];
+                let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let err = want.iter().zip(got).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                // 8-bit activations add their own rounding to the weights'.
+                let tol = if q8 { 0.04 } else { 0.02 };
+                assert!(err < tol * scale && err > 0.0, "{family:?} q8 {q8}: error {err} of {scale}");
+                // The batched path (row-local quantized matmuls) agrees with the single one.
+                let mut exec = Executor::new(&g, &Default::default());
+                let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
+                let tokens = [3u32, 14, 15, 9, 26, 5];
+                let batched = exec.run_batch(&g, &tokens, &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }], &mut kv, None).unwrap().to_vec();
+                let mut exec = Executor::new(&g, &Default::default());
+                let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
+                let single = exec.run(&g, &tokens, &mut kv, RunOptions { all_logits: false }, None).unwrap().to_vec();
+                let diff = single.iter().zip(&batched).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(diff < 1e-3, "{family:?} q8 {q8}: batched logits differ by {diff}");
+            }
+        }
+    }
 }
