@@ -788,7 +788,7 @@ impl Executor {
             Op::Experts { experts, gelu_tanh } => {
                 let batch = matches!(step, StepKv::Batch { .. });
                 let (x, ids, weights) = (self.input(node, 0).to_vec(), self.input(node, 1).to_vec(), self.input(node, 2).to_vec());
-                run_experts(graph, experts, *gelu_tanh, &x, &ids, &weights, out, batch, graph.quantize_activations, &mut self.quant_scratch)
+                run_experts(graph, experts, *gelu_tanh, &x, &ids, &weights, out, batch, &mut self.quant_scratch)
             }
             Op::Plant(plant) => {
                 let x = self.input(node, 0);
@@ -820,7 +820,8 @@ impl Executor {
 /// token's output row, which starts at zero (`Qwen3MoeExperts.forward`: `zeros_like`, then
 /// `index_add_` expert by expert).
 #[allow(clippy::too_many_arguments)]
-fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: bool, x: &[f32], ids: &[f32], weights: &[f32], out: &mut [f32], batch: bool, quantize_activations: bool, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: bool, x: &[f32], ids: &[f32], weights: &[f32], out: &mut [f32], batch: bool, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+    let quantize_activations = graph.quantize_activations;
     let shape_err = |detail: String| TensorError::Shape { op: "experts", detail };
     let first = experts.first().ok_or_else(|| shape_err("no experts".into()))?;
     let (inter, d) = (graph.weight(first.gate).shape[0], graph.weight(first.gate).shape[1]);
@@ -836,7 +837,18 @@ fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: b
         }
     }
     out.iter_mut().for_each(|o| *o = 0.0);
+    // `--precision fp8`: each expert matmul's input rows are rounded to FP8 E4M3 per token, as
+    // the linear op rounds those of the decoder layers' projections (the experts are
+    // `model.layers.*` weights, rounded per row at load).
+    let fp8 = graph.fp8_activations && crate::ir::is_fp8_linear(&graph.weight(first.gate).name);
     let matmul = |x: &[f32], w: &WeightData, y: &mut [f32], m: usize, k: usize, n: usize, scratch: &mut Vec<u8>| -> Result<(), TensorError> {
+        let rounded;
+        let x = if fp8 {
+            rounded = loupe_tensor::fp8::round_trip_rows_e4m3(x, k)?;
+            &rounded[..]
+        } else {
+            x
+        };
         if batch {
             return matmul_rows_invariant(x, w, quantize_activations, y, m, k, n, scratch);
         }
