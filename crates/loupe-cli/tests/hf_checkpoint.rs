@@ -300,6 +300,20 @@ fn expert_load(dir: &Path, layer: usize, n_experts: usize) -> Vec<usize> {
     load
 }
 
+/// `loupe bisect` on the checkpoint: the batched engine (among neighbours, chunked, from the
+/// prefix cache) and the server give the single-sequence path's tokens, which follow
+/// transformers' argmax; every rung must run and pass.
+fn bisect_matches(dir: &Path, label: &str) {
+    let mut c = loupe();
+    c.arg("bisect").arg("--model").arg(dir).args(["--prompt", "The quick brown fox jumps over the lazy dog"]);
+    let o = run(&mut c);
+    let out = stdout(&o);
+    assert!(o.status.success() && out.contains("verdict: MATCH on every rung that ran"), "{label}: bisect ({}):\n{out}\n{}", o.status, stderr(&o));
+    for rung in ["reference", "teacher-forced", "incremental", "batched", "served"] {
+        assert!(out.lines().any(|l| l.contains(rung) && l.contains(" ok ")), "{label}: rung {rung} did not pass:\n{out}");
+    }
+}
+
 /// The prompt must exercise every expert of the MoE layer, or a wrong expert could go unseen.
 fn assert_every_expert_routed(dir: &Path, layer: usize, n_experts: usize) {
     let load = expert_load(dir, layer, n_experts);
@@ -338,6 +352,7 @@ fn tiny_qwen3_moe_matches_reference() {
     assert_eq!(cfg["mlp_only_layers"], serde_json::json!([1]), "{cfg}");
     let tokens = compare(&dir, "qwen3_moe");
     parity_matches(&dir, "qwen3_moe");
+    bisect_matches(&dir, "qwen3_moe");
     assert_every_expert_routed(&dir, 0, 8);
 
     assert_generation_changes_without(&dir, &tokens, "the renormalization of the top-k weights does", |cfg| cfg["norm_topk_prob"] = serde_json::json!(false));
@@ -366,6 +381,7 @@ fn tiny_glm4_moe_matches_reference() {
     assert_eq!((f("n_routed_experts"), f("n_group"), f("topk_group"), f("n_shared_experts"), f("routed_scaling_factor"), f("first_k_dense_replace")), (Some(8.0), Some(4.0), Some(2.0), Some(1.0), Some(2.5), Some(1.0)), "{cfg}");
     let tokens = compare(&dir, "glm4_moe");
     parity_matches(&dir, "glm4_moe");
+    bisect_matches(&dir, "glm4_moe");
     assert_every_expert_routed(&dir, 1, 8);
 
     let edit = |k: &'static str, v: serde_json::Value| move |cfg: &mut serde_json::Value| cfg[k] = v;
