@@ -826,7 +826,7 @@ fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: b
     let first = experts.first().ok_or_else(|| shape_err("no experts".into()))?;
     let (inter, d) = (graph.weight(first.gate).shape[0], graph.weight(first.gate).shape[1]);
     let tokens = x.len() / d;
-    if x.len() != tokens * d || out.len() != x.len() || tokens == 0 || ids.len() % tokens != 0 || weights.len() != ids.len() {
+    if x.len() != tokens * d || out.len() != x.len() || tokens == 0 || !ids.len().is_multiple_of(tokens) || weights.len() != ids.len() {
         return Err(shape_err(format!("hidden {} (width {d}), ids {}, weights {}, output {}", x.len(), ids.len(), weights.len(), out.len())));
     }
     let k = ids.len() / tokens;

@@ -586,7 +586,7 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
         return Err(("num_hidden_layers".into(), format!("{} layers; loupe's MoE wiring covers at most {}", sparse_layers.len(), crate::roles::MAX_MOE_LAYERS)));
     }
     if let Err(e) = router.check() {
-        let field = if router.n_group == 0 || router.n_experts % router.n_group != 0 || (router.n_group > 1 && router.n_experts / router.n_group < 2) {
+        let field = if router.n_group == 0 || !router.n_experts.is_multiple_of(router.n_group) || (router.n_group > 1 && router.n_experts / router.n_group < 2) {
             "n_group"
         } else if router.topk_group == 0 || router.topk_group > router.n_group {
             "topk_group"

@@ -55,7 +55,7 @@ impl Router {
         if self.n_experts == 0 || self.top_k == 0 || self.top_k > self.n_experts {
             return bad(format!("top_k {} of {} experts", self.top_k, self.n_experts));
         }
-        if self.n_group == 0 || self.n_experts % self.n_group != 0 {
+        if self.n_group == 0 || !self.n_experts.is_multiple_of(self.n_group) {
             return bad(format!("{} groups do not divide {} experts", self.n_group, self.n_experts));
         }
         if self.topk_group == 0 || self.topk_group > self.n_group {
@@ -109,7 +109,7 @@ fn top_k_into(v: &[f32], k: usize, order: &mut Vec<usize>) {
 pub fn router_select(router: &Router, logits: &[f32], bias: Option<&[f32]>, out: &mut [f32]) -> Result<(), TensorError> {
     router.check()?;
     let (e, k) = (router.n_experts, router.top_k);
-    if logits.len() % e != 0 || out.len() != logits.len() / e * k || bias.is_some_and(|b| b.len() != e) {
+    if !logits.len().is_multiple_of(e) || out.len() != logits.len() / e * k || bias.is_some_and(|b| b.len() != e) {
         return Err(TensorError::Shape { op: "moe_router", detail: format!("{} logits, {} outputs, bias {:?} for {e} experts and top_k {k}", logits.len(), out.len(), bias.map(<[f32]>::len)) });
     }
     let mut scores = vec![0.0f32; e];
