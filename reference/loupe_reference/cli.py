@@ -140,12 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2"), default="llama",
+    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe"),
+                    default="llama",
                     help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases), "
                     "MistralForCausalLM (sliding-window attention), Qwen3ForCausalLM (per-head q/k norms) or "
                     "Gemma3ForCausalLM (1+w norms, sandwich norms, scaled embeddings, GELU-tanh, sliding and "
                     "global layers with their own RoPE bases) or Gemma2ForCausalLM (Gemma 3's norms without q/k "
-                    "norms, every other layer sliding, one RoPE base, soft-capped attention scores and logits)")
+                    "norms, every other layer sliding, one RoPE base, soft-capped attention scores and logits), "
+                    "Qwen3MoeForCausalLM (8 experts, top-2, layer 0 sparse, layer 1 dense) or Glm4MoeForCausalLM "
+                    "(grouped sigmoid router with correction bias, a shared expert, layer 1 sparse)")
     mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
                     help="mistral: attention window in tokens (default: none); gemma3, gemma2: the even layers' "
                     "window (default 8)")

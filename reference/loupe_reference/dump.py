@@ -12,7 +12,10 @@ loupe names but PyTorch has no module for are captured under loupe's names:
 ``model.layers.N.self_attn.attn_output``   the input of ``o_proj`` (forward pre-hook), ``[T, H*hd]``
 ``model.layers.N.attn_residual``           the input of ``post_attention_layernorm`` (pre-hook; in layers with
                                            Gemma's sandwich norms, of ``pre_feedforward_layernorm``)
-``model.layers.N.mlp.act_mul``             the input of ``down_proj`` (pre-hook)
+``model.layers.N.mlp.act_mul``             the input of ``down_proj`` (pre-hook; also ``mlp.shared_experts.act_mul``)
+``model.layers.N.mlp.gate.top_k_index``    a MoE router's chosen experts (element 2 of its output tuple), each
+                                           token's ids in ascending order, as float32 (loupe's layout)
+``model.layers.N.mlp.gate.top_k_weights``  their weights (element 1), in the same order
 ``logits``                                 the model output's ``logits`` where they differ from ``lm_head``'s
                                            output: soft-capped by ``config.final_logit_softcapping`` (Gemma 2)
 =========================================  ==========================================================
@@ -51,6 +54,8 @@ def axes_for(name: str, ndim: int, module: nn.Module | None = None) -> list[str]
         return ["head", "query", "key"]
     if ndim != 2:
         return [f"dim{i}" for i in range(ndim)]
+    if base.endswith((".top_k_index", ".top_k_weights")):
+        return ["token", "expert"]
     if base.endswith(".q_rope") or base.endswith(".attn_output"):
         return ["token", "head*head_dim"]
     if base.endswith(".k_rope"):
@@ -210,7 +215,10 @@ class Recorder:
                 # Gemma's sandwich norms: post_attention_layernorm normalizes attention's output,
                 # and the residual sum is the input of the MLP's norm.
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".attn_residual"), with_kwargs=True))
-            elif leaf == "down_proj" and parent.endswith("mlp"):
+            elif leaf == "gate" and parent.endswith("mlp") and hasattr(module, "top_k") and not isinstance(module, nn.Linear):
+                # A MoE router returns (logits, weights, indices); the hook above records the logits.
+                self._handles.append(module.register_forward_hook(self._router_hook(name)))
+            elif leaf == "down_proj" and (parent.endswith("mlp") or parent.endswith("mlp.shared_experts")):
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".act_mul"), with_kwargs=True))
         return self
 
@@ -237,6 +245,20 @@ class Recorder:
             t = _first_tensor(out)
             if t is not None:
                 self.record(name, t, layout=layout, module=module)
+
+        return hook
+
+    def _router_hook(self, name: str):
+        def hook(mod: nn.Module, args: Any, out: Any) -> None:
+            if not (isinstance(out, tuple) and len(out) == 3):
+                return
+            weights, indices = out[1], out[2]
+            # Sorted by expert id: the order of a router's top-k carries no meaning (the experts
+            # loop adds their outputs in id order) and is unspecified for torch.topk(sorted=False),
+            # which the GLM / DeepSeek-V3 router asks for.
+            order = torch.argsort(indices, dim=-1)
+            self.record(name + ".top_k_index", torch.gather(indices, -1, order).to(torch.float32))
+            self.record(name + ".top_k_weights", torch.gather(weights, -1, order))
 
         return hook
 

@@ -85,7 +85,8 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe")
+MOE_FAMILIES = ("qwen3_moe", "glm4_moe")
 GEMMA_FAMILIES = ("gemma3", "gemma2")
 # Gemma 3's tiny shape beyond TINY: query_pre_attn_scalar differs from head_dim (16) so the
 # attention scale is tested; the global RoPE base differs from the sliding layers' one.
@@ -98,6 +99,19 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1_000_00
 GEMMA2_QUERY_PRE_ATTN_SCALAR = 8
 GEMMA2_ATTN_SOFTCAP = 3.0
 GEMMA2_FINAL_SOFTCAP = 5.0
+# The MoE families' tiny shape beyond TINY: 8 experts of width 32, 2 per token, so a prompt of a
+# dozen tokens reaches every expert. Qwen3-MoE: layer 0 sparse, layer 1 dense (mlp_only_layers),
+# renormalized top-k. GLM-4-MoE: layer 0 dense (first_k_dense_replace 1), layer 1 sparse with 4
+# groups of 2 experts of which a token may use 2, one shared expert, GLM-4.5's scaling 2.5,
+# q/k norms and q/k/v biases on; partial_rotary_factor 1.0 (loupe refuses GLM's default 0.5).
+MOE_EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+QWEN3_MOE = dict(num_experts=8, decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True)
+GLM4_MOE = dict(n_routed_experts=8, n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1,
+                routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True)
+# Router weights ~ N(0, 0.15^2) give logits of std ~1.2 over hidden 64 (spread, not one expert
+# always winning); the selection-only correction bias ~ N(0, 0.05^2) moves the choice of experts whose
+# sigmoid scores are close (dropping it changes tokens) without one expert taking every token.
+CORRECTION_BIAS_STD = 0.05
 
 
 def _family_classes(family: str) -> tuple[Any, Any]:
@@ -125,6 +139,14 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import Gemma2Config, Gemma2ForCausalLM
 
         return Gemma2Config, Gemma2ForCausalLM
+    if family == "qwen3_moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        return Qwen3MoeConfig, Qwen3MoeForCausalLM
+    if family == "glm4_moe":
+        from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+        return Glm4MoeConfig, Glm4MoeForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
@@ -153,6 +175,13 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
         kw.update(attention_bias=bool(attention_bias), mlp_bias=bool(mlp_bias))
     if family == "qwen3":
         kw.update(attention_bias=bool(attention_bias))
+    if family == "qwen3_moe":
+        kw.update(MOE_EXPERTS, **QWEN3_MOE)
+    if family == "glm4_moe":
+        kw.update(MOE_EXPERTS, **GLM4_MOE)
+        kw.update(rope_parameters={"rope_type": "default", "rope_theta": kw.pop("rope_theta"), "partial_rotary_factor": 1.0})
+        if rope_scaling != "none":
+            raise InputError("--rope-scaling does not apply to the glm4_moe family")
     if family == "mistral":
         # MistralConfig defaults to a 4096 window; the tiny model's is given or none.
         kw.update(sliding_window=int(sliding_window) if sliding_window else None)
@@ -221,7 +250,9 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
     for name, p in sorted(meta.state_dict().items()):
         if tie and name == "lm_head.weight":
             continue
-        if name.endswith("norm.weight"):
+        if name.endswith("e_score_correction_bias"):
+            state[name] = CORRECTION_BIAS_STD * torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        elif name.endswith("norm.weight"):
             # RMSNorm weights, the per-head q/k norms included; Gemma's norms scale by
             # 1 + weight, so theirs are centred on 0.
             centre = 0.0 if family in GEMMA_FAMILIES else 1.0

@@ -439,6 +439,85 @@ class SoftCapHookTests(unittest.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
+class MoeRouterDumpTests(unittest.TestCase):
+    """MoE routers return ``(logits, weights, indices)``: ``mlp.gate`` records the logits (the
+    hook's element 0), ``mlp.gate.top_k_index`` / ``.top_k_weights`` the chosen experts sorted by
+    id as float32 and their weights in the same order; the shared experts' ``act_mul`` is the
+    input of their ``down_proj``."""
+
+    def _check(self, m, n_experts, top_k, layer, shared):
+        import torch
+
+        from loupe_reference import dump as D
+
+        m.config._attn_implementation = "eager"
+        ids = [5, 17, 42, 7, 99, 3, 11, 60]
+        run = D.run_dump(m, ids, steps=1)
+        by = {(e.step, e.name): e for e in run.entries}
+        p = f"model.layers.{layer}.mlp"
+        gate = m.model.layers[layer].mlp.gate
+        with torch.no_grad():
+            x = by[(0, f"model.layers.{layer}.post_attention_layernorm")].data
+            logits, weights, indices = gate(torch.from_numpy(x))
+        np.testing.assert_allclose(by[(0, p + ".gate")].data, logits.numpy(), rtol=1e-6, atol=1e-6)
+        idx, w = by[(0, p + ".gate.top_k_index")], by[(0, p + ".gate.top_k_weights")]
+        self.assertEqual((idx.data.shape, idx.data.dtype, idx.axes), ((len(ids), top_k), np.float32, ["token", "expert"]))
+        self.assertTrue((np.diff(idx.data, axis=-1) > 0).all(), "ids ascending per token")
+        for t in range(len(ids)):
+            want = sorted(zip(indices[t].tolist(), weights[t].tolist()))
+            self.assertEqual(idx.data[t].tolist(), [float(i) for i, _ in want])
+            np.testing.assert_allclose(w.data[t], [v for _, v in want], rtol=1e-6)
+        self.assertIn((1, p + ".gate.top_k_index"), by)
+        self.assertEqual((p + ".shared_experts.act_mul" in {e.name for e in run.entries}), shared)
+
+    def test_qwen3_moe_router(self):
+        import torch
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        torch.manual_seed(0)
+        cfg = Qwen3MoeConfig(vocab_size=300, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                             num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1])
+        self._check(Qwen3MoeForCausalLM(cfg).to(torch.float32).eval(), 4, 2, 0, shared=False)
+
+    def test_glm4_moe_router(self):
+        import torch
+        from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+        torch.manual_seed(0)
+        cfg = Glm4MoeConfig(vocab_size=300, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1)
+        self._check(Glm4MoeForCausalLM(cfg).to(torch.float32).eval(), 8, 3, 1, shared=True)
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
+class MoeTinyConfigTests(unittest.TestCase):
+    """make-tiny --family qwen3_moe / glm4_moe: the configs the Rust end-to-end tests rely on."""
+
+    def test_tiny_moe_configs(self):
+        import torch
+
+        from loupe_reference import fixtures as X
+
+        q = X.tiny_config(300, False, "none", 2, 1, 2, family="qwen3_moe")
+        self.assertEqual((q.num_experts, q.num_experts_per_tok, q.mlp_only_layers, q.norm_topk_prob), (8, 2, [1], True))
+        g = X.tiny_config(300, False, "none", 2, 1, 2, family="glm4_moe")
+        self.assertEqual((g.n_routed_experts, g.n_group, g.topk_group, g.n_shared_experts, g.first_k_dense_replace,
+                          g.routed_scaling_factor, g.use_qk_norm, g.attention_bias),
+                         (8, 4, 2, 1, 1, 2.5, True, True))
+        self.assertEqual(g.rope_parameters["partial_rotary_factor"], 1.0)
+        for cfg, sparse, dense in ((q, 0, 1), (g, 1, 0)):
+            _, model_cls = X._family_classes(cfg.model_type)
+            with torch.device("meta"):
+                names = set(model_cls(cfg).state_dict())
+            self.assertIn(f"model.layers.{sparse}.mlp.gate.weight", names)
+            self.assertIn(f"model.layers.{dense}.mlp.gate_proj.weight", names)
+        with self.assertRaises(X.InputError):
+            X.tiny_config(300, False, "llama3", 2, 1, 2, family="glm4_moe")
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
 class ConfigDumpCliTests(unittest.TestCase):
     """``dump --config`` end to end (random weights, byte tokenizer): files, manifest, styles."""
 

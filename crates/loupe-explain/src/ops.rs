@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use loupe_graph::{Op, WeightData};
+use loupe_models::roles::{MoeWiring, MAX_MOE_LAYERS};
 use loupe_models::{HiddenAct, LlamaConfig, Model, Module, ModuleRole as R, Wiring};
 use loupe_tensor::matmul::matmul_f32;
 use loupe_tensor::ops::{attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeTable};
@@ -70,12 +71,17 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     // The family's wiring, known from the reference's dump: RoPE reads the normed q/k in
     // families with q/k norms; Gemma's sandwich norms sit between blocks and residuals.
     let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
-    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits) };
+    // A MoE layer shows its router; its shared experts show as `mlp.shared_experts`.
+    let moe = has(R::Router).then(|| MoeWiring { sparse_layers: if m.layer < MAX_MOE_LAYERS { 1u128 << m.layer } else { 0 }, shared_experts: has(R::SharedExperts) || has(R::SharedDown) });
+    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits), moe };
     let inputs = m.inputs_in(n_layers, wiring);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
     match m.role {
         R::FinalNorm if n_layers == 0 => Site::Other,
+        // A MoE layer's `mlp` is the experts' output (or its sum with the shared experts),
+        // not the dense `down_proj` it aliases elsewhere.
+        R::Mlp if wiring.sparse(m.layer) => Site::Other,
         r if r.is_norm() => Site::Norm { module: m, input, layers },
         r if r.is_linear() => Site::Linear { module: m.canonical(), input, layers },
         R::QRope => Site::Rope { layer: m.layer, input, kv: false },
@@ -87,9 +93,12 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
             let what = if m.role == R::AttnResidual { "attention" } else { "MLP" };
             Site::Residual { skip: input, branch: inputs.get(1).copied().unwrap_or(input), what }
         }
-        R::Embedding | R::ActMul | R::Logits => Site::Other,
+        // The shared experts' activation reads their gate as the dense MLP's does.
+        R::SharedActFn => Site::Act { input },
+        // Routing and the experts have no op model here (yet): value-level hypotheses only.
+        R::Embedding | R::ActMul | R::Logits | R::RouterIndices | R::RouterWeights | R::Experts | R::SharedActMul => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
-        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
+        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead | R::Router | R::SharedGate | R::SharedUp | R::SharedDown | R::SharedExperts => Site::Other,
     }
 }
 

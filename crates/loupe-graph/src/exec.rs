@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention_cached, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, silu, silu_mul, soft_cap, PagedSpan};
+use loupe_tensor::ops::{add_in_place, attention_cached, expert_id, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
@@ -807,6 +807,20 @@ impl Executor {
                 }
                 Ok(())
             }
+            Op::RouterSelect { router, bias } => {
+                let bias = match bias.map(|b| &graph.weight(b).data) {
+                    None => None,
+                    Some(WeightData::F32(b)) => Some(&b[..]),
+                    Some(WeightData::Quant(q)) => return Err(TensorError::UnsupportedType { op: "router correction bias", dtype: q.ty }),
+                };
+                router_select(router, self.input(node, 0), bias, out)
+            }
+            Op::RouterWeights { router } => router_weights(router, self.input(node, 0), self.input(node, 1), out),
+            Op::Experts { experts, gelu_tanh } => {
+                let batch = matches!(step, StepKv::Batch { .. });
+                let (x, ids, weights) = (self.input(node, 0).to_vec(), self.input(node, 1).to_vec(), self.input(node, 2).to_vec());
+                run_experts(graph, experts, *gelu_tanh, &x, &ids, &weights, out, batch, &mut self.quant_scratch)
+            }
             Op::Plant(plant) => {
                 let x = self.input(node, 0);
                 match plant {
@@ -828,6 +842,83 @@ impl Executor {
             }
         }
     }
+}
+
+/// The routed experts of [`Op::Experts`]: for each expert in ascending id, the rows of the
+/// tokens that chose it are gathered and go through `gate`/`up`, the activation, their
+/// product and `down` (the matmuls a linear node would run: row-local ones in batched
+/// steps); each result row, times the token's weight for that expert, is added to the
+/// token's output row, which starts at zero (`Qwen3MoeExperts.forward`: `zeros_like`, then
+/// `index_add_` expert by expert).
+#[allow(clippy::too_many_arguments)]
+fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: bool, x: &[f32], ids: &[f32], weights: &[f32], out: &mut [f32], batch: bool, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+    let quantize_activations = graph.quantize_activations;
+    let shape_err = |detail: String| TensorError::Shape { op: "experts", detail };
+    let first = experts.first().ok_or_else(|| shape_err("no experts".into()))?;
+    let (inter, d) = (graph.weight(first.gate).shape[0], graph.weight(first.gate).shape[1]);
+    let tokens = x.len() / d;
+    if x.len() != tokens * d || out.len() != x.len() || tokens == 0 || !ids.len().is_multiple_of(tokens) || weights.len() != ids.len() {
+        return Err(shape_err(format!("hidden {} (width {d}), ids {}, weights {}, output {}", x.len(), ids.len(), weights.len(), out.len())));
+    }
+    let k = ids.len() / tokens;
+    let mut chosen: Vec<Vec<(usize, usize)>> = vec![Vec::new(); experts.len()];
+    for (t, row) in ids.chunks_exact(k).enumerate() {
+        for (j, &id) in row.iter().enumerate() {
+            chosen[expert_id(id, experts.len())?].push((t, j));
+        }
+    }
+    out.iter_mut().for_each(|o| *o = 0.0);
+    // `--precision fp8`: each expert matmul's input rows are rounded to FP8 E4M3 per token, as
+    // the linear op rounds those of the decoder layers' projections (the experts are
+    // `model.layers.*` weights, rounded per row at load).
+    let fp8 = graph.fp8_activations && crate::ir::is_fp8_linear(&graph.weight(first.gate).name);
+    let matmul = |x: &[f32], w: &WeightData, y: &mut [f32], m: usize, k: usize, n: usize, scratch: &mut Vec<u8>| -> Result<(), TensorError> {
+        let rounded;
+        let x = if fp8 {
+            rounded = loupe_tensor::fp8::round_trip_rows_e4m3(x, k)?;
+            &rounded[..]
+        } else {
+            x
+        };
+        if batch {
+            return matmul_rows_invariant(x, w, quantize_activations, y, m, k, n, scratch);
+        }
+        match w {
+            WeightData::F32(data) => matmul_f32(x, data, y, m, k, n),
+            WeightData::Quant(q) if quantize_activations => matmul_q(x, q, y, m, scratch),
+            WeightData::Quant(q) => matmul_wq(x, q, y, m),
+        }
+    };
+    let (mut xs, mut gate, mut up, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (e, rows) in experts.iter().zip(&chosen) {
+        if rows.is_empty() {
+            continue;
+        }
+        let m = rows.len();
+        xs.clear();
+        for &(t, _) in rows {
+            xs.extend_from_slice(&x[t * d..(t + 1) * d]);
+        }
+        gate.resize(m * inter, 0.0);
+        up.resize(m * inter, 0.0);
+        y.resize(m * d, 0.0);
+        matmul(&xs, &graph.weight(e.gate).data, &mut gate, m, d, inter, scratch)?;
+        matmul(&xs, &graph.weight(e.up).data, &mut up, m, d, inter, scratch)?;
+        if gelu_tanh {
+            gelu(&mut gate, true);
+        } else {
+            silu(&mut gate);
+        }
+        mul_in_place(&mut gate, &up);
+        matmul(&gate, &graph.weight(e.down).data, &mut y, m, inter, d, scratch)?;
+        for (r, &(t, j)) in rows.iter().enumerate() {
+            let w = weights[t * k + j];
+            for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&y[r * d..(r + 1) * d]) {
+                *o += v * w;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `y = x W^T` with each output row computed alone: the result for a row does not depend

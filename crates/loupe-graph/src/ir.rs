@@ -4,7 +4,7 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use loupe_tensor::matmul::QMatrix;
-use loupe_tensor::ops::{AttentionShape, AttentionVariant, RopeMode, RopeTable};
+use loupe_tensor::ops::{AttentionShape, AttentionVariant, RopeMode, RopeTable, Router};
 use loupe_tensor::GgmlType;
 
 use crate::fault::FaultClass;
@@ -151,9 +151,32 @@ pub enum Op {
     /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
     /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
     SwiGlu,
+    /// Mixture-of-Experts routing, part 1: the experts each token goes to, from the router's
+    /// logits (input 0, `[T, n_experts]`), as `[T, top_k]` expert ids held in f32, ascending
+    /// per token ([`loupe_tensor::ops::router_select`]). `bias`: the selection-only
+    /// `e_score_correction_bias` of sigmoid routers.
+    RouterSelect { router: Router, bias: Option<WeightId> },
+    /// Routing, part 2: the weight of each chosen expert (inputs: logits, ids), `[T, top_k]`
+    /// ([`loupe_tensor::ops::router_weights`]).
+    RouterWeights { router: Router },
+    /// The routed experts (inputs: hidden `[T, D]`, ids, weights): per token, the weighted
+    /// sum over its chosen experts of `down(act(gate x) * up x)`, added in ascending expert
+    /// id as transformers' experts loop adds them. Each expert's rows are gathered and go
+    /// through the same matmuls as a linear (row-local in batched steps), so a token's
+    /// result does not depend on which other tokens chose the same expert there.
+    Experts { experts: Arc<Vec<ExpertWeights>>, gelu_tanh: bool },
     /// The input with a test-only defect (faults `nan`, `uninit`), for testing the debug
     /// checks against a known answer.
     Plant(Plant),
+}
+
+/// One routed expert's SwiGLU (or GeGLU) MLP: `gate_proj`, `up_proj` `[I, D]`,
+/// `down_proj` `[D, I]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertWeights {
+    pub gate: WeightId,
+    pub up: WeightId,
+    pub down: WeightId,
 }
 
 /// What an [`Op::Plant`] node does to its input.
@@ -187,6 +210,9 @@ impl Op {
             Op::Scale { .. } => "scale",
             Op::SoftCap { .. } => "soft_cap",
             Op::SwiGlu => "swiglu",
+            Op::RouterSelect { .. } => "router_select",
+            Op::RouterWeights { .. } => "router_weights",
+            Op::Experts { .. } => "experts",
             Op::Plant(Plant::NanInf) => "plant_nan",
             Op::Plant(Plant::HalfUnwritten) => "plant_unwritten",
         }
@@ -197,8 +223,9 @@ impl Op {
         match self {
             Op::Embedding { .. } | Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => 0,
             Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => 1,
-            Op::Mul | Op::Add | Op::SwiGlu => 2,
-            Op::Attention { .. } => 3,
+            Op::RouterSelect { .. } => 1,
+            Op::Mul | Op::Add | Op::SwiGlu | Op::RouterWeights { .. } => 2,
+            Op::Attention { .. } | Op::Experts { .. } => 3,
         }
     }
 }

@@ -89,6 +89,25 @@ pub fn to_text(graph: &Graph) -> String {
             Op::SoftCap { cap } => {
                 let _ = write!(s, " cap={cap}");
             }
+            Op::RouterSelect { router, bias } => {
+                let _ = write!(s, " {} experts={} top_k={}", router_scoring(router), router.n_experts, router.top_k);
+                if router.n_group > 1 {
+                    let _ = write!(s, " groups={} topk_group={}", router.n_group, router.topk_group);
+                }
+                if let Some(b) = bias {
+                    let _ = write!(s, " bias={}", w(b));
+                }
+            }
+            Op::RouterWeights { router } => {
+                let _ = write!(s, " {} experts={} top_k={} norm_topk_prob={}", router_scoring(router), router.n_experts, router.top_k, router.norm_topk_prob);
+                if router.scaling != 1.0 {
+                    let _ = write!(s, " scaling={}", router.scaling);
+                }
+            }
+            Op::Experts { experts, gelu_tanh } => {
+                let first = experts.first().map(|e| w(&e.gate)).unwrap_or_default();
+                let _ = write!(s, " n={} act={} gate0={first}", experts.len(), if *gelu_tanh { "gelu_tanh" } else { "silu" });
+            }
             Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::SwiGlu | Op::Plant(_) => {}
         }
         if let Some(f) = node.fault {
@@ -113,4 +132,11 @@ pub fn to_text(graph: &Graph) -> String {
         let _ = writeln!(s, "return %{} {}", l.0, graph.value(l).name);
     }
     s
+}
+
+fn router_scoring(r: &loupe_tensor::ops::Router) -> &'static str {
+    match r.scoring {
+        loupe_tensor::ops::RouterScoring::Softmax => "softmax",
+        loupe_tensor::ops::RouterScoring::Sigmoid => "sigmoid",
+    }
 }

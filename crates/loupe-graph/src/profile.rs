@@ -217,6 +217,19 @@ pub fn node_cost(graph: &Graph, node: &Node, rows: usize, attn: AttnWork) -> (u6
         Op::SwiGlu => (act_bytes, 5 * rows * out),
         Op::Mul | Op::Add | Op::Scale { .. } | Op::RoundBf16 => (act_bytes, rows * out),
         Op::Copy | Op::Plant(_) => (act_bytes, 0),
+        // Scores, a sort and a gather per token: a few flops per expert.
+        Op::RouterSelect { router, .. } | Op::RouterWeights { router } => (act_bytes, 8 * rows * router.n_experts as u64),
+        // Each token runs top_k experts' three matmuls; the bytes are the experts' weights
+        // (an upper bound: experts no token chose are not read).
+        Op::Experts { experts, .. } => {
+            let wbytes: u64 = experts.iter().flat_map(|e| [e.gate, e.up, e.down]).map(|w| match &graph.weight(w).data {
+                WeightData::F32(d) => 4 * d.len() as u64,
+                WeightData::Quant(q) => q.data.len() as u64,
+            }).sum();
+            let per_expert: u64 = experts.first().map_or(0, |e| graph.weight(e.gate).shape.iter().product::<usize>() as u64);
+            let top_k = node.inputs.get(1).map_or(0, |&v| width(v));
+            (wbytes + act_bytes, 2 * 3 * rows * top_k * per_expert)
+        }
     }
 }
 

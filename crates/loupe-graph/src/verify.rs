@@ -157,6 +157,29 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
         Op::SoftCap { cap } => expect(cap.is_finite() && *cap > 0.0 && width(0).is_some() && out_w == width(0), format!("soft_cap {cap} (must be positive) of width {:?} into {out_w:?}", width(0))),
         Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => expect(width(0).is_some() && out_w == width(0), format!("{} changes width", node.op.name())),
         Op::Mul | Op::Add | Op::SwiGlu => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
+        Op::RouterSelect { router, bias } => {
+            expect(router.check().is_ok(), format!("router {router:?}: {}", router.check().err().map(|e| e.to_string()).unwrap_or_default()))?;
+            expect(width(0) == Some(router.n_experts) && out_w == Some(router.top_k), format!("router_select of {} experts, top_k {}: input width {:?}, output {out_w:?}", router.n_experts, router.top_k, width(0)))?;
+            if let Some(b) = bias {
+                let b = weight(graph, i, node, b.0)?;
+                expect(b.shape == [router.n_experts], format!("correction bias {:?} for {} experts", b.shape, router.n_experts))?;
+            }
+            Ok(())
+        }
+        Op::RouterWeights { router } => expect(
+            router.check().is_ok() && width(0) == Some(router.n_experts) && width(1) == Some(router.top_k) && out_w == Some(router.top_k),
+            format!("router_weights of {} experts, top_k {}: inputs {:?} {:?}, output {out_w:?}", router.n_experts, router.top_k, width(0), width(1)),
+        ),
+        Op::Experts { experts, gelu_tanh: _ } => {
+            let d = width(0);
+            expect(!experts.is_empty() && d.is_some() && out_w == d && width(1).is_some() && width(1) == width(2), format!("experts: hidden {d:?}, ids {:?}, weights {:?}, output {out_w:?}", width(1), width(2)))?;
+            for e in experts.iter() {
+                let (g, u, dn) = (weight(graph, i, node, e.gate.0)?, weight(graph, i, node, e.up.0)?, weight(graph, i, node, e.down.0)?);
+                let ok = g.shape.len() == 2 && g.shape == u.shape && Some(g.shape[1]) == d && dn.shape == [g.shape[1], g.shape[0]];
+                expect(ok, format!("expert weights {} {:?}, {} {:?}, {} {:?} for hidden {d:?}", g.name, g.shape, u.name, u.shape, dn.name, dn.shape))?;
+            }
+            Ok(())
+        }
     }
 }
 

@@ -98,6 +98,8 @@ impl BertConfig {
             rope_local_theta: None,
             attn_logit_softcap: None,
             final_logit_softcap: None,
+            qk_norm: false,
+            moe: None,
         };
         for (field, n) in [("vocab_size", base.vocab_size), ("intermediate_size", base.intermediate_size), ("num_hidden_layers", base.num_hidden_layers), ("max_position_embeddings", base.max_position_embeddings)] {
             if n == 0 {

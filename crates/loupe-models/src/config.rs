@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use loupe_formats::GgufFile;
-use loupe_tensor::ops::{AttentionShape, RopeScaling};
+use loupe_tensor::ops::{AttentionShape, RopeScaling, Router, RouterScoring};
 use serde_json::Value;
 
 use crate::ModelError;
@@ -37,6 +37,32 @@ pub enum Family {
     /// absolute position embeddings; built by [`crate::bert::build_bert`], not the Llama
     /// builder.
     Bert,
+    /// Qwen3-MoE (`modeling_qwen3_moe.py`): Qwen3's attention (q/k norms) with sparse MoE
+    /// MLPs: a softmax top-k router (`mlp.gate`) over `num_experts` SwiGLU experts, on the
+    /// layers `decoder_sparse_step` / `mlp_only_layers` make sparse ([`MoeConfig`]).
+    Qwen3Moe,
+    /// GLM-4.5's MoE decoder (`modeling_glm4_moe.py`, `Glm4MoeForCausalLM`): Llama attention
+    /// (biases on q/k/v only under `attention_bias`, optional q/k norms `use_qk_norm`) and,
+    /// from layer `first_k_dense_replace` on, DeepSeek-V3's grouped sigmoid router with a
+    /// selection-only correction bias, routed experts plus `n_shared_experts` shared ones.
+    Glm4Moe,
+}
+
+/// A Mixture-of-Experts MLP's configuration (Qwen3-MoE, GLM-4-MoE).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// The router's arithmetic (scoring, experts, top-k, groups, renormalization, scaling).
+    pub router: Router,
+    /// Each routed expert's hidden width (`moe_intermediate_size`).
+    pub moe_intermediate_size: usize,
+    /// The shared experts' MLP width (`moe_intermediate_size * n_shared_experts`), run on
+    /// every token and added to the routed output; `None`: no shared experts.
+    pub shared_intermediate_size: Option<usize>,
+    /// Whether the router has an `e_score_correction_bias` (sigmoid routers).
+    pub correction_bias: bool,
+    /// Per decoder layer, whether its MLP is sparse (the others are the dense MLP of
+    /// `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
 }
 
 /// The activation of the gated MLP's gate (`hidden_act` / `hidden_activation`).
@@ -73,6 +99,8 @@ impl Family {
             "Gemma3ForCausalLM" => Some(Family::Gemma3),
             "Gemma2ForCausalLM" => Some(Family::Gemma2),
             "BertModel" => Some(Family::Bert),
+            "Qwen3MoeForCausalLM" => Some(Family::Qwen3Moe),
+            "Glm4MoeForCausalLM" => Some(Family::Glm4Moe),
             _ => None,
         }
     }
@@ -88,6 +116,8 @@ impl Family {
             "gemma3_text" => Some(Family::Gemma3),
             "gemma2" => Some(Family::Gemma2),
             "bert" => Some(Family::Bert),
+            "qwen3_moe" => Some(Family::Qwen3Moe),
+            "glm4_moe" => Some(Family::Glm4Moe),
             _ => None,
         }
     }
@@ -102,6 +132,8 @@ impl Family {
             Family::Gemma3 => "gemma3_text",
             Family::Gemma2 => "gemma2",
             Family::Bert => "bert",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Glm4Moe => "glm4_moe",
         }
     }
 
@@ -125,9 +157,15 @@ impl Family {
         matches!(self, Family::Llama | Family::Mistral)
     }
 
-    /// Whether q and k go through per-head RMSNorms before RoPE.
+    /// Whether q and k go through per-head RMSNorms before RoPE (GLM-4-MoE: when its config
+    /// says `use_qk_norm`, see [`LlamaConfig::wiring`]).
     pub fn qk_norm(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Gemma3)
+        matches!(self, Family::Qwen3 | Family::Gemma3 | Family::Qwen3Moe)
+    }
+
+    /// Whether the family's config.json describes MoE MLPs.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Family::Qwen3Moe | Family::Glm4Moe)
     }
 
     /// Whether each layer has Gemma's four norms: `post_attention_layernorm` normalizes
@@ -160,14 +198,14 @@ impl Family {
         match self {
             Family::Gemma3 => Some(GEMMA3_SLIDING_WINDOW_PATTERN),
             Family::Gemma2 => Some(GEMMA2_SLIDING_WINDOW_PATTERN),
-            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Bert => None,
+            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Qwen3Moe | Family::Glm4Moe | Family::Bert => None,
         }
     }
 
     /// What each decoder layer emits and how it is wired (without final soft-capping, which
     /// the config decides: [`LlamaConfig::wiring`]).
     pub fn wiring(self) -> crate::roles::Wiring {
-        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms(), final_softcap: false }
+        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms(), final_softcap: false, moe: None }
     }
 }
 
@@ -207,13 +245,17 @@ pub struct LlamaConfig {
     pub attn_logit_softcap: Option<f32>,
     /// Soft-capping of the logits (`final_logit_softcapping`); `None`: none.
     pub final_logit_softcap: Option<f32>,
+    /// Per-head q/k RMSNorms (the family's, or GLM-4-MoE's `use_qk_norm`).
+    pub qk_norm: bool,
+    /// The sparse MLPs of MoE families; `None`: every layer's MLP is dense.
+    pub moe: Option<MoeConfig>,
 }
 
 /// GGUF architectures read with the Llama graph (their tensors and keys follow `llama.*`
 /// naming under their own prefix).
 pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "gemma2"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"];
 
 /// Gemma 3's default pattern of sliding-window and global layers: every sixth layer is
 /// global (`Gemma3TextConfig._sliding_window_pattern`; llama.cpp's `set_swa_pattern(6)`).
@@ -239,7 +281,16 @@ impl LlamaConfig {
     /// What the builder emits: the family's layer wiring, and the final soft-cap's value
     /// when the config has one.
     pub fn wiring(&self) -> crate::roles::Wiring {
-        crate::roles::Wiring { final_softcap: self.final_logit_softcap.is_some(), ..self.family.wiring() }
+        let moe = self.moe.as_ref().map(|m| crate::roles::MoeWiring {
+            sparse_layers: m.sparse_layers.iter().enumerate().filter(|&(l, &s)| s && l < crate::roles::MAX_MOE_LAYERS).fold(0u128, |bits, (l, _)| bits | 1u128 << l),
+            shared_experts: m.shared_intermediate_size.is_some(),
+        });
+        crate::roles::Wiring { final_softcap: self.final_logit_softcap.is_some(), qk_norm: self.qk_norm, moe, ..self.family.wiring() }
+    }
+
+    /// Whether decoder layer `layer`'s MLP is a sparse MoE block.
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(false))
     }
 
     /// Every layer's attention geometry and score arithmetic (scale, soft-cap).
@@ -316,6 +367,9 @@ impl LlamaConfig {
             rope_local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
             attn_logit_softcap: softcap("attn_logit_softcapping", Some(GEMMA2_DEFAULT_ATTN_SOFTCAP))?,
             final_logit_softcap: softcap("final_logit_softcapping", Some(GEMMA2_DEFAULT_FINAL_SOFTCAP))?,
+            qk_norm: family.qk_norm(),
+            // No MoE family has a GGUF architecture here (see `Family::from_gguf_arch`).
+            moe: None,
         };
         if let Some(rot) = gguf.opt_usize(&key("rope.dimension_count"))? {
             if rot != cfg.head_dim {
@@ -421,6 +475,19 @@ impl LlamaConfig {
             None
         };
         let head_dim = opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        let moe = hf_moe(&v, family, layers).map_err(|(field, reason)| bad(&field, reason))?;
+        if family == Family::Glm4Moe {
+            // GLM-4-MoE rotates only the first `partial_rotary_factor` of each head (default
+            // 0.5: `Glm4MoeConfig.__post_init__`); loupe rotates whole heads.
+            let factor = match rope_params.and_then(|p| p.get("partial_rotary_factor")).or_else(|| v.get("partial_rotary_factor")) {
+                None | Some(Value::Null) => 0.5,
+                Some(x) => x.as_f64().ok_or_else(|| bad("partial_rotary_factor", format!("{x} is not a number")))?,
+            };
+            if factor != 1.0 {
+                return Err(bad("partial_rotary_factor", format!("{factor} is not supported (loupe rotates whole heads: only 1.0; GLM-4-MoE's default is 0.5)")));
+            }
+        }
+        let qk_norm = family.qk_norm() || (family == Family::Glm4Moe && v.get("use_qk_norm").and_then(Value::as_bool) == Some(true));
         let cfg = LlamaConfig {
             family,
             vocab_size: usize_field("vocab_size")?,
@@ -436,13 +503,17 @@ impl LlamaConfig {
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
             qkv_bias: attention_bias || family == Family::Qwen2,
-            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3 | Family::Gemma2),
+            // GLM-4-MoE's o_proj never has a bias (`Glm4MoeAttention`); Qwen3-MoE's four
+            // projections follow `attention_bias`.
+            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Qwen3Moe),
             layer_windows,
             hidden_act,
             attention_scale: if family.is_gemma() { (f32_field("query_pre_attn_scalar", 256.0)? as f64).powf(-0.5) as f32 } else { (head_dim as f32).powf(-0.5) },
             rope_local_theta,
             attn_logit_softcap,
             final_logit_softcap,
+            qk_norm,
+            moe,
         };
         cfg.validate(path)
     }
@@ -469,6 +540,81 @@ impl LlamaConfig {
         }
         Ok(self)
     }
+}
+
+/// The MoE MLPs a config.json describes, as transformers reads it (`Qwen3MoeConfig`,
+/// `Glm4MoeConfig` defaults for absent keys); errors name the key. `None` for dense families.
+fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>, (String, String)> {
+    if !family.is_moe() {
+        return Ok(None);
+    }
+    let int = |k: &str, default: Option<u64>| -> Result<usize, (String, String)> {
+        match v.get(k) {
+            None | Some(Value::Null) => default.map(|d| d as usize).ok_or_else(|| (k.to_string(), "missing".to_string())),
+            Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| (k.to_string(), format!("{x} is not a non-negative integer"))),
+        }
+    };
+    let flag = |k: &str, default: bool| -> Result<bool, (String, String)> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x.as_bool().ok_or_else(|| (k.to_string(), format!("{x} is not a boolean"))),
+        }
+    };
+    let top_k = int("num_experts_per_tok", Some(8))?;
+    let moe_intermediate_size = int("moe_intermediate_size", None)?;
+    if moe_intermediate_size == 0 {
+        return Err(("moe_intermediate_size".into(), "must be non-zero".into()));
+    }
+    let (router, shared, bias, sparse_layers) = match family {
+        Family::Qwen3Moe => {
+            // `num_experts` is the attribute; transformers 5 writes it as `num_local_experts`
+            // (`Qwen3MoeConfig.attribute_map`), released checkpoints as `num_experts`.
+            let key = if v.get("num_experts").is_some() { "num_experts" } else { "num_local_experts" };
+            let n = int(key, Some(128))?;
+            let step = int("decoder_sparse_step", Some(1))?;
+            if step == 0 {
+                return Err(("decoder_sparse_step".into(), "must be positive".into()));
+            }
+            let dense: Vec<usize> = match v.get("mlp_only_layers") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a.iter().map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| ("mlp_only_layers".to_string(), format!("{x} is not a layer index")))).collect::<Result<_, _>>()?,
+                Some(x) => return Err(("mlp_only_layers".into(), format!("{x} is not a list of layer indices"))),
+            };
+            // `Qwen3MoeDecoderLayer.__init__`: sparse unless listed in `mlp_only_layers`,
+            // when experts exist and `(layer_idx + 1) % decoder_sparse_step == 0`.
+            let sparse: Vec<bool> = (0..layers).map(|l| !dense.contains(&l) && n > 0 && (l + 1) % step == 0).collect();
+            let router = Router { scoring: RouterScoring::Softmax, n_experts: n, top_k, n_group: 1, topk_group: 1, norm_topk_prob: flag("norm_topk_prob", false)?, scaling: 1.0 };
+            (router, None, false, sparse)
+        }
+        Family::Glm4Moe => {
+            let key = if v.get("n_routed_experts").is_some() { "n_routed_experts" } else { "num_local_experts" };
+            let n = int(key, Some(128))?;
+            let scaling = match v.get("routed_scaling_factor") {
+                None | Some(Value::Null) => 1.0,
+                Some(x) => x.as_f64().filter(|f| f.is_finite()).ok_or_else(|| ("routed_scaling_factor".to_string(), format!("{x} is not a number")))? as f32,
+            };
+            let router = Router { scoring: RouterScoring::Sigmoid, n_experts: n, top_k, n_group: int("n_group", Some(1))?, topk_group: int("topk_group", Some(1))?, norm_topk_prob: flag("norm_topk_prob", true)?, scaling };
+            let shared = int("n_shared_experts", Some(1))?;
+            // `Glm4MoeDecoderLayer.__init__`: sparse from `first_k_dense_replace` on.
+            let first = int("first_k_dense_replace", Some(1))?;
+            (router, (shared > 0).then_some(moe_intermediate_size * shared), true, (0..layers).map(|l| l >= first).collect())
+        }
+        Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Bert => return Ok(None),
+    };
+    if sparse_layers.len() > crate::roles::MAX_MOE_LAYERS {
+        return Err(("num_hidden_layers".into(), format!("{} layers; loupe's MoE wiring covers at most {}", sparse_layers.len(), crate::roles::MAX_MOE_LAYERS)));
+    }
+    if let Err(e) = router.check() {
+        let field = if router.n_group == 0 || !router.n_experts.is_multiple_of(router.n_group) || (router.n_group > 1 && router.n_experts / router.n_group < 2) {
+            "n_group"
+        } else if router.topk_group == 0 || router.topk_group > router.n_group {
+            "topk_group"
+        } else {
+            "num_experts_per_tok"
+        };
+        return Err((field.into(), e.to_string()));
+    }
+    Ok(Some(MoeConfig { router, moe_intermediate_size, shared_intermediate_size: shared, correction_bias: bias, sparse_layers }))
 }
 
 /// The RoPE scaling one `rope_parameters` (or legacy `rope_scaling`) entry describes; errors
@@ -536,7 +682,10 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
             Some(w) => vec![Some(w); layers],
             None => Vec::new(),
         }),
-        Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 => {
+        // Qwen3-MoE reads Qwen2's keys (`Qwen3MoeAttention` passes `sliding_window` only with
+        // `use_sliding_window`); GLM-4-MoE has no sliding window.
+        Family::Glm4Moe => Ok(Vec::new()),
+        Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Gemma2 => {
             if !family.is_gemma() && v.get("use_sliding_window").and_then(Value::as_bool) != Some(true) {
                 return Ok(Vec::new());
             }
@@ -645,6 +794,43 @@ mod tests {
         let e = hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "attn_logit_softcapping": 50.0, {BASE}}}"#)).unwrap_err().to_string();
         assert!(e.contains("attn_logit_softcapping"), "{e}");
         assert!(hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "final_logit_softcapping": null, {BASE}}}"#)).is_ok());
+    }
+
+    /// Qwen3-MoE and GLM-4-MoE as their config classes read config.json: which layers are
+    /// sparse, the router's arithmetic, the attention biases; GLM's partial RoPE (default
+    /// 0.5) is refused naming `partial_rotary_factor`; bad MoE keys are refused by name.
+    #[test]
+    fn moe_configs_read_their_keys() {
+        const MOE: &str = r#""moe_intermediate_size": 16, "num_experts_per_tok": 2"#;
+        // transformers 5 writes num_experts as num_local_experts; released checkpoints say num_experts.
+        for key in ["num_experts", "num_local_experts"] {
+            let q = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "{key}": 8, "mlp_only_layers": [1], "attention_bias": true, {MOE}, {BASE}}}"#)).unwrap();
+            let m = q.moe.clone().unwrap();
+            assert_eq!((q.family, q.qk_norm, q.qkv_bias, q.o_bias), (Family::Qwen3Moe, true, true, true));
+            assert_eq!((m.router.scoring, m.router.n_experts, m.router.top_k, m.router.norm_topk_prob, m.sparse_layers.clone()), (RouterScoring::Softmax, 8, 2, false, vec![true, false]));
+            assert_eq!((m.shared_intermediate_size, m.correction_bias, m.moe_intermediate_size), (None, false, 16));
+            assert!(q.is_sparse(0) && !q.is_sparse(1) && q.wiring().sparse(0) && !q.wiring().sparse(1));
+        }
+        let q = hf(&format!(r#"{{"model_type": "qwen3_moe", "num_experts": 8, "decoder_sparse_step": 2, "norm_topk_prob": true, {MOE}, {BASE}}}"#)).unwrap();
+        assert_eq!((q.moe.as_ref().unwrap().sparse_layers.clone(), q.moe.as_ref().unwrap().router.norm_topk_prob), (vec![false, true], true));
+        let glm = |extra: &str| hf(&format!(r#"{{"architectures": ["Glm4MoeForCausalLM"], "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, {extra} {MOE}, {BASE}}}"#));
+        let g = glm(r#""partial_rotary_factor": 1.0, "use_qk_norm": true, "attention_bias": true,"#).unwrap();
+        let m = g.moe.clone().unwrap();
+        assert_eq!((g.family, g.qk_norm, g.qkv_bias, g.o_bias, g.wiring().qk_norm), (Family::Glm4Moe, true, true, false, true));
+        assert_eq!((m.router.scoring, m.router.n_group, m.router.topk_group, m.router.scaling, m.router.norm_topk_prob), (RouterScoring::Sigmoid, 4, 2, 2.5, true));
+        assert_eq!((m.shared_intermediate_size, m.correction_bias, m.sparse_layers.clone()), (Some(16), true, vec![false, true]));
+        assert!(glm(r#""rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}, "n_shared_experts": 0,"#).unwrap().moe.unwrap().shared_intermediate_size.is_none());
+        assert!(!glm(r#""partial_rotary_factor": 1.0,"#).unwrap().qk_norm);
+        for (extra, field) in [("", "partial_rotary_factor"), (r#""partial_rotary_factor": 0.5,"#, "partial_rotary_factor"), (r#""partial_rotary_factor": 1.0, "n_group": 3,"#, "n_group"), (r#""partial_rotary_factor": 1.0, "topk_group": 5,"#, "topk_group"), (r#""partial_rotary_factor": 1.0, "routed_scaling_factor": "x","#, "routed_scaling_factor")] {
+            let e = glm(extra).unwrap_err();
+            assert!(matches!(&e, ModelError::InvalidConfig { field: f, .. } if f == field), "{extra}: {e}");
+        }
+        let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "mlp_only_layers": "all", {MOE}, {BASE}}}"#)).unwrap_err();
+        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "mlp_only_layers"), "{e}");
+        let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 1, {MOE}, {BASE}}}"#)).unwrap_err();
+        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_experts_per_tok"), "{e}");
+        let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, {BASE}}}"#)).unwrap_err();
+        assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "moe_intermediate_size"), "{e}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use loupe_formats::GgufFile;
 use loupe_graph::{Graph, KvDtype, WeightData};
 use loupe_text::{ChatTemplate, Tokenizer};
 
-pub use config::{Family, HiddenAct, LlamaConfig};
+pub use config::{Family, HiddenAct, LlamaConfig, MoeConfig};
 pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
 pub use roles::{Module, ModuleRole, Wiring};

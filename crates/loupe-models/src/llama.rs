@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
-use loupe_graph::{Dim, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData, WeightId};
+use loupe_graph::{Dim, ExpertWeights, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData, WeightId};
 use loupe_tensor::ops::{AttentionMask, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
-use crate::config::{HiddenAct, LlamaConfig};
+use crate::config::{HiddenAct, LlamaConfig, MoeConfig};
 use crate::roles::{Module, ModuleRole as R};
 use crate::weights::WeightSource;
 use crate::ModelError;
@@ -198,16 +198,21 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
 
         let mlp_norm = if wiring.sandwich_norms { R::PreFfnNorm } else { R::PostAttnNorm };
         let normed = hidden_norm(&mut b, &mut load, m(mlp_norm), resid)?;
-        let f = cfg.intermediate_size;
-        let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
-        let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
-        let gelu = has(FaultClass::GeluTanh);
-        let act_op = if gelu || cfg.hidden_act == HiddenAct::GeluTanh { Op::Gelu { tanh: true } } else { Op::Silu };
-        let act = b.node(m(R::ActFn).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
-        mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
-        let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
-        let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
-        b.alias(down, m(R::Mlp).name());
+        let down = if let (Some(moe), true) = (&cfg.moe, cfg.is_sparse(l)) {
+            moe_mlp(&mut b, &mut load, cfg, moe, l, normed)?
+        } else {
+            let f = cfg.intermediate_size;
+            let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
+            let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
+            let gelu = has(FaultClass::GeluTanh);
+            let act_op = if gelu || cfg.hidden_act == HiddenAct::GeluTanh { Op::Gelu { tanh: true } } else { Op::Silu };
+            let act = b.node(m(R::ActFn).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
+            mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
+            let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
+            let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
+            b.alias(down, m(R::Mlp).name());
+            down
+        };
         let branch = if wiring.sandwich_norms { hidden_norm(&mut b, &mut load, m(R::PostFfnNorm), down)? } else { down };
         x = b.node(m(R::LayerOutput).name(), Op::Add, &[resid, branch], hidden(d), axes());
     }
@@ -225,6 +230,50 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
     let graph = b.finish();
     loupe_graph::verify::verify(&graph)?;
     Ok(graph)
+}
+
+/// A sparse MoE MLP (`Qwen3MoeSparseMoeBlock`, `Glm4MoeMoE`) on `normed`, the MLP's input
+/// of layer `l`; returns the block's output (`mlp`). The router's logits are a linear
+/// (`mlp.gate`); the routing is split into the chosen experts (`mlp.gate.top_k_index`) and
+/// their weights (`mlp.gate.top_k_weights`), the two tensors the router's forward returns
+/// besides its logits; the routed experts' weighted sum is `mlp.experts`, and with shared
+/// experts (GLM) `mlp` adds their SwiGLU MLP (`mlp.shared_experts`), as `Glm4MoeMoE.forward`
+/// does (`experts(...) + shared_experts(residuals)`).
+fn moe_mlp(b: &mut GraphBuilder, load: &mut Load<'_>, cfg: &LlamaConfig, moe: &MoeConfig, l: usize, normed: ValueId) -> Result<ValueId, ModelError> {
+    let m = |role| Module::layer(l, role);
+    let d = cfg.hidden_size;
+    let router = moe.router;
+    let (e, k) = (router.n_experts, router.top_k);
+    let logits = linear(b, load, &m(R::Router).name(), normed, e, d, false, false)?;
+    let bias = if moe.correction_bias { Some(b.weight(load(&m(R::Router).param("e_score_correction_bias"), &[e])?)) } else { None };
+    let per_token = |n: usize| vec![Dim::Tokens, Dim::Fixed(n)];
+    let ids = b.node(m(R::RouterIndices).name(), Op::RouterSelect { router, bias }, &[logits], per_token(k), vec!["token", "expert"]);
+    let weights = b.node(m(R::RouterWeights).name(), Op::RouterWeights { router }, &[logits, ids], per_token(k), vec!["token", "expert"]);
+    // Checkpoints store each expert's projections as its own module
+    // (`mlp.experts.N.gate_proj.weight`); transformers 5 fuses them into 3-D
+    // `gate_up_proj` / `down_proj` parameters at load, which changes no number.
+    let inter = moe.moe_intermediate_size;
+    let experts_name = m(R::Experts).name();
+    let mut experts = Vec::with_capacity(e);
+    for x in 0..e {
+        let mut w = |proj: &str, shape: &[usize]| -> Result<WeightId, ModelError> { Ok(b.weight(load(&format!("{experts_name}.{x}.{proj}.weight"), shape)?)) };
+        experts.push(ExpertWeights { gate: w("gate_proj", &[inter, d])?, up: w("up_proj", &[inter, d])?, down: w("down_proj", &[d, inter])? });
+    }
+    let gelu_tanh = cfg.hidden_act == HiddenAct::GeluTanh;
+    let routed = b.node(experts_name, Op::Experts { experts: Arc::new(experts), gelu_tanh }, &[normed, ids, weights], per_token(d), vec!["token", "hidden"]);
+    let Some(f) = moe.shared_intermediate_size else {
+        // Qwen3-MoE: the block's output is the experts' (`Qwen3MoeSparseMoeBlock.forward`).
+        b.alias(routed, m(R::Mlp).name());
+        return Ok(routed);
+    };
+    let gate = linear(b, load, &m(R::SharedGate).name(), normed, f, d, false, false)?;
+    let up = linear(b, load, &m(R::SharedUp).name(), normed, f, d, false, false)?;
+    let act_op = if gelu_tanh { Op::Gelu { tanh: true } } else { Op::Silu };
+    let act = b.node(m(R::SharedActFn).name(), act_op, &[gate], per_token(f), vec!["token", "feature"]);
+    let prod = b.node(m(R::SharedActMul).name(), Op::Mul, &[act, up], per_token(f), vec!["token", "feature"]);
+    let shared = linear(b, load, &m(R::SharedDown).name(), prod, d, f, false, false)?;
+    b.alias(shared, m(R::SharedExperts).name());
+    Ok(b.node(m(R::Mlp).name(), Op::Add, &[routed, shared], per_token(d), vec!["token", "hidden"]))
 }
 
 /// Loads a parameter by HF name, checking its shape.
@@ -286,6 +335,9 @@ fn check_faults(cfg: &LlamaConfig, source: &dyn WeightSource, faults: &[Fault], 
             return Err(bad(format!("layer {} does not exist (the graph has {n_layers} decoder layers)", f.layer)));
         }
         let o_cols = cfg.num_attention_heads * cfg.head_dim;
+        if f.class == FaultClass::GeluTanh && cfg.is_sparse(f.layer) {
+            return Err(bad(format!("layer {}'s MLP is a sparse MoE block, which has no mlp.act_fn to replace", f.layer)));
+        }
         if f.class == FaultClass::GeluTanh && cfg.hidden_act == HiddenAct::GeluTanh {
             return Err(bad("the model's activation already is GELU (tanh approximation)".into()));
         }
@@ -372,7 +424,31 @@ mod tests {
             rope_local_theta: None,
             attn_logit_softcap: None,
             final_logit_softcap: None,
+            qk_norm: false,
+            moe: None,
         }
+    }
+
+    /// A tiny MoE model: Qwen3-MoE (softmax router, 4 experts, top 2, layers 0 and 2 sparse)
+    /// or GLM-4-MoE (grouped sigmoid router with correction bias, a shared expert, layers 1
+    /// and 2 sparse).
+    fn tiny_moe(family: crate::config::Family) -> LlamaConfig {
+        use crate::config::Family;
+        use loupe_tensor::ops::{Router, RouterScoring};
+        let glm = family == Family::Glm4Moe;
+        let router = if glm {
+            Router { scoring: RouterScoring::Sigmoid, n_experts: 4, top_k: 2, n_group: 2, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }
+        } else {
+            Router { scoring: RouterScoring::Softmax, n_experts: 4, top_k: 2, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 1.0 }
+        };
+        let moe = MoeConfig {
+            router,
+            moe_intermediate_size: 8,
+            shared_intermediate_size: glm.then_some(8),
+            correction_bias: glm,
+            sparse_layers: if glm { vec![false, true, true] } else { vec![true, false, true] },
+        };
+        LlamaConfig { family, qk_norm: !glm, tie_word_embeddings: false, moe: Some(moe), ..tiny() }
     }
 
     fn build(faults: &[Fault]) -> Graph {
@@ -515,9 +591,13 @@ mod tests {
         use crate::config::Family;
         use crate::roles::{Module, ModuleRole};
         // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3),
-        // sandwich norms and the final soft-cap (Gemma 2).
-        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2] {
-            let cfg = LlamaConfig { family, ..tiny() };
+        // sandwich norms and the final soft-cap (Gemma 2), sparse and dense layers (Qwen3-MoE),
+        // with shared experts (GLM-4-MoE).
+        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2, Family::Qwen3Moe, Family::Glm4Moe] {
+            let cfg = match family {
+                Family::Qwen3Moe | Family::Glm4Moe => tiny_moe(family),
+                _ => LlamaConfig { family, qk_norm: family.qk_norm(), ..tiny() },
+            };
             let cfg = if family == Family::Gemma2 { LlamaConfig { attn_logit_softcap: Some(5.0), final_logit_softcap: Some(3.0), ..cfg } } else { cfg };
             let wiring = cfg.wiring();
             assert_eq!(wiring.final_softcap, family == Family::Gemma2);
@@ -535,18 +615,20 @@ mod tests {
                     let got: Vec<String> = node.inputs.iter().map(|&i| g.value(i).name.clone()).collect();
                     assert_eq!(got, want, "{family:?}: inputs of {}", v.name);
                     let aliases: Vec<Module> = v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
-                    assert!(aliases.iter().all(|a| a.canonical() == m), "{}: {:?}", v.name, v.aliases);
-                    assert_eq!(m.names()[1..], v.aliases[..], "{}", v.name);
+                    assert!(aliases.iter().all(|a| a.canonical_in(wiring) == m), "{}: {:?}", v.name, v.aliases);
+                    assert_eq!(m.names_in(wiring)[1..], v.aliases[..], "{}", v.name);
                     seen.extend(aliases);
                 }
             }
             for l in 0..n_layers {
                 for role in ModuleRole::ALL {
-                    assert_eq!(seen.contains(&Module::layer(l, role)), wiring.emits(role), "{family:?} layer {l}: {role:?}");
+                    assert_eq!(seen.contains(&Module::layer(l, role)), wiring.emits_at(l, role), "{family:?} layer {l}: {role:?}");
                 }
             }
             for m in &seen {
-                if m.role.is_linear() || m.role.is_norm() || m.role == ModuleRole::Embedding {
+                // (a sparse layer's `mlp` is no linear: the experts' output or a sum)
+                let moe_block = m.role == ModuleRole::Mlp && wiring.sparse(m.layer);
+                if (m.role.is_linear() && !moe_block) || m.role.is_norm() || m.role == ModuleRole::Embedding {
                     let w = m.param("weight");
                     // a tied lm_head reads the embedding table
                     assert!(g.weights.iter().any(|x| x.name == w) || m.role == ModuleRole::LmHead, "{w}");
@@ -577,6 +659,210 @@ mod tests {
         for r in 0..n {
             for c in 0..n {
                 assert_eq!(a[r * n + c], t[c * n + r]);
+            }
+        }
+    }
+
+    /// The experts' output against a scalar f64 recomputation from the graph's own weights
+    /// and the routing the graph chose, and the routing against the router's logits: for
+    /// each token, the chosen ids are the top-k of the scores (grouped sigmoid: with the
+    /// bias, inside the chosen groups), each expert id appears in ascending order, and the
+    /// weights are the renormalized (and scaled) unbiased scores. Prefill and one decode step.
+    #[test]
+    fn moe_layers_compute_their_formula() {
+        use crate::config::Family;
+        for family in [Family::Qwen3Moe, Family::Glm4Moe] {
+            let cfg = tiny_moe(family);
+            let mut src = FakeSource { path: "fake".into(), seed: 11 };
+            let g = build_llama(&cfg, &mut src, None, false, &[]).unwrap();
+            let vals = run(&g);
+            let w = |name: &str| -> Vec<f32> {
+                match &g.weights.iter().find(|x| x.name == name).unwrap_or_else(|| panic!("{name}")).data {
+                    WeightData::F32(d) => d.as_ref().clone(),
+                    WeightData::Quant(_) => unreachable!("f32 test weights"),
+                }
+            };
+            let moe = cfg.moe.clone().unwrap();
+            let (d, inter, e, k) = (cfg.hidden_size, moe.moe_intermediate_size, moe.router.n_experts, moe.router.top_k);
+            let mut chosen = vec![0usize; e];
+            for l in (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)) {
+                let p = format!("model.layers.{l}.mlp");
+                let bias = moe.correction_bias.then(|| w(&format!("{p}.gate.e_score_correction_bias")));
+                for step in ["@0", "@1"] {
+                    let x = &vals[&format!("model.layers.{l}.post_attention_layernorm{step}")];
+                    let logits = &vals[&format!("{p}.gate{step}")];
+                    let ids = &vals[&format!("{p}.gate.top_k_index{step}")];
+                    let wts = &vals[&format!("{p}.gate.top_k_weights{step}")];
+                    let out = &vals[&format!("{p}.experts{step}")];
+                    let tokens = x.len() / d;
+                    for t in 0..tokens {
+                        let lg: Vec<f64> = logits[t * e..(t + 1) * e].iter().map(|&v| v as f64).collect();
+                        let scores: Vec<f64> = if family == Family::Glm4Moe {
+                            lg.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect()
+                        } else {
+                            let m = lg.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let s: f64 = lg.iter().map(|v| (v - m).exp()).sum();
+                            lg.iter().map(|v| (v - m).exp() / s).collect()
+                        };
+                        let mut choice: Vec<f64> = scores.iter().enumerate().map(|(i, s)| s + bias.as_ref().map_or(0.0, |b| b[i] as f64)).collect();
+                        if moe.router.n_group > 1 {
+                            let per = e / moe.router.n_group;
+                            let gs: Vec<f64> = choice.chunks(per).map(|c| {
+                                let mut c = c.to_vec();
+                                c.sort_by(|a, b| b.partial_cmp(a).unwrap());
+                                c[0] + c[1]
+                            }).collect();
+                            let best = (0..gs.len()).max_by(|&a, &b| gs[a].partial_cmp(&gs[b]).unwrap()).unwrap();
+                            for (i, c) in choice.iter_mut().enumerate() {
+                                if i / per != best {
+                                    *c = f64::NEG_INFINITY;
+                                }
+                            }
+                        }
+                        let mut order: Vec<usize> = (0..e).collect();
+                        order.sort_by(|&a, &b| choice[b].partial_cmp(&choice[a]).unwrap());
+                        let mut want: Vec<usize> = order[..k].to_vec();
+                        want.sort();
+                        let got: Vec<usize> = ids[t * k..(t + 1) * k].iter().map(|&v| v as usize).collect();
+                        assert_eq!(got, want, "{family:?} layer {l}{step} token {t}");
+                        let total: f64 = want.iter().map(|&i| scores[i]).sum();
+                        let scale = if family == Family::Glm4Moe { 2.5 } else { 1.0 };
+                        let mut y = vec![0.0f64; d];
+                        for (j, &i) in want.iter().enumerate() {
+                            let wt = scores[i] / total * scale;
+                            assert!((wts[t * k + j] as f64 - wt).abs() < 1e-5, "{family:?} weight {} vs {wt}", wts[t * k + j]);
+                            chosen[i] += 1;
+                            let (gw, uw, dw) = (w(&format!("{p}.experts.{i}.gate_proj.weight")), w(&format!("{p}.experts.{i}.up_proj.weight")), w(&format!("{p}.experts.{i}.down_proj.weight")));
+                            let xr = &x[t * d..(t + 1) * d];
+                            let h: Vec<f64> = (0..inter).map(|r| {
+                                let dot = |m: &[f32]| (0..d).map(|c| m[r * d + c] as f64 * xr[c] as f64).sum::<f64>();
+                                let gt = dot(&gw);
+                                gt / (1.0 + (-gt).exp()) * dot(&uw)
+                            }).collect();
+                            for (o, yo) in y.iter_mut().enumerate() {
+                                *yo += wt * (0..inter).map(|c| dw[o * inter + c] as f64 * h[c]).sum::<f64>();
+                            }
+                        }
+                        for o in 0..d {
+                            assert!((out[t * d + o] as f64 - y[o]).abs() < 1e-4, "{family:?} layer {l}{step} token {t} dim {o}: {} vs {}", out[t * d + o], y[o]);
+                        }
+                    }
+                }
+                // GLM's block output adds the shared experts.
+                if moe.shared_intermediate_size.is_some() {
+                    let (a, b, m) = (&vals[&format!("{p}.experts@0")], &vals[&format!("{p}.shared_experts.down_proj@0")], &vals[&format!("{p}@0")]);
+                    for i in 0..m.len() {
+                        assert_eq!(m[i], a[i] + b[i]);
+                    }
+                }
+            }
+            assert!(chosen.iter().all(|&c| c > 0), "{family:?}: some expert was never chosen: {chosen:?}");
+        }
+    }
+
+    /// MoE layers in the batched engine's executor path: two sequences in one ragged step
+    /// route each token as the single-sequence path does and give the same logits (to f32
+    /// matmul rounding: the batched path's matmuls are the row-invariant ones); lowering
+    /// changes no bit of any value.
+    #[test]
+    fn moe_batched_step_equals_single_sequences_and_lowering_changes_nothing() {
+        use crate::config::Family;
+        use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+        for family in [Family::Qwen3Moe, Family::Glm4Moe] {
+            let mut src = FakeSource { path: "fake".into(), seed: 11 };
+            let g = build_llama(&tiny_moe(family), &mut src, None, false, &[]).unwrap();
+            let seqs: [&[u32]; 2] = [&[3, 14, 15, 9, 26, 5], &[7, 8, 2]];
+            let single: Vec<Vec<f32>> = seqs.iter().map(|t| {
+                let mut exec = Executor::new(&g, &Default::default());
+                let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
+                exec.run(&g, t, &mut kv, RunOptions { all_logits: false }, None).unwrap().to_vec()
+            }).collect();
+            let mut exec = Executor::new(&g, &Default::default());
+            let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
+            let tokens: Vec<u32> = seqs.concat();
+            let spans = [BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+            let batched = exec.run_batch(&g, &tokens, &spans, &mut kv, None).unwrap().to_vec();
+            let vocab = batched.len() / 2;
+            for (i, s) in single.iter().enumerate() {
+                let b = &batched[i * vocab..(i + 1) * vocab];
+                let diff = s.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                assert!(diff < 1e-4, "{family:?} sequence {i}: batched logits differ by {diff}");
+            }
+            let lowered = loupe_graph::passes::lower(g.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+            let (a, b) = (run(&g), run(&lowered));
+            assert_eq!(a.len(), b.len());
+            for (k, v) in &a {
+                assert_eq!(b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{family:?} {k}");
+            }
+        }
+    }
+
+    /// gelu-tanh cannot be planted into a sparse layer, which has no `mlp.act_fn`.
+    #[test]
+    fn moe_layers_refuse_the_activation_fault() {
+        let mut src = FakeSource { path: "fake".into(), seed: 7 };
+        let e = build_llama(&tiny_moe(crate::config::Family::Qwen3Moe), &mut src, None, false, &[Fault { class: FaultClass::GeluTanh, layer: 0 }]).unwrap_err();
+        assert!(e.to_string().contains("sparse MoE block"), "{e}");
+    }
+
+    /// Expert weights stored block-quantized (Q8_0) run through the same matmuls as a
+    /// quantized linear (`--precision native`: f32 activations; `q8`: 8-bit activations),
+    /// single-sequence and batched: the first sparse layer's experts output stays within
+    /// Q8_0's rounding of the f32 graph's (same weights before quantization, same routing).
+    #[test]
+    fn moe_experts_run_quantized_weights() {
+        use crate::config::Family;
+        use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+        struct QuantExperts(FakeSource);
+        impl WeightSource for QuantExperts {
+            fn load(&mut self, name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
+                let w = self.0.load(name, shape)?;
+                if !name.contains(".experts.") {
+                    return Ok(w);
+                }
+                let WeightData::F32(d) = &w.data else { unreachable!("FakeSource gives f32") };
+                let q = loupe_tensor::matmul::QMatrix::quantize(loupe_tensor::GgmlType::Q8_0, shape[0], shape[1], d).unwrap();
+                Ok(Weight { data: WeightData::Quant(Arc::new(q)), source_type: loupe_tensor::GgmlType::Q8_0, ..w })
+            }
+            fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
+                Ok(None)
+            }
+            fn path(&self) -> &Path {
+                self.0.path()
+            }
+        }
+        for family in [Family::Qwen3Moe, Family::Glm4Moe] {
+            // Q8_0 blocks are 32 wide: hidden and expert widths of 32.
+            let mut cfg = tiny_moe(family);
+            cfg.hidden_size = 32;
+            cfg.head_dim = 8;
+            if let Some(m) = cfg.moe.as_mut() {
+                m.moe_intermediate_size = 32;
+                m.shared_intermediate_size = m.shared_intermediate_size.map(|_| 32);
+            }
+            let f32_graph = build_llama(&cfg, &mut FakeSource { path: "fake".into(), seed: 3 }, None, false, &[]).unwrap();
+            let layer = (0..cfg.num_hidden_layers).find(|&l| cfg.is_sparse(l)).unwrap();
+            let name = format!("model.layers.{layer}.mlp.experts@0");
+            let want = &run(&f32_graph)[&name];
+            for q8 in [false, true] {
+                let g = build_llama(&cfg, &mut QuantExperts(FakeSource { path: "fake".into(), seed: 3 }), None, q8, &[]).unwrap();
+                assert!(g.weights.iter().any(|w| matches!(w.data, WeightData::Quant(_))));
+                let got = &run(&g)[&name];
+                let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let err = want.iter().zip(got).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                // 8-bit activations add their own rounding to the weights'.
+                let tol = if q8 { 0.04 } else { 0.02 };
+                assert!(err < tol * scale && err > 0.0, "{family:?} q8 {q8}: error {err} of {scale}");
+                // The batched path (row-local quantized matmuls) agrees with the single one.
+                let mut exec = Executor::new(&g, &Default::default());
+                let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
+                let tokens = [3u32, 14, 15, 9, 26, 5];
+                let batched = exec.run_batch(&g, &tokens, &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }], &mut kv, None).unwrap().to_vec();
+                let mut exec = Executor::new(&g, &Default::default());
+                let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
+                let single = exec.run(&g, &tokens, &mut kv, RunOptions { all_logits: false }, None).unwrap().to_vec();
+                let diff = single.iter().zip(&batched).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+                assert!(diff < 1e-3, "{family:?} q8 {q8}: batched logits differ by {diff}");
             }
         }
     }

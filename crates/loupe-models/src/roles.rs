@@ -56,6 +56,24 @@ pub enum ModuleRole {
     FinalNorm,
     /// `lm_head`: the logits (before any final soft-capping).
     LmHead,
+    /// The MoE router's logits (`mlp.gate`, a linear without bias; its forward returns
+    /// `(router_logits, weights, indices)` and hooks see the logits). MoE layers only.
+    Router,
+    /// The experts each token goes to, ascending ids as f32 (`mlp.gate.top_k_index`).
+    RouterIndices,
+    /// Their weights (`mlp.gate.top_k_weights`).
+    RouterWeights,
+    /// The routed experts' weighted sum (`mlp.experts`).
+    Experts,
+    /// The shared experts' MLP (`mlp.shared_experts.*`; GLM-4-MoE), a SwiGLU MLP run on
+    /// every token of a MoE layer.
+    SharedGate,
+    SharedUp,
+    SharedActFn,
+    SharedActMul,
+    SharedDown,
+    /// The shared experts' output: an alias of [`SharedDown`](Self::SharedDown).
+    SharedExperts,
     /// `logits`: `lm_head`'s output soft-capped (`final_logit_softcapping`, Gemma 2), the
     /// model output's `logits` field. Only in models with a final soft-cap.
     Logits,
@@ -65,9 +83,10 @@ use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 27] = [
+    pub const ALL: [ModuleRole; 37] = [
         Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, PreFfnNorm, Gate,
-        Up, ActFn, ActMul, Down, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead, Logits,
+        Up, ActFn, ActMul, Down, Router, RouterIndices, RouterWeights, Experts, SharedGate, SharedUp, SharedActFn, SharedActMul, SharedDown, SharedExperts, Mlp, PostFfnNorm,
+        LayerOutput, FinalNorm, LmHead, Logits,
     ];
 
     /// Whether the role belongs to a decoder layer (its name carries the layer index).
@@ -102,6 +121,16 @@ impl ModuleRole {
             ActMul => "mlp.act_mul",
             Down => "mlp.down_proj",
             Mlp => "mlp",
+            Router => "mlp.gate",
+            RouterIndices => "mlp.gate.top_k_index",
+            RouterWeights => "mlp.gate.top_k_weights",
+            Experts => "mlp.experts",
+            SharedGate => "mlp.shared_experts.gate_proj",
+            SharedUp => "mlp.shared_experts.up_proj",
+            SharedActFn => "mlp.shared_experts.act_fn",
+            SharedActMul => "mlp.shared_experts.act_mul",
+            SharedDown => "mlp.shared_experts.down_proj",
+            SharedExperts => "mlp.shared_experts",
             LayerOutput => "",
             FinalNorm => "model.norm",
             LmHead => "lm_head",
@@ -109,20 +138,23 @@ impl ModuleRole {
         }
     }
 
-    /// The role whose value this one is an alias of (`SelfAttn` → `OProj`, `Mlp` → `Down`).
+    /// The role whose value this one is an alias of (`SelfAttn` → `OProj`, `Mlp` → `Down`)
+    /// in a dense layer; MoE layers differ ([`Module::canonical_in`]).
     pub fn alias_of(self) -> Option<ModuleRole> {
         match self {
             SelfAttn => Some(OProj),
             Mlp => Some(Down),
+            SharedExperts => Some(SharedDown),
             _ => None,
         }
     }
 
-    /// The roles that are aliases of this one.
+    /// The roles that are aliases of this one (in a dense layer).
     pub fn aliases(self) -> &'static [ModuleRole] {
         match self {
             OProj => &[SelfAttn],
             Down => &[Mlp],
+            SharedDown => &[SharedExperts],
             _ => &[],
         }
     }
@@ -134,7 +166,7 @@ impl ModuleRole {
 
     /// Whether the value is a linear projection `x Wᵀ (+ b)` with the module's weight.
     pub fn is_linear(self) -> bool {
-        matches!(self.canonical(), QProj | KProj | VProj | OProj | Gate | Up | Down | LmHead)
+        matches!(self.canonical(), QProj | KProj | VProj | OProj | Gate | Up | Down | LmHead | Router | SharedGate | SharedUp | SharedDown)
     }
 
     /// Whether the value is an RMSNorm with the module's weight.
@@ -156,6 +188,42 @@ impl ModuleRole {
     pub fn needs_final_softcap(self) -> bool {
         self == Logits
     }
+
+    /// Whether only MoE layers emit the role.
+    pub fn moe_only(self) -> bool {
+        matches!(self, Router | RouterIndices | RouterWeights | Experts) || self.shared_only()
+    }
+
+    /// Whether only MoE layers with shared experts emit the role.
+    pub fn shared_only(self) -> bool {
+        matches!(self, SharedGate | SharedUp | SharedActFn | SharedActMul | SharedDown | SharedExperts)
+    }
+
+    /// Whether only dense layers emit the role (the dense MLP's values).
+    pub fn dense_only(self) -> bool {
+        matches!(self, Gate | Up | ActFn | ActMul | Down)
+    }
+}
+
+/// The most decoder layers a MoE model's wiring describes ([`MoeWiring::sparse_layers`] is
+/// a bit set); larger MoE configs are refused.
+pub const MAX_MOE_LAYERS: usize = 128;
+
+/// How a MoE model's layers are wired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MoeWiring {
+    /// Bit `l` set: layer `l`'s MLP is sparse (router, experts); the others are dense.
+    pub sparse_layers: u128,
+    /// Sparse layers add shared experts to the routed output (GLM-4-MoE); `mlp` is then
+    /// their sum, otherwise an alias of `mlp.experts`.
+    pub shared_experts: bool,
+}
+
+impl MoeWiring {
+    /// Whether layer `layer` is sparse.
+    pub fn sparse(&self, layer: usize) -> bool {
+        layer < MAX_MOE_LAYERS && self.sparse_layers >> layer & 1 == 1
+    }
 }
 
 /// How a family's decoder layers are wired: which optional values they emit and what reads
@@ -169,12 +237,28 @@ pub struct Wiring {
     pub sandwich_norms: bool,
     /// `lm_head`'s output soft-capped into `logits` (Gemma 2's `final_logit_softcapping`).
     pub final_softcap: bool,
+    /// MoE MLPs on some layers; `None`: every layer is dense.
+    pub moe: Option<MoeWiring>,
 }
 
 impl Wiring {
-    /// Whether a model wired this way emits `role`.
+    /// Whether a model wired this way emits `role` (in a dense layer).
     pub fn emits(&self, role: ModuleRole) -> bool {
-        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap())
+        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap()) && !role.moe_only()
+    }
+
+    /// Whether decoder layer `layer` is a sparse MoE layer.
+    pub fn sparse(&self, layer: usize) -> bool {
+        self.moe.is_some_and(|m| m.sparse(layer))
+    }
+
+    /// Whether layer `layer` of a model wired this way emits `role`.
+    pub fn emits_at(&self, layer: usize, role: ModuleRole) -> bool {
+        if !role.in_layer() || !self.sparse(layer) {
+            return self.emits(role);
+        }
+        let shared = self.moe.is_some_and(|m| m.shared_experts);
+        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && !role.dense_only() && (shared || !role.shared_only())
     }
 }
 
@@ -218,15 +302,40 @@ impl Module {
         format!("{}.{param}", Module { role: self.role.canonical(), layer: self.layer }.name())
     }
 
-    /// The value this one is an alias of, if any.
+    /// The value this one is an alias of, if any (in a dense layer).
     pub fn canonical(&self) -> Module {
         Module { role: self.role.canonical(), layer: self.layer }
     }
 
-    /// This value's name and the names of its aliases (either may be in a dump).
+    /// This value's name and the names of its aliases (either may be in a dump), in a dense
+    /// layer.
     pub fn names(&self) -> Vec<String> {
         let c = self.canonical();
         std::iter::once(c).chain(c.role.aliases().iter().map(|&r| Module { role: r, layer: c.layer })).map(|m| m.name()).collect()
+    }
+
+    /// [`canonical`](Self::canonical) in a model wired as `wiring` says: in a sparse layer
+    /// `mlp` is `mlp.experts` (no shared experts) or a value of its own (their sum with the
+    /// shared experts).
+    pub fn canonical_in(&self, wiring: Wiring) -> Module {
+        if self.role == Mlp && wiring.sparse(self.layer) {
+            let shared = wiring.moe.is_some_and(|m| m.shared_experts);
+            return Module { role: if shared { Mlp } else { Experts }, layer: self.layer };
+        }
+        self.canonical()
+    }
+
+    /// [`names`](Self::names) in a model wired as `wiring` says.
+    pub fn names_in(&self, wiring: Wiring) -> Vec<String> {
+        let c = self.canonical_in(wiring);
+        if wiring.sparse(self.layer) && matches!(c.role, Experts | Mlp | Down) {
+            let shared = wiring.moe.is_some_and(|m| m.shared_experts);
+            return match (c.role, shared) {
+                (Experts, false) => vec![c.name(), Module { role: Mlp, layer: c.layer }.name()],
+                _ => vec![c.name()],
+            };
+        }
+        self.names()
     }
 
     /// The value with this name, if the builder emits one by that name.
@@ -263,8 +372,12 @@ impl Module {
     /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
     /// and the MLP reads `pre_feedforward_layernorm`.
     pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
-        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _ } = wiring;
+        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _, moe } = wiring;
         let l = |role| Module::layer(self.layer, role);
+        // The MLP's input norm, and the value that is the MLP block's output.
+        let mlp_in = l(if sandwich { PreFfnNorm } else { PostAttnNorm });
+        let shared = moe.is_some_and(|m| m.shared_experts);
+        let mlp_out = if wiring.sparse(self.layer) { l(if shared { Mlp } else { Experts }) } else { l(Down) };
         match self.role {
             Embedding => vec![],
             InputNorm => vec![Module::layer_input(self.layer)],
@@ -278,12 +391,22 @@ impl Module {
             AttnResidual => vec![Module::layer_input(self.layer), l(if sandwich { PostAttnNorm } else { OProj })],
             PostAttnNorm => vec![l(if sandwich { OProj } else { AttnResidual })],
             PreFfnNorm => vec![l(AttnResidual)],
-            Gate | Up => vec![l(if sandwich { PreFfnNorm } else { PostAttnNorm })],
+            Gate | Up => vec![mlp_in],
             ActFn => vec![l(Gate)],
             ActMul => vec![l(ActFn), l(Up)],
-            Down | Mlp => vec![l(ActMul)],
-            PostFfnNorm => vec![l(Down)],
-            LayerOutput => vec![l(AttnResidual), l(if sandwich { PostFfnNorm } else { Down })],
+            Down => vec![l(ActMul)],
+            Mlp if wiring.sparse(self.layer) && shared => vec![l(Experts), l(SharedDown)],
+            Mlp if wiring.sparse(self.layer) => vec![mlp_in, l(RouterIndices), l(RouterWeights)],
+            Mlp => vec![l(ActMul)],
+            Router | SharedGate | SharedUp => vec![mlp_in],
+            RouterIndices => vec![l(Router)],
+            RouterWeights => vec![l(Router), l(RouterIndices)],
+            Experts => vec![mlp_in, l(RouterIndices), l(RouterWeights)],
+            SharedActFn => vec![l(SharedGate)],
+            SharedActMul => vec![l(SharedActFn), l(SharedUp)],
+            SharedDown | SharedExperts => vec![l(SharedActMul)],
+            PostFfnNorm => vec![mlp_out],
+            LayerOutput => vec![l(AttnResidual), if sandwich { l(PostFfnNorm) } else { mlp_out }],
             FinalNorm => vec![Module::layer_input(n_layers)],
             LmHead => vec![Module::model(FinalNorm)],
             Logits => vec![Module::model(LmHead)],

@@ -932,7 +932,8 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
 /// The reasoning parser a model family uses by default: its chat template's thinking markers.
 fn default_reasoning_parser(family: loupe_models::Family) -> &'static str {
     match family {
-        loupe_models::Family::Qwen3 => "qwen3",
+        // Qwen3-MoE checkpoints ship Qwen3's template and <think> markers.
+        loupe_models::Family::Qwen3 | loupe_models::Family::Qwen3Moe => "qwen3",
         _ => "none",
     }
 }

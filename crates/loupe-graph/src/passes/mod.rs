@@ -75,6 +75,12 @@ fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
             Op::Attention { .. } => "attention_f32".to_string(),
             Op::SwiGlu => "silu_mul".to_string(),
             Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => "gather_f32".to_string(),
+            Op::Experts { experts, .. } => match experts.first().map(|e| &graph.weight(e.gate).data) {
+                Some(WeightData::Quant(q)) if graph.quantize_activations => format!("experts(matmul_q({}x8-bit activations,{isa}))", q.ty),
+                Some(WeightData::Quant(q)) => format!("experts(matmul_wq({},{isa}))", q.ty),
+                _ => "experts(matmul_f32(gemm))".to_string(),
+            },
+            op @ (Op::RouterSelect { .. } | Op::RouterWeights { .. }) => op.name().to_string(),
             op @ (Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_)) => op.name().to_string(),
         })
         .collect();
