@@ -10,9 +10,11 @@ pub mod attention;
 pub mod norm;
 pub mod paged_attention;
 pub mod rope;
+pub mod slice;
 
 pub use activation::{add_in_place, erf, gelu, mul_in_place, round_bf16, silu, silu_mul, soft_cap, soft_cap_one};
 pub use attention::{attention, attention_cached, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
 pub use norm::rms_norm;
 pub use paged_attention::{paged_attention, write_paged, KvBlocks, KvBlocksMut, PagedSpan};
 pub use rope::{RopeMode, RopeScaling, RopeTable};
+pub use slice::slice_columns;
