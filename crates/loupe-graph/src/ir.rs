@@ -139,6 +139,10 @@ pub enum Op {
     /// `final_logit_softcapping` of `lm_head`'s output. Row-local, so when it follows the
     /// logits' linear it runs on the logits' rows only (see [`Graph::logit_rows_values`]).
     SoftCap { cap: f32 },
+    /// Columns `start..start + len` of each input row ([`loupe_tensor::ops::slice_columns`]):
+    /// the parts of a fused projection (Phi-3's `qkv_proj` into q, k, v; `gate_up_proj`
+    /// into gate and up), so the fused matmul stays one value under its module's name.
+    Slice { start: usize, len: usize },
     /// `silu(gate) * up` (inputs 0, 1): the `fuse` pass's replacement for `mlp.act_fn`
     /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
     /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
@@ -175,6 +179,7 @@ impl Op {
             Op::RoundBf16 => "round_bf16",
             Op::Scale { .. } => "scale",
             Op::SoftCap { .. } => "soft_cap",
+            Op::Slice { .. } => "slice",
             Op::SwiGlu => "swiglu",
             Op::Plant(Plant::NanInf) => "plant_nan",
             Op::Plant(Plant::HalfUnwritten) => "plant_unwritten",
@@ -185,7 +190,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } => 0,
-            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => 1,
+            Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Slice { .. } | Op::Plant(_) => 1,
             Op::Mul | Op::Add | Op::SwiGlu => 2,
             Op::Attention { .. } => 3,
         }

@@ -74,7 +74,7 @@ fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
             },
             Op::Attention { .. } => "attention_f32".to_string(),
             Op::SwiGlu => "silu_mul".to_string(),
-            op @ (Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_)) => op.name().to_string(),
+            op @ (Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Slice { .. } | Op::Plant(_)) => op.name().to_string(),
         })
         .collect();
     graph.kernels = kernels;

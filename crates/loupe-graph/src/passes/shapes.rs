@@ -37,6 +37,7 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
             },
             Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
+            Op::Slice { len, .. } => with_last(input(0), *len),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
         };
         let out = graph.value(node.output);
