@@ -70,7 +70,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     // The family's wiring, known from the reference's dump: RoPE reads the normed q/k in
     // families with q/k norms; Gemma's sandwich norms sit between blocks and residuals.
     let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
-    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits) };
+    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits), fused_projections: has(R::QkvProj) };
     let inputs = m.inputs_in(n_layers, wiring);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
@@ -82,14 +82,15 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         R::KRope => Site::Rope { layer: m.layer, input, kv: true },
         R::AttnCore => Site::Attention { layer: m.layer, probs: false },
         R::AttnProbs => Site::Attention { layer: m.layer, probs: true },
-        R::ActFn => Site::Act { input },
+        R::ActFn | R::ActivationFn => Site::Act { input },
         R::AttnResidual | R::LayerOutput => {
             let what = if m.role == R::AttnResidual { "attention" } else { "MLP" };
             Site::Residual { skip: input, branch: inputs.get(1).copied().unwrap_or(input), what }
         }
-        R::Embedding | R::ActMul | R::Logits => Site::Other,
+        // Column slices of a fused projection: no hypothesis beyond the value itself.
+        R::Embedding | R::ActMul | R::Logits | R::QPart | R::KPart | R::VPart | R::GatePart | R::UpPart => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
-        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead => Site::Other,
+        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::QkvProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::GateUpProj | R::Down | R::Mlp | R::LmHead => Site::Other,
     }
 }
 

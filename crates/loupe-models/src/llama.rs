@@ -42,7 +42,9 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         None => cfg.rope_scaling.clone(),
     };
     let rope_err = |e| ModelError::Tensor { path: source.path().to_path_buf(), name: "rope".into(), source: e };
-    let rope = Arc::new(RopeTable::new(hd, cfg.rope_theta, &rope_scaling).map_err(rope_err)?);
+    // Partial rotary (Phi-3's `partial_rotary_factor`) turns the first rotary_dim elements
+    // of each head only; LongRoPE's two factor sets live in the table.
+    let rope = Arc::new(RopeTable::partial(hd, cfg.rotary_dim, cfg.rope_theta, &rope_scaling).map_err(rope_err)?);
     // Gemma 3's sliding-window layers rotate with their own (unscaled) base.
     let local_rope = match cfg.rope_local_theta {
         Some(theta) => Some(Arc::new(RopeTable::new(hd, theta, &RopeScaling::None).map_err(rope_err)?)),
@@ -93,9 +95,20 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         mark_if(&mut b, normed, has(FaultClass::NormEpsSubtle), FaultClass::NormEpsSubtle);
         // Planted by the executor in batched steps only (see the class's docs).
         mark_if(&mut b, normed, has(FaultClass::BatchReduction), FaultClass::BatchReduction);
-        let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.qkv_bias, false)?;
-        let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
-        let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+        let (q, k, v) = if wiring.fused_projections {
+            // Phi-3: one matmul named `qkv_proj` (as its forward hook sees it), then q, k and
+            // v as its columns (`Phi3Attention.forward`: qkv[..., :query_pos], ...). The
+            // weight stays fused as stored.
+            let qkv = linear(&mut b, &mut load, &m(R::QkvProj).name(), normed, (h + 2 * kvh) * hd, d, cfg.qkv_bias, false)?;
+            let parts = [(R::QPart, 0, h * hd), (R::KPart, h * hd, kvh * hd), (R::VPart, (h + kvh) * hd, kvh * hd)];
+            let [q, k, v] = parts.map(|(role, start, len)| part(&mut b, &m(role).name(), qkv, start, len));
+            (q, k, v)
+        } else {
+            let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.qkv_bias, false)?;
+            let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+            let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+            (q, k, v)
+        };
         // Qwen3's q_norm/k_norm: an RMSNorm over each head's head_dim values (a weight of
         // head_dim normalizes each head_dim-wide slice of the row).
         let (q, k) = if wiring.qk_norm {
@@ -199,11 +212,22 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         let mlp_norm = if wiring.sandwich_norms { R::PreFfnNorm } else { R::PostAttnNorm };
         let normed = hidden_norm(&mut b, &mut load, m(mlp_norm), resid)?;
         let f = cfg.intermediate_size;
-        let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
-        let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
+        let (gate, up, act_role) = if wiring.fused_projections {
+            // Phi-3: `gate_up_proj` is one matmul; `chunk(2, dim=-1)` gives gate, then up
+            // (`Phi3MLP.forward`), and the activation module is `activation_fn`.
+            let gate_up = linear(&mut b, &mut load, &m(R::GateUpProj).name(), normed, 2 * f, d, false, false)?;
+            let gate = part(&mut b, &m(R::GatePart).name(), gate_up, 0, f);
+            let up = part(&mut b, &m(R::UpPart).name(), gate_up, f, f);
+            (gate, up, R::ActivationFn)
+        } else {
+            let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
+            let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
+            (gate, up, R::ActFn)
+        };
         let gelu = has(FaultClass::GeluTanh);
         let act_op = if gelu || cfg.hidden_act == HiddenAct::GeluTanh { Op::Gelu { tanh: true } } else { Op::Silu };
-        let act = b.node(m(R::ActFn).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
+        // Phi-3 multiplies `up * act(gate)`; f32 products commute, so act * up is the same.
+        let act = b.node(m(act_role).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
         mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
         let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
         let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
@@ -256,6 +280,13 @@ fn linear(
         b.mark_fault(v, FaultClass::TransposedWeight);
     }
     Ok(v)
+}
+
+/// Columns `start..start + len` of a fused projection's output, as a value of its own.
+#[track_caller]
+fn part(b: &mut GraphBuilder, name: &str, fused: ValueId, start: usize, len: usize) -> ValueId {
+    let (shape, axes) = feature(len);
+    b.node(name, Op::Slice { start, len }, &[fused], shape, axes)
 }
 
 fn feature(n: usize) -> (Vec<Dim>, Vec<&'static str>) {
@@ -359,6 +390,7 @@ mod tests {
             num_attention_heads: 4,
             num_key_value_heads: 2,
             head_dim: 4,
+            rotary_dim: 4,
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,
             rope_scaling: RopeScaling::None,
@@ -515,9 +547,11 @@ mod tests {
         use crate::config::Family;
         use crate::roles::{Module, ModuleRole};
         // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3),
-        // sandwich norms and the final soft-cap (Gemma 2).
-        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2] {
+        // sandwich norms and the final soft-cap (Gemma 2), fused projections (Phi-3, with
+        // partial rotary).
+        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2, Family::Phi3] {
             let cfg = LlamaConfig { family, ..tiny() };
+            let cfg = if family == Family::Phi3 { LlamaConfig { rotary_dim: 2, ..cfg } } else { cfg };
             let cfg = if family == Family::Gemma2 { LlamaConfig { attn_logit_softcap: Some(5.0), final_logit_softcap: Some(3.0), ..cfg } } else { cfg };
             let wiring = cfg.wiring();
             assert_eq!(wiring.final_softcap, family == Family::Gemma2);

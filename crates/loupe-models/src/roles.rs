@@ -16,6 +16,16 @@ pub enum ModuleRole {
     QProj,
     KProj,
     VProj,
+    /// Phi-3's fused q/k/v projection (`self_attn.qkv_proj`): one matmul whose rows are q's,
+    /// then k's, then v's. Only in families with fused projections, which have no
+    /// `q_proj`/`k_proj`/`v_proj`.
+    QkvProj,
+    /// The q columns of `qkv_proj`'s output (`self_attn.qkv_proj.q`; no module computes it).
+    QPart,
+    /// The k columns of `qkv_proj`'s output (`self_attn.qkv_proj.k`).
+    KPart,
+    /// The v columns of `qkv_proj`'s output (`self_attn.qkv_proj.v`).
+    VPart,
     /// The per-head RMSNorm of q before RoPE (`self_attn.q_norm`; Qwen3, Gemma 3). Only in
     /// families with q/k norms.
     QNorm,
@@ -40,8 +50,16 @@ pub enum ModuleRole {
     PreFfnNorm,
     Gate,
     Up,
+    /// Phi-3's fused gate/up projection (`mlp.gate_up_proj`): gate rows, then up rows.
+    GateUpProj,
+    /// The first half of `gate_up_proj`'s output (`mlp.gate_up_proj.gate`; `chunk(2)`'s first).
+    GatePart,
+    /// The second half (`mlp.gate_up_proj.up`).
+    UpPart,
     /// The activation of `gate_proj` (`mlp.act_fn`).
     ActFn,
+    /// The activation of the gate part in Phi-3's MLP, whose module is `mlp.activation_fn`.
+    ActivationFn,
     /// `act_fn(gate) * up` (`mlp.act_mul`).
     ActMul,
     Down,
@@ -65,9 +83,9 @@ use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 27] = [
-        Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, PreFfnNorm, Gate,
-        Up, ActFn, ActMul, Down, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead, Logits,
+    pub const ALL: [ModuleRole; 35] = [
+        Embedding, InputNorm, QProj, KProj, VProj, QkvProj, QPart, KPart, VPart, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm,
+        PreFfnNorm, Gate, Up, GateUpProj, GatePart, UpPart, ActFn, ActivationFn, ActMul, Down, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead, Logits,
     ];
 
     /// Whether the role belongs to a decoder layer (its name carries the layer index).
@@ -84,6 +102,10 @@ impl ModuleRole {
             QProj => "self_attn.q_proj",
             KProj => "self_attn.k_proj",
             VProj => "self_attn.v_proj",
+            QkvProj => "self_attn.qkv_proj",
+            QPart => "self_attn.qkv_proj.q",
+            KPart => "self_attn.qkv_proj.k",
+            VPart => "self_attn.qkv_proj.v",
             QNorm => "self_attn.q_norm",
             KNorm => "self_attn.k_norm",
             QRope => "self_attn.q_rope",
@@ -98,7 +120,11 @@ impl ModuleRole {
             PostFfnNorm => "post_feedforward_layernorm",
             Gate => "mlp.gate_proj",
             Up => "mlp.up_proj",
+            GateUpProj => "mlp.gate_up_proj",
+            GatePart => "mlp.gate_up_proj.gate",
+            UpPart => "mlp.gate_up_proj.up",
             ActFn => "mlp.act_fn",
+            ActivationFn => "mlp.activation_fn",
             ActMul => "mlp.act_mul",
             Down => "mlp.down_proj",
             Mlp => "mlp",
@@ -134,7 +160,7 @@ impl ModuleRole {
 
     /// Whether the value is a linear projection `x Wᵀ (+ b)` with the module's weight.
     pub fn is_linear(self) -> bool {
-        matches!(self.canonical(), QProj | KProj | VProj | OProj | Gate | Up | Down | LmHead)
+        matches!(self.canonical(), QProj | KProj | VProj | QkvProj | OProj | Gate | Up | GateUpProj | Down | LmHead)
     }
 
     /// Whether the value is an RMSNorm with the module's weight.
@@ -150,6 +176,22 @@ impl ModuleRole {
     /// Whether only families with sandwich norms emit the role.
     pub fn needs_sandwich_norms(self) -> bool {
         matches!(self, PreFfnNorm | PostFfnNorm)
+    }
+
+    /// Whether a column slice of a fused projection's output computes the value.
+    pub fn is_part(self) -> bool {
+        matches!(self, QPart | KPart | VPart | GatePart | UpPart)
+    }
+
+    /// Whether only families with fused q/k/v and gate/up projections emit the role.
+    pub fn needs_fused_projections(self) -> bool {
+        matches!(self, QkvProj | QPart | KPart | VPart | GateUpProj | GatePart | UpPart | ActivationFn)
+    }
+
+    /// Whether families with fused projections do not emit the role (their q/k/v and
+    /// gate/up are parts of one matmul, and the activation module has another name).
+    pub fn needs_separate_projections(self) -> bool {
+        matches!(self, QProj | KProj | VProj | Gate | Up | ActFn)
     }
 
     /// Whether only models with a final soft-cap emit the role.
@@ -169,12 +211,15 @@ pub struct Wiring {
     pub sandwich_norms: bool,
     /// `lm_head`'s output soft-capped into `logits` (Gemma 2's `final_logit_softcapping`).
     pub final_softcap: bool,
+    /// Phi-3's fused `qkv_proj` and `gate_up_proj`, each one matmul split into its parts.
+    pub fused_projections: bool,
 }
 
 impl Wiring {
     /// Whether a model wired this way emits `role`.
     pub fn emits(&self, role: ModuleRole) -> bool {
-        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap())
+        let fused = if self.fused_projections { !role.needs_separate_projections() } else { !role.needs_fused_projections() };
+        fused && (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap())
     }
 }
 
@@ -263,24 +308,30 @@ impl Module {
     /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
     /// and the MLP reads `pre_feedforward_layernorm`.
     pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
-        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _ } = wiring;
+        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _, fused_projections: fused } = wiring;
         let l = |role| Module::layer(self.layer, role);
+        // q, k, v, gate and up: projections of their own, or parts of a fused one.
+        let (q, k, v) = if fused { (QPart, KPart, VPart) } else { (QProj, KProj, VProj) };
+        let (gate, up, act) = if fused { (GatePart, UpPart, ActivationFn) } else { (Gate, Up, ActFn) };
+        let mlp_input = l(if sandwich { PreFfnNorm } else { PostAttnNorm });
         match self.role {
             Embedding => vec![],
             InputNorm => vec![Module::layer_input(self.layer)],
-            QProj | KProj | VProj => vec![l(InputNorm)],
-            QNorm => vec![l(QProj)],
-            KNorm => vec![l(KProj)],
-            QRope => vec![l(if qk_norm { QNorm } else { QProj })],
-            KRope => vec![l(if qk_norm { KNorm } else { KProj })],
-            AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(VProj)],
+            QProj | KProj | VProj | QkvProj => vec![l(InputNorm)],
+            QPart | KPart | VPart => vec![l(QkvProj)],
+            QNorm => vec![l(q)],
+            KNorm => vec![l(k)],
+            QRope => vec![l(if qk_norm { QNorm } else { q })],
+            KRope => vec![l(if qk_norm { KNorm } else { k })],
+            AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(v)],
             OProj | SelfAttn => vec![l(AttnCore)],
             AttnResidual => vec![Module::layer_input(self.layer), l(if sandwich { PostAttnNorm } else { OProj })],
             PostAttnNorm => vec![l(if sandwich { OProj } else { AttnResidual })],
             PreFfnNorm => vec![l(AttnResidual)],
-            Gate | Up => vec![l(if sandwich { PreFfnNorm } else { PostAttnNorm })],
-            ActFn => vec![l(Gate)],
-            ActMul => vec![l(ActFn), l(Up)],
+            Gate | Up | GateUpProj => vec![mlp_input],
+            GatePart | UpPart => vec![l(GateUpProj)],
+            ActFn | ActivationFn => vec![l(gate)],
+            ActMul => vec![l(act), l(up)],
             Down | Mlp => vec![l(ActMul)],
             PostFfnNorm => vec![l(Down)],
             LayerOutput => vec![l(AttnResidual), l(if sandwich { PostFfnNorm } else { Down })],
