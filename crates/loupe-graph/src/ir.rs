@@ -294,6 +294,15 @@ impl Graph {
         self.values.iter().position(|v| v.answers_to(name)).map(|i| ValueId(i as u32))
     }
 
+    /// The length past which the graph's RoPE turns with LongRoPE's long factors (a call
+    /// ending beyond it uses them for all its rows), if it has LongRoPE (Phi-3).
+    pub fn longrope_switch(&self) -> Option<usize> {
+        self.nodes.iter().find_map(|n| match &n.op {
+            Op::Rope { table, .. } => table.long_after(),
+            _ => None,
+        })
+    }
+
     /// Which values hold only the rows the caller gets logits for (the last token in
     /// generation, each sequence's last in a batched step), indexed by value id: the logits,
     /// and, walking back, the input of each row-local [`Op::SoftCap`] between them and the
