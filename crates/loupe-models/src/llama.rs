@@ -509,6 +509,42 @@ mod tests {
         }
     }
 
+    /// Every planted fault also plants into Phi-3's fused wiring (the activation's module is
+    /// `mlp.activation_fn` there): its node is marked, layer 0 is untouched and the logits
+    /// change; and the fused graph lowers without changing a bit.
+    #[test]
+    fn faults_plant_into_the_fused_wiring_and_lowering_keeps_its_values() {
+        let cfg = LlamaConfig { family: crate::config::Family::Phi3, ..tiny() };
+        let build = |faults: &[Fault]| {
+            let mut src = FakeSource { path: "fake".into(), seed: 7 };
+            build_llama(&cfg, &mut src, None, false, faults).unwrap()
+        };
+        let clean = build(&[]);
+        let base = run(&clean);
+        assert!(base.contains_key("model.layers.1.self_attn.qkv_proj@0") && base.contains_key("model.layers.1.mlp.gate_up_proj.up@1"));
+        for class in FaultClass::ALL {
+            let g = build(&[Fault { class, layer: 1 }]);
+            let name = if class == FaultClass::GeluTanh { "model.layers.1.mlp.activation_fn" } else { planted_value(class) };
+            let text = loupe_graph::print::to_text(&g);
+            let line = text.lines().find(|l| l.contains(&format!(" {name} ="))).unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
+            assert!(line.contains(&format!("FAULT={}", class.name())), "{class}: {line}");
+            let vals = run(&g);
+            for (k, v) in &base {
+                if k.starts_with("model.layers.0.") {
+                    assert_eq!(vals.get(k), Some(v), "{class}: {k} changed");
+                }
+            }
+            let step = if class == FaultClass::KvWriteDecode { "@1" } else { "@0" };
+            assert_ne!(vals[&format!("lm_head{step}")], base[&format!("lm_head{step}")], "{class}: logits unchanged");
+        }
+        let lowered = loupe_graph::passes::lower(clean.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)), "silu(gate part) * up part fuses");
+        let low = run(&lowered);
+        for (k, v) in &base {
+            assert_eq!(low.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{k}");
+        }
+    }
+
     /// Lowering (fuse, plan-memory, ...) changes no number, and a tap on a fused-away value
     /// still sees it.
     #[test]
