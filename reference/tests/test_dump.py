@@ -638,7 +638,12 @@ class Phi3HookTests(unittest.TestCase):
                     np.testing.assert_allclose(q_rope[t, h * hd:(h + 1) * hd], want, rtol=1e-4, atol=1e-5,
                                                err_msg=f"step {step} token {t} head {h}")
                     np.testing.assert_array_equal(q_rope[t, h * hd + rot:(h + 1) * hd], qkv[t, h * hd + rot:(h + 1) * hd])
+            # The parts of the fused projections, recorded as Phi3Attention / Phi3MLP slice them.
+            for part, cols in (("q", slice(0, heads * hd)), ("k", slice(heads * hd, (heads + kv) * hd)), ("v", slice((heads + kv) * hd, None))):
+                np.testing.assert_array_equal(by[(step, f"model.layers.0.self_attn.qkv_proj.{part}")], qkv[:, cols])
             gate_up = by[(step, "model.layers.0.mlp.gate_up_proj")]
+            np.testing.assert_array_equal(by[(step, "model.layers.0.mlp.gate_up_proj.gate")], gate_up[:, :inter])
+            np.testing.assert_array_equal(by[(step, "model.layers.0.mlp.gate_up_proj.up")], gate_up[:, inter:])
             act = by[(step, "model.layers.0.mlp.activation_fn")]
             self.assertEqual(gate_up.shape[1], 2 * inter)
             np.testing.assert_allclose(act, gate_up[:, :inter] / (1 + np.exp(-gate_up[:, :inter])), rtol=1e-5, atol=1e-6)

@@ -291,7 +291,8 @@ fn tiny_phi3_matches_reference() {
     let cfg = config_of(&dir);
     assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64(), cfg["rope_parameters"]["partial_rotary_factor"].as_f64()), (Some("Phi3ForCausalLM"), Some(8), Some(0.5)), "{cfg}");
     let tokens = compare(&dir, "phi3");
-    // Parity pairs the fused projections and `mlp.activation_fn` with the reference's hooks.
+    // Parity pairs the fused projections, their parts (which the reference dump slices as
+    // Phi3Attention and Phi3MLP do) and `mlp.activation_fn` with the reference's hooks.
     parity_matches(&dir, "phi3");
 
     assert_generation_changes_without(&dir, &tokens, "partial rotary does", |cfg| cfg["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(1.0));

@@ -245,8 +245,10 @@ fn rope_table(model: &Model, layer: usize) -> Result<Arc<RopeTable>, ExplainErro
 }
 
 fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, ExplainError> {
-    // q after RoPE, k after RoPE, v: the attention node's inputs.
-    let [qn, kn, vn] = [R::QRope, R::KRope, R::VProj].map(|r| Module::layer(layer, r).name());
+    // q after RoPE, k after RoPE, v: the attention node's inputs (v is a part of the fused
+    // `qkv_proj` in Phi-3, which the reference dump records as such).
+    let v_role = if ctx.reference.has(&Module::layer(layer, R::VPart).name(), ctx.step) { R::VPart } else { R::VProj };
+    let [qn, kn, vn] = [R::QRope, R::KRope, v_role].map(|r| Module::layer(layer, r).name());
     let q = ctx.reference(&qn)?;
     // The cache at step K holds the keys and values of every step up to K.
     let k = ctx.reference.rows_through(&kn, ctx.step)?;
