@@ -335,6 +335,17 @@ fn tiny_phi3_longrope_partial_rotary_matches_reference() {
         cfg["original_max_position_embeddings"] = serde_json::json!(1024);
         cfg["rope_parameters"]["attention_factor"] = serde_json::json!(factor);
     });
+    // The batched engine refuses a request that could cross the switch (it would not
+    // reproduce the recompute) and runs one that stays within it.
+    let bench = |n_gen: &str| {
+        let mut c = loupe();
+        c.arg("bench").arg("--model").arg(&dir).args(["--precision", "f32", "--batch", "2", "--n-prompt", "8", "--n-gen", n_gen]);
+        run(&mut c)
+    };
+    let o = bench("16");
+    assert!(!o.status.success() && stderr(&o).contains("LongRoPE's original length 16"), "a batch crossing the switch should be refused:\n{}", stderr(&o));
+    let o = bench("4");
+    assert!(o.status.success(), "a batch within the switch should run:\n{}", stderr(&o));
     drop(guard);
 }
 
