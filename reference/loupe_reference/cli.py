@@ -135,20 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
     mt.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     mt.add_argument("--tie", action="store_true", help="tie lm_head to embed_tokens")
-    mt.add_argument("--rope-scaling", choices=("none", "llama3"), default="none", help="RoPE scaling (default none)")
+    mt.add_argument("--rope-scaling", choices=("none", "llama3", "longrope"), default="none",
+                    help="RoPE scaling (default none; longrope: phi3 only, original length 16)")
+    mt.add_argument("--partial-rotary", type=float, default=None, metavar="F",
+                    help="phi3: partial_rotary_factor (RoPE turns int(16 * F) of each head's 16 dims)")
     mt.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe"),
+    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3"),
                     default="llama",
                     help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases), "
                     "MistralForCausalLM (sliding-window attention), Qwen3ForCausalLM (per-head q/k norms) or "
                     "Gemma3ForCausalLM (1+w norms, sandwich norms, scaled embeddings, GELU-tanh, sliding and "
                     "global layers with their own RoPE bases) or Gemma2ForCausalLM (Gemma 3's norms without q/k "
                     "norms, every other layer sliding, one RoPE base, soft-capped attention scores and logits), "
-                    "Qwen3MoeForCausalLM (8 experts, top-2, layer 0 sparse, layer 1 dense) or Glm4MoeForCausalLM "
-                    "(grouped sigmoid router with correction bias, a shared expert, layer 1 sparse)")
+                    "Qwen3MoeForCausalLM (8 experts, top-2, layer 0 sparse, layer 1 dense), Glm4MoeForCausalLM "
+                    "(grouped sigmoid router with correction bias, a shared expert, layer 1 sparse) or "
+                    "Phi3ForCausalLM (fused qkv_proj and gate_up_proj; --partial-rotary, --rope-scaling longrope)")
     mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
                     help="mistral: attention window in tokens (default: none); gemma3, gemma2: the even layers' "
                     "window (default 8)")
@@ -431,7 +435,8 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     files = fixtures.make_tiny(args.out, seed=args.seed, tie=args.tie, rope_scaling=args.rope_scaling,
                                layers=args.layers, tokenizer_gguf=args.tokenizer_gguf,
                                attention_bias=args.attention_bias, mlp_bias=args.mlp_bias, hidden_act=args.hidden_act,
-                               family=args.family, sliding_window=args.sliding_window)
+                               family=args.family, sliding_window=args.sliding_window,
+                               partial_rotary=args.partial_rotary)
     print(f"loupe_reference: wrote {', '.join(files)} to {args.out} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     print(os.path.abspath(args.out))
     return 0

@@ -16,6 +16,10 @@ loupe names but PyTorch has no module for are captured under loupe's names:
 ``model.layers.N.mlp.gate.top_k_index``    a MoE router's chosen experts (element 2 of its output tuple), each
                                            token's ids in ascending order, as float32 (loupe's layout)
 ``model.layers.N.mlp.gate.top_k_weights``  their weights (element 1), in the same order
+``model.layers.N.self_attn.qkv_proj.q``    Phi-3: the q, k and v columns of the fused ``qkv_proj``'s output
+(``.k``, ``.v``)                           (as ``Phi3Attention.forward`` slices it), ``[T, H*hd]`` / ``[T, KVH*hd]``
+``model.layers.N.mlp.gate_up_proj.gate``   Phi-3: the two halves of ``gate_up_proj``'s output (``chunk(2)``)
+(``.up``)
 ``logits``                                 the model output's ``logits`` where they differ from ``lm_head``'s
                                            output: soft-capped by ``config.final_logit_softcapping`` (Gemma 2)
 =========================================  ==========================================================
@@ -64,7 +68,9 @@ def axes_for(name: str, ndim: int, module: nn.Module | None = None) -> list[str]
         return ["token", "vocab"]
     if base.endswith("rotary_emb"):
         return ["token", "head_dim"]
-    if isinstance(module, nn.Linear) or base.endswith((".act_fn", ".act_mul", ".mlp", ".self_attn")):
+    if isinstance(module, nn.Linear) or base.endswith((".act_fn", ".activation_fn", ".act_mul", ".mlp", ".self_attn",
+                                                       ".qkv_proj.q", ".qkv_proj.k", ".qkv_proj.v",
+                                                       ".gate_up_proj.gate", ".gate_up_proj.up")):
         return FEATURE
     return HIDDEN
 
@@ -218,6 +224,10 @@ class Recorder:
             elif leaf == "gate" and parent.endswith("mlp") and hasattr(module, "top_k") and not isinstance(module, nn.Linear):
                 # A MoE router returns (logits, weights, indices); the hook above records the logits.
                 self._handles.append(module.register_forward_hook(self._router_hook(name)))
+            elif leaf == "qkv_proj" and parent.endswith("self_attn"):
+                self._handles.append(module.register_forward_hook(self._qkv_parts_hook(name, self.model.get_submodule(parent))))
+            elif leaf == "gate_up_proj" and parent.endswith("mlp"):
+                self._handles.append(module.register_forward_hook(self._gate_up_parts_hook(name)))
             elif leaf == "down_proj" and (parent.endswith("mlp") or parent.endswith("mlp.shared_experts")):
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".act_mul"), with_kwargs=True))
         return self
@@ -259,6 +269,31 @@ class Recorder:
             order = torch.argsort(indices, dim=-1)
             self.record(name + ".top_k_index", torch.gather(indices, -1, order).to(torch.float32))
             self.record(name + ".top_k_weights", torch.gather(weights, -1, order))
+
+        return hook
+
+    def _qkv_parts_hook(self, name: str, attn: nn.Module):
+        """Phi-3's fused projection: its q, k, v columns, sliced as ``Phi3Attention.forward`` does."""
+        q_width = attn.config.num_attention_heads * attn.head_dim
+        kv_width = attn.num_key_value_heads * attn.head_dim
+
+        def hook(mod: nn.Module, args: Any, out: Any) -> None:
+            t = _first_tensor(out)
+            if t is not None:
+                self.record(name + ".q", t[..., :q_width])
+                self.record(name + ".k", t[..., q_width:q_width + kv_width])
+                self.record(name + ".v", t[..., q_width + kv_width:])
+
+        return hook
+
+    def _gate_up_parts_hook(self, name: str):
+        """Phi-3's fused MLP projection: gate and up, ``chunk(2, dim=-1)`` as ``Phi3MLP.forward``."""
+        def hook(mod: nn.Module, args: Any, out: Any) -> None:
+            t = _first_tensor(out)
+            if t is not None:
+                gate, up = t.chunk(2, dim=-1)
+                self.record(name + ".gate", gate)
+                self.record(name + ".up", up)
 
         return hook
 

@@ -85,7 +85,7 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3")
 MOE_FAMILIES = ("qwen3_moe", "glm4_moe")
 GEMMA_FAMILIES = ("gemma3", "gemma2")
 # Gemma 3's tiny shape beyond TINY: query_pre_attn_scalar differs from head_dim (16) so the
@@ -112,6 +112,14 @@ GLM4_MOE = dict(n_routed_experts=8, n_group=4, topk_group=2, first_k_dense_repla
 # always winning); the selection-only correction bias ~ N(0, 0.05^2) moves the choice of experts whose
 # sigmoid scores are close (dropping it changes tokens) without one expert taking every token.
 CORRECTION_BIAS_STD = 0.05
+# Phi-3's LongRoPE for make-tiny --family phi3 --rope-scaling longrope: a short original length
+# (PHI3_ORIGINAL_MAX_POSITIONS) so that a chat prompt is past it at prefill and a raw one
+# crosses it while generating; max_position_embeddings 2048 / 16 = 128 gives the default
+# attention factor sqrt(1 + ln 128 / ln 16) ~ 1.66. The factors (rotary_dim / 2 of each) differ
+# from 1 and from each other, so a loader that ignores either set, or the switch, is caught.
+PHI3_ORIGINAL_MAX_POSITIONS = 16
+PHI3_SHORT_FACTOR = (1.0, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 10.0)
+PHI3_LONG_FACTOR = (1.0, 2.0, 5.0, 12.0, 30.0, 70.0, 160.0, 400.0)
 
 
 def _family_classes(family: str) -> tuple[Any, Any]:
@@ -147,12 +155,16 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
 
         return Glm4MoeConfig, Glm4MoeForCausalLM
+    if family == "phi3":
+        from transformers import Phi3Config, Phi3ForCausalLM
+
+        return Phi3Config, Phi3ForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
 def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos: int | None, eos: int | None,
                 attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu",
-                family: str = "llama", sliding_window: int | None = None) -> Any:
+                family: str = "llama", sliding_window: int | None = None, partial_rotary: float | None = None) -> Any:
     config_cls, _ = _family_classes(family)
     if (family not in ("llama", "qwen3") and attention_bias) or (family != "llama" and mlp_bias):
         # Qwen2's biases are fixed by its architecture (q/k/v yes, o and MLP no); Qwen3 reads
@@ -203,18 +215,38 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
                   final_logit_softcapping=GEMMA2_FINAL_SOFTCAP)
         if rope_scaling != "none":
             raise InputError("--rope-scaling does not apply to the gemma2 family")
+    elif family == "phi3":
+        # Fused qkv_proj and gate_up_proj; Phi3Config has no head_dim (hidden / heads = 16).
+        kw.pop("head_dim")
+        kw.update(sliding_window=int(sliding_window) if sliding_window else None,
+                  pad_token_id=None)
+        params: dict[str, Any] = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+        if partial_rotary is not None:
+            params["partial_rotary_factor"] = float(partial_rotary)
+        if rope_scaling == "longrope":
+            half = int(TINY["head_dim"] * (partial_rotary or 1.0)) // 2
+            params.update(rope_type="longrope", short_factor=list(PHI3_SHORT_FACTOR[:half]),
+                          long_factor=list(PHI3_LONG_FACTOR[:half]))
+            kw.update(original_max_position_embeddings=PHI3_ORIGINAL_MAX_POSITIONS)
+        elif rope_scaling != "none":
+            raise InputError(f"--rope-scaling for phi3 must be longrope or none, got {rope_scaling!r}")
+        kw.update(rope_parameters=params)
+        rope_scaling = "none"
     elif sliding_window:
-        raise InputError(f"--sliding-window applies to the mistral, gemma3 and gemma2 families only, not {family}")
+        raise InputError(f"--sliding-window applies to the mistral, gemma3, gemma2 and phi3 families only, not {family}")
+    if partial_rotary is not None and family != "phi3":
+        raise InputError(f"--partial-rotary applies to the phi3 family only, not {family}")
     if rope_scaling == "llama3":
         kw["rope_scaling"] = dict(LLAMA3_ROPE)
     elif rope_scaling != "none":
-        raise InputError(f"--rope-scaling must be llama3 or none, got {rope_scaling!r}")
+        raise InputError(f"--rope-scaling must be llama3 or none (longrope: phi3), got {rope_scaling!r}")
     return config_cls(**kw)
 
 
 def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "none", layers: int = 2,
               tokenizer_gguf: str | None = None, attention_bias: bool = False, mlp_bias: bool = False,
-              hidden_act: str = "silu", family: str = "llama", sliding_window: int | None = None) -> list[str]:
+              hidden_act: str = "silu", family: str = "llama", sliding_window: int | None = None,
+              partial_rotary: float | None = None) -> list[str]:
     """Write the tiny random checkpoint of ``family`` (llama, qwen2) into ``out`` (created; must
     not hold a config.json). Biases (``attention_bias``, ``mlp_bias``, Qwen2's q/k/v) are random
     like the weights."""
@@ -239,7 +271,7 @@ def make_tiny(out: str, seed: int = 0, tie: bool = False, rope_scaling: str = "n
         raise InputError(f"--hidden-act: unknown activation {hidden_act!r}")
     config = tiny_config(len(tok), tie, rope_scaling, layers, tok.bos_token_id, tok.eos_token_id,
                          attention_bias=attention_bias, mlp_bias=mlp_bias, hidden_act=hidden_act, family=family,
-                         sliding_window=sliding_window)
+                         sliding_window=sliding_window, partial_rotary=partial_rotary)
     torch.manual_seed(int(seed))
     with torch.device("meta"):
         meta = model_cls(config)

@@ -665,3 +665,65 @@ class SlowModelTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(HAVE_TORCH, "torch/transformers not installed")
+class Phi3HookTests(unittest.TestCase):
+    """Phi-3: the fused projections and ``mlp.activation_fn`` are recorded under their module
+    paths; ``q_rope`` turns only the first ``rotary_dim`` dims of each head (partial rotary) and
+    passes the rest of ``qkv_proj``'s q columns through; LongRoPE picks the short or long factors
+    per forward call by its last position (``longrope_frequency_update``), with cos and sin
+    scaled by the attention factor — what loupe's RoPE table mirrors."""
+
+    def test_fused_projections_partial_rotary_and_longrope_switch(self):
+        import math
+
+        import torch
+        from transformers import Phi3Config, Phi3ForCausalLM
+
+        from loupe_reference import dump as D
+
+        heads, kv, hd, inter, orig, theta = 4, 2, 8, 24, 4, 10000.0
+        short, long = [1.0, 1.5], [3.0, 20.0]
+        cfg = Phi3Config(vocab_size=300, hidden_size=heads * hd, intermediate_size=inter, num_hidden_layers=1,
+                         num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=64,
+                         original_max_position_embeddings=orig, pad_token_id=None,
+                         rope_parameters={"rope_type": "longrope", "rope_theta": theta, "partial_rotary_factor": 0.5,
+                                          "short_factor": short, "long_factor": long})
+        torch.manual_seed(0)
+        m = Phi3ForCausalLM(cfg).to(torch.float32).eval()
+        m.config._attn_implementation = "eager"
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_(0, 0.3)
+        run = D.run_dump(m, [5, 17, 42], steps=2)  # positions 0-2, then 3, then 4 (past orig)
+        by = {(e.step, e.name): e.data for e in run.entries}
+        af = math.sqrt(1 + math.log(64 / orig) / math.log(orig))
+        rot = hd // 2
+        for step, first, factors in ((0, 0, short), (1, 3, short), (2, 4, long)):
+            qkv = by[(step, "model.layers.0.self_attn.qkv_proj")]
+            self.assertEqual(qkv.shape[1], (heads + 2 * kv) * hd)
+            q_rope = by[(step, "model.layers.0.self_attn.q_rope")]
+            inv = [1.0 / (f * theta ** (2 * i / rot)) for i, f in enumerate(factors)]
+            for t in range(q_rope.shape[0]):
+                pos = first + t
+                for h in range(heads):
+                    q = qkv[t, h * hd:(h + 1) * hd].astype(np.float64)
+                    want = q.copy()
+                    for i in range(rot // 2):
+                        c, s = math.cos(pos * inv[i]) * af, math.sin(pos * inv[i]) * af
+                        a, b = q[i], q[i + rot // 2]
+                        want[i], want[i + rot // 2] = a * c - b * s, b * c + a * s
+                    np.testing.assert_allclose(q_rope[t, h * hd:(h + 1) * hd], want, rtol=1e-4, atol=1e-5,
+                                               err_msg=f"step {step} token {t} head {h}")
+                    np.testing.assert_array_equal(q_rope[t, h * hd + rot:(h + 1) * hd], qkv[t, h * hd + rot:(h + 1) * hd])
+            # The parts of the fused projections, recorded as Phi3Attention / Phi3MLP slice them.
+            for part, cols in (("q", slice(0, heads * hd)), ("k", slice(heads * hd, (heads + kv) * hd)), ("v", slice((heads + kv) * hd, None))):
+                np.testing.assert_array_equal(by[(step, f"model.layers.0.self_attn.qkv_proj.{part}")], qkv[:, cols])
+            gate_up = by[(step, "model.layers.0.mlp.gate_up_proj")]
+            np.testing.assert_array_equal(by[(step, "model.layers.0.mlp.gate_up_proj.gate")], gate_up[:, :inter])
+            np.testing.assert_array_equal(by[(step, "model.layers.0.mlp.gate_up_proj.up")], gate_up[:, inter:])
+            act = by[(step, "model.layers.0.mlp.activation_fn")]
+            self.assertEqual(gate_up.shape[1], 2 * inter)
+            np.testing.assert_allclose(act, gate_up[:, :inter] / (1 + np.exp(-gate_up[:, :inter])), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(by[(step, "model.layers.0.mlp.act_mul")], gate_up[:, inter:] * act, rtol=1e-5, atol=1e-6)

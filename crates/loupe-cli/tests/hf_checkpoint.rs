@@ -4,9 +4,9 @@
 //! transformers reference (`loupe_reference generate --hf-dir`); prompt ids and tokens must be
 //! identical, for a raw and a chat prompt, in two configurations:
 //! tied embeddings without RoPE scaling, and an untied lm_head with Llama-3 RoPE scaling.
-//! The other families (Qwen2, Qwen3, Mistral, Gemma 3, Gemma 2, Qwen3-MoE, GLM-4-MoE) are generated the
-//! same way and also pass `loupe parity` (every named value within tolerance of transformers' forward
-//! hooks).
+//! The other families (Qwen2, Qwen3, Mistral, Gemma 3, Gemma 2, Qwen3-MoE, GLM-4-MoE, Phi-3) are generated
+//! the same way and also pass `loupe parity` (every named value within tolerance of transformers'
+//! forward hooks).
 //!
 //! Needs the Python reference stack and the SmolLM2 GGUF (which supplies the tokenizer): ignored
 //! by default; run with `--include-ignored` (scripts/test) it fails with one line when they are missing.
@@ -404,6 +404,74 @@ fn tiny_glm4_moe_matches_reference() {
     let o = run(c.arg("generate").arg("--model").arg(&dir).args(["--precision", "f32", "--max-tokens", "1", "hi"]));
     std::fs::write(dir.join("config.json"), original).unwrap();
     assert_clean_failure(&o, "partial_rotary_factor");
+}
+
+/// Phi3ForCausalLM: fused `qkv_proj` and `gate_up_proj` (one matmul each, named as the
+/// modules' hooks see them, then split), `partial_rotary_factor` 0.5 (RoPE turns 8 of each
+/// head's 16 dims) and an 8-token window on every layer.
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_phi3_matches_reference() {
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-phi3", false, &["--family", "phi3", "--partial-rotary", "0.5", "--sliding-window", "8"]);
+    let cfg = config_of(&dir);
+    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64(), cfg["rope_parameters"]["partial_rotary_factor"].as_f64()), (Some("Phi3ForCausalLM"), Some(8), Some(0.5)), "{cfg}");
+    let tokens = compare(&dir, "phi3");
+    // Parity pairs the fused projections, their parts (which the reference dump slices as
+    // Phi3Attention and Phi3MLP do) and `mlp.activation_fn` with the reference's hooks.
+    parity_matches(&dir, "phi3");
+
+    assert_generation_changes_without(&dir, &tokens, "partial rotary does", |cfg| cfg["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(1.0));
+    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| cfg["sliding_window"] = serde_json::Value::Null);
+}
+
+/// Phi-3 with LongRoPE and partial rotary (0.75: 12 of 16 dims, 6 short and 6 long factors),
+/// original length 16, default attention factor sqrt(1 + ln 128 / ln 16). The chat prompt is
+/// past the switch at prefill (long factors throughout); the raw prompt (4 tokens) crosses it
+/// while generating, where transformers' generate runs the whole sequence again with the long
+/// factors, and so must loupe; parity's prompt (15 tokens) crosses it at its second decode
+/// step, a forward call with a cache of short-factor keys. Without the scaling, with
+/// attention factor 1, or with the long factors never reached, tokens change.
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_phi3_longrope_partial_rotary_matches_reference() {
+    let (guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-phi3-longrope");
+    make_tiny_with(&dir, &gguf, false, "longrope", &["--family", "phi3", "--partial-rotary", "0.75"]);
+    let cfg = config_of(&dir);
+    let rope = &cfg["rope_parameters"];
+    assert_eq!((cfg["original_max_position_embeddings"].as_u64(), cfg["max_position_embeddings"].as_u64(), rope["partial_rotary_factor"].as_f64()), (Some(16), Some(2048), Some(0.75)), "{cfg}");
+    assert_eq!((rope["short_factor"].as_array().map(Vec::len), rope["long_factor"].as_array().map(Vec::len)), (Some(6), Some(6)), "{cfg}");
+    let tokens = compare(&dir, "phi3 longrope");
+    let prompt_lens: Vec<usize> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).prompt_tokens.len()).collect();
+    assert!(prompt_lens[0] < 16 && prompt_lens[0] + tokens[0].len() > 16 && prompt_lens[1] > 16, "the prompts should cross the switch in decode and at prefill: {prompt_lens:?}");
+    parity_matches(&dir, "phi3 longrope");
+
+    assert_generation_changes_without(&dir, &tokens, "LongRoPE scaling does", |cfg| {
+        let rope = cfg["rope_parameters"].as_object_mut().unwrap();
+        rope.retain(|k, _| k == "rope_theta" || k == "partial_rotary_factor");
+        rope.insert("rope_type".into(), serde_json::json!("default"));
+    });
+    assert_generation_changes_without(&dir, &tokens, "LongRoPE's attention factor does", |cfg| cfg["rope_parameters"]["attention_factor"] = serde_json::json!(1.0));
+    // The long factors never used: the switch moved past every sequence, the attention
+    // factor kept at its value for original length 16.
+    let factor = (1.0f64 + (2048.0f64 / 16.0).ln() / 16f64.ln()).sqrt();
+    assert_generation_changes_without(&dir, &tokens, "LongRoPE's long factors do", |cfg| {
+        cfg["original_max_position_embeddings"] = serde_json::json!(1024);
+        cfg["rope_parameters"]["attention_factor"] = serde_json::json!(factor);
+    });
+    // The batched engine refuses a request that could cross the switch (it would not
+    // reproduce the recompute) and runs one that stays within it.
+    let bench = |n_gen: &str| {
+        let mut c = loupe();
+        c.arg("bench").arg("--model").arg(&dir).args(["--precision", "f32", "--batch", "2", "--n-prompt", "8", "--n-gen", n_gen]);
+        run(&mut c)
+    };
+    let o = bench("16");
+    assert!(!o.status.success() && stderr(&o).contains("LongRoPE's original length 16"), "a batch crossing the switch should be refused:\n{}", stderr(&o));
+    let o = bench("4");
+    assert!(o.status.success(), "a batch within the switch should run:\n{}", stderr(&o));
+    drop(guard);
 }
 
 /// A config feature loupe must either reproduce or refuse (exit 2 naming it), never ignore:

@@ -73,7 +73,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
     // A MoE layer shows its router; its shared experts show as `mlp.shared_experts`.
     let moe = has(R::Router).then(|| MoeWiring { sparse_layers: if m.layer < MAX_MOE_LAYERS { 1u128 << m.layer } else { 0 }, shared_experts: has(R::SharedExperts) || has(R::SharedDown) });
-    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits), moe };
+    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits), moe, fused_projections: has(R::QkvProj) };
     let inputs = m.inputs_in(n_layers, wiring);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
@@ -88,17 +88,18 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         R::KRope => Site::Rope { layer: m.layer, input, kv: true },
         R::AttnCore => Site::Attention { layer: m.layer, probs: false },
         R::AttnProbs => Site::Attention { layer: m.layer, probs: true },
-        R::ActFn => Site::Act { input },
+        R::ActFn | R::ActivationFn => Site::Act { input },
         R::AttnResidual | R::LayerOutput => {
             let what = if m.role == R::AttnResidual { "attention" } else { "MLP" };
             Site::Residual { skip: input, branch: inputs.get(1).copied().unwrap_or(input), what }
         }
         // The shared experts' activation reads their gate as the dense MLP's does.
         R::SharedActFn => Site::Act { input },
-        // Routing and the experts have no op model here (yet): value-level hypotheses only.
-        R::Embedding | R::ActMul | R::Logits | R::RouterIndices | R::RouterWeights | R::Experts | R::SharedActMul => Site::Other,
+        // Routing and the experts have no op model here (yet), nor the column slices of a
+        // fused projection: value-level hypotheses only.
+        R::Embedding | R::ActMul | R::Logits | R::RouterIndices | R::RouterWeights | R::Experts | R::SharedActMul | R::QPart | R::KPart | R::VPart | R::GatePart | R::UpPart => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
-        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::Down | R::Mlp | R::LmHead | R::Router | R::SharedGate | R::SharedUp | R::SharedDown | R::SharedExperts => Site::Other,
+        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::QkvProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::GateUpProj | R::Down | R::Mlp | R::LmHead | R::Router | R::SharedGate | R::SharedUp | R::SharedDown | R::SharedExperts => Site::Other,
     }
 }
 
@@ -253,8 +254,10 @@ fn rope_table(model: &Model, layer: usize) -> Result<Arc<RopeTable>, ExplainErro
 }
 
 fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, ExplainError> {
-    // q after RoPE, k after RoPE, v: the attention node's inputs.
-    let [qn, kn, vn] = [R::QRope, R::KRope, R::VProj].map(|r| Module::layer(layer, r).name());
+    // q after RoPE, k after RoPE, v: the attention node's inputs (v is a part of the fused
+    // `qkv_proj` in Phi-3, which the reference dump records as such).
+    let v_role = if ctx.reference.has(&Module::layer(layer, R::VPart).name(), ctx.step) { R::VPart } else { R::VProj };
+    let [qn, kn, vn] = [R::QRope, R::KRope, v_role].map(|r| Module::layer(layer, r).name());
     let q = ctx.reference(&qn)?;
     // The cache at step K holds the keys and values of every step up to K.
     let k = ctx.reference.rows_through(&kn, ctx.step)?;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention_cached, expert_id, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul, soft_cap, PagedSpan};
+use loupe_tensor::ops::{add_in_place, attention_cached, expert_id, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul, slice_columns, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
@@ -780,6 +780,14 @@ impl Executor {
                 out.copy_from_slice(x);
                 soft_cap(out, *cap);
                 Ok(())
+            }
+            Op::Slice { start, len } => {
+                let x = self.input(node, 0);
+                let rows = out.len().checked_div(*len).unwrap_or(0);
+                if rows == 0 || x.len() % rows != 0 {
+                    return Err(TensorError::Shape { op: "slice", detail: format!("input of {} elements for {rows} rows", x.len()) });
+                }
+                slice_columns(x, x.len() / rows, *start, *len, out)
             }
             Op::Mul => {
                 out.copy_from_slice(self.input(node, 0));

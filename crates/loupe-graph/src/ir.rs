@@ -147,6 +147,10 @@ pub enum Op {
     /// `final_logit_softcapping` of `lm_head`'s output. Row-local, so when it follows the
     /// logits' linear it runs on the logits' rows only (see [`Graph::logit_rows_values`]).
     SoftCap { cap: f32 },
+    /// Columns `start..start + len` of each input row ([`loupe_tensor::ops::slice_columns`]):
+    /// the parts of a fused projection (Phi-3's `qkv_proj` into q, k, v; `gate_up_proj`
+    /// into gate and up), so the fused matmul stays one value under its module's name.
+    Slice { start: usize, len: usize },
     /// `silu(gate) * up` (inputs 0, 1): the `fuse` pass's replacement for `mlp.act_fn`
     /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
     /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
@@ -209,6 +213,7 @@ impl Op {
             Op::RoundBf16 => "round_bf16",
             Op::Scale { .. } => "scale",
             Op::SoftCap { .. } => "soft_cap",
+            Op::Slice { .. } => "slice",
             Op::SwiGlu => "swiglu",
             Op::RouterSelect { .. } => "router_select",
             Op::RouterWeights { .. } => "router_weights",
@@ -222,7 +227,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } | Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => 0,
-            Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => 1,
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Slice { .. } | Op::Plant(_) => 1,
             Op::RouterSelect { .. } => 1,
             Op::Mul | Op::Add | Op::SwiGlu | Op::RouterWeights { .. } => 2,
             Op::Attention { .. } | Op::Experts { .. } => 3,
@@ -329,6 +334,15 @@ impl Graph {
     /// The value with this name or alias.
     pub fn find_value(&self, name: &str) -> Option<ValueId> {
         self.values.iter().position(|v| v.answers_to(name)).map(|i| ValueId(i as u32))
+    }
+
+    /// The length past which the graph's RoPE turns with LongRoPE's long factors (a call
+    /// ending beyond it uses them for all its rows), if it has LongRoPE (Phi-3).
+    pub fn longrope_switch(&self) -> Option<usize> {
+        self.nodes.iter().find_map(|n| match &n.op {
+            Op::Rope { table, .. } => table.long_after(),
+            _ => None,
+        })
     }
 
     /// Which values hold only the rows the caller gets logits for (the last token in

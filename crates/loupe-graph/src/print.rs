@@ -55,6 +55,13 @@ pub fn to_text(graph: &Graph) -> String {
             }
             Op::Rope { n_heads, table, mode } => {
                 let _ = write!(s, " heads={n_heads} head_dim={}", table.head_dim());
+                // Partial rotary and LongRoPE only where the model has them.
+                if table.rotary_dim() != table.head_dim() {
+                    let _ = write!(s, " rotary_dim={}", table.rotary_dim());
+                }
+                if let Some(n) = table.long_after() {
+                    let _ = write!(s, " longrope(long_after={n}, attention_factor={})", table.attention_factor());
+                }
                 // Only the non-default pairing is spelled out, so the text of a normal graph
                 // does not change.
                 if *mode != RopeMode::default() {
@@ -107,6 +114,9 @@ pub fn to_text(graph: &Graph) -> String {
             Op::Experts { experts, gelu_tanh } => {
                 let first = experts.first().map(|e| w(&e.gate)).unwrap_or_default();
                 let _ = write!(s, " n={} act={} gate0={first}", experts.len(), if *gelu_tanh { "gelu_tanh" } else { "silu" });
+            }
+            Op::Slice { start, len } => {
+                let _ = write!(s, " columns={start}..{}", start + len);
             }
             Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::SwiGlu | Op::Plant(_) => {}
         }

@@ -216,7 +216,7 @@ pub fn node_cost(graph: &Graph, node: &Node, rows: usize, attn: AttnWork) -> (u6
         Op::Silu | Op::Gelu { .. } | Op::SoftCap { .. } => (act_bytes, 4 * rows * out),
         Op::SwiGlu => (act_bytes, 5 * rows * out),
         Op::Mul | Op::Add | Op::Scale { .. } | Op::RoundBf16 => (act_bytes, rows * out),
-        Op::Copy | Op::Plant(_) => (act_bytes, 0),
+        Op::Copy | Op::Slice { .. } | Op::Plant(_) => (act_bytes, 0),
         // Scores, a sort and a gather per token: a few flops per expert.
         Op::RouterSelect { router, .. } | Op::RouterWeights { router } => (act_bytes, 8 * rows * router.n_experts as u64),
         // Each token runs top_k experts' three matmuls; the bytes are the experts' weights

@@ -155,6 +155,10 @@ fn check_widths(graph: &Graph, i: usize, node: &Node, out: &ValueInfo) -> Result
             expect(*layer < graph.kv_layers && kv == graph.kv_width, format!("layer {layer} / kv width {kv} outside the cache ({} layers x {})", graph.kv_layers, graph.kv_width))
         }
         Op::SoftCap { cap } => expect(cap.is_finite() && *cap > 0.0 && width(0).is_some() && out_w == width(0), format!("soft_cap {cap} (must be positive) of width {:?} into {out_w:?}", width(0))),
+        Op::Slice { start, len } => {
+            let fits = width(0).is_some_and(|w| *len > 0 && start.checked_add(*len).is_some_and(|e| e <= w));
+            expect(fits && out_w == Some(*len), format!("slice of columns {start}..{start}+{len} of width {:?} into {out_w:?}", width(0)))
+        }
         Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::Plant(_) => expect(width(0).is_some() && out_w == width(0), format!("{} changes width", node.op.name())),
         Op::Mul | Op::Add | Op::SwiGlu => expect(width(0).is_some() && width(0) == width(1) && out_w == width(0), format!("{} of widths {:?} and {:?}", node.op.name(), width(0), width(1))),
         Op::RouterSelect { router, bias } => {

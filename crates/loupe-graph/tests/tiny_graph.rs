@@ -676,3 +676,50 @@ fn a_soft_cap_after_lm_head_runs_on_the_logits_rows_only() {
     bad.nodes.last_mut().unwrap().op = Op::SoftCap { cap: 0.0 };
     assert!(verify_reason(verify(&bad)).contains("soft_cap 0"));
 }
+
+/// `slice` nodes splitting a value's columns (how Phi-3's fused `qkv_proj` and
+/// `gate_up_proj` outputs become q, k, v and gate, up): each part holds its columns of every
+/// row, bit for bit, at prefill and decode, built and lowered; the parts side by side are the
+/// input again; the IR names the columns and the verifier refuses a slice past the row.
+#[test]
+fn slices_split_a_value_into_its_columns() {
+    let mut g = model(Precision::F32).graph;
+    let src = g.find_value("model.norm").unwrap();
+    let width = match g.value(src).shape.last() {
+        Some(Dim::Fixed(n)) => *n,
+        other => panic!("model.norm width {other:?}"),
+    };
+    let parts = [(0, 5), (5, width - 5)];
+    for (k, &(start, len)) in parts.iter().enumerate() {
+        let out = ValueId(g.values.len() as u32);
+        let mut info = g.value(src).clone();
+        info.name = format!("model.norm.part{k}");
+        info.aliases.clear();
+        info.shape = vec![Dim::Tokens, Dim::Fixed(len)];
+        g.values.push(info);
+        g.nodes.push(loupe_graph::Node { op: Op::Slice { start, len }, inputs: vec![src], output: out, side: None, fault: None });
+    }
+    verify(&g).unwrap();
+    for graph in [g.clone(), lowered(&g)] {
+        let (prefill, decode, _) = record(&graph);
+        for rec in [&prefill, &decode] {
+            let (shape, whole) = &rec.values["model.norm"];
+            let rows = shape[0];
+            let mut joined = vec![Vec::new(); rows];
+            for (k, &(start, len)) in parts.iter().enumerate() {
+                let (pshape, part) = &rec.values[&format!("model.norm.part{k}")];
+                assert_eq!(pshape, &vec![rows, len]);
+                for r in 0..rows {
+                    assert_eq!(&part[r * len..(r + 1) * len], &whole[r * width + start..r * width + start + len], "part {k} row {r}");
+                    joined[r].extend_from_slice(&part[r * len..(r + 1) * len]);
+                }
+            }
+            assert_eq!(&joined.concat(), whole);
+        }
+    }
+    let text = loupe_graph::print::to_text(&g);
+    assert!(text.contains(&format!("model.norm.part1 = slice(%{} model.norm) columns=5..{width}", src.0)), "{text}");
+    let mut bad = g.clone();
+    bad.nodes.last_mut().unwrap().op = Op::Slice { start: 6, len: width - 5 };
+    assert!(verify_reason(verify(&bad)).contains("slice of columns 6.."));
+}

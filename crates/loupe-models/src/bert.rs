@@ -100,6 +100,7 @@ impl BertConfig {
             final_logit_softcap: None,
             qk_norm: false,
             moe: None,
+            rotary_dim: head_dim,
         };
         for (field, n) in [("vocab_size", base.vocab_size), ("intermediate_size", base.intermediate_size), ("num_hidden_layers", base.num_hidden_layers), ("max_position_embeddings", base.max_position_embeddings)] {
             if n == 0 {

@@ -46,6 +46,11 @@ pub enum Family {
     /// from layer `first_k_dense_replace` on, DeepSeek-V3's grouped sigmoid router with a
     /// selection-only correction bias, routed experts plus `n_shared_experts` shared ones.
     Glm4Moe,
+    /// Phi-3 (`modeling_phi3.py`): a Llama whose q/k/v projections are one fused
+    /// `self_attn.qkv_proj` (rows q, then k, then v) and whose gate/up projections are one
+    /// `mlp.gate_up_proj` (gate rows, then up: `chunk(2)`), with the activation module called
+    /// `mlp.activation_fn`; RoPE may be partial (`partial_rotary_factor`) and LongRoPE-scaled.
+    Phi3,
 }
 
 /// A Mixture-of-Experts MLP's configuration (Qwen3-MoE, GLM-4-MoE).
@@ -101,6 +106,7 @@ impl Family {
             "BertModel" => Some(Family::Bert),
             "Qwen3MoeForCausalLM" => Some(Family::Qwen3Moe),
             "Glm4MoeForCausalLM" => Some(Family::Glm4Moe),
+            "Phi3ForCausalLM" => Some(Family::Phi3),
             _ => None,
         }
     }
@@ -118,6 +124,7 @@ impl Family {
             "bert" => Some(Family::Bert),
             "qwen3_moe" => Some(Family::Qwen3Moe),
             "glm4_moe" => Some(Family::Glm4Moe),
+            "phi3" => Some(Family::Phi3),
             _ => None,
         }
     }
@@ -134,6 +141,7 @@ impl Family {
             Family::Bert => "bert",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Glm4Moe => "glm4_moe",
+            Family::Phi3 => "phi3",
         }
     }
 
@@ -141,6 +149,12 @@ impl Family {
     /// states, not logits).
     pub fn is_encoder(self) -> bool {
         matches!(self, Family::Bert)
+    }
+
+    /// Whether q/k/v are one fused `qkv_proj` matmul and gate/up one `gate_up_proj`, each
+    /// split into its parts after the matmul (Phi-3).
+    pub fn fused_projections(self) -> bool {
+        self == Family::Phi3
     }
 
     /// Gemma 2 or 3: the traits the two share (1 + w norms, sandwich norms, the embedding
@@ -198,14 +212,14 @@ impl Family {
         match self {
             Family::Gemma3 => Some(GEMMA3_SLIDING_WINDOW_PATTERN),
             Family::Gemma2 => Some(GEMMA2_SLIDING_WINDOW_PATTERN),
-            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Qwen3Moe | Family::Glm4Moe | Family::Bert => None,
+            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Qwen3Moe | Family::Glm4Moe | Family::Bert | Family::Phi3 => None,
         }
     }
 
     /// What each decoder layer emits and how it is wired (without final soft-capping, which
     /// the config decides: [`LlamaConfig::wiring`]).
     pub fn wiring(self) -> crate::roles::Wiring {
-        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms(), final_softcap: false, moe: None }
+        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms(), final_softcap: false, moe: None, fused_projections: self.fused_projections() }
     }
 }
 
@@ -220,6 +234,9 @@ pub struct LlamaConfig {
     pub num_attention_heads: usize,
     pub num_key_value_heads: usize,
     pub head_dim: usize,
+    /// The leading elements of each head that RoPE turns (`head_dim` unless the config has a
+    /// `partial_rotary_factor`: `int(head_dim * factor)`, as transformers' rope init).
+    pub rotary_dim: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
@@ -255,7 +272,14 @@ pub struct LlamaConfig {
 /// naming under their own prefix).
 pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "gemma2"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Phi3ForCausalLM"];
+/// `Phi3Config.original_max_position_embeddings` when config.json has none. transformers
+/// uses it (not a `rope_scaling.original_max_position_embeddings`) for LongRoPE:
+/// `standardize_rope_params` gives the config attribute priority, and the class default
+/// makes the attribute always present.
+pub const PHI3_DEFAULT_ORIGINAL_MAX_POSITIONS: usize = 4096;
+/// `Phi3Config.max_position_embeddings` when config.json has none.
+pub const PHI3_DEFAULT_MAX_POSITIONS: usize = 4096;
 
 /// Gemma 3's default pattern of sliding-window and global layers: every sixth layer is
 /// global (`Gemma3TextConfig._sliding_window_pattern`; llama.cpp's `set_swa_pattern(6)`).
@@ -348,6 +372,7 @@ impl LlamaConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
+            rotary_dim: head_dim,
             rms_norm_eps: gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             rope_theta: gguf.opt_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_scaling,
@@ -457,8 +482,26 @@ impl LlamaConfig {
             Some(t) => t as f32,
             None => f32_field("rope_theta", default_theta)?,
         };
+        let head_dim = opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        let max_position_embeddings = opt_usize("max_position_embeddings")?.unwrap_or(if family == Family::Phi3 { PHI3_DEFAULT_MAX_POSITIONS } else { 2048 });
+        let moe = hf_moe(&v, family, layers).map_err(|(field, reason)| bad(&field, reason))?;
+        if family == Family::Glm4Moe {
+            // GLM-4-MoE rotates only the first `partial_rotary_factor` of each head (default
+            // 0.5: `Glm4MoeConfig.__post_init__`); loupe rotates part of a head for Phi-3 only so
+            // far, so GLM's is refused before the generic check below.
+            let factor = match rope_params.and_then(|p| p.get("partial_rotary_factor")).or_else(|| v.get("partial_rotary_factor")) {
+                None | Some(Value::Null) => 0.5,
+                Some(x) => x.as_f64().ok_or_else(|| bad("partial_rotary_factor", format!("{x} is not a number")))?,
+            };
+            if factor != 1.0 {
+                return Err(bad("partial_rotary_factor", format!("{factor} is not supported (loupe rotates whole heads: only 1.0; GLM-4-MoE's default is 0.5)")));
+            }
+        }
+        let qk_norm = family.qk_norm() || (family == Family::Glm4Moe && v.get("use_qk_norm").and_then(Value::as_bool) == Some(true));
+        let rotary_dim = rotary_dim_of(&v, global_params, head_dim, family).map_err(|(k, reason)| bad(&k, reason))?;
         let rope_scaling = match global_params {
             None => RopeScaling::None,
+            Some(p) if family == Family::Phi3 => phi3_rope_scaling(&v, p, rotary_dim, max_position_embeddings).map_err(|(k, reason)| bad(&k, reason))?,
             Some(p) => rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))?,
         };
         let rope_local_theta = if family == Family::Gemma3 {
@@ -474,20 +517,6 @@ impl LlamaConfig {
         } else {
             None
         };
-        let head_dim = opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
-        let moe = hf_moe(&v, family, layers).map_err(|(field, reason)| bad(&field, reason))?;
-        if family == Family::Glm4Moe {
-            // GLM-4-MoE rotates only the first `partial_rotary_factor` of each head (default
-            // 0.5: `Glm4MoeConfig.__post_init__`); loupe rotates whole heads.
-            let factor = match rope_params.and_then(|p| p.get("partial_rotary_factor")).or_else(|| v.get("partial_rotary_factor")) {
-                None | Some(Value::Null) => 0.5,
-                Some(x) => x.as_f64().ok_or_else(|| bad("partial_rotary_factor", format!("{x} is not a number")))?,
-            };
-            if factor != 1.0 {
-                return Err(bad("partial_rotary_factor", format!("{factor} is not supported (loupe rotates whole heads: only 1.0; GLM-4-MoE's default is 0.5)")));
-            }
-        }
-        let qk_norm = family.qk_norm() || (family == Family::Glm4Moe && v.get("use_qk_norm").and_then(Value::as_bool) == Some(true));
         let cfg = LlamaConfig {
             family,
             vocab_size: usize_field("vocab_size")?,
@@ -497,12 +526,15 @@ impl LlamaConfig {
             num_attention_heads,
             num_key_value_heads: opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
             head_dim,
-            rms_norm_eps: f32_field("rms_norm_eps", 1e-6)?,
+            rotary_dim,
+            // Phi3Config's default eps is 1e-5 (and save_pretrained leaves defaults out).
+            rms_norm_eps: f32_field("rms_norm_eps", if family == Family::Phi3 { 1e-5 } else { 1e-6 })?,
             rope_theta,
             rope_scaling,
-            max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
+            max_position_embeddings,
             tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-            qkv_bias: attention_bias || family == Family::Qwen2,
+            // Phi-3's projections have no biases (`Phi3Attention` ignores `attention_bias`).
+            qkv_bias: (attention_bias && family != Family::Phi3) || family == Family::Qwen2,
             // GLM-4-MoE's o_proj never has a bias (`Glm4MoeAttention`); Qwen3-MoE's four
             // projections follow `attention_bias`.
             o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Qwen3Moe),
@@ -534,6 +566,9 @@ impl LlamaConfig {
         }
         if !self.layer_windows.is_empty() && self.layer_windows.len() != self.num_hidden_layers {
             return bad("layer_types", format!("{} entries for {} layers", self.layer_windows.len(), self.num_hidden_layers));
+        }
+        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+            return bad("partial_rotary_factor", format!("{} rotary dims of a {}-wide head (must be even, non-zero, at most head_dim)", self.rotary_dim, self.head_dim));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return bad("rms_norm_eps", format!("{} is not a valid epsilon", self.rms_norm_eps));
@@ -599,7 +634,7 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
             let first = int("first_k_dense_replace", Some(1))?;
             (router, (shared > 0).then_some(moe_intermediate_size * shared), true, (0..layers).map(|l| l >= first).collect())
         }
-        Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Bert => return Ok(None),
+        Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Bert | Family::Phi3 => return Ok(None),
     };
     if sparse_layers.len() > crate::roles::MAX_MOE_LAYERS {
         return Err(("num_hidden_layers".into(), format!("{} layers; loupe's MoE wiring covers at most {}", sparse_layers.len(), crate::roles::MAX_MOE_LAYERS)));
@@ -615,6 +650,72 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
         return Err((field.into(), e.to_string()));
     }
     Ok(Some(MoeConfig { router, moe_intermediate_size, shared_intermediate_size: shared, correction_bias: bias, sparse_layers }))
+}
+
+/// The rotated part of each head: `int(head_dim * partial_rotary_factor)` (transformers'
+/// rope init, in f64 then truncated), the factor read from `rope_parameters` first, then the
+/// top level (`convert_rope_params_to_dict`'s priority). Only Phi-3's attention rotates part
+/// of a head in loupe; other families refuse a factor below 1 by name.
+fn rotary_dim_of(v: &Value, params: Option<&Value>, head_dim: usize, family: Family) -> Result<usize, (String, String)> {
+    let (key, factor) = match params.and_then(|p| p.get("partial_rotary_factor")).filter(|x| !x.is_null()) {
+        Some(x) => ("rope_parameters.partial_rotary_factor", Some(x)),
+        None => ("partial_rotary_factor", v.get("partial_rotary_factor").filter(|x| !x.is_null())),
+    };
+    let Some(x) = factor else { return Ok(head_dim) };
+    let f = x.as_f64().filter(|f| *f > 0.0 && *f <= 1.0).ok_or_else(|| (key.to_string(), format!("{x} is not a number in (0, 1]")))?;
+    if f < 1.0 && family != Family::Phi3 {
+        return Err((key.into(), format!("partial rotary embedding is not supported for the {} family", family.name())));
+    }
+    let dim = (head_dim as f64 * f) as usize;
+    if dim == 0 || dim % 2 != 0 {
+        return Err((key.into(), format!("head_dim {head_dim} x {f} gives {dim} rotary dims (must be even and non-zero)")));
+    }
+    Ok(dim)
+}
+
+/// Phi-3's RoPE scaling as `Phi3Config` and transformers' rope init read it: `default`, or
+/// `longrope` (`su` and `yarn` are old names of it, `Phi3Config.convert_rope_params_to_dict`)
+/// with `short_factor` and `long_factor` of rotary_dim / 2 numbers each
+/// (`Phi3Config.validate_rope`); anything else is refused as transformers refuses it.
+/// The switch length is the top-level `original_max_position_embeddings` (4096 when absent,
+/// even if the scaling entry has its own: `standardize_rope_params` prefers the config
+/// attribute); the attention factor is the entry's `attention_factor`, else, with `factor`
+/// (the entry's, else max_position_embeddings / original), 1 when factor <= 1 and
+/// sqrt(1 + ln(factor) / ln(original)) above (`_compute_longrope_parameters`).
+fn phi3_rope_scaling(v: &Value, p: &Value, rotary_dim: usize, max_positions: usize) -> Result<RopeScaling, (String, String)> {
+    let err = |k: &str, reason: String| (format!("rope_scaling.{k}"), reason);
+    let rope_type = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
+    match rope_type {
+        "default" => return Ok(RopeScaling::None),
+        "longrope" | "su" | "yarn" => {}
+        other => return Err(err("rope_type", format!("'{other}' is not a Phi-3 RoPE type (default or longrope, as Phi3Config.validate_rope)"))),
+    }
+    let factors = |k: &str| -> Result<Vec<f32>, (String, String)> {
+        let list = p.get(k).and_then(Value::as_array).ok_or_else(|| err(k, "missing or not a list".into()))?;
+        let f: Vec<f32> = list.iter().map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0).map(|f| f as f32)).collect::<Option<_>>().ok_or_else(|| err(k, "not a list of positive numbers".into()))?;
+        if f.len() != rotary_dim / 2 {
+            return Err(err(k, format!("{} entries, expected rotary_dim / 2 = {}", f.len(), rotary_dim / 2)));
+        }
+        Ok(f)
+    };
+    let (short_factor, long_factor) = (factors("short_factor")?, factors("long_factor")?);
+    let original = match v.get("original_max_position_embeddings").filter(|x| !x.is_null()) {
+        None => PHI3_DEFAULT_ORIGINAL_MAX_POSITIONS,
+        Some(x) => x.as_u64().filter(|n| *n >= 2).ok_or_else(|| ("original_max_position_embeddings".to_string(), format!("{x} is not an integer >= 2")))? as usize,
+    };
+    let number = |k: &str| -> Result<Option<f64>, (String, String)> {
+        match p.get(k).filter(|x| !x.is_null()) {
+            None => Ok(None),
+            Some(x) => x.as_f64().filter(|f| f.is_finite() && *f > 0.0).map(Some).ok_or_else(|| err(k, format!("{x} is not a positive number"))),
+        }
+    };
+    let factor = number("factor")?.unwrap_or(max_positions as f64 / original as f64);
+    let attention_factor = match number("attention_factor")? {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings: original, attention_factor: attention_factor as f32 })
 }
 
 /// The RoPE scaling one `rope_parameters` (or legacy `rope_scaling`) entry describes; errors
@@ -678,7 +779,9 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
     };
     match family {
         Family::Llama | Family::Bert => Ok(Vec::new()),
-        Family::Mistral => Ok(match window()? {
+        // Phi-3 masks every layer with `sliding_window` when it is not null
+        // (`Phi3Model.forward`: create_sliding_window_causal_mask), as Mistral.
+        Family::Mistral | Family::Phi3 => Ok(match window()? {
             Some(w) => vec![Some(w); layers],
             None => Vec::new(),
         }),
@@ -831,6 +934,49 @@ mod tests {
         assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_experts_per_tok"), "{e}");
         let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, {BASE}}}"#)).unwrap_err();
         assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "moe_intermediate_size"), "{e}");
+    }
+
+    /// Phi-3 as Phi3Config and transformers' rope init read config.json: fused projections,
+    /// no biases whatever `attention_bias` says, eps 1e-5 and 4096 positions by default;
+    /// `partial_rotary_factor` from rope_parameters or the top level; LongRoPE (also under
+    /// its old names) with the switch at the top-level `original_max_position_embeddings`
+    /// (4096 when absent, whatever the scaling entry says) and the attention factor of
+    /// `_compute_longrope_parameters`; what transformers refuses is refused by name.
+    #[test]
+    fn phi3_reads_partial_rotary_and_longrope() {
+        let p = hf(&format!(r#"{{"architectures": ["Phi3ForCausalLM"], "attention_bias": true, {BASE}}}"#)).unwrap();
+        assert_eq!((p.family, p.qkv_bias, p.o_bias, p.rotary_dim, p.head_dim, p.rms_norm_eps, p.max_position_embeddings), (Family::Phi3, false, false, 16, 16, 1e-5, 4096));
+        assert_eq!((p.rope_scaling.clone(), p.layer_windows.clone()), (RopeScaling::None, vec![]));
+        assert!(p.wiring().fused_projections && !Family::Llama.wiring().fused_projections);
+        let six = |x: f32| format!("[{x}, {x}, {x}, {x}, {x}, {x}]");
+        let long = |extra: &str| format!(r#"{{"model_type": "phi3", "max_position_embeddings": 256, "original_max_position_embeddings": 16, "sliding_window": 8, "rope_parameters": {{"rope_type": "longrope", "partial_rotary_factor": 0.75, "short_factor": {}, "long_factor": {}{extra}}}, {BASE}}}"#, six(1.5), six(4.0));
+        let p = hf(&long("")).unwrap();
+        assert_eq!((p.rotary_dim, p.layer_windows.clone()), (12, vec![Some(8), Some(8)]));
+        let want = RopeScaling::LongRope { short_factor: vec![1.5; 6], long_factor: vec![4.0; 6], original_max_position_embeddings: 16, attention_factor: (1.0 + (16f64).ln() / (16f64).ln()).sqrt() as f32 };
+        assert_eq!(p.rope_scaling, want);
+        let p = hf(&long(r#", "attention_factor": 1.1"#)).unwrap();
+        assert!(matches!(p.rope_scaling, RopeScaling::LongRope { attention_factor, .. } if attention_factor == 1.1f32));
+        // `factor` replaces max_position_embeddings / original in the default attention factor.
+        let p = hf(&long(r#", "factor": 2.0"#)).unwrap();
+        assert!(matches!(p.rope_scaling, RopeScaling::LongRope { attention_factor, .. } if attention_factor == (1.0 + (2f64).ln() / (16f64).ln()).sqrt() as f32));
+        // Old checkpoints: `rope_scaling` with type su and its own original length, which
+        // transformers overrides with Phi3Config's default 4096 (so factor 256/4096 <= 1).
+        let legacy = format!(r#"{{"architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 256, "partial_rotary_factor": 0.5, "rope_scaling": {{"type": "su", "original_max_position_embeddings": 32, "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2]}}, {BASE}}}"#);
+        let p = hf(&legacy).unwrap();
+        assert_eq!((p.rotary_dim, p.rope_scaling.clone()), (8, RopeScaling::LongRope { short_factor: vec![1.0; 4], long_factor: vec![2.0; 4], original_max_position_embeddings: 4096, attention_factor: 1.0 }));
+        for (json, field) in [
+            (long(r#", "rope_type": "linear""#).replacen(r#""rope_type": "longrope", "#, "", 1), "rope_scaling.rope_type"),
+            (long("").replace(&six(4.0), "[4.0, 4.0]"), "rope_scaling.long_factor"),
+            (long("").replace(&six(1.5), "[1, 1, 1, 1, 1, \"x\"]"), "rope_scaling.short_factor"),
+            (long("").replace("0.75", "0.1"), "rope_parameters.partial_rotary_factor"),
+            (long("").replace("0.75", "1.5"), "rope_parameters.partial_rotary_factor"),
+            (long("").replace(r#""original_max_position_embeddings": 16"#, r#""original_max_position_embeddings": 1"#), "original_max_position_embeddings"),
+            (long(r#", "attention_factor": -1"#), "rope_scaling.attention_factor"),
+            (format!(r#"{{"architectures": ["LlamaForCausalLM"], "partial_rotary_factor": 0.5, {BASE}}}"#), "partial_rotary_factor"),
+        ] {
+            let e = hf(&json).unwrap_err();
+            assert!(matches!(&e, ModelError::InvalidConfig { field: f, .. } if f == field), "{field}: {e}");
+        }
     }
 
     #[test]

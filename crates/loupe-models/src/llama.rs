@@ -42,7 +42,9 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         None => cfg.rope_scaling.clone(),
     };
     let rope_err = |e| ModelError::Tensor { path: source.path().to_path_buf(), name: "rope".into(), source: e };
-    let rope = Arc::new(RopeTable::new(hd, cfg.rope_theta, &rope_scaling).map_err(rope_err)?);
+    // Partial rotary (Phi-3's `partial_rotary_factor`) turns the first rotary_dim elements
+    // of each head only; LongRoPE's two factor sets live in the table.
+    let rope = Arc::new(RopeTable::partial(hd, cfg.rotary_dim, cfg.rope_theta, &rope_scaling).map_err(rope_err)?);
     // Gemma 3's sliding-window layers rotate with their own (unscaled) base.
     let local_rope = match cfg.rope_local_theta {
         Some(theta) => Some(Arc::new(RopeTable::new(hd, theta, &RopeScaling::None).map_err(rope_err)?)),
@@ -93,9 +95,20 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
         mark_if(&mut b, normed, has(FaultClass::NormEpsSubtle), FaultClass::NormEpsSubtle);
         // Planted by the executor in batched steps only (see the class's docs).
         mark_if(&mut b, normed, has(FaultClass::BatchReduction), FaultClass::BatchReduction);
-        let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.qkv_bias, false)?;
-        let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
-        let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+        let (q, k, v) = if wiring.fused_projections {
+            // Phi-3: one matmul named `qkv_proj` (as its forward hook sees it), then q, k and
+            // v as its columns (`Phi3Attention.forward`: qkv[..., :query_pos], ...). The
+            // weight stays fused as stored.
+            let qkv = linear(&mut b, &mut load, &m(R::QkvProj).name(), normed, (h + 2 * kvh) * hd, d, cfg.qkv_bias, false)?;
+            let parts = [(R::QPart, 0, h * hd), (R::KPart, h * hd, kvh * hd), (R::VPart, (h + kvh) * hd, kvh * hd)];
+            let [q, k, v] = parts.map(|(role, start, len)| part(&mut b, &m(role).name(), qkv, start, len));
+            (q, k, v)
+        } else {
+            let q = linear(&mut b, &mut load, &m(R::QProj).name(), normed, h * hd, d, cfg.qkv_bias, false)?;
+            let k = linear(&mut b, &mut load, &m(R::KProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+            let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
+            (q, k, v)
+        };
         // Qwen3's q_norm/k_norm: an RMSNorm over each head's head_dim values (a weight of
         // head_dim normalizes each head_dim-wide slice of the row).
         let (q, k) = if wiring.qk_norm {
@@ -202,11 +215,22 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             moe_mlp(&mut b, &mut load, cfg, moe, l, normed)?
         } else {
             let f = cfg.intermediate_size;
-            let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
-            let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
+            let (gate, up, act_role) = if wiring.fused_projections {
+                // Phi-3: `gate_up_proj` is one matmul; `chunk(2, dim=-1)` gives gate, then up
+                // (`Phi3MLP.forward`), and the activation module is `activation_fn`.
+                let gate_up = linear(&mut b, &mut load, &m(R::GateUpProj).name(), normed, 2 * f, d, false, false)?;
+                let gate = part(&mut b, &m(R::GatePart).name(), gate_up, 0, f);
+                let up = part(&mut b, &m(R::UpPart).name(), gate_up, f, f);
+                (gate, up, R::ActivationFn)
+            } else {
+                let gate = linear(&mut b, &mut load, &m(R::Gate).name(), normed, f, d, false, false)?;
+                let up = linear(&mut b, &mut load, &m(R::Up).name(), normed, f, d, false, false)?;
+                (gate, up, R::ActFn)
+            };
             let gelu = has(FaultClass::GeluTanh);
             let act_op = if gelu || cfg.hidden_act == HiddenAct::GeluTanh { Op::Gelu { tanh: true } } else { Op::Silu };
-            let act = b.node(m(R::ActFn).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
+            // Phi-3 multiplies `up * act(gate)`; f32 products commute, so act * up is the same.
+            let act = b.node(m(act_role).name(), act_op, &[gate], hidden(f), vec!["token", "feature"]);
             mark_if(&mut b, act, gelu, FaultClass::GeluTanh);
             let prod = b.node(m(R::ActMul).name(), Op::Mul, &[act, up], hidden(f), vec!["token", "feature"]);
             let down = linear(&mut b, &mut load, &m(R::Down).name(), prod, d, f, false, false)?;
@@ -305,6 +329,13 @@ fn linear(
         b.mark_fault(v, FaultClass::TransposedWeight);
     }
     Ok(v)
+}
+
+/// Columns `start..start + len` of a fused projection's output, as a value of its own.
+#[track_caller]
+fn part(b: &mut GraphBuilder, name: &str, fused: ValueId, start: usize, len: usize) -> ValueId {
+    let (shape, axes) = feature(len);
+    b.node(name, Op::Slice { start, len }, &[fused], shape, axes)
 }
 
 fn feature(n: usize) -> (Vec<Dim>, Vec<&'static str>) {
@@ -411,6 +442,7 @@ mod tests {
             num_attention_heads: 4,
             num_key_value_heads: 2,
             head_dim: 4,
+            rotary_dim: 4,
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,
             rope_scaling: RopeScaling::None,
@@ -553,6 +585,42 @@ mod tests {
         }
     }
 
+    /// Every planted fault also plants into Phi-3's fused wiring (the activation's module is
+    /// `mlp.activation_fn` there): its node is marked, layer 0 is untouched and the logits
+    /// change; and the fused graph lowers without changing a bit.
+    #[test]
+    fn faults_plant_into_the_fused_wiring_and_lowering_keeps_its_values() {
+        let cfg = LlamaConfig { family: crate::config::Family::Phi3, ..tiny() };
+        let build = |faults: &[Fault]| {
+            let mut src = FakeSource { path: "fake".into(), seed: 7 };
+            build_llama(&cfg, &mut src, None, false, faults).unwrap()
+        };
+        let clean = build(&[]);
+        let base = run(&clean);
+        assert!(base.contains_key("model.layers.1.self_attn.qkv_proj@0") && base.contains_key("model.layers.1.mlp.gate_up_proj.up@1"));
+        for class in FaultClass::ALL {
+            let g = build(&[Fault { class, layer: 1 }]);
+            let name = if class == FaultClass::GeluTanh { "model.layers.1.mlp.activation_fn" } else { planted_value(class) };
+            let text = loupe_graph::print::to_text(&g);
+            let line = text.lines().find(|l| l.contains(&format!(" {name} ="))).unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
+            assert!(line.contains(&format!("FAULT={}", class.name())), "{class}: {line}");
+            let vals = run(&g);
+            for (k, v) in &base {
+                if k.starts_with("model.layers.0.") {
+                    assert_eq!(vals.get(k), Some(v), "{class}: {k} changed");
+                }
+            }
+            let step = if class == FaultClass::KvWriteDecode { "@1" } else { "@0" };
+            assert_ne!(vals[&format!("lm_head{step}")], base[&format!("lm_head{step}")], "{class}: logits unchanged");
+        }
+        let lowered = loupe_graph::passes::lower(clean.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)), "silu(gate part) * up part fuses");
+        let low = run(&lowered);
+        for (k, v) in &base {
+            assert_eq!(low.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{k}");
+        }
+    }
+
     /// Lowering (fuse, plan-memory, ...) changes no number, and a tap on a fused-away value
     /// still sees it.
     #[test]
@@ -592,10 +660,11 @@ mod tests {
         use crate::roles::{Module, ModuleRole};
         // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3),
         // sandwich norms and the final soft-cap (Gemma 2), sparse and dense layers (Qwen3-MoE),
-        // with shared experts (GLM-4-MoE).
-        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2, Family::Qwen3Moe, Family::Glm4Moe] {
+        // with shared experts (GLM-4-MoE), fused projections (Phi-3, with partial rotary).
+        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2, Family::Qwen3Moe, Family::Glm4Moe, Family::Phi3] {
             let cfg = match family {
                 Family::Qwen3Moe | Family::Glm4Moe => tiny_moe(family),
+                Family::Phi3 => LlamaConfig { family, rotary_dim: 2, ..tiny() },
                 _ => LlamaConfig { family, qk_norm: family.qk_norm(), ..tiny() },
             };
             let cfg = if family == Family::Gemma2 { LlamaConfig { attn_logit_softcap: Some(5.0), final_logit_softcap: Some(3.0), ..cfg } } else { cfg };

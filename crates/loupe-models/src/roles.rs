@@ -16,6 +16,16 @@ pub enum ModuleRole {
     QProj,
     KProj,
     VProj,
+    /// Phi-3's fused q/k/v projection (`self_attn.qkv_proj`): one matmul whose rows are q's,
+    /// then k's, then v's. Only in families with fused projections, which have no
+    /// `q_proj`/`k_proj`/`v_proj`.
+    QkvProj,
+    /// The q columns of `qkv_proj`'s output (`self_attn.qkv_proj.q`; no module computes it).
+    QPart,
+    /// The k columns of `qkv_proj`'s output (`self_attn.qkv_proj.k`).
+    KPart,
+    /// The v columns of `qkv_proj`'s output (`self_attn.qkv_proj.v`).
+    VPart,
     /// The per-head RMSNorm of q before RoPE (`self_attn.q_norm`; Qwen3, Gemma 3). Only in
     /// families with q/k norms.
     QNorm,
@@ -40,8 +50,16 @@ pub enum ModuleRole {
     PreFfnNorm,
     Gate,
     Up,
+    /// Phi-3's fused gate/up projection (`mlp.gate_up_proj`): gate rows, then up rows.
+    GateUpProj,
+    /// The first half of `gate_up_proj`'s output (`mlp.gate_up_proj.gate`; `chunk(2)`'s first).
+    GatePart,
+    /// The second half (`mlp.gate_up_proj.up`).
+    UpPart,
     /// The activation of `gate_proj` (`mlp.act_fn`).
     ActFn,
+    /// The activation of the gate part in Phi-3's MLP, whose module is `mlp.activation_fn`.
+    ActivationFn,
     /// `act_fn(gate) * up` (`mlp.act_mul`).
     ActMul,
     Down,
@@ -83,10 +101,10 @@ use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 37] = [
-        Embedding, InputNorm, QProj, KProj, VProj, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm, PreFfnNorm, Gate,
-        Up, ActFn, ActMul, Down, Router, RouterIndices, RouterWeights, Experts, SharedGate, SharedUp, SharedActFn, SharedActMul, SharedDown, SharedExperts, Mlp, PostFfnNorm,
-        LayerOutput, FinalNorm, LmHead, Logits,
+    pub const ALL: [ModuleRole; 45] = [
+        Embedding, InputNorm, QProj, KProj, VProj, QkvProj, QPart, KPart, VPart, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm,
+        PreFfnNorm, Gate, Up, GateUpProj, GatePart, UpPart, ActFn, ActivationFn, ActMul, Down, Router, RouterIndices, RouterWeights, Experts, SharedGate, SharedUp, SharedActFn,
+        SharedActMul, SharedDown, SharedExperts, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead, Logits,
     ];
 
     /// Whether the role belongs to a decoder layer (its name carries the layer index).
@@ -103,6 +121,10 @@ impl ModuleRole {
             QProj => "self_attn.q_proj",
             KProj => "self_attn.k_proj",
             VProj => "self_attn.v_proj",
+            QkvProj => "self_attn.qkv_proj",
+            QPart => "self_attn.qkv_proj.q",
+            KPart => "self_attn.qkv_proj.k",
+            VPart => "self_attn.qkv_proj.v",
             QNorm => "self_attn.q_norm",
             KNorm => "self_attn.k_norm",
             QRope => "self_attn.q_rope",
@@ -117,7 +139,11 @@ impl ModuleRole {
             PostFfnNorm => "post_feedforward_layernorm",
             Gate => "mlp.gate_proj",
             Up => "mlp.up_proj",
+            GateUpProj => "mlp.gate_up_proj",
+            GatePart => "mlp.gate_up_proj.gate",
+            UpPart => "mlp.gate_up_proj.up",
             ActFn => "mlp.act_fn",
+            ActivationFn => "mlp.activation_fn",
             ActMul => "mlp.act_mul",
             Down => "mlp.down_proj",
             Mlp => "mlp",
@@ -166,7 +192,7 @@ impl ModuleRole {
 
     /// Whether the value is a linear projection `x Wᵀ (+ b)` with the module's weight.
     pub fn is_linear(self) -> bool {
-        matches!(self.canonical(), QProj | KProj | VProj | OProj | Gate | Up | Down | LmHead | Router | SharedGate | SharedUp | SharedDown)
+        matches!(self.canonical(), QProj | KProj | VProj | QkvProj | OProj | Gate | Up | GateUpProj | Down | LmHead | Router | SharedGate | SharedUp | SharedDown)
     }
 
     /// Whether the value is an RMSNorm with the module's weight.
@@ -182,6 +208,22 @@ impl ModuleRole {
     /// Whether only families with sandwich norms emit the role.
     pub fn needs_sandwich_norms(self) -> bool {
         matches!(self, PreFfnNorm | PostFfnNorm)
+    }
+
+    /// Whether a column slice of a fused projection's output computes the value.
+    pub fn is_part(self) -> bool {
+        matches!(self, QPart | KPart | VPart | GatePart | UpPart)
+    }
+
+    /// Whether only families with fused q/k/v and gate/up projections emit the role.
+    pub fn needs_fused_projections(self) -> bool {
+        matches!(self, QkvProj | QPart | KPart | VPart | GateUpProj | GatePart | UpPart | ActivationFn)
+    }
+
+    /// Whether families with fused projections do not emit the role (their q/k/v and
+    /// gate/up are parts of one matmul, and the activation module has another name).
+    pub fn needs_separate_projections(self) -> bool {
+        matches!(self, QProj | KProj | VProj | Gate | Up | ActFn)
     }
 
     /// Whether only models with a final soft-cap emit the role.
@@ -201,7 +243,7 @@ impl ModuleRole {
 
     /// Whether only dense layers emit the role (the dense MLP's values).
     pub fn dense_only(self) -> bool {
-        matches!(self, Gate | Up | ActFn | ActMul | Down)
+        matches!(self, Gate | Up | ActFn | ActMul | Down | GateUpProj | GatePart | UpPart | ActivationFn)
     }
 }
 
@@ -239,12 +281,20 @@ pub struct Wiring {
     pub final_softcap: bool,
     /// MoE MLPs on some layers; `None`: every layer is dense.
     pub moe: Option<MoeWiring>,
+    /// Phi-3's fused `qkv_proj` and `gate_up_proj`, each one matmul split into its parts.
+    pub fused_projections: bool,
 }
 
 impl Wiring {
     /// Whether a model wired this way emits `role` (in a dense layer).
     pub fn emits(&self, role: ModuleRole) -> bool {
-        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap()) && !role.moe_only()
+        self.projections_fit(role) && (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap()) && !role.moe_only()
+    }
+
+    /// Whether `role` belongs to this wiring's projections: separate q/k/v and gate/up, or
+    /// Phi-3's fused ones and their parts.
+    fn projections_fit(&self, role: ModuleRole) -> bool {
+        if self.fused_projections { !role.needs_separate_projections() } else { !role.needs_fused_projections() }
     }
 
     /// Whether decoder layer `layer` is a sparse MoE layer.
@@ -258,7 +308,7 @@ impl Wiring {
             return self.emits(role);
         }
         let shared = self.moe.is_some_and(|m| m.shared_experts);
-        (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && !role.dense_only() && (shared || !role.shared_only())
+        self.projections_fit(role) && (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && !role.dense_only() && (shared || !role.shared_only())
     }
 }
 
@@ -372,8 +422,11 @@ impl Module {
     /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
     /// and the MLP reads `pre_feedforward_layernorm`.
     pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
-        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _, moe } = wiring;
+        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _, moe, fused_projections: fused } = wiring;
         let l = |role| Module::layer(self.layer, role);
+        // q, k, v, gate and up: projections of their own, or parts of a fused one.
+        let (q, k, v) = if fused { (QPart, KPart, VPart) } else { (QProj, KProj, VProj) };
+        let (gate, up, act) = if fused { (GatePart, UpPart, ActivationFn) } else { (Gate, Up, ActFn) };
         // The MLP's input norm, and the value that is the MLP block's output.
         let mlp_in = l(if sandwich { PreFfnNorm } else { PostAttnNorm });
         let shared = moe.is_some_and(|m| m.shared_experts);
@@ -381,19 +434,21 @@ impl Module {
         match self.role {
             Embedding => vec![],
             InputNorm => vec![Module::layer_input(self.layer)],
-            QProj | KProj | VProj => vec![l(InputNorm)],
-            QNorm => vec![l(QProj)],
-            KNorm => vec![l(KProj)],
-            QRope => vec![l(if qk_norm { QNorm } else { QProj })],
-            KRope => vec![l(if qk_norm { KNorm } else { KProj })],
-            AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(VProj)],
+            QProj | KProj | VProj | QkvProj => vec![l(InputNorm)],
+            QPart | KPart | VPart => vec![l(QkvProj)],
+            QNorm => vec![l(q)],
+            KNorm => vec![l(k)],
+            QRope => vec![l(if qk_norm { QNorm } else { q })],
+            KRope => vec![l(if qk_norm { KNorm } else { k })],
+            AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(v)],
             OProj | SelfAttn => vec![l(AttnCore)],
             AttnResidual => vec![Module::layer_input(self.layer), l(if sandwich { PostAttnNorm } else { OProj })],
             PostAttnNorm => vec![l(if sandwich { OProj } else { AttnResidual })],
             PreFfnNorm => vec![l(AttnResidual)],
-            Gate | Up => vec![mlp_in],
-            ActFn => vec![l(Gate)],
-            ActMul => vec![l(ActFn), l(Up)],
+            Gate | Up | GateUpProj => vec![mlp_in],
+            GatePart | UpPart => vec![l(GateUpProj)],
+            ActFn | ActivationFn => vec![l(gate)],
+            ActMul => vec![l(act), l(up)],
             Down => vec![l(ActMul)],
             Mlp if wiring.sparse(self.layer) && shared => vec![l(Experts), l(SharedDown)],
             Mlp if wiring.sparse(self.layer) => vec![mlp_in, l(RouterIndices), l(RouterWeights)],

@@ -170,6 +170,12 @@ pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, grammars: Opti
     let mut finish = FinishReason::Length;
     let mut logits_buf: Vec<f32> = Vec::new();
 
+    // LongRoPE (Phi-3): when the sequence first grows past the original length while
+    // decoding, transformers' generate drops the cache and runs the whole sequence again,
+    // so every key is rotated with the long factors (`Phi3ForCausalLM
+    // .prepare_inputs_for_generation`: input length >= original + 1 with at most original
+    // positions cached). `recompute` is that length.
+    let recompute = session.graph().longrope_switch();
     let start = Instant::now();
     logits_buf.extend_from_slice(session.forward(&request.prompt_tokens, false, None)?);
     let prefill_time = start.elapsed();
@@ -212,19 +218,24 @@ pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, grammars: Opti
             break;
         }
         logits_buf.clear();
+        let crossing = recompute.is_some_and(|n| context.len() > n && context.len() - new.len() <= n);
+        if crossing {
+            session.reset();
+        }
+        let input: &[u32] = if crossing { &context } else { &new };
         match constraint.as_mut() {
             // The next mask depends only on the tokens so far: compute it while the
             // forward pass runs.
             Some(c) => {
                 let (logits, mask) = std::thread::scope(|s| {
                     let mask = s.spawn(|| c.compute_mask());
-                    let logits = session.forward(&new, false, None);
+                    let logits = session.forward(input, false, None);
                     (logits, mask.join())
                 });
                 logits_buf.extend_from_slice(logits?);
                 mask.map_err(|_| RuntimeError::InvalidRequest("the grammar engine panicked".into()))??;
             }
-            None => logits_buf.extend_from_slice(session.forward(&new, false, None)?),
+            None => logits_buf.extend_from_slice(session.forward(input, false, None)?),
         }
     }
     if finish != FinishReason::StopString {

@@ -81,7 +81,7 @@ fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
                 _ => "experts(matmul_f32(gemm))".to_string(),
             },
             op @ (Op::RouterSelect { .. } | Op::RouterWeights { .. }) => op.name().to_string(),
-            op @ (Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_)) => op.name().to_string(),
+            op @ (Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Slice { .. } | Op::Plant(_)) => op.name().to_string(),
         })
         .collect();
     graph.kernels = kernels;

@@ -37,6 +37,7 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
             },
             Op::LayerNorm { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
+            Op::Slice { len, .. } => with_last(input(0), *len),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
             Op::RouterSelect { router, .. } | Op::RouterWeights { router } => with_last(input(0), router.top_k),
             Op::Experts { .. } => input(0),

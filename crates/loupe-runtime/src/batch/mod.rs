@@ -283,6 +283,18 @@ impl<'e> BatchEngine<'e> {
         if n >= context {
             return Err(RuntimeError::PromptTooLong { prompt: n, context });
         }
+        // LongRoPE (Phi-3): transformers runs a sequence that outgrows the original length
+        // again in one call with the long factors (`loupe_runtime::generate` does the same);
+        // the batched engine's chunked prefill and per-step spans do not, so a request that
+        // could cross the switch is refused rather than answered with other numbers.
+        if let Some(switch) = self.graph.longrope_switch() {
+            if n + request.max_tokens > switch {
+                return Err(RuntimeError::InvalidRequest(format!(
+                    "the prompt ({n} tokens) plus max_tokens ({}) passes LongRoPE's original length {switch}, where transformers recomputes the sequence with the long factors; the batched engine does not reproduce that yet (use loupe generate, or keep prompt + max_tokens within {switch})",
+                    request.max_tokens
+                )));
+            }
+        }
         let vocab = self.vocab;
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(RuntimeError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {vocab}")));

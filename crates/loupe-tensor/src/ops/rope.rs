@@ -29,6 +29,17 @@ pub enum RopeScaling {
     /// Per-frequency divisors read from a GGUF `rope_freqs.weight` tensor
     /// (llama.cpp's encoding of the same Llama 3 scaling).
     FreqFactors(Vec<f32>),
+    /// Phi-3's LongRoPE (transformers' `_compute_longrope_parameters` and
+    /// `dynamic_rope_update`'s `longrope_frequency_update`): `inv_freq[i] = 1 / (f[i] *
+    /// theta^(2i / rotary_dim))` with `f = short_factor` while a call's last position + 1 is
+    /// at most `original_max_position_embeddings`, `long_factor` beyond; cos and sin are
+    /// multiplied by `attention_factor` (both sets).
+    LongRope {
+        short_factor: Vec<f32>,
+        long_factor: Vec<f32>,
+        original_max_position_embeddings: usize,
+        attention_factor: f32,
+    },
 }
 
 /// Which elements of a head rotate together; pair `i` always turns at frequency `i`.
@@ -54,25 +65,45 @@ impl RopeMode {
 #[derive(Debug, Clone)]
 pub struct RopeTable {
     head_dim: usize,
+    /// The leading elements of each head that rotate (`head_dim` unless the model has a
+    /// `partial_rotary_factor`); the rest pass through unchanged.
+    rotary_dim: usize,
     inv_freq: Vec<f32>,
     position_scale: f32,
+    /// cos and sin are multiplied by this (LongRoPE's attention factor; 1 otherwise).
+    attention_factor: f32,
+    /// LongRoPE's long-context frequencies and the length past which a call uses them.
+    long: Option<(Vec<f32>, usize)>,
 }
 
 impl RopeTable {
     /// `inv_freq[i] = 1 / theta^(2i / head_dim)`, computed in f32 as PyTorch does,
-    /// then adjusted by `scaling`.
+    /// then adjusted by `scaling`; every element of a head rotates.
     pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling) -> Result<RopeTable, TensorError> {
+        RopeTable::partial(head_dim, head_dim, theta, scaling)
+    }
+
+    /// A table that rotates only the first `rotary_dim` elements of each head and passes
+    /// the others through, with frequencies over `rotary_dim` (`inv_freq[i] = 1 /
+    /// theta^(2i / rotary_dim)`): transformers' `partial_rotary_factor`
+    /// (`compute_default_rope_parameters`' `dim`, and `apply_rotary_pos_emb`'s
+    /// `q[..., :rotary_dim]` / `q[..., rotary_dim:]`).
+    pub fn partial(head_dim: usize, rotary_dim: usize, theta: f32, scaling: &RopeScaling) -> Result<RopeTable, TensorError> {
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(TensorError::Shape {
                 op: "rope",
                 detail: format!("head_dim {head_dim} must be even and non-zero"),
             });
         }
-        let half = head_dim / 2;
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
+            return Err(TensorError::Shape { op: "rope", detail: format!("rotary_dim {rotary_dim} must be even, non-zero and at most head_dim {head_dim}") });
+        }
+        let half = rotary_dim / 2;
+        let exponent = |i: usize| (2 * i) as f32 / rotary_dim as f32;
+        let mut inv_freq: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf(exponent(i))).collect();
         let mut position_scale = 1.0;
+        let mut attention_factor = 1.0;
+        let mut long = None;
         match scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
@@ -105,21 +136,64 @@ impl RopeTable {
                     *f /= d;
                 }
             }
+            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor: af } => {
+                for (what, factors) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                    if factors.len() != half {
+                        return Err(TensorError::Shape { op: "rope", detail: format!("{} {what} entries for rotary_dim {rotary_dim} (expected {half})", factors.len()) });
+                    }
+                }
+                if !(af.is_finite() && *af > 0.0) || *original_max_position_embeddings == 0 {
+                    return Err(TensorError::Shape { op: "rope", detail: format!("longrope attention factor {af} and original length {original_max_position_embeddings} must be positive") });
+                }
+                // `1.0 / (ext_factors * base**inv_freq_shape)`, each step in f32 as torch.
+                let scaled = |factors: &[f32]| -> Vec<f32> { factors.iter().enumerate().map(|(i, &e)| 1.0 / (e * theta.powf(exponent(i)))).collect() };
+                inv_freq = scaled(short_factor);
+                long = Some((scaled(long_factor), *original_max_position_embeddings));
+                attention_factor = *af;
+            }
         }
-        Ok(RopeTable { head_dim, inv_freq, position_scale })
+        Ok(RopeTable { head_dim, rotary_dim, inv_freq, position_scale, attention_factor, long })
     }
 
     pub fn head_dim(&self) -> usize {
         self.head_dim
     }
 
-    /// cos and sin of every frequency at `position` (each `head_dim / 2` long).
-    pub fn cos_sin(&self, position: usize, cos: &mut [f32], sin: &mut [f32]) {
+    /// The leading elements of each head that rotate.
+    pub fn rotary_dim(&self) -> usize {
+        self.rotary_dim
+    }
+
+    /// The factor cos and sin are multiplied by (LongRoPE's attention factor, else 1).
+    pub fn attention_factor(&self) -> f32 {
+        self.attention_factor
+    }
+
+    /// LongRoPE's switch: a call whose last position + 1 exceeds this length rotates with
+    /// the long factors (`None`: the table has one set of frequencies).
+    pub fn long_after(&self) -> Option<usize> {
+        self.long.as_ref().map(|(_, n)| *n)
+    }
+
+    /// The frequencies of a call whose positions end at `end` (exclusive): LongRoPE picks
+    /// the long set for the whole call when `end` exceeds the original length, as
+    /// `longrope_frequency_update` does with `seq_len = max(position_ids) + 1`.
+    fn inv_freq_for(&self, end: usize) -> &[f32] {
+        match &self.long {
+            Some((long, original)) if end > *original => long,
+            _ => &self.inv_freq,
+        }
+    }
+
+    /// cos and sin at `position` within a call whose positions end at `end` (exclusive),
+    /// each `rotary_dim / 2` long, times the attention factor (`emb.cos() *
+    /// self.attention_scaling` in `Phi3RotaryEmbedding.forward`).
+    pub fn cos_sin(&self, position: usize, end: usize, cos: &mut [f32], sin: &mut [f32]) {
         let pos = position as f32 * self.position_scale;
-        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
+        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(self.inv_freq_for(end)) {
             let angle = f * pos;
-            *c = angle.cos();
-            *s = angle.sin();
+            *c = angle.cos() * self.attention_factor;
+            *s = angle.sin() * self.attention_factor;
         }
     }
 
@@ -138,7 +212,8 @@ impl RopeTable {
                 detail: format!("{} elements is not a multiple of {n_heads} heads x {}", x.len(), self.head_dim),
             });
         }
-        let half = self.head_dim / 2;
+        let half = self.rotary_dim / 2;
+        let end = first_position + x.len() / width;
         // On the stack for head_dim <= 512 (every model we know), so decode allocates
         // nothing; the heap beyond.
         let (mut cos_stack, mut sin_stack) = ([0.0f32; 256], [0.0f32; 256]);
@@ -151,8 +226,10 @@ impl RopeTable {
             (&mut cos_heap, &mut sin_heap)
         };
         for (t, row) in x.chunks_exact_mut(width).enumerate() {
-            self.cos_sin(first_position + t, cos, sin);
+            self.cos_sin(first_position + t, end, cos, sin);
             for head in row.chunks_exact_mut(self.head_dim) {
+                // Elements past rotary_dim pass through (`q_pass`).
+                let head = &mut head[..self.rotary_dim];
                 match mode {
                     RopeMode::SplitHalf => {
                         let (lo, hi) = head.split_at_mut(half);
@@ -230,6 +307,76 @@ mod tests {
             assert!((inter[2 * i] - perm[i]).abs() < 1e-6);
             assert!((inter[2 * i + 1] - perm[i + hd / 2]).abs() < 1e-6);
         }
+    }
+
+    /// The rotation of one head by the formula, in f64: pairs (i, i + rotary/2) over the
+    /// first `rotary` elements turn by `pos * inv_freq[i]`, cos and sin scaled by `af`.
+    fn reference_head(x: &[f32], pos: usize, inv_freq: &[f64], af: f64) -> Vec<f32> {
+        let half = inv_freq.len();
+        let mut out = x.to_vec();
+        for i in 0..half {
+            let (a, b) = (x[i] as f64, x[i + half] as f64);
+            let (c, s) = ((pos as f64 * inv_freq[i]).cos() * af, (pos as f64 * inv_freq[i]).sin() * af);
+            out[i] = (a * c - b * s) as f32;
+            out[i + half] = (b * c + a * s) as f32;
+        }
+        out
+    }
+
+    fn close(a: &[f32], b: &[f32], what: &str) {
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "{what}: element {i}: {x} vs {y}");
+        }
+    }
+
+    /// `partial_rotary_factor`: only the first rotary_dim elements of each head turn, with
+    /// frequencies over rotary_dim; the rest of the head is passed through bit for bit.
+    #[test]
+    fn partial_rotary_turns_the_leading_elements_only() {
+        let (hd, rd, theta) = (12, 8, 10000.0f32);
+        let t = RopeTable::partial(hd, rd, theta, &RopeScaling::None).unwrap();
+        assert_eq!((t.head_dim(), t.rotary_dim(), t.long_after()), (hd, rd, None));
+        let x: Vec<f32> = (0..2 * hd * 3).map(|i| ((i as f32) * 0.61).sin()).collect();
+        let mut y = x.clone();
+        t.apply(&mut y, 2, 5).unwrap();
+        let inv: Vec<f64> = (0..rd / 2).map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / rd as f64)).collect();
+        for (r, (xr, yr)) in x.chunks(2 * hd).zip(y.chunks(2 * hd)).enumerate() {
+            for (xh, yh) in xr.chunks(hd).zip(yr.chunks(hd)) {
+                close(&yh[..rd], &reference_head(&xh[..rd], 5 + r, &inv, 1.0), "rotated part");
+                assert_eq!(&yh[rd..], &xh[rd..], "the pass-through part changed");
+            }
+        }
+        for (hd, rd) in [(8, 0), (8, 3), (8, 10)] {
+            assert!(RopeTable::partial(hd, rd, theta, &RopeScaling::None).is_err(), "{hd}/{rd}");
+        }
+    }
+
+    /// LongRoPE: a call whose last position + 1 is at most the original length turns with
+    /// the short factors, a longer one with the long factors at every row (also its first),
+    /// and cos/sin carry the attention factor; factor lists of the wrong length are refused.
+    #[test]
+    fn longrope_picks_its_factors_by_the_call_end() {
+        let (hd, rd, theta, orig, af) = (8, 4, 10000.0f32, 4, 1.25f32);
+        let (short, long) = (vec![1.0f32, 1.5], vec![3.0f32, 7.0]);
+        let s = RopeScaling::LongRope { short_factor: short.clone(), long_factor: long.clone(), original_max_position_embeddings: orig, attention_factor: af };
+        let t = RopeTable::partial(hd, rd, theta, &s).unwrap();
+        assert_eq!((t.long_after(), t.attention_factor()), (Some(orig), af));
+        let inv = |f: &[f32]| -> Vec<f64> { f.iter().enumerate().map(|(i, &e)| 1.0 / (e as f64 * (theta as f64).powf(2.0 * i as f64 / rd as f64))).collect() };
+        let x: Vec<f32> = (0..hd).map(|i| 0.3 + (i as f32 * 0.77).cos()).collect();
+        // (first position, rows, which factors)
+        for (first, rows, factors) in [(0usize, 4usize, &short), (0, 5, &long), (3, 1, &short), (4, 1, &long), (2, 2, &short), (2, 3, &long)] {
+            let mut y: Vec<f32> = x.iter().cycle().take(hd * rows).copied().collect();
+            t.apply(&mut y, 1, first).unwrap();
+            for (r, row) in y.chunks(hd).enumerate() {
+                let want = reference_head(&x[..rd], first + r, &inv(factors), af as f64);
+                close(&row[..rd], &want, &format!("call at {first} of {rows}, row {r}"));
+                assert_eq!(&row[rd..], &x[rd..]);
+            }
+        }
+        let bad = RopeScaling::LongRope { short_factor: vec![1.0; 3], long_factor: long.clone(), original_max_position_embeddings: orig, attention_factor: af };
+        assert!(RopeTable::partial(hd, rd, theta, &bad).unwrap_err().to_string().contains("short_factor"));
+        let bad = RopeScaling::LongRope { short_factor: short, long_factor: long, original_max_position_embeddings: orig, attention_factor: f32::NAN };
+        assert!(RopeTable::partial(hd, rd, theta, &bad).is_err());
     }
 
     #[test]
