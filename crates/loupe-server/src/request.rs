@@ -707,4 +707,6 @@ pub fn fuzz_request(data: &[u8]) {
     let _ = chat(data, true, 0);
     let _ = completion(data, false, 0);
     let _ = completion(data, true, 0);
+    let _ = embeddings(data, false);
+    let _ = embeddings(data, true);
 }
