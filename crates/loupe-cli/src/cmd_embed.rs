@@ -103,8 +103,7 @@ pub fn run(args: EmbedArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let mut data = Vec::with_capacity(texts.len());
     let mut vectors = Vec::with_capacity(texts.len());
     let mut tokens = 0;
-    for (i, text) in texts.iter().enumerate() {
-        let e = engine.embed(text, &config)?;
+    for (i, e) in engine.embed_all(&texts, &config)?.into_iter().enumerate() {
         if e.truncated {
             eprintln!("loupe: input {i} was cut to {} tokens (--max-tokens)", config.max_tokens);
         }

@@ -178,14 +178,26 @@ impl Engine {
     /// The embedding of `text` under `config`: one encoder run (its own session), pooled,
     /// normalized if asked.
     pub fn embed(&self, text: &str, config: &EmbedConfig) -> Result<Embedding, RuntimeError> {
+        self.embed_all(&[text], config).map(|mut v| v.remove(0))
+    }
+
+    /// [`Engine::embed`] for every text, in order, through one session (its executor's
+    /// buffers and cache are reused; each input still runs alone from an empty cache, so
+    /// every vector is the one `embed` gives).
+    pub fn embed_all<S: AsRef<str>>(&self, texts: &[S], config: &EmbedConfig) -> Result<Vec<Embedding>, RuntimeError> {
         if !self.is_encoder() {
             return Err(RuntimeError::InvalidRequest(format!("{} is not an encoder model", self.path().display())));
         }
+        let mut session = self.session(config.max_tokens);
+        texts.iter().map(|text| self.embed_in(&mut session, text.as_ref(), config)).collect()
+    }
+
+    fn embed_in(&self, session: &mut crate::Session<'_>, text: &str, config: &EmbedConfig) -> Result<Embedding, RuntimeError> {
         let (ids, full) = self.tokenizer().encode_truncated(text, config.max_tokens)?;
         if ids.is_empty() {
             return Err(RuntimeError::InvalidRequest("the input encodes to no tokens".into()));
         }
-        let mut session = self.session(ids.len());
+        session.reset();
         let states = session.forward(&ids, true, None)?;
         let hidden = self.config().hidden_size;
         let mut vector = pool(states, hidden, config.pooling);

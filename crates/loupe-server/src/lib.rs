@@ -502,7 +502,7 @@ async fn embed_request(state: &Arc<AppState>, body: Result<Bytes, BytesRejection
     let (engine, lock, inputs) = (r.engine.clone(), state.embed_lock.clone(), req.input);
     let embedded = tokio::task::spawn_blocking(move || {
         let _one_at_a_time = lock.lock().unwrap_or_else(|p| p.into_inner());
-        inputs.iter().map(|text| engine.embed(text, &config)).collect::<Result<Vec<_>, _>>()
+        engine.embed_all(&inputs, &config)
     })
     .await
     .map_err(|e| {
