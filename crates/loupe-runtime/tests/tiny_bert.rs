@@ -148,6 +148,9 @@ fn embeddings_depend_on_word_order_and_are_unit_length() {
     // Mean pooling is order-blind; only the position embeddings tell these apart.
     let diff = a.vector.iter().zip(&b.vector).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(diff > 1e-3, "word order changed nothing (max difference {diff})");
+    // One session for several inputs (a longer one first) gives each the vector it gets alone.
+    let all = engine.embed_all(&["the dog sat on the mat", "cat dog", "dog cat"], &config).unwrap();
+    assert_eq!((&all[1], &all[2]), (&a, &b));
     // Pooling by hand from the states gives the same vector.
     let ids = engine.tokenizer().encode("cat dog", true).unwrap();
     let mut mean = loupe_runtime::embed::pool(&states(&engine, &ids), spec.hidden, Pooling::Mean);
