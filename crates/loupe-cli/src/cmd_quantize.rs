@@ -16,7 +16,9 @@ pub struct QuantizeArgs {
     pub input: PathBuf,
     /// The GGUF file to write.
     pub output: PathBuf,
-    /// Target type of the weight matrices: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4, f16, bf16 or f32.
+    /// Target type of the weight matrices: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4,
+    /// fp8 (E4M3 codes with an f16 scale per 32; a loupe type other GGUF readers refuse),
+    /// f16, bf16 or f32.
     #[arg(long = "type", value_name = "TYPE")]
     pub ty: String,
     /// Replace OUTPUT if it exists.
@@ -31,10 +33,12 @@ pub struct QuantizeArgs {
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let names: Vec<&str> = TARGETS.iter().map(|t| t.name()).collect();
+    // `fp8` is the and users' name for the E4M3 target (E5M2 weights are not written).
+    let wanted = if args.ty.eq_ignore_ascii_case("fp8") { "fp8_e4m3" } else { args.ty.as_str() };
     let target = TARGETS
         .iter()
         .copied()
-        .find(|t| t.name().eq_ignore_ascii_case(&args.ty))
+        .find(|t| t.name().eq_ignore_ascii_case(wanted))
         .ok_or_else(|| UsageError(format!("--type {}: expected one of {}", args.ty, names.join(", "))))?;
     let input = &args.input;
     if input.is_dir() {

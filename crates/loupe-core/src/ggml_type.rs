@@ -31,14 +31,24 @@ pub enum GgmlType {
     /// nibble bytes. NVFP4's second level, a per-tensor f32 scale, is not in the block: GGUF
     /// files carry it as a sidecar tensor `<name>.scale` (llama.cpp's convention).
     Nvfp4,
+    /// FP8 E4M3 (OCP `e4m3fn`) weights in blocks of 32 sharing an f16 scale: 2 bytes `d` +
+    /// 32 E4M3 codes, value `d * e4m3(q)`, the `Q8_0`-shaped layout llama.cpp PR #25336
+    /// proposes. **Not a ggml type** (ggml has no FP8 type yet): loupe writes and reads it
+    /// under [`FP8_E4M3_TYPE_ID`], outside ggml's range, so other GGUF readers refuse such
+    /// a file ("invalid ggml type") instead of misreading it.
+    Fp8E4M3,
 }
+
+/// The on-disk id loupe gives [`GgmlType::Fp8E4M3`]: far past ggml's last type (40 in
+/// 2026), so it can never collide with an id ggml assigns later.
+pub const FP8_E4M3_TYPE_ID: u32 = 1000;
 
 /// Elements per super-block of the K-quants (ggml's `QK_K`).
 pub const QK_K: usize = 256;
 
 impl GgmlType {
     /// Every type loupe can read, in id order.
-    pub const ALL: [GgmlType; 17] = [
+    pub const ALL: [GgmlType; 18] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -56,6 +66,7 @@ impl GgmlType {
         GgmlType::BF16,
         GgmlType::Mxfp4,
         GgmlType::Nvfp4,
+        GgmlType::Fp8E4M3,
     ];
 
     /// The id used on disk (`ggml_type`).
@@ -78,6 +89,7 @@ impl GgmlType {
             GgmlType::BF16 => 30,
             GgmlType::Mxfp4 => 39,
             GgmlType::Nvfp4 => 40,
+            GgmlType::Fp8E4M3 => FP8_E4M3_TYPE_ID,
         }
     }
 
@@ -107,6 +119,7 @@ impl GgmlType {
             GgmlType::Q8K => "q8_K",
             GgmlType::Mxfp4 => "mxfp4",
             GgmlType::Nvfp4 => "nvfp4",
+            GgmlType::Fp8E4M3 => "fp8_e4m3",
         }
     }
 
@@ -115,7 +128,7 @@ impl GgmlType {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
-            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Mxfp4 => 32,
+            GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Mxfp4 | GgmlType::Fp8E4M3 => 32,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K => QK_K,
             GgmlType::Q6K | GgmlType::Q8K => QK_K,
             GgmlType::Nvfp4 => 64,
@@ -141,6 +154,7 @@ impl GgmlType {
             GgmlType::Q8K => 292, // f32 d + 256 qs + 16*i16 bsums
             GgmlType::Mxfp4 => 17, // u8 e (E8M0) + 16 nibble bytes
             GgmlType::Nvfp4 => 36, // 4 UE4M3 sub-block scales + 32 nibble bytes
+            GgmlType::Fp8E4M3 => 34, // f16 d + 32 E4M3 codes
         }
     }
 

@@ -13,5 +13,5 @@ pub mod ggml_type;
 pub mod rng;
 
 pub use fp8::Fp8Format;
-pub use ggml_type::{GgmlType, QK_K};
+pub use ggml_type::{GgmlType, FP8_E4M3_TYPE_ID, QK_K};
 pub use rng::SplitMix64;

@@ -20,7 +20,7 @@ use crate::weights::{nvfp4_scale_name, nvfp4_tensor_scale};
 use crate::ModelError;
 
 /// Types `loupe quantize --type` writes.
-pub const TARGETS: [GgmlType; 11] = [
+pub const TARGETS: [GgmlType; 12] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -29,6 +29,7 @@ pub const TARGETS: [GgmlType; 11] = [
     GgmlType::Q4K,
     GgmlType::Mxfp4,
     GgmlType::Nvfp4,
+    GgmlType::Fp8E4M3,
     GgmlType::F16,
     GgmlType::BF16,
     GgmlType::F32,
@@ -63,6 +64,8 @@ fn file_type(ty: GgmlType) -> u32 {
         GgmlType::Mxfp4 => 38, // LLAMA_FTYPE_MOSTLY_MXFP4_MOE, as gpt-oss files say
         GgmlType::Nvfp4 => 39, // LLAMA_FTYPE_MOSTLY_NVFP4
         GgmlType::Q4K => 14,   // LLAMA_FTYPE_MOSTLY_Q4_K_S: every matrix Q4_K
+        // Not a llama.cpp file type (ggml has no FP8 type): loupe's id for the tensor type.
+        GgmlType::Fp8E4M3 => loupe_core::FP8_E4M3_TYPE_ID,
         _ => 0,
     }
 }

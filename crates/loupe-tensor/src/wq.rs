@@ -335,7 +335,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q6K) {
+    if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Fp8E4M3 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q6K) {
         let blocks = whole_blocks(ty, w_row.len(), x.len())?;
         if ty == GgmlType::Q5_1 && sums.len() != blocks {
             return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
@@ -347,6 +347,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
             match ty {
                 GgmlType::Mxfp4 => small_avx2::dot_mxfp4(w_row, x),
                 GgmlType::Nvfp4 => small_avx2::dot_nvfp4(w_row, x),
+                GgmlType::Fp8E4M3 => small_avx2::dot_fp8_e4m3(w_row, x),
                 GgmlType::Q4_0 => small_avx2::dot_q4_0(w_row, x),
                 GgmlType::Q5_0 => small_avx2::dot_q5::<false>(w_row, x, sums),
                 GgmlType::Q4K => kquant_avx2::dot_q4_k(w_row, x),
@@ -536,6 +537,37 @@ mod small_avx2 {
             let (lo, hi) = nibbles(_mm_loadu_si128(blk.as_ptr().add(1).cast()));
             let s = block32(_mm_shuffle_epi8(kv, lo), _mm_shuffle_epi8(kv, hi), x.as_ptr().add(32 * b));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(e8m0_half(blk[0])), s, acc);
+        }
+        hsum(acc)
+    }
+
+    /// `GgmlType::Fp8E4M3` (34 bytes: f16 `d`, then 32 E4M3 codes), value `d * e4m3(q)`.
+    /// Each code becomes the f16 of its value / 256 by moving bits (`(q & 0x7f) << 7` is
+    /// the magnitude, E4M3's exponent field landing in f16's, whose bias is 8 more, normals
+    /// and subnormals alike; the sign to bit 15; the NaN codes to an f16 NaN), F16C widens
+    /// it exactly, and the block's sum is multiplied by `256 * d` (a power-of-two scaling,
+    /// exact): the values of the scalar reference, summed in another order.
+    ///
+    /// # Safety
+    /// AVX2 + FMA + F16C; `w` whole blocks, `x` 32 floats per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_fp8_e4m3(w: &[u8], x: &[f32]) -> f32 {
+        let magnitude = _mm256_set1_epi16(0x7f);
+        let sign = _mm256_set1_epi16(0x80);
+        let nan = _mm256_set1_epi16(0x7e00);
+        let mut acc = _mm256_setzero_ps();
+        for (b, blk) in w.chunks_exact(34).enumerate() {
+            let xp = x.as_ptr().add(32 * b);
+            let mut s = _mm256_setzero_ps();
+            for part in 0..2 {
+                let c = _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.as_ptr().add(2 + 16 * part).cast()));
+                let m = _mm256_and_si256(c, magnitude);
+                let h = _mm256_or_si256(_mm256_slli_epi16::<7>(m), _mm256_slli_epi16::<8>(_mm256_and_si256(c, sign)));
+                let h = _mm256_blendv_epi8(h, nan, _mm256_cmpeq_epi16(m, magnitude));
+                s = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(xp.add(16 * part)), s);
+                s = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)), _mm256_loadu_ps(xp.add(16 * part + 8)), s);
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(blk.as_ptr()) * 256.0), s, acc);
         }
         hsum(acc)
     }
@@ -921,6 +953,28 @@ mod tests {
         }
     }
 
+    /// An E4M3 NaN code (0x7f or 0xff) in a weight makes the row's dot NaN at every ISA, as
+    /// the reference's widening does (the AVX2 kernel's bit moves would otherwise read it
+    /// as 1.875 * 2^8).
+    #[test]
+    fn fp8_e4m3_nan_codes_give_nan_at_every_isa() {
+        for nan in [0x7fu8, 0xff] {
+            let mut row = vec![0u8; 2 * 34];
+            for blk in row.chunks_exact_mut(34) {
+                blk[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+                for (j, c) in blk[2..].iter_mut().enumerate() {
+                    *c = (j as u8 * 7) % 0x70;
+                }
+            }
+            row[34 + 2 + 9] = nan;
+            let x = data(64, 5);
+            assert!(dot_row_scalar(GgmlType::Fp8E4M3, &row, &x).unwrap().is_nan());
+            for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
+                assert!(dot_row(isa, GgmlType::Fp8E4M3, &row, &x, &[]).unwrap().is_nan(), "code {nan:#x} {isa:?}");
+            }
+        }
+    }
+
     #[test]
     fn rows_that_are_not_whole_blocks_are_errors_even_when_the_counts_balance() {
         // 9 bytes against 16 values: 9 * 256 == 16 * 144 for Q4_K, 9 * 32 == 16 * 18 for
@@ -943,7 +997,7 @@ mod tests {
 
     #[test]
     fn every_isa_dot_matches_the_scalar_reference() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Mxfp4, GgmlType::Nvfp4, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Mxfp4, GgmlType::Nvfp4, GgmlType::Fp8E4M3, GgmlType::Q4K, GgmlType::Q6K] {
             let (q, _) = qmatrix_or_random(ty, 2, 256);
             let x = data(256, 3);
             let sums: Vec<f32> = x.chunks(32).map(|c| c.iter().sum()).collect();
@@ -955,10 +1009,10 @@ mod tests {
         }
     }
 
-    /// Q4_0 / Q5_0 / Q5_1 / MXFP4 / NVFP4 rows of raw random bytes (every nibble and high
-    /// bit, f16 scales and E8M0 exponents around 1, every UE4M3 byte including 0x00 and the
-    /// NaN code 0x7F): each ISA's dot stays within f32 rounding of the block-by-block
-    /// reference.
+    /// Q4_0 / Q5_0 / Q5_1 / MXFP4 / NVFP4 / FP8 E4M3 rows of raw random bytes (every nibble
+    /// and high bit, f16 scales and E8M0 exponents around 1, every UE4M3 byte including 0x00
+    /// and the NaN code 0x7F, every finite E4M3 code): each ISA's dot stays within f32
+    /// rounding of the block-by-block reference.
     #[test]
     fn small_block_dots_of_raw_blocks_match_the_scalar_reference() {
         let mut s = 0x9e37_79b9u32;
@@ -968,14 +1022,19 @@ mod tests {
             s ^= s << 5;
             (s >> 8) as u8
         };
-        for (ty, blocks) in [(GgmlType::Mxfp4, 24), (GgmlType::Nvfp4, 12), (GgmlType::Q4_0, 24), (GgmlType::Q5_0, 24), (GgmlType::Q5_1, 24)] {
+        for (ty, blocks) in [(GgmlType::Mxfp4, 24), (GgmlType::Nvfp4, 12), (GgmlType::Fp8E4M3, 24), (GgmlType::Q4_0, 24), (GgmlType::Q5_0, 24), (GgmlType::Q5_1, 24)] {
             let k = blocks * ty.block_size();
             let mut row = vec![0u8; blocks * ty.type_size()];
             for (i, b) in row.iter_mut().enumerate() {
                 let at = i % ty.type_size();
                 *b = match (ty, at) {
                     // f16 scales (and Q5_1's minimum) near 1: exponent bits 0x3C +- 1.
-                    (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1, 1) | (GgmlType::Q5_1, 3) => (0x3B + byte() % 3) | (byte() & 0x80),
+                    (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Fp8E4M3, 1) | (GgmlType::Q5_1, 3) => (0x3B + byte() % 3) | (byte() & 0x80),
+                    // Every E4M3 code but the two NaN codes (subnormals, zeros, +-448 included).
+                    (GgmlType::Fp8E4M3, 2..) => match byte() {
+                        c if c & 0x7f == 0x7f => c ^ 1,
+                        c => c,
+                    },
                     (GgmlType::Mxfp4, 0) => 112 + byte() % 32,
                     (GgmlType::Nvfp4, 0..=3) if i / ty.type_size() == 0 => [0x00, 0x7F, 0x01, 0x7E][at],
                     (GgmlType::Nvfp4, 0..=3) => byte() & 0x7F,

@@ -267,3 +267,15 @@ pub(crate) fn mxfp4(src: &[u8], dst: &mut [f32]) {
         }
     }
 }
+
+/// `GgmlType::Fp8E4M3` (34-byte blocks: f16 `d`, then 32 E4M3 codes): `e4m3(q) * d`, each
+/// code widened exactly and multiplied once (one f32 rounding, as `q8_0`). The NaN codes
+/// (0x7f, 0xff) stay NaN; loupe's quantizer never writes them.
+pub(crate) fn fp8_e4m3(src: &[u8], dst: &mut [f32]) {
+    for (b, out) in src.chunks_exact(34).zip(dst.chunks_exact_mut(32)) {
+        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+        for (o, &q) in out.iter_mut().zip(&b[2..]) {
+            *o = crate::fp8::decode_e4m3(q) * d;
+        }
+    }
+}

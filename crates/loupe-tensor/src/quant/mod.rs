@@ -119,6 +119,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), T
         GgmlType::Q8K => dequant::q8_k(src, dst),
         GgmlType::Mxfp4 => dequant::mxfp4(src, dst),
         GgmlType::Nvfp4 => dequant::nvfp4(src, dst),
+        GgmlType::Fp8E4M3 => dequant::fp8_e4m3(src, dst),
         _ => return Err(TensorError::UnsupportedType { op: "dequantize_row", dtype: ty }),
     }
     Ok(())
@@ -126,7 +127,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), T
 
 /// Quantizes `src` into `dst` (exactly the bytes for `src.len()` elements of
 /// `ty`), as ggml's `quantize_row_*_ref` would. Supported: F32, F16, BF16, Q4_0,
-/// Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, MXFP4, NVFP4 and Q4_K; the other K-quant weight
+/// Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, MXFP4, NVFP4, FP8 E4M3 and Q4_K; the other K-quant weight
 /// types are not.
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), TensorError> {
     quantize_row_with(Isa::active(), ty, src, dst)
@@ -160,6 +161,7 @@ pub fn quantize_row_with(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) ->
         GgmlType::Q8K => quantize::q8_k(src, dst),
         GgmlType::Mxfp4 => quantize::mxfp4(src, dst),
         GgmlType::Nvfp4 => quantize::nvfp4(src, dst),
+        GgmlType::Fp8E4M3 => quantize::fp8_e4m3(src, dst),
         GgmlType::Q4K => quantize::q4_k(src, dst),
         _ => return Err(TensorError::UnsupportedType { op: "quantize_row", dtype: ty }),
     }

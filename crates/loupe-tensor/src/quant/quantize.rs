@@ -409,3 +409,43 @@ pub(crate) fn q4_k(src: &[f32], dst: &mut [u8]) {
         write(dst, i, &BlockQ4K { d, dmin, scales: packed, qs });
     }
 }
+
+/// `GgmlType::Fp8E4M3`: per block of 32, the scale `d = max|x| / 448` (E4M3's largest
+/// value) rounded to f16, and each value's code `e4m3(x / d)`, rounded to nearest even and
+/// saturating at ±448 (a `d` that f16 rounded down can put the largest value just past it).
+///
+/// **The scale is guarded**, the bug the issue names: a block whose `max|x| / 448` is
+/// below f16's smallest subnormal (2^-24; all-zero blocks and blocks under ~1e-5) rounds
+/// `d` to 0, whose reciprocal is infinite, and `0 * inf` is NaN. Such a block is stored as
+/// `d = 0` with zero codes: it dequantizes to exact zeros. A scale past f16's range is
+/// clamped to its largest value (the codes then saturate). Non-finite inputs do not set
+/// the scale; NaN stays NaN, infinities saturate.
+pub(crate) fn fp8_e4m3(src: &[f32], dst: &mut [u8]) {
+    use crate::fp8::encode_e4m3;
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        let amax = x.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = f16::from_f32((amax / 448.0).min(f16::MAX.to_f32()));
+        let df = d.to_f32();
+        let (d, id) = if df > 0.0 { (d, 1.0 / df) } else { (f16::ZERO, 0.0) };
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        for (q, &v) in b[2..].iter_mut().zip(x) {
+            *q = encode_e4m3(if v.is_finite() { v * id } else { v });
+        }
+    }
+}
+
+/// The unguarded form of [`fp8_e4m3`]'s scale, `1 / f16(max|x| / 448)`, kept only so the
+/// tests can show what it does to a near-zero block (NaN codes); never used to quantize.
+#[cfg(test)]
+pub(crate) fn fp8_e4m3_unguarded(src: &[f32], dst: &mut [u8]) {
+    use crate::fp8::encode_e4m3;
+    for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = f16::from_f32(amax / 448.0);
+        let id = 1.0 / d.to_f32();
+        b[..2].copy_from_slice(&d.to_le_bytes());
+        for (q, &v) in b[2..].iter_mut().zip(x) {
+            *q = encode_e4m3(v * id);
+        }
+    }
+}

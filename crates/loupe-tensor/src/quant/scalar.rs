@@ -32,6 +32,7 @@ pub(super) fn dot_fn(ty: GgmlType) -> VecDotFn {
         GgmlType::Q8K => q8k_q8k,
         GgmlType::Mxfp4 => mxfp4_f32,
         GgmlType::Nvfp4 => nvfp4_f32,
+        GgmlType::Fp8E4M3 => fp8_e4m3_f32,
         other => panic!("vec_dot: no kernel for {other}"),
     }
 }
@@ -98,6 +99,19 @@ pub(crate) fn nvfp4_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     for (b, block) in w[..n / 64 * 36].chunks_exact(36).enumerate() {
         super::dequant::nvfp4(block, &mut vals);
         acc += vals.iter().enumerate().map(|(j, &v)| v * act_f32(a, b * 64 + j)).sum::<f32>();
+    }
+    acc
+}
+
+/// FP8 E4M3 blocks against f32 activations, as [`mxfp4_f32`]: each block's codes widened
+/// exactly, dotted with the activations, times the block's f16 scale.
+pub(crate) fn fp8_e4m3_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
+    super::check_dot(GgmlType::Fp8E4M3, w, a, n);
+    let mut acc = 0f32;
+    for (b, block) in w[..n / QK * 34].chunks_exact(34).enumerate() {
+        let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+        let s: f32 = block[2..].iter().enumerate().map(|(j, &q)| crate::fp8::decode_e4m3(q) * act_f32(a, b * QK + j)).sum();
+        acc += s * d;
     }
     acc
 }

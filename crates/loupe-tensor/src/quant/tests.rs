@@ -389,3 +389,60 @@ fn q4_k_quantizes_near_a_4_bit_grid_and_no_worse_than_q4_1() {
         assert!(y.iter().all(|v| (v - row[0]).abs() <= tol), "{} came back as {:?}", row[0], &y[..4]);
     }
 }
+
+/// `GgmlType::Fp8E4M3`: the block layout (f16 `d`, then 32 codes), `d = f16(max|x| / 448)`,
+/// codes round to nearest even against that `d` (representable values come back exactly),
+/// and the guarded scale: zero, tiny (below what an f16 scale can hold) and huge blocks
+/// never produce NaN, where the unguarded reciprocal writes NaN codes.
+#[test]
+fn fp8_e4m3_blocks_quantize_with_a_guarded_scale() {
+    use crate::fp8::{decode_e4m3, encode_e4m3};
+    // Values on the E4M3 grid times d = 0.5: they come back bit for bit.
+    let grid: Vec<f32> = (0..32).map(|j| decode_e4m3(((j * 37) % 0x7f) as u8 ^ if j % 3 == 0 { 0x80 } else { 0 }) * 0.5).collect();
+    let mut x = grid.clone();
+    x[5] = 224.0; // 448 * 0.5: max|x| / 448 = 0.5 exactly
+    let mut q = [0u8; 34];
+    quantize_row(GgmlType::Fp8E4M3, &x, &mut q).unwrap();
+    assert_eq!(f16::from_le_bytes([q[0], q[1]]), h(0.5));
+    assert_eq!(q[2 + 5], 0x7e, "the largest value takes E4M3's largest code");
+    assert_eq!(deq(GgmlType::Fp8E4M3, &q, 32), x, "representable values come back exactly");
+    // Random blocks at several magnitudes: each code is the nearest-even E4M3 of x / d.
+    let mut rng = loupe_core::SplitMix64::new(21);
+    for mag in [3e-4f32, 0.05, 1.0, 900.0] {
+        let x: Vec<f32> = (0..96).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * mag).collect();
+        let mut q = vec![0u8; 3 * 34];
+        quantize_row(GgmlType::Fp8E4M3, &x, &mut q).unwrap();
+        let y = deq(GgmlType::Fp8E4M3, &q, 96);
+        for (b, (xs, ys)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = f16::from_le_bytes([q[34 * b], q[34 * b + 1]]);
+            assert_eq!(d, h(amax / 448.0), "magnitude {mag}: block {b}'s scale");
+            for (j, (&xv, &yv)) in xs.iter().zip(ys).enumerate() {
+                assert_eq!(q[34 * b + 2 + j], encode_e4m3(xv * (1.0 / d.to_f32())), "magnitude {mag}: {xv}'s code");
+                // E4M3 keeps 3 mantissa bits: half an ulp is 2^-4 relative, plus the
+                // subnormal step (2^-9 * d) near zero.
+                assert!((yv - xv).abs() <= xv.abs() / 16.0 + d.to_f32() / 512.0 + 1e-12, "magnitude {mag}: {xv} became {yv}");
+            }
+        }
+    }
+    // The guard: an all-zero block, a block whose scale is below f16's smallest subnormal
+    // (max 1e-6: 1e-6 / 448 rounds to f16 zero), and a denormal f32 block all store d = 0 and
+    // codes of +-0; the unguarded reciprocal (1 / 0 = inf, 0 * inf = NaN) writes NaN codes.
+    for (label, v) in [("zero", 0.0f32), ("tiny", 1e-6), ("denormal", 1e-40)] {
+        // With an exact zero among them (pruned weights): the unguarded 0 * inf.
+        let x: Vec<f32> = (0..32).map(|j| if j % 4 == 3 { 0.0 } else if j % 2 == 0 { v } else { -v * 0.5 }).collect();
+        let mut q = [0xAAu8; 34];
+        quantize_row(GgmlType::Fp8E4M3, &x, &mut q).unwrap();
+        assert_eq!(&q[..2], &[0, 0], "{label} block: d = 0");
+        assert!(q[2..].iter().all(|&c| c & 0x7f == 0), "{label} block: zero codes (the sign kept)");
+        assert!(deq(GgmlType::Fp8E4M3, &q, 32).iter().all(|&y| y == 0.0), "{label} block dequantizes to zeros");
+        let mut bad = [0u8; 34];
+        super::quantize::fp8_e4m3_unguarded(&x, &mut bad);
+        assert!(deq(GgmlType::Fp8E4M3, &bad, 32).iter().any(|y| y.is_nan()), "{label} block: the unguarded formula writes NaN");
+    }
+    // A huge block: the scale clamps to f16's largest and the codes saturate, finite.
+    let x: Vec<f32> = (0..32).map(|j| 1e30 * if j % 2 == 0 { 1.0 } else { -0.25 }).collect();
+    quantize_row(GgmlType::Fp8E4M3, &x, &mut q).unwrap();
+    assert_eq!(f16::from_le_bytes([q[0], q[1]]), f16::MAX);
+    assert!(deq(GgmlType::Fp8E4M3, &q, 32).iter().all(|y| y.is_finite()));
+}

@@ -86,6 +86,20 @@ pub fn random_row(rng: &mut Rng, ty: GgmlType, n: usize) -> Vec<u8> {
             }
             out
         }
+        GgmlType::Fp8E4M3 => {
+            // A sane f16 scale; the codes any finite E4M3 code (the NaN codes 0x7f/0xff
+            // are moved to their neighbours).
+            let mut out = rng.bytes(n / 32 * 34);
+            for blk in out.chunks_exact_mut(34) {
+                blk[..2].copy_from_slice(&scale(rng, false));
+                for c in &mut blk[2..] {
+                    if *c & 0x7f == 0x7f {
+                        *c ^= 1;
+                    }
+                }
+            }
+            out
+        }
         GgmlType::Q8K => {
             // d is an f32 here; bsums only matter for activations (not used for weights).
             let mut out = Vec::new();
