@@ -21,7 +21,23 @@ pub struct DumpRequest<'a> {
     pub dtype: Option<&'a str>,
 }
 
-fn require() -> anyhow::Result<()> {
+/// The Python reference is installed and can read `model`: gguf-py (and so transformers)
+/// refuses loupe's own FP8 tensor type, so such a file is turned away here with what to do
+/// instead, not after ~20 s of loading with a numpy error.
+fn require(model: &Path) -> anyhow::Result<()> {
+    if model.is_file() {
+        if let Ok(file) = loupe_formats::GgufFile::open(model) {
+            if let Some(t) = file.tensors.iter().find(|t| t.ggml_type == loupe_core::GgmlType::Fp8E4M3) {
+                return Err(UsageError(format!(
+                    "{}: holds {} tensors ({} first), a loupe type the transformers reference cannot read: dump the model it was quantized from (loupe dump -m ORIGINAL -o DIR) and pass --reference DIR",
+                    model.display(),
+                    t.ggml_type,
+                    t.name
+                ))
+                .into());
+            }
+        }
+    }
     let ok = Command::new("python3").args(["-c", "import loupe_reference"]).output().map(|o| o.status.success()).unwrap_or(false);
     if ok {
         Ok(())
@@ -65,7 +81,7 @@ fn ids(t: &[u32]) -> String {
 
 /// Dumps the reference's named values into `out` (`python -m loupe_reference dump`).
 pub fn dump(model: &Path, input: &PromptArgs, req: &DumpRequest<'_>, out: &Path) -> anyhow::Result<()> {
-    require()?;
+    require(model)?;
     let mut cmd = command("dump", model, input);
     cmd.args(["--layers", req.layers]);
     for t in req.taps {
@@ -101,7 +117,7 @@ pub struct TeacherForced {
 
 /// `python -m loupe_reference teacher-force --tokens ... --top-logits 2`.
 pub fn teacher_force(model: &Path, input: &PromptArgs, tokens: &[u32]) -> anyhow::Result<TeacherForced> {
-    require()?;
+    require(model)?;
     let mut cmd = command("teacher-force", model, input);
     cmd.args(["--tokens", &ids(tokens), "--top-logits", "2"]);
     eprintln!("loupe: running the transformers reference (python -m loupe_reference teacher-force); loading takes ~20 s");

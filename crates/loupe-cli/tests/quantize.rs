@@ -102,6 +102,10 @@ fn fp8_files_load_and_run_near_the_original() {
     assert!(agree > 0.99999, "fp8 native vs f32 logits cosine {agree}");
     let o = run(loupe().args(["generate", "--precision", "native", "-n", "4", "-m"]).arg(&out).arg("hello"));
     assert!(o.status.success(), "native generate on FP8: {}", stderr(&o));
+    // The transformers reference cannot read the type: parity against it is refused up front,
+    // naming what to do instead.
+    let o = run(loupe().args(["parity", "--prompt", "hello", "-m"]).arg(&out));
+    assert_clean_failure(&o, "a loupe type the transformers reference cannot read: dump the model it was quantized from");
     let back = dir.path().join("tiny-fp8-q8_0.gguf");
     let o = run(loupe().arg("quantize").arg(&out).arg(&back).args(["--type", "q8_0", "--all"]));
     assert!(o.status.success(), "fp8 -> q8_0: {}", stderr(&o));
