@@ -117,9 +117,8 @@ fn bits(ty: GgmlType) -> f64 {
 /// mixes), because every token's input and every logit goes through them.
 pub const EMBEDDINGS: [&str; 2] = ["token_embd.weight", "output.weight"];
 
-/// The type an embedding stored as float type `from` is written in when it is kept at higher
-/// precision than `target`: Q8_0 for targets of fewer bits, the target otherwise (see the
-/// module docs).
+/// The type an f32/f16/bf16 embedding is written in when it keeps more bits than a target
+/// with fewer bits than this (see the module docs); above it, the target.
 pub const FLOAT_EMBEDDING_TYPE: GgmlType = GgmlType::Q8_0;
 
 /// One tensor of a quantization's input, in GGUF naming and layout.
