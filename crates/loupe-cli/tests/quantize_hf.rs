@@ -1,6 +1,6 @@
 //! `loupe quantize DIR OUT.gguf` on tiny Hugging Face checkpoints made by the Python
 //! reference (`make-tiny`: config.json, f32 model.safetensors, SmolLM2's tokenizer files), for
-//! Llama (untied; tied with Llama 3 RoPE scaling) and Qwen2 (q/k/v biases):
+//! Llama (untied; tied with Llama 3 RoPE scaling), Qwen2 (q/k/v biases) and Qwen3 (q/k norms):
 //! * `--type f32`: `loupe generate` gives the same prompt ids and greedy tokens from the GGUF as
 //!   from the directory, and `loupe dump`'s logits agree to f32 rounding (bit-identical where
 //!   no RoPE scaling is involved); transformers loads the GGUF (`gguf_file=`) and its logits
@@ -95,8 +95,8 @@ print(json.dumps([(la - lb).abs().max().item(), la.abs().max().item()]))
 }
 
 /// The whole check on one checkpoint; `exact`: f32 logits bit-identical (no RoPE scaling
-/// table recomputed on the way), and transformers' GGUF logits compared.
-fn check(name: &str, extra: &[&str], exact: bool) {
+/// table recomputed on the way), and (with `transformers`) transformers' GGUF logits compared.
+fn check(name: &str, extra: &[&str], exact: bool, transformers: bool) {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(name);
@@ -116,10 +116,13 @@ fn check(name: &str, extra: &[&str], exact: bool) {
     eprintln!("{name}: f32 logits largest difference {gap} (largest logit {scale})");
     if exact {
         assert_eq!(got, want, "{name}: f32 logits of the GGUF and of the directory");
+    }
+    if exact && transformers {
         let (t_gap, t_scale) = transformers_gap(&dir, &f32_gguf);
         eprintln!("{name}: transformers, GGUF against directory: largest difference {t_gap} (largest logit {t_scale})");
         assert!(t_gap <= 1e-5 * t_scale, "{name}: transformers' logits from the GGUF differ by {t_gap}");
-    } else {
+    }
+    if !exact {
         assert!(gap <= 1e-4 * scale, "{name}: f32 logits differ by {gap} (largest {scale})");
     }
 
@@ -149,19 +152,19 @@ fn check(name: &str, extra: &[&str], exact: bool) {
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn a_tiny_llama_directory_quantizes_to_the_same_model() {
-    check("tiny-llama", &[], true);
+    check("tiny-llama", &[], true, true);
 }
 
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn a_tiny_tied_llama_with_llama3_rope_quantizes_to_the_same_model() {
-    check("tiny-llama3", &["--tie", "--rope-scaling", "llama3"], false);
+    check("tiny-llama3", &["--tie", "--rope-scaling", "llama3"], false, false);
 }
 
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn a_tiny_qwen2_directory_quantizes_to_the_same_model() {
-    check("tiny-qwen2", &["--family", "qwen2"], true);
+    check("tiny-qwen2", &["--family", "qwen2"], true, true);
 }
 
 /// A directory loupe cannot convert fails with one line naming the file (no Python needed).
@@ -176,4 +179,13 @@ fn a_directory_without_tokenizer_json_fails_with_one_line() {
     let o = run(loupe().arg("quantize").arg(tmp.path()).arg(tmp.path().join("o.gguf")).args(["--type", "q8_0"]));
     assert_clean_failure(&o, "unsupported architecture 'GPT2LMHeadModel'");
     assert!(!tmp.path().join("o.gguf").exists());
+}
+
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn a_tiny_qwen3_directory_quantizes_to_the_same_model() {
+    // Not transformers: its GGUF loader (5.23) maps no `qwen3.attention.key_length` and builds
+    // Qwen3Config's default head_dim of 128, so it cannot load a tiny Qwen3 (head_dim 16) from
+    // any GGUF, llama.cpp's included (real Qwen3 models have 128).
+    check("tiny-qwen3", &["--family", "qwen3"], true, false);
 }

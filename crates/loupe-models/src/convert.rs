@@ -124,7 +124,9 @@ impl HfCheckpoint {
             (key("attention.layer_norm_rms_epsilon"), GgufValue::F32(config.rms_norm_eps)),
             (key("rope.freq_base"), GgufValue::F32(config.rope_theta)),
         ];
-        if config.head_dim != config.hidden_size / config.num_attention_heads {
+        if json.get("head_dim").is_some_and(|h| !h.is_null()) || config.head_dim != config.hidden_size / config.num_attention_heads {
+            // As llama.cpp writes them whenever config.json states head_dim (transformers'
+            // GGUF loader takes Qwen3's head_dim from key_length, else its default of 128).
             metadata.push((key("attention.key_length"), u32v(config.head_dim)));
             metadata.push((key("attention.value_length"), u32v(config.head_dim)));
         }

@@ -203,6 +203,30 @@ fn a_qwen2_directory_with_biases_converts_to_the_same_model() {
     assert_eq!(all_logits(&converted.graph, &TOKENS), want, "f32 logits of the converted Qwen2");
 }
 
+/// Qwen3: per-head q/k RMSNorms (random weights), no biases, q/k rows not permuted.
+#[test]
+fn a_qwen3_directory_with_qk_norms_converts_to_the_same_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, original) = tiny_f32(tmp.path());
+    let c = &original.config;
+    let mut rng = SplitMix64(11);
+    let mut norm = |n: usize| (0..n).map(|_| 1.0 + ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4).collect::<Vec<f32>>();
+    let extra: Vec<_> = (0..c.num_hidden_layers).flat_map(|l| ["q_norm", "k_norm"].map(|p| (format!("model.layers.{l}.self_attn.{p}.weight"), vec![c.head_dim], norm(c.head_dim)))).collect();
+    let dir = tmp.path().join("hf-qwen3");
+    export(&original, &dir, "Qwen3ForCausalLM", &extra, Dtype::F32);
+    let from_dir = load_at(&dir, Precision::F32);
+    assert_eq!(from_dir.config.family, loupe_models::Family::Qwen3);
+    let want = all_logits(&from_dir.graph, &TOKENS);
+    let out = tmp.path().join("qwen3-f32.gguf");
+    convert(&dir, &out, GgmlType::F32, true);
+    let g = GgufFile::open(&out).unwrap();
+    assert_eq!(g.opt_str("general.architecture").unwrap(), Some("qwen3"));
+    assert!(g.tensor("blk.1.attn_k_norm.weight").is_some());
+    let converted = load_at(&out, Precision::F32);
+    assert_eq!(converted.config, from_dir.config);
+    assert_eq!(all_logits(&converted.graph, &TOKENS), want, "f32 logits of the converted Qwen3");
+}
+
 fn error_of(dir: &Path) -> String {
     let out = dir.join("out.gguf");
     let e = quantize_hf_dir(dir, &out, GgmlType::Q8_0, true, |_, _| {}).err().unwrap_or_else(|| panic!("{}: converted", dir.display()));
