@@ -194,7 +194,7 @@ impl TensorSource for HfCheckpoint {
         self.metadata.clone()
     }
 
-    fn len(&self) -> usize {
+    fn tensor_count(&self) -> usize {
         self.entries.len() + usize::from(self.rope_freqs.is_some())
     }
 

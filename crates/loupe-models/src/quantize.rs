@@ -145,7 +145,7 @@ pub trait TensorSource {
     /// Every metadata key to write except `general.file_type`.
     fn metadata(&self) -> Vec<(String, GgufValue)>;
     /// How many tensors [`TensorSource::tensor`] numbers.
-    fn len(&self) -> usize;
+    fn tensor_count(&self) -> usize;
     /// Bytes of tensor data the input holds.
     fn bytes_in(&self) -> u64;
     /// Tensor `i`; `None` for one that travels with another (NVFP4's scale sidecars).
@@ -176,7 +176,7 @@ impl TensorSource for GgufInput {
         self.file.metadata.iter().filter(|(k, _)| k.as_str() != "general.file_type").map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
-    fn len(&self) -> usize {
+    fn tensor_count(&self) -> usize {
         self.file.tensors.len()
     }
 
@@ -219,7 +219,7 @@ pub fn quantize_source(source: &dyn TensorSource, output: &Path, target: GgmlTyp
     }
     writer.add("general.file_type", GgufValue::U32(file_type(target)));
     let mut report = QuantizeReport { target, tensors: Vec::new(), bytes_in: source.bytes_in(), bytes_out: 0, matrix_elements: 0, matrix_bytes_out: 0 };
-    let total = source.len();
+    let total = source.tensor_count();
     for i in 0..total {
         let Some(t) = source.tensor(i)? else {
             progress(i + 1, total);
