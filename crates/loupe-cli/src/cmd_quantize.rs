@@ -1,18 +1,23 @@
-//! `loupe quantize IN.gguf OUT.gguf --type T`: the same model with its weight matrices in
-//! another GGML type ([`loupe_models::quantize`]); `loupe parity` against a dump of the
-//! original then shows what the quantization cost, layer by layer.
+//! `loupe quantize IN OUT.gguf --type T`: the same model with its weight matrices in
+//! another GGML type ([`loupe_models::quantize`]), IN a GGUF or a Hugging Face checkpoint
+//! directory (converted as llama.cpp's converter does: [`loupe_models::convert`]); `loupe
+//! parity` against a dump of the original then shows what the quantization cost, layer by
+//! layer.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
+use loupe_models::convert::quantize_hf_dir;
 use loupe_models::quantize::{quantize_gguf, TensorFate, TARGETS};
 
 use crate::UsageError;
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
-    /// The GGUF file to read (any weight types loupe reads, K-quants included).
+    /// The GGUF file to read (any weight types loupe reads, K-quants included), or a Hugging
+    /// Face checkpoint directory (config.json, *.safetensors in f32/f16/bf16, tokenizer.json;
+    /// Llama, Qwen2 and Qwen3 with byte-level BPE tokenizers) to convert.
     pub input: PathBuf,
     /// The GGUF file to write.
     pub output: PathBuf,
@@ -41,15 +46,15 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         .find(|t| t.name().eq_ignore_ascii_case(wanted))
         .ok_or_else(|| UsageError(format!("--type {}: expected one of {}", args.ty, names.join(", "))))?;
     let input = &args.input;
-    if input.is_dir() {
-        return Err(UsageError(format!("{}: a directory; loupe quantize reads a GGUF file (safetensors checkpoints are not supported yet)", input.display())).into());
-    }
-    let mut magic = [0u8; 4];
-    let readable = std::fs::File::open(input).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
-    match readable {
-        Err(e) => return Err(UsageError(format!("{}: {e}", input.display())).into()),
-        Ok(()) if &magic != b"GGUF" => return Err(UsageError(format!("{}: not a GGUF file (loupe quantize reads GGUF)", input.display())).into()),
-        Ok(()) => {}
+    let dir = input.is_dir();
+    if !dir {
+        let mut magic = [0u8; 4];
+        let readable = std::fs::File::open(input).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
+        match readable {
+            Err(e) => return Err(UsageError(format!("{}: {e}", input.display())).into()),
+            Ok(()) if &magic != b"GGUF" => return Err(UsageError(format!("{}: not a GGUF file (loupe quantize reads a GGUF or a Hugging Face checkpoint directory)", input.display())).into()),
+            Ok(()) => {}
+        }
     }
     crate::output::check_output_file("OUTPUT", &args.output)?;
     if args.output.exists() && !args.force {
@@ -60,14 +65,15 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let mut last_tenth = 0;
-    let report = quantize_gguf(input, &args.output, target, !args.all, |done, total| {
+    let progress = |done: usize, total: usize| {
         // Progress only when it takes long enough to wonder (a 135M model takes < 1 s).
         let tenth = done * 10 / total.max(1);
         if tenth > last_tenth && started.elapsed().as_secs_f64() > 2.0 {
             last_tenth = tenth;
             eprintln!("loupe quantize: {done}/{total} tensors ({:.1} s)", started.elapsed().as_secs_f64());
         }
-    })
+    };
+    let report = if dir { quantize_hf_dir(input, &args.output, target, !args.all, progress) } else { quantize_gguf(input, &args.output, target, !args.all, progress) }
     .map_err(|e| anyhow::anyhow!(e))?;
     let count = |f: fn(&TensorFate) -> bool| report.tensors.iter().filter(|(_, fate)| f(fate)).count();
     let quantized = count(|f| matches!(f, TensorFate::Quantized { .. }));
@@ -105,6 +111,17 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         mib(report.bytes_in),
         mib(report.bytes_out)
     );
+    let embeddings: Vec<String> = report
+        .tensors
+        .iter()
+        .filter_map(|(name, fate)| match fate {
+            TensorFate::Embedding { from, to } => Some(format!("{name} ({} -> {})", from.name(), to.name())),
+            _ => None,
+        })
+        .collect();
+    if !embeddings.is_empty() {
+        eprintln!("loupe quantize: embeddings kept at 8 bits: {} (--all quantizes them to {})", embeddings.join(", "), target.name());
+    }
     if !kept.is_empty() {
         eprintln!("loupe quantize: kept in their type: {}", kept.join(", "));
     }

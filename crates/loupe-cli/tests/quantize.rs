@@ -237,7 +237,7 @@ fn bad_quantize_arguments_fail_with_one_line() {
     std::fs::write(dir.path().join("exists.gguf"), b"").unwrap();
     for (args, needle) in [
         (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4, fp8_e4m3, f16, bf16, f32".to_string()),
-        (vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "a directory; loupe quantize reads a GGUF file".into()),
+        (vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "config.json: missing (a Hugging Face checkpoint directory has config.json".into()),
         (vec![not_gguf.display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "not a GGUF file".into()),
         (vec![tiny_model().display().to_string(), dir.path().join("exists.gguf").display().to_string(), "--type".into(), "q8_0".into()], "exists (--force replaces it)".into()),
         (vec![tiny_model().display().to_string(), "/nonexistent-dir/o.gguf".into(), "--type".into(), "q8_0".into()], "no directory /nonexistent-dir".into()),

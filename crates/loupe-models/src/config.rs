@@ -94,6 +94,19 @@ impl Family {
         }
     }
 
+    /// The GGUF `general.architecture` of the family, where loupe reads one
+    /// ([`Family::from_gguf_arch`]'s inverse).
+    pub fn gguf_arch(self) -> Option<&'static str> {
+        match self {
+            Family::Llama => Some("llama"),
+            Family::Qwen2 => Some("qwen2"),
+            Family::Qwen3 => Some("qwen3"),
+            Family::Gemma3 => Some("gemma3"),
+            Family::Gemma2 => Some("gemma2"),
+            Family::Mistral | Family::Bert | Family::Qwen3Moe | Family::Glm4Moe | Family::Phi3 => None,
+        }
+    }
+
     /// The family of a config.json `architectures` entry.
     pub fn from_hf_arch(arch: &str) -> Option<Family> {
         match arch {

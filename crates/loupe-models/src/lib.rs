@@ -5,11 +5,14 @@
 //! * [`weights`]: weight sources (GGUF, safetensors), the GGUF <-> HF name map, precision.
 //! * [`llama`]: the Llama-family graph builder; values named by HF module paths.
 //! * [`roles`]: what each value the builder emits is (role, layer, name, inputs).
-//! * [`tokenizer`]: tokenizer specs from GGUF metadata.
+//! * [`tokenizer`]: tokenizer specs from GGUF metadata (and back).
+//! * [`quantize`]: `loupe quantize` over a [`quantize::TensorSource`].
+//! * [`convert`]: a Hugging Face checkpoint directory as llama.cpp's converter writes it.
 //! * [`tiny`]: a tiny random-weight Llama GGUF (real tokenizer) for tests.
 
 pub mod bert;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod llama;
 pub mod quantize;

@@ -7,9 +7,16 @@
 //! error). One-dimensional tensors (norm weights, biases) and matrices whose rows do not split
 //! into blocks are copied as they are, as llama.cpp's quantizer keeps them; so are the token
 //! embedding and output projection when they hold more bits than the target (unless asked
-//! otherwise). The metadata is
+//! otherwise): in their own type when it is a block type (a Q8_0 or Q6_K embedding), in Q8_0
+//! when they are f32, f16 or bf16 and the target has fewer bits (llama.cpp's converter and
+//! quantizer keep them at 6-8 bits, not 16-32), in the target otherwise. The metadata is
 //! copied, with `general.file_type` set to the target's llama.cpp file type.
+//!
+//! The input is a [`TensorSource`]: a GGUF file ([`GgufInput`]) or a Hugging Face checkpoint
+//! directory ([`crate::convert::HfCheckpoint`], whose tensors and metadata are converted to
+//! llama.cpp's layout on the way); the quantization is the same code for both.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use loupe_core::GgmlType;
@@ -77,6 +84,9 @@ pub enum TensorFate {
     Copied,
     /// Kept in its type: one-dimensional, or rows not a multiple of the target's block.
     Kept { reason: &'static str },
+    /// An embedding (see [`EMBEDDINGS`]) stored in f32/f16/bf16 written in `to` (Q8_0) rather
+    /// than in a target with fewer bits.
+    Embedding { from: GgmlType, to: GgmlType },
 }
 
 /// The summary of a quantization.
@@ -100,9 +110,6 @@ impl QuantizeReport {
     }
 }
 
-/// Writes `input` with its matrices in `target` to `output`; with `keep_embeddings`, the
-/// [`EMBEDDINGS`] stay in their type where it has more bits than `target`.
-/// `progress(done, total)` after each tensor.
 /// Bits per weight of a type's blocks.
 fn bits(ty: GgmlType) -> f64 {
     8.0 * ty.type_size() as f64 / ty.block_size() as f64
@@ -113,85 +120,142 @@ fn bits(ty: GgmlType) -> f64 {
 /// mixes), because every token's input and every logit goes through them.
 pub const EMBEDDINGS: [&str; 2] = ["token_embd.weight", "output.weight"];
 
-pub fn quantize_gguf(input: &Path, output: &Path, target: GgmlType, keep_embeddings: bool, mut progress: impl FnMut(usize, usize)) -> Result<QuantizeReport, ModelError> {
-    if !TARGETS.contains(&target) {
-        let names: Vec<&str> = TARGETS.iter().map(|t| t.name()).collect();
-        return Err(ModelError::NotAModel { path: output.to_path_buf(), reason: format!("cannot write {} (quantize writes {})", target.name(), names.join(", ")) });
+/// The type an f32/f16/bf16 embedding is written in when it keeps more bits than a target
+/// with fewer bits than this (see the module docs); above it, the target.
+pub const FLOAT_EMBEDDING_TYPE: GgmlType = GgmlType::Q8_0;
+
+/// One tensor of a quantization's input, in GGUF naming and layout.
+pub struct InputTensor<'a> {
+    pub name: String,
+    /// ggml order: `dims[0]` is the row length.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    pub data: Cow<'a, [u8]>,
+    /// NVFP4's per-tensor scale (1 for every other type).
+    pub scale: f32,
+}
+
+impl InputTensor<'_> {
+    fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
     }
-    let file = GgufFile::open(input)?;
-    let mut writer = GgufWriter::new().with_label(output);
-    for (key, value) in &file.metadata {
-        if key == "general.file_type" {
-            continue;
+}
+
+/// What `loupe quantize` reads: metadata and tensors in GGUF naming and layout.
+pub trait TensorSource {
+    /// The input, for error messages.
+    fn path(&self) -> &Path;
+    /// Every metadata key to write except `general.file_type`.
+    fn metadata(&self) -> Vec<(String, GgufValue)>;
+    /// How many tensors [`TensorSource::tensor`] numbers.
+    fn tensor_count(&self) -> usize;
+    /// Bytes of tensor data the input holds.
+    fn bytes_in(&self) -> u64;
+    /// Tensor `i`; `None` for one that travels with another (NVFP4's scale sidecars).
+    fn tensor(&self, i: usize) -> Result<Option<InputTensor<'_>>, ModelError>;
+}
+
+/// A GGUF file as a [`TensorSource`]: its metadata and tensors as they are.
+pub struct GgufInput {
+    file: GgufFile,
+    /// NVFP4's per-tensor scales travel with their tensors, never on their own.
+    sidecars: Vec<String>,
+}
+
+impl GgufInput {
+    pub fn open(path: &Path) -> Result<GgufInput, ModelError> {
+        let file = GgufFile::open(path)?;
+        let sidecars = file.tensors.iter().filter(|t| t.ggml_type == GgmlType::Nvfp4).map(|t| nvfp4_scale_name(&t.name)).collect();
+        Ok(GgufInput { file, sidecars })
+    }
+}
+
+impl TensorSource for GgufInput {
+    fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    fn metadata(&self) -> Vec<(String, GgufValue)> {
+        self.file.metadata.iter().filter(|(k, _)| k.as_str() != "general.file_type").map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    fn tensor_count(&self) -> usize {
+        self.file.tensors.len()
+    }
+
+    fn bytes_in(&self) -> u64 {
+        self.file.tensors.iter().map(|t| self.file.tensor_data(t).len() as u64).sum()
+    }
+
+    fn tensor(&self, i: usize) -> Result<Option<InputTensor<'_>>, ModelError> {
+        let info = &self.file.tensors[i];
+        if self.sidecars.contains(&info.name) {
+            return Ok(None);
         }
-        writer.add(key.clone(), value.clone());
+        let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(&self.file, &info.name)? } else { 1.0 };
+        Ok(Some(InputTensor { name: info.name.clone(), dims: info.dims.clone(), ty: info.ggml_type, data: Cow::Borrowed(self.file.tensor_data(info)), scale }))
+    }
+}
+
+/// Writes `input` with its matrices in `target` to `output`; with `keep_embeddings`, the
+/// [`EMBEDDINGS`] keep more bits than `target` where they have them (see the module docs).
+/// `progress(done, total)` after each tensor.
+pub fn quantize_gguf(input: &Path, output: &Path, target: GgmlType, keep_embeddings: bool, progress: impl FnMut(usize, usize)) -> Result<QuantizeReport, ModelError> {
+    check_target(target, output)?;
+    quantize_source(&GgufInput::open(input)?, output, target, keep_embeddings, progress)
+}
+
+fn check_target(target: GgmlType, output: &Path) -> Result<(), ModelError> {
+    if TARGETS.contains(&target) {
+        return Ok(());
+    }
+    let names: Vec<&str> = TARGETS.iter().map(|t| t.name()).collect();
+    Err(ModelError::NotAModel { path: output.to_path_buf(), reason: format!("cannot write {} (quantize writes {})", target.name(), names.join(", ")) })
+}
+
+/// [`quantize_gguf`] for any [`TensorSource`].
+pub fn quantize_source(source: &dyn TensorSource, output: &Path, target: GgmlType, keep_embeddings: bool, mut progress: impl FnMut(usize, usize)) -> Result<QuantizeReport, ModelError> {
+    check_target(target, output)?;
+    let mut writer = GgufWriter::new().with_label(output);
+    for (key, value) in source.metadata() {
+        writer.add(key, value);
     }
     writer.add("general.file_type", GgufValue::U32(file_type(target)));
-    let mut report = QuantizeReport { target, tensors: Vec::new(), bytes_in: 0, bytes_out: 0, matrix_elements: 0, matrix_bytes_out: 0 };
-    // NVFP4's per-tensor scales travel with their tensors (below), never on their own.
-    let sidecars: Vec<String> = file.tensors.iter().filter(|t| t.ggml_type == GgmlType::Nvfp4).map(|t| nvfp4_scale_name(&t.name)).collect();
-    let total = file.tensors.len();
-    for (i, info) in file.tensors.iter().enumerate() {
-        let data = file.tensor_data(info);
-        report.bytes_in += data.len() as u64;
-        if sidecars.contains(&info.name) {
+    let mut report = QuantizeReport { target, tensors: Vec::new(), bytes_in: source.bytes_in(), bytes_out: 0, matrix_elements: 0, matrix_bytes_out: 0 };
+    let total = source.tensor_count();
+    for i in 0..total {
+        let Some(t) = source.tensor(i)? else {
             progress(i + 1, total);
             continue;
-        }
-        let cols = info.dims.first().copied().unwrap_or(0) as usize;
-        let tensor_error = |source| ModelError::Tensor { path: input.to_path_buf(), name: info.name.clone(), source };
-        // The input's own per-tensor scale (NVFP4 inputs; 1 for every other type).
-        let in_scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(&file, &info.name)? } else { 1.0 };
-        let (ty, bytes, fate, out_scale) = if info.dims.len() < 2 {
-            (info.ggml_type, data.to_vec(), TensorFate::Kept { reason: "one-dimensional" }, in_scale)
-        } else if keep_embeddings && EMBEDDINGS.contains(&info.name.as_str()) && bits(info.ggml_type) > bits(target) {
-            (info.ggml_type, data.to_vec(), TensorFate::Kept { reason: "embedding kept at its higher precision (--all quantizes it)" }, in_scale)
-        } else if info.ggml_type == target {
-            (target, data.to_vec(), TensorFate::Copied, in_scale)
-        } else if cols == 0 || !cols.is_multiple_of(target.block_size()) || !cols.is_multiple_of(info.ggml_type.block_size()) {
-            (info.ggml_type, data.to_vec(), TensorFate::Kept { reason: "rows do not split into the target's blocks" }, in_scale)
+        };
+        let cols = t.dims.first().copied().unwrap_or(0) as usize;
+        let splits = |ty: GgmlType| cols != 0 && cols.is_multiple_of(ty.block_size()) && cols.is_multiple_of(t.ty.block_size());
+        let kept_embedding = keep_embeddings && EMBEDDINGS.contains(&t.name.as_str()) && bits(t.ty) > bits(target);
+        let float = matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let (ty, bytes, fate, out_scale) = if t.dims.len() < 2 {
+            (t.ty, t.data.to_vec(), TensorFate::Kept { reason: "one-dimensional" }, t.scale)
+        } else if kept_embedding && float && bits(target) < bits(FLOAT_EMBEDDING_TYPE) && splits(FLOAT_EMBEDDING_TYPE) {
+            let (bytes, scale) = convert(source.path(), &t, FLOAT_EMBEDDING_TYPE)?;
+            (FLOAT_EMBEDDING_TYPE, bytes, TensorFate::Embedding { from: t.ty, to: FLOAT_EMBEDDING_TYPE }, scale)
+        } else if kept_embedding && !float {
+            (t.ty, t.data.to_vec(), TensorFate::Kept { reason: "embedding kept at its higher precision (--all quantizes it)" }, t.scale)
+        } else if t.ty == target {
+            (target, t.data.to_vec(), TensorFate::Copied, t.scale)
+        } else if !splits(target) {
+            (t.ty, t.data.to_vec(), TensorFate::Kept { reason: "rows do not split into the target's blocks" }, t.scale)
         } else {
-            let rows = (info.n_elements() as usize) / cols;
-            let in_row = cols / info.ggml_type.block_size() * info.ggml_type.type_size();
-            let out_row = cols / target.block_size() * target.type_size();
-            let mut out = vec![0u8; rows.checked_mul(out_row).ok_or_else(|| tensor_error(loupe_tensor::TensorError::Shape { op: "quantize", detail: format!("{rows} rows of {out_row} bytes overflow") }))?];
-            let mut row = vec![0f32; cols];
-            let widen = |src: &[u8], row: &mut [f32]| -> Result<(), ModelError> {
-                dequantize_row(info.ggml_type, src, row).map_err(tensor_error)?;
-                if in_scale != 1.0 {
-                    row.iter_mut().for_each(|v| *v *= in_scale);
-                }
-                Ok(())
-            };
-            let out_scale = if target == GgmlType::Nvfp4 {
-                // The second level needs the whole tensor's largest magnitude first.
-                let mut amax = 0f32;
-                for src in data.chunks_exact(in_row) {
-                    widen(src, &mut row)?;
-                    amax = row.iter().fold(amax, |m, v| m.max(v.abs()));
-                }
-                nvfp4_tensor_scale_for(amax)
-            } else {
-                1.0
-            };
-            for (src, dst) in data.chunks_exact(in_row).zip(out.chunks_exact_mut(out_row)) {
-                widen(src, &mut row)?;
-                if out_scale != 1.0 {
-                    row.iter_mut().for_each(|v| *v /= out_scale);
-                }
-                quantize_row(target, &row, dst).map_err(tensor_error)?;
-            }
-            (target, out, TensorFate::Quantized { from: info.ggml_type }, out_scale)
+            let (bytes, scale) = convert(source.path(), &t, target)?;
+            (target, bytes, TensorFate::Quantized { from: t.ty }, scale)
         };
         if !matches!(fate, TensorFate::Kept { .. }) {
-            report.matrix_elements += info.n_elements();
+            report.matrix_elements += t.n_elements();
             report.matrix_bytes_out += bytes.len() as u64;
         }
         report.bytes_out += bytes.len() as u64;
-        writer.add_tensor(info.name.clone(), &info.dims, ty, bytes);
-        report.tensors.push((info.name.clone(), fate));
+        writer.add_tensor(t.name.clone(), &t.dims, ty, bytes);
+        report.tensors.push((t.name.clone(), fate));
         if ty == GgmlType::Nvfp4 {
-            let name = nvfp4_scale_name(&info.name);
+            let name = nvfp4_scale_name(&t.name);
             writer.add_tensor(name.clone(), &[1], GgmlType::F32, out_scale.to_le_bytes().to_vec());
             report.bytes_out += 4;
             report.tensors.push((name, TensorFate::Kept { reason: "NVFP4 per-tensor scale" }));
@@ -200,4 +264,42 @@ pub fn quantize_gguf(input: &Path, output: &Path, target: GgmlType, keep_embeddi
     }
     writer.write_to_path(output)?;
     Ok(report)
+}
+
+/// Tensor `t` (whose rows split into `to`'s blocks) widened row by row to f32 and quantized
+/// to `to`; with NVFP4's per-tensor scale for `to` (1 for other types).
+fn convert(path: &Path, t: &InputTensor<'_>, to: GgmlType) -> Result<(Vec<u8>, f32), ModelError> {
+    let tensor_error = |source| ModelError::Tensor { path: path.to_path_buf(), name: t.name.clone(), source };
+    let cols = t.dims[0] as usize;
+    let rows = (t.n_elements() as usize) / cols;
+    let in_row = cols / t.ty.block_size() * t.ty.type_size();
+    let out_row = cols / to.block_size() * to.type_size();
+    let mut out = vec![0u8; rows.checked_mul(out_row).ok_or_else(|| tensor_error(loupe_tensor::TensorError::Shape { op: "quantize", detail: format!("{rows} rows of {out_row} bytes overflow") }))?];
+    let mut row = vec![0f32; cols];
+    let widen = |src: &[u8], row: &mut [f32]| -> Result<(), ModelError> {
+        dequantize_row(t.ty, src, row).map_err(tensor_error)?;
+        if t.scale != 1.0 {
+            row.iter_mut().for_each(|v| *v *= t.scale);
+        }
+        Ok(())
+    };
+    let out_scale = if to == GgmlType::Nvfp4 {
+        // The second level needs the whole tensor's largest magnitude first.
+        let mut amax = 0f32;
+        for src in t.data.chunks_exact(in_row) {
+            widen(src, &mut row)?;
+            amax = row.iter().fold(amax, |m, v| m.max(v.abs()));
+        }
+        nvfp4_tensor_scale_for(amax)
+    } else {
+        1.0
+    };
+    for (src, dst) in t.data.chunks_exact(in_row).zip(out.chunks_exact_mut(out_row)) {
+        widen(src, &mut row)?;
+        if out_scale != 1.0 {
+            row.iter_mut().for_each(|v| *v /= out_scale);
+        }
+        quantize_row(to, &row, dst).map_err(tensor_error)?;
+    }
+    Ok((out, out_scale))
 }

@@ -220,11 +220,7 @@ pub fn tiny_vocab(merges: usize) -> (Vec<String>, Vec<String>) {
 /// head, HF row `j * head_dim/2 + i` goes to GGUF row `2i + j`. The inverse of
 /// [`crate::weights::unpermute_rows`].
 pub fn permute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0f32; data.len()];
-    crate::weights::for_each_qk_row(data.len() / cols.max(1), n_heads, |hf, gg| {
-        out[gg * cols..(gg + 1) * cols].copy_from_slice(&data[hf * cols..(hf + 1) * cols]);
-    });
-    out
+    crate::weights::permute_rows(data, n_heads, cols)
 }
 
 /// Uniform draws in `[-scale, scale)`.

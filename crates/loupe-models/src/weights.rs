@@ -109,6 +109,17 @@ pub fn unpermute_rows(data: &[u8], n_heads: usize, row_bytes: usize) -> Vec<u8> 
     out
 }
 
+/// Applies llama.cpp's q/k permutation (convert_hf_to_gguf.py, `LlamaModel.permute`): within
+/// each head, HF row `j * head_dim/2 + i` goes to GGUF row `2i + j`; rows are `row_len`
+/// elements of any type (values, or bytes of an encoding). The inverse of [`unpermute_rows`].
+pub fn permute_rows<T: Copy + Default>(data: &[T], n_heads: usize, row_len: usize) -> Vec<T> {
+    let mut out = vec![T::default(); data.len()];
+    for_each_qk_row(data.len() / row_len.max(1), n_heads, |hf, gg| {
+        out[gg * row_len..(gg + 1) * row_len].copy_from_slice(&data[hf * row_len..(hf + 1) * row_len]);
+    });
+    out
+}
+
 /// The row map of llama.cpp's q/k permutation, shared by [`unpermute_rows`] and the tiny
 /// model's writer: calls `f(hf_row, gguf_row)` for every row of a `rows`-row matrix of
 /// `n_heads` heads (within each head, GGUF row `2i + j` is HF row `j * head_dim/2 + i`).
@@ -440,5 +451,7 @@ mod tests {
         assert_eq!(unpermute_rows(&gguf, 1, 1), vec![0, 1, 2, 3]);
         let two_heads = [0u8, 2, 1, 3, 4, 6, 5, 7];
         assert_eq!(unpermute_rows(&two_heads, 2, 1), vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        let rows: Vec<u8> = (0..16).collect();
+        assert_eq!(unpermute_rows(&permute_rows(&rows, 2, 2), 2, 2), rows, "two heads of 4 rows of 2 bytes");
     }
 }

@@ -2,10 +2,12 @@
 //! precision with the configuration asked for, a working byte-level BPE tokenizer and chat
 //! template, q/k permutation consistent with the loader, and a graph that runs.
 
+mod common;
+use common::{all_logits, argmax};
 use loupe_formats::{GgmlType, GgufFile};
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
-use loupe_graph::{Executor, Graph, KvCache, WeightData};
+use loupe_graph::{Executor, KvCache, WeightData};
 use loupe_models::tiny::{self, TinyLlama};
 use loupe_models::{load, LoadOptions, Model, Precision};
 use loupe_text::ChatMessage;
@@ -19,17 +21,6 @@ fn write(spec: &TinyLlama) -> (tempfile::TempDir, std::path::PathBuf) {
 
 fn load_tiny(path: &std::path::Path, precision: Precision) -> Model {
     load(path, LoadOptions { precision, ..Default::default() }).unwrap_or_else(|e| panic!("{precision:?}: {e}"))
-}
-
-/// Logits of every position of `tokens` in one call.
-fn all_logits(graph: &Graph, tokens: &[u32]) -> Vec<f32> {
-    let mut exec = Executor::new(graph, &DebugOptions::default());
-    let mut kv = KvCache::new(graph.kv_layers, graph.kv_width, graph.context_length);
-    exec.run(graph, tokens, &mut kv, RunOptions { all_logits: true }, None).unwrap().to_vec()
-}
-
-fn argmax(row: &[f32]) -> usize {
-    row.iter().enumerate().fold(0, |best, (i, &x)| if x > row[best] { i } else { best })
 }
 
 #[test]

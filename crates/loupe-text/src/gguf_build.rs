@@ -357,6 +357,11 @@ const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// One `tokenizer.ggml.pre` name per split regex loupe applies (the name llama.cpp's
+/// converter writes for it), with the regex: what a converter from `tokenizer.json` looks a
+/// `Split` pre-tokenizer's pattern up in.
+pub const GGUF_PRE_SPLITS: [(&str, &str); 5] = [("llama-bpe", LLAMA3_SPLIT), ("qwen2", QWEN2_SPLIT), ("tekken", TEKKEN_SPLIT), ("gpt-4o", GPT4O_SPLIT), ("qwen35", QWEN35_SPLIT)];
+
 fn split_regex_for(pre: &str) -> Option<&'static str> {
     Some(match pre {
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"

@@ -83,6 +83,11 @@ impl RopeTable {
         RopeTable::partial(head_dim, head_dim, theta, scaling)
     }
 
+    /// The inverse frequency of each rotated pair, scaling applied (LongRoPE: the short set).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     /// A table that rotates only the first `rotary_dim` elements of each head and passes
     /// the others through, with frequencies over `rotary_dim` (`inv_freq[i] = 1 /
     /// theta^(2i / rotary_dim)`): transformers' `partial_rotary_factor`
