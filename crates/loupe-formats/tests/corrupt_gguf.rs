@@ -405,7 +405,8 @@ fn dim_product_overflow() {
 
 #[test]
 fn unknown_type_id() {
-    for id in [4u32, 5, 16, 29, 31, 1000, u32::MAX] {
+    // (1000 is loupe's own FP8 type, `loupe_core::FP8_E4M3_TYPE_ID`; 41 is past ggml's last.)
+    for id in [4u32, 5, 16, 29, 31, 41, 999, 1001, u32::MAX] {
         let mut b = B::header(3, 1, 0);
         b.tensor("blk.0.ffn_up.weight", &[32], id, 0)
             .pad(32)
