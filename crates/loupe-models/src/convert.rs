@@ -32,7 +32,6 @@ use loupe_formats::{GgmlType, GgufFile, GgufValue};
 use loupe_tensor::ops::RopeScaling;
 use loupe_text::spec::token_type;
 use loupe_text::{Tokenizer, TokenizerSpec, GGUF_PRE_SPLITS};
-use safetensors::Dtype;
 use serde_json::Value;
 
 use crate::quantize::{InputTensor, TensorSource};
@@ -209,12 +208,11 @@ impl TensorSource for HfCheckpoint {
             return Ok(Some(InputTensor { name: "rope_freqs.weight".into(), dims: vec![f.len() as u64], ty: GgmlType::F32, data: Cow::Owned(data), scale: 1.0 }));
         };
         let (file, info) = self.checkpoint.tensor(&e.hf).ok_or_else(|| ModelError::MissingWeight { path: self.dir.clone(), name: e.hf.clone() })?;
-        let ty = match info.dtype {
-            Dtype::F32 => GgmlType::F32,
-            Dtype::F16 => GgmlType::F16,
-            Dtype::BF16 => GgmlType::BF16,
-            d => return Err(ModelError::InvalidConfig { source_file: self.dir.clone(), field: e.hf.clone(), reason: format!("unsupported dtype {d:?} (loupe quantize reads F32, F16 and BF16 checkpoints)") }),
-        };
+        let ty = crate::weights::ggml_type_of(info.dtype).ok_or_else(|| ModelError::InvalidConfig {
+            source_file: self.dir.clone(),
+            field: e.hf.clone(),
+            reason: format!("unsupported dtype {:?} (loupe quantize reads F32, F16 and BF16 checkpoints)", info.dtype),
+        })?;
         let dims: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
         let mut data = Cow::Borrowed(file.tensor_data(info));
         if let Some(heads) = e.permute_heads {

@@ -277,7 +277,7 @@ pub fn config_dtype(config_json: &Path) -> Result<Option<Dtype>, ModelError> {
     })
 }
 
-fn ggml_type_of(dtype: Dtype) -> Option<GgmlType> {
+pub(crate) fn ggml_type_of(dtype: Dtype) -> Option<GgmlType> {
     match dtype {
         Dtype::F32 => Some(GgmlType::F32),
         Dtype::F16 => Some(GgmlType::F16),
