@@ -144,7 +144,7 @@ fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
     let keep_blocks = !matches!(precision, Precision::F32 | Precision::Fp8) && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
-        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, bytes.to_vec()).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
+        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, loupe_tensor::hugepages::copy_to_vec(bytes)).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
     } else {
         let row_bytes = bytes.len() / rows.max(1);
         let mut out = vec![0f32; rows * cols];

@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod error;
 pub mod fp8;
+pub mod hugepages;
 mod gemv;
 pub mod matmul;
 pub mod ops;

@@ -988,7 +988,7 @@ mod tests {
             let x = vec![1f32; n];
             assert!(dot_row_scalar(ty, &row, &x).is_err(), "{ty}: {b} bytes against {n} values");
             for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
-                assert!(dot_row(isa, ty, &row, &x, &vec![0.0; 1]).is_err(), "{ty} {isa:?}");
+                assert!(dot_row(isa, ty, &row, &x, &[0.0; 1]).is_err(), "{ty} {isa:?}");
             }
             let mut dst = vec![7f32; n];
             assert!(dequantize_row_fast(ty, &row, &mut dst).is_err() || dst.iter().all(|&v| v != 7.0), "{ty}: neither an error nor written");

@@ -91,7 +91,7 @@ fn gelu_tanh_portable(x: &mut [f32]) {
     const KAPPA: f32 = 0.044_715;
     for v in x {
         let inner = BETA * (*v + KAPPA * *v * *v * *v);
-        *v = *v / (1.0 + exp_f32(-2.0 * inner));
+        *v /= 1.0 + exp_f32(-2.0 * inner);
     }
 }
 

@@ -1,0 +1,81 @@
+//! Streams the decode GEMV (`matmul_wq` at m = 1, `--precision native`'s kernel) over
+//! matrices too large to stay in cache, and prints the weight bytes read per second: what one
+//! decode step's matmuls draw from memory, without the rest of the graph.
+//!
+//! ```text
+//! cargo run --release -p loupe-tensor --example stream_gemv
+//! T=2 TY=q4_1 N=1536 K=576 COUNT=200 cargo run --release -p loupe-tensor --example stream_gemv
+//! LOUPE_HUGEPAGES=0 cargo run --release -p loupe-tensor --example stream_gemv   # 4 KiB pages
+//! ```
+//!
+//! `T` compute threads (default 1), `COUNT` matrices (default 1) of `N x K` (default
+//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, or `q4_1`), each its own
+//! allocation made as the model loader makes it (`loupe_tensor::hugepages::copy_to_vec`),
+//! deterministic random blocks with small finite scales. Prints the median and best of 15
+//! passes and the process's `AnonHugePages`.
+
+use std::time::Instant;
+
+use loupe_tensor::matmul::QMatrix;
+use loupe_tensor::wq::matmul_wq;
+use loupe_tensor::GgmlType;
+
+fn env(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a whole number")),
+        Err(_) => default,
+    }
+}
+
+fn main() {
+    let (n, k, count, threads) = (env("N", 262_144), env("K", 640), env("COUNT", 1), env("T", 1));
+    let ty = match std::env::var("TY").as_deref() {
+        Ok("q4_1") => GgmlType::Q4_1,
+        Ok("q8_0") | Err(_) => GgmlType::Q8_0,
+        Ok(other) => panic!("TY={other}: q8_0 or q4_1"),
+    };
+    assert!(k % 32 == 0, "K={k} is not a multiple of 32");
+    loupe_tensor::pool::init_global(threads).expect("compute pool");
+    let len = n * k / 32 * ty.type_size();
+    let mut state = 0x1234_5678u32;
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    let matrices: Vec<QMatrix> = (0..count)
+        .map(|_| {
+            let mut bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    state as u8
+                })
+                .collect();
+            for block in bytes.chunks_mut(ty.type_size()) {
+                block[..2].copy_from_slice(&scale);
+                if ty == GgmlType::Q4_1 {
+                    block[2..4].copy_from_slice(&scale);
+                }
+            }
+            QMatrix::new(ty, n, k, loupe_tensor::hugepages::copy_to_vec(&bytes)).expect("matrix")
+        })
+        .collect();
+    let x: Vec<f32> = (0..k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let mut y = vec![0f32; n];
+    let mut rates: Vec<f64> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            for w in &matrices {
+                matmul_wq(&x, w, &mut y, 1).expect("matmul");
+            }
+            (len * count) as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    let huge = std::fs::read_to_string("/proc/self/smaps_rollup").ok().and_then(|s| s.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")));
+    println!(
+        "{ty} {count} x {n}x{k} ({:.0} MB), {threads} threads: median {:.2} GB/s, best {:.2} ({})",
+        (len * count) as f64 / 1e6,
+        rates[7],
+        rates[14],
+        huge.unwrap_or_else(|| "AnonHugePages unknown".into())
+    );
+}
