@@ -15,6 +15,7 @@ use loupe_formats::safetensors_file::SafetensorsCheckpoint;
 use safetensors::Dtype;
 use loupe_formats::{GgmlType, GgufFile};
 use loupe_graph::{Weight, WeightData};
+use loupe_tensor::hugepages::WeightArena;
 use loupe_tensor::matmul::QMatrix;
 use loupe_tensor::quant::dequantize_row;
 use rayon::prelude::*;
@@ -138,13 +139,15 @@ pub(crate) fn for_each_qk_row(rows: usize, n_heads: usize, mut f: impl FnMut(usi
 /// Turns raw tensor bytes of type `ty` and row-major `shape` into a weight.
 /// `tensor_scale` multiplies every element (NVFP4's per-tensor scale; 1 otherwise): kept
 /// beside the blocks at native precision, folded into the f32 values otherwise.
-fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[u8], precision: Precision, tensor_scale: f32) -> Result<Weight, ModelError> {
+/// Kept blocks are copied into `arena` (huge pages, see [`loupe_tensor::hugepages`]).
+#[allow(clippy::too_many_arguments)]
+fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[u8], precision: Precision, tensor_scale: f32, arena: &WeightArena) -> Result<Weight, ModelError> {
     let tensor_err = |e| ModelError::Tensor { path: path.to_path_buf(), name: name.to_string(), source: e };
     let cols = *shape.last().unwrap_or(&1);
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
     let keep_blocks = !matches!(precision, Precision::F32 | Precision::Fp8) && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
-        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, loupe_tensor::hugepages::copy_to_vec(bytes)).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
+        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, arena.copy(bytes)).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
     } else {
         let row_bytes = bytes.len() / rows.max(1);
         let mut out = vec![0f32; rows * cols];
@@ -197,6 +200,8 @@ pub struct GgufSource<'a> {
     /// ([`crate::Family::gguf_permutes_qk`], see the module docs) and Gemma's norm offset.
     pub family: crate::Family,
     pub progress: Option<Progress<'a>>,
+    /// Where the kept blocks go (one per model load).
+    arena: WeightArena,
     done: u64,
     total: u64,
 }
@@ -205,7 +210,7 @@ impl<'a> GgufSource<'a> {
     pub fn new(gguf: &'a GgufFile, precision: Precision, config: &crate::LlamaConfig, progress: Option<Progress<'a>>) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
         let (n_heads, n_kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
-        GgufSource { gguf, precision, n_heads, n_kv_heads, family: config.family, progress, done: 0, total }
+        GgufSource { gguf, precision, n_heads, n_kv_heads, family: config.family, progress, arena: WeightArena::new(), done: 0, total }
     }
 }
 
@@ -231,7 +236,7 @@ impl WeightSource for GgufSource<'_> {
             bytes = std::borrow::Cow::Owned(unpermute_rows(&bytes, n, bytes.len() / shape[0]));
         }
         let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(self.gguf, &gname)? } else { 1.0 };
-        let mut w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale)?;
+        let mut w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale, &self.arena)?;
         // llama.cpp's converter stores Gemma's norm weights plus one (it runs a plain RMSNorm);
         // subtract it in f32, as transformers' GGUF loader does (`Gemma2TensorProcessor`), so
         // the weight is in Hugging Face's convention and the builder forms `1 + w` as
@@ -303,6 +308,8 @@ pub struct SafetensorsSource<'a> {
     pub config_dtype: Option<Dtype>,
     /// Tensors stored in another dtype than the config's, with their stored dtype.
     pub converted: Vec<(String, Dtype)>,
+    /// Where the kept blocks go (one per model load).
+    arena: WeightArena,
     done: u64,
     total: u64,
 }
@@ -310,7 +317,7 @@ pub struct SafetensorsSource<'a> {
 impl<'a> SafetensorsSource<'a> {
     pub fn new(checkpoint: &'a SafetensorsCheckpoint, dir: PathBuf, precision: Precision, progress: Option<Progress<'a>>) -> Self {
         let total = checkpoint.names().filter_map(|n| checkpoint.tensor(n)).map(|(_, i)| (i.data_offsets.1 - i.data_offsets.0) as u64).sum();
-        SafetensorsSource { checkpoint, dir, precision, progress, config_dtype: None, converted: Vec::new(), done: 0, total }
+        SafetensorsSource { checkpoint, dir, precision, progress, config_dtype: None, converted: Vec::new(), arena: WeightArena::new(), done: 0, total }
     }
 
     /// The same source with the config's dtype (see [`config_dtype`]).
@@ -348,7 +355,7 @@ impl WeightSource for SafetensorsSource<'_> {
         let bytes = file.tensor_data(info);
         let w = if expected == info.dtype || expected == Dtype::F32 {
             // Same dtype, or a widening make_weight does exactly (f32 compute).
-            make_weight(&self.dir, hf_name, stored_ty, shape, bytes, self.precision, 1.0)?
+            make_weight(&self.dir, hf_name, stored_ty, shape, bytes, self.precision, 1.0, &self.arena)?
         } else {
             let ty = ggml_type_of(expected).ok_or_else(|| unsupported(expected))?;
             let tensor_err = |e| ModelError::Tensor { path: self.dir.clone(), name: hf_name.to_string(), source: e };
@@ -357,7 +364,7 @@ impl WeightSource for SafetensorsSource<'_> {
             dequantize_row(stored_ty, bytes, &mut wide).map_err(tensor_err)?;
             let mut narrow = vec![0u8; n * ty.type_size()];
             loupe_tensor::quant::quantize_row(ty, &wide, &mut narrow).map_err(tensor_err)?;
-            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0)?
+            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0, &self.arena)?
         };
         // Recorded: tensors stored unlike the checkpoint's own config (widening everything
         // to f32 at --precision f32 is the precision, not a cast worth reporting).

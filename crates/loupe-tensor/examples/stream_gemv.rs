@@ -9,13 +9,15 @@
 //! ```
 //!
 //! `T` compute threads (default 1), `COUNT` matrices (default 1) of `N x K` (default
-//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, or `q4_1`), each its own
-//! allocation made as the model loader makes it (`loupe_tensor::hugepages::copy_to_vec`),
-//! deterministic random blocks with small finite scales. Prints the median and best of 15
+//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, or `q4_1`), copied into
+//! a `WeightArena` as the model loader does (`ARENAS=n`: spread round-robin over n arenas, so
+//! consecutive matrices are not neighbours in memory), deterministic random blocks with small
+//! finite scales. Prints the median and best of 15
 //! passes and the process's `AnonHugePages`.
 
 use std::time::Instant;
 
+use loupe_tensor::hugepages::WeightArena;
 use loupe_tensor::matmul::QMatrix;
 use loupe_tensor::wq::matmul_wq;
 use loupe_tensor::GgmlType;
@@ -39,8 +41,9 @@ fn main() {
     let len = n * k / 32 * ty.type_size();
     let mut state = 0x1234_5678u32;
     let scale = half::f16::from_f32(0.01).to_le_bytes();
+    let arenas: Vec<WeightArena> = (0..env("ARENAS", 1).max(1)).map(|_| WeightArena::new()).collect();
     let matrices: Vec<QMatrix> = (0..count)
-        .map(|_| {
+        .map(|i| {
             let mut bytes: Vec<u8> = (0..len)
                 .map(|_| {
                     state ^= state << 13;
@@ -55,7 +58,7 @@ fn main() {
                     block[2..4].copy_from_slice(&scale);
                 }
             }
-            QMatrix::new(ty, n, k, loupe_tensor::hugepages::copy_to_vec(&bytes)).expect("matrix")
+            QMatrix::new(ty, n, k, arenas[i % arenas.len()].copy(&bytes)).expect("matrix")
         })
         .collect();
     let x: Vec<f32> = (0..k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();

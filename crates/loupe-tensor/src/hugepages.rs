@@ -4,8 +4,9 @@
 //! restart of the hardware prefetcher (which does not cross a page) every 4 KiB; on 2 MiB
 //! pages, one per 2 MiB. Linux gives huge pages to anonymous memory only where asked
 //! (`/sys/kernel/mm/transparent_hugepage/enabled` is `madvise` on most distributions,
-//! including the machines of BENCHMARKS.md), so large weight buffers are advised
-//! `MADV_HUGEPAGE` before their pages are first touched.
+//! including the machines of BENCHMARKS.md), so a model's weight matrices are copied into
+//! a [`WeightArena`]: 2 MiB-aligned chunks advised `MADV_HUGEPAGE` before their pages are
+//! first touched.
 //!
 //! Measured on an AMD EPYC (Zen 3), one 262,144 x 640 Q8_0 matrix (Gemma 3's 178 MB
 //! lm_head) streamed by the decode GEMV (`examples/stream_gemv.rs`, median of 15 passes,
@@ -14,12 +15,8 @@
 //! -r 3 -t 2`, alternated three times): 45.7 / 45.7 / 42.7 tok/s with `LOUPE_HUGEPAGES=0`,
 //! 57.2 / 50.4 / 54.1 without.
 //!
-//! `LOUPE_HUGEPAGES=0` turns the advice off (to measure its effect). Elsewhere than Linux,
-//! and for buffers under [`MIN_BYTES`], the bytes are copied as they are.
-
-/// Smallest buffer advised: one huge page's worth of interior needs a buffer of twice that,
-/// as the allocator places it at no particular 2 MiB boundary.
-pub const MIN_BYTES: usize = 4 << 20;
+//! `LOUPE_HUGEPAGES=0` turns the advice off (to measure its effect); elsewhere than Linux
+//! the chunks are plain allocations.
 
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -29,75 +26,231 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("LOUPE_HUGEPAGES").map(|v| v.trim() != "0").unwrap_or(true))
 }
 
-/// A copy of `bytes` whose 2 MiB-aligned interior is advised into huge pages before it is
-/// written (see the module doc). The advice is a hint: a kernel without transparent huge
-/// pages, or one out of them, gives ordinary pages and the copy is the same.
-pub fn copy_to_vec(bytes: &[u8]) -> Vec<u8> {
-    copy_advised(bytes, enabled())
-}
-
-fn copy_advised(bytes: &[u8], huge: bool) -> Vec<u8> {
-    let mut v: Vec<u8> = Vec::with_capacity(bytes.len());
-    if bytes.len() >= MIN_BYTES && huge {
-        advise(v.as_mut_ptr() as usize, bytes.len());
-    }
-    v.extend_from_slice(bytes);
-    v
-}
-
 #[cfg(target_os = "linux")]
 fn advise(start: usize, len: usize) {
-    let (lo, hi) = (start.next_multiple_of(HUGE_PAGE), (start + len) / HUGE_PAGE * HUGE_PAGE);
-    if hi > lo {
-        // SAFETY: lo..hi lies inside the allocation just made (capacity `len` from
-        // `start`), page-aligned; MADV_HUGEPAGE changes no contents and no protection.
-        // Failure (EINVAL without THP support) leaves ordinary pages, which is fine.
-        unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
-    }
+    // SAFETY: start..start + len is an allocation just made, 2 MiB-aligned; MADV_HUGEPAGE
+    // changes no contents and no protection. Failure (EINVAL without THP support) leaves
+    // ordinary pages, which is fine.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
 }
 
 #[cfg(not(target_os = "linux"))]
 fn advise(_start: usize, _len: usize) {}
 
+/// Size of an arena chunk: matrices smaller than a quarter of this share chunks, larger
+/// ones get a chunk of their own. 32 MiB holds a few layers of a small model (SmolLM2's
+/// layer is 2.2 MB) and wastes at most 8 MiB of address space per chunk.
+pub const CHUNK_BYTES: usize = 32 << 20;
+
+/// Where a model's weight matrices live: 2 MiB-aligned chunks advised into huge pages
+/// whole, each matrix copied in once and never moved, so a model whose matrices are each
+/// far smaller than a huge page (SmolLM2's are 0.1-0.6 MB) still streams them from huge
+/// pages. Matrices are appended while earlier ones are already in use; each keeps its
+/// chunk alive ([`WeightBytes`]).
+///
+/// Cost: up to a chunk of address space per model load beyond the weights (never touched,
+/// so not resident), and with huge pages the last touched 2 MiB page of each chunk.
+pub struct WeightArena {
+    current: std::sync::Mutex<Option<std::sync::Arc<Chunk>>>,
+    huge: bool,
+}
+
+impl Default for WeightArena {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WeightArena {
+    /// An empty arena whose chunks are advised into huge pages unless `LOUPE_HUGEPAGES=0`.
+    pub fn new() -> Self {
+        Self::with_huge_pages(enabled())
+    }
+
+    /// An empty arena, its chunks advised into huge pages or not.
+    pub fn with_huge_pages(huge: bool) -> Self {
+        WeightArena { current: std::sync::Mutex::new(None), huge }
+    }
+
+    /// A copy of `bytes` in the arena (64-byte aligned).
+    pub fn copy(&self, bytes: &[u8]) -> WeightBytes {
+        if bytes.is_empty() {
+            return WeightBytes::from(Vec::new());
+        }
+        if bytes.len() > CHUNK_BYTES / 4 {
+            return Chunk::new(bytes.len(), self.huge).append(bytes).expect("a chunk of the matrix's own size holds it");
+        }
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = current.as_ref().and_then(|c| c.append(bytes)) {
+            return w;
+        }
+        let chunk = Chunk::new(CHUNK_BYTES, self.huge);
+        let w = chunk.append(bytes).expect("a fresh chunk holds a quarter of its size");
+        *current = Some(chunk);
+        w
+    }
+}
+
+/// One allocation of the arena: `cap` bytes, 2 MiB-aligned, of which `0..used` are handed
+/// out (never written again) and the rest not yet touched.
+struct Chunk {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+    used: std::sync::Mutex<usize>,
+}
+
+// SAFETY: the chunk's bytes are written only through `append`, under `used`'s lock, at
+// offsets past every range handed out; handed-out ranges are only read.
+unsafe impl Send for Chunk {}
+unsafe impl Sync for Chunk {}
+
+impl Chunk {
+    fn new(bytes: usize, huge: bool) -> std::sync::Arc<Chunk> {
+        let size = bytes.next_multiple_of(HUGE_PAGE);
+        let layout = std::alloc::Layout::from_size_align(size, HUGE_PAGE).expect("a size rounded to 2 MiB is a valid layout");
+        // SAFETY: the layout has a nonzero size (bytes > 0 by the callers).
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
+        if huge {
+            advise(ptr.as_ptr() as usize, size);
+        }
+        std::sync::Arc::new(Chunk { ptr, layout, used: std::sync::Mutex::new(0) })
+    }
+
+    /// Copies `bytes` in after the last range handed out, or `None` when they do not fit.
+    fn append(self: &std::sync::Arc<Self>, bytes: &[u8]) -> Option<WeightBytes> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let start = used.next_multiple_of(64);
+        let end = start.checked_add(bytes.len()).filter(|&e| e <= self.layout.size())?;
+        // SAFETY: start..end lies inside the allocation and past every range handed out, so
+        // no reference to these bytes exists; the source is a separate slice.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(start), bytes.len()) };
+        *used = end;
+        Some(WeightBytes(Storage::Arena { chunk: std::sync::Arc::clone(self), start, len: bytes.len() }))
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `Chunk::new` with this layout; no WeightBytes outlives it (each
+        // holds an Arc).
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// The bytes of a weight matrix: its own vector, or a range of a [`WeightArena`] chunk.
+/// Reads as a `[u8]`.
+#[derive(Clone)]
+pub struct WeightBytes(Storage);
+
+#[derive(Clone)]
+enum Storage {
+    Owned(Vec<u8>),
+    Arena { chunk: std::sync::Arc<Chunk>, start: usize, len: usize },
+}
+
+impl std::ops::Deref for WeightBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Storage::Owned(v) => v,
+            // SAFETY: start..start + len was written by `append` before this value existed and
+            // is never written again; the Arc keeps the allocation alive.
+            Storage::Arena { chunk, start, len } => unsafe { std::slice::from_raw_parts(chunk.ptr.as_ptr().add(*start), *len) },
+        }
+    }
+}
+
+impl From<Vec<u8>> for WeightBytes {
+    fn from(v: Vec<u8>) -> Self {
+        WeightBytes(Storage::Owned(v))
+    }
+}
+
+impl std::fmt::Debug for WeightBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = if matches!(self.0, Storage::Owned(_)) { "owned" } else { "arena" };
+        write!(f, "WeightBytes({} bytes, {place})", self.len())
+    }
+}
+
+impl PartialEq for WeightBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn copies_are_exact_at_every_size() {
-        for len in [0, 1, 4095, MIN_BYTES - 1, MIN_BYTES, MIN_BYTES + 12345, 3 * MIN_BYTES] {
-            let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
-            assert_eq!(copy_to_vec(&src), src, "len {len}");
-        }
-    }
-
-    /// On Linux, the interior of a large copy carries the huge-page advice (`hg` in its
-    /// mapping's VmFlags; set by the kernel whatever THP's mode, so this holds on every
-    /// Linux machine with THP built in), and a small one does not get it.
-    #[test]
+    /// The VmFlags of the mapping holding `addr` (Linux `/proc/self/smaps`).
     #[cfg(target_os = "linux")]
-    fn large_copies_are_advised_into_huge_pages() {
-        let flags_at = |addr: usize| -> String {
-            let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
-            let mut inside = false;
-            for line in smaps.lines() {
-                let range = line.split_whitespace().next().and_then(|r| r.split_once('-')).and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
-                if let Some((lo, hi)) = range {
-                    inside = (lo..hi).contains(&addr);
-                } else if inside {
-                    if let Some(f) = line.strip_prefix("VmFlags:") {
-                        return f.to_string();
-                    }
+    fn vm_flags_at(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().and_then(|r| r.split_once('-')).and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
+            if let Some((lo, hi)) = range {
+                inside = (lo..hi).contains(&addr);
+            } else if inside {
+                if let Some(f) = line.strip_prefix("VmFlags:") {
+                    return f.to_string();
                 }
             }
-            panic!("no mapping holds {addr:#x}")
-        };
-        let big = copy_advised(&vec![7u8; 16 << 20], true);
-        let mid = big.as_ptr() as usize + (8 << 20);
-        assert!(flags_at(mid).split_whitespace().any(|f| f == "hg"), "16 MiB copy: VmFlags{} lack hg", flags_at(mid));
-        assert!(big.iter().all(|&b| b == 7));
-        let plain = copy_advised(&vec![7u8; 16 << 20], false);
-        let mid = plain.as_ptr() as usize + (8 << 20);
-        assert!(!flags_at(mid).split_whitespace().any(|f| f == "hg"), "unadvised copy: VmFlags{} have hg", flags_at(mid));
+        }
+        panic!("no mapping holds {addr:#x}")
+    }
+
+    #[test]
+    fn the_arena_keeps_every_matrix_exact_and_aligned() {
+        let arena = WeightArena::new();
+        let sizes = [1usize, 63, 64, 4096, 300_000, CHUNK_BYTES / 4, CHUNK_BYTES / 4 + 1, 5 << 20, 3 << 20, 17];
+        let mats: Vec<(Vec<u8>, WeightBytes)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let src: Vec<u8> = (0..n).map(|j| ((j * 7 + i * 13) % 256) as u8).collect();
+                let w = arena.copy(&src);
+                (src, w)
+            })
+            .collect();
+        for (src, w) in &mats {
+            assert_eq!(&**w, &src[..], "{} bytes", src.len());
+            assert_eq!(w.as_ptr() as usize % 64, 0, "{} bytes: not 64-byte aligned", src.len());
+        }
+        drop(arena);
+        // The matrices outlive the arena (their chunks are shared).
+        assert!(mats.iter().all(|(s, w)| **w == s[..]));
+        assert!(WeightArena::new().copy(&[]).is_empty());
+    }
+
+    /// Matrices appended from several threads while earlier ones are read.
+    #[test]
+    fn appends_race_with_reads() {
+        let arena = WeightArena::new();
+        let first = arena.copy(&[9u8; 1000]);
+        std::thread::scope(|s| {
+            for t in 0..4u8 {
+                let arena = &arena;
+                let first = &first;
+                s.spawn(move || {
+                    for i in 0..200usize {
+                        let src = vec![t ^ i as u8; 10_000 + i];
+                        assert_eq!(&*arena.copy(&src), &src[..]);
+                        assert!(first.iter().all(|&b| b == 9));
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn arena_chunks_are_advised_into_huge_pages() {
+        let w = WeightArena::with_huge_pages(true).copy(&[1u8; 100_000]);
+        assert!(vm_flags_at(w.as_ptr() as usize).split_whitespace().any(|f| f == "hg"), "arena chunk lacks hg");
+        let w = WeightArena::with_huge_pages(false).copy(&[1u8; 100_000]);
+        assert!(!vm_flags_at(w.as_ptr() as usize).split_whitespace().any(|f| f == "hg"), "unadvised chunk has hg");
     }
 }

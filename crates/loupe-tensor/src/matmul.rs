@@ -140,7 +140,8 @@ pub struct QMatrix {
     pub rows: usize,
     /// Input features (`k`), a multiple of the type's block size.
     pub cols: usize,
-    pub data: Vec<u8>,
+    /// The blocks, row after row (its own vector, or a model's [`crate::hugepages::WeightArena`]).
+    pub data: crate::hugepages::WeightBytes,
     /// A per-tensor factor on every element (NVFP4's second-level scale; 1 for every other
     /// type). Kernels compute with the blocks alone and multiply their finished outputs by it
     /// ([`QMatrix::apply_tensor_scale`]), as llama.cpp scales the result of an NVFP4 matmul.
@@ -151,7 +152,8 @@ pub struct QMatrix {
 impl QMatrix {
     /// Wraps `data` as `rows x cols` elements of `ty`, checking that `cols` is a
     /// whole number of blocks and `data` is exactly the right size.
-    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, TensorError> {
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: impl Into<crate::hugepages::WeightBytes>) -> Result<Self, TensorError> {
+        let data = data.into();
         let row = quant::row_bytes("QMatrix::new", ty, cols)?;
         let expected = row.checked_mul(rows).ok_or_else(|| TensorError::Shape {
             op: "QMatrix::new",

@@ -172,7 +172,7 @@ fn qmatrix_validates() {
     let e = QMatrix::new(GgmlType::Q4_1, 2, 64, vec![0; 79]).unwrap_err();
     assert!(e.to_string().contains("expected 80"), "{e}");
     assert!(QMatrix::new(GgmlType::Q4_1, 2, 48, vec![0; 60]).is_err());
-    let w = QMatrix::new(GgmlType::Q4_1, 2, 64, (0..80).collect()).unwrap();
+    let w = QMatrix::new(GgmlType::Q4_1, 2, 64, (0..80).collect::<Vec<u8>>()).unwrap();
     assert_eq!(w.row(1), &(40..80).collect::<Vec<u8>>()[..]);
     let mut y = vec![0f32; 3];
     assert!(matmul_q(&[0.0; 64], &w, &mut y, 1, &mut Vec::new()).is_err());
