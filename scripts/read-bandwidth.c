@@ -2,16 +2,23 @@
 // memory-bound decode (every weight byte is read once per token). Used for BENCHMARKS.md.
 //
 //   cc -O2 -march=native -pthread scripts/read-bandwidth.c -o /tmp/read-bandwidth
-//   /tmp/read-bandwidth [threads=2] [MiB=1024] [passes=10]
+//   /tmp/read-bandwidth [threads=2] [MiB=1024] [passes=10] [pages=huge|4k]
+//
+// Pages: loupe loads weights into transparent huge pages (crates/loupe-tensor/src/hugepages.rs),
+// so the ceiling it is compared with is measured on huge pages too (`huge`, the default: the
+// buffer is 2 MiB-aligned and advised MADV_HUGEPAGE before it is touched). `4k` measures
+// ordinary pages, as llama.cpp reads its weights.
 //
 // Each thread sums its own contiguous slice (touched once first, so pages are resident); the
 // figure is total bytes / wall time of a pass, best and median of the passes. The buffer
 // should dwarf the last-level cache (default 1 GiB) so the reads come from DRAM.
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 struct slice {
@@ -49,16 +56,21 @@ int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     size_t mib = argc > 2 ? (size_t)atol(argv[2]) : 1024;
     int passes = argc > 3 ? atoi(argv[3]) : 10;
-    if (threads < 1 || threads > 256 || mib < 1 || passes < 1) {
-        fprintf(stderr, "usage: read-bandwidth [threads>=1] [MiB>=1] [passes>=1]\n");
+    const char *pages = argc > 4 ? argv[4] : "huge";
+    int huge = strcmp(pages, "huge") == 0;
+    if (threads < 1 || threads > 256 || mib < 1 || passes < 1 || (!huge && strcmp(pages, "4k") != 0)) {
+        fprintf(stderr, "usage: read-bandwidth [threads>=1] [MiB>=1] [passes>=1] [huge|4k]\n");
         return 2;
     }
     size_t bytes = mib << 20, words = bytes / 8;
-    uint64_t *buf = aligned_alloc(64, bytes);
+    uint64_t *buf = aligned_alloc(2u << 20, bytes);
     if (!buf) {
         fprintf(stderr, "read-bandwidth: cannot allocate %zu MiB\n", mib);
         return 2;
     }
+#ifdef MADV_HUGEPAGE
+    if (huge && madvise(buf, bytes, MADV_HUGEPAGE) != 0) perror("read-bandwidth: madvise(MADV_HUGEPAGE) (measuring on ordinary pages)");
+#endif
     memset(buf, 1, bytes);
     struct slice s[256];
     pthread_t tid[256];
@@ -79,7 +91,7 @@ int main(int argc, char **argv) {
         gbs[pass] = bytes / (now() - t0) / 1e9;
     }
     qsort(gbs, passes, sizeof gbs[0], cmp);
-    printf("threads %d, %zu MiB, %d passes: read bandwidth best %.1f GB/s, median %.1f GB/s (checksum %llu)\n", threads, mib,
+    printf("threads %d, %zu MiB, %s pages, %d passes: read bandwidth best %.1f GB/s, median %.1f GB/s (checksum %llu)\n", threads, mib, huge ? "huge" : "4k",
            passes, gbs[passes - 1], gbs[passes / 2], (unsigned long long)(check & 0xff));
     free(buf);
     return 0;

@@ -259,6 +259,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             "read_bandwidth_gb_per_s_best": ceiling.map(|c| c.best_gb_per_s),
             "read_bandwidth_buffer_bytes": ceiling.map(|c| c.buffer_bytes),
             "read_bandwidth_passes": ceiling.map(|c| c.passes),
+            "read_bandwidth_huge_pages": ceiling.map(|c| c.huge_pages),
             "tg_share_of_read_bandwidth": share,
             "grammar": grammar_cost.as_ref().map(|g| serde_json::json!({
                 "kind": g.kind,
@@ -314,9 +315,10 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         if let (Some(c), Some(share)) = (ceiling, share) {
             writeln!(
                 out,
-                "read bandwidth ({} threads, {} MiB buffer, {} passes): median {:.1} GB/s, best {:.1} GB/s; decode draws {:.0}% of the median",
+                "read bandwidth ({} threads, {} MiB buffer on {} pages, {} passes): median {:.1} GB/s, best {:.1} GB/s; decode draws {:.0}% of the median",
                 c.threads,
                 c.buffer_bytes >> 20,
+                if c.huge_pages { "huge" } else { "4 KiB" },
                 c.passes,
                 c.median_gb_per_s,
                 c.best_gb_per_s,

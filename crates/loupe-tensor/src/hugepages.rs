@@ -26,9 +26,23 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("LOUPE_HUGEPAGES").map(|v| v.trim() != "0").unwrap_or(true))
 }
 
+/// Advises the 2 MiB-aligned interior of `len` bytes at `start` into huge pages (a buffer
+/// not yet touched, as [`WeightArena`]'s chunks are; `loupe bench` measures its read
+/// bandwidth ceiling on such a buffer, so the ceiling is read as the weights are). Returns
+/// whether any of it was advised.
+pub fn advise_interior(start: *const u8, len: usize) -> bool {
+    let start = start as usize;
+    let (lo, hi) = (start.next_multiple_of(HUGE_PAGE), start.saturating_add(len) / HUGE_PAGE * HUGE_PAGE);
+    if !cfg!(target_os = "linux") || hi <= lo {
+        return false;
+    }
+    advise(lo, hi - lo);
+    true
+}
+
 #[cfg(target_os = "linux")]
 fn advise(start: usize, len: usize) {
-    // SAFETY: start..start + len is an allocation just made, 2 MiB-aligned; MADV_HUGEPAGE
+    // SAFETY: start..start + len lies in one allocation, 2 MiB-aligned; MADV_HUGEPAGE
     // changes no contents and no protection. Failure (EINVAL without THP support) leaves
     // ordinary pages, which is fine.
     unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
