@@ -38,10 +38,7 @@ fn quantizing_the_tiny_model_to_each_legacy_type_keeps_it_close_to_the_original(
         }
         assert_eq!(b.get("general.file_type").map(|v| v.to_string()), Some(file_type.to_string()), "{ty}");
         assert_eq!(a.get("general.architecture").map(|v| v.to_string()), b.get("general.architecture").map(|v| v.to_string()));
-        let got = dump_logits(&out, &dir.path().join(ty));
-        let dot: f64 = want.iter().zip(&got).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
-        let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-        let cos = dot / (norm(&want) * norm(&got));
+        let cos = cosine(&want, &dump_logits(&out, &dir.path().join(ty)));
         eprintln!("{ty}: logits cosine {cos}");
         assert!(cos >= min_cos && cos < previous, "{ty}: logits cosine {cos} against the original (the type before: {previous})");
         previous = cos;
@@ -61,10 +58,7 @@ fn mxfp4_files_load_and_run_near_the_original() {
     let g = GgufFile::open(&out).unwrap();
     assert!(g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "mxfp4"));
     assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some("38".into()));
-    let got = dump_logits(&out, &dir.path().join("mx"));
-    let dot: f64 = want.iter().zip(&got).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
-    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    let cos = dot / (norm(&want) * norm(&got));
+    let cos = cosine(&want, &dump_logits(&out, &dir.path().join("mx")));
     eprintln!("mxfp4: logits cosine {cos}");
     assert!(cos > 0.5 && cos < 0.9999, "mxfp4: logits cosine {cos} against the original");
     let o = run(loupe().args(["generate", "--precision", "native", "-n", "4", "-m"]).arg(&out).arg("hello"));

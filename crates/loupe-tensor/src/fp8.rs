@@ -48,6 +48,12 @@ impl Fp8Tensor {
     }
 }
 
+/// The largest magnitude among the finite values of `x` (0 when there is none): what a
+/// dynamic FP8 scale is fitted to, so a NaN or an infinity cannot set it.
+pub fn max_abs_finite(x: &[f32]) -> f32 {
+    x.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
 /// `(scale, 1/scale)` of a group whose largest finite magnitude is `max_abs`, guarded: a
 /// scale that is zero, denormal or not finite gives `(0, 0)`, so the group quantizes to zeros.
 pub fn scale_and_reciprocal(max_abs: f32, format: Fp8Format) -> (f32, f32) {
@@ -77,7 +83,7 @@ pub fn quantize_dynamic(x: &[f32], format: Fp8Format, granularity: Granularity) 
     let mut codes = Vec::with_capacity(x.len());
     let mut scales = Vec::with_capacity(x.len() / group);
     for g in x.chunks(group) {
-        let max_abs = g.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        let max_abs = max_abs_finite(g);
         let (scale, inv) = scale_and_reciprocal(max_abs, format);
         scales.push(scale);
         codes.extend(g.iter().map(|&v| {
@@ -152,7 +158,7 @@ pub fn quantize_rows_e4m3(rows: &[f32], width: usize, codes: &mut [u8], scales: 
     }
     let format = Fp8Format::E4M3;
     for ((row, out), scale) in rows.chunks_exact(width).zip(codes.chunks_exact_mut(width)).zip(scales.iter_mut()) {
-        let max_abs = row.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        let max_abs = max_abs_finite(row);
         let (s, inv) = scale_and_reciprocal(max_abs, format);
         *scale = s;
         for (c, &v) in out.iter_mut().zip(row) {

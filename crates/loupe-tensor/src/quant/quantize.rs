@@ -423,7 +423,7 @@ pub(crate) fn q4_k(src: &[f32], dst: &mut [u8]) {
 pub(crate) fn fp8_e4m3(src: &[f32], dst: &mut [u8]) {
     use crate::fp8::encode_e4m3;
     for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
-        let amax = x.iter().filter(|v| v.is_finite()).fold(0.0f32, |m, v| m.max(v.abs()));
+        let amax = crate::fp8::max_abs_finite(x);
         let d = f16::from_f32((amax / 448.0).min(f16::MAX.to_f32()));
         let df = d.to_f32();
         let (d, id) = if df > 0.0 { (d, 1.0 / df) } else { (f16::ZERO, 0.0) };
