@@ -31,7 +31,7 @@ fn bench_json(model: &std::path::Path) -> serde_json::Value {
     assert_eq!(v["n_prompt"], 8);
     assert_eq!(v["n_gen"], 4);
     assert_eq!(v["repetitions"], 2);
-    assert!(["scalar", "avx2", "avx512"].contains(&v["isa"].as_str().expect("isa")), "{v}");
+    assert!(["scalar", "avx2", "avx512", "amx"].contains(&v["isa"].as_str().expect("isa")), "{v}");
     assert!(v["loupe_version"].is_string());
     assert!(v["model"].as_str().expect("model").ends_with(".gguf"));
     positive_finite(&v, "peak_rss_bytes");
@@ -48,7 +48,7 @@ fn bench_json(model: &std::path::Path) -> serde_json::Value {
     assert_eq!(v["read_bandwidth_buffer_bytes"].as_u64(), Some(1 << 30), "{v}");
     let share = positive_finite(&v, "tg_share_of_read_bandwidth");
     assert!((share - v["tg_read_gb_per_s"].as_f64().unwrap() / median).abs() < 1e-9, "{v}");
-    assert!(["scalar", "avx2", "avx512"].contains(&v["isa_detected"].as_str().expect("isa_detected")), "{v}");
+    assert!(["scalar", "avx2", "avx512", "amx"].contains(&v["isa_detected"].as_str().expect("isa_detected")), "{v}");
     v
 }
 

@@ -4,6 +4,7 @@
 //! a linear weight is `[out_features, in_features]` (Hugging Face / GGML row order),
 //! so `y = x @ W^T`. Every SIMD kernel has a scalar twin and a test comparing them.
 
+pub mod amx;
 pub mod batch;
 pub mod error;
 pub mod fp8;

@@ -1,6 +1,6 @@
 //! Which instruction-set level the quantized kernels run at.
 //!
-//! Detected once per process; `LOUPE_ISA=scalar|avx2|avx512` lowers it (never
+//! Detected once per process; `LOUPE_ISA=scalar|avx2|avx512|amx` lowers it (never
 //! raises it past what the CPU has), to bisect a numeric difference to a SIMD path
 //! or to run the scalar reference end to end.
 
@@ -15,11 +15,15 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL + VNNI on top of `Avx2` (Ice Lake, Sapphire Rapids, Zen 4).
     Avx512,
+    /// AMX-TILE + AMX-INT8 on top of `Avx512`, with the tile state granted by the OS
+    /// (Sapphire Rapids and later): prefill of Q4_1 / Q8_0 on tiles ([`crate::amx`]);
+    /// every other kernel runs its `Avx512` path.
+    Amx,
 }
 
 impl Isa {
     /// All levels, lowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
     /// The `LOUPE_ISA` spelling.
     pub fn name(self) -> &'static str {
@@ -27,6 +31,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -61,7 +66,7 @@ impl Isa {
                     }
                     None => {
                         eprintln!(
-                            "loupe: LOUPE_ISA={v:?} is not one of scalar, avx2, avx512; using {}",
+                            "loupe: LOUPE_ISA={v:?} is not one of scalar, avx2, avx512, amx; using {}",
                             hw.name()
                         );
                         hw
@@ -98,7 +103,9 @@ fn detect() -> Isa {
         && has!("avx512bw")
         && has!("avx512vl")
         && has!("avx512vnni");
-    if avx512 {
+    if avx512 && crate::amx::tiles_usable() {
+        Isa::Amx
+    } else if avx512 {
         Isa::Avx512
     } else if avx2 {
         Isa::Avx2
