@@ -112,56 +112,58 @@ mod x86 {
     use crate::wq::Act16;
     use crate::GgmlType;
 
-    /// Rows of one tile (activation rows per B tile, weight rows per A panel).
+    /// Rows of one tile: activation rows per A tile, weight rows per B panel.
     const TILE: usize = 16;
-    /// Weight rows per task: two A panels share each activation tile.
-    const PAIR: usize = 2 * TILE;
+    /// Most panels one task unpacks and runs together.
+    const MAX_GROUP_PANELS: usize = 16;
 
-    /// 64 bytes, 64-aligned: one tile row, or one line of a packed buffer.
+    /// 64 bytes, 64-aligned: one tile row.
     #[derive(Clone, Copy)]
     #[repr(C, align(64))]
     struct Line([u8; 64]);
 
     const ZERO_LINE: Line = Line([0; 64]);
 
-    /// The activation side of one call, built by the calling thread's tasks.
+    /// The activation side of one call, built by the calling thread's tasks; `mp` rows
+    /// (`m` rounded up to a tile), the rows past `m` zero.
     #[derive(Default)]
     struct ActScratch {
-        /// Act16 codes, row-major `[m][k]`.
+        /// Act16 codes of one row at a time, per task (`[TILE][k]`).
         q: Vec<i16>,
-        /// Act16 `(scale, sum)` per block, row-major `[m][2 * blocks]`.
+        /// Act16 `(scale, sum)` per block, row-major `[mp][2 * blocks]`.
         ss: Vec<f32>,
-        /// B tiles: per activation tile `t` and block `b`, 8 lines of hi bytes then 8 of
-        /// lo bytes in the VNNI layout (line `r`, bytes `4i..4i+4` = row `16t + i`'s codes
-        /// `32b + 4r..32b + 4r + 4`).
-        packed: Vec<Line>,
-        /// Scales and sums transposed, `[blocks][mp]` (lanes = activation rows; zero past m).
-        st: Vec<f32>,
-        su: Vec<f32>,
+        /// The A tiles, per activation tile `t` and block `b` (at `(t * blocks + b) * 16`
+        /// lines): 8 lines of the codes' high bytes (`a >> 8`, signed), row `r` at byte
+        /// `32 r`, then 8 of their low bytes (`a & 0xFF`). Contiguous, so a tile load streams.
+        tiles: Vec<Line>,
     }
 
-    /// One task's weight side: a pair of 16-row panels unpacked block by block.
+    /// One task's weight side: a group of panels of 16 weight rows.
+    #[derive(Default)]
     struct PanelScratch {
-        /// Per block, 8 lines (16 rows x 32 codes) for panel 0 then 8 for panel 1.
-        codes: Vec<Line>,
-        /// Per block and panel, 16 `d` then 16 `m` (Q4_1; zero for Q8_0).
+        /// The panel's codes unpacked to bytes, `[16][k]`.
+        rows: Vec<u8>,
+        /// Per panel and block, the B tile: 8 lines, line `r` holding codes `4r..4r + 4` of
+        /// each of the 16 rows (the VNNI layout).
+        vnni: Vec<Line>,
+        /// Per panel and block, 16 `d` then 16 `m` (Q4_1; zero for Q8_0), as f32.
         dm: Vec<f32>,
-        /// Four 16 x 16 i32 product tiles (panel 0 hi, lo; panel 1 hi, lo).
-        c: [Line; 4 * TILE],
+        /// Two buffers of a block's two product tiles (hi, lo), 16 rows x 16 i32 each.
+        c: Vec<Line>,
     }
 
     thread_local! {
         static ACT: RefCell<ActScratch> = RefCell::new(ActScratch::default());
-        static PANEL: RefCell<Option<Box<PanelScratch>>> = const { RefCell::new(None) };
+        static PANEL: RefCell<PanelScratch> = RefCell::new(PanelScratch::default());
     }
 
-    /// The tile configuration (palette 1): tmm0/1 the weight panels (16 rows x 32 bytes),
-    /// tmm2/3 the activation tile's hi/lo bytes (8 rows x 64 bytes), tmm4-7 the products
-    /// (16 rows x 16 i32).
+    /// The tile configuration (palette 1): tmm0/1 the activation tile's hi/lo bytes (16
+    /// rows x 32 bytes), tmm2 the weight panel (8 rows x 64 bytes), tmm4/5 and tmm6/7 two
+    /// sets of products (16 rows x 16 i32).
     fn config() -> Line {
         let mut c = [0u8; 64];
         c[0] = 1;
-        let tiles: [(u8, u16); 8] = [(16, 32), (16, 32), (8, 64), (8, 64), (16, 64), (16, 64), (16, 64), (16, 64)];
+        let tiles: [(u8, u16); 8] = [(16, 32), (16, 32), (8, 64), (0, 0), (16, 64), (16, 64), (16, 64), (16, 64)];
         for (t, (rows, colsb)) in tiles.into_iter().enumerate() {
             c[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
             c[48 + t] = rows;
@@ -181,109 +183,127 @@ mod x86 {
         let blocks = k / 32;
         let tiles_m = m.div_ceil(TILE);
         let mp = tiles_m * TILE;
-        s.q.resize(m * k, 0);
-        s.ss.resize(m * 2 * blocks, 0.0);
-        s.packed.clear();
-        s.packed.resize(tiles_m * blocks * 16, ZERO_LINE);
-        s.st.clear();
-        s.st.resize(blocks * mp, 0.0);
-        s.su.clear();
-        s.su.resize(blocks * mp, 0.0);
-        let (qp, ssp, pk, stp, sup) = (OutPtr(s.q.as_mut_ptr()), OutPtr(s.ss.as_mut_ptr()), OutPtr(s.packed.as_mut_ptr().cast::<u8>()), OutPtr(s.st.as_mut_ptr()), OutPtr(s.su.as_mut_ptr()));
+        s.ss.clear();
+        s.ss.resize(mp * 2 * blocks, 0.0);
+        s.tiles.clear();
+        s.tiles.resize(tiles_m * blocks * 16, ZERO_LINE);
+        let (ssp, tp) = (OutPtr(s.ss.as_mut_ptr()), OutPtr(s.tiles.as_mut_ptr().cast::<u8>()));
         // One task per activation tile: quantize its rows (each alone, by the one-row
-        // quantizer) and pack them.
+        // quantizer) and split the codes.
         pool::run(tiles_m, &|t| {
-            for i in t * TILE..((t + 1) * TILE).min(m) {
-                // SAFETY: rows i of q (m x k) and ss (m x 2*blocks), the entries b*mp + i of
-                // st and su, and the lanes of tile t in `packed` belong to this task alone;
-                // the buffers were sized above; the CPU has AVX-512 (Isa::Amx implies it).
-                unsafe {
-                    let q = std::slice::from_raw_parts_mut(qp.get().add(i * k), k);
-                    let ss = std::slice::from_raw_parts_mut(ssp.get().add(i * 2 * blocks), 2 * blocks);
-                    Act16::quantize(&x[i * k..(i + 1) * k], q, ss);
-                    for b in 0..blocks {
-                        *stp.get().add(b * mp + i) = ss[2 * b];
-                        *sup.get().add(b * mp + i) = ss[2 * b + 1];
+            ACT.with(|cell| {
+                let mut local = ActScratch::default();
+                let mut guard = cell.try_borrow_mut();
+                let q = match guard {
+                    Ok(ref mut g) => &mut g.q,
+                    Err(_) => &mut local.q,
+                };
+                q.resize(k, 0);
+                for i in t * TILE..((t + 1) * TILE).min(m) {
+                    // SAFETY: row i of ss (mp x 2*blocks) and the tiles of activation tile t
+                    // belong to this task alone; the buffers were sized above; the CPU has
+                    // AVX-512 BW (Isa::Amx implies it).
+                    unsafe {
+                        let ss = std::slice::from_raw_parts_mut(ssp.get().add(i * 2 * blocks), 2 * blocks);
+                        Act16::quantize(&x[i * k..(i + 1) * k], q, ss);
+                        split_row(q.as_ptr(), blocks, tp.get().add(t * blocks * 1024 + (i - t * TILE) * 32));
                     }
-                    pack_row(q.as_ptr(), blocks, pk.get().add(t * blocks * 1024), i - t * TILE);
                 }
-            }
+            })
         });
         let s = &*s;
         let out = OutPtr(y.as_mut_ptr());
-        let pairs = n.div_ceil(PAIR);
-        pool::run(pairs, &|p| {
+        // Tasks own groups of panels: each unpacks its group once, then runs every activation
+        // tile over the whole group while the tile's codes stay in L1 (a group of 16 panels
+        // of k = 1536 is 384 KiB of unpacked weights, in L2).
+        let panels = n.div_ceil(TILE);
+        let group = panels.div_ceil(pool::threads() * 2).clamp(1, MAX_GROUP_PANELS);
+        pool::run(panels.div_ceil(group), &|p| {
             PANEL.with(|cell| {
-                let mut guard = cell.borrow_mut();
-                let panel = guard.get_or_insert_with(|| {
-                    Box::new(PanelScratch { codes: Vec::new(), dm: Vec::new(), c: [ZERO_LINE; 4 * TILE] })
-                });
-                panel.codes.resize(blocks * 16, ZERO_LINE);
-                panel.dm.resize(blocks * 4 * TILE, 0.0);
-                let j0 = p * PAIR;
+                let mut local = PanelScratch::default();
+                let mut guard = cell.try_borrow_mut();
+                let panel = match guard {
+                    Ok(ref mut g) => &mut **g,
+                    Err(_) => &mut local,
+                };
+                panel.rows.resize(TILE * k, 0);
+                let first = p * group;
+                let count = group.min(panels - first);
+                panel.vnni.resize(count * blocks * 8, ZERO_LINE);
+                panel.dm.resize(count * blocks * 2 * TILE, 0.0);
+                panel.c.resize(4 * TILE, ZERO_LINE);
                 // SAFETY: Isa::Amx was detected (checked by the caller): AMX-TILE/INT8 with
                 // the tile state granted, AVX-512 F/BW/VL and F16C; the activation side
-                // describes m rows of k; columns j0..j0+32 of y (m x n) belong to this task.
+                // holds mp rows of k; the columns of panels first..first+count of y (m x n)
+                // belong to this task.
                 unsafe {
-                    unpack_panels(w, j0, blocks, panel);
-                    pair(w.ty == GgmlType::Q4_1, s, m, n, blocks, j0, panel, out);
+                    for g in 0..count {
+                        unpack_panel(w, (first + g) * TILE, blocks, g, panel);
+                    }
+                    panels_times_rows(w.ty == GgmlType::Q4_1, s, m, n, k, first * TILE, count, panel, out);
                 }
             })
         });
     }
 
-    /// Activation row `r` (0..16) of a tile: its codes at `q` (`blocks` blocks) split into
-    /// hi and lo bytes, each 4 consecutive codes one dword of the VNNI layout at `dst`
-    /// (`blocks * 1024` bytes: per block 512 hi then 512 lo).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn pack_row(q: *const i16, blocks: usize, dst: *mut u8, r: usize) {
-        let lines = _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448);
+    /// Splits the codes at `q` (`blocks` blocks of one row) into high bytes (`a >> 8`) and
+    /// low bytes, block `b`'s at `dst + 1024 b` and `dst + 1024 b + 512` (see `ActScratch::tiles`).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn split_row(q: *const i16, blocks: usize, dst: *mut u8) {
         for b in 0..blocks {
-            let v = _mm512_loadu_si512(q.add(b * 32) as *const _);
-            let lo = _mm512_cvtepi16_epi8(v);
-            let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(v));
-            let base = dst.add(b * 1024 + 4 * r);
-            _mm256_i32scatter_epi32::<1>(base as *mut i32, lines, hi);
-            _mm256_i32scatter_epi32::<1>(base.add(512) as *mut i32, lines, lo);
+            let v = _mm512_loadu_si512(q.add(32 * b) as *const _);
+            _mm256_storeu_si256(dst.add(1024 * b) as *mut __m256i, _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(v)));
+            _mm256_storeu_si256(dst.add(1024 * b + 512) as *mut __m256i, _mm512_cvtepi16_epi8(v));
         }
     }
 
-    /// Unpacks weight rows `j0..j0 + 32` (zeros past `w.rows`) into `panel`: per block, the
-    /// 32 codes of each row as bytes (Q4_1: 0..15, low nibbles first; Q8_0: the signed
-    /// bytes) and the f16 `d` (and Q4_1's `m`) as f32.
+    /// Unpacks weight rows `j0..j0 + 16` (zeros past `w.rows`) into `panel`: the codes as
+    /// bytes (Q4_1: 0..15, low nibbles first; Q8_0: the signed bytes), rearranged into one
+    /// VNNI B tile per block, and the f16 `d` (and Q4_1's `m`) as f32.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn unpack_panels(w: &QMatrix, j0: usize, blocks: usize, panel: &mut PanelScratch) {
+    unsafe fn unpack_panel(w: &QMatrix, j0: usize, blocks: usize, slot: usize, panel: &mut PanelScratch) {
         let q4_1 = w.ty == GgmlType::Q4_1;
         let bytes = if q4_1 { 20 } else { 34 };
-        let codes = panel.codes.as_mut_ptr().cast::<u8>();
-        let dm = panel.dm.as_mut_ptr();
+        let k = blocks * 32;
+        let rows = panel.rows.as_mut_ptr();
+        let dm = panel.dm.as_mut_ptr().add(slot * blocks * 2 * TILE);
         let mask = _mm_set1_epi8(0x0F);
-        for pr in 0..PAIR {
-            let j = j0 + pr;
-            let (pn, r) = (pr / TILE, pr % TILE);
+        for r in 0..TILE {
+            let j = j0 + r;
+            let dst = rows.add(r * k);
             if j >= w.rows {
+                std::ptr::write_bytes(dst, 0, k);
                 for b in 0..blocks {
-                    _mm256_storeu_si256(codes.add(b * 1024 + pn * 512 + r * 32) as *mut __m256i, _mm256_setzero_si256());
-                    *dm.add((b * 2 + pn) * 2 * TILE + r) = 0.0;
-                    *dm.add((b * 2 + pn) * 2 * TILE + TILE + r) = 0.0;
+                    *dm.add(b * 2 * TILE + r) = 0.0;
+                    *dm.add(b * 2 * TILE + TILE + r) = 0.0;
                 }
                 continue;
             }
             let row = w.row(j).as_ptr();
             for b in 0..blocks {
                 let blk = row.add(b * bytes);
-                let at = codes.add(b * 1024 + pn * 512 + r * 32);
+                let at = dst.add(b * 32);
                 let dmv = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
-                *dm.add((b * 2 + pn) * 2 * TILE + r) = _mm_cvtss_f32(dmv);
+                *dm.add(b * 2 * TILE + r) = _mm_cvtss_f32(dmv);
                 if q4_1 {
-                    *dm.add((b * 2 + pn) * 2 * TILE + TILE + r) = _mm_cvtss_f32(_mm_movehdup_ps(dmv));
+                    *dm.add(b * 2 * TILE + TILE + r) = _mm_cvtss_f32(_mm_movehdup_ps(dmv));
                     let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
                     _mm_storeu_si128(at as *mut __m128i, _mm_and_si128(qs, mask));
                     _mm_storeu_si128(at.add(16) as *mut __m128i, _mm_and_si128(_mm_srli_epi16::<4>(qs), mask));
                 } else {
-                    *dm.add((b * 2 + pn) * 2 * TILE + TILE + r) = 0.0;
+                    *dm.add(b * 2 * TILE + TILE + r) = 0.0;
                     _mm256_storeu_si256(at as *mut __m256i, _mm256_loadu_si256(blk.add(2) as *const __m256i));
                 }
+            }
+        }
+        // Line l of block b's tile: dword l of each row's block (dword index r*k/4 + 8b + l).
+        let rows_i32 = rows as *const i32;
+        let stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((k / 4) as i32));
+        let vnni = panel.vnni.as_mut_ptr().cast::<u8>().add(slot * blocks * 512);
+        for b in 0..blocks {
+            for l in 0..8 {
+                let idx = _mm512_add_epi32(stride, _mm512_set1_epi32((8 * b + l) as i32));
+                _mm512_storeu_si512(vnni.add((b * 8 + l) * 64) as *mut _, _mm512_i32gather_epi32::<4>(idx, rows_i32 as *const _));
             }
         }
     }
@@ -304,74 +324,92 @@ mod x86 {
         };
     }
 
-    /// Weight rows `j0..j0 + 32` (unpacked in `panel`) against every activation tile.
+    /// The `count` panels unpacked in `panel` (weight rows from `j0`) against every
+    /// activation tile; lanes are weight rows, so each activation row's 16 outputs of a
+    /// panel are one store.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn pair(q4_1: bool, s: &ActScratch, m: usize, n: usize, blocks: usize, j0: usize, panel: &mut PanelScratch, out: OutPtr) {
+    unsafe fn panels_times_rows(q4_1: bool, s: &ActScratch, m: usize, n: usize, k: usize, j0: usize, count: usize, panel: &mut PanelScratch, out: OutPtr) {
         let cfg = config();
         asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(readonly, nostack, preserves_flags));
-        let mp = m.div_ceil(TILE) * TILE;
-        let codes = panel.codes.as_ptr().cast::<u8>();
-        let packed = s.packed.as_ptr().cast::<u8>();
+        let blocks = k / 32;
         let c = panel.c.as_mut_ptr().cast::<u8>();
-        let ci = c as *const i32;
-        for t in 0..m.div_ceil(TILE) {
-            // Per panel and weight row, 16 accumulators (lanes = activation rows).
-            let mut acc = [[_mm512_setzero_ps(); TILE]; 2];
-            for b in 0..blocks {
-                let a = codes.add(b * 1024);
-                let bt = packed.add((t * blocks + b) * 1024);
-                tileload!("0", a, 32usize);
-                tileload!("1", a.add(512), 32usize);
-                tileload!("2", bt, 64usize);
-                tileload!("3", bt.add(512), 64usize);
-                asm!("tilezero tmm4", "tilezero tmm5", "tilezero tmm6", "tilezero tmm7", options(nomem, nostack, preserves_flags));
-                if q4_1 {
-                    tdp!("tdpbusd", "4", "0", "2");
-                    tdp!("tdpbuud", "5", "0", "3");
-                    tdp!("tdpbusd", "6", "1", "2");
-                    tdp!("tdpbuud", "7", "1", "3");
-                } else {
-                    tdp!("tdpbssd", "4", "0", "2");
-                    tdp!("tdpbsud", "5", "0", "3");
-                    tdp!("tdpbssd", "6", "1", "2");
-                    tdp!("tdpbsud", "7", "1", "3");
-                }
-                tilestore!("4", c);
-                tilestore!("5", c.add(1024));
-                tilestore!("6", c.add(2048));
-                tilestore!("7", c.add(3072));
-                let scale = _mm512_loadu_ps(s.st.as_ptr().add(b * mp + t * TILE));
-                let sum = _mm512_loadu_ps(s.su.as_ptr().add(b * mp + t * TILE));
-                for (pn, acc) in acc.iter_mut().enumerate() {
-                    let dm = panel.dm.as_ptr().add((b * 2 + pn) * 2 * TILE);
-                    let (hi, lo) = (ci.add(pn * 512), ci.add(pn * 512 + 256));
-                    for (r, a) in acc.iter_mut().enumerate() {
-                        let dot = _mm512_add_epi32(_mm512_slli_epi32::<8>(_mm512_loadu_si512(hi.add(r * 16) as *const _)), _mm512_loadu_si512(lo.add(r * 16) as *const _));
-                        // dot_row_act16_scalar: acc += d * scale * dot as f32 (+ m * sum),
-                        // as separate f32 roundings in that order.
-                        let mut v = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(*dm.add(r)), scale), _mm512_cvtepi32_ps(dot));
-                        if q4_1 {
-                            v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_set1_ps(*dm.add(TILE + r)), sum));
+        for (t, g) in (0..m.div_ceil(TILE)).flat_map(|t| (0..count).map(move |g| (t, g))) {
+            let vnni = panel.vnni.as_ptr().cast::<u8>().add(g * blocks * 512);
+            let dms = panel.dm.as_ptr().add(g * blocks * 2 * TILE);
+            let jg = j0 + g * TILE;
+            let cols = (n - jg).min(TILE);
+            let col_mask: __mmask16 = if cols == TILE { !0 } else { (1u16 << cols) - 1 };
+            let mut acc = [_mm512_setzero_ps(); TILE];
+            let at = s.tiles.as_ptr().cast::<u8>().add(t * blocks * 1024);
+            let ss = s.ss.as_ptr().add(t * TILE * 2 * blocks);
+            // A three-stage pipeline over the blocks, so no load waits on a tile store just
+            // issued: step `p` multiplies block `p` into product set `p % 2` (tmm4/5 or
+            // tmm6/7), stores block `p - 1`'s products to buffer `(p - 1) % 2`, and runs
+            // the f32 step of block `p - 2`, stored a whole step earlier.
+            for p in 0..blocks + 2 {
+                if p < blocks {
+                    tileload!("0", at.add(p * 1024), 32usize);
+                    tileload!("1", at.add(p * 1024 + 512), 32usize);
+                    tileload!("2", vnni.add(p * 512), 64usize);
+                    match (p % 2 == 0, q4_1) {
+                        (true, true) => {
+                            asm!("tilezero tmm4", "tilezero tmm5", options(nomem, nostack, preserves_flags));
+                            tdp!("tdpbsud", "4", "0", "2");
+                            tdp!("tdpbuud", "5", "1", "2");
                         }
-                        *a = _mm512_add_ps(*a, v);
+                        (true, false) => {
+                            asm!("tilezero tmm4", "tilezero tmm5", options(nomem, nostack, preserves_flags));
+                            tdp!("tdpbssd", "4", "0", "2");
+                            tdp!("tdpbusd", "5", "1", "2");
+                        }
+                        (false, true) => {
+                            asm!("tilezero tmm6", "tilezero tmm7", options(nomem, nostack, preserves_flags));
+                            tdp!("tdpbsud", "6", "0", "2");
+                            tdp!("tdpbuud", "7", "1", "2");
+                        }
+                        (false, false) => {
+                            asm!("tilezero tmm6", "tilezero tmm7", options(nomem, nostack, preserves_flags));
+                            tdp!("tdpbssd", "6", "0", "2");
+                            tdp!("tdpbusd", "7", "1", "2");
+                        }
                     }
                 }
+                if (1..=blocks).contains(&p) {
+                    if (p - 1) % 2 == 0 {
+                        tilestore!("4", c);
+                        tilestore!("5", c.add(1024));
+                    } else {
+                        tilestore!("6", c.add(2048));
+                        tilestore!("7", c.add(3072));
+                    }
+                }
+                if p < 2 {
+                    continue;
+                }
+                let b = p - 2;
+                let (chi, clo) = (c.add(2048 * (b % 2)) as *const i32, c.add(2048 * (b % 2) + 1024) as *const i32);
+                let d = _mm512_loadu_ps(dms.add(b * 2 * TILE));
+                let mw = _mm512_loadu_ps(dms.add(b * 2 * TILE + TILE));
+                // Written out row by row (not a loop) so the 16 accumulators stay in registers.
+                macro_rules! row {
+                    ($i:literal) => {{
+                        let dot = _mm512_add_epi32(_mm512_slli_epi32::<8>(_mm512_loadu_si512(chi.add($i * 16) as *const _)), _mm512_loadu_si512(clo.add($i * 16) as *const _));
+                        let (scale, sum) = (*ss.add($i * 2 * blocks + 2 * b), *ss.add($i * 2 * blocks + 2 * b + 1));
+                        // dot_row_act16_scalar: acc += d * scale * dot as f32 (+ m * sum), as
+                        // separate f32 roundings in that order.
+                        let mut v = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(scale)), _mm512_cvtepi32_ps(dot));
+                        if q4_1 {
+                            v = _mm512_add_ps(v, _mm512_mul_ps(mw, _mm512_set1_ps(sum)));
+                        }
+                        acc[$i] = _mm512_add_ps(acc[$i], v);
+                    }};
+                }
+                row!(0); row!(1); row!(2); row!(3); row!(4); row!(5); row!(6); row!(7);
+                row!(8); row!(9); row!(10); row!(11); row!(12); row!(13); row!(14); row!(15);
             }
-            // Lanes are activation rows: write each weight row's 16 outputs down a column.
-            let rows = (m - t * TILE).min(TILE);
-            for (pn, acc) in acc.iter().enumerate() {
-                for (r, a) in acc.iter().enumerate() {
-                    let j = j0 + pn * TILE + r;
-                    if j >= n {
-                        break;
-                    }
-                    let mut lanes = [0f32; TILE];
-                    _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
-                    for (i, v) in lanes.iter().take(rows).enumerate() {
-                        out.get().add((t * TILE + i) * n + j).write(*v);
-                    }
-                }
+            for (i, a) in acc.iter().enumerate().take((m - t * TILE).min(TILE)) {
+                _mm512_mask_storeu_ps(out.get().add((t * TILE + i) * n + jg), col_mask, *a);
             }
         }
         asm!("tilerelease", options(nomem, nostack, preserves_flags));

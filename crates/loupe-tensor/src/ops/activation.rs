@@ -52,6 +52,53 @@ fn on_best_isa(body: impl FnOnce()) {
     body()
 }
 
+/// Lanes of [`softmax_in_place`]'s max and sum: element `i` goes to lane `i % 16`, each
+/// lane a sequential chain, so the bits do not depend on the vector width the loop gets.
+const SOFTMAX_LANES: usize = 16;
+
+/// `x = softmax(x)` in place (max-subtracted, as torch.softmax in f32): the max, then
+/// `exp(x - max)` on [`exp_f32`] (vectorized; libm's `expf` was a call per score, most of
+/// prefill attention's time), summed in [`SOFTMAX_LANES`] fixed lanes added pairwise at the
+/// end, then each value times `1 / sum`. The same bits on every ISA.
+pub(crate) fn softmax_in_place(x: &mut [f32]) {
+    on_best_isa(|| softmax_portable(x))
+}
+
+#[inline(always)]
+fn softmax_portable(x: &mut [f32]) {
+    let mut lanes = [f32::NEG_INFINITY; SOFTMAX_LANES];
+    let mut chunks = x.chunks_exact(SOFTMAX_LANES);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l = l.max(*v);
+        }
+    }
+    let max = chunks.remainder().iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)), |m, v| m.max(*v));
+    let mut sums = [0f32; SOFTMAX_LANES];
+    let mut chunks = x.chunks_exact_mut(SOFTMAX_LANES);
+    for c in &mut chunks {
+        for (s, v) in sums.iter_mut().zip(c.iter_mut()) {
+            *v = exp_f32(*v - max);
+            *s += *v;
+        }
+    }
+    for (s, v) in sums.iter_mut().zip(chunks.into_remainder()) {
+        *v = exp_f32(*v - max);
+        *s += *v;
+    }
+    let mut width = SOFTMAX_LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            sums[i] += sums[i + width];
+        }
+    }
+    let inv = 1.0 / sums[0];
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
 /// SiLU (`x * sigmoid(x)`, torch.nn.functional.silu) in place: `x / (1 + exp(-x))`.
 pub fn silu(x: &mut [f32]) {
     on_best_isa(|| silu_portable(x))

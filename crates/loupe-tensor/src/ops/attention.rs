@@ -330,23 +330,16 @@ pub fn attention_cached(
 /// probabilities in place (max-subtracted exp, as torch.softmax does, in f32). Every
 /// attention path (prefill, decode, paged) goes through here, so the cap applies alike.
 pub(crate) fn softmax_row(scores: &mut [f32], scale: f32, softcap: Option<f32>) {
-    let mut max = f32::NEG_INFINITY;
-    for s in scores.iter_mut() {
-        *s *= scale;
-        if let Some(cap) = softcap {
-            *s = super::soft_cap_one(*s, cap);
+    if let Some(cap) = softcap {
+        for s in scores.iter_mut() {
+            *s = super::soft_cap_one(*s * scale, cap);
         }
-        max = max.max(*s);
+    } else {
+        for s in scores.iter_mut() {
+            *s *= scale;
+        }
     }
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
-    for s in scores.iter_mut() {
-        *s *= inv;
-    }
+    super::activation::softmax_in_place(scores);
 }
 
 /// `a . b` (equal lengths): four vector accumulators (AVX-512: 16 lanes, AVX2: 8) when
