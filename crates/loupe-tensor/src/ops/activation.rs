@@ -101,7 +101,17 @@ fn softmax_portable(x: &mut [f32]) {
 
 /// SiLU (`x * sigmoid(x)`, torch.nn.functional.silu) in place: `x / (1 + exp(-x))`.
 pub fn silu(x: &mut [f32]) {
-    on_best_isa(|| silu_portable(x))
+    par_mut(x, &|x| on_best_isa(|| silu_portable(x)))
+}
+
+/// `f` over ranges of `x`, on the compute pool when large ([`super::par_ranges`]).
+fn par_mut(x: &mut [f32], f: &(dyn Fn(&mut [f32]) + Sync)) {
+    let xp = crate::matmul::OutPtr(x.as_mut_ptr());
+    super::par_ranges(x.len(), 64, &|r| {
+        // SAFETY: r lies within x; par_ranges gives disjoint ranges, so this task alone
+        // writes x[r] while `x` is borrowed mutably for this call.
+        f(unsafe { std::slice::from_raw_parts_mut(xp.get().add(r.start), r.len()) })
+    })
 }
 
 #[inline(always)]
@@ -122,12 +132,14 @@ fn silu_portable(x: &mut [f32]) {
 /// values there are below 1e-6 in magnitude).
 pub fn gelu(x: &mut [f32], tanh: bool) {
     if tanh {
-        on_best_isa(|| gelu_tanh_portable(x))
+        par_mut(x, &|x| on_best_isa(|| gelu_tanh_portable(x)))
     } else {
-        for v in x {
-            let e = erf(*v as f64 * std::f64::consts::FRAC_1_SQRT_2) as f32;
-            *v = *v * 0.5 * (1.0 + e);
-        }
+        par_mut(x, &|x| {
+            for v in x {
+                let e = erf(*v as f64 * std::f64::consts::FRAC_1_SQRT_2) as f32;
+                *v = *v * 0.5 * (1.0 + e);
+            }
+        })
     }
 }
 
@@ -199,26 +211,34 @@ pub fn round_bf16(x: &mut [f32]) {
 }
 
 /// SwiGLU's combination `silu(gate) * up`, written into `gate`.
+/// Large inputs (prefill) run on the compute pool ([`super::par_ranges`]), with the same
+/// per-element arithmetic.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    on_best_isa(|| {
-        for (g, &u) in gate.iter_mut().zip(up) {
-            *g = (*g / (1.0 + exp_f32(-*g))) * u;
+    super::par_zip_mut(gate, up, &|gate, up| {
+        on_best_isa(|| {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                *g = (*g / (1.0 + exp_f32(-*g))) * u;
+            }
+        })
+    })
+}
+
+/// `a += b` elementwise (on the compute pool when large).
+pub fn add_in_place(a: &mut [f32], b: &[f32]) {
+    super::par_zip_mut(a, b, &|a, b| {
+        for (x, &y) in a.iter_mut().zip(b) {
+            *x += y;
         }
     })
 }
 
-/// `a += b` elementwise.
-pub fn add_in_place(a: &mut [f32], b: &[f32]) {
-    for (x, &y) in a.iter_mut().zip(b) {
-        *x += y;
-    }
-}
-
-/// `a *= b` elementwise.
+/// `a *= b` elementwise (on the compute pool when large).
 pub fn mul_in_place(a: &mut [f32], b: &[f32]) {
-    for (x, &y) in a.iter_mut().zip(b) {
-        *x *= y;
-    }
+    super::par_zip_mut(a, b, &|a, b| {
+        for (x, &y) in a.iter_mut().zip(b) {
+            *x *= y;
+        }
+    })
 }
 
 #[cfg(test)]

@@ -20,3 +20,44 @@ pub use norm::{layer_norm, rms_norm};
 pub use paged_attention::{paged_attention, write_paged, KvBlocks, KvBlocksMut, PagedSpan};
 pub use rope::{RopeMode, RopeScaling, RopeTable};
 pub use slice::slice_columns;
+
+use crate::matmul::OutPtr;
+use crate::pool;
+
+/// Elements from which an elementwise op or a row-wise norm splits its work over the compute
+/// pool (a prefill's activations, 512 x 576 = 295K); a decode step's rows stay on the caller,
+/// where a fork-join would cost more than the op. Every element (or row) is computed by the
+/// same code either way, so the split changes no bit.
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Runs `body(range)` over `0..len` in ranges of whole `unit`s (the last may end at `len`):
+/// on the pool, a few ranges per thread, when `len >= PAR_MIN_ELEMS`; else once, on the caller.
+pub(crate) fn par_ranges(len: usize, unit: usize, body: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    let threads = pool::threads();
+    if len < PAR_MIN_ELEMS || unit == 0 || threads < 2 {
+        body(0..len);
+        return;
+    }
+    let units = len.div_ceil(unit);
+    let tasks = (threads * 2).min(units);
+    let per = units.div_ceil(tasks);
+    pool::run(tasks, &|t| {
+        let (a, b) = ((t * per * unit).min(len), ((t + 1) * per * unit).min(len));
+        if a < b {
+            body(a..b);
+        }
+    });
+}
+
+/// `f(a[r], b[r])` over ranges `r` of two equal-length slices, on the pool when large
+/// ([`par_ranges`]); each range of `a` is written by one task alone.
+pub(crate) fn par_zip_mut(a: &mut [f32], b: &[f32], f: &(dyn Fn(&mut [f32], &[f32]) + Sync)) {
+    let n = a.len().min(b.len());
+    let ap = OutPtr(a.as_mut_ptr());
+    par_ranges(n, 64, &|r| {
+        // SAFETY: r lies within 0..n <= a.len(); par_ranges gives disjoint ranges, so this
+        // task alone writes a[r] while `a` is borrowed mutably for this call.
+        let ar = unsafe { std::slice::from_raw_parts_mut(ap.get().add(r.start), r.len()) };
+        f(ar, &b[r]);
+    });
+}

@@ -17,14 +17,21 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<
             detail: format!("x has {} elements, weight {}, out {}", x.len(), dim, out.len()),
         });
     }
-    for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let sum_sq: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
-        let variance = (sum_sq / dim as f64) as f32;
-        let inv = 1.0 / (variance + eps).sqrt();
-        for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
-            *o = w * (v * inv);
+    // Rows are independent: a prefill's rows run on the compute pool, each as on the caller.
+    let op = crate::matmul::OutPtr(out.as_mut_ptr());
+    super::par_ranges(x.len(), dim, &|r| {
+        // SAFETY: r covers whole rows within out (same length as x); par_ranges gives
+        // disjoint ranges, so this task alone writes out[r].
+        let out = unsafe { std::slice::from_raw_parts_mut(op.get().add(r.start), r.len()) };
+        for (row, out_row) in x[r].chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+            let sum_sq: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+            let variance = (sum_sq / dim as f64) as f32;
+            let inv = 1.0 / (variance + eps).sqrt();
+            for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
+                *o = w * (v * inv);
+            }
         }
-    }
+    });
     Ok(())
 }
 
