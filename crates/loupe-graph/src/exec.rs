@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use loupe_tensor::ops::{add_in_place, attention_cached, expert_id, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul, slice_columns, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
+use loupe_tensor::wq::{can_group_prefill, matmul_wq_prefill_group};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
@@ -394,15 +395,16 @@ impl Executor {
         self.step_profile.events.push(TraceEvent { name, op: "linear_group", thread: 0, start_ns: t0, dur_ns: dur });
     }
 
-    /// How many nodes from `i` on run as one [`matmul_wq_group`]: consecutive decode-time
-    /// linears (one token, single sequence, native precision, no bias, no planted fault,
+    /// How many nodes from `i` on run as one [`matmul_wq_group`] (decode) or
+    /// [`matmul_wq_prefill_group`] (prefill on AMX): consecutive linears (single sequence,
+    /// native precision, no bias, no planted fault,
     /// not the logits) reading the same input, each of a type the grouped kernel takes,
     /// each writing its own buffer slot. 1 when node `i` does not start such a run, and
     /// always with a debug option on (those check node by node). The grouped kernel gives
     /// every output the bits of its own matmul, so this changes the cost (one fork-join for
     /// q/k/v, one for gate/up), never the numbers.
     fn linear_group(&self, graph: &Graph, i: usize, n_tokens: usize, step: &StepKv<'_, '_>) -> usize {
-        if self.debug.any || n_tokens != 1 || graph.quantize_activations || !matches!(step, StepKv::Single { .. }) {
+        if self.debug.any || n_tokens == 0 || graph.quantize_activations || !matches!(step, StepKv::Single { .. }) {
             return 1;
         }
         let first = &graph.nodes[i];
@@ -416,7 +418,8 @@ impl Executor {
         };
         let eligible = |node: &Node| {
             matches!(&node.op, Op::Linear { weight, bias: None }
-                if matches!(&graph.weight(*weight).data, WeightData::Quant(q) if can_group(q, k)))
+                if matches!(&graph.weight(*weight).data, WeightData::Quant(q)
+                    if if n_tokens == 1 { can_group(q, k) } else { can_group_prefill(q, k, n_tokens) }))
                 && node.inputs.len() == 1
                 && node.inputs[0] == input
                 && node.side.is_none()
@@ -456,13 +459,18 @@ impl Executor {
             ws[j] = quant(node);
             let mut out = std::mem::take(&mut self.slots[self.slot_of[node.output.0 as usize] as usize]);
             out.clear();
-            out.resize(ws[j].rows, 0.0);
+            out.resize(ws[j].rows * n_tokens, 0.0);
             outs[j] = out;
         }
         {
             let x = &self.slots[self.slot_of[nodes[0].inputs[0].0 as usize] as usize];
             let mut ys = outs.each_mut().map(|o| o.as_mut_slice());
-            matmul_wq_group(x, &ws[..count], &mut ys[..count]).map_err(|source| {
+            let grouped = if n_tokens == 1 {
+                matmul_wq_group(x, &ws[..count], &mut ys[..count])
+            } else {
+                matmul_wq_prefill_group(x, &ws[..count], &mut ys[..count], n_tokens)
+            };
+            grouped.map_err(|source| {
                 let info = graph.value(nodes[0].output);
                 GraphError::Kernel { op: nodes[0].op.name(), name: info.name.clone(), location: info.location.to_string(), source }
             })?;

@@ -425,6 +425,33 @@ fn grouped_decode_linears_change_no_value_bit_for_bit() {
     }
 }
 
+/// Prefill of 20 tokens: on an AMX CPU q/k/v and gate/up run as one grouped AMX call each
+/// (the activations quantized once), which must give every value the bits of the node-by-node
+/// loop. Elsewhere nothing is grouped in prefill, and the two runs are the same code.
+#[test]
+fn grouped_prefill_linears_change_no_value_bit_for_bit() {
+    let prompt: Vec<u32> = (0..20).map(|i| 3 + 17 * i).collect();
+    for g in [model(Precision::Native).graph, lowered(&model(Precision::Native).graph)] {
+        let run = |debug: &DebugOptions| {
+            let mut exec = Executor::new(&g, debug);
+            let mut kv = cache(&g);
+            let mut rec = Recorder::default();
+            let logits: Vec<u32> = exec.run(&g, &prompt, &mut kv, RunOptions::default(), Some(&mut rec)).unwrap().iter().map(|x| x.to_bits()).collect();
+            (rec, logits, exec.grouped_linears())
+        };
+        let (grouped, logits, n_grouped) = run(&DebugOptions::default());
+        let checked = DebugOptions { assert_level: loupe_graph::debug::AssertLevel::All, ..DebugOptions::default() };
+        let (plain, plain_logits, n_plain) = run(&checked);
+        let amx = loupe_tensor::quant::Isa::active() >= loupe_tensor::quant::Isa::Amx;
+        assert_eq!(n_grouped, if amx { 5 * g.kv_layers as u64 } else { 0 }, "q/k/v and gate/up grouped on AMX only");
+        assert_eq!(n_plain, 0, "a debug option must run node by node");
+        for (name, v) in &plain.values {
+            assert!(grouped.values.get(name) == Some(v), "{name} differs between grouped and node-by-node prefill");
+        }
+        assert_eq!(logits, plain_logits);
+    }
+}
+
 #[test]
 fn lowering_changes_no_value_bit_for_bit() {
     for precision in [Precision::F32, Precision::Native, Precision::Q8] {

@@ -88,25 +88,42 @@ pub fn can_take(w: &QMatrix, m: usize) -> bool {
 /// Errors if the shapes disagree, if `w` is another type, or if this CPU or OS cannot run
 /// AMX tiles ([`Isa::Amx`] not detected).
 pub fn matmul_wq_amx(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
-    let (n, k) = (w.rows, w.cols);
-    if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(y.len()) {
-        return Err(TensorError::Shape { op: "matmul_wq_amx", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+    matmul_wq_amx_group(x, &[w], &mut [y], m)
+}
+
+/// Most matrices one [`matmul_wq_amx_group`] call takes (q/k/v need 3).
+pub const MAX_GROUP: usize = 4;
+
+/// [`matmul_wq_amx`] for several matrices that share their input (q/k/v, gate/up):
+/// `ys[i] = x @ ws[i]^T`, the activations quantized and packed once and every matrix's
+/// panels run as one pool job. Each output is bit-identical to [`matmul_wq_amx`] on its
+/// matrix alone.
+pub fn matmul_wq_amx_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize) -> Result<(), TensorError> {
+    let op = "matmul_wq_amx";
+    if ws.is_empty() || ws.len() != ys.len() || ws.len() > MAX_GROUP {
+        return Err(TensorError::Shape { op, detail: format!("{} matrices and {} outputs (equal, 1 to {MAX_GROUP})", ws.len(), ys.len()) });
     }
-    if !matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
-        return Err(TensorError::UnsupportedType { op: "matmul_wq_amx", dtype: w.ty });
+    let k = ws[0].cols;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        if w.cols != k || m.checked_mul(k) != Some(x.len()) || m.checked_mul(w.rows) != Some(y.len()) {
+            return Err(TensorError::Shape { op, detail: format!("x has {} elements and y {}, expected {m}x{} and {m}x{}", x.len(), y.len(), w.cols, w.rows) });
+        }
+        if !matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+            return Err(TensorError::UnsupportedType { op, dtype: w.ty });
+        }
     }
     if !k.is_multiple_of(32) {
-        return Err(TensorError::Shape { op: "matmul_wq_amx", detail: format!("{k} columns is not a multiple of 32") });
+        return Err(TensorError::Shape { op, detail: format!("{k} columns is not a multiple of 32") });
     }
     if Isa::detected() < Isa::Amx {
-        return Err(TensorError::Shape { op: "matmul_wq_amx", detail: "this CPU or OS cannot run AMX tiles".into() });
+        return Err(TensorError::Shape { op, detail: "this CPU or OS cannot run AMX tiles".into() });
     }
-    if m == 0 || n == 0 || k == 0 {
+    if m == 0 || k == 0 {
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
     {
-        x86::matmul(x, w, y, m);
+        x86::matmul(x, ws, ys, m);
         Ok(())
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -185,15 +202,15 @@ mod x86 {
         Line(c)
     }
 
-    pub(super) fn matmul(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) {
+    pub(super) fn matmul(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize) {
         ACT.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut s) => matmul_in(x, w, y, m, &mut s),
-            Err(_) => matmul_in(x, w, y, m, &mut ActScratch::default()),
+            Ok(mut s) => matmul_in(x, ws, ys, m, &mut s),
+            Err(_) => matmul_in(x, ws, ys, m, &mut ActScratch::default()),
         })
     }
 
-    fn matmul_in(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: &mut ActScratch) {
-        let (n, k) = (w.rows, w.cols);
+    fn matmul_in(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize, s: &mut ActScratch) {
+        let k = ws[0].cols;
         let blocks = k / 32;
         let tiles_m = m.div_ceil(TILE);
         let mp = tiles_m * TILE;
@@ -226,13 +243,22 @@ mod x86 {
             })
         });
         let s = &*s;
-        let out = OutPtr(y.as_mut_ptr());
-        // Tasks own groups of panels: each unpacks its group once, then runs every activation
-        // tile over the whole group while the tile's codes stay in L1 (a group of 16 panels
-        // of k = 1536 is 384 KiB of unpacked weights, in L2).
-        let panels = n.div_ceil(TILE);
-        let group = panels.div_ceil(pool::threads() * 2).clamp(1, MAX_GROUP_PANELS);
-        pool::run(panels.div_ceil(group), &|p| {
+        // Tasks own groups of panels of one matrix: each unpacks its group once, then runs
+        // every activation tile over the whole group while the tile's codes stay in L1 (a
+        // group of 16 panels of k = 1536 is 384 KiB of unpacked weights, in L2). Task t of
+        // the job is task t - firsts[i] of matrix i.
+        let mut outs = [OutPtr(std::ptr::null_mut()); super::MAX_GROUP];
+        let (mut group, mut firsts) = ([1usize; super::MAX_GROUP], [0usize; super::MAX_GROUP + 1]);
+        for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
+            outs[i] = OutPtr(y.as_mut_ptr());
+            let panels = w.rows.div_ceil(TILE);
+            group[i] = panels.div_ceil(pool::threads() * 2).clamp(1, MAX_GROUP_PANELS);
+            firsts[i + 1] = firsts[i] + panels.div_ceil(group[i]);
+        }
+        pool::run(firsts[ws.len()], &|task| {
+            let i = (0..ws.len()).rfind(|&i| firsts[i] <= task).unwrap_or(0);
+            let (w, p, n) = (ws[i], task - firsts[i], ws[i].rows);
+            let panels = n.div_ceil(TILE);
             PANEL.with(|cell| {
                 let mut local = PanelScratch::default();
                 let mut guard = cell.try_borrow_mut();
@@ -241,20 +267,20 @@ mod x86 {
                     Err(_) => &mut local,
                 };
                 panel.rows.resize(TILE * k, 0);
-                let first = p * group;
-                let count = group.min(panels - first);
+                let first = p * group[i];
+                let count = group[i].min(panels - first);
                 panel.vnni.resize(count * blocks * 8, ZERO_LINE);
                 panel.dm.resize(count * blocks * 2 * TILE, 0.0);
                 panel.c.resize(4 * TILE, ZERO_LINE);
                 // SAFETY: Isa::Amx was detected (checked by the caller): AMX-TILE/INT8 with
                 // the tile state granted, AVX-512 F/BW/VL and F16C; the activation side
-                // holds mp rows of k; the columns of panels first..first+count of y (m x n)
-                // belong to this task.
+                // holds mp rows of k; the columns of panels first..first+count of ys[i]
+                // (m x n) belong to this task.
                 unsafe {
                     for g in 0..count {
                         unpack_panel(w, (first + g) * TILE, blocks, g, panel);
                     }
-                    panels_times_rows(w.ty == GgmlType::Q4_1, s, m, n, k, first * TILE, count, panel, out);
+                    panels_times_rows(w.ty == GgmlType::Q4_1, s, m, n, k, first * TILE, count, panel, outs[i]);
                 }
             })
         });
@@ -525,6 +551,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn amx_group_gives_each_matrix_its_own_bits() {
+        if Isa::detected() < Isa::Amx {
+            eprintln!("amx: this CPU ({}) has no usable AMX tiles: nothing to compare", Isa::detected());
+            return;
+        }
+        let (m, k) = (37, 128);
+        let ws = [raw_matrix(GgmlType::Q4_1, 72, k, 1), raw_matrix(GgmlType::Q8_0, 16, k, 2), raw_matrix(GgmlType::Q4_1, 300, k, 3)];
+        let x = activations(m, k, 5);
+        let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
+        let refs: Vec<&QMatrix> = ws.iter().collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+        matmul_wq_amx_group(&x, &refs, &mut outs, m).unwrap();
+        for (w, y) in ws.iter().zip(&ys) {
+            let mut alone = vec![0f32; m * w.rows];
+            matmul_wq_amx(&x, w, &mut alone, m).unwrap();
+            assert!(alone.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits()), "{} x {} {}", w.rows, w.cols, w.ty);
+        }
+        let mut short = vec![0f32; 3];
+        assert!(matmul_wq_amx_group(&x, &refs[..1], &mut [&mut short[..]], m).is_err());
     }
 
     #[test]

@@ -77,6 +77,23 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
     Ok(())
 }
 
+/// Whether prefill of `m` rows through `w` (against `k` activations) can join a grouped
+/// [`matmul_wq_prefill_group`]: Q4_1 / Q8_0 on AMX tiles ([`crate::amx`]).
+pub fn can_group_prefill(w: &QMatrix, k: usize, m: usize) -> bool {
+    w.cols == k && Isa::active() >= Isa::Amx && crate::amx::can_take(w, m)
+}
+
+/// Prefill (`m` rows of `x`) through several matrices that share it (q/k/v, gate/up), each
+/// taken by [`can_group_prefill`]: the activations are quantized once and all matrices run
+/// as one fork-join. Each output is bit-identical to [`matmul_wq`] on its matrix alone.
+pub fn matmul_wq_prefill_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize) -> Result<(), TensorError> {
+    crate::amx::matmul_wq_amx_group(x, ws, ys, m)?;
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        w.apply_tensor_scale(y);
+    }
+    Ok(())
+}
+
 /// One activation row quantized to 16-bit blocks of 32: `x[i] ~= scale[b] * q[i]` for
 /// `i` in block `b`, with `scale = max|x_b| / 32767`. `scale_sum` interleaves each
 /// block's scale and its exact f32 sum (the sum feeds Q4_1's offset term `m * sum(x)`),
