@@ -311,8 +311,7 @@ impl Executor {
             let gathers = on_logit_rows && !node.inputs.first().is_some_and(|i| self.on_logit_rows[i.0 as usize]);
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
             let mut out = std::mem::take(&mut self.slots[out_slot]);
-            out.clear();
-            out.resize(rows * width, fill);
+            loupe_tensor::ops::resize_filled(&mut out, rows * width, fill);
             let side = match (node.side, observer.as_deref_mut()) {
                 (Some(s), Some(obs)) => obs.wants(graph.value(s)).then_some(s),
                 _ => None,

@@ -49,6 +49,27 @@ pub(crate) fn par_ranges(len: usize, unit: usize, body: &(dyn Fn(std::ops::Range
     });
 }
 
+/// Sets `v` to `len` copies of `value` (`clear` then `resize`), filling large buffers (a
+/// prefill's activations) on the compute pool.
+pub fn resize_filled(v: &mut Vec<f32>, len: usize, value: f32) {
+    v.clear();
+    if len < PAR_MIN_ELEMS {
+        v.resize(len, value);
+        return;
+    }
+    v.reserve(len);
+    let p = OutPtr(v.as_mut_ptr());
+    par_ranges(len, 1024, &|r| {
+        for i in r {
+            // SAFETY: i < len <= v.capacity() (reserved above); par_ranges gives disjoint
+            // ranges covering 0..len, each written by one task alone.
+            unsafe { p.get().add(i).write(value) };
+        }
+    });
+    // SAFETY: par_ranges returned after every element of 0..len was written above.
+    unsafe { v.set_len(len) };
+}
+
 /// `f(a[r], b[r])` over ranges `r` of two equal-length slices, on the pool when large
 /// ([`par_ranges`]); each range of `a` is written by one task alone.
 pub(crate) fn par_zip_mut(a: &mut [f32], b: &[f32], f: &(dyn Fn(&mut [f32], &[f32]) + Sync)) {
