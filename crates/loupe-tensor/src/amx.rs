@@ -1,4 +1,4 @@
-//! AMX int8 tile kernels for prefill: `y[m, n] = x[m, k] @ W^T` for Q4_1 and Q8_0 weights
+//! AMX int8 tile kernels for prefill: `y[m, n] = x[m, k] @ W^T` for Q4_1, Q8_0 and Q5_0 weights
 //! against activations quantized to 16-bit blocks ([`Act16`]), on Intel CPUs with AMX
 //! (Sapphire Rapids and later; [`Isa::Amx`]).
 //!
@@ -17,7 +17,7 @@
 //! contiguously once per call. The weights are the B operand in the VNNI layout (four
 //! consecutive codes of one weight row per dword, 16 rows per panel), unpacked from their
 //! nibbles or bytes once per call by the task that owns the panel. `tdpbsud`/`tdpbuud` take
-//! Q4_1's unsigned codes, `tdpbssd`/`tdpbusd` Q8_0's signed ones. The product tiles' lanes
+//! Q4_1's unsigned codes, `tdpbssd`/`tdpbusd` the signed codes of Q8_0 and Q5_0. The product tiles' lanes
 //! are weight rows, so the f32 step runs 16 outputs per vector with `d` and `m` as vectors
 //! and the activation's scale and sum broadcast, and each activation row's 16 outputs are
 //! one store.
@@ -77,10 +77,10 @@ fn request_tiles() -> bool {
 
 /// Whether [`matmul_wq_amx`] takes `w` at `m` activation rows.
 pub fn can_take(w: &QMatrix, m: usize) -> bool {
-    m >= AMX_MIN_ROWS && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) && w.cols > 0 && w.cols.is_multiple_of(32)
+    m >= AMX_MIN_ROWS && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) && w.cols > 0 && w.cols.is_multiple_of(32)
 }
 
-/// `y[m, n] = x[m, k] @ W^T` on AMX tiles for Q4_1 / Q8_0 `W` (`n = w.rows`, `k = w.cols`,
+/// `y[m, n] = x[m, k] @ W^T` on AMX tiles for Q4_1 / Q8_0 / Q5_0 `W` (`n = w.rows`, `k = w.cols`,
 /// a multiple of 32), each output bit-identical to [`crate::wq::dot_row_act16_scalar`] of
 /// its activation row quantized by [`Act16::quantize`]. Does not apply `w.tensor_scale`
 /// (the caller does, as for every kernel).
@@ -108,7 +108,7 @@ pub fn matmul_wq_amx_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m:
         if w.cols != k || m.checked_mul(k) != Some(x.len()) || m.checked_mul(w.rows) != Some(y.len()) {
             return Err(TensorError::Shape { op, detail: format!("x has {} elements and y {}, expected {m}x{} and {m}x{}", x.len(), y.len(), w.cols, w.rows) });
         }
-        if !matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+        if !matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
             return Err(TensorError::UnsupportedType { op, dtype: w.ty });
         }
     }
@@ -310,12 +310,14 @@ mod x86 {
     }
 
     /// Unpacks weight rows `j0..j0 + 16` (zeros past `w.rows`) into `panel`: the codes as
-    /// bytes (Q4_1: 0..15, low nibbles first; Q8_0: the signed bytes), rearranged into one
-    /// VNNI B tile per block, and the f16 `d` (and Q4_1's `m`) as f32.
+    /// bytes (Q4_1: 0..15, low nibbles first; Q8_0: the signed bytes; Q5_0: -16..15, the
+    /// nibbles with bit j of `qh` as bit 4, minus 16), rearranged into one VNNI B tile per
+    /// block, and the f16 `d` (and Q4_1's `m`) as f32.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     unsafe fn unpack_panel(w: &QMatrix, j0: usize, blocks: usize, slot: usize, panel: &mut PanelScratch) {
         let q4_1 = w.ty == GgmlType::Q4_1;
-        let bytes = if q4_1 { 20 } else { 34 };
+        let q5_0 = w.ty == GgmlType::Q5_0;
+        let bytes = w.ty.type_size();
         let k = blocks * 32;
         let rows = panel.rows.as_mut_ptr();
         let dm = panel.dm.as_mut_ptr().add(slot * blocks * 2 * TILE);
@@ -342,6 +344,13 @@ mod x86 {
                     let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
                     _mm_storeu_si128(at as *mut __m128i, _mm_and_si128(qs, mask));
                     _mm_storeu_si128(at.add(16) as *mut __m128i, _mm_and_si128(_mm_srli_epi16::<4>(qs), mask));
+                } else if q5_0 {
+                    *dm.add(b * 2 * TILE + TILE + r) = 0.0;
+                    let qh = std::ptr::read_unaligned(blk.add(2) as *const u32);
+                    let qs = _mm_loadu_si128(blk.add(6) as *const __m128i);
+                    let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), _mm_and_si128(qs, mask));
+                    let high = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
+                    _mm256_storeu_si256(at as *mut __m256i, _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16)));
                 } else {
                     *dm.add(b * 2 * TILE + TILE + r) = 0.0;
                     _mm256_storeu_si256(at as *mut __m256i, _mm256_loadu_si256(blk.add(2) as *const __m256i));
@@ -552,7 +561,7 @@ mod tests {
         // Tails in every dimension: m not a multiple of 16, n not of 32 (and below 16),
         // k of one block and of SmolLM2's widths.
         for (m, n, k) in [(16, 32, 32), (1, 16, 64), (17, 40, 96), (33, 8, 32), (48, 96, 576), (20, 200, 1536)] {
-            for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0] {
                 let w = raw_matrix(ty, n, k, (m * 31 + n * 7 + k) as u32);
                 let x = activations(m, k, (m + n + k) as u32);
                 let mut y = vec![f32::NAN; m * n];
@@ -572,7 +581,7 @@ mod tests {
             return;
         }
         let (m, k) = (37, 128);
-        let ws = [raw_matrix(GgmlType::Q4_1, 72, k, 1), raw_matrix(GgmlType::Q8_0, 16, k, 2), raw_matrix(GgmlType::Q4_1, 300, k, 3)];
+        let ws = [raw_matrix(GgmlType::Q4_1, 72, k, 1), raw_matrix(GgmlType::Q8_0, 16, k, 2), raw_matrix(GgmlType::Q5_0, 300, k, 3)];
         let x = activations(m, k, 5);
         let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
         let refs: Vec<&QMatrix> = ws.iter().collect();

@@ -50,7 +50,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
         return matmul_wq_invariant_with(Isa::active(), x, w, y, 1);
     }
     if Isa::active() >= Isa::Amx && crate::amx::can_take(w, m) {
-        // Q4_1 / Q8_0 on AMX tiles: 16-bit activation blocks, the arithmetic of
+        // Q4_1 / Q8_0 / Q5_0 on AMX tiles: 16-bit activation blocks, the arithmetic of
         // dot_row_act16_scalar (crate::amx).
         crate::amx::matmul_wq_amx(x, w, y, m)?;
         w.apply_tensor_scale(y);
@@ -78,7 +78,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
 }
 
 /// Whether prefill of `m` rows through `w` (against `k` activations) can join a grouped
-/// [`matmul_wq_prefill_group`]: Q4_1 / Q8_0 on AMX tiles ([`crate::amx`]).
+/// [`matmul_wq_prefill_group`]: Q4_1 / Q8_0 / Q5_0 on AMX tiles ([`crate::amx`]).
 pub fn can_group_prefill(w: &QMatrix, k: usize, m: usize) -> bool {
     w.cols == k && Isa::active() >= Isa::Amx && crate::amx::can_take(w, m)
 }
