@@ -592,7 +592,7 @@ mod tests {
             matmul_wq_amx(&x, w, &mut alone, m).unwrap();
             assert!(alone.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits()), "{} x {} {}", w.rows, w.cols, w.ty);
         }
-        let mut short = vec![0f32; 3];
+        let mut short = [0f32; 3];
         assert!(matmul_wq_amx_group(&x, &refs[..1], &mut [&mut short[..]], m).is_err());
     }
 
