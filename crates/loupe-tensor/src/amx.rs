@@ -75,9 +75,14 @@ fn request_tiles() -> bool {
     false
 }
 
+/// The weight types the tile kernels unpack.
+fn tile_type(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0)
+}
+
 /// Whether [`matmul_wq_amx`] takes `w` at `m` activation rows.
 pub fn can_take(w: &QMatrix, m: usize) -> bool {
-    m >= AMX_MIN_ROWS && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) && w.cols > 0 && w.cols.is_multiple_of(32)
+    m >= AMX_MIN_ROWS && tile_type(w.ty) && w.cols > 0 && w.cols.is_multiple_of(32)
 }
 
 /// `y[m, n] = x[m, k] @ W^T` on AMX tiles for Q4_1 / Q8_0 / Q5_0 `W` (`n = w.rows`, `k = w.cols`,
@@ -108,7 +113,7 @@ pub fn matmul_wq_amx_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m:
         if w.cols != k || m.checked_mul(k) != Some(x.len()) || m.checked_mul(w.rows) != Some(y.len()) {
             return Err(TensorError::Shape { op, detail: format!("x has {} elements and y {}, expected {m}x{} and {m}x{}", x.len(), y.len(), w.cols, w.rows) });
         }
-        if !matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0) {
+        if !tile_type(w.ty) {
             return Err(TensorError::UnsupportedType { op, dtype: w.ty });
         }
     }
@@ -159,8 +164,6 @@ mod x86 {
     /// (`m` rounded up to a tile), the rows past `m` zero.
     #[derive(Default)]
     struct ActScratch {
-        /// Act16 codes of one row at a time, per task (`[TILE][k]`).
-        q: Vec<i16>,
         /// Act16 `(scale, sum)` per block, row-major `[mp][2 * blocks]`.
         ss: Vec<f32>,
         /// The A tiles, per activation tile `t` and block `b` (at `(t * blocks + b) * 16`
@@ -177,7 +180,7 @@ mod x86 {
         /// Per panel and block, the B tile: 8 lines, line `r` holding codes `4r..4r + 4` of
         /// each of the 16 rows (the VNNI layout).
         vnni: Vec<Line>,
-        /// Per panel and block, 16 `d` then 16 `m` (Q4_1; zero for Q8_0), as f32.
+        /// Per panel and block, 16 `d` then 16 `m` (Q4_1; zero for Q8_0 and Q5_0), as f32.
         dm: Vec<f32>,
         /// Two buffers of a block's two product tiles (hi, lo), 16 rows x 16 i32 each.
         c: Vec<Line>,
@@ -185,6 +188,9 @@ mod x86 {
 
     thread_local! {
         static ACT: RefCell<ActScratch> = RefCell::new(ActScratch::default());
+        /// One row's Act16 codes, per thread (the caller's `ACT` is borrowed for the call, so
+        /// its tasks need a buffer of their own).
+        static CODES: RefCell<Vec<i16>> = const { RefCell::new(Vec::new()) };
         static PANEL: RefCell<PanelScratch> = RefCell::new(PanelScratch::default());
     }
 
@@ -234,12 +240,12 @@ mod x86 {
         // One task per activation tile: quantize its rows (each alone, by the one-row
         // quantizer) and split the codes.
         pool::run(tiles_m, &|t| {
-            ACT.with(|cell| {
-                let mut local = ActScratch::default();
+            CODES.with(|cell| {
+                let mut local = Vec::new();
                 let mut guard = cell.try_borrow_mut();
                 let q = match guard {
-                    Ok(ref mut g) => &mut g.q,
-                    Err(_) => &mut local.q,
+                    Ok(ref mut g) => &mut **g,
+                    Err(_) => &mut local,
                 };
                 q.resize(k, 0);
                 for i in t * TILE..((t + 1) * TILE).min(m) {
@@ -424,27 +430,24 @@ mod x86 {
                     tileload!("0", at.add(p * 1024), 32usize);
                     tileload!("1", at.add(p * 1024 + 512), 32usize);
                     tileload!("2", vnni.add(p * 512), 64usize);
-                    match (p % 2 == 0, q4_1) {
-                        (true, true) => {
-                            asm!("tilezero tmm4", "tilezero tmm5", options(nomem, nostack, preserves_flags));
-                            tdp!("tdpbsud", "4", "0", "2");
-                            tdp!("tdpbuud", "5", "1", "2");
-                        }
-                        (true, false) => {
-                            asm!("tilezero tmm4", "tilezero tmm5", options(nomem, nostack, preserves_flags));
-                            tdp!("tdpbssd", "4", "0", "2");
-                            tdp!("tdpbusd", "5", "1", "2");
-                        }
-                        (false, true) => {
-                            asm!("tilezero tmm6", "tilezero tmm7", options(nomem, nostack, preserves_flags));
-                            tdp!("tdpbsud", "6", "0", "2");
-                            tdp!("tdpbuud", "7", "1", "2");
-                        }
-                        (false, false) => {
-                            asm!("tilezero tmm6", "tilezero tmm7", options(nomem, nostack, preserves_flags));
-                            tdp!("tdpbssd", "6", "0", "2");
-                            tdp!("tdpbusd", "7", "1", "2");
-                        }
+                    // Block p's hi and lo products into the pair (tmm4/5 or tmm6/7), from
+                    // zero: unsigned weight codes (Q4_1) or signed (Q8_0, Q5_0).
+                    macro_rules! products {
+                        ($hi:literal, $lo:literal) => {{
+                            asm!(concat!("tilezero tmm", $hi), concat!("tilezero tmm", $lo), options(nomem, nostack, preserves_flags));
+                            if q4_1 {
+                                tdp!("tdpbsud", $hi, "0", "2");
+                                tdp!("tdpbuud", $lo, "1", "2");
+                            } else {
+                                tdp!("tdpbssd", $hi, "0", "2");
+                                tdp!("tdpbusd", $lo, "1", "2");
+                            }
+                        }};
+                    }
+                    if p % 2 == 0 {
+                        products!("4", "5");
+                    } else {
+                        products!("6", "7");
                     }
                 }
                 if (1..=blocks).contains(&p) {
@@ -548,14 +551,21 @@ mod tests {
         y
     }
 
+    /// Without AMX the tests check what can be checked (not a pass in disguise): the kernel
+    /// refuses, single and grouped, and says why.
+    fn assert_refuses_without_amx() {
+        let w = raw_matrix(GgmlType::Q4_1, 16, 32, 1);
+        let err = matmul_wq_amx(&[0.0; 16 * 32], &w, &mut [0.0; 16 * 16], 16).unwrap_err();
+        assert!(err.to_string().contains("cannot run AMX tiles"), "{err}");
+        let err = matmul_wq_amx_group(&[0.0; 16 * 32], &[&w, &w], &mut [&mut [0.0; 16 * 16][..], &mut [0.0; 16 * 16][..]], 16).unwrap_err();
+        assert!(err.to_string().contains("cannot run AMX tiles"), "{err}");
+        eprintln!("amx: this CPU ({}) has no usable AMX tiles: checked the refusal only", Isa::detected());
+    }
+
     #[test]
     fn amx_matmul_is_bit_identical_to_the_scalar_act16_reference() {
         if Isa::detected() < Isa::Amx {
-            // Not a pass in disguise: without AMX the kernel must refuse, and says so.
-            let w = raw_matrix(GgmlType::Q4_1, 16, 32, 1);
-            let err = matmul_wq_amx(&vec![0.0; 16 * 32], &w, &mut vec![0.0; 16 * 16], 16).unwrap_err();
-            assert!(err.to_string().contains("cannot run AMX tiles"), "{err}");
-            eprintln!("amx: this CPU ({}) has no usable AMX tiles: checked the refusal only", Isa::detected());
+            assert_refuses_without_amx();
             return;
         }
         // Tails in every dimension: m not a multiple of 16, n not of 32 (and below 16),
@@ -577,7 +587,7 @@ mod tests {
     #[test]
     fn amx_group_gives_each_matrix_its_own_bits() {
         if Isa::detected() < Isa::Amx {
-            eprintln!("amx: this CPU ({}) has no usable AMX tiles: nothing to compare", Isa::detected());
+            assert_refuses_without_amx();
             return;
         }
         let (m, k) = (37, 128);
@@ -599,7 +609,7 @@ mod tests {
     #[test]
     fn amx_results_do_not_depend_on_the_thread_count() {
         if Isa::detected() < Isa::Amx {
-            eprintln!("amx: this CPU ({}) has no usable AMX tiles: nothing to compare", Isa::detected());
+            assert_refuses_without_amx();
             return;
         }
         let w = raw_matrix(GgmlType::Q4_1, 100, 128, 9);

@@ -52,9 +52,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
     if Isa::active() >= Isa::Amx && crate::amx::can_take(w, m) {
         // Q4_1 / Q8_0 / Q5_0 on AMX tiles: 16-bit activation blocks, the arithmetic of
         // dot_row_act16_scalar (crate::amx).
-        crate::amx::matmul_wq_amx(x, w, y, m)?;
-        w.apply_tensor_scale(y);
-        return Ok(());
+        return matmul_wq_prefill_group(x, &[w], &mut [y], m);
     }
     let tiles = n.div_ceil(PREFILL_TILE_ROWS);
     let out = OutPtr(y.as_mut_ptr());

@@ -104,14 +104,9 @@ pub fn silu(x: &mut [f32]) {
     par_mut(x, &|x| on_best_isa(|| silu_portable(x)))
 }
 
-/// `f` over ranges of `x`, on the compute pool when large ([`super::par_ranges`]).
+/// `f` over ranges of `x`, on the compute pool when large ([`super::par_chunks_mut`]).
 fn par_mut(x: &mut [f32], f: &(dyn Fn(&mut [f32]) + Sync)) {
-    let xp = crate::matmul::OutPtr(x.as_mut_ptr());
-    super::par_ranges(x.len(), 64, &|r| {
-        // SAFETY: r lies within x; par_ranges gives disjoint ranges, so this task alone
-        // writes x[r] while `x` is borrowed mutably for this call.
-        f(unsafe { std::slice::from_raw_parts_mut(xp.get().add(r.start), r.len()) })
-    })
+    super::par_chunks_mut(x, 64, &|_, x| f(x))
 }
 
 #[inline(always)]

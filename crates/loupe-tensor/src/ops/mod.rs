@@ -70,15 +70,20 @@ pub fn resize_filled(v: &mut Vec<f32>, len: usize, value: f32) {
     unsafe { v.set_len(len) };
 }
 
-/// `f(a[r], b[r])` over ranges `r` of two equal-length slices, on the pool when large
-/// ([`par_ranges`]); each range of `a` is written by one task alone.
+/// `f(r, &mut x[r])` over ranges `r` of whole `unit`s of `x`, on the compute pool when large
+/// ([`par_ranges`]); each range of `x` is written by one task alone.
+pub(crate) fn par_chunks_mut(x: &mut [f32], unit: usize, f: &(dyn Fn(std::ops::Range<usize>, &mut [f32]) + Sync)) {
+    let xp = OutPtr(x.as_mut_ptr());
+    par_ranges(x.len(), unit, &|r| {
+        // SAFETY: r lies within x; par_ranges gives disjoint ranges, so this task alone
+        // writes x[r] while `x` is borrowed mutably for this call.
+        let xr = unsafe { std::slice::from_raw_parts_mut(xp.get().add(r.start), r.len()) };
+        f(r, xr);
+    });
+}
+
+/// `f(a[r], b[r])` over ranges `r` of two equal-length slices ([`par_chunks_mut`]).
 pub(crate) fn par_zip_mut(a: &mut [f32], b: &[f32], f: &(dyn Fn(&mut [f32], &[f32]) + Sync)) {
     let n = a.len().min(b.len());
-    let ap = OutPtr(a.as_mut_ptr());
-    par_ranges(n, 64, &|r| {
-        // SAFETY: r lies within 0..n <= a.len(); par_ranges gives disjoint ranges, so this
-        // task alone writes a[r] while `a` is borrowed mutably for this call.
-        let ar = unsafe { std::slice::from_raw_parts_mut(ap.get().add(r.start), r.len()) };
-        f(ar, &b[r]);
-    });
+    par_chunks_mut(&mut a[..n], 64, &|r, ar| f(ar, &b[r]));
 }

@@ -18,11 +18,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<
         });
     }
     // Rows are independent: a prefill's rows run on the compute pool, each as on the caller.
-    let op = crate::matmul::OutPtr(out.as_mut_ptr());
-    super::par_ranges(x.len(), dim, &|r| {
-        // SAFETY: r covers whole rows within out (same length as x); par_ranges gives
-        // disjoint ranges, so this task alone writes out[r].
-        let out = unsafe { std::slice::from_raw_parts_mut(op.get().add(r.start), r.len()) };
+    super::par_chunks_mut(out, dim, &|r, out| {
         for (row, out_row) in x[r].chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
             let sum_sq: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
             let variance = (sum_sq / dim as f64) as f32;
