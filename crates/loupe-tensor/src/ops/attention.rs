@@ -295,17 +295,11 @@ pub fn attention_cached(
                     Some(p) => unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) },
                     None => &mut scratch[..ctx],
                 };
-                for j in visible.clone() {
-                    scores[j] = dot_cached(isa, q_row, &k, j * kv_width + kv_h * head_dim, wide_row);
-                }
-                softmax_row(&mut scores[visible.clone()], scale, softcap);
                 // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
                 // this task alone; out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
-                o.fill(0.0);
-                for j in visible.clone() {
-                    axpy_cached(isa, scores[j], &v, j * kv_width + kv_h * head_dim, wide_row, o);
-                }
+                let row = CachedRows { keys: &k, values: &v, start_of: |j: usize| j * kv_width + kv_h * head_dim };
+                attend_row(isa, q_row, &row, visible.clone(), scores, scale, softcap, o, wide_row);
                 scores[..visible.start].fill(0.0);
                 scores[visible.end..].fill(0.0);
             }
@@ -323,6 +317,115 @@ pub fn attention_cached(
         }
     });
     Ok(())
+}
+
+/// The cached keys and values one query row of one head reads: `start_of(p)` is the first
+/// element of that head's row at position `p` in both (contiguous or paged).
+pub(crate) struct CachedRows<'a, 'b, F: Fn(usize) -> usize> {
+    pub keys: &'a KvBlocks<'b>,
+    pub values: &'a KvBlocks<'b>,
+    pub start_of: F,
+}
+
+/// One query row of one head over the keys at positions `visible` (decode and paged rows):
+/// raw scores into `scores[visible]`, their softmax in place, and `o = sum_p scores[p] v_p`.
+/// `wide_row` (`q_row.len()` floats) is scratch for the per-key path.
+///
+/// The bits are those of the per-key loop of [`dot_cached`] and [`axpy_cached`]. Where the
+/// ISA has a row kernel for the head size (AVX-512: multiples of 16, AVX2: of 8) and the rows
+/// are f32 or f16, one call runs every key with the same accumulators in the same order,
+/// without a call per key and with the output in registers across keys (decode attention
+/// was 10% of SmolLM2's decode step, most of it calls and the output's store-to-load trips);
+/// elsewhere the per-key loop runs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_row<F: Fn(usize) -> usize>(
+    isa: Isa,
+    q_row: &[f32],
+    rows: &CachedRows<'_, '_, F>,
+    visible: std::ops::Range<usize>,
+    scores: &mut [f32],
+    scale: f32,
+    softcap: Option<f32>,
+    o: &mut [f32],
+    wide_row: &mut [f32],
+) {
+    let start_of = &rows.start_of;
+    if !row_kernel_pass(isa, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone()) {
+        for j in visible.clone() {
+            scores[j] = dot_cached(isa, q_row, rows.keys, start_of(j), wide_row);
+        }
+    }
+    softmax_row(&mut scores[visible.clone()], scale, softcap);
+    o.fill(0.0);
+    if !row_kernel_pass(isa, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone()) {
+        for j in visible {
+            axpy_cached(isa, scores[j], rows.values, start_of(j), wide_row, o);
+        }
+    }
+}
+
+/// Which row kernel serves rows of `n` elements under `isa`, if any: the vector width of the
+/// per-key path at that ISA, for head sizes that are whole vectors of it (at AVX-512 that
+/// path is the 16-lane one with scalar tails, so the 8-lane kernel serves AVX2 alone), f32
+/// or f16 rows, and rows `start_of(p)..+n` inside the storage for every `p` in `keys`.
+#[derive(Debug, Clone, Copy)]
+enum RowKernel {
+    Lanes16,
+    Lanes8,
+}
+
+fn row_kernel(isa: Isa, n: usize, rows: &KvBlocks<'_>, start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>) -> Option<RowKernel> {
+    let kernel = match isa {
+        _ if !cfg!(target_arch = "x86_64") || n == 0 || matches!(rows, KvBlocks::Fp8 { .. }) => return None,
+        Isa::Avx512 | Isa::Amx if n.is_multiple_of(16) => RowKernel::Lanes16,
+        Isa::Avx2 if n.is_multiple_of(8) => RowKernel::Lanes8,
+        _ => return None,
+    };
+    let len = rows.len();
+    keys.into_iter().all(|p| start_of(p).checked_add(n).is_some_and(|end| end <= len)).then_some(kernel)
+}
+
+/// One pass of [`attend_row`] over the keys: raw scores (`scores[p] = q . row(p)`) or the
+/// probability-weighted sum of the values (`o = sum_p w[p] row(p)`).
+enum RowPass<'a> {
+    Scores { q: &'a [f32], scores: &'a mut [f32] },
+    WeightedSum { w: &'a [f32], o: &'a mut [f32] },
+}
+
+/// Runs `pass` over `keys` with a row kernel; false, having written nothing, where none
+/// applies ([`row_kernel`]).
+fn row_kernel_pass(isa: Isa, pass: RowPass<'_>, rows: &KvBlocks<'_>, start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>) -> bool {
+    let (n, fits) = match &pass {
+        RowPass::Scores { q, scores } => (q.len(), keys.end <= scores.len()),
+        RowPass::WeightedSum { w, o } => (o.len(), keys.end <= w.len()),
+    };
+    let Some(kernel) = row_kernel(isa, n, rows, start_of, keys.clone()).filter(|_| fits) else { return false };
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! run {
+            ($simd:ident, $rows:expr) => {
+                match pass {
+                    RowPass::Scores { q, scores } => $simd::scores(q, $rows, start_of, keys, scores),
+                    RowPass::WeightedSum { w, o } => $simd::weighted_sum(w, $rows, start_of, keys, o),
+                }
+            };
+        }
+        // SAFETY: row_kernel checked the ISA (whose features include F16C), the head size
+        // (whole vectors) and every row's range; `fits` that keys.end is inside the scores
+        // or weights.
+        unsafe {
+            match (kernel, rows) {
+                (RowKernel::Lanes16, KvBlocks::F32(d)) => run!(simd512, d),
+                (RowKernel::Lanes16, KvBlocks::F16(d)) => run!(simd512, d),
+                (RowKernel::Lanes8, KvBlocks::F32(d)) => run!(simd256, d),
+                (RowKernel::Lanes8, KvBlocks::F16(d)) => run!(simd256, d),
+                (_, KvBlocks::Fp8 { .. }) => return false,
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kernel, pass);
+    true
 }
 
 /// Scales raw scores `q . k` by `scale`, soft-caps them when `softcap` says so (as
@@ -349,11 +452,11 @@ pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if a.len() == b.len() {
         if isa >= Isa::Avx512 {
-            // SAFETY: the CPU has AVX-512F (Isa::Avx512); equal lengths checked.
+            // SAFETY: the CPU has AVX-512F and F16C (Isa::Avx512); equal lengths checked.
             return unsafe { simd512::dot_f32(a, b) };
         }
         if isa >= Isa::Avx2 {
-            // SAFETY: the CPU has AVX2 and FMA (Isa::Avx2); equal lengths checked.
+            // SAFETY: the CPU has AVX2, FMA and F16C (Isa::Avx2); equal lengths checked.
             return unsafe { simd256::dot_f32(a, b) };
         }
     }
@@ -372,11 +475,11 @@ pub(crate) fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if x.len() == y.len() {
         if isa >= Isa::Avx512 {
-            // SAFETY: the CPU has AVX-512F; equal lengths checked.
+            // SAFETY: the CPU has AVX-512F and F16C; equal lengths checked.
             return unsafe { simd512::axpy_f32(alpha, x, y) };
         }
         if isa >= Isa::Avx2 {
-            // SAFETY: the CPU has AVX2 and FMA; equal lengths checked.
+            // SAFETY: the CPU has AVX2, FMA and F16C; equal lengths checked.
             return unsafe { simd256::axpy_f32(alpha, x, y) };
         }
     }
@@ -467,9 +570,9 @@ impl Widen for f16 {
 }
 
 /// Defines `$dot(a: &[f32], b: &[$elem]) -> f32` and `$axpy(alpha, x: &[$elem], y)` for one
-/// vector width: four accumulators over `4 * $lanes` elements per pass, then one vector at
-/// a time into the first, the fixed reduction `(acc0 + acc1) + (acc2 + acc3)` then `$hsum`,
-/// then a scalar tail. `$load` widens `$lanes` elements of `$elem` to a vector. The f32 and
+/// vector width: the whole vectors through `row_kernels!`'s `dot_vectors` (four
+/// accumulators, then one vector at a time into the first, the fixed reduction
+/// `(acc0 + acc1) + (acc2 + acc3)`), then `$hsum`, then a scalar tail. `$load` widens `$lanes` elements of `$elem` to a vector. The f32 and
 /// f16 instances differ only in `$load`, which widens exactly, so their results are equal
 /// bit for bit on equal (widened) rows.
 #[cfg(target_arch = "x86_64")]
@@ -479,20 +582,8 @@ macro_rules! dot_axpy {
         #[target_feature(enable = $features)]
         pub unsafe fn $dot(a: &[f32], b: &[$elem]) -> f32 {
             let n = a.len();
-            let (pa, pb) = (a.as_ptr(), b.as_ptr());
-            let mut acc: [$vec; 4] = [$zero(); 4];
-            let mut i = 0;
-            while i + 4 * $lanes <= n {
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    *acc = $fmadd($loadf(pa.add(i + $lanes * r)), $load(pb.add(i + $lanes * r)), *acc);
-                }
-                i += 4 * $lanes;
-            }
-            while i + $lanes <= n {
-                acc[0] = $fmadd($loadf(pa.add(i)), $load(pb.add(i)), acc[0]);
-                i += $lanes;
-            }
-            let mut sum = $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])));
+            let mut sum = $hsum(dot_vectors(a.as_ptr(), b.as_ptr(), n));
+            let mut i = n - n % $lanes;
             while i < n {
                 sum += a[i] * Widen::widen(b[i]);
                 i += 1;
@@ -513,6 +604,99 @@ macro_rules! dot_axpy {
             while i < n {
                 y[i] += alpha * Widen::widen(x[i]);
                 i += 1;
+            }
+        }
+    };
+}
+
+/// Defines the row kernels of [`attend_row`] for one vector width: `scores` (every key's
+/// dot, each with the accumulators, order and reduction of `dot_axpy!`'s dot) and
+/// `weighted_sum` (the values' fused multiply-adds of `dot_axpy!`'s axpy in key order, the
+/// output held in up to four vectors across keys). Callers guarantee the features, a head
+/// size that is a whole number of vectors, rows in range and `keys.end` within the scores.
+#[cfg(target_arch = "x86_64")]
+macro_rules! row_kernels {
+    ($features:literal, $lanes:literal, $vec:ty, $zero:ident, $fmadd:ident, $add:ident, $loadf:ident, $storef:ident, $set1:ident, $hsum:path, $load16:path) => {
+        /// A cached element type the kernels widen, `$lanes` at a time.
+        pub trait RowElem: Copy {
+            /// # Safety
+            /// `$lanes` elements at `p` are readable; the CPU has the module's features.
+            unsafe fn load(p: *const Self) -> $vec;
+        }
+
+        impl RowElem for f32 {
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn load(p: *const f32) -> $vec {
+                $loadf(p)
+            }
+        }
+
+        impl RowElem for f16 {
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn load(p: *const f16) -> $vec {
+                $load16(p)
+            }
+        }
+
+        /// The whole vectors of `a . b` over `n` elements (the tail past `n - n % $lanes` is
+        /// the caller's): four accumulators over `4 * $lanes` elements per pass, then one
+        /// vector at a time into the first, combined as `(acc0 + acc1) + (acc2 + acc3)`.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn dot_vectors<E: RowElem>(pa: *const f32, pb: *const E, n: usize) -> $vec {
+            let mut acc: [$vec; 4] = [$zero(); 4];
+            let mut i = 0;
+            while i + 4 * $lanes <= n {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    *acc = $fmadd($loadf(pa.add(i + $lanes * r)), E::load(pb.add(i + $lanes * r)), *acc);
+                }
+                i += 4 * $lanes;
+            }
+            while i + $lanes <= n {
+                acc[0] = $fmadd($loadf(pa.add(i)), E::load(pb.add(i)), acc[0]);
+                i += $lanes;
+            }
+            $add($add(acc[0], acc[1]), $add(acc[2], acc[3]))
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn scores<E: RowElem>(q: &[f32], rows: &[E], start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>, scores: &mut [f32]) {
+            let n = q.len();
+            let pa = q.as_ptr();
+            let out = scores.as_mut_ptr();
+            for j in keys {
+                *out.add(j) = $hsum(dot_vectors(pa, rows.as_ptr().add(start_of(j)), n));
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        pub unsafe fn weighted_sum<E: RowElem>(w: &[f32], rows: &[E], start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>, o: &mut [f32]) {
+            let n = o.len();
+            let (pw, po) = (w.as_ptr(), o.as_mut_ptr());
+            let mut d = 0;
+            while d + 4 * $lanes <= n {
+                let mut acc: [$vec; 4] = [$zero(); 4];
+                for j in keys.clone() {
+                    let va = $set1(*pw.add(j));
+                    let pb = rows.as_ptr().add(start_of(j) + d);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        *acc = $fmadd(va, E::load(pb.add($lanes * r)), *acc);
+                    }
+                }
+                for (r, acc) in acc.iter().enumerate() {
+                    $storef(po.add(d + $lanes * r), *acc);
+                }
+                d += 4 * $lanes;
+            }
+            while d + $lanes <= n {
+                let mut acc = $zero();
+                for j in keys.clone() {
+                    acc = $fmadd($set1(*pw.add(j)), E::load(rows.as_ptr().add(start_of(j) + d)), acc);
+                }
+                $storef(po.add(d), acc);
+                d += $lanes;
             }
         }
     };
@@ -544,8 +728,9 @@ mod simd512 {
         _mm512_reduce_add_ps(v)
     }
 
-    dot_axpy!("avx512f", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
+    dot_axpy!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
     dot_axpy!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f16, axpy_f16, f16, load_f16);
+    row_kernels!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, load_f16);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -577,8 +762,9 @@ mod simd256 {
         _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
     }
 
-    dot_axpy!("avx2,fma", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
+    dot_axpy!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
     dot_axpy!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f16, axpy_f16, f16, load_f16);
+    row_kernels!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, load_f16);
 }
 
 #[cfg(test)]
@@ -803,6 +989,44 @@ mod tests {
         let short = vec![f16::ZERO; 4];
         let mut out = [0.0; 8];
         assert!(attention_cached(shape, AttentionVariant::default(), &[0.0; 8], KvBlocks::F16(&short), KvBlocks::F16(&short), 2, &mut out, None).is_err());
+    }
+
+    /// The row kernels give the bits of the per-key dot / axpy loop on every ISA, f32 and
+    /// f16 rows, whole-vector head sizes and others (which take the per-key loop), rows out
+    /// of order (paged) and windows that start past 0.
+    #[test]
+    fn row_kernels_give_the_bits_of_the_per_key_loop() {
+        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 250.0) - 2.0).collect() };
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for head_dim in [8, 16, 24, 64, 80, 256, 7] {
+            let ctx = 37;
+            let q = gen(head_dim, 1);
+            let (k, v) = (gen(ctx * head_dim, 2), gen(ctx * head_dim, 3));
+            let (k16, v16): (Vec<f16>, Vec<f16>) = (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
+            // Position p's row is stored at slot (p * 11) % ctx, as a block table scatters them.
+            let start_of = |p: usize| (p * 11 % ctx) * head_dim;
+            for (keys, values) in [(KvBlocks::F32(&k), KvBlocks::F32(&v)), (KvBlocks::F16(&k16), KvBlocks::F16(&v16)), (KvBlocks::F16(&k16), KvBlocks::F32(&v))] {
+                for visible in [0..ctx, 5..ctx, 36..37] {
+                    for isa in Isa::available() {
+                        let mut wide = vec![0f32; head_dim];
+                        let mut want_s = vec![0f32; ctx];
+                        for j in visible.clone() {
+                            want_s[j] = dot_cached(isa, &q, &keys, start_of(j), &mut wide);
+                        }
+                        softmax_row(&mut want_s[visible.clone()], 0.3, None);
+                        let mut want_o = vec![0f32; head_dim];
+                        for j in visible.clone() {
+                            axpy_cached(isa, want_s[j], &values, start_of(j), &mut wide, &mut want_o);
+                        }
+                        let (mut got_s, mut got_o) = (vec![0f32; ctx], vec![f32::NAN; head_dim]);
+                        let rows = CachedRows { keys: &keys, values: &values, start_of };
+                        attend_row(isa, &q, &rows, visible.clone(), &mut got_s, 0.3, None, &mut got_o, &mut wide);
+                        assert_eq!(bits(&got_s), bits(&want_s), "{isa:?} head_dim {head_dim} {visible:?} scores");
+                        assert_eq!(bits(&got_o), bits(&want_o), "{isa:?} head_dim {head_dim} {visible:?} output");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::ops::Range;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::attention::{axpy_cached, dot_cached, softmax_row, AttentionShape, AttentionVariant, HeadMap};
+use super::attention::{attend_row, AttentionShape, AttentionVariant, CachedRows, HeadMap};
 use crate::matmul::OutPtr;
 use crate::pool;
 use crate::quant::Isa;
@@ -261,17 +261,11 @@ pub fn paged_attention(
                 let q_row = &q[r * q_width + h * head_dim..][..head_dim];
                 let scores = &mut scores[..visible.end];
                 scores[..visible.start].fill(0.0);
-                for p in visible.clone() {
-                    scores[p] = dot_cached(isa, q_row, &keys, head_start(p), kv_row);
-                }
-                softmax_row(&mut scores[visible.clone()], scale, softcap);
                 // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
                 // out.len() == q.len() was checked above.
                 let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
-                o.fill(0.0);
-                for p in visible.clone() {
-                    axpy_cached(isa, scores[p], &values, head_start(p), kv_row, o);
-                }
+                let cached = CachedRows { keys: &keys, values: &values, start_of: head_start };
+                attend_row(isa, q_row, &cached, visible.clone(), scores, scale, softcap, o, kv_row);
                 if let Some(pp) = probs_ptr {
                     // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
                     // task alone; visible.end <= ctx_max; the length was checked above.
@@ -287,7 +281,7 @@ pub fn paged_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::attention::{self, axpy, dot, AttentionMask};
+    use crate::ops::attention::{self, axpy, axpy_cached, dot, dot_cached, AttentionMask};
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
