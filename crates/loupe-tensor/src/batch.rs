@@ -29,6 +29,7 @@
 
 use std::cell::RefCell;
 use std::ops::Range;
+use std::mem::MaybeUninit;
 
 use crate::matmul::{OutPtr, QMatrix};
 use crate::pool;
@@ -134,6 +135,20 @@ fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorEr
     })
 }
 
+/// The first `len` elements of a stack buffer, zeroed; the rest stays uninitialized. Decode
+/// sizes its stack buffers for the widest row it takes ([`MAX_STACK_BLOCKS`]): zeroing all
+/// 36 KiB of them on every call was ~2% of a SmolLM2 decode step, on the calling thread
+/// while the other compute thread waited (perf, `loupe bench -p 0 -n 128`).
+pub(crate) fn zeroed_prefix<T: Copy + Default, const N: usize>(buf: &mut [MaybeUninit<T>; N], len: usize) -> &mut [T] {
+    let part = &mut buf[..len];
+    for e in part.iter_mut() {
+        e.write(T::default());
+    }
+    // SAFETY: the `len` elements of `part` were initialized just above, and MaybeUninit<T>
+    // has the layout of T.
+    unsafe { std::slice::from_raw_parts_mut(part.as_mut_ptr().cast::<T>(), len) }
+}
+
 /// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1, Q8_0, Q5_0,
 /// Q6_K or Q4_K rows of `k` columns, `k` a multiple of the block (32; the K types 256) with at most
 /// [`MAX_STACK_BLOCKS`] blocks of 32 (the decode path of [`matmul_wq_invariant`]).
@@ -185,9 +200,9 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
         }
     }
     let blocks = k / 32;
-    let mut q = [0i16; MAX_STACK_BLOCKS * 32];
-    let mut scale_sum = [0f32; MAX_STACK_BLOCKS * 2];
-    let act = Act16::quantize(x, &mut q[..k], &mut scale_sum[..2 * blocks]);
+    let mut q = [MaybeUninit::<i16>::uninit(); MAX_STACK_BLOCKS * 32];
+    let mut scale_sum = [MaybeUninit::<f32>::uninit(); MAX_STACK_BLOCKS * 2];
+    let act = Act16::quantize(x, zeroed_prefix(&mut q, k), zeroed_prefix(&mut scale_sum, 2 * blocks));
     // Global row r of the group is row r - starts[i] of matrix i.
     let mut starts = [0usize; MAX_GROUP + 1];
     let mut outs = [OutPtr(std::ptr::null_mut()); MAX_GROUP];
@@ -343,9 +358,10 @@ fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<
     };
     // Block sums of each row (the offset term of Q4_1 / Q5_1), on the stack at m == 1.
     if m * blocks <= MAX_STACK_BLOCKS {
-        let mut stack = [0f32; MAX_STACK_BLOCKS];
-        fill(&mut stack[..m * blocks]);
-        return run(&stack[..m * blocks]);
+        let mut stack = [MaybeUninit::<f32>::uninit(); MAX_STACK_BLOCKS];
+        let sums = zeroed_prefix(&mut stack, m * blocks);
+        fill(sums);
+        return run(sums);
     }
     BATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => {
