@@ -48,6 +48,9 @@ pub(crate) unsafe fn gemv_rows(isa: Isa, w: &QMatrix, rows: Range<usize>, act: &
         // Q5_0 / Q6_K / Q4_K: the AVX2 kernels at AVX-512 too, as `wq::dot_row_act16` and `batch` run.
         if isa >= Isa::Avx512 && !crate::batch::avx2_only(w.ty) {
             x86::rows_avx512(w, rows, act, out);
+        } else if isa >= Isa::Avx512 && w.ty == GgmlType::Q5_0 {
+            // The AVX2 kernel's bits, two blocks per 512-bit vector.
+            x86::rows_avx512_pairs(w, rows, act, out);
         } else {
             x86::rows_avx2(w, rows, act, out);
         }
@@ -267,6 +270,13 @@ mod x86 {
         drive!(w, rows, act, out, group_avx512, [Q4_1, Q8_0])
     }
 
+    /// AVX-512 driver for Q5_0 (see [`super::gemv_rows`] for the contract): two blocks per
+    /// 512-bit vector with the AVX2 kernel's bits ([`group_avx512_pairs`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    pub(super) unsafe fn rows_avx512_pairs(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
+        drive!(w, rows, act, out, group_avx512_pairs, [Q5_0])
+    }
+
     /// AVX2 driver (see [`super::gemv_rows`] for the contract).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_avx2(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
@@ -309,6 +319,74 @@ mod x86 {
             // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
             let v = if KIND == Q4_1 { s + off[r] } else { s };
             y.add(r).write(v);
+        }
+    }
+
+    /// `R` consecutive Q5_0 weight rows at `w` against the activations, bit for bit
+    /// [`group_avx2`] (and so `batch::avx2::dot_q5_0_act16`) with half its vector
+    /// instructions: blocks `b` (even) and `b + 1` share one 512-bit vector, block `b` in
+    /// the low 256 bits, `b + 1` in the high ones. Then one `vpmaddwd` pair gives, in lanes
+    /// 0..8, block `b`'s eight i32 lanes of the AVX2 kernel (elements `2i, 2i + 1` and
+    /// `16 + 2i, 17 + 2i`) and in lanes 8..16 those of block `b + 1`; exact integers, so
+    /// the same values however they were unpacked. One FMA with `[d_b * s_b; 8] ++
+    /// [d_{b+1} * s_{b+1}; 8]` into one accumulator then does what AVX2 does to its even-block
+    /// (`acc0`, the low half) and odd-block (`acc1`, the high half) accumulators, in the same
+    /// order; an odd last block goes to the low half alone; the sum is AVX2's
+    /// `hsum(acc0 + acc1)`.
+    ///
+    /// The unpacking of a pair: the two blocks' 16 `qs` bytes widened to 32 words (word `j`:
+    /// low nibble element `j`, high nibble element `16 + j` of its block), and `qh`'s bits as
+    /// mask registers: where an element's fifth bit is clear, 16 is subtracted from its nibble
+    /// (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+        debug_assert_eq!(KIND, Q5_0);
+        let _ = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
+        let (low4, sixteen) = (_mm512_set1_epi16(0x0F), _mm512_set1_epi16(16));
+        let mut acc = [_mm512_setzero_ps(); R];
+        let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
+        let mut b = 0;
+        while b + 2 <= blocks {
+            prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes);
+            // Activations: [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
+            let (xa, xb) = (_mm512_loadu_si512(q.add(b * 32) as *const _), _mm512_loadu_si512(q.add(b * 32 + 32) as *const _));
+            let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
+            for r in 0..R {
+                let blk = w.add(r * row_bytes + b * 22);
+                let nxt = blk.add(22);
+                let bytes = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(blk.add(6) as *const __m128i)), _mm_loadu_si128(nxt.add(6) as *const __m128i));
+                let w16 = _mm512_cvtepu8_epi16(bytes);
+                let (h0, h1) = (qh(blk), qh(nxt));
+                // Bit j of a mask: word j's element has its fifth bit clear.
+                let clear_lo: __mmask32 = !((h0 & 0xFFFF) | (h1 << 16));
+                let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
+                let wlo = _mm512_and_si512(w16, low4);
+                let whi = _mm512_srli_epi16::<4>(w16);
+                let wlo = _mm512_mask_sub_epi16(wlo, clear_lo, wlo, sixteen);
+                let whi = _mm512_mask_sub_epi16(whi, clear_hi, whi, sixteen);
+                let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
+                let scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(*p.add(b * R + r)), 0xFF00, _mm_load_ss(p.add((b + 1) * R + r)));
+                acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
+            }
+            b += 2;
+        }
+        if b < blocks {
+            // The odd last block, even-indexed: the AVX2 kernel's step into the low half.
+            let xlo = _mm256_loadu_si256(q.add(b * 32) as *const __m256i);
+            let xhi = _mm256_loadu_si256(q.add(b * 32 + 16) as *const __m256i);
+            for r in 0..R {
+                let (wlo, whi) = avx2::unpack::<KIND>(w.add(r * row_bytes), b);
+                let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
+                let lo = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * R + r)), _mm256_cvtepi32_ps(dot), _mm512_castps512_ps256(acc[r]));
+                acc[r] = _mm512_castpd_ps(_mm512_insertf64x4::<0>(_mm512_castps_pd(acc[r]), _mm256_castps_pd(lo)));
+            }
+        }
+        for r in 0..R {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r])));
+            // Q5_0 has no offset (adding 0.0 would turn -0.0 into +0.0).
+            y.add(r).write(avx2::hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), hi)));
         }
     }
 
