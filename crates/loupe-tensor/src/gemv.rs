@@ -20,8 +20,12 @@
 //! multi-row kernels (`crate::batch`), which repeat that arithmetic per activation row,
 //! stay bit-identical to it (tested below and in `batch`).
 //!
-//! Q5_0, Q6_K and Q4_K have AVX2 kernels only (single-row, group, multi-row): an AVX-512 machine
-//! runs those for them in every path, so the agreement holds there as well.
+//! Q5_0, Q6_K and Q4_K have AVX2 arithmetic only (single-row, group, multi-row): an AVX-512
+//! machine runs it for them in every path, so the agreement holds there as well. This decode
+//! group computes Q5_0's AVX2 arithmetic with 512-bit vectors, two blocks per vector, with
+//! the same bits (`x86::group_avx512_pairs`); doing the same for Q6_K and Q4_K (two AVX2
+//! unpackings joined) measured slower than their AVX2 group (1 thread, hot 896 x 4864:
+//! Q6_K 8.9-9.1 against 10.1-10.8 GiB/s, Q4_K 7.3-7.6 against 8.6-9.2).
 
 use std::ops::Range;
 
