@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, attention_cached, expert_id, gelu, layer_norm, mul_in_place, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul, slice_columns, soft_cap, PagedSpan};
+use loupe_tensor::ops::{add_in_place, add_into, attention_cached, expert_id, gelu, layer_norm, mul_in_place, mul_into, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul_into, slice_columns, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
 use loupe_tensor::wq::{can_group_prefill, matmul_wq_prefill_group};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
@@ -311,7 +311,14 @@ impl Executor {
             let gathers = on_logit_rows && !node.inputs.first().is_some_and(|i| self.on_logit_rows[i.0 as usize]);
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
             let mut out = std::mem::take(&mut self.slots[out_slot]);
-            loupe_tensor::ops::resize_filled(&mut out, rows * width, fill);
+            if self.debug.uninit || node.fault.is_some() || !writes_every_element(&node.op) {
+                loupe_tensor::ops::resize_filled(&mut out, rows * width, fill);
+            } else {
+                // The kernel overwrites all of it: keep the slot's old (initialized) values
+                // rather than zeroing every prefill activation first (a pass over each
+                // node's output, ~5% of SmolLM2's prefill in perf).
+                loupe_tensor::ops::resize_for_overwrite(&mut out, rows * width);
+            }
             let side = match (node.side, observer.as_deref_mut()) {
                 (Some(s), Some(obs)) => obs.wants(graph.value(s)).then_some(s),
                 _ => None,
@@ -686,7 +693,7 @@ impl Executor {
                             }
                             &self.gathered[..]
                         } else {
-                            &x_all[..]
+                            x_all
                         };
                         matmul_rows_invariant(x, &w.data, graph.quantize_activations, out, rows, k, n, &mut self.quant_scratch)?;
                     }
@@ -791,34 +798,30 @@ impl Executor {
             Op::Slice { start, len } => {
                 let x = self.input(node, 0);
                 let rows = out.len().checked_div(*len).unwrap_or(0);
-                if rows == 0 || x.len() % rows != 0 {
+                if rows == 0 || !x.len().is_multiple_of(rows) {
                     return Err(TensorError::Shape { op: "slice", detail: format!("input of {} elements for {rows} rows", x.len()) });
                 }
                 slice_columns(x, x.len() / rows, *start, *len, out)
             }
             Op::Mul => {
-                out.copy_from_slice(self.input(node, 0));
-                mul_in_place(out, self.input(node, 1));
+                mul_into(self.input(node, 0), self.input(node, 1), out)?;
                 Ok(())
             }
             Op::Add => {
-                out.copy_from_slice(self.input(node, 0));
-                add_in_place(out, self.input(node, 1));
+                add_into(self.input(node, 0), self.input(node, 1), out)?;
                 Ok(())
             }
             Op::SwiGlu => {
-                out.copy_from_slice(self.input(node, 0));
                 match side {
                     // Observed: the activation goes through the side buffer, with the same
                     // arithmetic as the unfused silu then mul (tested bit-identical).
                     Some(act) => {
                         act.clear();
-                        act.extend_from_slice(out);
+                        act.extend_from_slice(self.input(node, 0));
                         silu(act);
-                        out.copy_from_slice(act);
-                        mul_in_place(out, self.input(node, 1));
+                        mul_into(act, self.input(node, 1), out)?;
                     }
-                    None => silu_mul(out, self.input(node, 1)),
+                    None => silu_mul_into(self.input(node, 0), self.input(node, 1), out)?,
                 }
                 Ok(())
             }
@@ -857,6 +860,29 @@ impl Executor {
             }
         }
     }
+}
+
+/// Whether `op`'s kernel writes every element of its output whatever the inputs, so the
+/// executor need not clear the buffer first (`uninitialized-read-check` still poisons it, and
+/// nodes with a planted fault are cleared as before). A kernel that accumulates into its
+/// output, or writes only some rows, must not be listed: it would read a slot's stale values.
+fn writes_every_element(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Linear { .. }
+            | Op::RmsNorm { .. }
+            | Op::LayerNorm { .. }
+            | Op::Rope { .. }
+            | Op::Silu
+            | Op::Gelu { .. }
+            | Op::Copy
+            | Op::RoundBf16
+            | Op::Scale { .. }
+            | Op::SoftCap { .. }
+            | Op::Mul
+            | Op::Add
+            | Op::SwiGlu
+    )
 }
 
 /// The routed experts of [`Op::Experts`]: for each expert in ascending id, the rows of the

@@ -571,6 +571,19 @@ fn debug_checks_of_the_executor_catch_planted_defects() {
     let all_on = DebugOptions { nan_check: true, nan_check_stride: 1, uninitialized_read_check: true, assert_level: loupe_graph::debug::AssertLevel::All, ..DebugOptions::default() };
     let checked = Executor::new(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
     assert_eq!(plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), checked.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    // The executor skips clearing the outputs of kernels that overwrite them (slots keep
+    // stale values between nodes and steps); with every slot poisoned instead, prefill then
+    // decode steps give the same bits, so no such kernel reads what it did not write.
+    for precision in [Precision::F32, Precision::Native] {
+        let g = model(precision).graph;
+        let (mut plain, mut checked) = (executor(&g), Executor::new(&g, &all_on));
+        let (mut kv_plain, mut kv_checked) = (cache(&g), cache(&g));
+        for step in [&PROMPT[..], &[5], &[6], &PROMPT[..3]] {
+            let a = plain.run(&g, step, &mut kv_plain, RunOptions::default(), None).unwrap().to_vec();
+            let b = checked.run(&g, step, &mut kv_checked, RunOptions::default(), None).unwrap().to_vec();
+            assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{precision:?}, step of {}", step.len());
+        }
+    }
 }
 
 #[test]

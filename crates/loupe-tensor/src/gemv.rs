@@ -344,7 +344,7 @@ mod x86 {
     /// (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
         debug_assert_eq!(KIND, Q5_0);
         let _ = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);

@@ -286,7 +286,7 @@ pub fn write_safetensors(
     }
     let mut json = serde_json::Value::Object(header).to_string().into_bytes();
     // The format pads the header with spaces to an 8-byte multiple (safetensors README).
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();

@@ -13,7 +13,7 @@ pub mod paged_attention;
 pub mod rope;
 pub mod slice;
 
-pub use activation::{add_in_place, erf, gelu, mul_in_place, round_bf16, silu, silu_mul, soft_cap, soft_cap_one};
+pub use activation::{add_in_place, add_into, erf, gelu, mul_in_place, mul_into, round_bf16, silu, silu_mul, silu_mul_into, soft_cap, soft_cap_one};
 pub use attention::{attention, attention_cached, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
 pub use moe::{expert_id, router_select, router_weights, Router, RouterScoring};
 pub use norm::{layer_norm, rms_norm};
@@ -53,20 +53,38 @@ pub(crate) fn par_ranges(len: usize, unit: usize, body: &(dyn Fn(std::ops::Range
 /// prefill's activations) on the compute pool.
 pub fn resize_filled(v: &mut Vec<f32>, len: usize, value: f32) {
     v.clear();
-    if len < PAR_MIN_ELEMS {
+    grow_filled(v, len, value);
+}
+
+/// Sets `v`'s length to `len` for a kernel that overwrites every element: a buffer at least
+/// that long is truncated, its values left as they are (initialized, to be overwritten); a
+/// shorter one keeps its values and only the new tail is zeroed.
+pub fn resize_for_overwrite(v: &mut Vec<f32>, len: usize) {
+    if v.len() >= len {
+        v.truncate(len);
+    } else {
+        grow_filled(v, len, 0.0);
+    }
+}
+
+/// Grows `v` (no longer than `len`) to `len`, the new elements `value`, on the compute pool
+/// when many.
+fn grow_filled(v: &mut Vec<f32>, len: usize, value: f32) {
+    let old = v.len();
+    if len - old < PAR_MIN_ELEMS {
         v.resize(len, value);
         return;
     }
-    v.reserve(len);
+    v.reserve(len - old);
     let p = OutPtr(v.as_mut_ptr());
-    par_ranges(len, 1024, &|r| {
+    par_ranges(len - old, 1024, &|r| {
         for i in r {
-            // SAFETY: i < len <= v.capacity() (reserved above); par_ranges gives disjoint
-            // ranges covering 0..len, each written by one task alone.
-            unsafe { p.get().add(i).write(value) };
+            // SAFETY: old + i < len <= v.capacity() (reserved above); par_ranges gives
+            // disjoint ranges covering 0..len - old, each written by one task alone.
+            unsafe { p.get().add(old + i).write(value) };
         }
     });
-    // SAFETY: par_ranges returned after every element of 0..len was written above.
+    // SAFETY: elements 0..old were initialized before, old..len just above.
     unsafe { v.set_len(len) };
 }
 
