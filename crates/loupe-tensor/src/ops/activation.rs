@@ -36,35 +36,43 @@ pub fn exp_f32(x: f32) -> f32 {
     p * two_n
 }
 
-/// Runs `body` compiled for AVX-512 or AVX2 where the CPU has them (the same operations, so
-/// the same bits as the portable build: the loops vectorize 16 or 8 wide instead of 4).
-/// AVX-512 halves the instructions of `exp_f32`-bound loops: prefill's softmax was 7% of
-/// SmolLM2's pp512 CPU time on the AVX2 build (perf, Sapphire Rapids class).
-#[inline(always)]
-fn on_best_isa(body: impl FnOnce()) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if Isa::active() >= Isa::Avx512 {
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-            unsafe fn avx512(body: impl FnOnce()) {
-                body()
+/// Defines `$name`, which runs the `#[inline(always)]` portable loop `$portable` compiled for
+/// AVX-512 or AVX2 where the CPU has them (the same operations, so the same bits as the
+/// portable build: the loops vectorize 16 or 8 wide instead of 4). A named wrapper per ISA
+/// rather than a closure run inside one: LLVM left the softmax closure un-inlined, so it ran
+/// as SSE code (7.8% of SmolLM2's pp512 CPU time in perf, Sapphire Rapids class).
+macro_rules! best_isa {
+    ($name:ident($($arg:ident: $ty:ty),*) = $portable:ident) => {
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    $portable($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $portable($($arg),*)
+                }
+                if Isa::active() >= Isa::Avx512 {
+                    // SAFETY: the CPU supports AVX-512 F/BW/VL, AVX2 and FMA.
+                    return unsafe { avx512($($arg),*) };
+                }
+                if Isa::active() >= Isa::Avx2 {
+                    // SAFETY: the CPU supports AVX2 and FMA.
+                    return unsafe { avx2($($arg),*) };
+                }
             }
-            // SAFETY: the CPU supports AVX-512 F/BW/VL, AVX2 and FMA (Isa::active() >= Avx512).
-            unsafe { avx512(body) };
-            return;
+            $portable($($arg),*)
         }
-        if Isa::active() >= Isa::Avx2 {
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2(body: impl FnOnce()) {
-                body()
-            }
-            // SAFETY: the CPU supports AVX2 and FMA (Isa::active() >= Avx2).
-            unsafe { avx2(body) };
-            return;
-        }
-    }
-    body()
+    };
 }
+
+best_isa!(softmax_best(x: &mut [f32]) = softmax_portable);
+best_isa!(silu_best(x: &mut [f32]) = silu_portable);
+best_isa!(gelu_tanh_best(x: &mut [f32]) = gelu_tanh_portable);
+best_isa!(silu_mul_best(gate: &mut [f32], up: &[f32]) = silu_mul_portable);
+best_isa!(silu_mul_into_best(gate: &[f32], up: &[f32], out: &mut [f32]) = silu_mul_into_portable);
 
 /// Lanes of [`softmax_in_place`]'s max and sum: element `i` goes to lane `i % 16`, each
 /// lane a sequential chain, so the bits do not depend on the vector width the loop gets.
@@ -75,7 +83,7 @@ const SOFTMAX_LANES: usize = 16;
 /// prefill attention's time), summed in [`SOFTMAX_LANES`] fixed lanes added pairwise at the
 /// end, then each value times `1 / sum`. The same bits on every ISA.
 pub(crate) fn softmax_in_place(x: &mut [f32]) {
-    on_best_isa(|| softmax_portable(x))
+    softmax_best(x)
 }
 
 #[inline(always)]
@@ -115,7 +123,7 @@ fn softmax_portable(x: &mut [f32]) {
 
 /// SiLU (`x * sigmoid(x)`, torch.nn.functional.silu) in place: `x / (1 + exp(-x))`.
 pub fn silu(x: &mut [f32]) {
-    par_mut(x, &|x| on_best_isa(|| silu_portable(x)))
+    par_mut(x, &|x| silu_best(x))
 }
 
 /// `f` over ranges of `x`, on the compute pool when large ([`super::par_chunks_mut`]).
@@ -141,7 +149,7 @@ fn silu_portable(x: &mut [f32]) {
 /// values there are below 1e-6 in magnitude).
 pub fn gelu(x: &mut [f32], tanh: bool) {
     if tanh {
-        par_mut(x, &|x| on_best_isa(|| gelu_tanh_portable(x)))
+        par_mut(x, &|x| gelu_tanh_best(x))
     } else {
         par_mut(x, &|x| {
             for v in x {
@@ -223,13 +231,14 @@ pub fn round_bf16(x: &mut [f32]) {
 /// Large inputs (prefill) run on the compute pool ([`super::par_ranges`]), with the same
 /// per-element arithmetic.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    super::par_zip_mut(gate, up, &|gate, up| {
-        on_best_isa(|| {
-            for (g, &u) in gate.iter_mut().zip(up) {
-                *g = (*g / (1.0 + exp_f32(-*g))) * u;
-            }
-        })
-    })
+    super::par_zip_mut(gate, up, &|gate, up| silu_mul_best(gate, up))
+}
+
+#[inline(always)]
+fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = (*g / (1.0 + exp_f32(-*g))) * u;
+    }
 }
 
 /// `a += b` elementwise (on the compute pool when large).
@@ -267,13 +276,15 @@ fn binary_into(op: &'static str, a: &[f32], b: &[f32], out: &mut [f32], f: &Bina
 /// copying `gate` into `out` (prefill's SwiGLU went through its 3 MiB rows three times:
 /// fill, copy, combine).
 pub fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), TensorError> {
-    binary_into("silu_mul", gate, up, out, &|gate, up, out| {
-        on_best_isa(|| {
-            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                *o = (g / (1.0 + exp_f32(-g))) * u;
-            }
-        })
-    })
+    binary_into("silu_mul", gate, up, out, &|gate, up, out| silu_mul_into_best(gate, up, out))
+}
+
+/// [`silu_mul_portable`]'s expression per element, into `out`.
+#[inline(always)]
+fn silu_mul_into_portable(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = (g / (1.0 + exp_f32(-g))) * u;
+    }
 }
 
 /// `out = a + b` elementwise ([`add_in_place`]'s bits into a third buffer).
