@@ -464,8 +464,9 @@ impl Executor {
         for (j, node) in nodes.iter().enumerate() {
             ws[j] = quant(node);
             let mut out = std::mem::take(&mut self.slots[self.slot_of[node.output.0 as usize] as usize]);
-            out.clear();
-            out.resize(ws[j].rows * n_tokens, 0.0);
+            // The grouped kernels write every output element (and a group never forms with
+            // a debug option on, so no poison is due): no clearing pass first.
+            loupe_tensor::ops::resize_for_overwrite(&mut out, ws[j].rows * n_tokens);
             outs[j] = out;
         }
         {
