@@ -350,14 +350,18 @@ pub(crate) fn attend_row<F: Fn(usize) -> usize>(
     wide_row: &mut [f32],
 ) {
     let start_of = &rows.start_of;
-    if !row_kernel_pass(isa, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone()) {
+    // Decided once for both passes: the checks walk every visible key.
+    let kernel = row_kernel(isa, q_row.len(), rows, visible.clone()).filter(|_| visible.end <= scores.len());
+    // SAFETY (both passes): row_kernel checked the ISA, the head size and every visible row's
+    // range in both the keys and the values; visible.end <= scores.len() just above.
+    if !kernel.is_some_and(|k| unsafe { row_kernel_pass(k, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone()) }) {
         for j in visible.clone() {
             scores[j] = dot_cached(isa, q_row, rows.keys, start_of(j), wide_row);
         }
     }
     softmax_row(&mut scores[visible.clone()], scale, softcap);
     o.fill(0.0);
-    if !row_kernel_pass(isa, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone()) {
+    if !kernel.is_some_and(|k| unsafe { row_kernel_pass(k, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone()) }) {
         for j in visible {
             axpy_cached(isa, scores[j], rows.values, start_of(j), wide_row, o);
         }
@@ -366,23 +370,23 @@ pub(crate) fn attend_row<F: Fn(usize) -> usize>(
 
 /// Which row kernel serves rows of `n` elements under `isa`, if any: the vector width of the
 /// per-key path at that ISA, for head sizes that are whole vectors of it (at AVX-512 that
-/// path is the 16-lane one with scalar tails, so the 8-lane kernel serves AVX2 alone), f32
-/// or f16 rows, and rows `start_of(p)..+n` inside the storage for every `p` in `keys`.
+/// path is the 16-lane one with scalar tails, so the 8-lane kernel serves AVX2 alone), and
+/// rows `start_of(p)..+n` inside both the keys and the values for every `p` in `keys`.
 #[derive(Debug, Clone, Copy)]
 enum RowKernel {
     Lanes16,
     Lanes8,
 }
 
-fn row_kernel(isa: Isa, n: usize, rows: &KvBlocks<'_>, start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>) -> Option<RowKernel> {
+fn row_kernel<F: Fn(usize) -> usize>(isa: Isa, n: usize, rows: &CachedRows<'_, '_, F>, keys: std::ops::Range<usize>) -> Option<RowKernel> {
     let kernel = match isa {
-        _ if !cfg!(target_arch = "x86_64") || n == 0 || matches!(rows, KvBlocks::Fp8 { .. }) => return None,
+        _ if !cfg!(target_arch = "x86_64") || n == 0 => return None,
         Isa::Avx512 | Isa::Amx if n.is_multiple_of(16) => RowKernel::Lanes16,
         Isa::Avx2 if n.is_multiple_of(8) => RowKernel::Lanes8,
         _ => return None,
     };
-    let len = rows.len();
-    keys.into_iter().all(|p| start_of(p).checked_add(n).is_some_and(|end| end <= len)).then_some(kernel)
+    let len = rows.keys.len().min(rows.values.len());
+    keys.into_iter().all(|p| (rows.start_of)(p).checked_add(n).is_some_and(|end| end <= len)).then_some(kernel)
 }
 
 /// One pass of [`attend_row`] over the keys: raw scores (`scores[p] = q . row(p)`) or the
@@ -392,14 +396,13 @@ enum RowPass<'a> {
     WeightedSum { w: &'a [f32], o: &'a mut [f32] },
 }
 
-/// Runs `pass` over `keys` with a row kernel; false, having written nothing, where none
-/// applies ([`row_kernel`]).
-fn row_kernel_pass(isa: Isa, pass: RowPass<'_>, rows: &KvBlocks<'_>, start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>) -> bool {
-    let (n, fits) = match &pass {
-        RowPass::Scores { q, scores } => (q.len(), keys.end <= scores.len()),
-        RowPass::WeightedSum { w, o } => (o.len(), keys.end <= w.len()),
-    };
-    let Some(kernel) = row_kernel(isa, n, rows, start_of, keys.clone()).filter(|_| fits) else { return false };
+/// Runs `pass` over `keys` with `kernel`; false, having written nothing, for rows it does not
+/// read (FP8, which callers widen first).
+///
+/// # Safety
+/// `kernel` is [`row_kernel`]'s answer for these rows, this head size and `keys`, and `keys.end`
+/// is within the scores (or weights) of `pass`.
+unsafe fn row_kernel_pass(kernel: RowKernel, pass: RowPass<'_>, rows: &KvBlocks<'_>, start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! run {
@@ -410,9 +413,8 @@ fn row_kernel_pass(isa: Isa, pass: RowPass<'_>, rows: &KvBlocks<'_>, start_of: &
                 }
             };
         }
-        // SAFETY: row_kernel checked the ISA (whose features include F16C), the head size
-        // (whole vectors) and every row's range; `fits` that keys.end is inside the scores
-        // or weights.
+        // SAFETY: the caller's contract (the ISA's features, which include F16C; whole
+        // vectors; rows and keys in range).
         unsafe {
             match (kernel, rows) {
                 (RowKernel::Lanes16, KvBlocks::F32(d)) => run!(simd512, d),
@@ -424,7 +426,7 @@ fn row_kernel_pass(isa: Isa, pass: RowPass<'_>, rows: &KvBlocks<'_>, start_of: &
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (kernel, pass);
+    let _ = (kernel, pass, rows, start_of, keys);
     true
 }
 
