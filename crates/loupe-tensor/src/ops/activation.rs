@@ -71,7 +71,6 @@ macro_rules! best_isa {
 best_isa!(softmax_best(x: &mut [f32]) = softmax_portable);
 best_isa!(silu_best(x: &mut [f32]) = silu_portable);
 best_isa!(gelu_tanh_best(x: &mut [f32]) = gelu_tanh_portable);
-best_isa!(silu_mul_best(gate: &mut [f32], up: &[f32]) = silu_mul_portable);
 best_isa!(silu_mul_into_best(gate: &[f32], up: &[f32], out: &mut [f32]) = silu_mul_into_portable);
 
 /// Lanes of [`softmax_in_place`]'s max and sum: element `i` goes to lane `i % 16`, each
@@ -227,20 +226,6 @@ pub fn round_bf16(x: &mut [f32]) {
     }
 }
 
-/// SwiGLU's combination `silu(gate) * up`, written into `gate`.
-/// Large inputs (prefill) run on the compute pool ([`super::par_ranges`]), with the same
-/// per-element arithmetic.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    super::par_zip_mut(gate, up, &|gate, up| silu_mul_best(gate, up))
-}
-
-#[inline(always)]
-fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = (*g / (1.0 + exp_f32(-*g))) * u;
-    }
-}
-
 /// `a += b` elementwise (on the compute pool when large).
 pub fn add_in_place(a: &mut [f32], b: &[f32]) {
     super::par_zip_mut(a, b, &|a, b| {
@@ -272,14 +257,14 @@ fn binary_into(op: &'static str, a: &[f32], b: &[f32], out: &mut [f32], f: &Bina
     Ok(())
 }
 
-/// [`silu_mul`] into a third buffer: `out = silu(gate) * up`, the same bits, without first
-/// copying `gate` into `out` (prefill's SwiGLU went through its 3 MiB rows three times:
-/// fill, copy, combine).
+/// SwiGLU's combination `out = silu(gate) * up`, written into a third buffer (the executor's
+/// former copy of `gate` into `out` first made prefill's SwiGLU go through its 3 MiB rows three
+/// times: fill, copy, combine). Large inputs (prefill) run on the compute pool with the same
+/// per-element arithmetic; the bits equal [`silu`] then [`mul_in_place`] (tested).
 pub fn silu_mul_into(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), TensorError> {
     binary_into("silu_mul", gate, up, out, &|gate, up, out| silu_mul_into_best(gate, up, out))
 }
 
-/// [`silu_mul_portable`]'s expression per element, into `out`.
 #[inline(always)]
 fn silu_mul_into_portable(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -309,8 +294,8 @@ pub fn mul_into(a: &[f32], b: &[f32], out: &mut [f32]) -> Result<(), TensorError
 mod tests {
     use super::*;
 
-    /// The `_into` forms give the bits of the in-place ones, on the pool (large) and off it,
-    /// and refuse mismatched lengths.
+    /// The `_into` forms give the bits of the in-place ones (SwiGLU: of silu then mul), on
+    /// the pool (large) and off it, and refuse mismatched lengths.
     #[test]
     fn into_forms_equal_the_in_place_forms() {
         for n in [7usize, 100, 300_000] {
@@ -319,7 +304,8 @@ mod tests {
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             let mut out = vec![f32::NAN; n];
             let mut want = a.clone();
-            silu_mul(&mut want, &b);
+            silu(&mut want);
+            mul_in_place(&mut want, &b);
             silu_mul_into(&a, &b, &mut out).unwrap();
             assert_eq!(bits(&out), bits(&want), "silu_mul n={n}");
             let mut want = a.clone();
@@ -385,8 +371,8 @@ mod tests {
         let mut g = xs.clone();
         gelu(&mut g, true);
         let up: Vec<f32> = xs.iter().map(|x| 1.5 - x * 0.25).collect();
-        let mut sm = xs.clone();
-        silu_mul(&mut sm, &up);
+        let mut sm = vec![0f32; xs.len()];
+        silu_mul_into(&xs, &up, &mut sm).unwrap();
         for (i, &x) in xs.iter().enumerate() {
             let xd = x as f64;
             let silu_want = xd / (1.0 + (-xd).exp());
@@ -488,10 +474,10 @@ mod tests {
 
     #[test]
     fn silu_mul_equals_silu_then_mul() {
-        let mut a = [0.5f32, -1.5, 3.0];
-        let mut b = a;
+        let x = [0.5f32, -1.5, 3.0];
+        let (mut a, mut b) = ([0f32; 3], x);
         let up = [2.0f32, 0.25, -1.0];
-        silu_mul(&mut a, &up);
+        silu_mul_into(&x, &up, &mut a).unwrap();
         silu(&mut b);
         mul_in_place(&mut b, &up);
         assert_eq!(a, b);
