@@ -311,7 +311,7 @@ impl Executor {
             let gathers = on_logit_rows && !node.inputs.first().is_some_and(|i| self.on_logit_rows[i.0 as usize]);
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
             let mut out = std::mem::take(&mut self.slots[out_slot]);
-            if self.debug.uninit || node.fault.is_some() || !writes_every_element(&node.op) {
+            if self.debug.uninit || node.fault.is_some() || !writes_every_element(&node.op, matches!(step, StepKv::Single { .. })) {
                 loupe_tensor::ops::resize_filled(&mut out, rows * width, fill);
             } else {
                 // The kernel overwrites all of it: keep the slot's old (initialized) values
@@ -867,8 +867,11 @@ impl Executor {
 /// executor need not clear the buffer first (`uninitialized-read-check` still poisons it, and
 /// nodes with a planted fault are cleared as before). A kernel that accumulates into its
 /// output, or writes only some rows, must not be listed: it would read a slot's stale values.
-fn writes_every_element(op: &Op) -> bool {
-    matches!(
+/// Attention writes every row of a single sequence's step (each query row and head,
+/// `attention_cached`); a batched step's paged kernel writes only its spans' rows.
+fn writes_every_element(op: &Op, single_sequence: bool) -> bool {
+    (single_sequence && matches!(op, Op::Attention { .. }))
+        || matches!(
         op,
         Op::Linear { .. }
             | Op::RmsNorm { .. }
