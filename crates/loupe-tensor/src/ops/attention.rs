@@ -22,6 +22,8 @@ use crate::pool;
 use crate::quant::Isa;
 use crate::TensorError;
 
+use super::attention_tiles as tiles;
+
 /// Query rows per prefill task: 9 heads x 512 tokens gives 144 tasks, enough for the
 /// causal imbalance (late rows see more keys) to even out over dynamic claiming.
 const TOKENS_PER_TASK: usize = 32;
@@ -41,6 +43,9 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The caller's f16 keys and values widened to f32 for a prefill call's matrix products.
     static WIDENED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The caller's keys transposed for a prefill call's tile kernels (taken for the call and
+    /// put back, so a nested call just starts a buffer of its own).
+    static KEYS_T: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Head geometry of one attention call, and the arithmetic of its scores.
@@ -233,6 +238,15 @@ pub fn attention_cached(
     let probs_ptr = probs.map(|p| OutPtr(p.as_mut_ptr()));
     // Keys query row `t` of this call sees.
     let visible_keys = |t: usize| variant.mask.visible(past + t, ctx);
+    // Prefill on AVX2 / AVX-512: the keys transposed once for the register-blocked kernels
+    // (`attention_tiles`); elsewhere two gemm products per chunk.
+    let tiled = tokens >= GEMM_MIN_TOKENS && tiles::usable(isa, head_dim);
+    let keys_t_guard = tiled.then(|| {
+        let mut kt = KEYS_T.with(|cell| cell.take());
+        tiles::transpose_keys(k32, ctx, n_kv_heads, head_dim, &mut kt);
+        kt
+    });
+    let (keys_t, kt_stride) = (keys_t_guard.as_deref().unwrap_or(&[]), tiles::padded_keys(ctx));
 
     // One task per (head, chunk of query rows); each writes only its rows of its head's
     // slice of `out` and `probs`.
@@ -243,8 +257,42 @@ pub fn attention_cached(
             HeadMap::Modulo => h % n_kv_heads,
         };
         let rows = chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens);
-        let need = if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
+        let need = if tiled { rows.len() * tiles::padded_keys(ctx) } else if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
         let task = |scratch: &mut [f32]| {
+            if tiled {
+                // Prefill: the chunk's scores against every key its last row sees, their
+                // softmax row by row, then the outputs.
+                let n_keys = visible_keys(rows.end - 1).end;
+                let stride = tiles::padded_keys(n_keys);
+                let s_all = &mut scratch[..rows.len() * stride];
+                // SAFETY (both kernels): tiles::usable(isa, head_dim) holds; q rows `rows` of
+                // head h are head_dim long at stride q_width; kv head kv_h's transposed keys
+                // are head_dim rows of kt_stride >= padded_keys(n_keys) floats (n_keys <= ctx);
+                // s_all is rows.len() rows of `stride`; V is n_keys rows of head_dim at stride
+                // kv_width from kv head kv_h (n_keys <= ctx rows, checked above); the
+                // destination is rows `rows`, head h of `out`, which only this task writes.
+                unsafe {
+                    tiles::scores(isa, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, rows.len(), head_dim, keys_t.as_ptr().add(kv_h * head_dim * kt_stride), kt_stride, n_keys, s_all.as_mut_ptr(), stride);
+                }
+                for (i, t) in rows.clone().enumerate() {
+                    let visible = visible_keys(t);
+                    let srow = &mut s_all[i * stride..i * stride + n_keys];
+                    softmax_row(&mut srow[visible.clone()], scale, softcap);
+                    srow[..visible.start].fill(0.0);
+                    srow[visible.end..].fill(0.0);
+                    if let Some(p) = probs_ptr {
+                        // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to
+                        // this task alone; the length was checked above.
+                        let prow = unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) };
+                        prow[..n_keys].copy_from_slice(srow);
+                        prow[n_keys..].fill(0.0);
+                    }
+                }
+                unsafe {
+                    tiles::weighted_values(isa, s_all.as_ptr(), stride, rows.len(), n_keys, v32.as_ptr().add(kv_h * head_dim), kv_width, head_dim, out_ptr.get().add(rows.start * q_width + h * head_dim), q_width);
+                }
+                return;
+            }
             if tokens >= GEMM_MIN_TOKENS {
                 // Prefill: the chunk's scores and outputs as two small matrix products.
                 // Keys any row of the chunk sees: those of its last row.
@@ -316,6 +364,9 @@ pub fn attention_cached(
             });
         }
     });
+    if let Some(kt) = keys_t_guard {
+        KEYS_T.with(|cell| cell.set(kt));
+    }
     Ok(())
 }
 

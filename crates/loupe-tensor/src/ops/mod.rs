@@ -7,6 +7,7 @@
 
 pub mod activation;
 pub mod attention;
+mod attention_tiles;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;
