@@ -259,20 +259,25 @@ pub fn attention_cached(
         let rows = chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens);
         let need = if tiled { rows.len() * tiles::padded_keys(ctx) } else if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
         let task = |scratch: &mut [f32]| {
-            if tiled {
-                // Prefill: the chunk's scores against every key its last row sees, their
-                // softmax row by row, then the outputs.
+            if tokens >= GEMM_MIN_TOKENS {
+                // Prefill: the chunk's scores against every key its last row sees (tile
+                // kernels, or gemm), their softmax row by row, then the outputs.
                 let n_keys = visible_keys(rows.end - 1).end;
-                let stride = tiles::padded_keys(n_keys);
+                let stride = if tiled { tiles::padded_keys(n_keys) } else { n_keys };
                 let s_all = &mut scratch[..rows.len() * stride];
-                // SAFETY (both kernels): tiles::usable(isa, head_dim) holds; q rows `rows` of
-                // head h are head_dim long at stride q_width; kv head kv_h's transposed keys
-                // are head_dim rows of kt_stride >= padded_keys(n_keys) floats (n_keys <= ctx);
-                // s_all is rows.len() rows of `stride`; V is n_keys rows of head_dim at stride
-                // kv_width from kv head kv_h (n_keys <= ctx rows, checked above); the
-                // destination is rows `rows`, head h of `out`, which only this task writes.
+                let q_chunk = q[rows.start * q_width + h * head_dim..].as_ptr();
+                // SAFETY: q rows `rows` of head h are head_dim long at stride q_width; s_all
+                // is rows.len() rows of `stride`. Tiles: tiles::usable(isa, head_dim) holds,
+                // and kv head kv_h's transposed keys are head_dim rows of kt_stride >=
+                // padded_keys(n_keys) floats (n_keys <= ctx). gemm: K^T is head_dim x n_keys
+                // read from the cache rows 0..n_keys <= ctx of kv head kv_h (column stride
+                // kv_width). Lengths were checked above.
                 unsafe {
-                    tiles::scores(isa, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, rows.len(), head_dim, keys_t.as_ptr().add(kv_h * head_dim * kt_stride), kt_stride, n_keys, s_all.as_mut_ptr(), stride);
+                    if tiled {
+                        tiles::scores(isa, q_chunk, q_width, rows.len(), head_dim, keys_t.as_ptr().add(kv_h * head_dim * kt_stride), kt_stride, n_keys, s_all.as_mut_ptr(), stride);
+                    } else {
+                        gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q_chunk, q_width, k32.as_ptr().add(kv_h * head_dim), kv_width);
+                    }
                 }
                 for (i, t) in rows.clone().enumerate() {
                     let visible = visible_keys(t);
@@ -288,47 +293,16 @@ pub fn attention_cached(
                         prow[n_keys..].fill(0.0);
                     }
                 }
+                // SAFETY: V is n_keys rows of head_dim at stride kv_width from kv head kv_h
+                // (n_keys <= ctx rows); the destination is rows `rows`, head h of `out` (row
+                // stride q_width), which only this task writes; s_all as above.
                 unsafe {
-                    tiles::weighted_values(isa, s_all.as_ptr(), stride, rows.len(), n_keys, v32.as_ptr().add(kv_h * head_dim), kv_width, head_dim, out_ptr.get().add(rows.start * q_width + h * head_dim), q_width);
-                }
-                return;
-            }
-            if tokens >= GEMM_MIN_TOKENS {
-                // Prefill: the chunk's scores and outputs as two small matrix products.
-                // Keys any row of the chunk sees: those of its last row.
-                let n_keys = visible_keys(rows.end - 1).end;
-                let s_all = &mut scratch[..rows.len() * n_keys];
-                // SAFETY (both gemm calls): q rows `rows` of head h are rows.len() x
-                // head_dim at row stride q_width; K^T is head_dim x n_keys read from the
-                // cache rows 0..n_keys <= ctx of kv head kv_h (column stride kv_width);
-                // s_all is rows.len() x n_keys, contiguous; V is n_keys x head_dim at row
-                // stride kv_width; the destination is rows `rows`, head h of `out` (row
-                // stride q_width), which only this task writes. Lengths were checked above.
-                unsafe {
-                    gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q.as_ptr().add(rows.start * q_width + h * head_dim), q_width, k32.as_ptr().add(kv_h * head_dim), kv_width);
-                }
-                for (i, t) in rows.clone().enumerate() {
-                    let visible = visible_keys(t);
-                    let srow = &mut s_all[i * n_keys..(i + 1) * n_keys];
-                    softmax_row(&mut srow[visible.clone()], scale, softcap);
-                    srow[..visible.start].fill(0.0);
-                    srow[visible.end..].fill(0.0);
-                    if let Some(p) = probs_ptr {
-                        // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to
-                        // this task alone; the length was checked above.
-                        let prow = unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) };
-                        prow[..n_keys].copy_from_slice(srow);
-                        prow[n_keys..].fill(0.0);
+                    let (v_head, o) = (v32.as_ptr().add(kv_h * head_dim), out_ptr.get().add(rows.start * q_width + h * head_dim));
+                    if tiled {
+                        tiles::weighted_values(isa, s_all.as_ptr(), stride, rows.len(), n_keys, v_head, kv_width, head_dim, o, q_width);
+                    } else {
+                        gemm::gemm(rows.len(), head_dim, n_keys, o, 1, q_width as isize, false, s_all.as_ptr(), 1, n_keys as isize, v_head, 1, kv_width as isize, 0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None);
                     }
-                }
-                unsafe {
-                    gemm::gemm(
-                        rows.len(), head_dim, n_keys,
-                        out_ptr.get().add(rows.start * q_width + h * head_dim), 1, q_width as isize, false,
-                        s_all.as_ptr(), 1, n_keys as isize,
-                        v32.as_ptr().add(kv_h * head_dim), 1, kv_width as isize,
-                        0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None,
-                    );
                 }
                 return;
             }
