@@ -70,6 +70,11 @@ pub struct Executor {
     slots: Vec<Vec<f32>>,
     /// Slot of each value (the graph's `plan-memory` result, or planned here).
     slot_of: Vec<u32>,
+    /// Per slot, how many leading elements of its buffer's allocation hold values written
+    /// before (past the buffer's length too): growing within them needs no clearing
+    /// ([`loupe_tensor::ops::resize_for_overwrite_within`]). 0 while a slot's buffer is taken
+    /// out, so a buffer dropped on an error path never leaves a stale mark.
+    slot_init: Vec<usize>,
     /// Per value, whether it holds only the logits' rows ([`Graph::logit_rows_values`]).
     on_logit_rows: Vec<bool>,
     quant_scratch: Vec<u8>,
@@ -138,6 +143,7 @@ impl Executor {
         };
         Executor {
             slots: vec![Vec::new(); plan.n_slots],
+            slot_init: vec![0; plan.n_slots],
             slot_of: plan.slot,
             on_logit_rows: graph.logit_rows_values(),
             quant_scratch: Vec::new(),
@@ -310,20 +316,24 @@ impl Executor {
             // The node that selects the logits' rows from every token's (lm_head's linear).
             let gathers = on_logit_rows && !node.inputs.first().is_some_and(|i| self.on_logit_rows[i.0 as usize]);
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
-            let mut out = std::mem::take(&mut self.slots[out_slot]);
+            let (mut out, mut out_init) = self.take_slot(out_slot);
             if self.debug.uninit || node.fault.is_some() || !writes_every_element(&node.op, matches!(step, StepKv::Single { .. })) {
+                let capacity = out.capacity();
                 loupe_tensor::ops::resize_filled(&mut out, rows * width, fill);
+                // A reallocation (the capacity grew) holds only what was just written.
+                out_init = if out.capacity() == capacity { out_init.max(out.len()) } else { out.len() };
             } else {
                 // The kernel overwrites all of it: keep the slot's old (initialized) values
                 // rather than zeroing every prefill activation first (a pass over each
                 // node's output, ~5% of SmolLM2's prefill in perf).
-                loupe_tensor::ops::resize_for_overwrite(&mut out, rows * width);
+                // SAFETY: out_init is this buffer's mark, kept by take_slot/put_slot.
+                unsafe { loupe_tensor::ops::resize_for_overwrite_within(&mut out, rows * width, &mut out_init) };
             }
             let side = match (node.side, observer.as_deref_mut()) {
                 (Some(s), Some(obs)) => obs.wants(graph.value(s)).then_some(s),
                 _ => None,
             };
-            let mut side_buf = side.map(|s| std::mem::take(&mut self.slots[self.slot_of[s.0 as usize] as usize]));
+            let mut side_buf = side.map(|s| self.take_slot(self.slot_of[s.0 as usize] as usize).0);
             let started = if self.debug.any { self.before_node(graph, i, node, n_tokens)? } else { None };
             let t0 = self.profile_start(i);
             self.exec_node(graph, node, tokens, step, rows, gathers, &mut out, side_buf.as_mut())
@@ -348,14 +358,17 @@ impl Executor {
                     obs.observe(info, &shape, &out);
                 }
             }
-            self.slots[out_slot] = out;
+            self.put_slot(out_slot, out, out_init);
             if let (Some(s), Some(buf)) = (side, side_buf) {
-                self.slots[self.slot_of[s.0 as usize] as usize] = buf;
+                // Resized by its kernel: only its length is known to be written.
+                let init = buf.len();
+                self.put_slot(self.slot_of[s.0 as usize] as usize, buf, init);
             }
         }
         // The logits change places with the previous call's buffer: both keep their capacity.
         let logits_slot = self.slot_of[logits_id.0 as usize] as usize;
         std::mem::swap(&mut self.slots[logits_slot], &mut self.logits);
+        self.slot_init[logits_slot] = self.slots[logits_slot].len();
         if let (Some(start), Some(p)) = (step_start, self.profiler.as_ref()) {
             let sp = &mut self.step_profile;
             sp.nanos = pool::trace_now().saturating_sub(start);
@@ -364,6 +377,19 @@ impl Executor {
             p.merge(sp);
         }
         Ok(())
+    }
+
+    /// Takes slot `s`'s buffer out with its initialized mark, leaving an empty buffer and a
+    /// mark of 0 (what stays if the buffer is dropped on an error path).
+    fn take_slot(&mut self, s: usize) -> (Vec<f32>, usize) {
+        (std::mem::take(&mut self.slots[s]), std::mem::take(&mut self.slot_init[s]))
+    }
+
+    /// Puts a buffer back into slot `s` with the count of leading elements of its allocation
+    /// written so far.
+    fn put_slot(&mut self, s: usize, buf: Vec<f32>, initialized: usize) {
+        self.slots[s] = buf;
+        self.slot_init[s] = initialized;
     }
 
     /// Profiling: labels the pool's jobs with node `i` and returns the start time.
@@ -461,13 +487,16 @@ impl Executor {
         // are the slots' own, taken out and put back).
         let mut ws = [quant(&nodes[0]); MAX_GROUP];
         let mut outs: [Vec<f32>; MAX_GROUP] = Default::default();
+        let mut inits = [0usize; MAX_GROUP];
         for (j, node) in nodes.iter().enumerate() {
             ws[j] = quant(node);
-            let mut out = std::mem::take(&mut self.slots[self.slot_of[node.output.0 as usize] as usize]);
+            let (mut out, mut init) = self.take_slot(self.slot_of[node.output.0 as usize] as usize);
             // The grouped kernels write every output element (and a group never forms with
             // a debug option on, so no poison is due): no clearing pass first.
-            loupe_tensor::ops::resize_for_overwrite(&mut out, ws[j].rows * n_tokens);
+            // SAFETY: init is this buffer's mark, kept by take_slot/put_slot.
+            unsafe { loupe_tensor::ops::resize_for_overwrite_within(&mut out, ws[j].rows * n_tokens, &mut init) };
             outs[j] = out;
+            inits[j] = init;
         }
         {
             let x = &self.slots[self.slot_of[nodes[0].inputs[0].0 as usize] as usize];
@@ -483,7 +512,7 @@ impl Executor {
             })?;
         }
         self.grouped_linears += count as u64;
-        for (node, out) in nodes.iter().zip(outs.iter_mut()) {
+        for ((node, out), init) in nodes.iter().zip(outs.iter_mut()).zip(inits) {
             let out = std::mem::take(out);
             let info = graph.value(node.output);
             if let Some(obs) = observer.as_deref_mut() {
@@ -491,7 +520,7 @@ impl Executor {
                     obs.observe(info, &info.concrete_shape(n_tokens, context), &out);
                 }
             }
-            self.slots[self.slot_of[node.output.0 as usize] as usize] = out;
+            self.put_slot(self.slot_of[node.output.0 as usize] as usize, out, init);
         }
         Ok(())
     }

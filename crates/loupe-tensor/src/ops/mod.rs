@@ -61,11 +61,35 @@ pub fn resize_filled(v: &mut Vec<f32>, len: usize, value: f32) {
 /// that long is truncated, its values left as they are (initialized, to be overwritten); a
 /// shorter one keeps its values and only the new tail is zeroed.
 pub fn resize_for_overwrite(v: &mut Vec<f32>, len: usize) {
-    if v.len() >= len {
-        v.truncate(len);
+    let mut initialized = v.len();
+    // SAFETY: the first v.len() elements of v's allocation are initialized.
+    unsafe { resize_for_overwrite_within(v, len, &mut initialized) }
+}
+
+/// [`resize_for_overwrite`] for a buffer whose allocation holds `*initialized` written
+/// elements, past its length too (values of earlier, longer uses): growing within them needs
+/// no zeroing, only the part past them is zeroed. Updates `*initialized` for the allocation
+/// `v` has on return (a reallocation copies only `v`'s elements).
+///
+/// Why: the executor's memory plan shares a slot between values of different widths (a
+/// layer's 192-wide k, 576-wide q, 1536-wide gate), so each use truncated the buffer and the
+/// next wider one zeroed its tail again: ~240 MB of zeroing per SmolLM2 pp512.
+///
+/// # Safety
+/// The first `*initialized` elements of `v`'s allocation were written since it was allocated
+/// (a mark larger than the capacity is clamped to it).
+pub unsafe fn resize_for_overwrite_within(v: &mut Vec<f32>, len: usize, initialized: &mut usize) {
+    let init = (*initialized).max(v.len()).min(v.capacity());
+    if len <= init {
+        // SAFETY: len <= init <= capacity, and the first init elements are initialized (the
+        // contract).
+        unsafe { v.set_len(len) };
     } else {
+        // SAFETY: as above, for init.
+        unsafe { v.set_len(init) };
         grow_filled(v, len, 0.0);
     }
+    *initialized = init.max(len);
 }
 
 /// Grows `v` (no longer than `len`) to `len`, the new elements `value`, on the compute pool
@@ -105,4 +129,39 @@ pub(crate) fn par_chunks_mut(x: &mut [f32], unit: usize, f: &(dyn Fn(std::ops::R
 pub(crate) fn par_zip_mut(a: &mut [f32], b: &[f32], f: &(dyn Fn(&mut [f32], &[f32]) + Sync)) {
     let n = a.len().min(b.len());
     par_chunks_mut(&mut a[..n], 64, &|r, ar| f(ar, &b[r]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Growing within the mark keeps the old values (no zeroing pass), past it zeroes only
+    /// the new part, and the mark follows a reallocation (which copies only the length).
+    #[test]
+    fn resize_for_overwrite_within_clears_only_what_was_never_written() {
+        let mut v: Vec<f32> = (0..100).map(|i| i as f32 + 1.0).collect();
+        let mut init = v.len();
+        // SAFETY (every call): init is v's mark, kept by these calls alone.
+        unsafe { resize_for_overwrite_within(&mut v, 10, &mut init) };
+        assert_eq!((v.len(), init), (10, 100));
+        unsafe { resize_for_overwrite_within(&mut v, 60, &mut init) };
+        assert_eq!(v[59], 60.0, "an element written before is not cleared again");
+        v.reserve_exact(200 - v.len());
+        let capacity = v.capacity();
+        unsafe { resize_for_overwrite_within(&mut v, 150, &mut init) };
+        assert_eq!((v[99], v[100], v[149], init), (100.0, 0.0, 0.0, 150));
+        assert_eq!(v.capacity(), capacity);
+        // A reallocation: the written elements (up to the mark, past the length too) move to
+        // the new allocation, the rest is zeros, and the mark is the new length.
+        v.truncate(20);
+        let mut init = 150;
+        unsafe { resize_for_overwrite_within(&mut v, capacity + 50, &mut init) };
+        assert!(v.capacity() > capacity);
+        assert_eq!((v[19], v[20], v[149], v[150], v[capacity + 49], init), (20.0, 21.0, 0.0, 0.0, 0.0, capacity + 50));
+        // A mark past the capacity is clamped to it.
+        let mut w: Vec<f32> = vec![1.0; 8];
+        let mut init = usize::MAX;
+        unsafe { resize_for_overwrite_within(&mut w, 4, &mut init) };
+        assert_eq!((w.len(), init), (4, 8));
+    }
 }
