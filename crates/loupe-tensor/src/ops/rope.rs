@@ -308,7 +308,7 @@ impl RopeTable {
             if c.positions < end {
                 // Grown in powers of two, so decode's one new position per step does not
                 // take the write lock each time.
-                let target = end.next_power_of_two().clamp(64, cap.max(end));
+                let target = end.next_power_of_two().max(64).min(cap).max(end);
                 // Any end past the original length selects the long set, any other the short.
                 let set_end = if long { usize::MAX } else { 0 };
                 let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
@@ -486,6 +486,23 @@ mod tests {
             let mut r = row.clone();
             t.clone().apply_mode(&mut r, heads, 7, mode).unwrap();
             assert_eq!(r, fresh(7, mode));
+        }
+    }
+
+    /// A head so wide that the cache holds fewer than 64 positions (a corrupt or hostile
+    /// config) still rotates, cached up to the cap and computed past it.
+    #[test]
+    fn a_huge_head_caches_what_fits() {
+        let hd = 1 << 16;
+        let t = RopeTable::new(hd, 10000.0, &RopeScaling::None).unwrap();
+        let cap = COS_SIN_CACHE_BYTES / (8 * hd / 2);
+        assert!(cap < 64);
+        for p in [0, cap - 1, cap, cap + 3] {
+            let mut x = vec![1.0f32; hd];
+            t.apply(&mut x, 1, p).unwrap();
+            let (mut c, mut s) = (vec![0f32; hd / 2], vec![0f32; hd / 2]);
+            t.cos_sin(p, p + 1, &mut c, &mut s);
+            assert_eq!((x[1], x[hd / 2 + 1]), (c[1] - s[1], c[1] + s[1]), "position {p}");
         }
     }
 
