@@ -160,11 +160,16 @@ pub fn can_group(w: &QMatrix, k: usize) -> bool {
         && k / 32 <= MAX_STACK_BLOCKS
 }
 
-/// Whether a type runs the AVX2 Act16 kernels at [`Isa::Avx512`] too (it has no AVX-512
-/// ones): every path (single row, gemv, batch) routes it there, so decode and batch agree.
+/// Whether a type runs the AVX2 Act16 kernels at `isa` (at or above [`Isa::Avx512`]) too:
+/// every path (single row, gemv, batch) asks this, so decode and batch agree. Q5_0, Q6_K and
+/// Q4_K have no AVX-512 ones. Q4_1 takes the AVX2 ones on AMX CPUs (Sapphire Rapids class):
+/// there SmolLM2's decode ran 8-11% faster on them (`LOUPE_ISA=avx2` against `avx512`, three
+/// alternations of `loupe bench -p 0 -n 128`: 319-332 vs 295-307 t/s; `--profile`: the
+/// Q4_1 linears 720 vs 806 ms, the Q8_0 lm_head alike), while on the AVX-512 Xeon without
+/// AMX of 2026-11-24 (BENCHMARKS.md) the AVX-512 kernel was ~2% ahead.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn avx2_only(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K)
+pub(crate) fn avx2_kernels_at(isa: Isa, ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) || (isa >= Isa::Amx && ty == GgmlType::Q4_1)
 }
 
 /// Most matrices one [`matmul_wq_group`] call takes (q/k/v need 3): the bookkeeping lives
@@ -293,7 +298,7 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                 // Q5_0, Q6_K and Q4_K have AVX2 kernels only, which AVX-512 machines run in every
                 // path (single row, gemv, here), so decode and batch agree there too.
                 unsafe {
-                    if isa >= Isa::Avx512 && !avx2_only(w.ty) {
+                    if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
                         avx512::act16_rows(w, rows, &act, p, off, out)
                     } else {
                         avx2::act16_rows(w, rows, &act, p, off, out)

@@ -49,8 +49,9 @@ pub const ROWS: usize = 4;
 pub(crate) unsafe fn gemv_rows(isa: Isa, w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) {
-        // Q5_0 / Q6_K / Q4_K: the AVX2 kernels at AVX-512 too, as `wq::dot_row_act16` and `batch` run.
-        if isa >= Isa::Avx512 && !crate::batch::avx2_only(w.ty) {
+        // Q5_0 / Q6_K / Q4_K (and Q4_1 on AMX CPUs): the AVX2 kernels at AVX-512 too, as
+        // `wq::dot_row_act16` and `batch` run (`batch::avx2_kernels_at`).
+        if isa >= Isa::Avx512 && !crate::batch::avx2_kernels_at(isa, w.ty) {
             x86::rows_avx512(w, rows, act, out);
         } else if isa >= Isa::Avx512 && w.ty == GgmlType::Q5_0 {
             // The AVX2 kernel's bits, two blocks per 512-bit vector.

@@ -220,6 +220,9 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         match ty {
+            // On AMX CPUs the AVX2 kernel, as gemv and batch run it (`batch::avx2_kernels_at`).
+            // SAFETY: Isa::Amx implies AVX2, FMA and F16C; lengths checked above.
+            GgmlType::Q4_1 if crate::batch::avx2_kernels_at(isa, ty) => return Ok(unsafe { crate::batch::avx2::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: the CPU supports AVX-512 F/BW and F16C (Isa::Avx512); lengths checked above.
             GgmlType::Q4_1 => return Ok(unsafe { avx512::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
             GgmlType::Q8_0 => return Ok(unsafe { avx512::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
