@@ -295,8 +295,9 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                 // m rows of k quantized activations and mp-lane transposed scales; the
                 // weight rows are whole rows of `w`; this task alone writes columns
                 // `rows` of y (m x n).
-                // Q5_0, Q6_K and Q4_K have AVX2 kernels only, which AVX-512 machines run in every
-                // path (single row, gemv, here), so decode and batch agree there too.
+                // Types that run the AVX2 kernels at AVX-512 (`avx2_kernels_at`: Q5_0, Q6_K
+                // and Q4_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
+                // gemv, here), so decode and batch agree there too.
                 unsafe {
                     if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
                         avx512::act16_rows(w, rows, &act, p, off, out)

@@ -57,19 +57,11 @@ pub fn resize_filled(v: &mut Vec<f32>, len: usize, value: f32) {
     grow_filled(v, len, value);
 }
 
-/// Sets `v`'s length to `len` for a kernel that overwrites every element: a buffer at least
-/// that long is truncated, its values left as they are (initialized, to be overwritten); a
-/// shorter one keeps its values and only the new tail is zeroed.
-pub fn resize_for_overwrite(v: &mut Vec<f32>, len: usize) {
-    let mut initialized = v.len();
-    // SAFETY: the first v.len() elements of v's allocation are initialized.
-    unsafe { resize_for_overwrite_within(v, len, &mut initialized) }
-}
-
-/// [`resize_for_overwrite`] for a buffer whose allocation holds `*initialized` written
-/// elements, past its length too (values of earlier, longer uses): growing within them needs
-/// no zeroing, only the part past them is zeroed. Updates `*initialized` for the allocation
-/// `v` has on return (a reallocation copies only `v`'s elements).
+/// Sets `v`'s length to `len` for a kernel that overwrites every element, where `v`'s
+/// allocation holds `*initialized` written elements, past its length too (values of earlier,
+/// longer uses): a length within them is set without touching the values (initialized, to be
+/// overwritten), and only the part past them is zeroed. Updates `*initialized` for the
+/// allocation `v` has on return (a reallocation copies only `v`'s elements).
 ///
 /// Why: the executor's memory plan shares a slot between values of different widths (a
 /// layer's 192-wide k, 576-wide q, 1536-wide gate), so each use truncated the buffer and the
