@@ -22,10 +22,20 @@
 //! and the activation's scale and sum broadcast, and each activation row's 16 outputs are
 //! one store.
 //!
-//! **Where the time goes** (Sapphire Rapids, one thread, 576 x 1536 Q4_1 at m = 512,
-//! measured): a block's two tile products, with their zeroing and stores, take ~20 ns of the
-//! ~75 ns per block; the rest is the f32 step (8 vector operations per 16 outputs, kept as
-//! separate roundings to match the reference's bits) and the tile-store-to-load round trip.
+//! **Where the time goes** (Sapphire Rapids class, one thread, Q4_1 at m = 512; one
+//! "tile-block" is 16 activation rows x 16 weight rows x one block of 32). The whole kernel
+//! takes 47-58 ns per tile-block (`examples/amx_tile_block.rs`). Taken apart by editing
+//! the kernel (2026-11-27, variants not kept): the tile instructions alone (the f32 step cut to one row of 16) 30-36 ns, of which the two
+//! tile stores ~8; the f32 step alone (no tile instruction) 32-40 ns. So the two add up
+//! rather than overlap, and neither reordering helped: the step's rows interleaved four at a
+//! time between the tile instructions, or the stores moved after the step, ran the same.
+//! Nor did fewer f32 operations in another formula (the FMA form, 6 instead of 8, which
+//! would change the reference's bits in every kernel), `tdpbf16ps` products (exact for Q4_1,
+//! whose partial sums stay integers below 2^24: one f32 tile per block, no combine, no
+//! convert, but the tiles alone took 40-46 ns), or 2, 4 or 8 tasks per thread. The floor is
+//! the contract: 16-bit activations take two 8-bit products per block, and decode's bits take
+//! 8 vector operations per 16 outputs per block; llama.cpp's AMX path multiplies 8-bit
+//! activations, one product per block.
 //! Tasks own groups of panels and run every activation tile over the group, so an
 //! activation tile's 18-48 KiB stay in L1 while the group's weights stream from L2; the
 //! products of consecutive blocks alternate between two tile pairs so a store never waits
