@@ -298,9 +298,13 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                 // Types that run the AVX2 kernels at AVX-512 (`avx2_kernels_at`: Q5_0, Q6_K
                 // and Q4_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
                 // gemv, here), so decode and batch agree there too.
+                // At AVX-512, Q4_1 and Q5_0 compute that AVX2 arithmetic two blocks per
+                // 512-bit vector (`avx512::act16_rows_pairs`, the same bits).
                 unsafe {
                     if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
                         avx512::act16_rows(w, rows, &act, p, off, out)
+                    } else if isa >= Isa::Avx512 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q5_0) {
+                        avx512::act16_rows_pairs(w, rows, &act, p, off, out)
                     } else {
                         avx2::act16_rows(w, rows, &act, p, off, out)
                     }
@@ -495,6 +499,126 @@ pub(crate) mod avx512 {
                 chunk_rows(w, j, c0..c1, act, p, off, out, bytes, q4_1);
             }
         }
+    }
+
+    /// [`act16_rows`] for the types that take the AVX2 arithmetic at AVX-512
+    /// (`super::avx2_kernels_at`): Q4_1 on AMX CPUs and Q5_0. Bit for bit
+    /// `super::avx2::act16_rows` (and so the decode dot), with half its vector
+    /// instructions per block and 8 activation rows per weight row instead of 4
+    /// ([`tile_pairs`]). The scales and offsets come from [`prepare`], which computes the
+    /// same f32 products and block-ordered offset sums as the AVX2 one.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q5_0 with `w.cols == act.k`;
+    /// the caller owns columns `rows` of `y`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    pub(super) unsafe fn act16_rows_pairs(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+        use super::avx2::{Q4_1, Q5_0};
+        let (m, mp, k, blocks, n) = (act.m, act.mp, act.k, act.blocks, w.rows);
+        let q4_1 = w.ty == GgmlType::Q4_1;
+        let bytes = if q4_1 { 20 } else { 22 };
+        let chunk = if m * k * 2 <= super::ACT_L1_BYTES { m } else { super::CHUNK_ROWS };
+        for c0 in (0..m).step_by(chunk) {
+            let c1 = (c0 + chunk).min(m);
+            for j in rows.clone() {
+                let row = w.row(j).as_ptr();
+                // Q5_0's d is its first two bytes, as Q8_0's.
+                prepare(row, bytes, q4_1, act, c0..c1, p.as_mut_ptr(), off.as_mut_ptr());
+                let (pp, y) = (p.as_ptr(), out.get().add(j));
+                let mut i = c0;
+                while i < c1 {
+                    let na = (c1 - i).min(8);
+                    let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
+                    // Q5_0 adds no offset (a null `off`, as for Q8_0).
+                    let o = if q4_1 { off.as_ptr().add(i) } else { std::ptr::null() };
+                    macro_rules! run {
+                        ($kind:ident) => {
+                            match na {
+                                8 => store(tile_pairs::<8, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                7 => store(tile_pairs::<7, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                6 => store(tile_pairs::<6, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                5 => store(tile_pairs::<5, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                4 => store(tile_pairs::<4, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                3 => store(tile_pairs::<3, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                2 => store(tile_pairs::<2, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                                _ => store(tile_pairs::<1, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
+                            }
+                        };
+                    }
+                    if q4_1 {
+                        run!(Q4_1)
+                    } else {
+                        run!(Q5_0)
+                    }
+                    i += na;
+                }
+            }
+        }
+    }
+
+    /// One Q4_1 or Q5_0 weight row against `NA` activation rows (see [`tile_q4_1`] for the
+    /// arguments), bit for bit `super::avx2::tile`: blocks `b` (even) and `b + 1` share one
+    /// 512-bit vector, `b` in the low 256 bits and `b + 1` in the high ones. One
+    /// `vpmaddwd` pair then gives in lanes 0..8 block `b`'s eight i32 lanes of the AVX2
+    /// kernel (elements `2l, 2l + 1, 16 + 2l, 17 + 2l`) and in lanes 8..16 those of block
+    /// `b + 1`; exact integers, so the same values however unpacked. One FMA with
+    /// `[d_b s_b; 8] ++ [d_{b+1} s_{b+1}; 8]` into one accumulator does what AVX2 does to
+    /// its even-block (the low half) and odd-block (the high half) accumulators, in the same
+    /// order; an odd last block goes to the low half alone; the result is AVX2's `hsum(acc0 +
+    /// acc1)`. (The decode GEMV's `group_avx512_pairs` is the same idea for one activation
+    /// row.)
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    unsafe fn tile_pairs<const NA: usize, const KIND: u8>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+        use super::avx2::{self, Q4_1};
+        let (low4, sixteen) = (_mm512_set1_epi16(0x0F), _mm512_set1_epi16(16));
+        let bytes = if KIND == Q4_1 { 20 } else { 22 };
+        let mut acc = [_mm512_setzero_ps(); NA];
+        let mut b = 0;
+        while b + 2 <= blocks {
+            let (blk, nxt) = (w.add(b * bytes), w.add((b + 1) * bytes));
+            // Words 0..16: block b's qs bytes, 16..32: block b + 1's; low nibbles are
+            // elements 0..16, high nibbles 16..32.
+            let qs = if KIND == Q4_1 { 4 } else { 6 };
+            let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)), _mm_loadu_si128(nxt.add(qs) as *const __m128i));
+            let w16 = _mm512_cvtepu8_epi16(both);
+            let (mut wlo, mut whi) = (_mm512_and_si512(w16, low4), _mm512_srli_epi16::<4>(w16));
+            if KIND != Q4_1 {
+                // Q5_0: where an element's fifth bit (bit j of the block's qh) is clear,
+                // its code is the nibble - 16, else the nibble + 16 - 16.
+                let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
+                let (h0, h1) = (qh(blk), qh(nxt));
+                let clear_lo: __mmask32 = !((h0 & 0xFFFF) | (h1 << 16));
+                let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
+                wlo = _mm512_mask_sub_epi16(wlo, clear_lo, wlo, sixteen);
+                whi = _mm512_mask_sub_epi16(whi, clear_hi, whi, sixteen);
+            }
+            for a in 0..NA {
+                // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
+                let (xa, xb) = (_mm512_loadu_si512(q.add(a * k + b * 32) as *const _), _mm512_loadu_si512(q.add(a * k + b * 32 + 32) as *const _));
+                let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
+                let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
+                let scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(*p.add(b * mp + a)), 0xFF00, _mm_load_ss(p.add((b + 1) * mp + a)));
+                acc[a] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[a]);
+            }
+            b += 2;
+        }
+        if b < blocks {
+            // The odd last block, even-indexed: the AVX2 kernel's step into the low half.
+            let (wlo, whi) = avx2::unpack::<KIND>(w, b);
+            for a in 0..NA {
+                let xq = q.add(a * k + b * 32);
+                let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, _mm256_loadu_si256(xq as *const __m256i)), _mm256_madd_epi16(whi, _mm256_loadu_si256(xq.add(16) as *const __m256i)));
+                let lo = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), _mm256_cvtepi32_ps(dot), _mm512_castps512_ps256(acc[a]));
+                acc[a] = _mm512_castpd_ps(_mm512_insertf64x4::<0>(_mm512_castps_pd(acc[a]), _mm256_castps_pd(lo)));
+            }
+        }
+        let mut r = [0f32; NA];
+        for a in 0..NA {
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[a])));
+            r[a] = avx2::hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[a]), hi));
+        }
+        r
     }
 
     /// Weight row `j` against activation rows `i_rows` (see [`act16_rows`]).
