@@ -281,6 +281,23 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
     let out = OutPtr(y.as_mut_ptr());
     bands(n, m, &|rows| {
         #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2 && m <= gemv_max_rows(isa, w.ty) {
+            // Few rows: each through the decode GEMV (the one-row kernel's bits by
+            // construction, as the multi-row kernels give them), a chunk of weight rows at a
+            // time so the next activation row finds the chunk in cache.
+            for c in rows.clone().step_by(GEMV_CHUNK_ROWS) {
+                let chunk = c..(c + GEMV_CHUNK_ROWS).min(rows.end);
+                for i in 0..m {
+                    let a = Act16 { q: &s.q[i * k..(i + 1) * k], scale_sum: &s.ss[i * 2 * blocks..(i + 1) * 2 * blocks] };
+                    // SAFETY: the ISA is supported (asserted by the caller); k is a multiple
+                    // of 32 with at most MAX_STACK_BLOCKS blocks (can_group); row i of y (m x
+                    // n) starts at i * n and this task alone writes its columns `chunk`.
+                    unsafe { crate::gemv::gemv_rows(isa, w, chunk.clone(), &a, OutPtr(out.get().add(i * n)))? };
+                }
+            }
+            return Ok(());
+        }
+        #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx2 {
             return TASK.with(|t| {
                 let mut guard = t.try_borrow_mut();
@@ -348,6 +365,29 @@ fn prefetch_row(w: &QMatrix, j: usize, end: usize) {
         }
     }
 }
+
+/// Most activation rows a multi-row call runs through the decode GEMV one row at a time
+/// instead of the multi-row kernels, whose per-weight-row preparation (every block's scale
+/// products for 16 lanes of rows, the offset chain) does not pay off on so few rows: `isa`'s
+/// multi-row kernel for `ty` is the 512-bit one (8 rows per weight row) or the AVX2 one (4).
+/// SmolLM2 (Q4_1, Q8_0 lm_head), `loupe bench --batch ... -p 64 -n 64 -t 2`, Sapphire Rapids
+/// class, two runs each, decode t/s multi-row -> GEMV: AMX (the pairs kernel) at 2 / 3 / 4
+/// sequences 209-213 -> 270-295, 246-264 -> 283-290, 302 -> 266-285; `LOUPE_ISA=avx512` at 4
+/// / 8: 291-298 -> 267-268, 361-366 -> 258-267; `LOUPE_ISA=avx2` at 2 / 4 / 8 / 16: 118 ->
+/// 281-286, 182-201 -> 272-278, 234-270 -> 285-289, 294-332 -> 311-312.
+#[cfg(target_arch = "x86_64")]
+fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
+    let wide = isa >= Isa::Avx512 && (!avx2_kernels_at(isa, ty) || matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0));
+    if wide {
+        3
+    } else {
+        8
+    }
+}
+
+/// Weight rows per chunk of that path: 64 rows of k = 1536 Q4_1 are 60 KiB, in L2 for the
+/// next activation row.
+const GEMV_CHUNK_ROWS: usize = 64;
 
 /// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K call.
 #[derive(Clone, Copy)]
@@ -1510,6 +1550,8 @@ mod tests {
         vec![
             (GgmlType::Q4_1, 37, 96),
             (GgmlType::Q4_1, 19, 576),
+            // More weight rows than a chunk of the few-rows GEMV path (GEMV_CHUNK_ROWS).
+            (GgmlType::Q4_1, 150, 64),
             (GgmlType::Q8_0, 37, 96),
             (GgmlType::Q8_0, 19, 576),
             (GgmlType::Q5_0, 37, 96),
