@@ -387,6 +387,7 @@ fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
 
 /// Weight rows per chunk of that path: 64 rows of k = 1536 Q4_1 are 60 KiB, in L2 for the
 /// next activation row.
+#[cfg(target_arch = "x86_64")]
 const GEMV_CHUNK_ROWS: usize = 64;
 
 /// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K call.
