@@ -635,6 +635,7 @@ pub(crate) mod avx512 {
     /// row.)
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    #[allow(clippy::needless_range_loop)]
     unsafe fn tile_pairs<const NA: usize, const KIND: u8>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
         use super::avx2::{self, Q4_1};
         let (low4, sixteen) = (_mm512_set1_epi16(0x0F), _mm512_set1_epi16(16));
