@@ -427,16 +427,19 @@ impl Executor {
         self.step_profile.events.push(TraceEvent { name, op: "linear_group", thread: 0, start_ns: t0, dur_ns: dur });
     }
 
-    /// How many nodes from `i` on run as one [`matmul_wq_group`] (decode) or
-    /// [`matmul_wq_prefill_group`] (prefill on AMX): consecutive linears (single sequence,
-    /// native precision, no bias, no planted fault,
+    /// How many nodes from `i` on run as one [`matmul_wq_group`] (decode, in either engine:
+    /// one row through it has the bits of one row through `matmul_wq_invariant`) or
+    /// [`matmul_wq_prefill_group`] (single-sequence prefill on AMX): consecutive linears
+    /// (native precision, no bias, no planted fault,
     /// not the logits) reading the same input, each of a type the grouped kernel takes,
     /// each writing its own buffer slot. 1 when node `i` does not start such a run, and
     /// always with a debug option on (those check node by node). The grouped kernel gives
     /// every output the bits of its own matmul, so this changes the cost (one fork-join for
     /// q/k/v, one for gate/up), never the numbers.
     fn linear_group(&self, graph: &Graph, i: usize, n_tokens: usize, step: &StepKv<'_, '_>) -> usize {
-        if self.debug.any || n_tokens == 0 || graph.quantize_activations || !matches!(step, StepKv::Single { .. }) {
+        // The batched engine groups its one-row steps only: the prefill group's AMX bits
+        // are not the multi-row kernels' (a row's bits must not depend on its batch).
+        if self.debug.any || n_tokens == 0 || graph.quantize_activations || !(matches!(step, StepKv::Single { .. }) || n_tokens == 1) {
             return 1;
         }
         let first = &graph.nodes[i];
