@@ -25,8 +25,9 @@
 //! **Where the time goes** (Sapphire Rapids class, one thread, Q4_1 at m = 512; one
 //! "tile-block" is 16 activation rows x 16 weight rows x one block of 32). The whole kernel
 //! takes 47-58 ns per tile-block (`examples/amx_tile_block.rs`). Taken apart by editing
-//! the kernel (2026-11-27, variants not kept): the tile instructions alone (the f32 step cut to one row of 16) 30-36 ns, of which the two
-//! tile stores ~8; the f32 step alone (no tile instruction) 32-40 ns. So the two add up
+//! the kernel (2026-11-27, variants not kept): the tile instructions alone (the f32 step
+//! cut to one row of 16) 30-36 ns, of which the two tile stores ~8; the f32 step alone (no
+//! tile instruction) 32-40 ns. So the two add up
 //! rather than overlap, and neither reordering helped: the step's rows interleaved four at a
 //! time between the tile instructions, or the stores moved after the step, ran the same.
 //! Nor did fewer f32 operations in another formula (the FMA form, 6 instead of 8, which

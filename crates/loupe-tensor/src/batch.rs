@@ -316,14 +316,11 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
                 // and Q4_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
                 // gemv, here), so decode and batch agree there too.
                 // At AVX-512, Q4_1 and Q5_0 compute that AVX2 arithmetic two blocks per
-                // 512-bit vector (`avx512::act16_rows_pairs`, the same bits).
+                // 512-bit vector (`avx512::act16_rows` with `pairs`, the same bits).
                 unsafe {
-                    if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
-                        avx512::act16_rows(w, rows, &act, p, off, out)
-                    } else if isa >= Isa::Avx512 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q5_0) {
-                        avx512::act16_rows_pairs(w, rows, &act, p, off, out)
-                    } else {
-                        avx2::act16_rows(w, rows, &act, p, off, out)
+                    match avx512_rows_kernel(isa, w.ty) {
+                        Some(pairs) => avx512::act16_rows(w, rows, &act, p, off, out, pairs),
+                        None => avx2::act16_rows(w, rows, &act, p, off, out),
                     }
                 }
                 Ok(())
@@ -377,11 +374,27 @@ fn prefetch_row(w: &QMatrix, j: usize, end: usize) {
 /// 281-286, 182-201 -> 272-278, 234-270 -> 285-289, 294-332 -> 311-312.
 #[cfg(target_arch = "x86_64")]
 fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
-    let wide = isa >= Isa::Avx512 && (!avx2_kernels_at(isa, ty) || matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0));
-    if wide {
+    if avx512_rows_kernel(isa, ty).is_some() {
         3
     } else {
         8
+    }
+}
+
+/// Which 512-bit multi-row kernel `ty` takes at `isa`: `Some(false)` its own AVX-512
+/// arithmetic, `Some(true)` the AVX2 arithmetic two blocks per vector (the types that take
+/// the AVX2 arithmetic at AVX-512 and have a pairs kernel: Q4_1 on AMX CPUs, Q5_0), `None`
+/// the AVX2 multi-row kernel.
+#[cfg(target_arch = "x86_64")]
+fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
+    if isa < Isa::Avx512 {
+        None
+    } else if !avx2_kernels_at(isa, ty) {
+        Some(false)
+    } else if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0) {
+        Some(true)
+    } else {
+        None
     }
 }
 
@@ -548,78 +561,59 @@ pub(crate) mod avx512 {
     /// `y[i, j]` through `out` (`y` is `act.m x w.rows`). `p` holds `blocks * mp` and
     /// `off` `mp` floats of scratch.
     ///
+    /// `pairs`: the types that take the AVX2 arithmetic at AVX-512 (`super::avx2_kernels_at`),
+    /// Q4_1 on AMX CPUs and Q5_0, bit for bit `super::avx2::act16_rows` (and so the decode
+    /// dot) with half its vector instructions per block and 8 activation rows per weight row
+    /// instead of 4 ([`tile_pairs`]). [`prepare`] computes the same f32 products and
+    /// block-ordered offset sums as the AVX2 one.
+    ///
     /// # Safety
-    /// AVX-512 F/BW/VL and F16C; `w.ty` is Q4_1 or Q8_0 with `w.cols == act.k`; the
-    /// caller owns columns `rows` of `y`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+    /// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1 or Q5_0)
+    /// with `w.cols == act.k`; the caller owns columns `rows` of `y`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr, pairs: bool) {
         let (m, k) = (act.m, act.k);
-        let q4_1 = w.ty == GgmlType::Q4_1;
-        let bytes = if q4_1 { 20 } else { 34 };
         let chunk = if m * k * 2 <= super::ACT_L1_BYTES { m } else { super::CHUNK_ROWS };
         for c0 in (0..m).step_by(chunk) {
             let c1 = (c0 + chunk).min(m);
             for j in rows.clone() {
                 super::prefetch_row(w, j + super::PREFETCH_ROWS, rows.end);
-                chunk_rows(w, j, c0..c1, act, p, off, out, bytes, q4_1);
+                // One instance per tile family, each small enough to be inlined here.
+                if pairs {
+                    chunk_rows::<true>(w, j, c0..c1, act, p, off, out);
+                } else {
+                    chunk_rows::<false>(w, j, c0..c1, act, p, off, out);
+                }
             }
         }
     }
 
-    /// [`act16_rows`] for the types that take the AVX2 arithmetic at AVX-512
-    /// (`super::avx2_kernels_at`): Q4_1 on AMX CPUs and Q5_0. Bit for bit
-    /// `super::avx2::act16_rows` (and so the decode dot), with half its vector
-    /// instructions per block and 8 activation rows per weight row instead of 4
-    /// ([`tile_pairs`]). The scales and offsets come from [`prepare`], which computes the
-    /// same f32 products and block-ordered offset sums as the AVX2 one.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q5_0 with `w.cols == act.k`;
-    /// the caller owns columns `rows` of `y`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
-    pub(super) unsafe fn act16_rows_pairs(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
-        use super::avx2::{Q4_1, Q5_0};
-        let (m, mp, k, blocks, n) = (act.m, act.mp, act.k, act.blocks, w.rows);
-        let q4_1 = w.ty == GgmlType::Q4_1;
-        let bytes = if q4_1 { 20 } else { 22 };
-        let chunk = if m * k * 2 <= super::ACT_L1_BYTES { m } else { super::CHUNK_ROWS };
-        for c0 in (0..m).step_by(chunk) {
-            let c1 = (c0 + chunk).min(m);
-            for j in rows.clone() {
-                let row = w.row(j).as_ptr();
-                super::prefetch_row(w, j + super::PREFETCH_ROWS, rows.end);
-                // Q5_0's d is its first two bytes, as Q8_0's.
-                prepare(row, bytes, q4_1, act, c0..c1, p.as_mut_ptr(), off.as_mut_ptr());
-                let (pp, y) = (p.as_ptr(), out.get().add(j));
-                let mut i = c0;
-                while i < c1 {
-                    let na = (c1 - i).min(8);
-                    let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
-                    // Q5_0 adds no offset (a null `off`, as for Q8_0).
-                    let o = if q4_1 { off.as_ptr().add(i) } else { std::ptr::null() };
-                    macro_rules! run {
-                        ($kind:ident) => {
-                            match na {
-                                8 => store(tile_pairs::<8, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                7 => store(tile_pairs::<7, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                6 => store(tile_pairs::<6, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                5 => store(tile_pairs::<5, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                4 => store(tile_pairs::<4, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                3 => store(tile_pairs::<3, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                2 => store(tile_pairs::<2, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                                _ => store(tile_pairs::<1, $kind>(row, blocks, q, k, pi, mp), yi, n, o),
-                            }
-                        };
-                    }
-                    if q4_1 {
-                        run!(Q4_1)
-                    } else {
-                        run!(Q5_0)
-                    }
-                    i += na;
-                }
-            }
+    /// A pair of consecutive Q4_1 or Q5_0 blocks at `blk` as the AVX2 kernel's two vectors
+    /// of each, joined: words 0..16 of the first result are block `b`'s elements 0..16 and
+    /// words 16..32 block `b + 1`'s; the second result holds elements 16..32 alike. The
+    /// qs bytes widened to words give the low nibbles (elements 0..16) and high ones
+    /// (16..32); for Q5_0, where an element's fifth bit (bit `j` of its block's `qh`) is
+    /// clear, 16 is subtracted (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`).
+    /// Used by this module's [`tile_pairs`] and the decode GEMV's `group_avx512_pairs`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    pub(crate) unsafe fn unpack_pair<const KIND: u8>(blk: *const u8) -> (__m512i, __m512i) {
+        use super::avx2::{block_bytes, Q4_1};
+        let (bytes, qs) = (block_bytes(KIND), if KIND == Q4_1 { 4 } else { 6 });
+        let nxt = blk.add(bytes);
+        let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)), _mm_loadu_si128(nxt.add(qs) as *const __m128i));
+        let w16 = _mm512_cvtepu8_epi16(both);
+        let (lo, hi) = (_mm512_and_si512(w16, _mm512_set1_epi16(0x0F)), _mm512_srli_epi16::<4>(w16));
+        if KIND == Q4_1 {
+            return (lo, hi);
         }
+        let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
+        let (h0, h1) = (qh(blk), qh(nxt));
+        // Bit j of a mask: word j's element has its fifth bit clear.
+        let clear_lo: __mmask32 = !((h0 & 0xFFFF) | (h1 << 16));
+        let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
+        let sixteen = _mm512_set1_epi16(16);
+        (_mm512_mask_sub_epi16(lo, clear_lo, lo, sixteen), _mm512_mask_sub_epi16(hi, clear_hi, hi, sixteen))
     }
 
     /// One Q4_1 or Q5_0 weight row against `NA` activation rows (see [`tile_q4_1`] for the
@@ -637,29 +631,11 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
     #[allow(clippy::needless_range_loop)]
     unsafe fn tile_pairs<const NA: usize, const KIND: u8>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
-        use super::avx2::{self, Q4_1};
-        let (low4, sixteen) = (_mm512_set1_epi16(0x0F), _mm512_set1_epi16(16));
-        let bytes = if KIND == Q4_1 { 20 } else { 22 };
+        use super::avx2::{self, block_bytes};
         let mut acc = [_mm512_setzero_ps(); NA];
         let mut b = 0;
         while b + 2 <= blocks {
-            let (blk, nxt) = (w.add(b * bytes), w.add((b + 1) * bytes));
-            // Words 0..16: block b's qs bytes, 16..32: block b + 1's; low nibbles are
-            // elements 0..16, high nibbles 16..32.
-            let qs = if KIND == Q4_1 { 4 } else { 6 };
-            let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)), _mm_loadu_si128(nxt.add(qs) as *const __m128i));
-            let w16 = _mm512_cvtepu8_epi16(both);
-            let (mut wlo, mut whi) = (_mm512_and_si512(w16, low4), _mm512_srli_epi16::<4>(w16));
-            if KIND != Q4_1 {
-                // Q5_0: where an element's fifth bit (bit j of the block's qh) is clear,
-                // its code is the nibble - 16, else the nibble + 16 - 16.
-                let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
-                let (h0, h1) = (qh(blk), qh(nxt));
-                let clear_lo: __mmask32 = !((h0 & 0xFFFF) | (h1 << 16));
-                let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
-                wlo = _mm512_mask_sub_epi16(wlo, clear_lo, wlo, sixteen);
-                whi = _mm512_mask_sub_epi16(whi, clear_hi, whi, sixteen);
-            }
+            let (wlo, whi) = unpack_pair::<KIND>(w.add(b * block_bytes(KIND)));
             for a in 0..NA {
                 // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
                 let (xa, xb) = (_mm512_loadu_si512(q.add(a * k + b * 32) as *const _), _mm512_loadu_si512(q.add(a * k + b * 32 + 32) as *const _));
@@ -691,44 +667,47 @@ pub(crate) mod avx512 {
     /// Weight row `j` against activation rows `i_rows` (see [`act16_rows`]).
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn chunk_rows(w: &QMatrix, j: usize, i_rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr, bytes: usize, q4_1: bool) {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
+    unsafe fn chunk_rows<const PAIRS: bool>(w: &QMatrix, j: usize, i_rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+        use super::avx2::{Q4_1, Q5_0};
         let (mp, blocks, k, n) = (act.mp, act.blocks, act.k, w.rows);
-        {
-            let row = w.row(j).as_ptr();
-            prepare(row, bytes, q4_1, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
-            let (pp, y) = (p.as_ptr(), out.get().add(j));
-            let (mut i, m) = (i_rows.start, i_rows.end);
-            while i < m {
-                let na = (m - i).min(8);
-                let q = act.q.as_ptr().add(i * k);
-                let pi = pp.add(i);
-                let yi = y.add(i * n);
-                match (q4_1, na) {
-                    (true, 8) => store(tile_q4_1::<8>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, 7) => store(tile_q4_1::<7>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, 6) => store(tile_q4_1::<6>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, 5) => store(tile_q4_1::<5>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, 4) => store(tile_q4_1::<4>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, 3) => store(tile_q4_1::<3>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, 2) => store(tile_q4_1::<2>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (true, _) => store(tile_q4_1::<1>(row, blocks, q, k, pi, mp), yi, n, off.as_ptr().add(i)),
-                    (false, 8) => store(tile_q8_0::<8>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, 7) => store(tile_q8_0::<7>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, 6) => store(tile_q8_0::<6>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, 5) => store(tile_q8_0::<5>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, 4) => store(tile_q8_0::<4>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, 3) => store(tile_q8_0::<3>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, 2) => store(tile_q8_0::<2>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                    (false, _) => store(tile_q8_0::<1>(row, blocks, q, k, pi, mp), yi, n, std::ptr::null()),
-                }
-                i += na;
+        let q4_1 = w.ty == GgmlType::Q4_1;
+        let row = w.row(j).as_ptr();
+        // Q5_0's and Q8_0's d are their first two bytes.
+        prepare(row, w.ty.type_size(), q4_1, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
+        let (pp, y) = (p.as_ptr(), out.get().add(j));
+        let (mut i, m) = (i_rows.start, i_rows.end);
+        while i < m {
+            let na = (m - i).min(8);
+            let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
+            // Q8_0 and Q5_0 add no offset (a null `off`, see `store`).
+            let o = if q4_1 { off.as_ptr().add(i) } else { std::ptr::null() };
+            macro_rules! run {
+                ($tile:ident $(, $kind:ident)?) => {
+                    match na {
+                        8 => store($tile::<8 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        7 => store($tile::<7 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        6 => store($tile::<6 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        5 => store($tile::<5 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        4 => store($tile::<4 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        3 => store($tile::<3 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        2 => store($tile::<2 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                        _ => store($tile::<1 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                    }
+                };
             }
+            match (PAIRS, q4_1) {
+                (true, true) => run!(tile_pairs, Q4_1),
+                (true, false) => run!(tile_pairs, Q5_0),
+                (false, true) => run!(tile_q4_1),
+                (false, false) => run!(tile_q8_0),
+            }
+            i += na;
         }
     }
 
-    /// Writes `r[a] (+ off[a])` to `y[a * n]`. Q8_0 passes a null `off`: the single-row
-    /// kernel adds no offset term, and adding 0.0 would turn a -0.0 into +0.0.
+    /// Writes `r[a] (+ off[a])` to `y[a * n]`. Q8_0 and Q5_0 pass a null `off`: the
+    /// single-row kernel adds no offset term, and adding 0.0 would turn a -0.0 into +0.0.
     #[inline(always)]
     unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *const f32) {
         for (a, v) in r.into_iter().enumerate() {

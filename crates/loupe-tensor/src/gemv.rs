@@ -341,19 +341,15 @@ mod x86 {
     /// order; an odd last block goes to the low half alone; the sum is AVX2's
     /// `hsum(acc0 + acc1)`.
     ///
-    /// The unpacking of a pair: the two blocks' 16 `qs` bytes widened to 32 words (word `j`:
-    /// low nibble element `j`, high nibble element `16 + j` of its block), and `qh`'s bits as
-    /// mask registers: where an element's fifth bit is clear, 16 is subtracted from its nibble
-    /// (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`).
+    /// The unpacking of a pair is `batch::avx512::unpack_pair`, which the batched kernel's
+    /// pairs tile shares.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
         debug_assert_eq!(KIND, Q5_0);
         let _ = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
-        let (low4, sixteen) = (_mm512_set1_epi16(0x0F), _mm512_set1_epi16(16));
         let mut acc = [_mm512_setzero_ps(); R];
-        let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
         let mut b = 0;
         while b + 2 <= blocks {
             prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes);
@@ -361,18 +357,7 @@ mod x86 {
             let (xa, xb) = (_mm512_loadu_si512(q.add(b * 32) as *const _), _mm512_loadu_si512(q.add(b * 32 + 32) as *const _));
             let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
             for r in 0..R {
-                let blk = w.add(r * row_bytes + b * 22);
-                let nxt = blk.add(22);
-                let bytes = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(blk.add(6) as *const __m128i)), _mm_loadu_si128(nxt.add(6) as *const __m128i));
-                let w16 = _mm512_cvtepu8_epi16(bytes);
-                let (h0, h1) = (qh(blk), qh(nxt));
-                // Bit j of a mask: word j's element has its fifth bit clear.
-                let clear_lo: __mmask32 = !((h0 & 0xFFFF) | (h1 << 16));
-                let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
-                let wlo = _mm512_and_si512(w16, low4);
-                let whi = _mm512_srli_epi16::<4>(w16);
-                let wlo = _mm512_mask_sub_epi16(wlo, clear_lo, wlo, sixteen);
-                let whi = _mm512_mask_sub_epi16(whi, clear_hi, whi, sixteen);
+                let (wlo, whi) = crate::batch::avx512::unpack_pair::<KIND>(w.add(r * row_bytes + block_at(KIND, b)));
                 let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
                 let scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(*p.add(b * R + r)), 0xFF00, _mm_load_ss(p.add((b + 1) * R + r)));
                 acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
