@@ -3,8 +3,7 @@
 //! ([`KvDtype`]; f16 halves the bytes decode reads per cached position and rounds to
 //! nearest even, as the batched engine's paged cache does).
 
-use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use half::slice::HalfBitsSliceExt;
 use loupe_tensor::ops::paged_attention::KvBlocks;
 
 use crate::{GraphError, KvDtype};
@@ -79,11 +78,7 @@ impl Rows {
     fn extend(&mut self, rows: &[f32]) {
         match self {
             Rows::F32(d) => d.extend_from_slice(rows),
-            Rows::F16(d) => {
-                let start = d.len();
-                d.resize(start + rows.len(), 0);
-                d[start..].reinterpret_cast_mut::<f16>().convert_from_f32_slice(rows);
-            }
+            Rows::F16(d) => loupe_tensor::f16_rows::narrow_extend(rows, d),
             Rows::Fp8 { codes, scales, group } => {
                 let (start, s) = (codes.len(), scales.len());
                 codes.resize(start + rows.len(), 0);
@@ -264,6 +259,7 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     #[test]
     fn late_write_shifts_keys_across_calls() {

@@ -7,6 +7,7 @@
 pub mod amx;
 pub mod batch;
 pub mod error;
+pub mod f16_rows;
 pub mod fp8;
 pub mod hugepages;
 mod gemv;

@@ -210,40 +210,56 @@ pub fn attention_cached(
     // more than the widening pass (profile: attention 306 ms against 132 ms for f16 rows
     // over 260 steps of bench -p 64 -n 128). Widening is exact, so the bits are the same.
     let fp8_rows = matches!(k, KvBlocks::Fp8 { .. }) || matches!(v, KvBlocks::Fp8 { .. });
-    if (f16_rows && tokens >= GEMM_MIN_TOKENS) || fp8_rows {
+    let isa = Isa::active();
+    // Prefill on AVX2 / AVX-512: the keys transposed once for the register-blocked kernels
+    // (`attention_tiles`), widened from f16 by the transposition itself; elsewhere two gemm
+    // products per chunk on f32 rows.
+    let tiled = tokens >= GEMM_MIN_TOKENS && tiles::usable(isa, head_dim);
+    let widen_keys = fp8_rows || (f16_rows && tokens >= GEMM_MIN_TOKENS && !(tiled && matches!(k, KvBlocks::F16(_))));
+    let widen_values = fp8_rows || (f16_rows && tokens >= GEMM_MIN_TOKENS);
+    if (widen_keys && k.is_narrow()) || (widen_values && v.is_narrow()) {
         let n = ctx * kv_width;
-        let widen = |rows: KvBlocks<'_>, dst: &mut [f32]| rows.widen_into(0, &mut dst[..n]);
         let run = |buf: &mut Vec<f32>| {
-            buf.resize(2 * n, 0.0);
+            if buf.len() < 2 * n {
+                buf.resize(2 * n, 0.0);
+            }
             let (kw, vw) = buf.split_at_mut(n);
-            widen(k, kw);
-            widen(v, vw);
-            attention_cached(shape, variant, q, KvBlocks::F32(kw), KvBlocks::F32(vw), ctx, out, probs)
+            let keys = if widen_keys && k.is_narrow() {
+                k.widen_into(0, &mut kw[..n]);
+                KvBlocks::F32(&kw[..n])
+            } else {
+                k
+            };
+            let values = if widen_values && v.is_narrow() {
+                v.widen_into(0, &mut vw[..n]);
+                KvBlocks::F32(&vw[..n])
+            } else {
+                v
+            };
+            attention_cached(shape, variant, q, keys, values, ctx, out, probs)
         };
         return WIDENED.with(|cell| match cell.try_borrow_mut() {
             Ok(mut buf) => run(&mut buf),
             Err(_) => run(&mut Vec::new()),
         });
     }
-    // Prefill reads f32 rows (f16 ones were widened above).
+    // Prefill reads f32 rows (narrow ones were widened above), the tile kernels' keys f16
+    // rows too (through the transposition).
     let (k32, v32): (&[f32], &[f32]) = match (k, v) {
         (KvBlocks::F32(k), KvBlocks::F32(v)) => (k, v),
+        (_, KvBlocks::F32(v)) => (&[], v),
         _ => (&[], &[]),
     };
     let past = ctx - tokens;
     let group = n_heads / n_kv_heads;
-    let isa = Isa::active();
     let chunks = tokens.div_ceil(TOKENS_PER_TASK);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let probs_ptr = probs.map(|p| OutPtr(p.as_mut_ptr()));
     // Keys query row `t` of this call sees.
     let visible_keys = |t: usize| variant.mask.visible(past + t, ctx);
-    // Prefill on AVX2 / AVX-512: the keys transposed once for the register-blocked kernels
-    // (`attention_tiles`); elsewhere two gemm products per chunk.
-    let tiled = tokens >= GEMM_MIN_TOKENS && tiles::usable(isa, head_dim);
     let keys_t_guard = tiled.then(|| {
         let mut kt = KEYS_T.with(|cell| cell.take());
-        tiles::transpose_keys(k32, ctx, n_kv_heads, head_dim, &mut kt);
+        tiles::transpose_keys(isa, k, ctx, n_kv_heads, head_dim, &mut kt);
         kt
     });
     let (keys_t, kt_stride) = (keys_t_guard.as_deref().unwrap_or(&[]), tiles::padded_keys(ctx));
@@ -988,8 +1004,10 @@ mod tests {
         for head_dim in [64, 24, 7] {
             let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25, softcap: None };
             let (qw, kw) = (4 * head_dim, 2 * head_dim);
-            // Decode (1 and 3 tokens: one dot per key) and prefill (40 tokens: gemm).
-            for (tokens, ctx) in [(1, 45), (3, 45), (40, 45)] {
+            // Decode (1 and 3 tokens: one dot per key) and prefill (40 and 70 tokens: the
+            // tile kernels, whose key transposition widens f16 keys itself, in tasks of 64
+            // keys, or gemm on widened rows), after 5 and 80 cached positions.
+            for (tokens, ctx) in [(1, 45), (3, 45), (40, 45), (70, 150)] {
                 let q = gen(tokens * qw, 1);
                 let k16: Vec<f16> = gen(ctx * kw, 2).iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = gen(ctx * kw, 3).iter().map(|&x| f16::from_f32(x)).collect();

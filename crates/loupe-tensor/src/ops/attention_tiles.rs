@@ -42,23 +42,55 @@ pub(crate) fn padded_keys(n: usize) -> usize {
     n.div_ceil(KEY_BLOCK) * KEY_BLOCK
 }
 
-/// Transposes keys `0..ctx` of every kv head of `k` (`[ctx][n_kv_heads * head_dim]`) into
-/// `kt` (`[n_kv_heads][head_dim][padded_keys(ctx)]`, zeros past `ctx`), one kv head per pool
-/// task.
-pub(crate) fn transpose_keys(k: &[f32], ctx: usize, n_kv_heads: usize, head_dim: usize, kt: &mut Vec<f32>) {
+/// Keys per transposition task: 64 keys of one kv head write 64 runs of 256 bytes per
+/// dimension row, 16 KiB at head_dim 64, so the writes stay in L1.
+const TRANSPOSE_KEYS: usize = 64;
+
+/// Transposes keys `0..ctx` of every kv head of `k` (f32 or f16 rows, `[ctx][n_kv_heads *
+/// head_dim]`) into `kt` (`[n_kv_heads][head_dim][padded_keys(ctx)]`, zeros past `ctx`),
+/// widening f16 exactly; on the pool in tasks of [`TRANSPOSE_KEYS`] keys of one kv head.
+///
+/// Panics on FP8 rows (the caller widens them first) or a head over
+/// [`super::paged_attention::MAX_HEAD_DIM`] with f16 rows.
+pub(crate) fn transpose_keys(isa: Isa, k: super::paged_attention::KvBlocks<'_>, ctx: usize, n_kv_heads: usize, head_dim: usize, kt: &mut Vec<f32>) {
+    use super::paged_attention::{KvBlocks, MAX_HEAD_DIM};
     let stride = padded_keys(ctx);
     let kv_width = n_kv_heads * head_dim;
-    kt.clear();
-    kt.resize(n_kv_heads * head_dim * stride, 0.0);
+    let len = n_kv_heads * head_dim * stride;
+    // Every element below ctx of each row is written by a task; only the padding is zeroed.
+    if kt.len() < len {
+        kt.resize(len, 0.0);
+    }
+    kt.truncate(len);
+    let chunks = ctx.div_ceil(TRANSPOSE_KEYS).max(1);
     let out = crate::matmul::OutPtr(kt.as_mut_ptr());
-    crate::pool::run(n_kv_heads, &|h| {
-        // SAFETY: kv head h's region, head_dim * stride floats from h * head_dim * stride, is
-        // written by this task alone; kt was sized for n_kv_heads of them above.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(h * head_dim * stride), head_dim * stride) };
-        for j in 0..ctx {
-            let row = &k[j * kv_width + h * head_dim..][..head_dim];
+    crate::pool::run(n_kv_heads * chunks, &|task| {
+        let (h, c) = (task / chunks, task % chunks);
+        let keys = c * TRANSPOSE_KEYS..((c + 1) * TRANSPOSE_KEYS).min(ctx);
+        let base = h * head_dim * stride;
+        let mut wide = [0f32; MAX_HEAD_DIM];
+        for j in keys.clone() {
+            let at = j * kv_width + h * head_dim;
+            let row: &[f32] = match k {
+                KvBlocks::F32(d) => &d[at..at + head_dim],
+                KvBlocks::F16(d) => {
+                    crate::f16_rows::widen_at(isa, &d[at..at + head_dim], &mut wide[..head_dim]);
+                    &wide[..head_dim]
+                }
+                KvBlocks::Fp8 { .. } => panic!("transpose_keys: FP8 rows are widened by the caller"),
+            };
             for (d, &x) in row.iter().enumerate() {
-                dst[d * stride + j] = x;
+                // SAFETY: base + d * stride + j < len: kv head h's region (head_dim rows of
+                // stride) and j < ctx <= stride; key j's column of this head is written by
+                // this task alone (tasks own disjoint key ranges of one head).
+                unsafe { *out.get().add(base + d * stride + j) = x };
+            }
+        }
+        if c + 1 == chunks {
+            for d in 0..head_dim {
+                // SAFETY: the padding columns ctx..stride of head h's rows belong to the
+                // task holding the head's last keys.
+                unsafe { std::slice::from_raw_parts_mut(out.get().add(base + d * stride + ctx), stride - ctx).fill(0.0) };
             }
         }
     });
@@ -259,7 +291,7 @@ mod tests {
                     let q = gen(rows * q_stride, 1);
                     let k = gen(ctx * head_dim * 2, 2);
                     let mut kt = Vec::new();
-                    transpose_keys(&k, ctx, 2, head_dim, &mut kt);
+                    transpose_keys(isa, super::super::paged_attention::KvBlocks::F32(&k), ctx, 2, head_dim, &mut kt);
                     let kt_stride = padded_keys(ctx);
                     let s_stride = padded_keys(n_keys) + 3;
                     let mut s = vec![f32::NAN; rows * s_stride];
@@ -306,7 +338,7 @@ mod tests {
             let q = gen(rows * head_dim, 4);
             let k = gen(n_keys * head_dim, 5);
             let mut kt = Vec::new();
-            transpose_keys(&k, n_keys, 1, head_dim, &mut kt);
+            transpose_keys(isa, super::super::paged_attention::KvBlocks::F32(&k), n_keys, 1, head_dim, &mut kt);
             let stride = padded_keys(n_keys);
             let mut block = vec![0f32; rows * stride];
             // SAFETY: usable and sized as the contract asks.

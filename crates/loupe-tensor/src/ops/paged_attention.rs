@@ -76,7 +76,7 @@ impl KvBlocks<'_> {
         let n = out.len();
         match self {
             KvBlocks::F32(d) => out.copy_from_slice(&d[start..start + n]),
-            KvBlocks::F16(d) => d[start..start + n].convert_to_f32_slice(out),
+            KvBlocks::F16(d) => crate::f16_rows::widen_into(&d[start..start + n], out),
             KvBlocks::Fp8 { codes, scales, group } => {
                 // Group by group: a range may cross groups, each with its own scale.
                 let mut i = 0;

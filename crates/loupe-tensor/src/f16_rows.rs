@@ -1,0 +1,252 @@
+//! f32 <-> f16 conversion of whole buffers (the KV cache's rows), 16 or 8 values per
+//! instruction (`vcvtps2ph`/`vcvtph2ps`) and on the compute pool when long.
+//!
+//! **Why.** `half`'s slice conversions take four values per call behind a runtime feature
+//! check: a SmolLM2 pp512 spent ~10 ms per pass (Sapphire Rapids class, 2 threads; ~2.5% of
+//! it) writing its 30 layers' keys and values into the f16 cache and widening them back for
+//! attention, all of it on the calling thread while the other waited.
+//!
+//! **Bits.** Rounding to nearest even, as `half::f16::from_f32` (which itself uses F16C where
+//! the CPU has it); NaNs stay NaNs of the same sign with their payload's top bits and the
+//! quiet bit set, infinities and overflow give infinities, tiny values round to f16
+//! subnormals or zero. Widening is exact. Every ISA gives `half`'s bits (tested).
+
+use half::f16;
+
+use crate::matmul::OutPtr;
+use crate::quant::Isa;
+
+/// Values from which a conversion splits over the compute pool (one layer's keys at a
+/// 16-token prefill chunk of SmolLM2 is 3K; a 512-token prefill's 98K).
+const PAR_MIN: usize = 1 << 14;
+
+/// Values per pool task's range (whole vectors at every width).
+const UNIT: usize = 1024;
+
+/// `dst[i] = f16(src[i])`, rounded to nearest even. Panics if the lengths differ.
+pub fn narrow_into(src: &[f32], dst: &mut [f16]) {
+    assert_eq!(src.len(), dst.len(), "narrow_into: {} values into {}", src.len(), dst.len());
+    // SAFETY: dst is writable for src.len() values.
+    unsafe { narrow_to_ptr(src, dst.as_mut_ptr().cast::<u16>()) };
+}
+
+/// Appends `f16(src[i])` (as bits) to `dst`, writing the new values straight into its spare
+/// capacity: a cache that zeroed the space first (`resize`) spent more time in that memset
+/// than in the conversion (~15 ms per SmolLM2 pp512, its 60 layer writes on cold memory).
+pub fn narrow_extend(src: &[f32], dst: &mut Vec<u16>) {
+    dst.reserve(src.len());
+    let len = dst.len();
+    // SAFETY: reserve made room for src.len() values past len; narrow_to_ptr writes every one
+    // of them before set_len exposes them.
+    unsafe {
+        narrow_to_ptr(src, dst.as_mut_ptr().add(len));
+        dst.set_len(len + src.len());
+    }
+}
+
+/// # Safety
+/// `dst` is writable for `src.len()` values (initialized or not).
+unsafe fn narrow_to_ptr(src: &[f32], dst: *mut u16) {
+    let isa = Isa::active();
+    let out = OutPtr(dst.cast::<f32>());
+    run(src.len(), &|r| {
+        // SAFETY: r lies within 0..src.len(), writable at dst by the contract; run hands out
+        // disjoint ranges, so each is written by one task alone.
+        unsafe { narrow_raw(isa, &src[r.clone()], out.get().cast::<u16>().add(r.start)) };
+    });
+}
+
+/// `dst[i] = src[i] as f32` (exact). Panics if the lengths differ.
+pub fn widen_into(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen_into: {} values into {}", src.len(), dst.len());
+    let isa = Isa::active();
+    let out = OutPtr(dst.as_mut_ptr());
+    run(src.len(), &|r| {
+        // SAFETY: as in narrow_into.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(r.start), r.len()) };
+        widen_at(isa, &src[r], dst);
+    });
+}
+
+/// `body` over `0..len`: on the pool in ranges of whole [`UNIT`]s when long, else once.
+fn run(len: usize, body: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    let threads = crate::pool::threads();
+    if len < PAR_MIN || threads < 2 {
+        body(0..len);
+        return;
+    }
+    let units = len.div_ceil(UNIT);
+    let tasks = (threads * 2).min(units);
+    let per = units.div_ceil(tasks) * UNIT;
+    crate::pool::run(tasks, &|t| {
+        let r = (t * per).min(len)..((t + 1) * per).min(len);
+        if !r.is_empty() {
+            body(r);
+        }
+    });
+}
+
+/// [`narrow_into`] on the calling thread with `isa`'s instructions (for tests and callers
+/// already on the pool).
+pub fn narrow_at(isa: Isa, src: &[f32], dst: &mut [f16]) {
+    let n = src.len().min(dst.len());
+    // SAFETY: dst is writable for n values.
+    unsafe { narrow_raw(isa, &src[..n], dst.as_mut_ptr().cast::<u16>()) };
+}
+
+/// # Safety
+/// `dst` is writable for `src.len()` values.
+unsafe fn narrow_raw(isa: Isa, src: &[f32], dst: *mut u16) {
+    let n = src.len();
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: each kernel runs only where the CPU has its features (Isa::Avx2 implies
+        // F16C, Isa::Avx512 AVX-512 F); it writes dst[..n] alone (the contract).
+        if isa >= Isa::Avx512 && Isa::detected() >= Isa::Avx512 {
+            done = unsafe { x86::narrow_avx512(src.as_ptr(), dst, n) };
+        } else if isa >= Isa::Avx2 && Isa::detected() >= Isa::Avx2 {
+            done = unsafe { x86::narrow_avx2(src.as_ptr(), dst, n) };
+        }
+    }
+    let _ = isa;
+    for (i, s) in src.iter().enumerate().skip(done) {
+        // SAFETY: i < n, within the contract.
+        unsafe { dst.add(i).write(f16::from_f32(*s).to_bits()) };
+    }
+}
+
+/// [`widen_into`] on the calling thread with `isa`'s instructions.
+pub fn widen_at(isa: Isa, src: &[f16], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in narrow_at.
+        if isa >= Isa::Avx512 && Isa::detected() >= Isa::Avx512 {
+            done = unsafe { x86::widen_avx512(src.as_ptr().cast(), dst.as_mut_ptr(), n) };
+        } else if isa >= Isa::Avx2 && Isa::detected() >= Isa::Avx2 {
+            done = unsafe { x86::widen_avx2(src.as_ptr().cast(), dst.as_mut_ptr(), n) };
+        }
+    }
+    let _ = isa;
+    for (d, s) in dst[done..n].iter_mut().zip(&src[done..n]) {
+        *d = s.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Whole vectors of 16; returns how many values it converted.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn narrow_avx512(src: *const f32, dst: *mut u16, n: usize) -> usize {
+        let mut i = 0;
+        while i + 16 <= n {
+            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(src.add(i)));
+            _mm256_storeu_si256(dst.add(i) as *mut __m256i, h);
+            i += 16;
+        }
+        i
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn narrow_avx2(src: *const f32, dst: *mut u16, n: usize) -> usize {
+        let mut i = 0;
+        while i + 8 <= n {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.add(i)));
+            _mm_storeu_si128(dst.add(i) as *mut __m128i, h);
+            i += 8;
+        }
+        i
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn widen_avx512(src: *const u16, dst: *mut f32, n: usize) -> usize {
+        let mut i = 0;
+        while i + 16 <= n {
+            _mm512_storeu_ps(dst.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i) as *const __m256i)));
+            i += 16;
+        }
+        i
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn widen_avx2(src: *const u16, dst: *mut f32, n: usize) -> usize {
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(i) as *const __m128i)));
+            i += 8;
+        }
+        i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values that exercise every rounding case: ties to even at the f16 grid (normal and
+    /// subnormal), the overflow edge (65504, 65520), underflow to zero, signed zeros,
+    /// infinities, quiet and signalling NaNs with payloads, plus a dense sweep of bit patterns.
+    fn edge_values() -> Vec<f32> {
+        let mut v = vec![
+            0.0, -0.0, 1.0, -1.0, 65504.0, 65519.996, 65520.0, -65520.0, 1e9, f32::INFINITY, f32::NEG_INFINITY,
+            f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001), f32::from_bits(0xFFC0_1234), f32::from_bits(0x7FBF_FFFF),
+            6.0e-8, 5.96e-8, 2.98e-8, 2.99e-8, 1e-10, -1e-10, f32::MIN_POSITIVE, 6.1035156e-5, 6.097555e-5,
+        ];
+        // Halfway between consecutive f16 values (1 + 2^-11: a tie, rounds to even 1.0;
+        // 1 + 3 * 2^-11: rounds up to the odd neighbour's even successor).
+        v.extend([1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 2048.0 + 1.0, 2048.0 + 3.0]);
+        let mut s = 0x1234_5678u32;
+        for _ in 0..20_000 {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            v.push(f32::from_bits(s));
+        }
+        // A length that leaves a tail at every vector width.
+        v.truncate(v.len() - v.len() % 16 + 13);
+        v
+    }
+
+    #[test]
+    fn narrowing_gives_halfs_bits_on_every_isa() {
+        let src = edge_values();
+        let want: Vec<u16> = src.iter().map(|x| f16::from_f32(*x).to_bits()).collect();
+        for isa in Isa::available() {
+            let mut got = vec![f16::ZERO; src.len()];
+            narrow_at(isa, &src, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), *w, "{isa:?}: {:e} ({:#010x}) -> {:#06x}, half gives {w:#06x}", src[i], src[i].to_bits(), g.to_bits());
+            }
+        }
+        let mut pooled = vec![f16::ZERO; src.len() * 4];
+        let long: Vec<f32> = src.iter().cycle().take(pooled.len()).copied().collect();
+        narrow_into(&long, &mut pooled);
+        assert!(pooled.iter().zip(&long).all(|(g, x)| g.to_bits() == f16::from_f32(*x).to_bits()), "the pooled conversion differs");
+        // Appending keeps what was there and adds the same bits.
+        let mut appended = vec![7u16, 9];
+        narrow_extend(&long, &mut appended);
+        narrow_extend(&src[..5], &mut appended);
+        assert_eq!(&appended[..2], &[7, 9]);
+        assert!(appended[2..].iter().zip(long.iter().chain(&src[..5])).all(|(g, x)| *g == f16::from_f32(*x).to_bits()), "narrow_extend differs");
+        assert_eq!(appended.len(), 2 + long.len() + 5);
+    }
+
+    #[test]
+    fn widening_is_exact_on_every_isa() {
+        // Every f16 bit pattern, plus a tail.
+        let src: Vec<f16> = (0..=u16::MAX).chain(0..11).map(f16::from_bits).collect();
+        for isa in Isa::available() {
+            let mut got = vec![0f32; src.len()];
+            widen_at(isa, &src, &mut got);
+            for (h, g) in src.iter().zip(&got) {
+                let w = h.to_f32();
+                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan() && g.to_bits() >> 31 == w.to_bits() >> 31), "{isa:?}: {:#06x} -> {g:e}, half gives {w:e}", h.to_bits());
+            }
+        }
+        let mut pooled = vec![0f32; src.len()];
+        widen_into(&src, &mut pooled);
+        assert!(pooled.iter().zip(&src).all(|(g, h)| g.to_bits() == h.to_f32().to_bits() || (g.is_nan() && h.is_nan())));
+    }
+}
