@@ -741,10 +741,10 @@ impl Executor {
                 Ok(())
             }
             Op::Rope { n_heads, table, mode } => {
-                out.copy_from_slice(self.input(node, 0));
                 match step {
-                    StepKv::Single { past, .. } => table.apply_mode(out, *n_heads, *past, *mode),
+                    StepKv::Single { past, .. } => table.apply_mode_into(self.input(node, 0), out, *n_heads, *past, *mode),
                     StepKv::Batch { spans, .. } => {
+                        out.copy_from_slice(self.input(node, 0));
                         let width = out.len() / tokens.len();
                         for span in spans.iter() {
                             table.apply_mode(&mut out[span.rows.start * width..span.rows.end * width], *n_heads, span.past, *mode)?;

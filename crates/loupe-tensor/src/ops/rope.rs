@@ -245,6 +245,21 @@ impl RopeTable {
 
     /// [`RopeTable::apply`] with the pairing of `mode`.
     pub fn apply_mode(&self, x: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
+        self.rotate(None, x, n_heads, first_position, mode)
+    }
+
+    /// [`RopeTable::apply_mode`] of a copy of `src` written into `out` (same length): each
+    /// pool task copies its own rows before rotating them (a copy on the calling thread first
+    /// was most of a prefill's rope time, with the other compute thread idle).
+    pub fn apply_mode_into(&self, src: &[f32], out: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
+        if src.len() != out.len() {
+            return Err(TensorError::Shape { op: "rope", detail: format!("{} elements into {}", src.len(), out.len()) });
+        }
+        self.rotate(Some(src), out, n_heads, first_position, mode)
+    }
+
+    /// Rotates `x` in place, or a copy of `src` into `x` when given.
+    fn rotate(&self, src: Option<&[f32]>, x: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
         let width = n_heads * self.head_dim;
         if width == 0 || !x.len().is_multiple_of(width) {
             return Err(TensorError::Shape {
@@ -254,10 +269,16 @@ impl RopeTable {
         }
         let end = first_position + x.len() / width;
         let half = self.rotary_dim / 2;
+        let copy_in = |r: &std::ops::Range<usize>, rows: &mut [f32]| {
+            if let Some(src) = src {
+                rows.copy_from_slice(&src[r.clone()]);
+            }
+        };
         // Rows are independent: a prefill's rows go over the pool (serial, this was ~3% of
         // SmolLM2's pp512 with the other compute thread idle).
         if let Some(cache) = self.cached(end) {
             super::par_chunks_mut(x, width, &|r, rows| {
+                copy_in(&r, rows);
                 for (t, row) in rows.chunks_exact_mut(width).enumerate() {
                     let at = (first_position + r.start / width + t) * half;
                     self.rotate_row(row, &cache.cos[at..at + half], &cache.sin[at..at + half], mode);
@@ -266,6 +287,7 @@ impl RopeTable {
             return Ok(());
         }
         super::par_chunks_mut(x, width, &|r, rows| {
+            copy_in(&r, rows);
             // On the stack for head_dim <= 512 (every model we know), so decode allocates
             // nothing; the heap beyond.
             let (mut cos_stack, mut sin_stack) = ([0.0f32; 256], [0.0f32; 256]);
@@ -486,6 +508,17 @@ mod tests {
             let mut r = row.clone();
             t.clone().apply_mode(&mut r, heads, 7, mode).unwrap();
             assert_eq!(r, fresh(7, mode));
+            // Out of place (each pool task copies its rows, then rotates them): the in-place
+            // bits, cached and past the cap, and a length mismatch is an error.
+            let src: Vec<f32> = row.iter().cycle().take(row.len() * rows).copied().collect();
+            for first in [0, cap - 10] {
+                let mut inplace = src.clone();
+                t.apply_mode(&mut inplace, heads, first, mode).unwrap();
+                let mut out = vec![f32::NAN; src.len()];
+                t.apply_mode_into(&src, &mut out, heads, first, mode).unwrap();
+                assert_eq!(out, inplace, "{mode:?} out of place from {first}");
+            }
+            assert!(t.apply_mode_into(&src, &mut vec![0.0; src.len() - 1], heads, 0, mode).is_err());
         }
     }
 
