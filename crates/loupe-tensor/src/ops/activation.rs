@@ -69,6 +69,7 @@ macro_rules! best_isa {
 }
 
 best_isa!(softmax_best(x: &mut [f32]) = softmax_portable);
+best_isa!(scaled_softmax_best(x: &mut [f32], scale: f32) = scaled_softmax_portable);
 best_isa!(silu_best(x: &mut [f32]) = silu_portable);
 best_isa!(gelu_tanh_best(x: &mut [f32]) = gelu_tanh_portable);
 best_isa!(silu_mul_into_best(gate: &[f32], up: &[f32], out: &mut [f32]) = silu_mul_into_portable);
@@ -85,6 +86,13 @@ pub(crate) fn softmax_in_place(x: &mut [f32]) {
     softmax_best(x)
 }
 
+/// `x = softmax(scale * x)` in place: the bits of multiplying each value by `scale` and then
+/// [`softmax_in_place`], with the multiply in the max's pass (attention's scores, one pass
+/// fewer over each row, and vectorized: the separate multiply ran as SSE in its caller).
+pub(crate) fn scaled_softmax_in_place(x: &mut [f32], scale: f32) {
+    scaled_softmax_best(x, scale)
+}
+
 #[inline(always)]
 fn softmax_portable(x: &mut [f32]) {
     let mut lanes = [f32::NEG_INFINITY; SOFTMAX_LANES];
@@ -95,6 +103,31 @@ fn softmax_portable(x: &mut [f32]) {
         }
     }
     let max = chunks.remainder().iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)), |m, v| m.max(*v));
+    exp_normalize(x, max);
+}
+
+#[inline(always)]
+fn scaled_softmax_portable(x: &mut [f32], scale: f32) {
+    let mut lanes = [f32::NEG_INFINITY; SOFTMAX_LANES];
+    let mut chunks = x.chunks_exact_mut(SOFTMAX_LANES);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v *= scale;
+            *l = l.max(*v);
+        }
+    }
+    let rest = chunks.into_remainder();
+    for v in rest.iter_mut() {
+        *v *= scale;
+    }
+    let max = rest.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)), |m, v| m.max(*v));
+    exp_normalize(x, max);
+}
+
+/// Softmax's second and third passes over `x` whose maximum is `max`: `exp(x - max)` summed
+/// in [`SOFTMAX_LANES`] fixed lanes added pairwise, then each value times `1 / sum`.
+#[inline(always)]
+fn exp_normalize(x: &mut [f32], max: f32) {
     let mut sums = [0f32; SOFTMAX_LANES];
     let mut chunks = x.chunks_exact_mut(SOFTMAX_LANES);
     for c in &mut chunks {
@@ -400,6 +433,17 @@ mod tests {
             softmax_in_place(&mut a);
             softmax_portable(&mut b);
             assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "softmax n={n}: the active ISA's build and portable differ");
+            // The scaled form: the bits of multiplying first, then the softmax.
+            let mut c = a.clone();
+            let (mut d, scale) = (xs.iter().cycle().take(n).map(|x| x * 0.7).collect::<Vec<f32>>(), 0.125f32 * 1.3);
+            d.iter_mut().for_each(|v| *v *= scale);
+            softmax_portable(&mut d);
+            c.copy_from_slice(&xs.iter().cycle().take(n).map(|x| x * 0.7).collect::<Vec<f32>>());
+            let mut e = c.clone();
+            scaled_softmax_in_place(&mut c, scale);
+            scaled_softmax_portable(&mut e, scale);
+            assert!(c.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()), "scaled softmax n={n}: not the bits of scaling first");
+            assert!(e.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()), "scaled softmax n={n}: portable differs");
         }
         let mut nan = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
         silu(&mut nan);

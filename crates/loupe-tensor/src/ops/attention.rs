@@ -480,12 +480,10 @@ pub(crate) fn softmax_row(scores: &mut [f32], scale: f32, softcap: Option<f32>) 
         for s in scores.iter_mut() {
             *s = super::soft_cap_one(*s * scale, cap);
         }
+        super::activation::softmax_in_place(scores);
     } else {
-        for s in scores.iter_mut() {
-            *s *= scale;
-        }
+        super::activation::scaled_softmax_in_place(scores, scale);
     }
-    super::activation::softmax_in_place(scores);
 }
 
 /// `a . b` (equal lengths): four vector accumulators (AVX-512: 16 lanes, AVX2: 8) when
