@@ -2,9 +2,9 @@
 //! instruction (`vcvtps2ph`/`vcvtph2ps`) and on the compute pool when long.
 //!
 //! **Why.** `half`'s slice conversions take four values per call behind a runtime feature
-//! check: a SmolLM2 pp512 spent ~10 ms per pass (Sapphire Rapids class, 2 threads; ~2.5% of
-//! it) writing its 30 layers' keys and values into the f16 cache and widening them back for
-//! attention, all of it on the calling thread while the other waited.
+//! check, on the calling thread while the other compute thread waits: widening a SmolLM2
+//! pp512's cached keys and values for attention took ~5 ms per pass (Sapphire Rapids class, 2
+//! threads; 1.5-2 ms here, for the values alone, as the key transposition widens keys itself).
 //!
 //! **Bits.** Rounding to nearest even, as `half::f16::from_f32` (which itself uses F16C where
 //! the CPU has it); NaNs stay NaNs of the same sign with their payload's top bits and the
@@ -31,8 +31,8 @@ pub fn narrow_into(src: &[f32], dst: &mut [f16]) {
 }
 
 /// Appends `f16(src[i])` (as bits) to `dst`, writing the new values straight into its spare
-/// capacity: a cache that zeroed the space first (`resize`) spent more time in that memset
-/// than in the conversion (~15 ms per SmolLM2 pp512, its 60 layer writes on cold memory).
+/// capacity rather than zeroing it first (`resize`): a second pass over the cache lines a
+/// prefill writes cold.
 pub fn narrow_extend(src: &[f32], dst: &mut Vec<u16>) {
     dst.reserve(src.len());
     let len = dst.len();
@@ -62,7 +62,8 @@ pub fn widen_into(src: &[f16], dst: &mut [f32]) {
     let isa = Isa::active();
     let out = OutPtr(dst.as_mut_ptr());
     run(src.len(), &|r| {
-        // SAFETY: as in narrow_into.
+        // SAFETY: r lies within dst (same length as src); run hands out disjoint ranges, so
+        // this range of dst is written by this task alone while dst is borrowed mutably.
         let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(r.start), r.len()) };
         widen_at(isa, &src[r], dst);
     });
