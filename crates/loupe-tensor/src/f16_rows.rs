@@ -1,5 +1,6 @@
 //! f32 <-> f16 conversion of whole buffers (the KV cache's rows), 16 or 8 values per
-//! instruction (`vcvtps2ph`/`vcvtph2ps`) and on the compute pool when long.
+//! instruction (`vcvtps2ph`/`vcvtph2ps`) and on the compute pool when long
+//! ([`crate::ops::par_ranges`], as the elementwise ops split).
 //!
 //! **Why.** `half`'s slice conversions take four values per call behind a runtime feature
 //! check, on the calling thread while the other compute thread waits: widening a SmolLM2
@@ -15,10 +16,6 @@ use half::f16;
 
 use crate::matmul::OutPtr;
 use crate::quant::Isa;
-
-/// Values from which a conversion splits over the compute pool (one layer's keys at a
-/// 16-token prefill chunk of SmolLM2 is 3K; a 512-token prefill's 98K).
-const PAR_MIN: usize = 1 << 14;
 
 /// Values per pool task's range (whole vectors at every width).
 const UNIT: usize = 1024;
@@ -49,9 +46,9 @@ pub fn narrow_extend(src: &[f32], dst: &mut Vec<u16>) {
 unsafe fn narrow_to_ptr(src: &[f32], dst: *mut u16) {
     let isa = Isa::active();
     let out = OutPtr(dst.cast::<f32>());
-    run(src.len(), &|r| {
-        // SAFETY: r lies within 0..src.len(), writable at dst by the contract; run hands out
-        // disjoint ranges, so each is written by one task alone.
+    crate::ops::par_ranges(src.len(), UNIT, &|r| {
+        // SAFETY: r lies within 0..src.len(), writable at dst by the contract; par_ranges
+        // hands out disjoint ranges, so each is written by one task alone.
         unsafe { narrow_raw(isa, &src[r.clone()], out.get().cast::<u16>().add(r.start)) };
     });
 }
@@ -61,29 +58,12 @@ pub fn widen_into(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "widen_into: {} values into {}", src.len(), dst.len());
     let isa = Isa::active();
     let out = OutPtr(dst.as_mut_ptr());
-    run(src.len(), &|r| {
-        // SAFETY: r lies within dst (same length as src); run hands out disjoint ranges, so
-        // this range of dst is written by this task alone while dst is borrowed mutably.
+    crate::ops::par_ranges(src.len(), UNIT, &|r| {
+        // SAFETY: r lies within dst (same length as src); par_ranges hands out disjoint
+        // ranges, so this range of dst is written by this task alone while dst is borrowed
+        // mutably.
         let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(r.start), r.len()) };
         widen_at(isa, &src[r], dst);
-    });
-}
-
-/// `body` over `0..len`: on the pool in ranges of whole [`UNIT`]s when long, else once.
-fn run(len: usize, body: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-    let threads = crate::pool::threads();
-    if len < PAR_MIN || threads < 2 {
-        body(0..len);
-        return;
-    }
-    let units = len.div_ceil(UNIT);
-    let tasks = (threads * 2).min(units);
-    let per = units.div_ceil(tasks) * UNIT;
-    crate::pool::run(tasks, &|t| {
-        let r = (t * per).min(len)..((t + 1) * per).min(len);
-        if !r.is_empty() {
-            body(r);
-        }
     });
 }
 
@@ -123,7 +103,8 @@ pub fn widen_at(isa: Isa, src: &[f16], dst: &mut [f32]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: as in narrow_at.
+        // SAFETY: each kernel runs only where the CPU has its features (Isa::Avx2 implies
+        // F16C, Isa::Avx512 AVX-512 F); it reads src[..n] and writes dst[..n] alone.
         if isa >= Isa::Avx512 && Isa::detected() >= Isa::Avx512 {
             done = unsafe { x86::widen_avx512(src.as_ptr().cast(), dst.as_mut_ptr(), n) };
         } else if isa >= Isa::Avx2 && Isa::detected() >= Isa::Avx2 {

@@ -259,7 +259,7 @@ pub fn attention_cached(
     let visible_keys = |t: usize| variant.mask.visible(past + t, ctx);
     let keys_t_guard = tiled.then(|| {
         let mut kt = KEYS_T.with(|cell| cell.take());
-        tiles::transpose_keys(isa, k, ctx, n_kv_heads, head_dim, &mut kt);
+        tiles::transpose_keys(k, ctx, n_kv_heads, head_dim, &mut kt);
         kt
     });
     let (keys_t, kt_stride) = (keys_t_guard.as_deref().unwrap_or(&[]), tiles::padded_keys(ctx));

@@ -46,13 +46,14 @@ pub(crate) fn padded_keys(n: usize) -> usize {
 /// dimension row, 16 KiB at head_dim 64, so the writes stay in L1.
 const TRANSPOSE_KEYS: usize = 64;
 
-/// Transposes keys `0..ctx` of every kv head of `k` (f32 or f16 rows, `[ctx][n_kv_heads *
-/// head_dim]`) into `kt` (`[n_kv_heads][head_dim][padded_keys(ctx)]`, zeros past `ctx`),
-/// widening f16 exactly; on the pool in tasks of [`TRANSPOSE_KEYS`] keys of one kv head.
+/// Transposes keys `0..ctx` of every kv head of `k` (`[ctx][n_kv_heads * head_dim]`, rows of
+/// any cache element type, narrow ones widened as `KvBlocks::widen_into` widens them) into
+/// `kt` (`[n_kv_heads][head_dim][padded_keys(ctx)]`, zeros past `ctx`); on the pool in tasks
+/// of [`TRANSPOSE_KEYS`] keys of one kv head.
 ///
-/// Panics on FP8 rows (the caller widens them first) or a head over
-/// [`super::paged_attention::MAX_HEAD_DIM`] with f16 rows.
-pub(crate) fn transpose_keys(isa: Isa, k: super::paged_attention::KvBlocks<'_>, ctx: usize, n_kv_heads: usize, head_dim: usize, kt: &mut Vec<f32>) {
+/// Panics on narrow rows of a head over [`super::paged_attention::MAX_HEAD_DIM`] (the
+/// caller checks it).
+pub(crate) fn transpose_keys(k: super::paged_attention::KvBlocks<'_>, ctx: usize, n_kv_heads: usize, head_dim: usize, kt: &mut Vec<f32>) {
     use super::paged_attention::{KvBlocks, MAX_HEAD_DIM};
     let stride = padded_keys(ctx);
     let kv_width = n_kv_heads * head_dim;
@@ -73,11 +74,10 @@ pub(crate) fn transpose_keys(isa: Isa, k: super::paged_attention::KvBlocks<'_>, 
             let at = j * kv_width + h * head_dim;
             let row: &[f32] = match k {
                 KvBlocks::F32(d) => &d[at..at + head_dim],
-                KvBlocks::F16(d) => {
-                    crate::f16_rows::widen_at(isa, &d[at..at + head_dim], &mut wide[..head_dim]);
+                _ => {
+                    k.widen_into(at, &mut wide[..head_dim]);
                     &wide[..head_dim]
                 }
-                KvBlocks::Fp8 { .. } => panic!("transpose_keys: FP8 rows are widened by the caller"),
             };
             for (d, &x) in row.iter().enumerate() {
                 // SAFETY: base + d * stride + j < len: kv head h's region (head_dim rows of
@@ -291,7 +291,7 @@ mod tests {
                     let q = gen(rows * q_stride, 1);
                     let k = gen(ctx * head_dim * 2, 2);
                     let mut kt = Vec::new();
-                    transpose_keys(isa, super::super::paged_attention::KvBlocks::F32(&k), ctx, 2, head_dim, &mut kt);
+                    transpose_keys(super::super::paged_attention::KvBlocks::F32(&k), ctx, 2, head_dim, &mut kt);
                     let kt_stride = padded_keys(ctx);
                     let s_stride = padded_keys(n_keys) + 3;
                     let mut s = vec![f32::NAN; rows * s_stride];
@@ -338,7 +338,7 @@ mod tests {
             let q = gen(rows * head_dim, 4);
             let k = gen(n_keys * head_dim, 5);
             let mut kt = Vec::new();
-            transpose_keys(isa, super::super::paged_attention::KvBlocks::F32(&k), n_keys, 1, head_dim, &mut kt);
+            transpose_keys(super::super::paged_attention::KvBlocks::F32(&k), n_keys, 1, head_dim, &mut kt);
             let stride = padded_keys(n_keys);
             let mut block = vec![0f32; rows * stride];
             // SAFETY: usable and sized as the contract asks.

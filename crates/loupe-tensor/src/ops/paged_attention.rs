@@ -18,7 +18,6 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 use super::attention::{attend_row, AttentionShape, AttentionVariant, CachedRows, HeadMap};
 use crate::matmul::OutPtr;
@@ -156,11 +155,13 @@ pub fn write_paged(dst: &mut KvBlocksMut<'_>, width: usize, block_size: usize, b
             codes.len()
         }
     };
+    let isa = crate::quant::Isa::active();
     for (i, row) in rows.chunks_exact(width).enumerate() {
         let start = row_start(blocks, block_size, width, past + i, len)?;
         match dst {
             KvBlocksMut::F32(d) => d[start..start + width].copy_from_slice(row),
-            KvBlocksMut::F16(d) => d[start..start + width].convert_from_f32_slice(row),
+            // The contiguous cache's conversion (`half`'s bits), one row on this thread.
+            KvBlocksMut::F16(d) => crate::f16_rows::narrow_at(isa, row, &mut d[start..start + width]),
             KvBlocksMut::Fp8 { codes, scales, group } => {
                 let (g, n) = (start / *group, width / *group);
                 crate::fp8::quantize_rows_e4m3(row, *group, &mut codes[start..start + width], &mut scales[g..g + n])?;
