@@ -218,8 +218,13 @@ impl ProfileArgs {
         let data = p.snapshot();
         eprint!("{}", data.table(self.profile_top));
         if let Some(path) = &self.profile_out {
-            std::fs::write(path, data.chrome_trace()).map_err(|e| anyhow::anyhow!("--profile-out {}: {e}", path.display()))?;
-            eprintln!("loupe: wrote a Chrome trace of {} events to {} (open it in https://ui.perfetto.dev)", data.events.len(), path.display());
+            std::fs::write(path, data.chrome_trace())
+                .map_err(|e| anyhow::anyhow!("--profile-out {}: {e}", path.display()))?;
+            eprintln!(
+                "loupe: wrote a Chrome trace of {} events to {} (open it in https://ui.perfetto.dev)",
+                data.events.len(),
+                path.display()
+            );
         }
         Ok(())
     }

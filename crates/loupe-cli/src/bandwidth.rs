@@ -38,7 +38,8 @@ pub fn measure(threads: usize, buffer_bytes: usize, passes: usize) -> Option<Rea
     let len = per_thread.checked_mul(threads)?;
     let mut buf: Vec<u64> = Vec::new();
     buf.try_reserve_exact(len).ok()?;
-    let huge_pages = loupe_tensor::hugepages::enabled() && loupe_tensor::hugepages::advise_interior(buf.as_ptr().cast(), len * 8);
+    let huge_pages =
+        loupe_tensor::hugepages::enabled() && loupe_tensor::hugepages::advise_interior(buf.as_ptr().cast(), len * 8);
     // Non-zero contents, written once, so every page is resident (and not the shared
     // zero page) before the timed passes.
     buf.extend(0..len as u64);

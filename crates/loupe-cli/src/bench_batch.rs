@@ -62,7 +62,15 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
     for s in 0..npl {
         let prompt = bench_tokens(args.n_prompt, bos, vocab, TOKEN_SEED ^ (round << 32) ^ s as u64);
         // n_gen decode steps after the first token, which the prefill's logits give.
-        batch.add(SeqRequest { prompt, max_tokens: args.n_gen + 1, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: None, grammar: None, fast_forward: false })?;
+        batch.add(SeqRequest {
+            prompt,
+            max_tokens: args.n_gen + 1,
+            sampling: SamplingParams::default(),
+            stop_ids: Vec::new(),
+            logprobs: None,
+            grammar: None,
+            fast_forward: false,
+        })?;
     }
     let start = Instant::now();
     let mut prefill_steps = 0;
@@ -98,17 +106,26 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
     }
     let context = engine.context_length();
     if args.n_prompt + args.n_gen + 1 > context {
-        return Err(UsageError(format!("--n-prompt + --n-gen ({}) exceed the context window of {context} tokens", args.n_prompt + args.n_gen)).into());
+        return Err(UsageError(format!(
+            "--n-prompt + --n-gen ({}) exceed the context window of {context} tokens",
+            args.n_prompt + args.n_gen
+        ))
+        .into());
     }
     let rounds = args.warmup + args.repetitions;
     let bar = ProgressBar::new((counts.len() * rounds) as u64);
-    bar.set_style(ProgressStyle::with_template("bench --batch {msg} [{bar:30}] {pos}/{len}").map(|s| s.progress_chars("=> ")).unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_style(
+        ProgressStyle::with_template("bench --batch {msg} [{bar:30}] {pos}/{len}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     let mut points = Vec::new();
     for &npl in counts {
         let mut p = Point { npl, prefill: Vec::new(), decode: Vec::new(), blocks_used: 0, blocks_total: 0 };
         for r in 0..rounds {
             bar.set_message(format!("{npl} sequences {}", if r < args.warmup { "warm-up" } else { "run" }));
-            let (pp, tg, used, total) = round(engine, args, npl, r as u64).with_context(|| format!("{npl} sequences"))?;
+            let (pp, tg, used, total) =
+                round(engine, args, npl, r as u64).with_context(|| format!("{npl} sequences"))?;
             if r >= args.warmup {
                 p.prefill.push(pp);
                 p.decode.push(tg);
@@ -191,8 +208,15 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
                 ]
             })
             .collect();
-        write_table(&mut out, &["sequences", "prefill t/s", "decode t/s", "decode vs 1", "KV blocks used"], &rows, &[0, 1, 2, 3, 4]).context("writing stdout")?;
-        let rss = peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
+        write_table(
+            &mut out,
+            &["sequences", "prefill t/s", "decode t/s", "decode vs 1", "KV blocks used"],
+            &rows,
+            &[0, 1, 2, 3, 4],
+        )
+        .context("writing stdout")?;
+        let rss =
+            peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
         writeln!(out, "\npeak RSS {rss} (model load included)").context("writing stdout")?;
     }
     out.flush().context("writing stdout")?;

@@ -129,7 +129,11 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
     }
     let profiler = args.profile.profiler()?;
-    let engine = load(&args.model, Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) }, debug)?;
+    let engine = load(
+        &args.model,
+        Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) },
+        debug,
+    )?;
     if let Some(counts) = args.batch.clone() {
         crate::bench_batch::run(&engine, &args, &counts.0)?;
         return args.profile.report(profiler.as_ref());
@@ -139,7 +143,9 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let context = model.config.max_position_embeddings.min(model.graph.context_length);
     for (flag, n) in [("--n-prompt", args.n_prompt), ("--n-gen", args.n_gen)] {
         if n > context {
-            return Err(UsageError(format!("{flag} {n}: more tokens than the context window of {context} tokens")).into());
+            return Err(
+                UsageError(format!("{flag} {n}: more tokens than the context window of {context} tokens")).into()
+            );
         }
     }
     let vocab = model.config.vocab_size;
@@ -154,9 +160,14 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let mut session = engine.session(needed);
     session.reserve(needed);
     let runs_per_test = args.warmup + args.repetitions;
-    let total_steps = if args.n_prompt > 0 { runs_per_test } else { 0 } + if args.n_gen > 0 { runs_per_test } else { 0 };
+    let total_steps =
+        if args.n_prompt > 0 { runs_per_test } else { 0 } + if args.n_gen > 0 { runs_per_test } else { 0 };
     let bar = ProgressBar::new(total_steps as u64);
-    bar.set_style(ProgressStyle::with_template("bench {msg} [{bar:30}] {pos}/{len}").map(|s| s.progress_chars("=> ")).unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_style(
+        ProgressStyle::with_template("bench {msg} [{bar:30}] {pos}/{len}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
 
     let mut tests = Vec::new();
     if args.n_prompt > 0 {
@@ -190,7 +201,9 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             let steps = if warm { &tokens[..1] } else { &tokens[..] };
             let start = Instant::now();
             for token in steps {
-                session.forward(std::slice::from_ref(token), false, None).with_context(|| format!("{name}: decode step"))?;
+                session
+                    .forward(std::slice::from_ref(token), false, None)
+                    .with_context(|| format!("{name}: decode step"))?;
             }
             let seconds = start.elapsed().as_secs_f64();
             if !warm {
@@ -213,7 +226,11 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let peak_rss = peak_rss_bytes();
     let precision = precision_name(model.precision);
     let isa = loupe_tensor::quant::Isa::active().name();
-    let model_name = model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| model.path.display().to_string());
+    let model_name = model
+        .path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| model.path.display().to_string());
     let pp = tests.iter().find(|t| t.name.starts_with("pp"));
     let tg = tests.iter().find(|t| t.name.starts_with("tg"));
     let tg_bytes_per_token = tg.map(|t| traffic.bytes_per_token(t.tokens));
@@ -221,7 +238,9 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     // Measured after peak RSS is read (the buffer would dominate it), with the engine's
     // thread count, only when there is a decode figure to set against it.
     let ceiling = (tg.is_some() && !args.no_ceiling)
-        .then(|| crate::bandwidth::measure(threads, crate::bandwidth::DEFAULT_BUFFER_BYTES, crate::bandwidth::DEFAULT_PASSES))
+        .then(|| {
+            crate::bandwidth::measure(threads, crate::bandwidth::DEFAULT_BUFFER_BYTES, crate::bandwidth::DEFAULT_PASSES)
+        })
         .flatten();
     let share = tg_read_gb_per_s.zip(ceiling).map(|(gbs, c)| gbs / c.median_gb_per_s);
     let isa_detected = loupe_tensor::quant::Isa::detected().name();
@@ -272,8 +291,12 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         });
         writeln!(out, "{obj}").context("writing stdout")?;
     } else {
-        let size_cell = size.as_ref().map(|s| format!("{:.2} MiB", s.bytes as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "-".into());
-        let params_cell = size.as_ref().map(|s| format!("{:.2} M", s.params as f64 / 1e6)).unwrap_or_else(|| "-".into());
+        let size_cell = size
+            .as_ref()
+            .map(|s| format!("{:.2} MiB", s.bytes as f64 / (1024.0 * 1024.0)))
+            .unwrap_or_else(|| "-".into());
+        let params_cell =
+            size.as_ref().map(|s| format!("{:.2} M", s.params as f64 / 1e6)).unwrap_or_else(|| "-".into());
         let backend = format!("CPU {precision} {isa}");
         let rows: Vec<[String; 7]> = tests
             .iter()
@@ -291,7 +314,8 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             .collect();
         let header = ["model", "size", "params", "backend", "threads", "test", "t/s"];
         write_table(&mut out, &header, &rows, &[1, 2, 4, 6]).context("writing stdout")?;
-        let rss = peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
+        let rss =
+            peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
         writeln!(
             out,
             "\nload {load_s:.2} s | peak RSS {rss} | KV cache {} | timed runs per test: {}, warm-up runs: {} | {}",
@@ -341,7 +365,8 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             .context("writing stdout")?;
         }
         if isa != isa_detected {
-            writeln!(out, "note: kernels forced to {isa} by LOUPE_ISA; this CPU supports {isa_detected}").context("writing stdout")?;
+            writeln!(out, "note: kernels forced to {isa} by LOUPE_ISA; this CPU supports {isa_detected}")
+                .context("writing stdout")?;
         }
     }
     out.flush().context("writing stdout")?;
@@ -373,7 +398,12 @@ fn median(runs: &[f64]) -> f64 {
 /// (computed on a helper thread during each forward pass, as the engines do), applying it,
 /// and advancing it. A grammar that completes is compiled afresh and decoding goes on, as
 /// the next request would.
-fn grammar_tests(engine: &loupe_runtime::Engine, spec: &loupe_runtime::GrammarSpec, args: &BenchArgs, bos: Option<u32>) -> anyhow::Result<GrammarCost> {
+fn grammar_tests(
+    engine: &loupe_runtime::Engine,
+    spec: &loupe_runtime::GrammarSpec,
+    args: &BenchArgs,
+    bos: Option<u32>,
+) -> anyhow::Result<GrammarCost> {
     let grammars = engine.grammars().map_err(|e| UsageError(e.to_string()))?;
     grammars.compile(spec).map_err(|e| UsageError(e.to_string()))?;
     let prompt = bench_tokens(8, bos, engine.config().vocab_size, TOKEN_SEED);
@@ -419,7 +449,11 @@ fn grammar_tests(engine: &loupe_runtime::Engine, spec: &loupe_runtime::GrammarSp
                 mask_time += t;
             }
             if i >= args.warmup {
-                if with_grammar { constrained.push(tps) } else { free.push(tps) }
+                if with_grammar {
+                    constrained.push(tps)
+                } else {
+                    free.push(tps)
+                }
             }
         }
     }
@@ -478,7 +512,10 @@ pub(crate) fn model_size(model: &Model) -> Option<ModelSize> {
 
 fn gguf_size(path: &Path) -> Option<ModelSize> {
     let g = loupe_formats::GgufFile::open(path).ok()?;
-    Some(ModelSize { bytes: g.tensors.iter().map(|t| t.size_bytes).sum(), params: g.tensors.iter().map(|t| t.n_elements()).sum() })
+    Some(ModelSize {
+        bytes: g.tensors.iter().map(|t| t.size_bytes).sum(),
+        params: g.tensors.iter().map(|t| t.n_elements()).sum(),
+    })
 }
 
 /// The process's peak resident set (`VmHWM` in /proc/self/status), in bytes; `None` where
@@ -491,7 +528,12 @@ pub(crate) fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// A Markdown table with padded columns, as llama-bench prints.
-pub(crate) fn write_table<const N: usize>(out: &mut impl Write, header: &[&str; N], rows: &[[String; N]], right_aligned: &[usize]) -> std::io::Result<()> {
+pub(crate) fn write_table<const N: usize>(
+    out: &mut impl Write,
+    header: &[&str; N],
+    rows: &[[String; N]],
+    right_aligned: &[usize],
+) -> std::io::Result<()> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -516,7 +558,11 @@ pub(crate) fn write_table<const N: usize>(out: &mut impl Write, header: &[&str; 
         format!("| {} |", padded.join(" | "))
     };
     writeln!(out, "{}", line(header.iter().map(|h| h.to_string()).collect()))?;
-    let rule: Vec<String> = widths.iter().enumerate().map(|(i, w)| if right(i) { format!("{}:", "-".repeat(w + 1)) } else { "-".repeat(w + 2) }).collect();
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| if right(i) { format!("{}:", "-".repeat(w + 1)) } else { "-".repeat(w + 2) })
+        .collect();
     writeln!(out, "|{}|", rule.join("|"))?;
     for row in rows {
         writeln!(out, "{}", line(row.to_vec()))?;

@@ -80,7 +80,17 @@ impl Drop for OwnServer {
 fn start_server(args: &BenchServeArgs, max_seqs: usize) -> anyhow::Result<(OwnServer, String)> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
-    cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--max-seqs", &max_seqs.to_string(), "--max-queue", &args.requests.max(1).to_string()]);
+    cmd.args([
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--max-seqs",
+        &max_seqs.to_string(),
+        "--max-queue",
+        &args.requests.max(1).to_string(),
+    ]);
     if let Some(m) = &args.model.model {
         cmd.arg("--model").arg(m);
     }

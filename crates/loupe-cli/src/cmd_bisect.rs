@@ -97,12 +97,29 @@ pub struct Rung {
 
 impl Rung {
     fn new(name: &'static str, subsystem: &'static str) -> Rung {
-        Rung { name, subsystem, status: "match", first_mismatch: None, near_ties: Vec::new(), detail: String::new(), tokens: None, max_logit_diff: None, logit_measure: None }
+        Rung {
+            name,
+            subsystem,
+            status: "match",
+            first_mismatch: None,
+            near_ties: Vec::new(),
+            detail: String::new(),
+            tokens: None,
+            max_logit_diff: None,
+            logit_measure: None,
+        }
     }
 
     /// Records the largest `|mine − above|` over the steps where both have the same token.
     fn logit_diff(&mut self, measure: &'static str, tokens: (&[u32], &[u32]), values: (&[f64], &[f64])) {
-        let d = tokens.0.iter().zip(tokens.1).zip(values.0.iter().zip(values.1)).filter(|((a, b), _)| a == b).map(|(_, (x, y))| (x - y).abs()).fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
+        let d = tokens
+            .0
+            .iter()
+            .zip(tokens.1)
+            .zip(values.0.iter().zip(values.1))
+            .filter(|((a, b), _)| a == b)
+            .map(|(_, (x, y))| (x - y).abs())
+            .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))));
         self.max_logit_diff = d;
         self.logit_measure = Some(measure);
     }
@@ -144,7 +161,11 @@ const MIN_PATH_NOISE: f64 = 1e-6;
 
 /// Log-probability of `tokens[i]` under row `i` of `logits` (`vocab` wide).
 fn logprobs_of(logits: &[f32], vocab: usize, tokens: &[u32]) -> Vec<f64> {
-    logits.chunks(vocab).zip(tokens).map(|(row, &t)| f64::from(loupe_runtime::TokenLogprobs::from_logits(row, t, 0).logprob)).collect()
+    logits
+        .chunks(vocab)
+        .zip(tokens)
+        .map(|(row, &t)| f64::from(loupe_runtime::TokenLogprobs::from_logits(row, t, 0).logprob))
+        .collect()
 }
 
 /// Argmax and top-1/top-2 gap of each row of `logits` (`vocab` wide).
@@ -153,7 +174,8 @@ fn argmax_margins(logits: &[f32], vocab: usize) -> (Vec<u32>, Vec<f64>) {
         .chunks(vocab)
         .map(|row| {
             let best = argmax(row) as usize;
-            let second = row.iter().enumerate().filter(|(i, _)| *i != best).map(|(_, v)| *v).fold(f32::NEG_INFINITY, f32::max);
+            let second =
+                row.iter().enumerate().filter(|(i, _)| *i != best).map(|(_, v)| *v).fold(f32::NEG_INFINITY, f32::max);
             (best as u32, f64::from(row[best]) - f64::from(second))
         })
         .unzip()
@@ -179,7 +201,8 @@ fn judge(rung: &mut Rung, base: &[u32], other: &[u32], margins: &[f64], tie: f64
         }
         rung.status = "diverged";
         rung.first_mismatch = Some(k);
-        rung.detail = format!("step {k}: token {b} instead of {a} (top-1/top-2 gap {gap:.3} above the tie threshold {tie})");
+        rung.detail =
+            format!("step {k}: token {b} instead of {a} (top-1/top-2 gap {gap:.3} above the tie threshold {tie})");
         return;
     }
     if other.len() < base.len() {
@@ -189,7 +212,11 @@ fn judge(rung: &mut Rung, base: &[u32], other: &[u32], margins: &[f64], tie: f64
         return;
     }
     if rung.detail.is_empty() {
-        rung.detail = if rung.near_ties.is_empty() { format!("{} steps identical", base.len()) } else { format!("identical except near ties at steps {:?}", rung.near_ties) };
+        rung.detail = if rung.near_ties.is_empty() {
+            format!("{} steps identical", base.len())
+        } else {
+            format!("identical except near ties at steps {:?}", rung.near_ties)
+        };
     }
 }
 
@@ -213,7 +240,12 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let prompt = engine.prompt_tokens(&args.input.prompt()).map_err(cli_error)?;
     let k = args.steps;
     if prompt.len() + k > engine.context_length() {
-        return Err(UsageError(format!("{} prompt tokens + {k} steps exceed the context window of {}", prompt.len(), engine.context_length())).into());
+        return Err(UsageError(format!(
+            "{} prompt tokens + {k} steps exceed the context window of {}",
+            prompt.len(),
+            engine.context_length()
+        ))
+        .into());
     }
     let vocab = engine.config().vocab_size;
 
@@ -262,7 +294,11 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
             reference.detail = "transformers' argmax along loupe's tokens".into();
             reference.tokens = Some(ref_argmax.clone());
             judge(&mut tf, &ref_argmax, &tf_argmax, &ref_margins, args.tie, false);
-            tf.logit_diff("top-1 logit", (&tf_argmax, &ref_argmax), (&tf_top1, r.top1.get(start..).unwrap_or_default()));
+            tf.logit_diff(
+                "top-1 logit",
+                (&tf_argmax, &ref_argmax),
+                (&tf_top1, r.top1.get(start..).unwrap_or_default()),
+            );
         }
     } else {
         reference = reference.skipped("--reference none");
@@ -302,7 +338,12 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         next_step: None,
         first_divergent_tensor: None,
         likely_cause: None,
-        pieces: rungs.iter().filter_map(|r| r.tokens.as_ref()).flatten().map(|&t| (t, engine.tokenizer().decode(&[t], false).unwrap_or_default())).collect(),
+        pieces: rungs
+            .iter()
+            .filter_map(|r| r.tokens.as_ref())
+            .flatten()
+            .map(|&t| (t, engine.tokenizer().decode(&[t], false).unwrap_or_default()))
+            .collect(),
         rungs,
     };
     if let Some(r) = ladder.rungs.iter().find(|r| r.status == "diverged") {
@@ -342,14 +383,32 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
 
 /// The batched rung: the prompt among three neighbours with a small token budget per step
 /// (so prefill is chunked), then once more alone, when its prompt blocks are cached.
-fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], inc_logprobs: &[f64], path_noise: f64, tie: f64) -> Rung {
+fn batched_rung(
+    engine: &Engine,
+    prompt: &[u32],
+    g: &[u32],
+    margins: &[f64],
+    inc_logprobs: &[f64],
+    path_noise: f64,
+    tie: f64,
+) -> Rung {
     let mut rung = Rung::new("batched", "batching / scheduler (neighbours, chunked prefill, prefix cache)");
-    let greedy = |p: Vec<u32>, n: usize| SeqRequest { prompt: p, max_tokens: n, sampling: SamplingParams::default(), stop_ids: Vec::new(), logprobs: Some(0), grammar: None, fast_forward: false };
+    let greedy = |p: Vec<u32>, n: usize| SeqRequest {
+        prompt: p,
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        stop_ids: Vec::new(),
+        logprobs: Some(0),
+        grammar: None,
+        fast_forward: false,
+    };
     let vocab = engine.config().vocab_size as u64;
     let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"
-    let neighbours: Vec<Vec<u32>> = [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect();
+    let neighbours: Vec<Vec<u32>> =
+        [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect();
     // Blocks of 4 positions: even a short prompt leaves whole blocks for the prefix cache.
-    let config = BatchConfig { max_batch_tokens: 24, max_seqs: 8, block_size: 4, prefix_cache: true, ..BatchConfig::default() };
+    let config =
+        BatchConfig { max_batch_tokens: 24, max_seqs: 8, block_size: 4, prefix_cache: true, ..BatchConfig::default() };
     // Steps until every request is done; the first request's tokens, their log-probs, and
     // its prompt tokens served from the prefix cache.
     let run_first = |be: &mut BatchEngine, reqs: Vec<SeqRequest>| -> Result<(Vec<u32>, Vec<f64>, usize), String> {
@@ -388,7 +447,11 @@ fn batched_rung(engine: &Engine, prompt: &[u32], g: &[u32], margins: &[f64], inc
             // NaN is a fault too, hence not `<=`.
             let beyond = |d: f64| d.is_nan() || d > BATCHED_NOISE_FACTOR * path_noise;
             if rung.status == "match" && beyond(diff) {
-                let step = with_neighbours.iter().zip(g).zip(logprobs.iter().zip(inc_logprobs)).position(|((a, b), (x, y))| a == b && beyond((x - y).abs()));
+                let step = with_neighbours
+                    .iter()
+                    .zip(g)
+                    .zip(logprobs.iter().zip(inc_logprobs))
+                    .position(|((a, b), (x, y))| a == b && beyond((x - y).abs()));
                 rung.status = "diverged";
                 rung.first_mismatch = step;
                 rung.detail = format!(
@@ -432,7 +495,12 @@ impl Drop for Server {
 fn start_server(model: &ModelArgs, faults: &[Fault]) -> anyhow::Result<Server> {
     let exe = std::env::current_exe().context("cannot find the loupe binary")?;
     let mut cmd = Command::new(exe);
-    cmd.arg("serve").arg("--model").arg(model.model.as_deref().unwrap_or(Path::new(""))).args(["--host", "127.0.0.1", "--port", "0"]);
+    cmd.arg("serve").arg("--model").arg(model.model.as_deref().unwrap_or(Path::new(""))).args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+    ]);
     if let Some(p) = model.precision {
         cmd.args(["--precision", precision_name(p.into())]);
     }
@@ -500,7 +568,8 @@ fn served_rung(model: &ModelArgs, faults: &[Fault], prompt: &[u32], k: usize, wa
         let models: serde_json::Value = serde_json::from_str(&http(&server.addr, "GET", "/v1/models", None)?)?;
         let id = models["data"][0]["id"].as_str().unwrap_or("").to_string();
         let req = |stream: bool| serde_json::json!({"model": id, "prompt": prompt, "max_tokens": k, "temperature": 0, "ignore_eos": true, "stream": stream});
-        let plain: serde_json::Value = serde_json::from_str(&http(&server.addr, "POST", "/v1/completions", Some(&req(false)))?)?;
+        let plain: serde_json::Value =
+            serde_json::from_str(&http(&server.addr, "POST", "/v1/completions", Some(&req(false)))?)?;
         let text = plain["choices"][0]["text"].as_str().unwrap_or("").to_string();
         let events = http(&server.addr, "POST", "/v1/completions", Some(&req(true)))?;
         let mut streamed = String::new();
@@ -530,7 +599,14 @@ fn served_rung(model: &ModelArgs, faults: &[Fault], prompt: &[u32], k: usize, wa
 }
 
 /// Dumps both sides teacher-forced through `step` and compares them there.
-fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g: &[u32], step: usize, debug: &DebugOptions) -> anyhow::Result<loupe_parity::Report> {
+fn graph_comparison(
+    args: &BisectArgs,
+    model: &Path,
+    precision: PrecisionArg,
+    g: &[u32],
+    step: usize,
+    debug: &DebugOptions,
+) -> anyhow::Result<loupe_parity::Report> {
     let tmp;
     let root = match &args.output {
         Some(d) => {
@@ -544,7 +620,13 @@ fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g:
     };
     let forced = &g[..step];
     let (ref_dir, our_dir) = (root.join("reference"), root.join("loupe"));
-    let req = crate::reference::DumpRequest { layers: "all", taps: &[], steps: step, teacher_force: (step > 0).then_some(forced), dtype: None };
+    let req = crate::reference::DumpRequest {
+        layers: "all",
+        taps: &[],
+        steps: step,
+        teacher_force: (step > 0).then_some(forced),
+        dtype: None,
+    };
     crate::reference::dump(model, &args.input, &req, &ref_dir)?;
     let job = DumpJob {
         model: ModelArgs { model: Some(model.to_path_buf()), precision: Some(precision), ..args.model.clone() },
@@ -564,7 +646,11 @@ fn graph_comparison(args: &BisectArgs, model: &Path, precision: PrecisionArg, g:
     let opts = CompareOptions { step: Some(step as u32), per_token: html, per_dim: html, ..CompareOptions::default() };
     let report = compare(&ref_dir, &our_dir, &opts, &mut NoProgress)?;
     if args.json.as_deref().is_none_or(|p| p.as_os_str() != "-") {
-        println!("per-tensor comparison at decode step {step} (reference {} vs loupe {}):", ref_dir.display(), our_dir.display());
+        println!(
+            "per-tensor comparison at decode step {step} (reference {} vs loupe {}):",
+            ref_dir.display(),
+            our_dir.display()
+        );
         print!("{}", render(&report, RenderOptions::default()));
         println!();
     }
@@ -581,7 +667,12 @@ fn print(ladder: &Ladder, args: &BisectArgs) -> anyhow::Result<()> {
         Some(p) => std::fs::write(p, json + "\n").with_context(|| p.display().to_string())?,
         None => {}
     }
-    println!("bisect ladder: {} prompt tokens, {} greedy steps, precision {}", ladder.prompt_tokens.len(), ladder.steps, ladder.precision);
+    println!(
+        "bisect ladder: {} prompt tokens, {} greedy steps, precision {}",
+        ladder.prompt_tokens.len(),
+        ladder.steps,
+        ladder.precision
+    );
     for (i, r) in ladder.rungs.iter().enumerate() {
         let mark = match r.status {
             "match" => "ok",

@@ -91,7 +91,9 @@ impl Progress for Bar {
     fn start(&mut self, pairs: usize, bytes: u64) {
         if pairs >= BAR_MIN_PAIRS || bytes >= BAR_MIN_BYTES {
             let bar = ProgressBar::new(bytes);
-            if let Ok(style) = ProgressStyle::with_template("{spinner} comparing [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}") {
+            if let Ok(style) = ProgressStyle::with_template(
+                "{spinner} comparing [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+            ) {
                 bar.set_style(style.progress_chars("=> "));
             }
             self.0 = Some(bar);
@@ -153,7 +155,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
     };
     let calibration = match args.calibrate.as_deref() {
         Some([high, low]) => {
-            loupe_parity::calibrate::check_factor(args.calibration_factor).map_err(|e| anyhow::anyhow!("--calibration-factor: {e}"))?;
+            loupe_parity::calibrate::check_factor(args.calibration_factor)
+                .map_err(|e| anyhow::anyhow!("--calibration-factor: {e}"))?;
             Some(Calibration::from_paths(high, low, args.calibration_factor, &mut Bar(None))?)
         }
         _ => None,
@@ -177,7 +180,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<u8> {
     }
     match &args.json {
         Some(_) if json_to_stdout => writeln!(out, "{}", to_json(&report))?,
-        Some(path) => std::fs::write(path, to_json(&report) + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+        Some(path) => {
+            std::fs::write(path, to_json(&report) + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
         None => {}
     }
     if let Some(path) = &args.html {

@@ -66,7 +66,10 @@ pub fn run(args: EmbedArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             std::io::stdin().lock().lines().collect::<Result<_, _>>().context("reading standard input")?
         } else {
             let f = std::fs::File::open(path).map_err(|e| UsageError(format!("--file {}: {e}", path.display())))?;
-            std::io::BufReader::new(f).lines().collect::<Result<_, _>>().with_context(|| format!("reading {}", path.display()))?
+            std::io::BufReader::new(f)
+                .lines()
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("reading {}", path.display()))?
         };
         texts.extend(lines.into_iter().filter(|l| !l.trim().is_empty()));
     }

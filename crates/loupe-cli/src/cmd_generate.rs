@@ -87,10 +87,12 @@ impl GrammarArgs {
     /// The grammar asked for, read from its file; a file that is missing or not JSON is a
     /// usage error naming it.
     pub fn spec(&self) -> Result<Option<GrammarSpec>, UsageError> {
-        let read = |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| UsageError(format!("{}: {e}", p.display())));
+        let read =
+            |p: &std::path::Path| std::fs::read_to_string(p).map_err(|e| UsageError(format!("{}: {e}", p.display())));
         Ok(if let Some(p) = &self.json_schema {
             let text = read(p)?;
-            let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| UsageError(format!("{}: not JSON: {e}", p.display())))?;
+            let schema: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| UsageError(format!("{}: not JSON: {e}", p.display())))?;
             Some(GrammarSpec::JsonSchema(schema))
         } else if self.json_object {
             Some(GrammarSpec::JsonObject)
@@ -100,7 +102,9 @@ impl GrammarArgs {
             Some(GrammarSpec::Lark(read(p)?))
         } else {
             if self.fast_forward {
-                return Err(UsageError("--fast-forward needs a grammar (--json-schema, --json-object, --regex or --grammar)".into()));
+                return Err(UsageError(
+                    "--fast-forward needs a grammar (--json-schema, --json-object, --regex or --grammar)".into(),
+                ));
             }
             None
         })
@@ -121,12 +125,20 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     sampling.validate().map_err(UsageError)?;
     let grammar = args.grammar.spec()?;
     let profiler = args.profile.profiler()?;
-    let engine = load(&args.model, Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) }, debug)?;
+    let engine = load(
+        &args.model,
+        Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) },
+        debug,
+    )?;
     let prompt = Prompt { text: &args.prompt, chat: args.chat, system: args.system.as_deref() };
     let prompt_tokens = engine.prompt_tokens(&prompt).map_err(cli_error)?;
     let context = engine.config().max_position_embeddings;
     if prompt_tokens.len() >= context {
-        return Err(UsageError(format!("prompt: {} tokens do not fit the context window of {context} tokens", prompt_tokens.len())).into());
+        return Err(UsageError(format!(
+            "prompt: {} tokens do not fit the context window of {context} tokens",
+            prompt_tokens.len()
+        ))
+        .into());
     }
     let request = GenerateRequest {
         prompt_tokens: prompt_tokens.clone(),
@@ -147,7 +159,9 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         }
     };
     let result = engine.generate_tokens(&request, &mut on_text).map_err(|e| match e {
-        RuntimeError::PromptTooLong { .. } | RuntimeError::InvalidRequest(_) | RuntimeError::Constraint(ConstraintError::Invalid { .. }) => anyhow::Error::from(UsageError(e.to_string())),
+        RuntimeError::PromptTooLong { .. }
+        | RuntimeError::InvalidRequest(_)
+        | RuntimeError::Constraint(ConstraintError::Invalid { .. }) => anyhow::Error::from(UsageError(e.to_string())),
         other => anyhow::Error::from(other),
     })?;
     if json {
@@ -169,7 +183,10 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         result.finish_reason.as_str()
     );
     if let Some((n, t)) = result.masks {
-        eprintln!("loupe: grammar masks {n}, {:.3} ms each (computed during the forward passes)", t.as_secs_f64() * 1e3 / n.max(1) as f64);
+        eprintln!(
+            "loupe: grammar masks {n}, {:.3} ms each (computed during the forward passes)",
+            t.as_secs_f64() * 1e3 / n.max(1) as f64
+        );
     }
     std::io::stdout().flush().context("writing stdout")?;
     args.profile.report(profiler.as_ref())

@@ -23,16 +23,28 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         return Err(UsageError(format!("{}: no such file or directory", path.display())).into());
     }
     let mut magic = [0u8; 4];
-    let is_gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF";
+    let is_gguf = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+        && &magic == b"GGUF";
     if is_gguf {
         let g = GgufFile::open(path).map_err(|e| UsageError(e.to_string()))?;
         if args.json {
-            let meta: serde_json::Map<String, serde_json::Value> = g.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.to_string()))).collect();
+            let meta: serde_json::Map<String, serde_json::Value> =
+                g.metadata.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.to_string()))).collect();
             let tensors: Vec<_> = g.tensors.iter().map(|t| serde_json::json!({"name": t.name, "dtype": t.ggml_type.name(), "shape": t.shape(), "offset": t.offset, "bytes": t.size_bytes})).collect();
-            println!("{}", serde_json::json!({"format": "gguf", "version": g.version, "metadata": meta, "tensors": tensors}));
+            println!(
+                "{}",
+                serde_json::json!({"format": "gguf", "version": g.version, "metadata": meta, "tensors": tensors})
+            );
             return Ok(());
         }
-        println!("{}: GGUF v{}, {} metadata keys, {} tensors, alignment {}", path.display(), g.version, g.metadata.len(), g.tensors.len(), g.alignment);
+        println!(
+            "{}: GGUF v{}, {} metadata keys, {} tensors, alignment {}",
+            path.display(),
+            g.version,
+            g.metadata.len(),
+            g.tensors.len(),
+            g.alignment
+        );
         println!("\nmetadata:");
         for (k, v) in &g.metadata {
             println!("  {k} = {v}");
@@ -48,12 +60,18 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     }
     let name = path.to_string_lossy();
     if !name.ends_with(".safetensors") {
-        return Err(UsageError(format!("{}: not a GGUF file (bad magic) and not a .safetensors file", path.display())).into());
+        return Err(
+            UsageError(format!("{}: not a GGUF file (bad magic) and not a .safetensors file", path.display())).into()
+        );
     }
     let st = SafetensorsFile::open(path).map_err(|e| UsageError(e.to_string()))?;
-    let infos: Vec<(&str, String, &[usize])> = st.tensors.iter().map(|t| (t.name.as_str(), format!("{:?}", t.dtype), t.shape.as_slice())).collect();
+    let infos: Vec<(&str, String, &[usize])> =
+        st.tensors.iter().map(|t| (t.name.as_str(), format!("{:?}", t.dtype), t.shape.as_slice())).collect();
     if args.json {
-        let tensors: Vec<_> = infos.iter().map(|(n, dtype, shape)| serde_json::json!({"name": n, "dtype": dtype, "shape": shape})).collect();
+        let tensors: Vec<_> = infos
+            .iter()
+            .map(|(n, dtype, shape)| serde_json::json!({"name": n, "dtype": dtype, "shape": shape}))
+            .collect();
         println!("{}", serde_json::json!({"format": "safetensors", "metadata": st.metadata, "tensors": tensors}));
         return Ok(());
     }

@@ -12,8 +12,8 @@ use loupe_parity::{compare, Calibration, CompareOptions, Manifest, NoProgress, T
 use loupe_graph::debug::DebugOptions;
 
 use crate::args::{parse_layers, ModelArgs, PrecisionArg, PromptArgs};
-use crate::taps::{dump, DumpJob, Style};
 use crate::load::model_path;
+use crate::taps::{dump, DumpJob, Style};
 use crate::UsageError;
 
 /// The dumper guard (docs/parity-protocol.md, step 1): on a correct model the embeddings must
@@ -124,7 +124,8 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let precision = args.model.precision.unwrap_or(PrecisionArg::F32);
     let calibration_dtype = args.calibration_dtype.unwrap_or(CalibrationDtype::for_precision(precision));
     if args.calibrated {
-        loupe_parity::calibrate::check_factor(args.calibration_factor).map_err(|e| UsageError(format!("--calibration-factor: {e}")))?;
+        loupe_parity::calibrate::check_factor(args.calibration_factor)
+            .map_err(|e| UsageError(format!("--calibration-factor: {e}")))?;
     }
     let dump_dir = |flag: &str, p: &Path| -> anyhow::Result<PathBuf> {
         if p.join("manifest.json").is_file() {
@@ -160,7 +161,12 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     let loupe_dir = root.join("loupe");
     eprintln!("loupe: dumping loupe's side to {}", loupe_dir.display());
     let job = DumpJob {
-        model: ModelArgs { model: Some(model.clone()), precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)), threads: args.model.threads, kv_dtype: args.model.kv_dtype },
+        model: ModelArgs {
+            model: Some(model.clone()),
+            precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)),
+            threads: args.model.threads,
+            kv_dtype: args.model.kv_dtype,
+        },
         input: args.input.clone(),
         layers: parse_layers(&args.layers)?,
         taps: args.taps.clone(),
@@ -201,7 +207,13 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
         None => None,
     };
     let html = args.html.is_some();
-    let opts = CompareOptions { thresholds: Thresholds { cos: args.cos, ..Thresholds::default() }, calibration, per_token: html, per_dim: html, ..CompareOptions::default() };
+    let opts = CompareOptions {
+        thresholds: Thresholds { cos: args.cos, ..Thresholds::default() },
+        calibration,
+        per_token: html,
+        per_dim: html,
+        ..CompareOptions::default()
+    };
     let report = compare(&reference_dir, &loupe_dir, &opts, &mut NoProgress)?;
     let json_stdout = args.json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if !json_stdout {
@@ -217,8 +229,14 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     }
 
     // Step 1's guard, part two: embeddings equal, every layer close.
-    let cos_of = |name: &str| report.pairs.iter().find(|p| p.name == name && p.step == 0).and_then(|p| p.metrics.as_ref()).map(|m| m.cosine);
-    let embed = report.pairs.iter().find(|p| p.step == 0 && loupe_parity::names::is_embedding(&p.name)).and_then(|p| cos_of(&p.name));
+    let cos_of = |name: &str| {
+        report.pairs.iter().find(|p| p.name == name && p.step == 0).and_then(|p| p.metrics.as_ref()).map(|m| m.cosine)
+    };
+    let embed = report
+        .pairs
+        .iter()
+        .find(|p| p.step == 0 && loupe_parity::names::is_embedding(&p.name))
+        .and_then(|p| cos_of(&p.name));
     let layers: Vec<(String, f64)> = report
         .pairs
         .iter()
@@ -248,6 +266,12 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
 /// Runs the Python reference dumper with the same prompt, layers, taps and steps (in f32,
 /// or in `dtype` for a calibration run).
 fn run_reference(args: &ParityArgs, model: &Path, out: &Path, dtype: Option<CalibrationDtype>) -> anyhow::Result<()> {
-    let req = crate::reference::DumpRequest { layers: &args.layers, taps: &args.taps, steps: args.steps, teacher_force: None, dtype: dtype.map(CalibrationDtype::name) };
+    let req = crate::reference::DumpRequest {
+        layers: &args.layers,
+        taps: &args.taps,
+        steps: args.steps,
+        teacher_force: None,
+        dtype: dtype.map(CalibrationDtype::name),
+    };
     crate::reference::dump(model, &args.input, &req, out)
 }

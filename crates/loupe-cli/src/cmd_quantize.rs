@@ -52,7 +52,13 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         let readable = std::fs::File::open(input).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
         match readable {
             Err(e) => return Err(UsageError(format!("{}: {e}", input.display())).into()),
-            Ok(()) if &magic != b"GGUF" => return Err(UsageError(format!("{}: not a GGUF file (loupe quantize reads a GGUF or a Hugging Face checkpoint directory)", input.display())).into()),
+            Ok(()) if &magic != b"GGUF" => {
+                return Err(UsageError(format!(
+                    "{}: not a GGUF file (loupe quantize reads a GGUF or a Hugging Face checkpoint directory)",
+                    input.display()
+                ))
+                .into())
+            }
             Ok(()) => {}
         }
     }
@@ -73,7 +79,11 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
             eprintln!("loupe quantize: {done}/{total} tensors ({:.1} s)", started.elapsed().as_secs_f64());
         }
     };
-    let report = if dir { quantize_hf_dir(input, &args.output, target, !args.all, progress) } else { quantize_gguf(input, &args.output, target, !args.all, progress) }
+    let report = if dir {
+        quantize_hf_dir(input, &args.output, target, !args.all, progress)
+    } else {
+        quantize_gguf(input, &args.output, target, !args.all, progress)
+    }
     .map_err(|e| anyhow::anyhow!(e))?;
     let count = |f: fn(&TensorFate) -> bool| report.tensors.iter().filter(|(_, fate)| f(fate)).count();
     let quantized = count(|f| matches!(f, TensorFate::Quantized { .. }));
@@ -120,7 +130,11 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         })
         .collect();
     if !embeddings.is_empty() {
-        eprintln!("loupe quantize: embeddings kept at 8 bits: {} (--all quantizes them to {})", embeddings.join(", "), target.name());
+        eprintln!(
+            "loupe quantize: embeddings kept at 8 bits: {} (--all quantizes them to {})",
+            embeddings.join(", "),
+            target.name()
+        );
     }
     if !kept.is_empty() {
         eprintln!("loupe quantize: kept in their type: {}", kept.join(", "));

@@ -98,7 +98,8 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         drop_last_stream_delta: args.inject.iter().any(|f| f.class == loupe_graph::FaultClass::StreamDropLast),
         reasoning_parser: args.reasoning_parser,
     };
-    let faults: Vec<loupe_graph::Fault> = args.inject.iter().filter(|f| f.class.subsystem() != loupe_graph::Subsystem::Server).copied().collect();
+    let faults: Vec<loupe_graph::Fault> =
+        args.inject.iter().filter(|f| f.class.subsystem() != loupe_graph::Subsystem::Server).copied().collect();
     if !args.inject.is_empty() {
         let list: Vec<String> = args.inject.iter().map(|f| f.to_string()).collect();
         eprintln!("loupe serve: warning: planted faults: {} (this server is wrong on purpose)", list.join(", "));
@@ -112,7 +113,12 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let delay = Duration::from_millis(args.load_delay_ms);
     loupe_server::serve(options, move || {
         std::thread::sleep(delay);
-        load(&model, Load { profiler: load_profiler, faults, ..Load::new(model.precision_or(PrecisionArg::Native)) }, &debug).map_err(|e| crate::one_line(&e))
+        load(
+            &model,
+            Load { profiler: load_profiler, faults, ..Load::new(model.precision_or(PrecisionArg::Native)) },
+            &debug,
+        )
+        .map_err(|e| crate::one_line(&e))
     })?;
     // After a graceful shutdown (SIGINT/SIGTERM with every request done in time).
     args.profile.report(profiler.as_ref())

@@ -15,7 +15,8 @@ use crate::UsageError;
 /// Resolves the options (`--debug` > environment > `./loupe.toml`), prints warnings for
 /// unknown ones and acts on the process-level ones (backtraces, crash handlers).
 pub fn configure(flags: &[String]) -> anyhow::Result<DebugOptions> {
-    let resolved = debug_config::resolve_sources(Path::new("."), flags, Vec::new(), true).map_err(|e| UsageError(e.to_string()))?;
+    let resolved = debug_config::resolve_sources(Path::new("."), flags, Vec::new(), true)
+        .map_err(|e| UsageError(e.to_string()))?;
     for w in &resolved.warnings {
         eprintln!("{w}");
     }
@@ -53,13 +54,20 @@ pub fn report_error(e: &anyhow::Error, one_line: &str, opts: &DebugOptions) {
         if bt.status() == std::backtrace::BacktraceStatus::Captured {
             eprintln!("stack backtrace (where the error was created):\n{bt}");
         } else {
-            eprintln!("stack backtrace (where the error was reported):\n{}", std::backtrace::Backtrace::force_capture());
+            eprintln!(
+                "stack backtrace (where the error was reported):\n{}",
+                std::backtrace::Backtrace::force_capture()
+            );
         }
     }
 }
 
 fn graph_error(e: &anyhow::Error) -> Option<&GraphError> {
-    e.chain().find_map(|c| c.downcast_ref::<GraphError>().or_else(|| c.downcast_ref::<RuntimeError>().and_then(|r| if let RuntimeError::Graph(g) = r { Some(g) } else { None })))
+    e.chain().find_map(|c| {
+        c.downcast_ref::<GraphError>().or_else(|| {
+            c.downcast_ref::<RuntimeError>().and_then(|r| if let RuntimeError::Graph(g) = r { Some(g) } else { None })
+        })
+    })
 }
 
 /// The text of `file:line:col`, read from the working directory or the source tree loupe
@@ -77,7 +85,13 @@ fn source_line(loc: &str) -> Option<String> {
 pub mod crash {
     use std::sync::Once;
 
-    const SIGNALS: [(libc::c_int, &str); 5] = [(libc::SIGSEGV, "SIGSEGV"), (libc::SIGBUS, "SIGBUS"), (libc::SIGILL, "SIGILL"), (libc::SIGFPE, "SIGFPE"), (libc::SIGABRT, "SIGABRT")];
+    const SIGNALS: [(libc::c_int, &str); 5] = [
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGABRT, "SIGABRT"),
+    ];
     const MAX_FRAMES: usize = 64;
     static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     const ALT_STACK_BYTES: usize = 256 * 1024;
@@ -204,7 +218,11 @@ pub mod crash {
                 }
                 libc::raise(libc::SIGBUS);
             },
-            other => return Err(crate::UsageError(format!("__crash: unknown kind '{other}' (segv, abort, ill, fpe, bus)")).into()),
+            other => {
+                return Err(
+                    crate::UsageError(format!("__crash: unknown kind '{other}' (segv, abort, ill, fpe, bus)")).into()
+                )
+            }
         }
         Err(anyhow::anyhow!("__crash {kind}: the process survived"))
     }

@@ -56,7 +56,11 @@ pub fn load(args: &ModelArgs, what: Load, debug: &DebugOptions) -> anyhow::Resul
     }
     let path = model_path(args.model.as_deref())?;
     let bar = ProgressBar::new(0);
-    bar.set_style(ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}").map(|s| s.progress_chars("=> ")).unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {bytes}/{total_bytes}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
     let progress = |done: u64, total: u64| {
         bar.set_length(total);

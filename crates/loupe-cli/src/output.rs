@@ -16,7 +16,8 @@ pub fn check_output_file(flag: &str, path: &Path) -> anyhow::Result<()> {
 
 /// Writes the HTML report of a comparison and says where on stderr.
 pub fn write_html(path: &Path, report: &loupe_parity::Report) -> anyhow::Result<()> {
-    std::fs::write(path, loupe_parity::html::to_html(report)).map_err(|e| anyhow::anyhow!("--html {}: {e}", path.display()))?;
+    std::fs::write(path, loupe_parity::html::to_html(report))
+        .map_err(|e| anyhow::anyhow!("--html {}: {e}", path.display()))?;
     eprintln!("loupe: wrote the HTML report to {}", path.display());
     Ok(())
 }

@@ -38,7 +38,11 @@ fn require(model: &Path) -> anyhow::Result<()> {
             }
         }
     }
-    let ok = Command::new("python3").args(["-c", "import loupe_reference"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let ok = Command::new("python3")
+        .args(["-c", "import loupe_reference"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     if ok {
         Ok(())
     } else {
@@ -120,11 +124,16 @@ pub fn teacher_force(model: &Path, input: &PromptArgs, tokens: &[u32]) -> anyhow
     require(model)?;
     let mut cmd = command("teacher-force", model, input);
     cmd.args(["--tokens", &ids(tokens), "--top-logits", "2"]);
-    eprintln!("loupe: running the transformers reference (python -m loupe_reference teacher-force); loading takes ~20 s");
+    eprintln!(
+        "loupe: running the transformers reference (python -m loupe_reference teacher-force); loading takes ~20 s"
+    );
     let out = run(cmd, "teacher-force")?;
     let line = out.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or("");
-    let v: serde_json::Value = serde_json::from_str(line).with_context(|| format!("the reference printed no JSON line: {out}"))?;
-    let list = |k: &str| -> Vec<u32> { v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect()).unwrap_or_default() };
+    let v: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("the reference printed no JSON line: {out}"))?;
+    let list = |k: &str| -> Vec<u32> {
+        v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect()).unwrap_or_default()
+    };
     let margins = v["top_logits"]
         .as_array()
         .map(|rows| {
@@ -139,6 +148,11 @@ pub fn teacher_force(model: &Path, input: &PromptArgs, tokens: &[u32]) -> anyhow
                 .collect()
         })
         .unwrap_or_default();
-    let top1 = v["top_logits"].as_array().map(|rows| rows.iter().map(|r| r.get(0).and_then(|p| p.get(1)).and_then(|x| x.as_f64()).unwrap_or(f64::NAN)).collect()).unwrap_or_default();
+    let top1 = v["top_logits"]
+        .as_array()
+        .map(|rows| {
+            rows.iter().map(|r| r.get(0).and_then(|p| p.get(1)).and_then(|x| x.as_f64()).unwrap_or(f64::NAN)).collect()
+        })
+        .unwrap_or_default();
     Ok(TeacherForced { prompt_tokens: list("prompt_tokens"), argmax: list("argmax"), margins, top1 })
 }

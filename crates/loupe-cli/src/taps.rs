@@ -62,7 +62,10 @@ pub struct TapFilter(Vec<Regex>);
 
 impl TapFilter {
     pub fn new(patterns: &[String]) -> anyhow::Result<TapFilter> {
-        let res = patterns.iter().map(|p| Regex::new(p).map_err(|e| UsageError(format!("--taps '{p}': {e}")).into())).collect::<anyhow::Result<Vec<_>>>()?;
+        let res = patterns
+            .iter()
+            .map(|p| Regex::new(p).map_err(|e| UsageError(format!("--taps '{p}': {e}")).into()))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(TapFilter(res))
     }
 
@@ -91,7 +94,14 @@ impl DumpObserver {
     fn write(&mut self, info: &ValueInfo, shape: &[usize], data: &[f32]) -> anyhow::Result<()> {
         let (style, digits) = match &mut self.sink {
             Sink::Files(w) => {
-                let c = Capture { name: &info.name, aliases: &info.aliases, step: self.step as u32, shape, axes: &info.axes, data };
+                let c = Capture {
+                    name: &info.name,
+                    aliases: &info.aliases,
+                    step: self.step as u32,
+                    shape,
+                    axes: &info.axes,
+                    data,
+                };
                 w.capture(&c)?;
                 return Ok(());
             }
@@ -166,7 +176,11 @@ pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
     let engine = load(&args.model, what, debug)?;
     let tokens = engine.prompt_tokens(&args.input.prompt()).map_err(cli_error)?;
     if engine.is_encoder() && (args.steps > 0 || args.input.chat || args.input.system.is_some()) {
-        return Err(UsageError(format!("{} is an encoder: it runs its input once (no --steps, no chat template)", engine.path().display())).into());
+        return Err(UsageError(format!(
+            "{} is an encoder: it runs its input once (no --steps, no chat template)",
+            engine.path().display()
+        ))
+        .into());
     }
 
     let file_style = match style {
@@ -178,7 +192,9 @@ pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
     let sink = match (&args.output, file_style) {
         // Tensors go into a staging directory beside `out`; only `finish` puts the dump in
         // place, and dropping the writer on an error removes everything.
-        (Some(out), Some(fs)) => Sink::Files(DumpWriter::create(out, "loupe", fs).map_err(|e| UsageError(e.to_string()))?),
+        (Some(out), Some(fs)) => {
+            Sink::Files(DumpWriter::create(out, "loupe", fs).map_err(|e| UsageError(e.to_string()))?)
+        }
         (None, Some(_)) => return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into()),
         (_, None) => Sink::Print { style, digits: args.digits },
     };
@@ -209,13 +225,30 @@ pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
 }
 
 /// Prefill (step 0), then `steps` decode steps; returns the tokens fed at the decode steps.
-fn drive(engine: &Engine, prompt: &[u32], steps: usize, forced: Option<&[u32]>, obs: &mut DumpObserver) -> anyhow::Result<Vec<u32>> {
+fn drive(
+    engine: &Engine,
+    prompt: &[u32],
+    steps: usize,
+    forced: Option<&[u32]>,
+    obs: &mut DumpObserver,
+) -> anyhow::Result<Vec<u32>> {
     let mut session = engine.session(prompt.len() + steps + 1);
     if prompt.len() + steps >= session.capacity() {
-        return Err(UsageError(format!("prompt: {} tokens + {steps} steps do not fit the context window of {}", prompt.len(), session.capacity())).into());
+        return Err(UsageError(format!(
+            "prompt: {} tokens + {steps} steps do not fit the context window of {}",
+            prompt.len(),
+            session.capacity()
+        ))
+        .into());
     }
     obs.step = 0;
-    let mut next = argmax(session.forward(prompt, true, Some(obs as &mut dyn Observer))?.rchunks(engine.config().vocab_size).next().unwrap_or(&[]));
+    let mut next = argmax(
+        session
+            .forward(prompt, true, Some(obs as &mut dyn Observer))?
+            .rchunks(engine.config().vocab_size)
+            .next()
+            .unwrap_or(&[]),
+    );
     let mut fed = Vec::new();
     for k in 1..=steps {
         let tok = forced.map(|f| f[k - 1]).unwrap_or(next);

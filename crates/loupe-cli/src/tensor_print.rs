@@ -19,7 +19,10 @@ pub fn compact(label: &str, shape: &[usize], data: &[f32]) -> String {
 
 /// One tensor in FULL style: every value, `digits` digits after the point in exponent form.
 pub fn full(label: &str, shape: &[usize], data: &[f32], digits: usize) -> String {
-    format!("{label} = tensor({}, dtype=f32, shape={shape:?})", serialize(shape, data, &|v| format!("{v:.digits$e}"), false))
+    format!(
+        "{label} = tensor({}, dtype=f32, shape={shape:?})",
+        serialize(shape, data, &|v| format!("{v:.digits$e}"), false)
+    )
 }
 
 fn row(out: &mut String, values: &[f32], fmt: &dyn Fn(f32) -> String, compact: bool) {
@@ -93,7 +96,10 @@ mod tests {
 
     #[test]
     fn short_dims_are_not_elided_and_full_prints_everything() {
-        assert_eq!(compact("b", &[2, 2], &[1.0, 2.0, 3.0, -4.5]), "b = tensor([[1.0000, 2.0000],\n[3.0000, -4.5000]], dtype=f32, shape=[2, 2])");
+        assert_eq!(
+            compact("b", &[2, 2], &[1.0, 2.0, 3.0, -4.5]),
+            "b = tensor([[1.0000, 2.0000],\n[3.0000, -4.5000]], dtype=f32, shape=[2, 2])"
+        );
         let f = full("c", &[8], &[0.5; 8], 2);
         assert_eq!(f.matches("5.00e-1").count(), 8);
     }

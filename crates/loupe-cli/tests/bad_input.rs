@@ -85,7 +85,12 @@ fn inspect_lists_tensors() {
     let spec = tiny_spec();
     let vocab = 3 + 256 + spec.merges;
     assert!(text.contains("GGUF v3"), "{text}");
-    assert!(text.contains("token_embd.weight") && text.contains("q8_0") && text.contains(&format!("[{vocab}, {}]", spec.hidden)), "{text}");
+    assert!(
+        text.contains("token_embd.weight")
+            && text.contains("q8_0")
+            && text.contains(&format!("[{vocab}, {}]", spec.hidden)),
+        "{text}"
+    );
     assert!(text.contains("blk.0.attn_q.weight") && text.contains("q4_1"), "{text}");
     assert!(text.contains(&format!("{} tensors", 2 + 9 * spec.layers)), "{text}");
     assert!(text.contains(&format!("[{vocab} x string: \"<|endoftext|>\"")), "the vocabulary is summarized: {text}");

@@ -13,7 +13,11 @@ fn positive_finite(v: &serde_json::Value, field: &str) -> f64 {
 /// `loupe bench --json` at tiny sizes on `model`, with the checks that hold for any model;
 /// returns the report.
 fn bench_json(model: &std::path::Path) -> serde_json::Value {
-    let out = run(loupe().arg("bench").arg("--model").arg(model).args(["-p", "8", "-n", "4", "-r", "2", "-t", "2", "--json"]));
+    let out = run(loupe()
+        .arg("bench")
+        .arg("--model")
+        .arg(model)
+        .args(["-p", "8", "-n", "4", "-r", "2", "-t", "2", "--json"]));
     assert!(out.status.success(), "loupe bench failed: {}", stderr(&out));
     let text = stdout(&out);
     assert_eq!(text.trim().lines().count(), 1, "one JSON object expected: {text}");
@@ -84,7 +88,18 @@ fn json_report_on_the_real_model() {
 #[test]
 fn table_and_single_test() {
     let model = tiny_model();
-    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "2", "-r", "1", "-t", "1", "--precision", "f32"]));
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args([
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--precision",
+        "f32",
+    ]));
     assert!(out.status.success(), "loupe bench failed: {}", stderr(&out));
     let text = stdout(&out);
     assert!(text.starts_with("| model"), "{text}");
@@ -96,13 +111,30 @@ fn table_and_single_test() {
     assert!(text.contains("read bandwidth (1 threads, 1024 MiB buffer") && text.contains("% of the median"), "{text}");
     // --no-ceiling: no measurement, null fields; prefill alone never measures it.
     for args in [&["-p", "0", "-n", "2", "--no-ceiling"][..], &["-p", "4", "-n", "0"][..]] {
-        let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-r", "1", "-t", "1", "--json"]).args(args));
+        let out =
+            run(loupe().arg("bench").arg("--model").arg(&model).args(["-r", "1", "-t", "1", "--json"]).args(args));
         assert!(out.status.success(), "loupe bench {args:?} failed: {}", stderr(&out));
         let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
-        assert!(v["read_bandwidth_gb_per_s_median"].is_null() && v["tg_share_of_read_bandwidth"].is_null(), "{args:?}: {v}");
+        assert!(
+            v["read_bandwidth_gb_per_s_median"].is_null() && v["tg_share_of_read_bandwidth"].is_null(),
+            "{args:?}: {v}"
+        );
     }
     // --kv-dtype f32 overrides native precision's f16 cache.
-    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["-p", "0", "-n", "2", "-r", "1", "-t", "1", "--json", "--no-ceiling", "--kv-dtype", "f32"]));
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args([
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--json",
+        "--no-ceiling",
+        "--kv-dtype",
+        "f32",
+    ]));
     assert!(out.status.success(), "loupe bench --kv-dtype f32 failed: {}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     let spec = tiny_spec();
@@ -114,8 +146,14 @@ fn table_and_single_test() {
 fn bad_input() {
     // Checked before the model is touched: no model needed.
     assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-r", "0"])), "--repetitions");
-    assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "0", "-n", "0"])), "nothing to measure");
-    assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "8"])), "/nonexistent/m.gguf");
+    assert_clean_failure(
+        &run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "0", "-n", "0"])),
+        "nothing to measure",
+    );
+    assert_clean_failure(
+        &run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-p", "8"])),
+        "/nonexistent/m.gguf",
+    );
     assert_clean_failure(&run(loupe().args(["bench", "--model", "/nonexistent/m.gguf", "-t", "0"])), "--threads");
     let out = run(loupe().args(["bench", "-p", "abc"]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
@@ -132,9 +170,14 @@ fn bad_input() {
 #[test]
 fn batched_json_and_table() {
     let model = tiny_model();
-    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "1,3", "-p", "20", "-n", "5", "-r", "2", "-t", "2", "--json"]));
+    let out = run(loupe()
+        .arg("bench")
+        .arg("--model")
+        .arg(&model)
+        .args(["--batch", "1,3", "-p", "20", "-n", "5", "-r", "2", "-t", "2", "--json"]));
     assert!(out.status.success(), "loupe bench --batch failed: {}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&out)));
+    let v: serde_json::Value =
+        serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", stdout(&out)));
     assert_eq!(v["mode"], "batch");
     assert_eq!(v["kv_dtype"], "f16");
     let points = v["points"].as_array().expect("points");
@@ -148,7 +191,18 @@ fn batched_json_and_table() {
     }
     positive_finite(&v, "peak_rss_bytes");
 
-    let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "-p", "8", "-n", "2", "-r", "1", "--kv-dtype", "f32"]));
+    let out = run(loupe().arg("bench").arg("--model").arg(&model).args([
+        "--batch",
+        "2",
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--kv-dtype",
+        "f32",
+    ]));
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("| sequences |") && text.contains("KV f32"), "{text}");
@@ -156,15 +210,34 @@ fn batched_json_and_table() {
     let out = run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "0,2"]));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("at least 1"), "{}", stderr(&out));
-    assert_clean_failure(&run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "-p", "200", "-n", "100"])), "context window");
-    assert_clean_failure(&run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "--kv-cache-mb", "0"])), "KV cache budget");
+    assert_clean_failure(
+        &run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "-p", "200", "-n", "100"])),
+        "context window",
+    );
+    assert_clean_failure(
+        &run(loupe().arg("bench").arg("--model").arg(&model).args(["--batch", "2", "--kv-cache-mb", "0"])),
+        "KV cache budget",
+    );
 }
 
 /// `loupe bench --regex`: greedy decode with and without the grammar, alternated, in the
 /// same report, with the masks counted.
 #[test]
 fn grammar_cost_is_reported_beside_plain_greedy() {
-    let out = run(loupe().arg("bench").arg("--model").arg(tiny_model()).args(["-p", "0", "-n", "12", "-r", "2", "-t", "2", "--no-ceiling", "--json", "--regex", "[a-z]{3}[0-9]{2}"]));
+    let out = run(loupe().arg("bench").arg("--model").arg(tiny_model()).args([
+        "-p",
+        "0",
+        "-n",
+        "12",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "--no-ceiling",
+        "--json",
+        "--regex",
+        "[a-z]{3}[0-9]{2}",
+    ]));
     assert!(out.status.success(), "loupe bench failed: {}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     let g = &v["grammar"];
@@ -179,7 +252,11 @@ fn grammar_cost_is_reported_beside_plain_greedy() {
     assert!(g["masks"].as_u64().unwrap() >= 36, "{v}");
     positive_finite(g, "mask_ms_mean");
     positive_finite(g, "ratio_of_medians");
-    let bad = run(loupe().arg("bench").arg("--model").arg(tiny_model()).args(["-p", "0", "-n", "4", "-r", "1", "--regex", "a("]));
+    let bad = run(loupe()
+        .arg("bench")
+        .arg("--model")
+        .arg(tiny_model())
+        .args(["-p", "0", "-n", "4", "-r", "1", "--regex", "a("]));
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("invalid regex"), "{}", stderr(&bad));
 }

@@ -15,14 +15,23 @@ use serde_json::Value;
 const PROMPT: &str = "The capital of France is Paris, and the capital of Germany is";
 
 fn bisect(model: &Path, extra: &[&str]) -> (i32, Value) {
-    let o = run(loupe().args(["bisect", "--prompt", PROMPT, "-n", "8", "-t", "2", "--json", "-", "-m"]).arg(model).args(extra));
+    let o = run(loupe()
+        .args(["bisect", "--prompt", PROMPT, "-n", "8", "-t", "2", "--json", "-", "-m"])
+        .arg(model)
+        .args(extra));
     let code = o.status.code().unwrap_or(-1);
     assert!(code == 0 || code == 1, "bisect {extra:?} failed ({code}): {}", stderr(&o));
     (code, serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("bisect JSON: {e}\n{}", stdout(&o))))
 }
 
 fn status<'a>(ladder: &'a Value, rung: &str) -> &'a str {
-    ladder["rungs"].as_array().unwrap().iter().find(|r| r["name"] == rung).and_then(|r| r["status"].as_str()).unwrap_or_else(|| panic!("no rung {rung}: {ladder}"))
+    ladder["rungs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == rung)
+        .and_then(|r| r["status"].as_str())
+        .unwrap_or_else(|| panic!("no rung {rung}: {ladder}"))
 }
 
 #[test]
@@ -32,7 +41,13 @@ fn without_the_reference_the_loupe_rungs_run_and_agree() {
     // faults are tested on make-tiny's checkpoint below.)
     let (code, clean) = bisect(&tiny_model(), &["--reference", "none", "--no-serve"]);
     assert_eq!((code, clean["verdict"].as_str()), (0, Some("match")), "{clean}");
-    for (rung, want) in [("reference", "skipped"), ("teacher-forced", "match"), ("incremental", "match"), ("batched", "match"), ("served", "skipped")] {
+    for (rung, want) in [
+        ("reference", "skipped"),
+        ("teacher-forced", "match"),
+        ("incremental", "match"),
+        ("batched", "match"),
+        ("served", "skipped"),
+    ] {
         assert_eq!(status(&clean, rung), want, "{rung}: {clean}");
     }
     assert_eq!(clean["rungs"][2]["tokens"].as_array().unwrap().len(), 8);
@@ -83,8 +98,15 @@ fn the_ladder_against_transformers_names_each_planted_subsystem() {
     let (code, graph) = bisect(&model, &["--inject", "gelu-tanh@1"]);
     assert_eq!(code, 1);
     assert_eq!(graph["first_divergent_rung"], "teacher-forced", "{graph}");
-    assert_eq!(graph["first_divergent_tensor"], "model.layers.1.mlp.act_fn", "the per-tensor comparison at that step: {graph}");
-    assert_eq!(status(&graph, "served"), "match", "the server plants the same fault, so it agrees with the batched rung: {graph}");
+    assert_eq!(
+        graph["first_divergent_tensor"], "model.layers.1.mlp.act_fn",
+        "the per-tensor comparison at that step: {graph}"
+    );
+    assert_eq!(
+        status(&graph, "served"),
+        "match",
+        "the server plants the same fault, so it agrees with the batched rung: {graph}"
+    );
 
     let (code, decode) = bisect(&model, &["--inject", "kv-write-decode@1"]);
     assert_eq!(code, 1);
@@ -99,7 +121,10 @@ fn the_ladder_against_transformers_names_each_planted_subsystem() {
             assert_eq!(status(&batched, rung), "match", "{fault}: {rung}: {batched}");
         }
         assert_eq!(batched["first_divergent_rung"], "batched", "{fault}: {batched}");
-        assert!(batched["first_divergent_tensor"].is_null(), "{fault}: no graph comparison for a batching fault: {batched}");
+        assert!(
+            batched["first_divergent_tensor"].is_null(),
+            "{fault}: no graph comparison for a batching fault: {batched}"
+        );
     }
 
     // The serving layer's fault: every engine rung agrees, the stream loses its last delta.

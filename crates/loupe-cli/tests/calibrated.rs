@@ -21,7 +21,15 @@ const PROMPT: &str = "The capital of France is Paris, and the capital of Germany
 fn parity(model: &Path, out: &Path, extra: &[&str]) -> Value {
     let json = out.join("report.json");
     std::fs::create_dir_all(out).unwrap();
-    let o = run(loupe().arg("parity").arg("-m").arg(model).args(["--prompt", PROMPT, "--calibrated", "-o"]).arg(out).arg("--json").arg(&json).args(extra));
+    let o = run(loupe()
+        .arg("parity")
+        .arg("-m")
+        .arg(model)
+        .args(["--prompt", PROMPT, "--calibrated", "-o"])
+        .arg(out)
+        .arg("--json")
+        .arg(&json)
+        .args(extra));
     assert_eq!(o.status.code(), Some(0), "loupe parity --calibrated {extra:?} failed:\n{}\n{}", stdout(&o), stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("verdict: MATCH") && text.contains("calibrated: a tensor diverges when"), "{text}");
@@ -30,7 +38,11 @@ fn parity(model: &Path, out: &Path, extra: &[&str]) -> Value {
 
 /// A faulty f32 dump of `model`.
 fn faulty_dump(model: &Path, out: &Path, fault: &str) {
-    let o = run(loupe().args(["dump", "--precision", "f32", "--prompt", PROMPT, "--inject", fault, "-m"]).arg(model).arg("-o").arg(out));
+    let o = run(loupe()
+        .args(["dump", "--precision", "f32", "--prompt", PROMPT, "--inject", fault, "-m"])
+        .arg(model)
+        .arg("-o")
+        .arg(out));
     assert!(o.status.success(), "dump --inject {fault}: {}", stderr(&o));
 }
 
@@ -67,7 +79,14 @@ fn check_clean(report: &Value, what: &str) {
 /// (`correct`, `unexplained`, or the hypothesis).
 fn explain(model: &Path, reference: &Path, target: &Path, tensor: &str) -> String {
     let json = target.join("explain.json");
-    let o = run(loupe().arg("explain").arg(reference).arg(target).args(["--tensor", tensor, "-m"]).arg(model).arg("--json").arg(&json));
+    let o = run(loupe()
+        .arg("explain")
+        .arg(reference)
+        .arg(target)
+        .args(["--tensor", tensor, "-m"])
+        .arg(model)
+        .arg("--json")
+        .arg(&json));
     assert!(o.status.success(), "explain {tensor}: {}", stderr(&o));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).expect("explain JSON");
     v["verdict"]["id"].as_str().or(v["verdict"]["kind"].as_str()).unwrap_or("").to_string()
@@ -78,7 +97,9 @@ fn explain(model: &Path, reference: &Path, target: &Path, tensor: &str) -> Strin
 /// target).
 fn check_faults(model: &Path, dir: &Path, layer: usize, floors: (&Path, &Path)) {
     let reference = dir.join("reference");
-    for (class, node, hypothesis) in [("o-proj-scale", "self_attn.o_proj", "scale"), ("norm-eps-subtle", "input_layernorm", "norm-eps")] {
+    for (class, node, hypothesis) in
+        [("o-proj-scale", "self_attn.o_proj", "scale"), ("norm-eps-subtle", "input_layernorm", "norm-eps")]
+    {
         let target = dir.join(class);
         faulty_dump(model, &target, &format!("{class}@{layer}"));
         let (code, plain) = compare(&reference, &target, None);
@@ -87,7 +108,10 @@ fn check_faults(model: &Path, dir: &Path, layer: usize, floors: (&Path, &Path)) 
         assert_eq!(cal["first_divergence"], expected.as_str(), "{class}: calibrated first divergence ({ccode})");
         let p = cal["pairs"].as_array().unwrap().iter().find(|p| p["name"] == expected.as_str()).unwrap();
         let over = p["floor"]["error_over_floor"].as_f64().unwrap();
-        eprintln!("{class}: default thresholds exit {code} ({}), calibrated {over:.1}x its floor, cosine {}", plain["verdict"], p["cosine"]);
+        eprintln!(
+            "{class}: default thresholds exit {code} ({}), calibrated {over:.1}x its floor, cosine {}",
+            plain["verdict"], p["cosine"]
+        );
         assert!(over > 8.0, "{class}: {over}");
         assert_eq!(explain(model, &reference, &target, &expected), hypothesis, "{class}: explain's verdict");
         if class == "o-proj-scale" {
@@ -125,14 +149,26 @@ fn calibrated_parity_on_the_real_model() {
     // Native precision against f32/f16 floors, reusing the f32 reference and giving the f16
     // run as a directory (the manifest says which side of the floor it is).
     let f16 = dir.path().join("reference-f16");
-    let o = python(&["dump", "--gguf"]).arg(&model).args(["--prompt", PROMPT, "--dtype", "f16", "-o"]).arg(&f16).output().expect("python3");
+    let o = python(&["dump", "--gguf"])
+        .arg(&model)
+        .args(["--prompt", PROMPT, "--dtype", "f16", "-o"])
+        .arg(&f16)
+        .output()
+        .expect("python3");
     assert!(o.status.success(), "reference dump --dtype f16: {}", stderr(&o));
     let native = dir.path().join("native");
     let reference = out.join("reference");
     let report = parity(
         &model,
         &native,
-        &["--precision", "native", "--reference", reference.to_str().unwrap(), "--calibration-reference", f16.to_str().unwrap()],
+        &[
+            "--precision",
+            "native",
+            "--reference",
+            reference.to_str().unwrap(),
+            "--calibration-reference",
+            f16.to_str().unwrap(),
+        ],
     );
     check_clean(&report, "SmolLM2 native against f32/f16 floors");
     assert!(report["calibration"]["low"].as_str().unwrap().ends_with("reference-f16"), "{}", report["calibration"]);
@@ -144,14 +180,29 @@ fn calibration_flags_are_checked_before_any_work() {
     let a = dir.path().join("a");
     std::fs::create_dir_all(&a).unwrap();
     // A --reference directory with --calibrated needs the second run.
-    let o = run(loupe().args(["parity", "-m"]).arg(tiny_model()).args(["--prompt", "x", "--calibrated", "--reference"]).arg(&a));
+    let o = run(loupe()
+        .args(["parity", "-m"])
+        .arg(tiny_model())
+        .args(["--prompt", "x", "--calibrated", "--reference"])
+        .arg(&a));
     assert_clean_failure(&o, "no manifest.json");
     let d = dir.path().join("dump");
     let o = run(loupe().args(["dump", "--prompt", "x", "-m"]).arg(tiny_model()).arg("-o").arg(&d));
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = run(loupe().args(["parity", "-m"]).arg(tiny_model()).args(["--prompt", "x", "--calibrated", "--reference"]).arg(&d));
+    let o = run(loupe()
+        .args(["parity", "-m"])
+        .arg(tiny_model())
+        .args(["--prompt", "x", "--calibrated", "--reference"])
+        .arg(&d));
     assert_clean_failure(&o, "needs --calibration-reference DIR");
-    let o = run(loupe().args(["compare"]).arg(&a).arg(&a).args(["--calibrate"]).arg(&a).arg(&a).args(["--calibration-factor", "0.5"]));
+    let o = run(loupe()
+        .args(["compare"])
+        .arg(&a)
+        .arg(&a)
+        .args(["--calibrate"])
+        .arg(&a)
+        .arg(&a)
+        .args(["--calibration-factor", "0.5"]));
     assert_clean_failure(&o, "must be a number >= 1");
     let o = run(loupe().args(["compare"]).arg(&a).arg(&a).args(["--calibration-factor", "4"]));
     assert_eq!(o.status.code(), Some(2), "--calibration-factor without --calibrate: {}", stderr(&o));

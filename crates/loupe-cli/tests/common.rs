@@ -15,7 +15,8 @@ pub fn tiny_model() -> PathBuf {
     PATH.get_or_init(|| {
         let spec = tiny_spec();
         let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(&spec).expect("building the tiny model");
-        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        let hash =
+            bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
         let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
         if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
             std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -37,7 +38,11 @@ pub fn tiny_spec() -> loupe_models::tiny::TinyLlama {
 /// without the model, they fail with one line saying how to get it.
 pub fn real_model() -> PathBuf {
     let path = loupe_models::real_model_path();
-    assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
+    assert!(
+        path.is_file(),
+        "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL",
+        path.display()
+    );
     path
 }
 
@@ -73,7 +78,12 @@ pub fn make_tiny_checkpoint(dir: &Path) -> PathBuf {
     let tokenizer = real_model();
     require_python_reference();
     let model = dir.join("tiny");
-    let o = python(&["make-tiny", "--seed", "0", "--out"]).arg(&model).arg("--tokenizer-gguf").arg(&tokenizer).output().expect("python3");
+    let o = python(&["make-tiny", "--seed", "0", "--out"])
+        .arg(&model)
+        .arg("--tokenizer-gguf")
+        .arg(&tokenizer)
+        .output()
+        .expect("python3");
     assert!(o.status.success(), "make-tiny: {}", stderr(&o));
     model
 }
@@ -142,7 +152,10 @@ pub fn goldens_of(model_id: &str) -> Vec<Golden> {
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .map(|p| serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .map(|p| {
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     assert!(out.len() >= 4, "expected at least 4 goldens in {}", dir.display());
@@ -154,7 +167,12 @@ pub fn goldens_of(model_id: &str) -> Vec<Golden> {
 /// default; run with `--include-ignored` (scripts/test fetches it) and without the file, they
 /// fail with one line saying how to get it.
 pub fn qwen_model() -> PathBuf {
-    cached_model("LOUPE_QWEN_MODEL", "Qwen2.5-Coder-0.5B-Instruct.gguf", "Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b")
+    cached_model(
+        "LOUPE_QWEN_MODEL",
+        "Qwen2.5-Coder-0.5B-Instruct.gguf",
+        "Qwen2.5-Coder-0.5B-Instruct",
+        "qwen2.5-coder-0.5b",
+    )
 }
 
 /// Gemma 3 270M (`scripts/fetch-model gemma3-270m`), or `$LOUPE_GEMMA_MODEL`.
@@ -169,7 +187,11 @@ pub fn minilm_model() -> PathBuf {
         Some(p) => PathBuf::from(p),
         None => loupe_models::cache_dir().join("models").join("all-MiniLM-L6-v2"),
     };
-    assert!(path.join("config.json").is_file(), "needs all-MiniLM-L6-v2 at {} (missing): run scripts/fetch-model all-minilm-l6-v2 or set LOUPE_MINILM_MODEL", path.display());
+    assert!(
+        path.join("config.json").is_file(),
+        "needs all-MiniLM-L6-v2 at {} (missing): run scripts/fetch-model all-minilm-l6-v2 or set LOUPE_MINILM_MODEL",
+        path.display()
+    );
     path
 }
 
@@ -179,7 +201,11 @@ fn cached_model(env: &str, file: &str, what: &str, fetch_name: &str) -> PathBuf 
         Some(p) => PathBuf::from(p),
         None => loupe_models::cache_dir().join("models").join(file),
     };
-    assert!(path.is_file(), "needs {what} at {} (missing): run scripts/fetch-model {fetch_name} or set {env}", path.display());
+    assert!(
+        path.is_file(),
+        "needs {what} at {} (missing): run scripts/fetch-model {fetch_name} or set {env}",
+        path.display()
+    );
     path
 }
 
@@ -191,13 +217,31 @@ pub fn check_goldens_complete(goldens: &[Golden]) {
     for g in goldens {
         assert!(!g.eos_token_ids.is_empty(), "{}: no eos_token_ids", g.name);
         let is_eos = |t: &u32| g.eos_token_ids.contains(t);
-        assert!(g.tokens.len() == g.max_tokens || (g.tokens.len() < g.max_tokens && g.tokens.last().is_some_and(is_eos)), "{}: {} tokens of {} and no EOS {:?} at the end: golden truncated", g.name, g.tokens.len(), g.max_tokens, g.eos_token_ids);
+        assert!(
+            g.tokens.len() == g.max_tokens || (g.tokens.len() < g.max_tokens && g.tokens.last().is_some_and(is_eos)),
+            "{}: {} tokens of {} and no EOS {:?} at the end: golden truncated",
+            g.name,
+            g.tokens.len(),
+            g.max_tokens,
+            g.eos_token_ids
+        );
         assert!(!g.tokens[..g.tokens.len() - 1].iter().any(is_eos), "{}: tokens go on after EOS", g.name);
         assert_eq!(g.argmax.len(), g.prompt_tokens.len() + g.tokens.len(), "{}: one argmax per position", g.name);
         // Greedy: the argmax after the prompt and after each generated token is the next token.
         let after_prompt = g.prompt_tokens.len() - 1;
-        assert_eq!(&g.argmax[after_prompt..after_prompt + g.tokens.len()], &g.tokens[..], "{}: generated tokens are not the teacher-forced argmax", g.name);
-        assert!(g.margins.is_empty() || g.margins.len() == g.tokens.len(), "{}: {} margins for {} tokens", g.name, g.margins.len(), g.tokens.len());
+        assert_eq!(
+            &g.argmax[after_prompt..after_prompt + g.tokens.len()],
+            &g.tokens[..],
+            "{}: generated tokens are not the teacher-forced argmax",
+            g.name
+        );
+        assert!(
+            g.margins.is_empty() || g.margins.len() == g.tokens.len(),
+            "{}: {} margins for {} tokens",
+            g.name,
+            g.margins.len(),
+            g.tokens.len()
+        );
     }
 }
 
@@ -222,11 +266,23 @@ pub fn f32_greedy_failures(model: &Path, goldens: &[Golden]) -> Vec<String> {
             .args(["--max-tokens", &g.max_tokens.to_string()])
             .args(prompt_args(g)));
         assert!(out.status.success(), "{}: loupe failed: {}", g.name, stderr(&out));
-        let got: GenerateJson = serde_json::from_str(stdout(&out).trim()).unwrap_or_else(|e| panic!("{}: bad json {e}: {}", g.name, stdout(&out)));
+        let got: GenerateJson = serde_json::from_str(stdout(&out).trim())
+            .unwrap_or_else(|e| panic!("{}: bad json {e}: {}", g.name, stdout(&out)));
         assert_eq!(got.prompt_tokens, g.prompt_tokens, "{}: prompt tokens differ from transformers'", g.name);
         if got.tokens != g.tokens {
-            let at = got.tokens.iter().zip(&g.tokens).position(|(a, b)| a != b).unwrap_or(got.tokens.len().min(g.tokens.len()));
-            failures.push(format!("{}: first differing token at step {at} (loupe {:?}, reference {:?}, reference margin there {:?})", g.name, got.tokens.get(at), g.tokens.get(at), g.margins.get(at)));
+            let at = got
+                .tokens
+                .iter()
+                .zip(&g.tokens)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.tokens.len().min(g.tokens.len()));
+            failures.push(format!(
+                "{}: first differing token at step {at} (loupe {:?}, reference {:?}, reference margin there {:?})",
+                g.name,
+                got.tokens.get(at),
+                g.tokens.get(at),
+                g.margins.get(at)
+            ));
         } else {
             assert_eq!(got.text, g.text, "{}: same tokens but different text", g.name);
         }
@@ -237,7 +293,11 @@ pub fn f32_greedy_failures(model: &Path, goldens: &[Golden]) -> Vec<String> {
 /// Teacher-forced next-token argmax of `graph` on every golden sequence against the
 /// reference's: (agreeing, total) over all positions, then over the generated positions;
 /// printed under `label`.
-pub fn teacher_forced_agreement(graph: &loupe_graph::Graph, goldens: &[Golden], label: &str) -> (usize, usize, usize, usize) {
+pub fn teacher_forced_agreement(
+    graph: &loupe_graph::Graph,
+    goldens: &[Golden],
+    label: &str,
+) -> (usize, usize, usize, usize) {
     let (mut agree, mut total, mut gen_agree, mut gen_total) = (0, 0, 0, 0);
     for g in goldens {
         let mut seq = g.prompt_tokens.clone();

@@ -42,11 +42,18 @@ fn exit_codes_and_json() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     assert_eq!(v["verdict"], "divergence");
     assert_eq!(v["first_divergence"], "model.layers.0");
-    assert!(v["likely_cause"].as_str().unwrap_or("").contains("norm ratio") || v["likely_cause"].as_str().unwrap_or("").contains("‖target‖"));
+    assert!(
+        v["likely_cause"].as_str().unwrap_or("").contains("norm ratio")
+            || v["likely_cause"].as_str().unwrap_or("").contains("‖target‖")
+    );
     // --only that matches nothing: nothing paired is a divergence.
     assert_eq!(cmd_compare::run(args(&[&a, &b, "--only", "^nope$"])).expect("runs"), 1);
     // Explicit tolerances make isclose mismatches fail.
-    assert_eq!(cmd_compare::run(args(&[&a, &b, "--rtol", "0", "--atol", "0", "--per-token", "--per-dim", "--step", "0"])).expect("runs"), 0);
+    assert_eq!(
+        cmd_compare::run(args(&[&a, &b, "--rtol", "0", "--atol", "0", "--per-token", "--per-dim", "--step", "0"]))
+            .expect("runs"),
+        0
+    );
 }
 
 #[test]
@@ -67,7 +74,9 @@ fn bad_input_is_an_error() {
 fn the_binary() {
     let dir = tempfile::tempdir().expect("tmp");
     let (a, b, c) = (dump(dir.path(), "a", 1.0), dump(dir.path(), "b", 1.0), dump(dir.path(), "c", 2.0));
-    let run = |x: &str, y: &str| Command::new(env!("CARGO_BIN_EXE_loupe")).args(["compare", x, y]).output().expect("spawn loupe");
+    let run = |x: &str, y: &str| {
+        Command::new(env!("CARGO_BIN_EXE_loupe")).args(["compare", x, y]).output().expect("spawn loupe")
+    };
     let o = run(&a, &b);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stderr}");

@@ -49,7 +49,8 @@ fn count(size: usize) {
     let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     if n < MAX_TRACES {
         let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
-        let trace = format!("allocation of {size} bytes on thread {thread}:\n{}", std::backtrace::Backtrace::force_capture());
+        let trace =
+            format!("allocation of {size} bytes on thread {thread}:\n{}", std::backtrace::Backtrace::force_capture());
         TRACES.lock().unwrap_or_else(|e| e.into_inner()).push(trace);
     }
     RECORDINGS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
@@ -115,7 +116,12 @@ fn check(path: PathBuf) {
         for lowered in [false, true] {
             let n = decode_allocations(&path, precision, lowered);
             let traces = std::mem::take(&mut *TRACES.lock().unwrap_or_else(|e| e.into_inner()));
-            assert_eq!(n, 0, "{precision:?} (lowered: {lowered}): {n} heap allocations in 32 decode steps; the first:\n{}", traces.join("\n"));
+            assert_eq!(
+                n,
+                0,
+                "{precision:?} (lowered: {lowered}): {n} heap allocations in 32 decode steps; the first:\n{}",
+                traces.join("\n")
+            );
         }
     }
     // The counter counts: the same measurement around code that allocates sees it.
@@ -163,7 +169,9 @@ fn main() {
     }
     let selected: Vec<&Case> = CASES
         .iter()
-        .filter(|c| filters.is_empty() || filters.iter().any(|f| if exact { c.name == f } else { c.name.contains(f.as_str()) }))
+        .filter(|c| {
+            filters.is_empty() || filters.iter().any(|f| if exact { c.name == f } else { c.name.contains(f.as_str()) })
+        })
         .collect();
     if list {
         for c in &selected {

@@ -21,7 +21,9 @@ fn planted(class: &str) -> &'static [&'static str] {
         "norm-eps" => &["model.layers.1.input_layernorm"],
         "gelu-tanh" => &["model.layers.1.mlp.act_fn"],
         "missing-residual" => &["model.layers.1.attn_residual"],
-        "softmax-scale" | "gqa-mapping" | "kv-write" | "mask" => &["model.layers.1.self_attn.attn_probs", "model.layers.1.self_attn.attn_output"],
+        "softmax-scale" | "gqa-mapping" | "kv-write" | "mask" => {
+            &["model.layers.1.self_attn.attn_probs", "model.layers.1.self_attn.attn_output"]
+        }
         other => panic!("no expectation for {other}"),
     }
 }
@@ -34,7 +36,18 @@ fn subtle(class: &str) -> bool {
     matches!(class, "bf16" | "norm-eps")
 }
 
-const CLASSES: [&str; 10] = ["rope-interleaved", "transposed-weight", "norm-eps", "gelu-tanh", "softmax-scale", "gqa-mapping", "missing-residual", "bf16", "kv-write", "mask"];
+const CLASSES: [&str; 10] = [
+    "rope-interleaved",
+    "transposed-weight",
+    "norm-eps",
+    "gelu-tanh",
+    "softmax-scale",
+    "gqa-mapping",
+    "missing-residual",
+    "bf16",
+    "kv-write",
+    "mask",
+];
 
 fn dump(model: &Path, out: &Path, extra: &[&str]) {
     let o = run(loupe()
@@ -76,7 +89,12 @@ fn first_divergence(a: &Path, b: &Path, tight: bool) -> Option<(String, u64, f64
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| ((t["name"].as_str().unwrap().to_string(), t["step"].as_u64().unwrap()), t["file"].as_str().unwrap().to_string()))
+        .map(|t| {
+            (
+                (t["name"].as_str().unwrap().to_string(), t["step"].as_u64().unwrap()),
+                t["file"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let mut entries: Vec<&Value> = mb["tensors"].as_array().unwrap().iter().collect();
     entries.sort_by_key(|t| (t["step"].as_u64().unwrap(), t["order"].as_u64().unwrap()));
@@ -96,7 +114,14 @@ fn first_divergence(a: &Path, b: &Path, tight: bool) -> Option<(String, u64, f64
 }
 
 fn explain(model: &Path, a: &Path, b: &Path, tensor: &str, step: u64, json: &Path) -> Value {
-    let o = run(loupe().arg("explain").arg(a).arg(b).args(["--tensor", tensor, "--step", &step.to_string(), "-m"]).arg(model).arg("--json").arg(json));
+    let o = run(loupe()
+        .arg("explain")
+        .arg(a)
+        .arg(b)
+        .args(["--tensor", tensor, "--step", &step.to_string(), "-m"])
+        .arg(model)
+        .arg("--json")
+        .arg(json));
     assert!(o.status.success(), "explain {tensor}: {}", stderr(&o));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     assert!(stdout(&o).contains(v["conclusion"].as_str().unwrap()), "the table ends with the conclusion");
@@ -124,7 +149,11 @@ fn faults_are_located_and_explained(model: &Path) {
     let next = manifest(&clean)["generated_tokens"][0].as_u64().unwrap().to_string();
     let again = dir.path().join("clean-again");
     dump(&model, &again, &["--teacher-force", &next]);
-    assert_eq!(first_divergence(&clean, &again, true), None, "two clean runs differ: loupe is not deterministic, so the tight threshold means nothing");
+    assert_eq!(
+        first_divergence(&clean, &again, true),
+        None,
+        "two clean runs differ: loupe is not deterministic, so the tight threshold means nothing"
+    );
 
     let mut failures = Vec::new();
     for class in CLASSES {
@@ -137,7 +166,10 @@ fn faults_are_located_and_explained(model: &Path) {
         };
         eprintln!("{class}: first divergence {name} step {step} (cos {cos:.6}, NMSE {nmse:.2e})");
         if !planted(class).contains(&name.as_str()) || step != 0 {
-            failures.push(format!("{class}: first divergence is {name} at step {step}, expected one of {:?} at step 0", planted(class)));
+            failures.push(format!(
+                "{class}: first divergence is {name} at step {step}, expected one of {:?} at step 0",
+                planted(class)
+            ));
             continue;
         }
         let e = explain(&model, &clean, &faulty, &name, step, &dir.path().join(format!("{class}.json")));
@@ -152,7 +184,14 @@ fn faults_are_located_and_explained(model: &Path) {
     }
     // The cache write also shows in decode: step 1's keys come from the cache rows of the
     // prompt plus one row carried over from it.
-    let e = explain(&model, &clean, &dir.path().join("kv-write"), "model.layers.1.self_attn.attn_output", 1, &dir.path().join("kv-step1.json"));
+    let e = explain(
+        &model,
+        &clean,
+        &dir.path().join("kv-write"),
+        "model.layers.1.self_attn.attn_output",
+        1,
+        &dir.path().join("kv-step1.json"),
+    );
     if e["verdict"]["id"] != "kv-write" {
         failures.push(format!("kv-write at step 1: {}", e["conclusion"]));
     }
@@ -190,8 +229,17 @@ fn attention_core_faults_module_outputs(model: &Path) {
     for (style, reference) in &references {
         dump(model, reference, &["--taps", MODULE_OUTPUTS, "--style", style]);
     }
-    let names: Vec<String> = manifest(&references[0].1)["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
-    assert!(names.iter().any(|n| n == "model.layers.1.self_attn.q_proj") && !names.iter().any(|n| n.ends_with("attn_output") || n.ends_with("q_rope")), "{names:?}");
+    let names: Vec<String> = manifest(&references[0].1)["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "model.layers.1.self_attn.q_proj")
+            && !names.iter().any(|n| n.ends_with("attn_output") || n.ends_with("q_rope")),
+        "{names:?}"
+    );
     let next = manifest(&references[0].1)["generated_tokens"][0].as_u64().unwrap().to_string();
     let mut failures = Vec::new();
     for class in ["rope-interleaved", "softmax-scale", "gqa-mapping", "mask", "kv-write"] {
@@ -210,10 +258,22 @@ fn attention_core_faults_module_outputs(model: &Path) {
                 failures.push(format!("{class} ({style}): first divergence {first}"));
                 continue;
             }
-            if cause.contains("(its input") || !cause.contains("attention core") || !cause.contains("self_attn.attn_output was not compared") {
-                failures.push(format!("{class} ({style}): the cause cites evidence nobody compared or misses the attention core: {cause}"));
+            if cause.contains("(its input")
+                || !cause.contains("attention core")
+                || !cause.contains("self_attn.attn_output was not compared")
+            {
+                failures.push(format!(
+                    "{class} ({style}): the cause cites evidence nobody compared or misses the attention core: {cause}"
+                ));
             }
-            let e = explain(model, reference, &faulty, "model.layers.1.self_attn.o_proj", 0, &dir.path().join(format!("{class}-{style}.json")));
+            let e = explain(
+                model,
+                reference,
+                &faulty,
+                "model.layers.1.self_attn.o_proj",
+                0,
+                &dir.path().join(format!("{class}-{style}.json")),
+            );
             eprintln!("  explain: {}", e["conclusion"].as_str().unwrap());
             if e["verdict"]["id"] != class {
                 failures.push(format!("{class} ({style}): explain from q/k/v: {}", e["conclusion"]));
@@ -232,7 +292,12 @@ fn bad_faults_and_bad_explain_input_exit_2() {
     assert_eq!(o.status.code(), Some(2));
 
     let dir = tempfile::tempdir().unwrap();
-    let o = run(loupe().arg("explain").arg(dir.path().join("none")).arg(dir.path()).args(["--tensor", "lm_head", "-m"]).arg(dir.path()));
+    let o = run(loupe()
+        .arg("explain")
+        .arg(dir.path().join("none"))
+        .arg(dir.path())
+        .args(["--tensor", "lm_head", "-m"])
+        .arg(dir.path()));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).starts_with("loupe: error: "), "{}", stderr(&o));
 
@@ -241,10 +306,19 @@ fn bad_faults_and_bad_explain_input_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("layer 2 does not exist"), "{}", stderr(&o));
     let d = dir.path().join("d");
-    let o = run(loupe().args(["dump", "--layers", "1", "--prompt", "Hello there", "--taps", "q_proj$", "-m"]).arg(&model).arg("-o").arg(&d));
+    let o = run(loupe()
+        .args(["dump", "--layers", "1", "--prompt", "Hello there", "--taps", "q_proj$", "-m"])
+        .arg(&model)
+        .arg("-o")
+        .arg(&d));
     assert!(o.status.success(), "{}", stderr(&o));
     // q_rope's input is there but q_rope itself is not: a missing tensor names itself.
-    let o = run(loupe().arg("explain").arg(&d).arg(&d).args(["--tensor", "model.layers.0.self_attn.q_rope", "-m"]).arg(&model));
+    let o = run(loupe()
+        .arg("explain")
+        .arg(&d)
+        .arg(&d)
+        .args(["--tensor", "model.layers.0.self_attn.q_rope", "-m"])
+        .arg(&model));
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no tensor 'model.layers.0.self_attn.q_rope' at step 0"), "{}", stderr(&o));
 }

@@ -40,9 +40,13 @@ fn gemma_f32_greedy_matches_reference_goldens() {
 #[test]
 #[ignore = "needs Gemma 3 270M (scripts/test fetches it)"]
 fn gemma_native_teacher_forced_argmax_agreement_at_least_99_percent() {
-    let model = loupe_models::load(&gemma_model(), LoadOptions { precision: Precision::Native, ..Default::default() }).expect("load");
+    let model = loupe_models::load(&gemma_model(), LoadOptions { precision: Precision::Native, ..Default::default() })
+        .expect("load");
     let c = &model.config;
-    assert_eq!((c.family, c.hidden_act, c.tie_word_embeddings, c.rope_local_theta), (Family::Gemma3, HiddenAct::GeluTanh, true, Some(10_000.0)));
+    assert_eq!(
+        (c.family, c.hidden_act, c.tie_word_embeddings, c.rope_local_theta),
+        (Family::Gemma3, HiddenAct::GeluTanh, true, Some(10_000.0))
+    );
     let windows: Vec<Option<usize>> = (0..c.num_hidden_layers).map(|l| c.window(l)).collect();
     assert_eq!(windows.iter().filter(|w| w.is_none()).count(), 3, "{windows:?}");
     assert_eq!((windows[5], windows[4]), (None, Some(512)));

@@ -92,10 +92,25 @@ fn ours_with(dir: &Path, prompt: &str, chat: bool, sampling: &[&str]) -> JsonOut
 /// every value within tolerance. The prompt is longer than the sliding-window tests' window.
 fn parity_matches(dir: &Path, label: &str) {
     let mut c = loupe();
-    c.arg("parity").arg("--model").arg(dir).args(["--prompt", "The quick brown fox jumps over the lazy dog because it was tired of running", "--steps", "2", "-o"]).arg(dir.join("parity"));
+    c.arg("parity")
+        .arg("--model")
+        .arg(dir)
+        .args([
+            "--prompt",
+            "The quick brown fox jumps over the lazy dog because it was tired of running",
+            "--steps",
+            "2",
+            "-o",
+        ])
+        .arg(dir.join("parity"));
     let o = run(&mut c);
     let out = stdout(&o);
-    assert!(o.status.success() && out.contains("verdict: MATCH"), "{label}: loupe parity did not match ({}):\n{out}\n{}", o.status, stderr(&o));
+    assert!(
+        o.status.success() && out.contains("verdict: MATCH"),
+        "{label}: loupe parity did not match ({}):\n{out}\n{}",
+        o.status,
+        stderr(&o)
+    );
 }
 
 /// The checkpoint's config.json.
@@ -105,8 +120,17 @@ fn config_of(dir: &Path) -> serde_json::Value {
 
 /// The test must be able to see `feature`: with `edit` applied to config.json, loupe's
 /// greedy tokens on the prompts differ from `tokens` (those of the unedited checkpoint).
-fn assert_generation_changes_without(dir: &Path, tokens: &[Vec<u32>], feature: &str, edit: impl FnOnce(&mut serde_json::Value)) {
-    assert_ne!(generation_without(dir, GREEDY, edit), tokens, "{feature} change nothing on these prompts; the test cannot detect their absence");
+fn assert_generation_changes_without(
+    dir: &Path,
+    tokens: &[Vec<u32>],
+    feature: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) {
+    assert_ne!(
+        generation_without(dir, GREEDY, edit),
+        tokens,
+        "{feature} change nothing on these prompts; the test cannot detect their absence"
+    );
 }
 
 /// loupe's tokens on the prompts, decoded as `sampling` says, with `edit` applied to
@@ -145,7 +169,11 @@ fn compare(dir: &Path, label: &str) -> Vec<Vec<u32>> {
 
 /// A tiny checkpoint (`make-tiny` with `extra`, no RoPE scaling) in `<temp>/<name>`, with the
 /// Python lock held; the directory lives as long as the returned TempDir.
-fn tiny_checkpoint(name: &str, tie: bool, extra: &[&str]) -> (std::sync::MutexGuard<'static, ()>, tempfile::TempDir, std::path::PathBuf) {
+fn tiny_checkpoint(
+    name: &str,
+    tie: bool,
+    extra: &[&str],
+) -> (std::sync::MutexGuard<'static, ()>, tempfile::TempDir, std::path::PathBuf) {
     let (guard, gguf) = setup();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(name);
@@ -168,7 +196,10 @@ fn tiny_tied_no_rope_scaling_matches_reference() {
     let dir = tmp.path().join("tiny-tied");
     make_tiny(&dir, &gguf, true, "none");
     let st = std::fs::read(dir.join("model.safetensors")).unwrap();
-    assert!(!String::from_utf8_lossy(&st[..st.len().min(8192)]).contains("lm_head.weight"), "a tied checkpoint should store no lm_head.weight");
+    assert!(
+        !String::from_utf8_lossy(&st[..st.len().min(8192)]).contains("lm_head.weight"),
+        "a tied checkpoint should store no lm_head.weight"
+    );
     compare(&dir, "tied, rope none");
 }
 
@@ -212,11 +243,17 @@ fn tiny_qwen2_matches_reference() {
 fn tiny_mistral_sliding_window_matches_reference() {
     let (_guard, _tmp, dir) = tiny_checkpoint("tiny-mistral", false, &["--family", "mistral", "--sliding-window", "8"]);
     let cfg = config_of(&dir);
-    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("MistralForCausalLM"), Some(8)), "{cfg}");
+    assert_eq!(
+        (cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()),
+        (Some("MistralForCausalLM"), Some(8)),
+        "{cfg}"
+    );
     let tokens = compare(&dir, "mistral, window 8");
     parity_matches(&dir, "mistral, window 8");
 
-    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| cfg["sliding_window"] = serde_json::Value::Null);
+    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| {
+        cfg["sliding_window"] = serde_json::Value::Null
+    });
 }
 
 /// Qwen3ForCausalLM: per-head q/k RMSNorms (random weights 1 + N(0, 0.1^2)) before RoPE,
@@ -242,7 +279,11 @@ fn tiny_qwen3_matches_reference() {
 fn tiny_gemma3_matches_reference() {
     let (_guard, _tmp, dir) = tiny_checkpoint("tiny-gemma3", true, &["--family", "gemma3", "--sliding-window", "8"]);
     let cfg = config_of(&dir);
-    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("Gemma3ForCausalLM"), Some(8)), "{cfg}");
+    assert_eq!(
+        (cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()),
+        (Some("Gemma3ForCausalLM"), Some(8)),
+        "{cfg}"
+    );
     let tokens = compare(&dir, "gemma3");
     parity_matches(&dir, "gemma3");
 
@@ -262,8 +303,16 @@ fn tiny_gemma2_matches_reference() {
     let (_guard, _tmp, dir) = tiny_checkpoint("tiny-gemma2", true, &["--family", "gemma2", "--sliding-window", "8"]);
     let cfg = config_of(&dir);
     let f = |k: &str| cfg[k].as_f64();
-    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()), (Some("Gemma2ForCausalLM"), Some(8)), "{cfg}");
-    assert_eq!((f("attn_logit_softcapping"), f("final_logit_softcapping"), f("query_pre_attn_scalar")), (Some(3.0), Some(5.0), Some(8.0)), "{cfg}");
+    assert_eq!(
+        (cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64()),
+        (Some("Gemma2ForCausalLM"), Some(8)),
+        "{cfg}"
+    );
+    assert_eq!(
+        (f("attn_logit_softcapping"), f("final_logit_softcapping"), f("query_pre_attn_scalar")),
+        (Some(3.0), Some(5.0), Some(8.0)),
+        "{cfg}"
+    );
     assert_eq!(cfg["layer_types"], serde_json::json!(["sliding_attention", "full_attention"]), "{cfg}");
     let tokens = compare(&dir, "gemma2");
     // Parity pairs `lm_head` (uncapped) and `logits` (the capped model output) too.
@@ -274,9 +323,17 @@ fn tiny_gemma2_matches_reference() {
     let no_final_cap = |cfg: &mut serde_json::Value| cfg["final_logit_softcapping"] = serde_json::Value::Null;
     assert_generation_changes_without(&dir, &tokens, "the attention soft-cap does", no_attn_cap);
     // The final cap is monotone, so greedy tokens keep their argmax; sampled ones change.
-    assert_eq!(generation_without(&dir, GREEDY, no_final_cap), tokens, "without the final cap greedy tokens should not change (tanh is monotone)");
+    assert_eq!(
+        generation_without(&dir, GREEDY, no_final_cap),
+        tokens,
+        "without the final cap greedy tokens should not change (tanh is monotone)"
+    );
     let sampled: Vec<Vec<u32>> = PROMPTS.iter().map(|(p, chat)| ours_with(&dir, p, *chat, SAMPLED).tokens).collect();
-    assert_ne!(generation_without(&dir, SAMPLED, no_final_cap), sampled, "the final soft-cap changes no sampled token; the test cannot detect its absence");
+    assert_ne!(
+        generation_without(&dir, SAMPLED, no_final_cap),
+        sampled,
+        "the final soft-cap changes no sampled token; the test cannot detect its absence"
+    );
     assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| {
         cfg["layer_types"] = serde_json::json!(["full_attention", "full_attention"]);
     });
@@ -288,9 +345,20 @@ fn expert_load(dir: &Path, layer: usize, n_experts: usize) -> Vec<usize> {
     let out = dir.join("routing");
     let name = format!("model.layers.{layer}.mlp.gate.top_k_index");
     let mut c = loupe();
-    c.arg("dump").arg("--model").arg(dir).args(["--precision", "f32", "--chat", "--prompt", PROMPTS[1].0, "--taps"]).arg(format!("^{}$", name.replace('.', r"\."))).arg("-o").arg(&out);
+    c.arg("dump")
+        .arg("--model")
+        .arg(dir)
+        .args(["--precision", "f32", "--chat", "--prompt", PROMPTS[1].0, "--taps"])
+        .arg(format!("^{}$", name.replace('.', r"\.")))
+        .arg("-o")
+        .arg(&out);
     checked("loupe dump", run(&mut c));
-    let ids = loupe_formats::npy::NpyFile::open(out.join("step0").join(format!("{name}.npy"))).expect("npy").tensor().expect("tensor").to_f32().expect("f32");
+    let ids = loupe_formats::npy::NpyFile::open(out.join("step0").join(format!("{name}.npy")))
+        .expect("npy")
+        .tensor()
+        .expect("tensor")
+        .to_f32()
+        .expect("f32");
     std::fs::remove_dir_all(&out).unwrap();
     let mut load = vec![0; n_experts];
     for id in ids {
@@ -308,9 +376,17 @@ fn bisect_matches(dir: &Path, label: &str) {
     c.arg("bisect").arg("--model").arg(dir).args(["--prompt", "The quick brown fox jumps over the lazy dog"]);
     let o = run(&mut c);
     let out = stdout(&o);
-    assert!(o.status.success() && out.contains("verdict: MATCH on every rung that ran"), "{label}: bisect ({}):\n{out}\n{}", o.status, stderr(&o));
+    assert!(
+        o.status.success() && out.contains("verdict: MATCH on every rung that ran"),
+        "{label}: bisect ({}):\n{out}\n{}",
+        o.status,
+        stderr(&o)
+    );
     for rung in ["reference", "teacher-forced", "incremental", "batched", "served"] {
-        assert!(out.lines().any(|l| l.contains(rung) && l.contains(" ok ")), "{label}: rung {rung} did not pass:\n{out}");
+        assert!(
+            out.lines().any(|l| l.contains(rung) && l.contains(" ok ")),
+            "{label}: rung {rung} did not pass:\n{out}"
+        );
     }
 }
 
@@ -329,7 +405,8 @@ fn with_zeroed_tensor<T>(dir: &Path, name: &str, f: impl FnOnce() -> T) -> T {
     let header: serde_json::Value = serde_json::from_slice(&original[8..8 + n]).unwrap();
     let entry = &header[name];
     assert_eq!(entry["dtype"], "F32", "{name}: {entry}");
-    let (a, b) = (entry["data_offsets"][0].as_u64().unwrap() as usize, entry["data_offsets"][1].as_u64().unwrap() as usize);
+    let (a, b) =
+        (entry["data_offsets"][0].as_u64().unwrap() as usize, entry["data_offsets"][1].as_u64().unwrap() as usize);
     let mut edited = original.clone();
     assert!(edited[8 + n + a..8 + n + b].iter().any(|&x| x != 0), "{name} is already zero");
     edited[8 + n + a..8 + n + b].fill(0);
@@ -348,14 +425,20 @@ fn tiny_qwen3_moe_matches_reference() {
     let (_guard, _tmp, dir) = tiny_checkpoint("tiny-qwen3-moe", false, &["--family", "qwen3_moe"]);
     let cfg = config_of(&dir);
     assert_eq!(cfg["architectures"][0], "Qwen3MoeForCausalLM", "{cfg}");
-    assert_eq!((cfg["num_local_experts"].as_u64(), cfg["num_experts_per_tok"].as_u64(), cfg["norm_topk_prob"].as_bool()), (Some(8), Some(2), Some(true)), "{cfg}");
+    assert_eq!(
+        (cfg["num_local_experts"].as_u64(), cfg["num_experts_per_tok"].as_u64(), cfg["norm_topk_prob"].as_bool()),
+        (Some(8), Some(2), Some(true)),
+        "{cfg}"
+    );
     assert_eq!(cfg["mlp_only_layers"], serde_json::json!([1]), "{cfg}");
     let tokens = compare(&dir, "qwen3_moe");
     parity_matches(&dir, "qwen3_moe");
     bisect_matches(&dir, "qwen3_moe");
     assert_every_expert_routed(&dir, 0, 8);
 
-    assert_generation_changes_without(&dir, &tokens, "the renormalization of the top-k weights does", |cfg| cfg["norm_topk_prob"] = serde_json::json!(false));
+    assert_generation_changes_without(&dir, &tokens, "the renormalization of the top-k weights does", |cfg| {
+        cfg["norm_topk_prob"] = serde_json::json!(false)
+    });
     // Layer 1 sparse too (it has no expert weights): loupe must refuse, naming the tensor.
     let original = std::fs::read(dir.join("config.json")).unwrap();
     let mut edited = config_of(&dir);
@@ -378,22 +461,53 @@ fn tiny_glm4_moe_matches_reference() {
     let cfg = config_of(&dir);
     assert_eq!(cfg["architectures"][0], "Glm4MoeForCausalLM", "{cfg}");
     let f = |k: &str| cfg[k].as_f64();
-    assert_eq!((f("n_routed_experts"), f("n_group"), f("topk_group"), f("n_shared_experts"), f("routed_scaling_factor"), f("first_k_dense_replace")), (Some(8.0), Some(4.0), Some(2.0), Some(1.0), Some(2.5), Some(1.0)), "{cfg}");
+    assert_eq!(
+        (
+            f("n_routed_experts"),
+            f("n_group"),
+            f("topk_group"),
+            f("n_shared_experts"),
+            f("routed_scaling_factor"),
+            f("first_k_dense_replace")
+        ),
+        (Some(8.0), Some(4.0), Some(2.0), Some(1.0), Some(2.5), Some(1.0)),
+        "{cfg}"
+    );
     let tokens = compare(&dir, "glm4_moe");
     parity_matches(&dir, "glm4_moe");
     bisect_matches(&dir, "glm4_moe");
     assert_every_expert_routed(&dir, 1, 8);
 
     let edit = |k: &'static str, v: serde_json::Value| move |cfg: &mut serde_json::Value| cfg[k] = v;
-    assert_generation_changes_without(&dir, &tokens, "the renormalization of the top-k weights does", edit("norm_topk_prob", serde_json::json!(false)));
-    assert_generation_changes_without(&dir, &tokens, "the shared expert does", edit("n_shared_experts", serde_json::json!(0)));
-    assert_generation_changes_without(&dir, &tokens, "routed_scaling_factor does", edit("routed_scaling_factor", serde_json::json!(1.0)));
+    assert_generation_changes_without(
+        &dir,
+        &tokens,
+        "the renormalization of the top-k weights does",
+        edit("norm_topk_prob", serde_json::json!(false)),
+    );
+    assert_generation_changes_without(
+        &dir,
+        &tokens,
+        "the shared expert does",
+        edit("n_shared_experts", serde_json::json!(0)),
+    );
+    assert_generation_changes_without(
+        &dir,
+        &tokens,
+        "routed_scaling_factor does",
+        edit("routed_scaling_factor", serde_json::json!(1.0)),
+    );
     assert_generation_changes_without(&dir, &tokens, "the group limit does", |cfg| {
         cfg["n_group"] = serde_json::json!(1);
         cfg["topk_group"] = serde_json::json!(1);
     });
-    let unbiased = with_zeroed_tensor(&dir, "model.layers.1.mlp.gate.e_score_correction_bias", || PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect::<Vec<_>>());
-    assert_ne!(unbiased, tokens, "the correction bias changes nothing on these prompts; the test cannot detect its absence");
+    let unbiased = with_zeroed_tensor(&dir, "model.layers.1.mlp.gate.e_score_correction_bias", || {
+        PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect::<Vec<_>>()
+    });
+    assert_ne!(
+        unbiased, tokens,
+        "the correction bias changes nothing on these prompts; the test cannot detect its absence"
+    );
 
     // GLM's default partial rotary embedding is refused by name, never ignored.
     let original = std::fs::read(dir.join("config.json")).unwrap();
@@ -412,16 +526,29 @@ fn tiny_glm4_moe_matches_reference() {
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_phi3_matches_reference() {
-    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-phi3", false, &["--family", "phi3", "--partial-rotary", "0.5", "--sliding-window", "8"]);
+    let (_guard, _tmp, dir) =
+        tiny_checkpoint("tiny-phi3", false, &["--family", "phi3", "--partial-rotary", "0.5", "--sliding-window", "8"]);
     let cfg = config_of(&dir);
-    assert_eq!((cfg["architectures"][0].as_str(), cfg["sliding_window"].as_u64(), cfg["rope_parameters"]["partial_rotary_factor"].as_f64()), (Some("Phi3ForCausalLM"), Some(8), Some(0.5)), "{cfg}");
+    assert_eq!(
+        (
+            cfg["architectures"][0].as_str(),
+            cfg["sliding_window"].as_u64(),
+            cfg["rope_parameters"]["partial_rotary_factor"].as_f64()
+        ),
+        (Some("Phi3ForCausalLM"), Some(8), Some(0.5)),
+        "{cfg}"
+    );
     let tokens = compare(&dir, "phi3");
     // Parity pairs the fused projections, their parts (which the reference dump slices as
     // Phi3Attention and Phi3MLP do) and `mlp.activation_fn` with the reference's hooks.
     parity_matches(&dir, "phi3");
 
-    assert_generation_changes_without(&dir, &tokens, "partial rotary does", |cfg| cfg["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(1.0));
-    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| cfg["sliding_window"] = serde_json::Value::Null);
+    assert_generation_changes_without(&dir, &tokens, "partial rotary does", |cfg| {
+        cfg["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(1.0)
+    });
+    assert_generation_changes_without(&dir, &tokens, "the sliding window does", |cfg| {
+        cfg["sliding_window"] = serde_json::Value::Null
+    });
 }
 
 /// Phi-3 with LongRoPE and partial rotary (0.75: 12 of 16 dims, 6 short and 6 long factors),
@@ -440,11 +567,26 @@ fn tiny_phi3_longrope_partial_rotary_matches_reference() {
     make_tiny_with(&dir, &gguf, false, "longrope", &["--family", "phi3", "--partial-rotary", "0.75"]);
     let cfg = config_of(&dir);
     let rope = &cfg["rope_parameters"];
-    assert_eq!((cfg["original_max_position_embeddings"].as_u64(), cfg["max_position_embeddings"].as_u64(), rope["partial_rotary_factor"].as_f64()), (Some(16), Some(2048), Some(0.75)), "{cfg}");
-    assert_eq!((rope["short_factor"].as_array().map(Vec::len), rope["long_factor"].as_array().map(Vec::len)), (Some(6), Some(6)), "{cfg}");
+    assert_eq!(
+        (
+            cfg["original_max_position_embeddings"].as_u64(),
+            cfg["max_position_embeddings"].as_u64(),
+            rope["partial_rotary_factor"].as_f64()
+        ),
+        (Some(16), Some(2048), Some(0.75)),
+        "{cfg}"
+    );
+    assert_eq!(
+        (rope["short_factor"].as_array().map(Vec::len), rope["long_factor"].as_array().map(Vec::len)),
+        (Some(6), Some(6)),
+        "{cfg}"
+    );
     let tokens = compare(&dir, "phi3 longrope");
     let prompt_lens: Vec<usize> = PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).prompt_tokens.len()).collect();
-    assert!(prompt_lens[0] < 16 && prompt_lens[0] + tokens[0].len() > 16 && prompt_lens[1] > 16, "the prompts should cross the switch in decode and at prefill: {prompt_lens:?}");
+    assert!(
+        prompt_lens[0] < 16 && prompt_lens[0] + tokens[0].len() > 16 && prompt_lens[1] > 16,
+        "the prompts should cross the switch in decode and at prefill: {prompt_lens:?}"
+    );
     parity_matches(&dir, "phi3 longrope");
 
     assert_generation_changes_without(&dir, &tokens, "LongRoPE scaling does", |cfg| {
@@ -452,7 +594,9 @@ fn tiny_phi3_longrope_partial_rotary_matches_reference() {
         rope.retain(|k, _| k == "rope_theta" || k == "partial_rotary_factor");
         rope.insert("rope_type".into(), serde_json::json!("default"));
     });
-    assert_generation_changes_without(&dir, &tokens, "LongRoPE's attention factor does", |cfg| cfg["rope_parameters"]["attention_factor"] = serde_json::json!(1.0));
+    assert_generation_changes_without(&dir, &tokens, "LongRoPE's attention factor does", |cfg| {
+        cfg["rope_parameters"]["attention_factor"] = serde_json::json!(1.0)
+    });
     // The long factors never used: the switch moved past every sequence, the attention
     // factor kept at its value for original length 16.
     let factor = (1.0f64 + (2048.0f64 / 16.0).ln() / 16f64.ln()).sqrt();
@@ -464,11 +608,24 @@ fn tiny_phi3_longrope_partial_rotary_matches_reference() {
     // reproduce the recompute) and runs one that stays within it.
     let bench = |n_gen: &str| {
         let mut c = loupe();
-        c.arg("bench").arg("--model").arg(&dir).args(["--precision", "f32", "--batch", "2", "--n-prompt", "8", "--n-gen", n_gen]);
+        c.arg("bench").arg("--model").arg(&dir).args([
+            "--precision",
+            "f32",
+            "--batch",
+            "2",
+            "--n-prompt",
+            "8",
+            "--n-gen",
+            n_gen,
+        ]);
         run(&mut c)
     };
     let o = bench("16");
-    assert!(!o.status.success() && stderr(&o).contains("LongRoPE's original length 16"), "a batch crossing the switch should be refused:\n{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("LongRoPE's original length 16"),
+        "a batch crossing the switch should be refused:\n{}",
+        stderr(&o)
+    );
     let o = bench("4");
     assert!(o.status.success(), "a batch within the switch should run:\n{}", stderr(&o));
     drop(guard);
@@ -493,7 +650,10 @@ fn matches_or_refuses(extra: &[&str], field: &str) {
     }
     let ours: JsonOut = serde_json::from_str(stdout(&o).trim()).unwrap();
     let r = reference(&dir, prompt, chat);
-    assert_eq!(ours.tokens, r.tokens, "{extra:?}: loupe ran the checkpoint but generated other tokens (is {field} ignored?)");
+    assert_eq!(
+        ours.tokens, r.tokens,
+        "{extra:?}: loupe ran the checkpoint but generated other tokens (is {field} ignored?)"
+    );
 }
 
 #[test]

@@ -34,7 +34,15 @@ fn chromium() -> PathBuf {
 fn browse(page: &Path, args: &[&str]) -> (String, String) {
     let profile = tempfile::tempdir().unwrap();
     let o = Command::new(chromium())
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--enable-logging=stderr", "--v=0"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--v=0",
+        ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .args(args)
         .arg(format!("file://{}", page.display()))
@@ -44,7 +52,12 @@ fn browse(page: &Path, args: &[&str]) -> (String, String) {
 }
 
 fn dump(out: &Path, extra: &[&str]) {
-    let o = run(loupe().args(["dump", "--precision", "f32", "--prompt", "The quick brown fox jumps over the lazy dog", "-m"]).arg(tiny_model()).arg("-o").arg(out).args(extra));
+    let o = run(loupe()
+        .args(["dump", "--precision", "f32", "--prompt", "The quick brown fox jumps over the lazy dog", "-m"])
+        .arg(tiny_model())
+        .arg("-o")
+        .arg(out)
+        .args(extra));
     assert!(o.status.success(), "dump: {}", stderr(&o));
 }
 
@@ -105,10 +118,28 @@ fn the_bisect_page_renders_its_ladder() {
     chromium();
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("bisect.html");
-    let o = run(loupe().args(["bisect", "--prompt", "The capital of France is", "-n", "6", "--reference", "none", "--inject", "stream-drop-last", "-m"]).arg(tiny_model()).arg("--html").arg(&page));
+    let o = run(loupe()
+        .args([
+            "bisect",
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "6",
+            "--reference",
+            "none",
+            "--inject",
+            "stream-drop-last",
+            "-m",
+        ])
+        .arg(tiny_model())
+        .arg("--html")
+        .arg(&page));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(!html.contains("__LOUPE_LADDER_JSON__") && !html.contains("__LOUPE_REPORT_JSON__"), "both data slots were filled");
+    assert!(
+        !html.contains("__LOUPE_LADDER_JSON__") && !html.contains("__LOUPE_REPORT_JSON__"),
+        "both data slots were filled"
+    );
     let dom = rendered_dom(&page);
     assert!(dom.contains("DIVERGENCE at rung 'served'"), "verdict");
     assert!(dom.contains("serving layer (detokenizer, stream)"), "the subsystem");

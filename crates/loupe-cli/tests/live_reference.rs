@@ -25,13 +25,20 @@ fn f32_matches_live_reference_on_unseen_prompt() {
         .output()
         .expect("python3");
     assert!(reference.status.success(), "reference failed: {}", stderr(&reference));
-    let reference: JsonOut = serde_json::from_str(stdout(&reference).lines().last().unwrap_or("")).expect("reference json");
+    let reference: JsonOut =
+        serde_json::from_str(stdout(&reference).lines().last().unwrap_or("")).expect("reference json");
 
-    let ours = run(loupe()
-        .arg("generate")
-        .arg("--model")
-        .arg(&model)
-        .args(["--precision", "f32", "--temperature", "0", "--json", "--max-tokens", "64", "--chat", prompt]));
+    let ours = run(loupe().arg("generate").arg("--model").arg(&model).args([
+        "--precision",
+        "f32",
+        "--temperature",
+        "0",
+        "--json",
+        "--max-tokens",
+        "64",
+        "--chat",
+        prompt,
+    ]));
     assert!(ours.status.success(), "{}", stderr(&ours));
     let ours: JsonOut = serde_json::from_str(stdout(&ours).trim()).expect("loupe json");
     assert_eq!(ours.prompt_tokens, reference.prompt_tokens);

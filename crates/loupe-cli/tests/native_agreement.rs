@@ -13,7 +13,9 @@ fn agreement(precision: Precision) -> (usize, usize, usize, usize) {
 /// [`agreement`] with the KV cache stored as `kv` (the graph's default when `None`).
 fn agreement_with_kv(precision: Precision, kv: Option<loupe_graph::KvDtype>) -> (usize, usize, usize, usize) {
     let model_path = real_model();
-    let mut model = loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).expect("load");
+    let mut model =
+        loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() })
+            .expect("load");
     if let Some(kv) = kv {
         model.graph.kv_dtype = kv;
     }
@@ -53,7 +55,10 @@ fn q8_activation_agreement_is_reported() {
 fn fp8_kv_cache_teacher_forced_agreement_is_reported() {
     for precision in [Precision::F32, Precision::Native] {
         let (agree, total, _, _) = agreement_with_kv(precision, Some(loupe_graph::KvDtype::Fp8E4M3));
-        assert!(agree as f64 >= 0.93 * total as f64, "{precision:?} with an fp8 KV cache: agreement {agree}/{total} is below 93%: a kernel is broken");
+        assert!(
+            agree as f64 >= 0.93 * total as f64,
+            "{precision:?} with an fp8 KV cache: agreement {agree}/{total} is below 93%: a kernel is broken"
+        );
     }
 }
 
@@ -65,7 +70,11 @@ fn fp8_kv_cache_teacher_forced_agreement_is_reported() {
 #[ignore = "needs the real model (scripts/test fetches it)"]
 fn native_decode_path_argmax_agreement_at_least_99_percent() {
     let model_path = real_model();
-    let model = loupe_models::load(&model_path, LoadOptions { precision: Precision::Native, layers: None, progress: None, faults: Vec::new() }).expect("load");
+    let model = loupe_models::load(
+        &model_path,
+        LoadOptions { precision: Precision::Native, layers: None, progress: None, faults: Vec::new() },
+    )
+    .expect("load");
     let (mut agree, mut total) = (0, 0);
     for g in goldens() {
         let mut seq = g.prompt_tokens.clone();

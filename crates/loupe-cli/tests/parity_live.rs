@@ -27,7 +27,13 @@ fn parity_against_live_reference_passes_the_dumper_guard() {
     assert_eq!(report["verdict"], "match");
     assert!(report["first_divergence"].is_null());
     let pairs = report["pairs"].as_array().unwrap();
-    let cos = |name: &str| pairs.iter().find(|p| p["name"] == name).and_then(|p| p["cosine"].as_f64()).unwrap_or_else(|| panic!("{name} not compared"));
+    let cos = |name: &str| {
+        pairs
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["cosine"].as_f64())
+            .unwrap_or_else(|| panic!("{name} not compared"))
+    };
     assert!(cos("model.embed_tokens") >= 0.999_999);
     for l in 0..30 {
         let c = cos(&format!("model.layers.{l}"));

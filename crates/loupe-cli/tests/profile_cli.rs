@@ -22,7 +22,11 @@ fn assert_table(err: &str) {
 fn generate_profile_prints_the_table_and_writes_a_chrome_trace() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("trace.json");
-    let o = run(loupe().args(["generate", "hello there", "-n", "6", "-t", "2", "--profile-top", "7", "--profile-out"]).arg(&trace).arg("-m").arg(tiny_model()));
+    let o = run(loupe()
+        .args(["generate", "hello there", "-n", "6", "-t", "2", "--profile-top", "7", "--profile-out"])
+        .arg(&trace)
+        .arg("-m")
+        .arg(tiny_model()));
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert_table(&err);
@@ -38,7 +42,9 @@ fn generate_profile_prints_the_table_and_writes_a_chrome_trace() {
 
 #[test]
 fn bench_profile_and_a_bad_trace_path() {
-    let o = run(loupe().args(["bench", "-p", "8", "-n", "4", "-r", "1", "--warmup", "0", "--no-ceiling", "--profile", "-m"]).arg(tiny_model()));
+    let o = run(loupe()
+        .args(["bench", "-p", "8", "-n", "4", "-r", "1", "--warmup", "0", "--no-ceiling", "--profile", "-m"])
+        .arg(tiny_model()));
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert_table(&err);

@@ -32,15 +32,22 @@ fn quantizing_the_tiny_model_to_each_legacy_type_keeps_it_close_to_the_original(
             let target = loupe_models::quantize::TARGETS.into_iter().find(|t| t.name() == ty).unwrap();
             let bits = |t: loupe_core::GgmlType| t.type_size() as f64 / t.block_size() as f64;
             // The embedding keeps its type where it has more bits than the target.
-            let keep = loupe_models::quantize::EMBEDDINGS.contains(&ta.name.as_str()) && bits(ta.ggml_type) > bits(target);
+            let keep =
+                loupe_models::quantize::EMBEDDINGS.contains(&ta.name.as_str()) && bits(ta.ggml_type) > bits(target);
             let want_ty = if ta.dims.len() < 2 || keep { ta.ggml_type.name() } else { ty };
             assert_eq!(tb.ggml_type.name(), want_ty, "{ty}: {}", ta.name);
         }
         assert_eq!(b.get("general.file_type").map(|v| v.to_string()), Some(file_type.to_string()), "{ty}");
-        assert_eq!(a.get("general.architecture").map(|v| v.to_string()), b.get("general.architecture").map(|v| v.to_string()));
+        assert_eq!(
+            a.get("general.architecture").map(|v| v.to_string()),
+            b.get("general.architecture").map(|v| v.to_string())
+        );
         let cos = cosine(&want, &dump_logits(&out, &dir.path().join(ty)));
         eprintln!("{ty}: logits cosine {cos}");
-        assert!(cos >= min_cos && cos < previous, "{ty}: logits cosine {cos} against the original (the type before: {previous})");
+        assert!(
+            cos >= min_cos && cos < previous,
+            "{ty}: logits cosine {cos} against the original (the type before: {previous})"
+        );
         previous = cos;
     }
 }
@@ -82,7 +89,11 @@ fn fp8_files_load_and_run_near_the_original() {
     assert!(stderr(&o).contains("quantized to fp8_e4m3"), "{}", stderr(&o));
     let g = GgufFile::open(&out).unwrap();
     let matrices: Vec<_> = g.tensors.iter().filter(|t| t.dims.len() == 2).collect();
-    assert!(!matrices.is_empty() && matrices.iter().all(|t| t.ggml_type == loupe_core::GgmlType::Fp8E4M3), "{:?}", matrices.iter().map(|t| (&t.name, t.ggml_type)).collect::<Vec<_>>());
+    assert!(
+        !matrices.is_empty() && matrices.iter().all(|t| t.ggml_type == loupe_core::GgmlType::Fp8E4M3),
+        "{:?}",
+        matrices.iter().map(|t| (&t.name, t.ggml_type)).collect::<Vec<_>>()
+    );
     assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some(loupe_core::FP8_E4M3_TYPE_ID.to_string()));
     let got = dump_logits(&out, &dir.path().join("fp8"));
     let cos = cosine(&want, &got);
@@ -90,7 +101,10 @@ fn fp8_files_load_and_run_near_the_original() {
     assert!(run(loupe().arg("quantize").arg(&original).arg(&mx).args(["--type", "mxfp4", "--all"])).status.success());
     let cos_mxfp4 = cosine(&want, &dump_logits(&mx, &dir.path().join("mx")));
     eprintln!("fp8: logits cosine {cos} (mxfp4: {cos_mxfp4})");
-    assert!(cos > 0.9 && cos < 0.9999 && cos > cos_mxfp4, "fp8: logits cosine {cos} against the original (mxfp4: {cos_mxfp4})");
+    assert!(
+        cos > 0.9 && cos < 0.9999 && cos > cos_mxfp4,
+        "fp8: logits cosine {cos} against the original (mxfp4: {cos_mxfp4})"
+    );
     let native = dump_logits_at(&out, &dir.path().join("fp8-native"), "native");
     let agree = cosine(&got, &native);
     assert!(agree > 0.99999, "fp8 native vs f32 logits cosine {agree}");
@@ -99,11 +113,19 @@ fn fp8_files_load_and_run_near_the_original() {
     // The transformers reference cannot read the type: parity against it is refused up front,
     // naming what to do instead.
     let o = run(loupe().args(["parity", "--prompt", "hello", "-m"]).arg(&out));
-    assert_clean_failure(&o, "a loupe type the transformers reference cannot read: dump the model it was quantized from");
+    assert_clean_failure(
+        &o,
+        "a loupe type the transformers reference cannot read: dump the model it was quantized from",
+    );
     let back = dir.path().join("tiny-fp8-q8_0.gguf");
     let o = run(loupe().arg("quantize").arg(&out).arg(&back).args(["--type", "q8_0", "--all"]));
     assert!(o.status.success(), "fp8 -> q8_0: {}", stderr(&o));
-    assert!(GgufFile::open(&back).unwrap().tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type == loupe_core::GgmlType::Q8_0));
+    assert!(GgufFile::open(&back)
+        .unwrap()
+        .tensors
+        .iter()
+        .filter(|t| t.dims.len() == 2)
+        .all(|t| t.ggml_type == loupe_core::GgmlType::Q8_0));
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -113,9 +135,27 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn dump_logits_at(model: &std::path::Path, out: &std::path::Path, precision: &str) -> Vec<f32> {
-    let o = run(loupe().args(["dump", "--precision", precision, "--prompt", "The quick brown fox jumps over the lazy dog", "--taps", "lm_head", "-o"]).arg(out).arg("-m").arg(model));
+    let o = run(loupe()
+        .args([
+            "dump",
+            "--precision",
+            precision,
+            "--prompt",
+            "The quick brown fox jumps over the lazy dog",
+            "--taps",
+            "lm_head",
+            "-o",
+        ])
+        .arg(out)
+        .arg("-m")
+        .arg(model));
     assert!(o.status.success(), "dump: {}", stderr(&o));
-    let f = std::fs::read_dir(out.join("step0")).unwrap().filter_map(Result::ok).find(|e| e.file_name().to_string_lossy().starts_with("lm_head")).expect("lm_head dumped").path();
+    let f = std::fs::read_dir(out.join("step0"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("lm_head"))
+        .expect("lm_head dumped")
+        .path();
     loupe_formats::npy::NpyFile::open(&f).expect("npy").tensor().expect("tensor").to_f32().expect("f32")
 }
 
@@ -144,7 +184,9 @@ fn nvfp4_files_carry_their_tensor_scales_and_run_near_the_original() {
     assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some("39".into()));
     for t in a.tensors.iter().filter(|t| t.dims.len() == 2) {
         assert_eq!(g.tensor(&t.name).unwrap().ggml_type.name(), "nvfp4", "{}", t.name);
-        let side = g.tensor(&loupe_models::weights::nvfp4_scale_name(&t.name)).unwrap_or_else(|| panic!("{}: no .scale sidecar", t.name));
+        let side = g
+            .tensor(&loupe_models::weights::nvfp4_scale_name(&t.name))
+            .unwrap_or_else(|| panic!("{}: no .scale sidecar", t.name));
         assert_eq!((side.ggml_type.name(), side.n_elements()), ("f32", 1));
         let mut w = vec![0f32; t.n_elements() as usize];
         loupe_tensor::quant::dequantize_row(t.ggml_type, a.tensor_data(t), &mut w).unwrap();
@@ -175,7 +217,12 @@ fn nvfp4_files_carry_their_tensor_scales_and_run_near_the_original() {
         for (b, (nb, qb)) in nv.chunks(32).zip(q.chunks(32)).enumerate() {
             let amax = nb.iter().fold(0f32, |m, v| m.max((v * scale).abs()));
             for (x, y) in nb.iter().zip(qb) {
-                assert!((x * scale - y).abs() <= amax / 127.0 * 0.57 + 1e-30, "{} block {b}: {} became {y}", t.name, x * scale);
+                assert!(
+                    (x * scale - y).abs() <= amax / 127.0 * 0.57 + 1e-30,
+                    "{} block {b}: {} became {y}",
+                    t.name,
+                    x * scale
+                );
             }
         }
     }
@@ -196,13 +243,20 @@ fn q4_k_files_load_and_run_near_the_original() {
     let o = run(loupe().arg("quantize").arg(&wide).arg(&out).args(["--type", "q4_K", "--all"]));
     assert!(o.status.success(), "{}", stderr(&o));
     let g = GgufFile::open(&out).unwrap();
-    assert!(g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "q4_K"), "{:?}", g.tensors.iter().map(|t| (&t.name, t.ggml_type.name())).collect::<Vec<_>>());
+    assert!(
+        g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "q4_K"),
+        "{:?}",
+        g.tensors.iter().map(|t| (&t.name, t.ggml_type.name())).collect::<Vec<_>>()
+    );
     assert_eq!(g.get("general.file_type").map(|v| v.to_string()), Some("14".into()));
     let cos = cosine(&want, &dump_logits(&out, &dir.path().join("q4k")));
     eprintln!("q4_K: logits cosine {cos}");
     assert!(cos > 0.8 && cos < 0.99999, "q4_K: logits cosine {cos} against the original");
     let native = dump_logits_at(&out, &dir.path().join("q4k-native"), "native");
-    assert!(cosine(&native, &dump_logits(&out, &dir.path().join("q4k-f32"))) > 0.999, "native against f32 on the Q4_K file");
+    assert!(
+        cosine(&native, &dump_logits(&out, &dir.path().join("q4k-f32"))) > 0.999,
+        "native against f32 on the Q4_K file"
+    );
 
     let narrow = dir.path().join("narrow-q4_k.gguf");
     let o = run(loupe().arg("quantize").arg(tiny_model()).arg(&narrow).args(["--type", "q4_K", "--all"]));
@@ -230,11 +284,32 @@ fn bad_quantize_arguments_fail_with_one_line() {
     std::fs::write(&not_gguf, b"not a model").unwrap();
     std::fs::write(dir.path().join("exists.gguf"), b"").unwrap();
     for (args, needle) in [
-        (vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()], "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4, fp8_e4m3, f16, bf16, f32".to_string()),
-        (vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "config.json: missing (a Hugging Face checkpoint directory has config.json".into()),
-        (vec![not_gguf.display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()], "not a GGUF file".into()),
-        (vec![tiny_model().display().to_string(), dir.path().join("exists.gguf").display().to_string(), "--type".into(), "q8_0".into()], "exists (--force replaces it)".into()),
-        (vec![tiny_model().display().to_string(), "/nonexistent-dir/o.gguf".into(), "--type".into(), "q8_0".into()], "no directory /nonexistent-dir".into()),
+        (
+            vec![tiny_model().display().to_string(), out.display().to_string(), "--type".into(), "q3_K".into()],
+            "--type q3_K: expected one of q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, mxfp4, nvfp4, fp8_e4m3, f16, bf16, f32"
+                .to_string(),
+        ),
+        (
+            vec![dir.path().display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()],
+            "config.json: missing (a Hugging Face checkpoint directory has config.json".into(),
+        ),
+        (
+            vec![not_gguf.display().to_string(), out.display().to_string(), "--type".into(), "q8_0".into()],
+            "not a GGUF file".into(),
+        ),
+        (
+            vec![
+                tiny_model().display().to_string(),
+                dir.path().join("exists.gguf").display().to_string(),
+                "--type".into(),
+                "q8_0".into(),
+            ],
+            "exists (--force replaces it)".into(),
+        ),
+        (
+            vec![tiny_model().display().to_string(), "/nonexistent-dir/o.gguf".into(), "--type".into(), "q8_0".into()],
+            "no directory /nonexistent-dir".into(),
+        ),
     ] {
         let o = run(loupe().arg("quantize").args(&args));
         assert_clean_failure(&o, &needle);

@@ -35,7 +35,13 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog because";
 fn make_tiny(dir: &Path, extra: &[&str]) {
     let tokenizer = real_model();
     require_python_reference();
-    let o = python(&["make-tiny", "--seed", "0", "--out"]).arg(dir).arg("--tokenizer-gguf").arg(&tokenizer).args(extra).output().expect("python3");
+    let o = python(&["make-tiny", "--seed", "0", "--out"])
+        .arg(dir)
+        .arg("--tokenizer-gguf")
+        .arg(&tokenizer)
+        .args(extra)
+        .output()
+        .expect("python3");
     assert!(o.status.success(), "make-tiny: {}", stderr(&o));
 }
 
@@ -47,7 +53,8 @@ fn quantize(dir: &Path, out: &Path, ty: &str) {
 
 fn generate(model: &Path, precision: &str, chat: bool) -> JsonOut {
     let mut c = loupe();
-    c.args(["generate", "--precision", precision, "--json", "--max-tokens", "24", "--temperature", "0", "-m"]).arg(model);
+    c.args(["generate", "--precision", precision, "--json", "--max-tokens", "24", "--temperature", "0", "-m"])
+        .arg(model);
     if chat {
         c.arg("--chat");
     }
@@ -58,9 +65,18 @@ fn generate(model: &Path, precision: &str, chat: bool) -> JsonOut {
 
 /// `lm_head` at every prompt position (one row per position).
 fn logits(model: &Path, out: &Path, precision: &str) -> Vec<f32> {
-    let o = run(loupe().args(["dump", "--precision", precision, "--prompt", PROMPT, "--taps", "lm_head", "-o"]).arg(out).arg("-m").arg(model));
+    let o = run(loupe()
+        .args(["dump", "--precision", precision, "--prompt", PROMPT, "--taps", "lm_head", "-o"])
+        .arg(out)
+        .arg("-m")
+        .arg(model));
     assert!(o.status.success(), "dump: {}", stderr(&o));
-    let f = std::fs::read_dir(out.join("step0")).unwrap().filter_map(Result::ok).find(|e| e.file_name().to_string_lossy().starts_with("lm_head")).expect("lm_head dumped").path();
+    let f = std::fs::read_dir(out.join("step0"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("lm_head"))
+        .expect("lm_head dumped")
+        .path();
     loupe_formats::npy::NpyFile::open(&f).expect("npy").tensor().expect("tensor").to_f32().expect("f32")
 }
 
@@ -90,7 +106,8 @@ print(json.dumps([(la - lb).abs().max().item(), la.abs().max().item()]))
 "#;
     let o = std::process::Command::new("python3").args(["-c", SCRIPT]).arg(dir).arg(gguf).output().expect("python3");
     assert!(o.status.success(), "transformers on the GGUF: {}", stderr(&o));
-    let v: Vec<f64> = serde_json::from_str(stdout(&o).lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
+    let v: Vec<f64> =
+        serde_json::from_str(stdout(&o).lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
     (v[0], v[1])
 }
 
@@ -106,7 +123,11 @@ fn check(name: &str, extra: &[&str], exact: bool, transformers: bool) {
     quantize(&dir, &f32_gguf, "f32");
 
     for chat in [false, true] {
-        assert_eq!(generate(&f32_gguf, "f32", chat), generate(&dir, "f32", chat), "{name}: greedy tokens (chat {chat}) from the GGUF and from the directory");
+        assert_eq!(
+            generate(&f32_gguf, "f32", chat),
+            generate(&dir, "f32", chat),
+            "{name}: greedy tokens (chat {chat}) from the GGUF and from the directory"
+        );
     }
     let want = logits(&dir, &tmp.path().join("dump-dir"), "f32");
     let got = logits(&f32_gguf, &tmp.path().join("dump-f32"), "f32");
@@ -129,7 +150,10 @@ fn check(name: &str, extra: &[&str], exact: bool, transformers: bool) {
     let q8 = tmp.path().join("q8_0.gguf");
     quantize(&dir, &q8, "q8_0");
     let g = loupe_formats::GgufFile::open(&q8).unwrap();
-    assert!(g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "q8_0"), "{name}: every matrix q8_0");
+    assert!(
+        g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type.name() == "q8_0"),
+        "{name}: every matrix q8_0"
+    );
     let q = logits(&q8, &tmp.path().join("dump-q8"), "native");
     // Run at native precision too; one logits row per prompt position in the dumps.
     let n_rows = generate(&q8, "native", false).prompt_tokens.len();
@@ -137,16 +161,24 @@ fn check(name: &str, extra: &[&str], exact: bool, transformers: bool) {
     assert_eq!((width * n_rows, q.len()), (want.len(), want.len()), "{name}: {n_rows} rows of logits");
     let agree = want.chunks(width).zip(q.chunks(width)).filter(|(a, b)| argmax(a) == argmax(b)).count();
     // Where the argmax moves, q8_0's choice is a near tie of f32's: its rank among f32's logits.
-    let ranks: Vec<usize> = want.chunks(width).zip(q.chunks(width)).map(|(a, b)| a.iter().filter(|&&x| x > a[argmax(b)]).count()).collect();
+    let ranks: Vec<usize> =
+        want.chunks(width).zip(q.chunks(width)).map(|(a, b)| a.iter().filter(|&&x| x > a[argmax(b)]).count()).collect();
     let cos = cosine(&want, &q);
     eprintln!("{name}: q8_0 at native precision: logits cosine {cos}, argmax {agree}/{n_rows} positions, f32 rank of q8_0's argmax per position {ranks:?}");
     assert!(cos > 0.999 && cos < 1.0, "{name}: q8_0 logits cosine {cos}");
-    assert!(n_rows >= 8 && 2 * agree >= n_rows && ranks.iter().all(|&r| r < 5), "{name}: q8_0 argmax agrees at {agree} of {n_rows} positions, ranks {ranks:?}");
+    assert!(
+        n_rows >= 8 && 2 * agree >= n_rows && ranks.iter().all(|&r| r < 5),
+        "{name}: q8_0 argmax agrees at {agree} of {n_rows} positions, ranks {ranks:?}"
+    );
     // The directory's q8_0 file is the f32 GGUF's q8_0 requantization: the same code path.
     let requantized = tmp.path().join("f32-to-q8_0.gguf");
     let o = run(loupe().arg("quantize").arg(&f32_gguf).arg(&requantized).args(["--type", "q8_0"]));
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(logits(&requantized, &tmp.path().join("dump-requant"), "native"), q, "{name}: q8_0 from the directory and from its f32 GGUF");
+    assert_eq!(
+        logits(&requantized, &tmp.path().join("dump-requant"), "native"),
+        q,
+        "{name}: q8_0 from the directory and from its f32 GGUF"
+    );
 }
 
 #[test]

@@ -34,9 +34,14 @@ fn qwen_f32_greedy_matches_reference_goldens() {
 #[test]
 #[ignore = "needs Qwen2.5-Coder-0.5B-Instruct (scripts/test fetches it)"]
 fn qwen_native_teacher_forced_argmax_agreement_at_least_99_percent() {
-    let model = loupe_models::load(&qwen_model(), LoadOptions { precision: Precision::Native, ..Default::default() }).expect("load");
+    let model = loupe_models::load(&qwen_model(), LoadOptions { precision: Precision::Native, ..Default::default() })
+        .expect("load");
     assert_eq!(model.config.family, Family::Qwen2);
-    assert!((model.config.qkv_bias, model.config.o_bias, model.config.tie_word_embeddings) == (true, false, false), "{:?}", model.config);
+    assert!(
+        (model.config.qkv_bias, model.config.o_bias, model.config.tie_word_embeddings) == (true, false, false),
+        "{:?}",
+        model.config
+    );
     let (agree, total, _, _) = teacher_forced_agreement(&model.graph, &goldens_of(SET), "Qwen2.5 native");
     assert!(agree as f64 >= 0.99 * total as f64, "native agreement {agree}/{total} is below 99%");
 }

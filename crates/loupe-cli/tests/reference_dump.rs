@@ -47,12 +47,28 @@ fn reference_dump_layout_on_the_real_model() {
     let out = tmp.path().join("hf");
     let o = python(&["dump", "--gguf"])
         .arg(&model)
-        .args(["--prompt", "The quick brown fox", "--layers", "2", "--taps", "model.layers.0", "--taps", "^lm_head$", "--steps", "1", "-o"])
+        .args([
+            "--prompt",
+            "The quick brown fox",
+            "--layers",
+            "2",
+            "--taps",
+            "model.layers.0",
+            "--taps",
+            "^lm_head$",
+            "--steps",
+            "1",
+            "-o",
+        ])
         .arg(&out)
         .output()
         .expect("python3");
     assert!(o.status.success(), "reference dump failed: {}", stderr(&o));
-    assert_eq!(Path::new(stdout(&o).trim()).canonicalize().unwrap(), out.canonicalize().unwrap(), "stdout names the dump directory");
+    assert_eq!(
+        Path::new(stdout(&o).trim()).canonicalize().unwrap(),
+        out.canonicalize().unwrap(),
+        "stdout names the dump directory"
+    );
     // Written atomically: nothing but the dump beside it.
     let siblings: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(siblings, vec![std::ffi::OsString::from("hf")]);
@@ -127,7 +143,8 @@ fn reference_dump_layout_on_the_real_model() {
 
         for e in entries {
             let name = e["name"].as_str().unwrap();
-            let shape: Vec<usize> = e["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                e["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
             let want_shape = match expected.iter().find(|(n, _)| *n == name).unwrap() {
                 (n, _) if n.ends_with("attn_probs") => vec![9, rows, ctx],
                 (_, w) => vec![rows, w[0]],
@@ -147,7 +164,10 @@ fn reference_dump_layout_on_the_real_model() {
             let max = data.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
             // (serde_json without its float_roundtrip feature may parse a float 1 ulp off)
             let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() <= 1e-15 * b.abs());
-            assert!(close(s["min"].as_f64(), min) && close(s["max"].as_f64(), max), "{name}: stats {s} vs min {min} max {max}");
+            assert!(
+                close(s["min"].as_f64(), min) && close(s["max"].as_f64(), max),
+                "{name}: stats {s} vs min {min} max {max}"
+            );
             assert_eq!((s["nan"].as_u64(), s["inf"].as_u64()), (Some(0), Some(0)));
             let mean = data.iter().map(|&v| v as f64).sum::<f64>() / data.len() as f64;
             assert!((s["mean"].as_f64().unwrap() - mean).abs() <= 1e-9 * (1.0 + mean.abs()), "{name}: mean");

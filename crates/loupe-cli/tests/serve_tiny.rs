@@ -77,7 +77,11 @@ impl Server {
         let text = String::from_utf8_lossy(&raw).into_owned();
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status line");
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
         (status, body)
     }
 
@@ -129,7 +133,15 @@ fn model_id() -> String {
 fn greedy_chat_equals_loupe_generate_and_streams_the_same_text() {
     let s = Server::start(&[]);
     let prompt = "Tell me about the sea.";
-    let out = run(loupe().arg("generate").arg("--model").arg(tiny_model()).args(["--chat", "--temperature", "0", "--max-tokens", "12", "--json", prompt]));
+    let out = run(loupe().arg("generate").arg("--model").arg(tiny_model()).args([
+        "--chat",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--json",
+        prompt,
+    ]));
     assert!(out.status.success(), "{}", stderr(&out));
     let cli: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     let body = json!({"model": model_id(), "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 12});
@@ -187,7 +199,9 @@ fn errors_are_openai_bodies() {
     let (status, e) = s.json("GET", "/nowhere", None);
     assert_eq!((status, e["error"]["type"].as_str()), (404, Some("not_found_error")));
     // Nulls are absent; developer is system.
-    let (status, _) = chat(json!({"tools": null, "seed": null, "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]}));
+    let (status, _) = chat(
+        json!({"tools": null, "seed": null, "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}]}),
+    );
     assert_eq!(status, 200);
     assert_eq!(s.stop(), Some(0));
 }
@@ -201,7 +215,12 @@ fn metrics_health_tokenize_and_a_clean_sigterm() {
     assert_eq!((status, e["error"]["code"].as_str()), (401, Some("invalid_api_key")));
     let (status, metrics) = s.request("GET", "/metrics", None);
     assert_eq!(status, 200);
-    for name in ["loupe_time_to_first_token_milliseconds_count", "loupe_kv_cache_blocks_total", "loupe_batch_size_bucket{batch_type=\"TG\",le=\"1\"}", "loupe_model_load_time_milliseconds_count{component=\"load\"} 1"] {
+    for name in [
+        "loupe_time_to_first_token_milliseconds_count",
+        "loupe_kv_cache_blocks_total",
+        "loupe_batch_size_bucket{batch_type=\"TG\",le=\"1\"}",
+        "loupe_model_load_time_milliseconds_count{component=\"load\"} 1",
+    ] {
         assert!(metrics.contains(name), "no {name} in:\n{metrics}");
     }
     let (code, log) = s.stop_with_log();
@@ -213,7 +232,8 @@ fn metrics_health_tokenize_and_a_clean_sigterm() {
 #[test]
 fn serve_profile_prints_the_table_after_a_clean_shutdown() {
     let s = Server::start(&["--profile"]);
-    let (status, _) = s.json("POST", "/v1/completions", Some(&json!({"model": model_id(), "prompt": "hello", "max_tokens": 4})));
+    let (status, _) =
+        s.json("POST", "/v1/completions", Some(&json!({"model": model_id(), "prompt": "hello", "max_tokens": 4})));
     assert_eq!(status, 200);
     let (code, log) = s.stop_with_log();
     assert_eq!(code, Some(0));
@@ -221,4 +241,3 @@ fn serve_profile_prints_the_table_after_a_clean_shutdown() {
     assert!(text.contains("profile: ") && text.contains("by op kind") && text.contains("attention"), "{text}");
     assert!(log.iter().any(|l| l.contains("lm_head")), "{text}");
 }
-

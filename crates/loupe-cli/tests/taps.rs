@@ -37,35 +37,42 @@ fn logits_are_bit_identical_with_every_tap_on_and_with_none_on_the_real_model() 
 
 fn taps_change_nothing(path: &std::path::Path, layers: usize) {
     for precision in [Precision::F32, Precision::Native] {
-        let model = loupe_models::load(path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() }).unwrap();
+        let model =
+            loupe_models::load(path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() })
+                .unwrap();
         // The graph as built and as lowered (fused, memory-planned): taps must not change
         // either, and lowering must not change the numbers.
-        let lowered = loupe_graph::passes::lower(model.graph.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        let lowered = loupe_graph::passes::lower(
+            model.graph.clone(),
+            &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() },
+        )
+        .unwrap()
+        .graph;
         let mut results = Vec::new();
         for graph in [&model.graph, &lowered] {
-        let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
-        let next = model.tokenizer.encode(" it", false).unwrap()[0];
-        let run = |tap: Option<&mut TapAll>| {
-            let mut s = Session::new(graph, 64, &Default::default());
-            match tap {
-                None => {
-                    let a = s.forward(&prompt, true, None).unwrap().to_vec();
-                    (a, s.forward(&[next], true, None).unwrap().to_vec())
+            let prompt = model.tokenizer.encode("The quick brown fox jumps over the lazy dog because", true).unwrap();
+            let next = model.tokenizer.encode(" it", false).unwrap()[0];
+            let run = |tap: Option<&mut TapAll>| {
+                let mut s = Session::new(graph, 64, &Default::default());
+                match tap {
+                    None => {
+                        let a = s.forward(&prompt, true, None).unwrap().to_vec();
+                        (a, s.forward(&[next], true, None).unwrap().to_vec())
+                    }
+                    Some(t) => {
+                        let a = s.forward(&prompt, true, Some(&mut *t)).unwrap().to_vec();
+                        (a, s.forward(&[next], true, Some(t)).unwrap().to_vec())
+                    }
                 }
-                Some(t) => {
-                    let a = s.forward(&prompt, true, Some(&mut *t)).unwrap().to_vec();
-                    (a, s.forward(&[next], true, Some(t)).unwrap().to_vec())
-                }
-            }
-        };
-        let plain = run(None);
-        let mut tap = TapAll { values: 0, checksum: 0.0 };
-        let tapped = run(Some(&mut tap));
-        assert!(tap.values > layers * 15, "{precision:?}: only {} values observed", tap.values);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&plain.0), bits(&tapped.0), "{precision:?}: prefill logits changed when tapped");
-        assert_eq!(bits(&plain.1), bits(&tapped.1), "{precision:?}: decode logits changed when tapped");
-        results.push((bits(&plain.0), bits(&plain.1), tap.values));
+            };
+            let plain = run(None);
+            let mut tap = TapAll { values: 0, checksum: 0.0 };
+            let tapped = run(Some(&mut tap));
+            assert!(tap.values > layers * 15, "{precision:?}: only {} values observed", tap.values);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&plain.0), bits(&tapped.0), "{precision:?}: prefill logits changed when tapped");
+            assert_eq!(bits(&plain.1), bits(&tapped.1), "{precision:?}: decode logits changed when tapped");
+            results.push((bits(&plain.0), bits(&plain.1), tap.values));
         }
         assert_eq!(results[0], results[1], "{precision:?}: lowering changed the logits or the observable values");
     }
@@ -80,16 +87,35 @@ fn dump_writes_manifest_and_npy_files() {
         .arg("dump")
         .arg("--model")
         .arg(&model)
-        .args(["--prompt", "Hello there", "--layers", "2", "--steps", "1", "--taps", r"^model\.layers\.1(\.|$)|^lm_head$|^model\.embed_tokens$", "-o"])
+        .args([
+            "--prompt",
+            "Hello there",
+            "--layers",
+            "2",
+            "--steps",
+            "1",
+            "--taps",
+            r"^model\.layers\.1(\.|$)|^lm_head$|^model\.embed_tokens$",
+            "-o",
+        ])
         .arg(&out_dir));
     assert!(out.status.success(), "{}", stderr(&out));
-    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("manifest.json")).unwrap()).unwrap();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["format"], "loupe-dump");
     assert_eq!(m["layers"], 2);
     let prompt_len = m["prompt_tokens"].as_array().unwrap().len();
     let tensors = m["tensors"].as_array().unwrap();
     let names: Vec<&str> = tensors.iter().map(|t| t["name"].as_str().unwrap()).collect();
-    for want in ["model.embed_tokens", "model.layers.1.self_attn.q_rope", "model.layers.1.self_attn.attn_probs", "model.layers.1.self_attn", "model.layers.1.self_attn.o_proj", "model.layers.1", "lm_head"] {
+    for want in [
+        "model.embed_tokens",
+        "model.layers.1.self_attn.q_rope",
+        "model.layers.1.self_attn.attn_probs",
+        "model.layers.1.self_attn",
+        "model.layers.1.self_attn.o_proj",
+        "model.layers.1",
+        "lm_head",
+    ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     assert!(!names.iter().any(|n| n.starts_with("model.layers.0.")), "layer 0 was not selected");
@@ -119,11 +145,21 @@ fn failed_dump_leaves_no_partial_output() {
     let model = tiny_model();
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("dump");
-    let out = run(loupe().arg("dump").arg("--model").arg(&model).args(["--prompt", "Hi", "--steps", "2", "--teacher-force", "5,x", "-o"]).arg(&out_dir));
+    let out = run(loupe()
+        .arg("dump")
+        .arg("--model")
+        .arg(&model)
+        .args(["--prompt", "Hi", "--steps", "2", "--teacher-force", "5,x", "-o"])
+        .arg(&out_dir));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "something was left behind");
     // a vocabulary-overflowing forced id fails mid-run: the staging directory is removed
-    let out = run(loupe().arg("dump").arg("--model").arg(&model).args(["--prompt", "Hi", "--steps", "1", "--teacher-force", "999999", "-o"]).arg(&out_dir));
+    let out = run(loupe()
+        .arg("dump")
+        .arg("--model")
+        .arg(&model)
+        .args(["--prompt", "Hi", "--steps", "1", "--teacher-force", "999999", "-o"])
+        .arg(&out_dir));
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "partial output left behind");
 }
@@ -131,7 +167,14 @@ fn failed_dump_leaves_no_partial_output() {
 #[test]
 fn compact_print_without_output_dir() {
     let model = tiny_model();
-    let out = run(loupe().arg("dump").arg("--model").arg(&model).args(["--prompt", "Hi", "--layers", "1", "--taps", "^model.norm$"]));
+    let out = run(loupe().arg("dump").arg("--model").arg(&model).args([
+        "--prompt",
+        "Hi",
+        "--layers",
+        "1",
+        "--taps",
+        "^model.norm$",
+    ]));
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.starts_with("model.norm = tensor([["), "{text}");

@@ -140,20 +140,20 @@ impl GgmlType {
         match self {
             GgmlType::F32 => 4,
             GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::Q4_0 => 18, // f16 d + 16 nibble bytes
-            GgmlType::Q4_1 => 20, // f16 d, f16 m + 16
-            GgmlType::Q5_0 => 22, // f16 d + 4 (qh) + 16
-            GgmlType::Q5_1 => 24, // f16 d, f16 m + 4 + 16
-            GgmlType::Q8_0 => 34, // f16 d + 32
-            GgmlType::Q8_1 => 36, // f16 d, f16 s + 32
-            GgmlType::Q2K => 84,  // 16 scales + 64 qs + 2*f16
-            GgmlType::Q3K => 110, // 32 hmask + 64 qs + 12 scales + f16
-            GgmlType::Q4K => 144, // 2*f16 + 12 scales + 128 qs
-            GgmlType::Q5K => 176, // 2*f16 + 12 scales + 32 qh + 128 qs
-            GgmlType::Q6K => 210, // 128 ql + 64 qh + 16 scales + f16
-            GgmlType::Q8K => 292, // f32 d + 256 qs + 16*i16 bsums
-            GgmlType::Mxfp4 => 17, // u8 e (E8M0) + 16 nibble bytes
-            GgmlType::Nvfp4 => 36, // 4 UE4M3 sub-block scales + 32 nibble bytes
+            GgmlType::Q4_0 => 18,    // f16 d + 16 nibble bytes
+            GgmlType::Q4_1 => 20,    // f16 d, f16 m + 16
+            GgmlType::Q5_0 => 22,    // f16 d + 4 (qh) + 16
+            GgmlType::Q5_1 => 24,    // f16 d, f16 m + 4 + 16
+            GgmlType::Q8_0 => 34,    // f16 d + 32
+            GgmlType::Q8_1 => 36,    // f16 d, f16 s + 32
+            GgmlType::Q2K => 84,     // 16 scales + 64 qs + 2*f16
+            GgmlType::Q3K => 110,    // 32 hmask + 64 qs + 12 scales + f16
+            GgmlType::Q4K => 144,    // 2*f16 + 12 scales + 128 qs
+            GgmlType::Q5K => 176,    // 2*f16 + 12 scales + 32 qh + 128 qs
+            GgmlType::Q6K => 210,    // 128 ql + 64 qh + 16 scales + f16
+            GgmlType::Q8K => 292,    // f32 d + 256 qs + 16*i16 bsums
+            GgmlType::Mxfp4 => 17,   // u8 e (E8M0) + 16 nibble bytes
+            GgmlType::Nvfp4 => 36,   // 4 UE4M3 sub-block scales + 32 nibble bytes
             GgmlType::Fp8E4M3 => 34, // f16 d + 32 E4M3 codes
         }
     }

@@ -20,7 +20,10 @@ pub struct Dump {
 impl Dump {
     pub fn open(dir: &Path) -> Result<Dump, ExplainError> {
         if !dir.join("manifest.json").is_file() {
-            return Err(ExplainError::Manifest { path: dir.join("manifest.json"), reason: format!("no such file; is {} a dump directory?", dir.display()) });
+            return Err(ExplainError::Manifest {
+                path: dir.join("manifest.json"),
+                reason: format!("no such file; is {} a dump directory?", dir.display()),
+            });
         }
         let source = TensorSource::open(dir)?;
         let prompt_len = source.prompt_tokens().map(<[i64]>::len);
@@ -61,7 +64,9 @@ impl Dump {
         for s in 1..=step {
             let t = self.tensor(name, s)?;
             if t.shape.get(1..) != out.shape.get(1..) {
-                return Err(ExplainError::Shape { what: format!("'{name}' is {:?} at step {s} but {:?} at step 0", t.shape, out.shape) });
+                return Err(ExplainError::Shape {
+                    what: format!("'{name}' is {:?} at step {s} but {:?} at step 0", t.shape, out.shape),
+                });
             }
             out.data.extend_from_slice(&t.data);
             if let (Some(r), Some(add)) = (out.shape.first_mut(), t.shape.first()) {

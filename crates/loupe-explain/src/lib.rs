@@ -65,7 +65,13 @@ pub fn metrics(x: &[f32], target: &[f32]) -> Metrics {
         max_abs = if d.abs().is_nan() { f64::NAN } else { max_abs.max(d.abs()) };
     }
     let cos = dot / ((xx.sqrt() * tt.sqrt()) + 1e-20);
-    let nmse = if tt > 0.0 { err / tt } else if err == 0.0 { 0.0 } else { f64::INFINITY };
+    let nmse = if tt > 0.0 {
+        err / tt
+    } else if err == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
     Metrics { cos, nmse, max_abs }
 }
 
@@ -152,7 +158,9 @@ impl<'a> Context<'a> {
             self.loaded_layers = layers;
         }
         // Just set above when absent.
-        self.model.as_ref().ok_or_else(|| ExplainError::Manifest { path: self.model_path.clone(), reason: "model not loaded".into() })
+        self.model
+            .as_ref()
+            .ok_or_else(|| ExplainError::Manifest { path: self.model_path.clone(), reason: "model not loaded".into() })
     }
 
     pub fn config(&mut self) -> Result<LlamaConfig, ExplainError> {
@@ -193,7 +201,13 @@ pub fn explain(a: &Path, b: &Path, name: &str, step: usize, model_path: PathBuf)
     for c in plan.candidates {
         if c.data.len() != target.data.len() {
             return Err(ExplainError::Shape {
-                what: format!("'{name}': hypothesis '{}' gives {} elements, the target holds {} (shape {:?})", c.label, c.data.len(), target.data.len(), target.shape),
+                what: format!(
+                    "'{name}': hypothesis '{}' gives {} elements, the target holds {} (shape {:?})",
+                    c.label,
+                    c.data.len(),
+                    target.data.len(),
+                    target.shape
+                ),
             });
         }
         ranked.push(Hypothesis { id: c.id, label: c.label, cause: c.cause, metrics: metrics(&c.data, &target.data) });
@@ -256,7 +270,13 @@ fn conclude(name: &str, ranked: &[Hypothesis], inputs: &[InputCheck]) -> (Verdic
     };
     let matches = best.metrics.nmse <= MATCH_NMSE;
     if best.is_correct() && matches {
-        return (Verdict::Correct, format!("`{name}`: the target matches the correct op ({}): this op is not at fault here", fmt(&best.metrics)));
+        return (
+            Verdict::Correct,
+            format!(
+                "`{name}`: the target matches the correct op ({}): this op is not at fault here",
+                fmt(&best.metrics)
+            ),
+        );
     }
     if !best.is_correct() && matches {
         let far_better = match correct {
@@ -264,20 +284,38 @@ fn conclude(name: &str, ranked: &[Hypothesis], inputs: &[InputCheck]) -> (Verdic
             None => true,
         };
         if far_better {
-            let than = correct.map(|c| format!(" far better than the correct op ({})", fmt(&c.metrics))).unwrap_or_default();
-            return (Verdict::Hypothesis(best.id), format!("`{name}`: the target matches '{}' ({}){than} — likely cause: {}", best.label, fmt(&best.metrics), best.cause));
+            let than =
+                correct.map(|c| format!(" far better than the correct op ({})", fmt(&c.metrics))).unwrap_or_default();
+            return (
+                Verdict::Hypothesis(best.id),
+                format!(
+                    "`{name}`: the target matches '{}' ({}){than} — likely cause: {}",
+                    best.label,
+                    fmt(&best.metrics),
+                    best.cause
+                ),
+            );
         }
     }
     let upstream: Vec<String> = inputs
         .iter()
-        .filter_map(|i| i.metrics.filter(|m| m.nmse > INPUT_NMSE || m.nmse.is_nan()).map(|m| format!("`{}` {}", i.name, fmt(&m))))
+        .filter_map(|i| {
+            i.metrics.filter(|m| m.nmse > INPUT_NMSE || m.nmse.is_nan()).map(|m| format!("`{}` {}", i.name, fmt(&m)))
+        })
         .collect();
     let tail = if upstream.is_empty() {
         "the cause is none of these hypotheses".to_string()
     } else {
         format!("its inputs already differ ({}): explain the first divergent tensor upstream", upstream.join("; "))
     };
-    (Verdict::Unexplained, format!("`{name}`: no hypothesis clearly reproduces the target (best: '{}', {}); {tail}", best.label, fmt(&best.metrics)))
+    (
+        Verdict::Unexplained,
+        format!(
+            "`{name}`: no hypothesis clearly reproduces the target (best: '{}', {}); {tail}",
+            best.label,
+            fmt(&best.metrics)
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -285,7 +323,12 @@ mod tests {
     use super::*;
 
     fn h(id: &'static str, nmse: f64) -> Hypothesis {
-        Hypothesis { id, label: id.into(), cause: format!("cause of {id}"), metrics: Metrics { cos: 1.0 - nmse, nmse, max_abs: 0.0 } }
+        Hypothesis {
+            id,
+            label: id.into(),
+            cause: format!("cause of {id}"),
+            metrics: Metrics { cos: 1.0 - nmse, nmse, max_abs: 0.0 },
+        }
     }
 
     #[test]
@@ -306,7 +349,8 @@ mod tests {
         assert!(c.label.contains("1.03125"), "{}", c.label);
         assert!(metrics(&c.data, &scaled_target).nmse < 1e-12);
         // Noise without a multiplier: the fit barely helps, so nothing is proposed.
-        let noisy: Vec<f32> = correct.iter().enumerate().map(|(i, c)| c + if i % 2 == 0 { 1e-3 } else { -1e-3 }).collect();
+        let noisy: Vec<f32> =
+            correct.iter().enumerate().map(|(i, c)| c + if i % 2 == 0 { 1e-3 } else { -1e-3 }).collect();
         assert!(scaled(&correct, &noisy).is_none());
         assert!(scaled(&correct, &correct).is_none(), "an exact target needs no multiplier");
     }

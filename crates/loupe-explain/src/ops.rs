@@ -12,7 +12,10 @@ use loupe_graph::{Op, WeightData};
 use loupe_models::roles::{MoeWiring, MAX_MOE_LAYERS};
 use loupe_models::{HiddenAct, LlamaConfig, Model, Module, ModuleRole as R, Wiring};
 use loupe_tensor::matmul::matmul_f32;
-use loupe_tensor::ops::{attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode, RopeTable};
+use loupe_tensor::ops::{
+    attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode,
+    RopeTable,
+};
 
 use crate::{Context, ExplainError, Tensor};
 
@@ -50,13 +53,34 @@ pub struct Plan {
 
 /// The op behind a value name.
 enum Site {
-    Rope { layer: usize, input: Module, kv: bool },
-    Attention { layer: usize, probs: bool },
-    Linear { module: Module, input: Module, layers: usize },
-    Norm { module: Module, input: Module, layers: usize },
-    Act { input: Module },
+    Rope {
+        layer: usize,
+        input: Module,
+        kv: bool,
+    },
+    Attention {
+        layer: usize,
+        probs: bool,
+    },
+    Linear {
+        module: Module,
+        input: Module,
+        layers: usize,
+    },
+    Norm {
+        module: Module,
+        input: Module,
+        layers: usize,
+    },
+    Act {
+        input: Module,
+    },
     /// A residual add: the skip input and the block output (either name of it).
-    Residual { skip: Module, branch: Module, what: &'static str },
+    Residual {
+        skip: Module,
+        branch: Module,
+        what: &'static str,
+    },
     /// No op model: only value-level hypotheses (bf16).
     Other,
 }
@@ -67,13 +91,23 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     let Some(m) = Module::parse(name) else { return Site::Other };
     // Decoder layers the model needs for this value (the final norm reads the last layer
     // the reference dumped).
-    let n_layers = if m.role.in_layer() { m.layer + 1 } else { ctx.reference.last_layer(ctx.step).map_or(0, |l| l + 1) };
+    let n_layers =
+        if m.role.in_layer() { m.layer + 1 } else { ctx.reference.last_layer(ctx.step).map_or(0, |l| l + 1) };
     // The family's wiring, known from the reference's dump: RoPE reads the normed q/k in
     // families with q/k norms; Gemma's sandwich norms sit between blocks and residuals.
     let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
     // A MoE layer shows its router; its shared experts show as `mlp.shared_experts`.
-    let moe = has(R::Router).then(|| MoeWiring { sparse_layers: if m.layer < MAX_MOE_LAYERS { 1u128 << m.layer } else { 0 }, shared_experts: has(R::SharedExperts) || has(R::SharedDown) });
-    let wiring = Wiring { qk_norm: has(R::QNorm), sandwich_norms: has(R::PreFfnNorm), final_softcap: has(R::Logits), moe, fused_projections: has(R::QkvProj) };
+    let moe = has(R::Router).then(|| MoeWiring {
+        sparse_layers: if m.layer < MAX_MOE_LAYERS { 1u128 << m.layer } else { 0 },
+        shared_experts: has(R::SharedExperts) || has(R::SharedDown),
+    });
+    let wiring = Wiring {
+        qk_norm: has(R::QNorm),
+        sandwich_norms: has(R::PreFfnNorm),
+        final_softcap: has(R::Logits),
+        moe,
+        fused_projections: has(R::QkvProj),
+    };
     let inputs = m.inputs_in(n_layers, wiring);
     let Some(&input) = inputs.first() else { return Site::Other };
     let layers = if m.role.in_layer() { m.layer + 1 } else { 1 };
@@ -97,9 +131,43 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         R::SharedActFn => Site::Act { input },
         // Routing and the experts have no op model here (yet), nor the column slices of a
         // fused projection: value-level hypotheses only.
-        R::Embedding | R::ActMul | R::Logits | R::RouterIndices | R::RouterWeights | R::Experts | R::SharedActMul | R::QPart | R::KPart | R::VPart | R::GatePart | R::UpPart => Site::Other,
+        R::Embedding
+        | R::ActMul
+        | R::Logits
+        | R::RouterIndices
+        | R::RouterWeights
+        | R::Experts
+        | R::SharedActMul
+        | R::QPart
+        | R::KPart
+        | R::VPart
+        | R::GatePart
+        | R::UpPart => Site::Other,
         // Covered by the guards above; listed so a new role fails to compile here.
-        R::InputNorm | R::QNorm | R::KNorm | R::PostAttnNorm | R::PreFfnNorm | R::PostFfnNorm | R::FinalNorm | R::QProj | R::KProj | R::VProj | R::QkvProj | R::OProj | R::SelfAttn | R::Gate | R::Up | R::GateUpProj | R::Down | R::Mlp | R::LmHead | R::Router | R::SharedGate | R::SharedUp | R::SharedDown | R::SharedExperts => Site::Other,
+        R::InputNorm
+        | R::QNorm
+        | R::KNorm
+        | R::PostAttnNorm
+        | R::PreFfnNorm
+        | R::PostFfnNorm
+        | R::FinalNorm
+        | R::QProj
+        | R::KProj
+        | R::VProj
+        | R::QkvProj
+        | R::OProj
+        | R::SelfAttn
+        | R::Gate
+        | R::Up
+        | R::GateUpProj
+        | R::Down
+        | R::Mlp
+        | R::LmHead
+        | R::Router
+        | R::SharedGate
+        | R::SharedUp
+        | R::SharedDown
+        | R::SharedExperts => Site::Other,
     }
 }
 
@@ -131,7 +199,11 @@ pub fn plan(ctx: &mut Context<'_>, name: &str) -> Result<Plan, ExplainError> {
         }
         Site::Other => {
             let r = ctx.reference(name)?;
-            Plan { op: "no op model for this tensor: value-level hypotheses only".into(), inputs: Vec::new(), candidates: vec![cand("correct", "the reference value", "", r.data)] }
+            Plan {
+                op: "no op model for this tensor: value-level hypotheses only".into(),
+                inputs: Vec::new(),
+                candidates: vec![cand("correct", "the reference value", "", r.data)],
+            }
         }
     };
     push_bf16(ctx, name, &mut plan);
@@ -143,7 +215,12 @@ fn push_bf16(ctx: &Context<'_>, name: &str, plan: &mut Plan) {
     if let Ok(r) = ctx.reference(name) {
         let mut data = r.data;
         round_bf16(&mut data);
-        plan.candidates.push(cand("bf16", "reference value rounded to bf16", "the value is rounded to bf16 (a reduced-precision activation or cast)", data));
+        plan.candidates.push(cand(
+            "bf16",
+            "reference value rounded to bf16",
+            "the value is rounded to bf16 (a reduced-precision activation or cast)",
+            data,
+        ));
     }
 }
 
@@ -163,14 +240,19 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
     let tokens = rows_of(&q, h * hd, &qn)?;
     let context = rows_of(&k, kvh * hd, &kn)?;
     if rows_of(&v, kvh * hd, &vn)? != context || tokens > context || tokens == 0 {
-        return Err(ExplainError::Shape { what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)) });
+        return Err(ExplainError::Shape {
+            what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)),
+        });
     }
     let table = rope_table(model, layer)?;
     let o_name = Module::layer(layer, R::OProj).param("weight");
-    let (o_shape, w_o) = weight(model, &o_name).ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{o_name}'") })?;
+    let (o_shape, w_o) = weight(model, &o_name)
+        .ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{o_name}'") })?;
     let (n, kdim) = (o_shape[0], o_shape.get(1).copied().unwrap_or(1));
     if kdim != h * hd {
-        return Err(ExplainError::Shape { what: format!("'{o_name}' is {n}x{kdim}, the attention output has {} features", h * hd) });
+        return Err(ExplainError::Shape {
+            what: format!("'{o_name}' is {n}x{kdim}, the attention output has {} features", h * hd),
+        });
     }
     let roped = |x: &Tensor, heads: usize, from: usize, mode: RopeMode| -> Result<Vec<f32>, ExplainError> {
         let mut d = x.data.clone();
@@ -179,7 +261,12 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
     };
     let base = cfg.attention_shape();
     let plain = AttentionVariant::default();
-    let block = |mode: RopeMode, shape: AttentionShape, variant: AttentionVariant, late_keys: bool, w: &[f32]| -> Result<Vec<f32>, ExplainError> {
+    let block = |mode: RopeMode,
+                 shape: AttentionShape,
+                 variant: AttentionVariant,
+                 late_keys: bool,
+                 w: &[f32]|
+     -> Result<Vec<f32>, ExplainError> {
         let qr = roped(&q, h, first, mode)?;
         let mut kr = roped(&k, kvh, 0, mode)?;
         if late_keys {
@@ -196,16 +283,51 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
     };
     let split = RopeMode::SplitHalf;
     let mut candidates = vec![
-        cand("correct", format!("RoPE split-half, causal attention, {}, kv head h/{}, then o_proj", scores(&base), h / kvh.max(1)), "", block(split, base, plain, false, &w_o)?),
-        cand("rope-interleaved", "RoPE interleaved (2i, 2i+1) on q and k", cause::ROPE_INTERLEAVED, block(RopeMode::Interleaved, base, plain, false, &w_o)?),
-        cand("softmax-scale", format!("scale 1/{hd}"), cause::SOFTMAX_SCALE, block(split, AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, false, &w_o)?),
-        cand("no-scale", "scale 1", cause::NO_SCALE, block(split, AttentionShape { scale: 1.0, ..base }, plain, false, &w_o)?),
-        cand("gqa-mapping", format!("kv head h % {kvh}"), cause::GQA_MAPPING, block(split, base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, false, &w_o)?),
-        cand("mask", "no causal mask", cause::NO_MASK, block(split, base, AttentionVariant { mask: AttentionMask::None, ..plain }, false, &w_o)?),
+        cand(
+            "correct",
+            format!("RoPE split-half, causal attention, {}, kv head h/{}, then o_proj", scores(&base), h / kvh.max(1)),
+            "",
+            block(split, base, plain, false, &w_o)?,
+        ),
+        cand(
+            "rope-interleaved",
+            "RoPE interleaved (2i, 2i+1) on q and k",
+            cause::ROPE_INTERLEAVED,
+            block(RopeMode::Interleaved, base, plain, false, &w_o)?,
+        ),
+        cand(
+            "softmax-scale",
+            format!("scale 1/{hd}"),
+            cause::SOFTMAX_SCALE,
+            block(split, AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, false, &w_o)?,
+        ),
+        cand(
+            "no-scale",
+            "scale 1",
+            cause::NO_SCALE,
+            block(split, AttentionShape { scale: 1.0, ..base }, plain, false, &w_o)?,
+        ),
+        cand(
+            "gqa-mapping",
+            format!("kv head h % {kvh}"),
+            cause::GQA_MAPPING,
+            block(split, base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, false, &w_o)?,
+        ),
+        cand(
+            "mask",
+            "no causal mask",
+            cause::NO_MASK,
+            block(split, base, AttentionVariant { mask: AttentionMask::None, ..plain }, false, &w_o)?,
+        ),
         cand("kv-write", "keys written one position late", cause::KV_WRITE, block(split, base, plain, true, &w_o)?),
     ];
     if n == kdim {
-        candidates.push(cand("transposed-weight", "o_proj weight transposed", format!("`{o_name}` is used transposed ([in, out] read as [out, in])"), block(split, base, plain, false, &transposed(&w_o, n))?));
+        candidates.push(cand(
+            "transposed-weight",
+            "o_proj weight transposed",
+            format!("`{o_name}` is used transposed ([in, out] read as [out, in])"),
+            block(split, base, plain, false, &transposed(&w_o, n))?,
+        ));
     }
     let op = format!(
         "the attention block of layer {layer} recomputed from `{qn}`, `{kn}`, `{vn}` (the reference holds no `{}`): RoPE, attention ({h} heads, {kvh} kv heads, head_dim {hd}, {context} positions), o_proj",
@@ -239,7 +361,10 @@ fn rope(ctx: &mut Context<'_>, layer: usize, input: &str, kv: bool) -> Result<Pl
         cand("rope-interleaved", "RoPE interleaved (2i, 2i+1)", cause::ROPE_INTERLEAVED, run(RopeMode::Interleaved)?),
         cand("rope-missing", "no RoPE", "rotary embedding not applied", x.data.clone()),
     ];
-    let op = format!("rotary embedding of `{input}` ({heads} heads x {}, theta {}, first position {first})", cfg.head_dim, cfg.rope_theta);
+    let op = format!(
+        "rotary embedding of `{input}` ({heads} heads x {}, theta {}, first position {first})",
+        cfg.head_dim, cfg.rope_theta
+    );
     Ok(Plan { op, inputs: vec![input.to_string()], candidates })
 }
 
@@ -267,7 +392,9 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     let tokens = rows_of(&q, h * hd, &qn)?;
     let context = rows_of(&k, kvh * hd, &kn)?;
     if rows_of(&v, kvh * hd, &vn)? != context || tokens > context || tokens == 0 {
-        return Err(ExplainError::Shape { what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)) });
+        return Err(ExplainError::Shape {
+            what: format!("{tokens} queries, {context} keys, {} values", v.data.len() / (kvh * hd).max(1)),
+        });
     }
     let base = cfg.attention_shape();
     let run = |shape: AttentionShape, variant: AttentionVariant, keys: &[f32]| -> Result<Vec<f32>, ExplainError> {
@@ -282,11 +409,31 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     let mut late = vec![0.0f32; k.data.len()];
     late[w..].copy_from_slice(&k.data[..k.data.len() - w]);
     let candidates = vec![
-        cand("correct", format!("causal, {}, kv head h/{}", scores(&base), h / kvh.max(1)), "", run(base, plain, &k.data)?),
-        cand("softmax-scale", format!("scale 1/{hd}"), cause::SOFTMAX_SCALE, run(AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, &k.data)?),
+        cand(
+            "correct",
+            format!("causal, {}, kv head h/{}", scores(&base), h / kvh.max(1)),
+            "",
+            run(base, plain, &k.data)?,
+        ),
+        cand(
+            "softmax-scale",
+            format!("scale 1/{hd}"),
+            cause::SOFTMAX_SCALE,
+            run(AttentionShape { scale: 1.0 / hd as f32, ..base }, plain, &k.data)?,
+        ),
         cand("no-scale", "scale 1", cause::NO_SCALE, run(AttentionShape { scale: 1.0, ..base }, plain, &k.data)?),
-        cand("gqa-mapping", format!("kv head h % {kvh}"), cause::GQA_MAPPING, run(base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, &k.data)?),
-        cand("mask", "no causal mask", cause::NO_MASK, run(base, AttentionVariant { mask: AttentionMask::None, ..plain }, &k.data)?),
+        cand(
+            "gqa-mapping",
+            format!("kv head h % {kvh}"),
+            cause::GQA_MAPPING,
+            run(base, AttentionVariant { head_map: HeadMap::Modulo, ..plain }, &k.data)?,
+        ),
+        cand(
+            "mask",
+            "no causal mask",
+            cause::NO_MASK,
+            run(base, AttentionVariant { mask: AttentionMask::None, ..plain }, &k.data)?,
+        ),
         cand("kv-write", "keys written one position late", cause::KV_WRITE, run(base, plain, &late)?),
     ];
     let op = format!("attention of `{qn}` over `{kn}`, `{vn}` (steps 0..={}: {context} positions; {h} heads, {kvh} kv heads, head_dim {hd})", ctx.step);
@@ -297,7 +444,11 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
 /// Gemma's `query_pre_attn_scalar`), and the soft-cap where there is one.
 fn scores(shape: &AttentionShape) -> String {
     let hd = shape.head_dim;
-    let scale = if shape.scale == (hd as f32).powf(-0.5) { format!("scale 1/sqrt({hd})") } else { format!("scale {}", shape.scale) };
+    let scale = if shape.scale == (hd as f32).powf(-0.5) {
+        format!("scale 1/sqrt({hd})")
+    } else {
+        format!("scale {}", shape.scale)
+    };
     match shape.softcap {
         Some(cap) => format!("{scale}, scores soft-capped at {cap}"),
         None => scale,
@@ -330,7 +481,13 @@ fn linear(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> 
     let model = ctx.model(layers)?;
     let wname = module.param("weight");
     // A tied lm_head is the embedding table.
-    let found = weight(model, &wname).or_else(|| if module.role == R::LmHead { weight(model, &Module::model(R::Embedding).param("weight")) } else { None });
+    let found = weight(model, &wname).or_else(|| {
+        if module.role == R::LmHead {
+            weight(model, &Module::model(R::Embedding).param("weight"))
+        } else {
+            None
+        }
+    });
     let (shape, w) = found.ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
     let (n, k) = (shape[0], shape.get(1).copied().unwrap_or(1));
     let m = rows_of(&x, k, input)?;
@@ -349,7 +506,12 @@ fn linear(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> 
     };
     let mut candidates = vec![cand("correct", "x W^T", "", apply(&w)?)];
     if n == k {
-        candidates.push(cand("transposed-weight", "x W (weight transposed)", format!("`{wname}` is used transposed ([in, out] read as [out, in])"), apply(&transposed(&w, n))?));
+        candidates.push(cand(
+            "transposed-weight",
+            "x W (weight transposed)",
+            format!("`{wname}` is used transposed ([in, out] read as [out, in])"),
+            apply(&transposed(&w, n))?,
+        ));
     }
     Ok(Plan { op: format!("linear `{module}` ({n}x{k}) of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
@@ -359,7 +521,8 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
     let model = ctx.model(layers)?;
     let cfg_eps = model.config.rms_norm_eps;
     let wname = module.param("weight");
-    let (_, w) = weight(model, &wname).ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
+    let (_, w) = weight(model, &wname)
+        .ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
     rows_of(&x, w.len(), input)?;
     let run = |w: &[f32], eps: f32| -> Result<Vec<f32>, ExplainError> {
         let mut out = vec![0.0f32; x.data.len()];
@@ -382,7 +545,12 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
             continue;
         }
         tried.push(eps);
-        candidates.push(cand("norm-eps", format!("RMSNorm eps = {eps:e}"), format!("RMSNorm epsilon is {eps:e} instead of the config's {cfg_eps:e}"), run(&w, eps)?));
+        candidates.push(cand(
+            "norm-eps",
+            format!("RMSNorm eps = {eps:e}"),
+            format!("RMSNorm epsilon is {eps:e} instead of the config's {cfg_eps:e}"),
+            run(&w, eps)?,
+        ));
     }
     Ok(Plan { op: format!("RMSNorm `{module}` of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
@@ -409,13 +577,28 @@ fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
     };
     let mut candidates = vec![cand("correct", format!("{name}{assumed}"), "", with(&|d| apply_act(configured, d)))];
     if configured != HiddenAct::Silu {
-        candidates.push(cand("silu", "SiLU", format!("the activation is SiLU instead of {what} (hidden_act mixed up)"), with(&silu)));
+        candidates.push(cand(
+            "silu",
+            "SiLU",
+            format!("the activation is SiLU instead of {what} (hidden_act mixed up)"),
+            with(&silu),
+        ));
     }
     if configured != HiddenAct::GeluTanh {
-        candidates.push(cand("gelu-tanh", "GELU (tanh approximation)", format!("the activation is GELU with the tanh approximation instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, true))));
+        candidates.push(cand(
+            "gelu-tanh",
+            "GELU (tanh approximation)",
+            format!("the activation is GELU with the tanh approximation instead of {what} (hidden_act mixed up)"),
+            with(&|d| gelu(d, true)),
+        ));
     }
     if configured != HiddenAct::Gelu {
-        candidates.push(cand("gelu-erf", "GELU (erf)", format!("the activation is exact GELU instead of {what} (hidden_act mixed up)"), with(&|d| gelu(d, false))));
+        candidates.push(cand(
+            "gelu-erf",
+            "GELU (erf)",
+            format!("the activation is exact GELU instead of {what} (hidden_act mixed up)"),
+            with(&|d| gelu(d, false)),
+        ));
     }
     Ok(Plan { op: format!("activation of `{input}`"), inputs: vec![input.to_string()], candidates })
 }
@@ -437,7 +620,16 @@ fn residual(ctx: &mut Context<'_>, skip: &str, branch: &str, what: &str) -> Resu
     let sum = x.data.iter().zip(&o.data).map(|(a, b)| a + b).collect();
     let candidates = vec![
         cand("correct", format!("{skip} + {what} output"), "", sum),
-        cand("missing-residual", format!("{what} output only"), format!("the residual add around the {what} block is missing (its input is not added back)"), o.data.clone()),
+        cand(
+            "missing-residual",
+            format!("{what} output only"),
+            format!("the residual add around the {what} block is missing (its input is not added back)"),
+            o.data.clone(),
+        ),
     ];
-    Ok(Plan { op: format!("residual add of `{skip}` and `{branch}`"), inputs: vec![skip.to_string(), branch.to_string()], candidates })
+    Ok(Plan {
+        op: format!("residual add of `{skip}` and `{branch}`"),
+        inputs: vec![skip.to_string(), branch.to_string()],
+        candidates,
+    })
 }

@@ -57,12 +57,15 @@ pub fn render(e: &Explanation) -> String {
         }
     }
     let _ = writeln!(s, "hypotheses, each computed from the reference's inputs and compared with the target:");
-    let width = e.ranked.iter().map(|h| h.label.len() + if h.is_correct() { 10 } else { 0 }).max().unwrap_or(10).max(10);
-    let _ = writeln!(s, "  {:>4}  {:<width$}  {:>10}  {:>9}  {:>10}", "rank", "hypothesis", "cosine", "NMSE", "max|diff|");
+    let width =
+        e.ranked.iter().map(|h| h.label.len() + if h.is_correct() { 10 } else { 0 }).max().unwrap_or(10).max(10);
+    let _ =
+        writeln!(s, "  {:>4}  {:<width$}  {:>10}  {:>9}  {:>10}", "rank", "hypothesis", "cosine", "NMSE", "max|diff|");
     for (rank, h) in e.ranked.iter().enumerate() {
         let label = if h.is_correct() { format!("{} (correct)", h.label) } else { h.label.clone() };
         let m = &h.metrics;
-        let _ = writeln!(s, "  {:>4}  {label:<width$}  {:>10.6}  {:>9.2e}  {:>10.3e}", rank + 1, m.cos, m.nmse, m.max_abs);
+        let _ =
+            writeln!(s, "  {:>4}  {label:<width$}  {:>10.6}  {:>9.2e}  {:>10.3e}", rank + 1, m.cos, m.nmse, m.max_abs);
     }
     let _ = writeln!(s, "{}", e.conclusion);
     s

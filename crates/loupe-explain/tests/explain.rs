@@ -35,11 +35,22 @@ fn a_missing_residual_is_named() {
     let o = vals(2, T * D);
     let sum: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
     // The reference dumped the attention block's output under its alias only.
-    let a = write(&tmp.path().join("a"), &[("model.embed_tokens", x.clone()), ("model.layers.0.self_attn", o.clone()), ("model.layers.0.attn_residual", sum.clone())]);
-    let b = write(&tmp.path().join("b"), &[("model.embed_tokens", x.clone()), ("model.layers.0.attn_residual", o.clone())]);
+    let a = write(
+        &tmp.path().join("a"),
+        &[
+            ("model.embed_tokens", x.clone()),
+            ("model.layers.0.self_attn", o.clone()),
+            ("model.layers.0.attn_residual", sum.clone()),
+        ],
+    );
+    let b =
+        write(&tmp.path().join("b"), &[("model.embed_tokens", x.clone()), ("model.layers.0.attn_residual", o.clone())]);
     let e = explain(&a, &b, "model.layers.0.attn_residual", 0, no_model()).unwrap();
     assert_eq!(e.verdict, Verdict::Hypothesis("missing-residual"), "{}", e.conclusion);
-    assert_eq!(e.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(), ["model.embed_tokens", "model.layers.0.self_attn"]);
+    assert_eq!(
+        e.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>(),
+        ["model.embed_tokens", "model.layers.0.self_attn"]
+    );
     // The same target holding the sum: the op is not at fault.
     let c = write(&tmp.path().join("c"), &[("model.layers.0.attn_residual", sum)]);
     assert_eq!(explain(&a, &c, "model.layers.0.attn_residual", 0, no_model()).unwrap().verdict, Verdict::Correct);
@@ -53,8 +64,12 @@ fn the_activation_and_a_layer_output() {
     silu(&mut act);
     let mut wrong = gate.clone();
     gelu(&mut wrong, true);
-    let a = write(&tmp.path().join("a"), &[("model.layers.2.mlp.gate_proj", gate.clone()), ("model.layers.2.mlp.act_fn", act)]);
-    let b = write(&tmp.path().join("b"), &[("model.layers.2.mlp.gate_proj", gate), ("model.layers.2.mlp.act_fn", wrong)]);
+    let a = write(
+        &tmp.path().join("a"),
+        &[("model.layers.2.mlp.gate_proj", gate.clone()), ("model.layers.2.mlp.act_fn", act)],
+    );
+    let b =
+        write(&tmp.path().join("b"), &[("model.layers.2.mlp.gate_proj", gate), ("model.layers.2.mlp.act_fn", wrong)]);
     let e = explain(&a, &b, "model.layers.2.mlp.act_fn", 0, no_model()).unwrap();
     assert_eq!(e.verdict, Verdict::Hypothesis("gelu-tanh"), "{}", e.conclusion);
     assert_eq!(e.op, "activation of `model.layers.2.mlp.gate_proj`");
@@ -63,7 +78,10 @@ fn the_activation_and_a_layer_output() {
     let r = vals(4, T * D);
     let down = vals(5, T * D);
     let out: Vec<f32> = r.iter().zip(&down).map(|(a, b)| a + b).collect();
-    let a = write(&tmp.path().join("c"), &[("model.layers.1.attn_residual", r), ("model.layers.1.mlp.down_proj", down), ("model.layers.1", out.clone())]);
+    let a = write(
+        &tmp.path().join("c"),
+        &[("model.layers.1.attn_residual", r), ("model.layers.1.mlp.down_proj", down), ("model.layers.1", out.clone())],
+    );
     let e = explain(&a, &a, "model.layers.1", 0, no_model()).unwrap();
     assert_eq!(e.verdict, Verdict::Correct, "{}", e.conclusion);
     assert!(e.op.contains("`model.layers.1.attn_residual` and `model.layers.1.mlp.down_proj`"), "{}", e.op);
@@ -94,8 +112,13 @@ fn a_norm_weight_convention_mixup_is_named() {
     let spec = TinyLlama::default();
     let model_path = tmp.path().join("tiny.gguf");
     write_tiny_llama_gguf(&model_path, &spec).unwrap();
-    let model = loupe_models::load(&model_path, loupe_models::LoadOptions { precision: loupe_models::Precision::F32, layers: Some(1), ..Default::default() }).unwrap();
-    let w = match &model.graph.weights.iter().find(|w| w.name == "model.layers.0.input_layernorm.weight").unwrap().data {
+    let model = loupe_models::load(
+        &model_path,
+        loupe_models::LoadOptions { precision: loupe_models::Precision::F32, layers: Some(1), ..Default::default() },
+    )
+    .unwrap();
+    let w = match &model.graph.weights.iter().find(|w| w.name == "model.layers.0.input_layernorm.weight").unwrap().data
+    {
         WeightData::F32(d) => d.as_ref().clone(),
         WeightData::Quant(_) => panic!("an f32 norm weight expected"),
     };
@@ -107,8 +130,14 @@ fn a_norm_weight_convention_mixup_is_named() {
         out
     };
     let plus_one: Vec<f32> = w.iter().map(|v| v + 1.0).collect();
-    let a = write(&tmp.path().join("a"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&w))]);
-    let b = write(&tmp.path().join("b"), &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&plus_one))]);
+    let a = write(
+        &tmp.path().join("a"),
+        &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&w))],
+    );
+    let b = write(
+        &tmp.path().join("b"),
+        &[("model.embed_tokens", x.clone()), ("model.layers.0.input_layernorm", norm(&plus_one))],
+    );
     let e = explain(&a, &b, "model.layers.0.input_layernorm", 0, model_path.clone()).unwrap();
     assert_eq!(e.verdict, Verdict::Hypothesis("norm-weight-offset"), "{}", e.conclusion);
     assert!(e.conclusion.contains("1 + weight"), "{}", e.conclusion);

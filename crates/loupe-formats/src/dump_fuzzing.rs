@@ -84,5 +84,6 @@ pub fn tiny_pt() -> Vec<u8> {
     p.extend_from_slice(b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x02tQ");
     p.extend_from_slice(b"K\x00K\x02\x85K\x01\x85\x89ccollections\nOrderedDict\n)RtR.");
     let data: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_zip(&[("t/data.pkl", &p, false), ("t/byteorder", b"little", false), ("t/data/0", &data, false)]).unwrap_or_default()
+    write_zip(&[("t/data.pkl", &p, false), ("t/byteorder", b"little", false), ("t/data/0", &data, false)])
+        .unwrap_or_default()
 }

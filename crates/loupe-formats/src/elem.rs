@@ -127,9 +127,7 @@ impl ElemType {
             ElemType::U64 => u64::from_le_bytes(arr(b, big_endian)) as f32,
             ElemType::I64 => i64::from_le_bytes(arr(b, big_endian)) as f32,
             ElemType::F16 => half::f16::from_bits(u16::from_le_bytes(arr(b, big_endian))).to_f32(),
-            ElemType::BF16 => {
-                half::bf16::from_bits(u16::from_le_bytes(arr(b, big_endian))).to_f32()
-            }
+            ElemType::BF16 => half::bf16::from_bits(u16::from_le_bytes(arr(b, big_endian))).to_f32(),
             ElemType::F32 => f32::from_le_bytes(arr(b, big_endian)),
             ElemType::F64 => f64::from_le_bytes(arr(b, big_endian)) as f32,
             ElemType::F8E4M3Fn => f8_e4m3fn_to_f32(first),
@@ -190,9 +188,9 @@ pub(crate) fn element_count(path: &Path, field: &str, shape: &[usize]) -> Result
     }
     let mut n: u64 = 1;
     for &d in shape {
-        n = n.checked_mul(d as u64).ok_or_else(|| {
-            FormatError::invalid(path, field, format!("shape {shape:?} overflows"))
-        })?;
+        n = n
+            .checked_mul(d as u64)
+            .ok_or_else(|| FormatError::invalid(path, field, format!("shape {shape:?} overflows")))?;
     }
     if n > MAX_ELEMENTS {
         return Err(FormatError::TooLarge {
@@ -231,11 +229,7 @@ impl StoredTensor {
             return Err(FormatError::invalid(
                 path,
                 field,
-                format!(
-                    "{} {} elements of shape {shape:?} need {need} bytes, the file holds {have}",
-                    n,
-                    dtype.name()
-                ),
+                format!("{} {} elements of shape {shape:?} need {need} bytes, the file holds {have}", n, dtype.name()),
             ));
         }
         Ok(StoredTensor {
@@ -280,9 +274,9 @@ impl StoredTensor {
             let mut last = offset as u64;
             for (&d, &s) in shape.iter().zip(&strides) {
                 let step = (d as u64 - 1).checked_mul(s as u64);
-                last = step.and_then(|st| last.checked_add(st)).ok_or_else(|| {
-                    FormatError::invalid(path, field, "strided extent overflows")
-                })?;
+                last = step
+                    .and_then(|st| last.checked_add(st))
+                    .ok_or_else(|| FormatError::invalid(path, field, "strided extent overflows"))?;
             }
             if last >= storage_elems as u64 {
                 return Err(FormatError::invalid(
@@ -300,15 +294,7 @@ impl StoredTensor {
         } else {
             Layout::Strided { strides, offset }
         };
-        Ok(StoredTensor {
-            path: path.to_path_buf(),
-            dtype,
-            shape,
-            big_endian: false,
-            layout,
-            bytes,
-            range,
-        })
+        Ok(StoredTensor { path: path.to_path_buf(), dtype, shape, big_endian: false, layout, bytes, range })
     }
 
     /// Marks the elements as big-endian.
@@ -324,11 +310,7 @@ impl StoredTensor {
             return Err(FormatError::invalid(
                 &self.path,
                 "dtype",
-                format!(
-                    "cannot reinterpret {} as {} (element sizes differ)",
-                    self.dtype.name(),
-                    dtype.name()
-                ),
+                format!("cannot reinterpret {} as {} (element sizes differ)", self.dtype.name(), dtype.name()),
             ));
         }
         self.dtype = dtype;
@@ -372,10 +354,7 @@ impl StoredTensor {
             Layout::Contiguous => {
                 let data = data.get(..n * es).unwrap_or_default();
                 if self.dtype == ElemType::F32 && !self.big_endian {
-                    out.extend(
-                        data.chunks_exact(4)
-                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                    );
+                    out.extend(data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
                 } else {
                     out.extend(data.chunks_exact(es).map(|c| self.dtype.decode(c, self.big_endian)));
                 }
@@ -478,30 +457,18 @@ mod tests {
         assert_eq!(t.to_f32().ok(), Some(vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]));
         assert!(!t.is_contiguous());
         // An offset view of the last two elements.
-        let t = StoredTensor::strided(p, "t", ElemType::F32, vec![2], vec![1], 4, b.clone(), 0..24)
-            .expect("valid");
+        let t = StoredTensor::strided(p, "t", ElemType::F32, vec![2], vec![1], 4, b.clone(), 0..24).expect("valid");
         assert_eq!(t.to_f32().ok(), Some(vec![4.0, 5.0]));
         // Reaching past the storage is refused.
-        let err = StoredTensor::strided(p, "t", ElemType::F32, vec![3], vec![2], 2, b, 0..24)
-            .unwrap_err()
-            .to_string();
+        let err = StoredTensor::strided(p, "t", ElemType::F32, vec![3], vec![2], 2, b, 0..24).unwrap_err().to_string();
         assert!(err.contains("reaches element 6"), "{err}");
     }
 
     #[test]
     fn expanded_views_cannot_claim_unbounded_memory() {
         let b = SharedBytes::from_vec(vec![0; 4]);
-        let err = StoredTensor::strided(
-            Path::new("t"),
-            "t",
-            ElemType::F32,
-            vec![1 << 40],
-            vec![0],
-            0,
-            b,
-            0..4,
-        )
-        .unwrap_err();
+        let err =
+            StoredTensor::strided(Path::new("t"), "t", ElemType::F32, vec![1 << 40], vec![0], 0, b, 0..4).unwrap_err();
         assert!(matches!(err, FormatError::TooLarge { .. }), "{err}");
     }
 }

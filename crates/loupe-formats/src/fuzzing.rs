@@ -21,31 +21,16 @@ pub fn gguf_parse(data: &[u8]) {
     let _ = file.architecture();
     for (key, value) in &file.metadata {
         let _ = value.to_string();
-        let _ = (
-            file.get_u32(key),
-            file.get_u64(key),
-            file.get_usize(key),
-            file.get_f32(key),
-        );
-        let _ = (
-            file.get_bool(key),
-            file.get_str(key),
-            file.get_str_array(key),
-        );
+        let _ = (file.get_u32(key), file.get_u64(key), file.get_usize(key), file.get_f32(key));
+        let _ = (file.get_bool(key), file.get_str(key), file.get_str_array(key));
         let _ = (file.get_f32_array(key), file.get_i32_array(key));
     }
     for t in &file.tensors {
-        assert_eq!(
-            file.tensor_data(t).len() as u64,
-            t.size_bytes,
-            "tensor '{}'",
-            t.name
-        );
+        assert_eq!(file.tensor_data(t).len() as u64, t.size_bytes, "tensor '{}'", t.name);
         assert_eq!(t.shape().len(), t.dims.len());
     }
     let rewritten = rewrite(&file).expect("the writer must accept any file the reader accepts");
-    let reread = GgufFile::from_bytes("fuzz-rewritten.gguf", rewritten)
-        .expect("rewritten file must read back");
+    let reread = GgufFile::from_bytes("fuzz-rewritten.gguf", rewritten).expect("rewritten file must read back");
     assert_same_contents(&file, &reread);
 }
 
@@ -55,8 +40,7 @@ pub fn gguf_roundtrip(data: &[u8]) {
     let mut choices = Choices::new(data);
     let writer = arbitrary_gguf(&mut choices);
     let bytes = writer.to_bytes().expect("generated files are valid");
-    let file = GgufFile::from_bytes("roundtrip.gguf", bytes.clone())
-        .expect("writer output must read back");
+    let file = GgufFile::from_bytes("roundtrip.gguf", bytes.clone()).expect("writer output must read back");
     let expected = GgufFile::from_bytes("expected.gguf", bytes.clone()).expect("deterministic");
     assert_same_contents(&expected, &file);
     let rewritten = rewrite(&file).expect("re-writing a parsed file");
@@ -86,12 +70,7 @@ fn rewrite(file: &GgufFile) -> Result<Vec<u8>, crate::FormatError> {
         w.add(k.clone(), v.clone());
     }
     for t in &file.tensors {
-        w.add_tensor(
-            t.name.clone(),
-            &t.dims,
-            t.ggml_type,
-            file.tensor_data(t).to_vec(),
-        );
+        w.add_tensor(t.name.clone(), &t.dims, t.ggml_type, file.tensor_data(t).to_vec());
     }
     w.to_bytes()
 }
@@ -109,11 +88,7 @@ fn assert_same_contents(a: &GgufFile, b: &GgufFile) {
             (&ta.name, &ta.dims, ta.ggml_type, ta.size_bytes),
             (&tb.name, &tb.dims, tb.ggml_type, tb.size_bytes)
         );
-        assert!(
-            a.tensor_data(ta) == b.tensor_data(tb),
-            "data of tensor '{}'",
-            ta.name
-        );
+        assert!(a.tensor_data(ta) == b.tensor_data(tb), "data of tensor '{}'", ta.name);
     }
 }
 
@@ -146,14 +121,10 @@ impl<'a> Choices<'a> {
 }
 
 /// Characters for generated strings: ASCII, quotes, escapes, and 2-, 3- and 4-byte UTF-8.
-const ALPHABET: [char; 12] = [
-    'a', 'z', '.', '_', ' ', '"', '\\', '\n', 'é', '中', '🦀', '\u{0}',
-];
+const ALPHABET: [char; 12] = ['a', 'z', '.', '_', ' ', '"', '\\', '\n', 'é', '中', '🦀', '\u{0}'];
 
 fn arbitrary_string(ch: &mut Choices, max_len: u32) -> String {
-    (0..ch.below(max_len + 1))
-        .filter_map(|_| ALPHABET.get(ch.below(ALPHABET.len() as u32) as usize))
-        .collect()
+    (0..ch.below(max_len + 1)).filter_map(|_| ALPHABET.get(ch.below(ALPHABET.len() as u32) as usize)).collect()
 }
 
 fn arbitrary_value(ch: &mut Choices, ty: GgufValueType, depth: usize) -> GgufValue {
@@ -178,9 +149,7 @@ fn arbitrary_value(ch: &mut Choices, ty: GgufValueType, depth: usize) -> GgufVal
                 elem = GgufValueType::U8;
             }
             let len = ch.below(6);
-            let items = (0..len)
-                .map(|_| arbitrary_value(ch, elem, depth + 1))
-                .collect();
+            let items = (0..len).map(|_| arbitrary_value(ch, elem, depth + 1)).collect();
             GgufValue::Array(elem, items)
         }
     }
@@ -188,9 +157,7 @@ fn arbitrary_value(ch: &mut Choices, ty: GgufValueType, depth: usize) -> GgufVal
 
 fn arbitrary_type(ch: &mut Choices) -> GgufValueType {
     let all = GgufValueType::ALL;
-    all.get(ch.below(all.len() as u32) as usize)
-        .copied()
-        .unwrap_or(GgufValueType::U8)
+    all.get(ch.below(all.len() as u32) as usize).copied().unwrap_or(GgufValueType::U8)
 }
 
 /// A writer filled with a valid file described by `ch`: optional alignment, up to 5
@@ -207,10 +174,7 @@ pub fn arbitrary_gguf(ch: &mut Choices) -> GgufWriter {
         w.add(key, value);
     }
     for i in 0..ch.below(4) {
-        let ty = GgmlType::ALL
-            .get(ch.below(GgmlType::ALL.len() as u32) as usize)
-            .copied()
-            .unwrap_or(GgmlType::F32);
+        let ty = GgmlType::ALL.get(ch.below(GgmlType::ALL.len() as u32) as usize).copied().unwrap_or(GgmlType::F32);
         let n_dims = 1 + ch.below(4) as usize;
         let mut dims = vec![ty.block_size() as u64 * u64::from(1 + ch.below(2))];
         dims.extend((1..n_dims).map(|_| u64::from(1 + ch.below(3))));
@@ -227,22 +191,8 @@ pub use loupe_core::SplitMix64;
 
 /// Values that tend to break size arithmetic: zero, one, sign bits, all ones, and the
 /// counts and type ids just past each cap.
-const INTERESTING: [u64; 14] = [
-    0,
-    1,
-    5,
-    13,
-    31,
-    65,
-    0x7f,
-    0xff,
-    0xffff_ffff,
-    1 << 32,
-    1 << 63,
-    (1 << 63) - 1,
-    u64::MAX,
-    u64::MAX - 7,
-];
+const INTERESTING: [u64; 14] =
+    [0, 1, 5, 13, 31, 65, 0x7f, 0xff, 0xffff_ffff, 1 << 32, 1 << 63, (1 << 63) - 1, u64::MAX, u64::MAX - 7];
 
 /// Applies 1-4 random mutations to `bytes`. Three quarters of the positions fall in the
 /// first `hot_len` bytes (the header), where the parser's decisions are made.
@@ -254,10 +204,7 @@ pub fn mutate(bytes: &mut Vec<u8>, hot_len: usize, rng: &mut SplitMix64) {
             (_, 0) => rng.below(len),
             _ => rng.below(hot_len.clamp(1, len)),
         };
-        let interesting = INTERESTING
-            .get(rng.below(INTERESTING.len()))
-            .copied()
-            .unwrap_or(0);
+        let interesting = INTERESTING.get(rng.below(INTERESTING.len())).copied().unwrap_or(0);
         match rng.below(7) {
             0 => {
                 if let Some(b) = bytes.get_mut(pos) {
@@ -301,24 +248,14 @@ pub fn arbitrary_safetensors(ch: &mut Choices) -> Vec<u8> {
     const DTYPES: [Dtype; 5] = [Dtype::F32, Dtype::F16, Dtype::BF16, Dtype::I64, Dtype::U8];
     let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for i in 0..ch.below(4) {
-        let dtype = DTYPES
-            .get(ch.below(DTYPES.len() as u32) as usize)
-            .copied()
-            .unwrap_or(Dtype::U8);
+        let dtype = DTYPES.get(ch.below(DTYPES.len() as u32) as usize).copied().unwrap_or(Dtype::U8);
         let shape: Vec<usize> = (0..ch.below(3)).map(|_| ch.below(4) as usize).collect();
         let n: usize = shape.iter().product::<usize>() * dtype.bitsize() / 8;
         let data = (0..n).map(|_| ch.byte()).collect();
-        owned.push((
-            format!("w{i}.{}", arbitrary_string(ch, 3)),
-            dtype,
-            shape,
-            data,
-        ));
+        owned.push((format!("w{i}.{}", arbitrary_string(ch, 3)), dtype, shape, data));
     }
-    let view: Vec<(&str, Dtype, &[usize], &[u8])> = owned
-        .iter()
-        .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
-        .collect();
+    let view: Vec<(&str, Dtype, &[usize], &[u8])> =
+        owned.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice())).collect();
     let mut meta = BTreeMap::new();
     if ch.byte() & 1 == 1 {
         meta.insert("format".to_string(), arbitrary_string(ch, 4));
@@ -328,7 +265,5 @@ pub fn arbitrary_safetensors(ch: &mut Choices) -> Vec<u8> {
 
 /// Where a GGUF image's header ends (its data section offset), for [`mutate`]'s `hot_len`.
 pub fn gguf_header_len(bytes: &[u8]) -> usize {
-    GgufFile::from_bytes(Path::new("probe"), bytes.to_vec())
-        .map(|f| f.data_offset as usize)
-        .unwrap_or(bytes.len())
+    GgufFile::from_bytes(Path::new("probe"), bytes.to_vec()).map(|f| f.data_offset as usize).unwrap_or(bytes.len())
 }

@@ -35,12 +35,12 @@ pub mod zip_archive;
 
 pub use elem::{ElemType, StoredTensor};
 pub use error::FormatError;
+pub use gguf::writer::GgufWriter;
+pub use gguf::{GgufFile, GgufTensorInfo, GgufValue, GgufValueType};
+pub use loupe_core::{GgmlType, QK_K};
 pub use max_file::MaxFile;
 pub use npy::{write_npy, NpyFile};
 pub use npz::NpzFile;
 pub use pt::PtFile;
-pub use loupe_core::{GgmlType, QK_K};
-pub use gguf::writer::GgufWriter;
-pub use gguf::{GgufFile, GgufTensorInfo, GgufValue, GgufValueType};
 pub use safetensors_file::{SafetensorsCheckpoint, SafetensorsFile};
 pub use storage::SharedBytes;

@@ -139,9 +139,8 @@ impl MaxFile {
             });
         }
         let key_bytes = r.take(keylen as usize, "key")?;
-        let key = std::str::from_utf8(key_bytes)
-            .map_err(|_| FormatError::invalid(&path, "key", "not UTF-8"))?
-            .to_string();
+        let key =
+            std::str::from_utf8(key_bytes).map_err(|_| FormatError::invalid(&path, "key", "not UTF-8"))?.to_string();
         let code = r.take(1, "dtype code")?.first().copied().unwrap_or(0);
         let dtype = elem_of_code(code).map_err(|name| FormatError::Unsupported {
             path: path.clone(),
@@ -182,7 +181,15 @@ impl MaxFile {
         element_count(&path, "tensor", &shape)?;
         // data_offset equals the bytes consumed so far, so it lies inside the file.
         let start = r.pos;
-        let tensor = StoredTensor::contiguous(&path, &format!("tensor '{key}' data"), dtype, shape, bytes.clone(), start..bytes.len(), true)?;
+        let tensor = StoredTensor::contiguous(
+            &path,
+            &format!("tensor '{key}' data"),
+            dtype,
+            shape,
+            bytes.clone(),
+            start..bytes.len(),
+            true,
+        )?;
         Ok(MaxFile { path, version: (major, minor), key, tensor })
     }
 }
@@ -195,12 +202,13 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn take(&mut self, n: usize, field: &str) -> Result<&[u8], FormatError> {
-        let s = self.pos.checked_add(n).and_then(|e| self.b.get(self.pos..e)).ok_or_else(|| FormatError::Truncated {
-            path: self.path.to_path_buf(),
-            field: field.into(),
-            offset: self.pos as u64,
-            file_len: self.b.len() as u64,
-        })?;
+        let s =
+            self.pos.checked_add(n).and_then(|e| self.b.get(self.pos..e)).ok_or_else(|| FormatError::Truncated {
+                path: self.path.to_path_buf(),
+                field: field.into(),
+                offset: self.pos as u64,
+                file_len: self.b.len() as u64,
+            })?;
         self.pos += n;
         Ok(s)
     }
@@ -222,10 +230,18 @@ pub fn max_bytes(key: &str, dtype: ElemType, shape: &[usize], data: &[u8]) -> Re
     let label = Path::new("<.max writer>");
     let n = element_count(label, "tensor", shape)?;
     if shape.len() > 255 || shape.iter().any(|&d| d > u32::MAX as usize) {
-        return Err(FormatError::invalid(label, "shape", format!("{shape:?} does not fit the format (rank <= 255, dims < 2^32)")));
+        return Err(FormatError::invalid(
+            label,
+            "shape",
+            format!("{shape:?} does not fit the format (rank <= 255, dims < 2^32)"),
+        ));
     }
     if n.checked_mul(dtype.size() as u64) != Some(data.len() as u64) {
-        return Err(FormatError::invalid(label, "data", format!("{} bytes for {n} {} elements", data.len(), dtype.name())));
+        return Err(FormatError::invalid(
+            label,
+            "data",
+            format!("{} bytes for {n} {} elements", data.len(), dtype.name()),
+        ));
     }
     let keylen = u32::try_from(key.len()).ok().filter(|&k| k <= MAX_KEY_LEN).ok_or_else(|| FormatError::TooLarge {
         path: label.to_path_buf(),
@@ -255,6 +271,7 @@ pub fn max_bytes(key: &str, dtype: ElemType, shape: &[usize], data: &[u8]) -> Re
 pub fn write_max(path: impl AsRef<Path>, key: &str, shape: &[usize], data: &[f32]) -> Result<(), FormatError> {
     let path = path.as_ref();
     let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let bytes = max_bytes(key, ElemType::F32, shape, &raw).map_err(|e| FormatError::invalid(path, "tensor", e.to_string()))?;
+    let bytes =
+        max_bytes(key, ElemType::F32, shape, &raw).map_err(|e| FormatError::invalid(path, "tensor", e.to_string()))?;
     std::fs::write(path, bytes).map_err(|source| FormatError::Io { path: path.to_path_buf(), source })
 }

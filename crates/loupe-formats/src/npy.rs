@@ -87,11 +87,7 @@ impl NpyFile {
         };
         let magic = bytes.get(..6).ok_or_else(|| truncated("magic", 0))?;
         if magic != NPY_MAGIC {
-            return Err(FormatError::BadMagic {
-                path,
-                format: "npy",
-                found: format!("{magic:02x?}"),
-            });
+            return Err(FormatError::BadMagic { path, format: "npy", found: format!("{magic:02x?}") });
         }
         let version = match bytes.get(6..8) {
             Some(&[a, b]) => (a, b),
@@ -235,10 +231,7 @@ struct Header {
 /// Maps a `descr` to an element type. `=` means native order; every machine loupe runs on
 /// is little-endian. Returns `None` for `V2` (opaque two bytes, bf16 in practice).
 fn parse_descr(path: &Path, descr: &str) -> Result<(Option<ElemType>, bool), FormatError> {
-    let unsupported = || FormatError::Unsupported {
-        path: path.to_path_buf(),
-        what: format!("npy dtype '{descr}'"),
-    };
+    let unsupported = || FormatError::Unsupported { path: path.to_path_buf(), what: format!("npy dtype '{descr}'") };
     let mut chars = descr.chars();
     let order = chars.next().ok_or_else(unsupported)?;
     let big = match order {
@@ -373,9 +366,7 @@ impl Lexer<'_> {
                 self.i += 1;
             }
             let digits = std::str::from_utf8(self.s.get(start..self.i).unwrap_or_default()).unwrap_or("");
-            let d: usize = digits
-                .parse()
-                .map_err(|_| format!("bad dimension '{digits}' at byte {start}"))?;
+            let d: usize = digits.parse().map_err(|_| format!("bad dimension '{digits}' at byte {start}"))?;
             dims.push(d);
             if self.s.get(self.i) == Some(&b'L') {
                 self.i += 1;
@@ -429,10 +420,7 @@ pub fn write_npy(path: impl AsRef<Path>, shape: &[usize], data: &[f32]) -> Resul
             format!("shape {shape:?} does not hold {} values", data.len()),
         ));
     }
-    std::fs::write(path, npy_bytes(shape, data)).map_err(|source| FormatError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    std::fs::write(path, npy_bytes(shape, data)).map_err(|source| FormatError::Io { path: path.to_path_buf(), source })
 }
 
 #[cfg(test)]

@@ -316,7 +316,8 @@ impl<'a> Vm<'a> {
     fn string(&mut self, n: u64) -> Result<Value, FormatError> {
         let n = usize::try_from(n).map_err(|_| self.err("string length overflows"))?;
         let bytes = self.take(n)?;
-        let s = std::str::from_utf8(bytes).map_err(|_| FormatError::invalid(self.path, "pickle string", "not UTF-8"))?;
+        let s =
+            std::str::from_utf8(bytes).map_err(|_| FormatError::invalid(self.path, "pickle string", "not UTF-8"))?;
         Ok(Value::Str(Rc::from(s)))
     }
 
@@ -477,7 +478,13 @@ impl<'a> Vm<'a> {
                                     }
                                 }
                             }
-                            _ => return Err(FormatError::invalid(self.path, format!("pickle at byte {at}"), "SETITEM on a non-dict")),
+                            _ => {
+                                return Err(FormatError::invalid(
+                                    self.path,
+                                    format!("pickle at byte {at}"),
+                                    "SETITEM on a non-dict",
+                                ))
+                            }
                         },
                         _ => return Err(self.err("SETITEM on a non-dict")),
                     }
@@ -540,10 +547,8 @@ impl<'a> Vm<'a> {
                     self.push(v)?;
                 }
                 other => {
-                    return Err(self.err(format!(
-                        "opcode {} (0x{other:02x}) is not allowed in a tensor file",
-                        opcode_name(other)
-                    )))
+                    return Err(self
+                        .err(format!("opcode {} (0x{other:02x}) is not allowed in a tensor file", opcode_name(other))))
                 }
             }
         }
@@ -637,7 +642,9 @@ impl<'a> Vm<'a> {
     fn persistent(&self, pid: &Value) -> Result<StorageRef, FormatError> {
         let t = self.tuple_items(pid, "persistent id")?;
         match t.as_slice() {
-            [Value::Str(tag), class, Value::Str(key), Value::Str(_location), Value::Int(numel)] if &**tag == "storage" => {
+            [Value::Str(tag), class, Value::Str(key), Value::Str(_location), Value::Int(numel)]
+                if &**tag == "storage" =>
+            {
                 let dtype = match self.obj(class) {
                     Some(Obj::Global(Global::StorageClass(t))) => *t,
                     _ => return Err(self.err("persistent id names no storage class")),
@@ -696,7 +703,13 @@ impl Unpickled {
                     let key = match k {
                         Value::Str(s) => s.to_string(),
                         Value::Int(n) => n.to_string(),
-                        _ => return Err(FormatError::invalid(path, "pickle", format!("dict under '{name}' has a non-string key"))),
+                        _ => {
+                            return Err(FormatError::invalid(
+                                path,
+                                "pickle",
+                                format!("dict under '{name}' has a non-string key"),
+                            ))
+                        }
                     };
                     self.walk(path, item, join(&key), depth + 1, on_path, out)?;
                 }

@@ -82,7 +82,10 @@ impl PtFile {
                         return Err(FormatError::invalid(
                             &path,
                             "byteorder",
-                            format!("'{}' (little or big)", String::from_utf8_lossy(other.get(..16.min(other.len())).unwrap_or_default())),
+                            format!(
+                                "'{}' (little or big)",
+                                String::from_utf8_lossy(other.get(..16.min(other.len())).unwrap_or_default())
+                            ),
                         ))
                     }
                 }
@@ -106,14 +109,13 @@ impl PtFile {
         let mut tensors = Vec::with_capacity(refs.len());
         for (name, t) in refs {
             let field = if name.is_empty() { "tensor".to_string() } else { format!("tensor '{name}'") };
-            let member = archive
-                .member(&format!("{prefix}/data/{}", t.storage.key))
-                .cloned()
-                .ok_or_else(|| FormatError::Missing {
+            let member = archive.member(&format!("{prefix}/data/{}", t.storage.key)).cloned().ok_or_else(|| {
+                FormatError::Missing {
                     path: path.clone(),
                     what: "storage",
                     name: format!("{prefix}/data/{} (for {field})", t.storage.key),
-                })?;
+                }
+            })?;
             let region = archive.read(&member)?;
             let stored = StoredTensor::strided(
                 &path,

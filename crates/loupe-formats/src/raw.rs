@@ -16,7 +16,12 @@ pub fn open_raw(path: impl AsRef<Path>, dtype: ElemType, shape: &[usize]) -> Res
 }
 
 /// Views shared bytes as a tensor of `dtype` and `shape`.
-pub fn raw_from_shared(path: &Path, bytes: SharedBytes, dtype: ElemType, shape: &[usize]) -> Result<StoredTensor, FormatError> {
+pub fn raw_from_shared(
+    path: &Path,
+    bytes: SharedBytes,
+    dtype: ElemType,
+    shape: &[usize],
+) -> Result<StoredTensor, FormatError> {
     let len = bytes.len();
     StoredTensor::contiguous(path, "raw tensor data", dtype, shape.to_vec(), bytes, 0..len, true)
 }

@@ -23,17 +23,11 @@ enum Backing {
 impl SharedBytes {
     /// Memory-maps `path` read-only.
     pub fn map_file(path: &Path) -> Result<SharedBytes, FormatError> {
-        let io = |source| FormatError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let io = |source| FormatError::Io { path: path.to_path_buf(), source };
         let file = std::fs::File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         if !meta.is_file() {
-            return Err(io(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "not a regular file",
-            )));
+            return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
         }
         if meta.len() == 0 {
             // Some platforms refuse zero-length maps; an empty buffer behaves the same.

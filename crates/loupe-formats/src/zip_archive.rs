@@ -63,10 +63,7 @@ pub struct ZipArchive {
 
 impl std::fmt::Debug for ZipArchive {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZipArchive")
-            .field("path", &self.path)
-            .field("members", &self.members.len())
-            .finish()
+        f.debug_struct("ZipArchive").field("path", &self.path).field("members", &self.members.len()).finish()
     }
 }
 
@@ -82,8 +79,7 @@ pub fn looks_like_zip(bytes: &[u8]) -> bool {
 impl ZipArchive {
     /// Reads the central directory of `bytes`.
     pub fn new(path: PathBuf, bytes: SharedBytes) -> Result<ZipArchive, FormatError> {
-        let mut inner =
-            zip::ZipArchive::new(Cursor::new(bytes.clone())).map_err(|e| zip_err(&path, e))?;
+        let mut inner = zip::ZipArchive::new(Cursor::new(bytes.clone())).map_err(|e| zip_err(&path, e))?;
         if inner.len() > MAX_MEMBERS {
             return Err(FormatError::TooLarge {
                 path,
@@ -101,11 +97,7 @@ impl ZipArchive {
                 continue;
             }
             if !seen.insert(name.clone()) {
-                return Err(FormatError::invalid(
-                    &path,
-                    format!("zip member '{name}'"),
-                    "appears twice",
-                ));
+                return Err(FormatError::invalid(&path, format!("zip member '{name}'"), "appears twice"));
             }
             let stored = match f.compression() {
                 CompressionMethod::Stored => true,
@@ -127,13 +119,7 @@ impl ZipArchive {
                     ));
                 }
             }
-            members.push(Member {
-                name,
-                size: f.size(),
-                stored,
-                data_start: f.data_start(),
-                index,
-            });
+            members.push(Member { name, size: f.size(), stored, data_start: f.data_start(), index });
         }
         Ok(ZipArchive { path, members, bytes, inner })
     }
@@ -164,9 +150,8 @@ impl ZipArchive {
                 limit: MAX_MEMBER_BYTES,
             });
         }
-        let declared = usize::try_from(member.size).map_err(|_| {
-            FormatError::invalid(&self.path, label(), "inflated size does not fit in memory")
-        })?;
+        let declared = usize::try_from(member.size)
+            .map_err(|_| FormatError::invalid(&self.path, label(), "inflated size does not fit in memory"))?;
         let mut out = Vec::new();
         out.try_reserve_exact(declared).map_err(|_| FormatError::TooLarge {
             path: self.path.clone(),

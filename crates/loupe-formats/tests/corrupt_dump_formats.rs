@@ -51,14 +51,21 @@ fn npy_with_header(version: u8, header: &str, data: &[u8]) -> Vec<u8> {
 #[test]
 fn npy_layouts_read_correctly() {
     // Fortran order: the 2x3 matrix [[0,1,2],[3,4,5]] is stored column by column.
-    let f = npy_with_header(1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", &f32s(&[0., 3., 1., 4., 2., 5.]));
+    let f = npy_with_header(
+        1,
+        "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
+        &f32s(&[0., 3., 1., 4., 2., 5.]),
+    );
     let t = NpyFile::from_bytes("f.npy", f).and_then(|f| f.tensor()).expect("fortran");
     assert_eq!(t.to_f32().ok(), Some(vec![0., 1., 2., 3., 4., 5.]));
     // Big-endian f8 in a version 3 header.
     let be: Vec<u8> = [1.5f64, -2.0].iter().flat_map(|v| v.to_be_bytes()).collect();
-    let t = NpyFile::from_bytes("b.npy", npy_with_header(3, "{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }", &be))
-        .and_then(|f| f.tensor())
-        .expect("big-endian");
+    let t = NpyFile::from_bytes(
+        "b.npy",
+        npy_with_header(3, "{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }", &be),
+    )
+    .and_then(|f| f.tensor())
+    .expect("big-endian");
     assert_eq!(t.to_f32().ok(), Some(vec![1.5, -2.0]));
     // Version 2 header, integer and bool types, scalar shape.
     for (descr, data, want) in [
@@ -118,7 +125,8 @@ fn npy_absurd_shapes() {
     let h = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 1099511627776), }";
     msg(NpyFile::from_bytes("a.npy", npy_with_header(1, h, &[])), "a.npy", &["shape"]);
     let h = "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4), }";
-    let e = msg(NpyFile::from_bytes("b.npy", npy_with_header(1, h, &[])), "b.npy", &["element count", "over the limit"]);
+    let e =
+        msg(NpyFile::from_bytes("b.npy", npy_with_header(1, h, &[])), "b.npy", &["element count", "over the limit"]);
     assert!(matches!(e, FormatError::TooLarge { .. }));
     let dims = vec!["1"; 65].join(", ");
     let h = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({dims}), }}");
@@ -188,7 +196,8 @@ fn npz_corrupt_archives() {
 /// A `.pt` archive around a hand-written pickle and one f32 storage `0` of `n` elements.
 fn pt_with(pickle: &[u8], n: usize) -> Vec<u8> {
     let data = f32s(&(0..n).map(|i| i as f32).collect::<Vec<_>>());
-    write_zip(&[("x/data.pkl", pickle, false), ("x/byteorder", b"little", false), ("x/data/0", &data, false)]).expect("zip")
+    write_zip(&[("x/data.pkl", pickle, false), ("x/byteorder", b"little", false), ("x/data/0", &data, false)])
+        .expect("zip")
 }
 
 /// The pickle prefix of `_rebuild_tensor_v2(storage('0', numel), ...)` up to the size.
@@ -227,7 +236,11 @@ fn pt_hostile_globals_are_refused_not_run() {
     // cos\nsystem\n(S'touch pwned'\ntR. : the classic code-execution pickle, in protocol 2.
     let mut p = vec![0x80, 2];
     p.extend_from_slice(b"cos\nsystem\nX\x0b\x00\x00\x00touch pwned\x85R.");
-    let e = msg(PtFile::from_bytes("evil.pt", pt_with(&p, 1)), "evil.pt", &["global 'os.system'", "allow-list", "never executed"]);
+    let e = msg(
+        PtFile::from_bytes("evil.pt", pt_with(&p, 1)),
+        "evil.pt",
+        &["global 'os.system'", "allow-list", "never executed"],
+    );
     assert!(matches!(e, FormatError::Invalid { .. }));
     assert!(!std::path::Path::new("pwned").exists());
     // STACK_GLOBAL (protocol 4) with builtins.eval.
@@ -246,7 +259,15 @@ fn pt_hostile_globals_are_refused_not_run() {
 
 #[test]
 fn pt_refused_opcodes_are_named() {
-    for (op, name) in [(b'b', "BUILD"), (b'i', "INST"), (0x81, "NEWOBJ"), (b'o', "OBJ"), (b'P', "PERSID"), (0x82, "EXT1"), (b'0', "POP")] {
+    for (op, name) in [
+        (b'b', "BUILD"),
+        (b'i', "INST"),
+        (0x81, "NEWOBJ"),
+        (b'o', "OBJ"),
+        (b'P', "PERSID"),
+        (0x82, "EXT1"),
+        (b'0', "POP"),
+    ] {
         let p = vec![0x80, 2, b'N', op, b'.'];
         msg(PtFile::from_bytes("o.pt", pt_with(&p, 1)), "o.pt", &[&format!("opcode {name}"), "not allowed"]);
     }
@@ -293,7 +314,12 @@ fn pt_storage_references_are_checked() {
     msg(PtFile::from_bytes("j.pt", b"junk".to_vec()), "j.pt", &["not a torch zip"]);
     let z = write_zip(&[("x/other", b"1", false)]).expect("zip");
     msg(PtFile::from_bytes("z.pt", z), "z.pt", &["data.pkl"]);
-    let z = write_zip(&[("x/data.pkl", &rebuild("0", 1, 1), false), ("x/byteorder", b"middle", false), ("x/data/0", &[0; 4], false)]).expect("zip");
+    let z = write_zip(&[
+        ("x/data.pkl", &rebuild("0", 1, 1), false),
+        ("x/byteorder", b"middle", false),
+        ("x/data/0", &[0; 4], false),
+    ])
+    .expect("zip");
     msg(PtFile::from_bytes("b.pt", z), "b.pt", &["byteorder", "middle"]);
 }
 
@@ -327,7 +353,8 @@ fn max_reads_the_spec_layout_and_writes_it_byte_for_byte() {
     assert_eq!(f.tensor.shape, [2, 3]);
     assert_eq!(f.tensor.dtype, ElemType::F32);
     assert_eq!(f.tensor.to_f32().ok(), Some(vec![1., 2., 3., 4., 5., 6.]));
-    let written = max_bytes("model.layers.0-output", ElemType::F32, &[2, 3], &f32s(&[1., 2., 3., 4., 5., 6.])).expect("write");
+    let written =
+        max_bytes("model.layers.0-output", ElemType::F32, &[2, 3], &f32s(&[1., 2., 3., 4., 5., 6.])).expect("write");
     assert_eq!(written, bytes);
     assert_eq!(&written[..8], &MAX_MAGIC);
     // bf16 and a rank-0 tensor round-trip too.

@@ -24,10 +24,7 @@ fn assert_rejects(bytes: Vec<u8>, needles: &[&str]) -> FormatError {
         Err(e) => e,
     };
     let msg = err.to_string();
-    assert!(
-        msg.starts_with(LABEL),
-        "message does not name the file: {msg}"
-    );
+    assert!(msg.starts_with(LABEL), "message does not name the file: {msg}");
     for needle in needles {
         assert!(msg.contains(needle), "message lacks {needle:?}: {msg}");
     }
@@ -36,14 +33,9 @@ fn assert_rejects(bytes: Vec<u8>, needles: &[&str]) -> FormatError {
 
 #[test]
 fn the_valid_baseline_is_accepted() {
-    let f = SafetensorsFile::from_bytes(
-        LABEL,
-        st(
-            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
-            &[0; 8],
-        ),
-    )
-    .expect("valid");
+    let f =
+        SafetensorsFile::from_bytes(LABEL, st(r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, &[0; 8]))
+            .expect("valid");
     assert_eq!(f.to_f32("w").ok(), Some(vec![0.0, 0.0]));
 }
 
@@ -67,10 +59,7 @@ fn huge_header_length() {
 #[test]
 fn shape_bytes_mismatch() {
     let json = r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
-    assert_rejects(
-        st(json, &[0; 8]),
-        &["tensor 'w' data_offsets", "spans 8 bytes", "needs 12"],
-    );
+    assert_rejects(st(json, &[0; 8]), &["tensor 'w' data_offsets", "spans 8 bytes", "needs 12"]);
     let json = r#"{"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,4]}}"#;
     assert_rejects(st(json, &[0; 4]), &["tensor 'w' data_offsets", "needs 8"]);
 }
@@ -88,10 +77,7 @@ fn shape_product_overflow() {
 fn overlapping_offsets() {
     let json = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
                    "b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
-    assert_rejects(
-        st(json, &[0; 12]),
-        &["tensor 'b' data_offsets", "overlaps tensor 'a' [0, 8)"],
-    );
+    assert_rejects(st(json, &[0; 12]), &["tensor 'b' data_offsets", "overlaps tensor 'a' [0, 8)"]);
     let json = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
                    "b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
     assert_rejects(st(json, &[0; 8]), &["overlaps"]);
@@ -103,32 +89,20 @@ fn gaps_and_uncovered_bytes() {
                    "b":{"dtype":"U8","shape":[4],"data_offsets":[8,12]}}"#;
     assert_rejects(st(json, &[0; 12]), &["tensor 'b' data_offsets", "gap"]);
     let json = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
-    assert_rejects(
-        st(json, &[0; 6]),
-        &["data section", "is 6 bytes but the tensors cover 4"],
-    );
+    assert_rejects(st(json, &[0; 6]), &["data section", "is 6 bytes but the tensors cover 4"]);
     assert_rejects(st(json, &[0; 2]), &["data section", "is 2 bytes"]);
 }
 
 #[test]
 fn bad_offsets() {
     let json = r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}}"#;
-    assert_rejects(
-        st(json, &[0; 4]),
-        &["tensor 'a' data_offsets", "end 0 is before start 4"],
-    );
+    assert_rejects(st(json, &[0; 4]), &["tensor 'a' data_offsets", "end 0 is before start 4"]);
     let json = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4,8]}}"#;
     assert_rejects(st(json, &[0; 4]), &["tensor 'a' data_offsets", "3 values"]);
     let json = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[-1,3]}}"#;
-    assert_rejects(
-        st(json, &[0; 4]),
-        &["tensor 'a' data_offsets", "not a non-negative integer"],
-    );
+    assert_rejects(st(json, &[0; 4]), &["tensor 'a' data_offsets", "not a non-negative integer"]);
     let json = r#"{"a":{"dtype":"U8","shape":[4]}}"#;
-    assert_rejects(
-        st(json, &[0; 4]),
-        &["tensor 'a' data_offsets", "is missing"],
-    );
+    assert_rejects(st(json, &[0; 4]), &["tensor 'a' data_offsets", "is missing"]);
 }
 
 #[test]
@@ -139,14 +113,8 @@ fn bad_json() {
     let mut bytes = st("{}  ", &[]);
     bytes[9] = 0xff;
     assert_rejects(bytes, &["header JSON"]);
-    assert_rejects(
-        st(r#"{"a":5}"#, &[]),
-        &["tensor 'a' entry", "not an object"],
-    );
-    assert_rejects(
-        st(r#"{"__metadata__":{"k":1}}"#, &[]),
-        &["__metadata__ 'k'", "not a string"],
-    );
+    assert_rejects(st(r#"{"a":5}"#, &[]), &["tensor 'a' entry", "not an object"]);
+    assert_rejects(st(r#"{"__metadata__":{"k":1}}"#, &[]), &["__metadata__ 'k'", "not a string"]);
     // A nesting bomb stops at serde_json's recursion limit, not the stack.
     let bomb = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     assert_rejects(st(&bomb, &[]), &["header JSON"]);
@@ -170,18 +138,10 @@ fn unknown_dtype() {
 fn shard(tensors: &[(&str, &[f32])]) -> Vec<u8> {
     let owned: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
-        .map(|(n, v)| {
-            (
-                (*n).to_string(),
-                vec![v.len()],
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        })
+        .map(|(n, v)| ((*n).to_string(), vec![v.len()], v.iter().flat_map(|x| x.to_le_bytes()).collect()))
         .collect();
-    let view: Vec<(&str, Dtype, &[usize], &[u8])> = owned
-        .iter()
-        .map(|(n, s, b)| (n.as_str(), Dtype::F32, s.as_slice(), b.as_slice()))
-        .collect();
+    let view: Vec<(&str, Dtype, &[usize], &[u8])> =
+        owned.iter().map(|(n, s, b)| (n.as_str(), Dtype::F32, s.as_slice(), b.as_slice())).collect();
     write_safetensors(&view, &BTreeMap::new())
 }
 
@@ -193,16 +153,8 @@ const INDEX: &str = "model.safetensors.index.json";
 
 fn sharded_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    write(
-        dir.path(),
-        "model-00001-of-00002.safetensors",
-        &shard(&[("a", &[1.0]), ("b", &[2.0, 3.0])]),
-    );
-    write(
-        dir.path(),
-        "model-00002-of-00002.safetensors",
-        &shard(&[("c", &[4.0])]),
-    );
+    write(dir.path(), "model-00001-of-00002.safetensors", &shard(&[("a", &[1.0]), ("b", &[2.0, 3.0])]));
+    write(dir.path(), "model-00002-of-00002.safetensors", &shard(&[("c", &[4.0])]));
     write(
         dir.path(),
         INDEX,
@@ -229,12 +181,7 @@ fn sharded_checkpoint_unified_lookup() {
     let err = ck.to_f32("zz").unwrap_err().to_string();
     assert!(err.contains(INDEX) && err.contains("'zz'"), "{err}");
     // The index file itself also opens it.
-    assert_eq!(
-        SafetensorsCheckpoint::open(dir.path().join(INDEX))
-            .map(|c| c.len())
-            .ok(),
-        Some(3)
-    );
+    assert_eq!(SafetensorsCheckpoint::open(dir.path().join(INDEX)).map(|c| c.len()).ok(), Some(3));
 }
 
 #[test]
@@ -244,23 +191,15 @@ fn single_file_checkpoint() {
     let ck = SafetensorsCheckpoint::open(dir.path()).expect("single file");
     assert_eq!(ck.to_f32("w").ok(), Some(vec![1.5]));
     assert!(ck.index_path.is_none());
-    let ck =
-        SafetensorsCheckpoint::open(dir.path().join("model.safetensors")).expect("the file itself");
+    let ck = SafetensorsCheckpoint::open(dir.path().join("model.safetensors")).expect("the file itself");
     assert_eq!(ck.len(), 1);
     let empty = tempfile::tempdir().expect("tempdir");
-    let err = SafetensorsCheckpoint::open(empty.path())
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("model.safetensors.index.json or model.safetensors"),
-        "{err}"
-    );
+    let err = SafetensorsCheckpoint::open(empty.path()).unwrap_err().to_string();
+    assert!(err.contains("model.safetensors.index.json or model.safetensors"), "{err}");
 }
 
 fn assert_checkpoint_rejects(dir: &Path, needles: &[&str]) {
-    let err = SafetensorsCheckpoint::open(dir)
-        .expect_err("corrupt checkpoint accepted")
-        .to_string();
+    let err = SafetensorsCheckpoint::open(dir).expect_err("corrupt checkpoint accepted").to_string();
     for needle in needles {
         assert!(err.contains(needle), "message lacks {needle:?}: {err}");
     }
@@ -269,18 +208,10 @@ fn assert_checkpoint_rejects(dir: &Path, needles: &[&str]) {
 #[test]
 fn index_path_traversal() {
     let dir = sharded_dir();
-    for evil in [
-        "../model-00002-of-00002.safetensors",
-        "/etc/passwd",
-        "sub/x.safetensors",
-        "..",
-    ] {
+    for evil in ["../model-00002-of-00002.safetensors", "/etc/passwd", "sub/x.safetensors", ".."] {
         let index = format!(r#"{{"weight_map":{{"a":"{evil}"}}}}"#);
         write(dir.path(), INDEX, index.as_bytes());
-        assert_checkpoint_rejects(
-            dir.path(),
-            &[INDEX, "weight_map shard", "not a plain file name"],
-        );
+        assert_checkpoint_rejects(dir.path(), &[INDEX, "weight_map shard", "not a plain file name"]);
     }
 }
 
@@ -294,30 +225,16 @@ fn index_and_shards_disagree() {
         br#"{"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00001-of-00002.safetensors",
             "c":"model-00002-of-00002.safetensors","d":"model-00002-of-00002.safetensors"}}"#,
     );
-    assert_checkpoint_rejects(
-        dir.path(),
-        &["weight_map 'd'", "has no tensor of that name"],
-    );
+    assert_checkpoint_rejects(dir.path(), &["weight_map 'd'", "has no tensor of that name"]);
     // A shard tensor the index does not list.
     write(
         dir.path(),
         INDEX,
         br#"{"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}}"#,
     );
-    assert_checkpoint_rejects(
-        dir.path(),
-        &[
-            "model-00001-of-00002.safetensors",
-            "tensor 'b'",
-            "does not list it",
-        ],
-    );
+    assert_checkpoint_rejects(dir.path(), &["model-00001-of-00002.safetensors", "tensor 'b'", "does not list it"]);
     // The same tensor in two shards.
-    write(
-        dir.path(),
-        "model-00002-of-00002.safetensors",
-        &shard(&[("a", &[9.0]), ("c", &[4.0])]),
-    );
+    write(dir.path(), "model-00002-of-00002.safetensors", &shard(&[("a", &[9.0]), ("c", &[4.0])]));
     write(
         dir.path(),
         INDEX,
@@ -326,40 +243,21 @@ fn index_and_shards_disagree() {
     );
     assert_checkpoint_rejects(
         dir.path(),
-        &[
-            "model-00002-of-00002.safetensors",
-            "tensor 'a'",
-            "lists it in shard model-00001",
-        ],
+        &["model-00002-of-00002.safetensors", "tensor 'a'", "lists it in shard model-00001"],
     );
 }
 
 #[test]
 fn index_missing_shard_or_bad_json() {
     let dir = sharded_dir();
-    write(
-        dir.path(),
-        INDEX,
-        br#"{"weight_map":{"a":"model-00009-of-00009.safetensors"}}"#,
-    );
+    write(dir.path(), INDEX, br#"{"weight_map":{"a":"model-00009-of-00009.safetensors"}}"#);
     assert_checkpoint_rejects(dir.path(), &["model-00009-of-00009.safetensors"]);
     write(dir.path(), INDEX, br#"{"weight_map":{"a":"x","a":"y"}}"#);
     assert_checkpoint_rejects(dir.path(), &[INDEX, "duplicate key \"a\""]);
     write(dir.path(), INDEX, b"not json");
     assert_checkpoint_rejects(dir.path(), &[INDEX, "index JSON"]);
     // A corrupt shard is reported under the shard's own name.
-    write(
-        dir.path(),
-        "model-00002-of-00002.safetensors",
-        b"\xff\xff\xff\xff\xff\xff\xff\xff",
-    );
-    write(
-        dir.path(),
-        INDEX,
-        br#"{"weight_map":{"c":"model-00002-of-00002.safetensors"}}"#,
-    );
-    assert_checkpoint_rejects(
-        dir.path(),
-        &["model-00002-of-00002.safetensors", "header length"],
-    );
+    write(dir.path(), "model-00002-of-00002.safetensors", b"\xff\xff\xff\xff\xff\xff\xff\xff");
+    write(dir.path(), INDEX, br#"{"weight_map":{"c":"model-00002-of-00002.safetensors"}}"#);
+    assert_checkpoint_rejects(dir.path(), &["model-00002-of-00002.safetensors", "header length"]);
 }

@@ -5,8 +5,8 @@
 //! re-run with that seed to reproduce.
 
 use loupe_formats::fuzzing::{
-    arbitrary_gguf, arbitrary_safetensors, gguf_header_len, gguf_parse, gguf_roundtrip, mutate,
-    safetensors_parse, Choices, SplitMix64,
+    arbitrary_gguf, arbitrary_safetensors, gguf_header_len, gguf_parse, gguf_roundtrip, mutate, safetensors_parse,
+    Choices, SplitMix64,
 };
 
 const SEED: u64 = 0x6c6f_7570_6500_0001; // "loupe" + 1
@@ -38,9 +38,7 @@ fn gguf_parse_over_mutated_valid_files() {
     for i in 0..ITERATIONS {
         let n = rng.below(256);
         let seed_input = rng.bytes(n);
-        let mut bytes = arbitrary_gguf(&mut Choices::new(&seed_input))
-            .to_bytes()
-            .expect("generated files are valid");
+        let mut bytes = arbitrary_gguf(&mut Choices::new(&seed_input)).to_bytes().expect("generated files are valid");
         let hot = gguf_header_len(&bytes);
         mutate(&mut bytes, hot, &mut rng);
         if loupe_formats::GgufFile::from_bytes("m", bytes.clone()).is_ok() {
@@ -50,10 +48,7 @@ fn gguf_parse_over_mutated_valid_files() {
     }
     // Some mutations (of padding, tensor data, string contents) leave a valid file; if
     // none do, the mutator is broken and the test is exercising nothing but the magic.
-    assert!(
-        accepted > 0 && accepted < ITERATIONS,
-        "accepted {accepted} of {ITERATIONS}"
-    );
+    assert!(accepted > 0 && accepted < ITERATIONS, "accepted {accepted} of {ITERATIONS}");
 }
 
 #[test]

@@ -4,8 +4,8 @@
 //! line when Python cannot produce the fixtures.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use loupe_formats::{FormatError, NpyFile, NpzFile, PtFile, StoredTensor};
 use serde_json::Value;
@@ -97,10 +97,12 @@ fn generate() -> Result<Fixtures, String> {
 
 fn check(expect: &serde_json::Map<String, Value>, key: &str, t: &StoredTensor) {
     let e = expect.get(key).unwrap_or_else(|| panic!("no expectation for {key}"));
-    let shape: Vec<usize> = e["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+    let shape: Vec<usize> =
+        e["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
     assert_eq!(t.shape, shape, "{key}: shape");
     let got = t.to_f32().unwrap_or_else(|err| panic!("{key}: {err}"));
-    let want: Vec<f32> = e["values"].as_array().expect("values").iter().map(|v| v.as_f64().map_or(f32::NAN, |x| x as f32)).collect();
+    let want: Vec<f32> =
+        e["values"].as_array().expect("values").iter().map(|v| v.as_f64().map_or(f32::NAN, |x| x as f32)).collect();
     assert_eq!(got.len(), want.len(), "{key}: length");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{key}[{i}]: got {g}, numpy/torch say {w}");
@@ -112,7 +114,19 @@ fn check(expect: &serde_json::Map<String, Value>, key: &str, t: &StoredTensor) {
 fn reads_what_numpy_writes() {
     let (dir, expect) = fixtures();
     let dir = Dir(dir);
-    for name in ["f32.npy", "f64be.npy", "f16.npy", "i64.npy", "u8.npy", "bool.npy", "fortran.npy", "v2.npy", "v3.npy", "scalar.npy", "empty.npy"] {
+    for name in [
+        "f32.npy",
+        "f64be.npy",
+        "f16.npy",
+        "i64.npy",
+        "u8.npy",
+        "bool.npy",
+        "fortran.npy",
+        "v2.npy",
+        "v3.npy",
+        "scalar.npy",
+        "empty.npy",
+    ] {
         let f = NpyFile::open(dir.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         check(expect, name, &f.tensor().expect("typed"));
     }

@@ -9,7 +9,11 @@ use loupe_formats::{GgmlType, GgufFile};
 #[ignore = "needs the real model (scripts/test fetches it)"]
 fn smollm2_q4_1_header() {
     let path = loupe_models::real_model_path();
-    assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
+    assert!(
+        path.is_file(),
+        "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL",
+        path.display()
+    );
     let f = GgufFile::open(&path).expect("the real model opens");
     assert_eq!(f.version, 3);
     assert_eq!(f.tensors.len(), 272);
@@ -19,9 +23,7 @@ fn smollm2_q4_1_header() {
     assert_eq!(f.get_u32("llama.feed_forward_length").ok(), Some(1536));
     assert_eq!(f.get_u32("llama.attention.head_count").ok(), Some(9));
     assert_eq!(f.get_u32("llama.attention.head_count_kv").ok(), Some(3));
-    let eps = f
-        .get_f32("llama.attention.layer_norm_rms_epsilon")
-        .expect("eps");
+    let eps = f.get_f32("llama.attention.layer_norm_rms_epsilon").expect("eps");
     assert!((eps - 1e-5).abs() < 1e-9, "{eps}");
 
     let tokens = f.get_str_array("tokenizer.ggml.tokens").expect("vocab");
@@ -35,26 +37,17 @@ fn smollm2_q4_1_header() {
     assert_eq!(embd.dims, [576, 49152]);
     assert_eq!(embd.shape(), [49152, 576]);
     assert_eq!(f.tensor_data(embd).len() as u64, embd.size_bytes);
-    assert!(
-        f.tensor("output.weight").is_none(),
-        "SmolLM2 ties its embeddings"
-    );
+    assert!(f.tensor("output.weight").is_none(), "SmolLM2 ties its embeddings");
 
     let count = |t: GgmlType| f.tensors.iter().filter(|i| i.ggml_type == t).count();
     assert_eq!(count(GgmlType::Q4_1), 210);
     assert_eq!(count(GgmlType::F32), 61);
     let data: u64 = f.tensors.iter().map(|t| t.size_bytes).sum();
-    assert!(
-        (96_000_000..97_000_000).contains(&data),
-        "{data} bytes of tensor data"
-    );
+    assert!((96_000_000..97_000_000).contains(&data), "{data} bytes of tensor data");
     assert!(f.bytes().len() as u64 >= f.data_offset + data);
     assert_eq!(f.data_offset % f.alignment, 0);
 
     // `loupe inspect` prints the vocabulary summarized.
     let shown = f.get("tokenizer.ggml.tokens").expect("tokens").to_string();
-    assert!(
-        shown.starts_with("[49152 x string: \"<|endoftext|>\""),
-        "{shown}"
-    );
+    assert!(shown.starts_with("[49152 x string: \"<|endoftext|>\""), "{shown}");
 }

@@ -62,10 +62,7 @@ pub enum OpLogLevel {
 
 impl OpLogLevel {
     pub fn logs_ops(self) -> bool {
-        matches!(
-            self,
-            OpLogLevel::Trace | OpLogLevel::Debug | OpLogLevel::Info
-        )
+        matches!(self, OpLogLevel::Trace | OpLogLevel::Debug | OpLogLevel::Info)
     }
 }
 
@@ -199,12 +196,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 impl DebugOptions {
     /// Sets one option; `Ok(false)` for an unknown key. A bare key means `true` for a
     /// boolean option and is a bad value for the others.
-    pub fn apply(
-        &mut self,
-        key: &str,
-        value: Option<&str>,
-        source: Source,
-    ) -> Result<bool, DebugError> {
+    pub fn apply(&mut self, key: &str, value: Option<&str>, source: Source) -> Result<bool, DebugError> {
         let key_norm = key.trim().to_ascii_lowercase().replace('_', "-");
         let Some(&name) = KEYS.iter().find(|k| **k == key_norm) else {
             return Ok(false);
@@ -218,9 +210,7 @@ impl DebugOptions {
         let flag = || -> Result<bool, DebugError> {
             match value {
                 None => Ok(true),
-                Some(v) => {
-                    parse_bool(v).ok_or_else(|| bad("a boolean (1/0, true/false, yes/no, on/off)"))
-                }
+                Some(v) => parse_bool(v).ok_or_else(|| bad("a boolean (1/0, true/false, yes/no, on/off)")),
             }
         };
         let text = || value.filter(|v| !v.is_empty());
@@ -249,8 +239,7 @@ impl DebugOptions {
             }
             "uninitialized-read-check" => self.uninitialized_read_check = flag()?,
             "uninitialized-read-mode" => {
-                self.uninitialized_read_mode = match text().map(str::to_ascii_lowercase).as_deref()
-                {
+                self.uninitialized_read_mode = match text().map(str::to_ascii_lowercase).as_deref() {
                     Some("abort") => UninitMode::Abort,
                     Some("report") => UninitMode::Report,
                     _ => return Err(bad("abort or report")),
@@ -270,11 +259,7 @@ impl DebugOptions {
                     Some("warning") | Some("warn") => OpLogLevel::Warning,
                     Some("error") => OpLogLevel::Error,
                     Some("critical") => OpLogLevel::Critical,
-                    _ => {
-                        return Err(bad(
-                            "notset, trace, debug, info, warning, error or critical",
-                        ))
-                    }
+                    _ => return Err(bad("notset, trace, debug, info, warning, error or critical")),
                 }
             }
             "assert-level" => {
@@ -291,24 +276,15 @@ impl DebugOptions {
                     Some("compact") => PrintStyle::Compact,
                     Some("full") => PrintStyle::Full,
                     Some("binary") => PrintStyle::Binary,
-                    Some("binary_max_checkpoint") | Some("binary-max-checkpoint") => {
-                        PrintStyle::BinaryMaxCheckpoint
-                    }
+                    Some("binary_max_checkpoint") | Some("binary-max-checkpoint") => PrintStyle::BinaryMaxCheckpoint,
                     Some("none") => PrintStyle::None,
                     _ => return Err(bad("compact, full, binary, binary_max_checkpoint or none")),
                 }
             }
-            "ir-output-dir" => {
-                self.ir_output_dir = Some(PathBuf::from(
-                    text().ok_or_else(|| bad("a directory path"))?,
-                ))
-            }
+            "ir-output-dir" => self.ir_output_dir = Some(PathBuf::from(text().ok_or_else(|| bad("a directory path"))?)),
             "stop-after" => {
-                self.stop_after = Some(
-                    text()
-                        .ok_or_else(|| bad("a lowering pass name (loupe ir --list-passes)"))?
-                        .to_string(),
-                )
+                self.stop_after =
+                    Some(text().ok_or_else(|| bad("a lowering pass name (loupe ir --list-passes)"))?.to_string())
             }
             // MAX's pre-jit: stop once kernels are chosen (and written to ir-output-dir).
             "pre-jit" => {
@@ -331,9 +307,7 @@ impl DebugOptions {
                 "nan-check" => self.nan_check.to_string(),
                 "nan-check-stride" => self.nan_check_stride.to_string(),
                 "uninitialized-read-check" => self.uninitialized_read_check.to_string(),
-                "uninitialized-read-mode" => {
-                    format!("{:?}", self.uninitialized_read_mode).to_lowercase()
-                }
+                "uninitialized-read-mode" => format!("{:?}", self.uninitialized_read_mode).to_lowercase(),
                 "device-sync-mode" => self.device_sync_mode.to_string(),
                 "stack-trace-on-error" => self.stack_trace_on_error.to_string(),
                 "stack-trace-on-crash" => self.stack_trace_on_crash.to_string(),
@@ -341,11 +315,9 @@ impl DebugOptions {
                 "op-log-level" => format!("{:?}", self.op_log_level).to_lowercase(),
                 "assert-level" => format!("{:?}", self.assert_level).to_lowercase(),
                 "print-style" => format!("{:?}", self.print_style).to_lowercase(),
-                "ir-output-dir" => self
-                    .ir_output_dir
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| "-".into()),
+                "ir-output-dir" => {
+                    self.ir_output_dir.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "-".into())
+                }
                 "stop-after" | "pre-jit" => self.stop_after.clone().unwrap_or_else(|| "-".into()),
                 "verify-ir" => self.verify_ir.to_string(),
                 _ => String::new(),
@@ -358,7 +330,6 @@ impl DebugOptions {
         s
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -394,7 +365,13 @@ mod tests {
         let mut o = DebugOptions::default();
         o.apply("sensible", None, Source::EnvList).unwrap();
         o.apply("nan-check", Some("0"), Source::EnvList).unwrap();
-        assert!(!o.nan_check && o.device_sync_mode && o.stack_trace_on_error && o.stack_trace_on_crash && o.source_tracebacks);
+        assert!(
+            !o.nan_check
+                && o.device_sync_mode
+                && o.stack_trace_on_error
+                && o.stack_trace_on_crash
+                && o.source_tracebacks
+        );
         assert_eq!(o.assert_level, AssertLevel::All);
         assert!(!o.uninitialized_read_check);
     }

@@ -5,12 +5,7 @@ use loupe_tensor::TensorError;
 #[non_exhaustive]
 pub enum GraphError {
     #[error("graph verification failed at node {node} ('{name}', built at {location}): {reason}")]
-    Verify {
-        node: usize,
-        name: String,
-        location: String,
-        reason: String,
-    },
+    Verify { node: usize, name: String, location: String, reason: String },
     #[error("op {op} computing '{name}' (built at {location}): {source}")]
     Kernel {
         op: &'static str,
@@ -41,12 +36,7 @@ pub enum GraphError {
         first: usize,
     },
     #[error("assert-level: op {op} computing '{name}' (built at {location}): {detail}")]
-    Assert {
-        op: &'static str,
-        name: String,
-        location: String,
-        detail: String,
-    },
+    Assert { op: &'static str, name: String, location: String, detail: String },
     #[error("context overflow: {needed} tokens needed but the context window is {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
     #[error("invalid input: {0}")]

@@ -12,8 +12,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::ops::{add_in_place, add_into, attention_cached, expert_id, gelu, layer_norm, mul_in_place, mul_into, paged_attention, rms_norm, round_bf16, router_select, router_weights, silu, silu_mul_into, slice_columns, soft_cap, PagedSpan};
 use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
+use loupe_tensor::ops::{
+    add_in_place, add_into, attention_cached, expert_id, gelu, layer_norm, mul_in_place, mul_into, paged_attention,
+    rms_norm, round_bf16, router_select, router_weights, silu, silu_mul_into, slice_columns, soft_cap, PagedSpan,
+};
 use loupe_tensor::wq::{can_group_prefill, matmul_wq_prefill_group};
 use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
@@ -220,11 +223,16 @@ impl Executor {
             return Err(GraphError::Input("no tokens to run".into()));
         }
         if graph.encoder {
-            return Err(GraphError::Input("the batched engine runs decoders; an encoder runs one sequence at a time".into()));
+            return Err(GraphError::Input(
+                "the batched engine runs decoders; an encoder runs one sequence at a time".into(),
+            ));
         }
         let total: usize = spans.iter().map(|s| s.len).sum();
         if total != tokens.len() || spans.iter().any(|s| s.len == 0) {
-            return Err(GraphError::Input(format!("{} tokens but the spans cover {total} (every span needs a token)", tokens.len())));
+            return Err(GraphError::Input(format!(
+                "{} tokens but the spans cover {total} (every span needs a token)",
+                tokens.len()
+            )));
         }
         if kv.layers() != graph.kv_layers || kv.width() != graph.kv_width {
             return Err(GraphError::Input(format!(
@@ -235,8 +243,15 @@ impl Executor {
                 graph.kv_width
             )));
         }
-        if let Some(node) = graph.nodes.iter().find(|n| matches!(n.op, Op::Attention { kv_write: KvWrite::OneLate | KvWrite::OneLateAtDecode, .. })) {
-            return Err(GraphError::Input(format!("'{}' carries the kv-write fault, which the batched engine does not plant", graph.value(node.output).name)));
+        if let Some(node) = graph
+            .nodes
+            .iter()
+            .find(|n| matches!(n.op, Op::Attention { kv_write: KvWrite::OneLate | KvWrite::OneLateAtDecode, .. }))
+        {
+            return Err(GraphError::Input(format!(
+                "'{}' carries the kv-write fault, which the batched engine does not plant",
+                graph.value(node.output).name
+            )));
         }
         let mut paged = Vec::with_capacity(spans.len());
         let mut logit_rows = Vec::new();
@@ -249,7 +264,10 @@ impl Executor {
                 return Err(GraphError::ContextOverflow { needed: end, capacity: graph.context_length });
             }
             if span.blocks.len() * kv.block_size() < end {
-                return Err(GraphError::Input(format!("a block table of {} blocks cannot hold {end} positions", span.blocks.len())));
+                return Err(GraphError::Input(format!(
+                    "a block table of {} blocks cannot hold {end} positions",
+                    span.blocks.len()
+                )));
             }
             paged.push(PagedSpan { rows: row..row + span.len, past: span.past, blocks: span.blocks });
             attn = attn.plus(AttnWork::causal(span.past, span.len));
@@ -285,7 +303,11 @@ impl Executor {
         }
         let logits_id = graph.logits.ok_or_else(|| GraphError::Input("graph has no logits".into()))?;
         if self.slot_of.len() != graph.values.len() {
-            return Err(GraphError::Input(format!("executor planned for {} values, graph has {}", self.slot_of.len(), graph.values.len())));
+            return Err(GraphError::Input(format!(
+                "executor planned for {} values, graph has {}",
+                self.slot_of.len(),
+                graph.values.len()
+            )));
         }
         let n_tokens = tokens.len();
         let fill = if self.debug.uninit { f32::from_bits(POISON_BITS) } else { 0.0 };
@@ -310,14 +332,18 @@ impl Executor {
             }
             next += 1;
             let info = graph.value(node.output);
-            let width = row_width(info).ok_or_else(|| GraphError::Input(format!("value {} has no row width", info.name)))?;
+            let width =
+                row_width(info).ok_or_else(|| GraphError::Input(format!("value {} has no row width", info.name)))?;
             let on_logit_rows = self.on_logit_rows.get(node.output.0 as usize).copied().unwrap_or(false);
             let rows = if on_logit_rows { logit_rows } else { n_tokens };
             // The node that selects the logits' rows from every token's (lm_head's linear).
             let gathers = on_logit_rows && !node.inputs.first().is_some_and(|i| self.on_logit_rows[i.0 as usize]);
             let out_slot = self.slot_of[node.output.0 as usize] as usize;
             let (mut out, mut out_init) = self.take_slot(out_slot);
-            if self.debug.uninit || node.fault.is_some() || !writes_every_element(&node.op, matches!(step, StepKv::Single { .. })) {
+            if self.debug.uninit
+                || node.fault.is_some()
+                || !writes_every_element(&node.op, matches!(step, StepKv::Single { .. }))
+            {
                 let capacity = out.capacity();
                 loupe_tensor::ops::resize_filled(&mut out, rows * width, fill);
                 // A reallocation (the capacity grew) holds only what was just written.
@@ -336,8 +362,14 @@ impl Executor {
             let mut side_buf = side.map(|s| self.take_slot(self.slot_of[s.0 as usize] as usize).0);
             let started = if self.debug.any { self.before_node(graph, i, node, n_tokens)? } else { None };
             let t0 = self.profile_start(i);
-            self.exec_node(graph, node, tokens, step, rows, gathers, &mut out, side_buf.as_mut())
-                .map_err(|source| GraphError::Kernel { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), source })?;
+            self.exec_node(graph, node, tokens, step, rows, gathers, &mut out, side_buf.as_mut()).map_err(
+                |source| GraphError::Kernel {
+                    op: node.op.name(),
+                    name: info.name.clone(),
+                    location: info.location.to_string(),
+                    source,
+                },
+            )?;
             if let Some(t0) = t0 {
                 let (bytes, flops) = node_cost(graph, node, rows, attn);
                 self.profile_node(i, node.op.name(), t0, bytes, flops);
@@ -439,7 +471,11 @@ impl Executor {
     fn linear_group(&self, graph: &Graph, i: usize, n_tokens: usize, step: &StepKv<'_, '_>) -> usize {
         // The batched engine groups its one-row steps only: the prefill group's AMX bits
         // are not the multi-row kernels' (a row's bits must not depend on its batch).
-        if self.debug.any || n_tokens == 0 || graph.quantize_activations || !(matches!(step, StepKv::Single { .. }) || n_tokens == 1) {
+        if self.debug.any
+            || n_tokens == 0
+            || graph.quantize_activations
+            || !(matches!(step, StepKv::Single { .. }) || n_tokens == 1)
+        {
             return 1;
         }
         let first = &graph.nodes[i];
@@ -477,7 +513,15 @@ impl Executor {
 
     /// Runs nodes `i..i + count` (a [`Self::linear_group`]) as one grouped matmul, then shows
     /// each output to the observer in node order, as the node-by-node loop would.
-    fn run_linear_group<'o>(&mut self, graph: &Graph, i: usize, count: usize, n_tokens: usize, context: usize, mut observer: Option<&mut (dyn Observer + 'o)>) -> Result<(), GraphError> {
+    fn run_linear_group<'o>(
+        &mut self,
+        graph: &Graph,
+        i: usize,
+        count: usize,
+        n_tokens: usize,
+        context: usize,
+        mut observer: Option<&mut (dyn Observer + 'o)>,
+    ) -> Result<(), GraphError> {
         let nodes = &graph.nodes[i..i + count];
         let quant = |node: &Node| match &node.op {
             Op::Linear { weight, .. } => match &graph.weight(*weight).data {
@@ -511,7 +555,12 @@ impl Executor {
             };
             grouped.map_err(|source| {
                 let info = graph.value(nodes[0].output);
-                GraphError::Kernel { op: nodes[0].op.name(), name: info.name.clone(), location: info.location.to_string(), source }
+                GraphError::Kernel {
+                    op: nodes[0].op.name(),
+                    name: info.name.clone(),
+                    location: info.location.to_string(),
+                    source,
+                }
             })?;
         }
         self.grouped_linears += count as u64;
@@ -530,7 +579,13 @@ impl Executor {
 
     /// Debug checks before a kernel: `op-log-level`'s LAUNCH line, `assert-level`'s input
     /// lengths, `uninitialized-read-check`'s poisoned inputs. Returns the launch time.
-    fn before_node(&mut self, graph: &Graph, i: usize, node: &Node, n_tokens: usize) -> Result<Option<Instant>, GraphError> {
+    fn before_node(
+        &mut self,
+        graph: &Graph,
+        i: usize,
+        node: &Node,
+        n_tokens: usize,
+    ) -> Result<Option<Instant>, GraphError> {
         let info = graph.value(node.output);
         if self.debug.op_log {
             let at = if self.debug.source { format!(" @ {}", info.location) } else { String::new() };
@@ -542,7 +597,8 @@ impl Executor {
                 let have = self.slots[self.slot_of[inp.0 as usize] as usize].len();
                 let want = row_width(v).map(|w| w * n_tokens);
                 if want != Some(have) {
-                    let msg = format!("input '{}' holds {have} values, its shape [T={n_tokens}, ...] needs {want:?}", v.name);
+                    let msg =
+                        format!("input '{}' holds {have} values, its shape [T={n_tokens}, ...] needs {want:?}", v.name);
                     self.assert_failed(node, info, msg)?;
                 }
             }
@@ -580,10 +636,22 @@ impl Executor {
 
     /// Debug checks after a kernel: `nan-check` (every stride-th op), `op-log-level`'s
     /// COMPLETE line.
-    fn after_node(&mut self, i: usize, node: &Node, info: &ValueInfo, out: &[f32], started: Option<Instant>) -> Result<(), GraphError> {
+    fn after_node(
+        &mut self,
+        i: usize,
+        node: &Node,
+        info: &ValueInfo,
+        out: &[f32],
+        started: Option<Instant>,
+    ) -> Result<(), GraphError> {
         if let Some(t) = started {
             let at = if self.debug.source { format!(" @ {}", info.location) } else { String::new() };
-            eprintln!("[OP] COMPLETE {} [id={i}] target=cpu op={} ({:.1} us){at}", info.name, node.op.name(), t.elapsed().as_secs_f64() * 1e6);
+            eprintln!(
+                "[OP] COMPLETE {} [id={i}] target=cpu op={} ({:.1} us){at}",
+                info.name,
+                node.op.name(),
+                t.elapsed().as_secs_f64() * 1e6
+            );
         }
         if self.debug.nan_check {
             self.ops_run += 1;
@@ -617,7 +685,12 @@ impl Executor {
     }
 
     fn assert_failed(&self, node: &Node, info: &ValueInfo, detail: String) -> Result<(), GraphError> {
-        let err = GraphError::Assert { op: node.op.name(), name: info.name.clone(), location: info.location.to_string(), detail };
+        let err = GraphError::Assert {
+            op: node.op.name(),
+            name: info.name.clone(),
+            location: info.location.to_string(),
+            detail,
+        };
         if self.debug.asserts == AssertLevel::Warn {
             eprintln!("loupe: warning: {err}");
             Ok(())
@@ -633,7 +706,17 @@ impl Executor {
     /// Runs one node into `out` (`rows` rows). `gathers`: the node reads every token's rows
     /// and computes only the logits' rows (the last one, or each span's in a batched step).
     #[allow(clippy::too_many_arguments)]
-    fn exec_node(&mut self, graph: &Graph, node: &Node, tokens: &[u32], step: &mut StepKv<'_, '_>, rows: usize, gathers: bool, out: &mut [f32], side: Option<&mut Vec<f32>>) -> Result<(), TensorError> {
+    fn exec_node(
+        &mut self,
+        graph: &Graph,
+        node: &Node,
+        tokens: &[u32],
+        step: &mut StepKv<'_, '_>,
+        rows: usize,
+        gathers: bool,
+        out: &mut [f32],
+        side: Option<&mut Vec<f32>>,
+    ) -> Result<(), TensorError> {
         match &node.op {
             Op::Embedding { table, scale } => {
                 let w = graph.weight(*table);
@@ -641,7 +724,13 @@ impl Executor {
                 for (t, (&id, row)) in tokens.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
                     let r = id as usize;
                     if r >= w.shape[0] {
-                        return Err(TensorError::Shape { op: "embedding", detail: format!("token id {id} at position {t} is outside the vocabulary of {}", w.shape[0]) });
+                        return Err(TensorError::Shape {
+                            op: "embedding",
+                            detail: format!(
+                                "token id {id} at position {t} is outside the vocabulary of {}",
+                                w.shape[0]
+                            ),
+                        });
                     }
                     table_row(w, r, row)?;
                     // An f32 product after the lookup, as transformers multiplies the
@@ -658,12 +747,17 @@ impl Executor {
                 // Each row's position: the cached positions before it in its own sequence.
                 let position_of = |t: usize| match &*step {
                     StepKv::Single { past, .. } => *past + t,
-                    StepKv::Batch { spans, .. } => spans.iter().find(|s| s.rows.contains(&t)).map_or(t, |s| s.past + (t - s.rows.start)),
+                    StepKv::Batch { spans, .. } => {
+                        spans.iter().find(|s| s.rows.contains(&t)).map_or(t, |s| s.past + (t - s.rows.start))
+                    }
                 };
                 for (t, row) in out.chunks_exact_mut(dim).enumerate() {
                     let r = position_of(t) + offset;
                     if r >= w.shape[0] {
-                        return Err(TensorError::Shape { op: "position_embedding", detail: format!("position {r} is outside the table of {} positions", w.shape[0]) });
+                        return Err(TensorError::Shape {
+                            op: "position_embedding",
+                            detail: format!("position {r} is outside the table of {} positions", w.shape[0]),
+                        });
                     }
                     table_row(w, r, row)?;
                 }
@@ -681,14 +775,18 @@ impl Executor {
             Op::LayerNorm { weight, bias, eps } => {
                 let (w, b) = match (&graph.weight(*weight).data, &graph.weight(*bias).data) {
                     (WeightData::F32(w), WeightData::F32(b)) => (w, b),
-                    (WeightData::Quant(q), _) | (_, WeightData::Quant(q)) => return Err(TensorError::UnsupportedType { op: "layer_norm weight", dtype: q.ty }),
+                    (WeightData::Quant(q), _) | (_, WeightData::Quant(q)) => {
+                        return Err(TensorError::UnsupportedType { op: "layer_norm weight", dtype: q.ty })
+                    }
                 };
                 layer_norm(self.input(node, 0), w, b, *eps, out)
             }
             Op::RmsNorm { weight, eps } => {
                 let w = match &graph.weight(*weight).data {
                     WeightData::F32(d) => d,
-                    WeightData::Quant(q) => return Err(TensorError::UnsupportedType { op: "rms_norm weight", dtype: q.ty }),
+                    WeightData::Quant(q) => {
+                        return Err(TensorError::UnsupportedType { op: "rms_norm weight", dtype: q.ty })
+                    }
                 };
                 if node.fault == Some(FaultClass::BatchReduction) && matches!(step, StepKv::Batch { .. }) {
                     crate::fault::rms_norm_over_step(self.input(node, 0), w, *eps, out);
@@ -714,7 +812,9 @@ impl Executor {
                         let x = &x_all[x_all.len() - rows * k..];
                         match &w.data {
                             WeightData::F32(d) => matmul_f32(x, d, out, rows, k, n)?,
-                            WeightData::Quant(q) if graph.quantize_activations => matmul_q(x, q, out, rows, &mut self.quant_scratch)?,
+                            WeightData::Quant(q) if graph.quantize_activations => {
+                                matmul_q(x, q, out, rows, &mut self.quant_scratch)?
+                            }
                             WeightData::Quant(q) => matmul_wq(x, q, out, rows)?,
                         }
                     }
@@ -728,7 +828,16 @@ impl Executor {
                         } else {
                             x_all
                         };
-                        matmul_rows_invariant(x, &w.data, graph.quantize_activations, out, rows, k, n, &mut self.quant_scratch)?;
+                        matmul_rows_invariant(
+                            x,
+                            &w.data,
+                            graph.quantize_activations,
+                            out,
+                            rows,
+                            k,
+                            n,
+                            &mut self.quant_scratch,
+                        )?;
                     }
                 }
                 if let Some(b) = bias {
@@ -740,19 +849,22 @@ impl Executor {
                 }
                 Ok(())
             }
-            Op::Rope { n_heads, table, mode } => {
-                match step {
-                    StepKv::Single { past, .. } => table.apply_mode_into(self.input(node, 0), out, *n_heads, *past, *mode),
-                    StepKv::Batch { spans, .. } => {
-                        out.copy_from_slice(self.input(node, 0));
-                        let width = out.len() / tokens.len();
-                        for span in spans.iter() {
-                            table.apply_mode(&mut out[span.rows.start * width..span.rows.end * width], *n_heads, span.past, *mode)?;
-                        }
-                        Ok(())
+            Op::Rope { n_heads, table, mode } => match step {
+                StepKv::Single { past, .. } => table.apply_mode_into(self.input(node, 0), out, *n_heads, *past, *mode),
+                StepKv::Batch { spans, .. } => {
+                    out.copy_from_slice(self.input(node, 0));
+                    let width = out.len() / tokens.len();
+                    for span in spans.iter() {
+                        table.apply_mode(
+                            &mut out[span.rows.start * width..span.rows.end * width],
+                            *n_heads,
+                            span.past,
+                            *mode,
+                        )?;
                     }
+                    Ok(())
                 }
-            }
+            },
             Op::Attention { layer, shape, variant, kv_write } => {
                 let slot = |k: usize| self.slot_of[node.inputs[k].0 as usize] as usize;
                 let (q, k, v) = (&self.slots[slot(0)], &self.slots[slot(1)], &self.slots[slot(2)]);
@@ -783,11 +895,29 @@ impl Executor {
                             buf.resize(shape.n_heads * tokens.len() * ctx_max, 0.0);
                             buf.as_mut_slice()
                         });
-                        let (keys, values) = kv.layer(*layer).ok_or_else(|| TensorError::Shape { op: "attention", detail: format!("layer {layer} has no paged cache") })?;
+                        let (keys, values) = kv.layer(*layer).ok_or_else(|| TensorError::Shape {
+                            op: "attention",
+                            detail: format!("layer {layer} has no paged cache"),
+                        })?;
                         if node.fault == Some(FaultClass::BlockTable) {
-                            let tables = crate::fault::stale_block_tables(&spans.iter().map(|s| s.blocks).collect::<Vec<_>>());
-                            let stale: Vec<PagedSpan<'_>> = spans.iter().zip(&tables).map(|(s, t)| PagedSpan { rows: s.rows.clone(), past: s.past, blocks: t }).collect();
-                            return paged_attention(*shape, *variant, q, keys, values, kv.block_size(), &stale, out, probs);
+                            let tables =
+                                crate::fault::stale_block_tables(&spans.iter().map(|s| s.blocks).collect::<Vec<_>>());
+                            let stale: Vec<PagedSpan<'_>> = spans
+                                .iter()
+                                .zip(&tables)
+                                .map(|(s, t)| PagedSpan { rows: s.rows.clone(), past: s.past, blocks: t })
+                                .collect();
+                            return paged_attention(
+                                *shape,
+                                *variant,
+                                q,
+                                keys,
+                                values,
+                                kv.block_size(),
+                                &stale,
+                                out,
+                                probs,
+                            );
                         }
                         paged_attention(*shape, *variant, q, keys, values, kv.block_size(), spans, out, probs)
                     }
@@ -822,7 +952,10 @@ impl Executor {
                 // Row-local: on the logits' rows its input holds exactly those rows.
                 let x = self.input(node, 0);
                 if x.len() != out.len() {
-                    return Err(TensorError::Shape { op: "soft_cap", detail: format!("input has {} elements, output {}", x.len(), out.len()) });
+                    return Err(TensorError::Shape {
+                        op: "soft_cap",
+                        detail: format!("input has {} elements, output {}", x.len(), out.len()),
+                    });
                 }
                 out.copy_from_slice(x);
                 soft_cap(out, *cap);
@@ -832,7 +965,10 @@ impl Executor {
                 let x = self.input(node, 0);
                 let rows = out.len().checked_div(*len).unwrap_or(0);
                 if rows == 0 || !x.len().is_multiple_of(rows) {
-                    return Err(TensorError::Shape { op: "slice", detail: format!("input of {} elements for {rows} rows", x.len()) });
+                    return Err(TensorError::Shape {
+                        op: "slice",
+                        detail: format!("input of {} elements for {rows} rows", x.len()),
+                    });
                 }
                 slice_columns(x, x.len() / rows, *start, *len, out)
             }
@@ -862,14 +998,17 @@ impl Executor {
                 let bias = match bias.map(|b| &graph.weight(b).data) {
                     None => None,
                     Some(WeightData::F32(b)) => Some(&b[..]),
-                    Some(WeightData::Quant(q)) => return Err(TensorError::UnsupportedType { op: "router correction bias", dtype: q.ty }),
+                    Some(WeightData::Quant(q)) => {
+                        return Err(TensorError::UnsupportedType { op: "router correction bias", dtype: q.ty })
+                    }
                 };
                 router_select(router, self.input(node, 0), bias, out)
             }
             Op::RouterWeights { router } => router_weights(router, self.input(node, 0), self.input(node, 1), out),
             Op::Experts { experts, gelu_tanh } => {
                 let batch = matches!(step, StepKv::Batch { .. });
-                let (x, ids, weights) = (self.input(node, 0).to_vec(), self.input(node, 1).to_vec(), self.input(node, 2).to_vec());
+                let (x, ids, weights) =
+                    (self.input(node, 0).to_vec(), self.input(node, 1).to_vec(), self.input(node, 2).to_vec());
                 run_experts(graph, experts, *gelu_tanh, &x, &ids, &weights, out, batch, &mut self.quant_scratch)
             }
             Op::Plant(plant) => {
@@ -904,21 +1043,21 @@ impl Executor {
 fn writes_every_element(op: &Op, single_sequence: bool) -> bool {
     (single_sequence && matches!(op, Op::Attention { .. }))
         || matches!(
-        op,
-        Op::Linear { .. }
-            | Op::RmsNorm { .. }
-            | Op::LayerNorm { .. }
-            | Op::Rope { .. }
-            | Op::Silu
-            | Op::Gelu { .. }
-            | Op::Copy
-            | Op::RoundBf16
-            | Op::Scale { .. }
-            | Op::SoftCap { .. }
-            | Op::Mul
-            | Op::Add
-            | Op::SwiGlu
-    )
+            op,
+            Op::Linear { .. }
+                | Op::RmsNorm { .. }
+                | Op::LayerNorm { .. }
+                | Op::Rope { .. }
+                | Op::Silu
+                | Op::Gelu { .. }
+                | Op::Copy
+                | Op::RoundBf16
+                | Op::Scale { .. }
+                | Op::SoftCap { .. }
+                | Op::Mul
+                | Op::Add
+                | Op::SwiGlu
+        )
 }
 
 /// The routed experts of [`Op::Experts`]: for each expert in ascending id, the rows of the
@@ -928,14 +1067,35 @@ fn writes_every_element(op: &Op, single_sequence: bool) -> bool {
 /// token's output row, which starts at zero (`Qwen3MoeExperts.forward`: `zeros_like`, then
 /// `index_add_` expert by expert).
 #[allow(clippy::too_many_arguments)]
-fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: bool, x: &[f32], ids: &[f32], weights: &[f32], out: &mut [f32], batch: bool, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+fn run_experts(
+    graph: &Graph,
+    experts: &[crate::ir::ExpertWeights],
+    gelu_tanh: bool,
+    x: &[f32],
+    ids: &[f32],
+    weights: &[f32],
+    out: &mut [f32],
+    batch: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
     let quantize_activations = graph.quantize_activations;
     let shape_err = |detail: String| TensorError::Shape { op: "experts", detail };
     let first = experts.first().ok_or_else(|| shape_err("no experts".into()))?;
     let (inter, d) = (graph.weight(first.gate).shape[0], graph.weight(first.gate).shape[1]);
     let tokens = x.len() / d;
-    if x.len() != tokens * d || out.len() != x.len() || tokens == 0 || !ids.len().is_multiple_of(tokens) || weights.len() != ids.len() {
-        return Err(shape_err(format!("hidden {} (width {d}), ids {}, weights {}, output {}", x.len(), ids.len(), weights.len(), out.len())));
+    if x.len() != tokens * d
+        || out.len() != x.len()
+        || tokens == 0
+        || !ids.len().is_multiple_of(tokens)
+        || weights.len() != ids.len()
+    {
+        return Err(shape_err(format!(
+            "hidden {} (width {d}), ids {}, weights {}, output {}",
+            x.len(),
+            ids.len(),
+            weights.len(),
+            out.len()
+        )));
     }
     let k = ids.len() / tokens;
     let mut chosen: Vec<Vec<(usize, usize)>> = vec![Vec::new(); experts.len()];
@@ -949,7 +1109,14 @@ fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: b
     // the linear op rounds those of the decoder layers' projections (the experts are
     // `model.layers.*` weights, rounded per row at load).
     let fp8 = graph.fp8_activations && crate::ir::is_fp8_linear(&graph.weight(first.gate).name);
-    let matmul = |x: &[f32], w: &WeightData, y: &mut [f32], m: usize, k: usize, n: usize, scratch: &mut Vec<u8>| -> Result<(), TensorError> {
+    let matmul = |x: &[f32],
+                  w: &WeightData,
+                  y: &mut [f32],
+                  m: usize,
+                  k: usize,
+                  n: usize,
+                  scratch: &mut Vec<u8>|
+     -> Result<(), TensorError> {
         let rounded;
         let x = if fp8 {
             rounded = loupe_tensor::fp8::round_trip_rows_e4m3(x, k)?;
@@ -1003,9 +1170,21 @@ fn run_experts(graph: &Graph, experts: &[crate::ir::ExpertWeights], gelu_tanh: b
 /// through the multi-row kernels of `loupe_tensor::batch`, which read each weight block once
 /// per step for every row; 8-bit activations (`--precision q8`) run one row at a time.
 #[allow(clippy::too_many_arguments)]
-fn matmul_rows_invariant(x: &[f32], w: &WeightData, quantize_activations: bool, y: &mut [f32], m: usize, k: usize, n: usize, scratch: &mut Vec<u8>) -> Result<(), TensorError> {
+fn matmul_rows_invariant(
+    x: &[f32],
+    w: &WeightData,
+    quantize_activations: bool,
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
     if x.len() != m * k || y.len() != m * n {
-        return Err(TensorError::Shape { op: "linear", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+        return Err(TensorError::Shape {
+            op: "linear",
+            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
+        });
     }
     match w {
         WeightData::F32(d) => matmul_f32_invariant(x, d, y, m, k, n),

@@ -84,7 +84,8 @@ impl FaultClass {
 
     /// Faults planted outside the graph's single-sequence arithmetic, each in the subsystem
     /// that [`FaultClass::subsystem`] names: `loupe bisect` localizes them to its rungs.
-    pub const SUBSYSTEM: [FaultClass; 3] = [FaultClass::BlockTable, FaultClass::BatchReduction, FaultClass::StreamDropLast];
+    pub const SUBSYSTEM: [FaultClass; 3] =
+        [FaultClass::BlockTable, FaultClass::BatchReduction, FaultClass::StreamDropLast];
 
     /// Classes that exist to test the debugging options, not the parity tools; accepted by
     /// `--inject` but not listed in its help nor in [`FaultClass::ALL`].
@@ -139,7 +140,9 @@ impl FaultClass {
             FaultClass::KvWriteDecode => "keys written one position late at decode steps only",
             FaultClass::Mask => "no causal mask within a forward call",
             FaultClass::BlockTable => "batched engine: attention reads the block table one entry late",
-            FaultClass::BatchReduction => "batched engine: input_layernorm's mean square over the step's rows, not each row",
+            FaultClass::BatchReduction => {
+                "batched engine: input_layernorm's mean square over the step's rows, not each row"
+            }
             FaultClass::StreamDropLast => "server: a stream drops its last text delta",
             FaultClass::Nan => "o_proj's output holds one NaN and one +Inf (tests nan-check)",
             FaultClass::Uninit => "o_proj's output is half unwritten (tests uninitialized-read-check)",
@@ -223,7 +226,8 @@ impl FromStr for Fault {
         if !s.contains('@') {
             return Err(err("expected CLASS@LAYER, e.g. rope-interleaved@1".into()));
         }
-        let layer = layer.trim().parse::<usize>().map_err(|_| err(format!("layer '{layer}' is not a non-negative integer")))?;
+        let layer =
+            layer.trim().parse::<usize>().map_err(|_| err(format!("layer '{layer}' is not a non-negative integer")))?;
         Ok(Fault { class, layer })
     }
 }

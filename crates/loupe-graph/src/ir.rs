@@ -112,28 +112,58 @@ impl Weight {
 pub enum Op {
     /// Rows of `table` for this call's token ids, times `scale` (1 except in families that
     /// scale embeddings, e.g. Gemma's sqrt(hidden_size)). No value inputs.
-    Embedding { table: WeightId, scale: f32 },
+    Embedding {
+        table: WeightId,
+        scale: f32,
+    },
     /// Rows of `table` at the call's positions plus `offset` (absolute position
     /// embeddings: BERT's `embeddings.position_embeddings`, offset 0). No value inputs.
-    PositionEmbedding { table: WeightId, offset: usize },
+    PositionEmbedding {
+        table: WeightId,
+        offset: usize,
+    },
     /// Row `row` of `table` for every token (BERT's `token_type_embeddings` of a
     /// single-segment input, all type 0). No value inputs.
-    ConstantEmbedding { table: WeightId, row: usize },
+    ConstantEmbedding {
+        table: WeightId,
+        row: usize,
+    },
     /// `weight * x / rms(x)` per row.
-    RmsNorm { weight: WeightId, eps: f32 },
+    RmsNorm {
+        weight: WeightId,
+        eps: f32,
+    },
     /// `(x - mean) / sqrt(var + eps) * weight + bias` per row (`torch.nn.LayerNorm`).
-    LayerNorm { weight: WeightId, bias: WeightId, eps: f32 },
+    LayerNorm {
+        weight: WeightId,
+        bias: WeightId,
+        eps: f32,
+    },
     /// `x @ weight^T (+ bias)`.
-    Linear { weight: WeightId, bias: Option<WeightId> },
+    Linear {
+        weight: WeightId,
+        bias: Option<WeightId>,
+    },
     /// Rotary embedding of `n_heads` heads at the call's positions, pairing elements as
     /// `mode` says.
-    Rope { n_heads: usize, table: Arc<RopeTable>, mode: RopeMode },
+    Rope {
+        n_heads: usize,
+        table: Arc<RopeTable>,
+        mode: RopeMode,
+    },
     /// Writes k and v (inputs 1, 2) into the layer's cache as `kv_write` says, then attends
     /// with q (input 0) under `variant` (head map, mask).
-    Attention { layer: usize, shape: AttentionShape, variant: AttentionVariant, kv_write: KvWrite },
+    Attention {
+        layer: usize,
+        shape: AttentionShape,
+        variant: AttentionVariant,
+        kv_write: KvWrite,
+    },
     Silu,
     /// GELU, exact (erf) or with the tanh approximation.
-    Gelu { tanh: bool },
+    Gelu {
+        tanh: bool,
+    },
     Mul,
     Add,
     /// The input unchanged, as a new value (a value that should have been computed from more
@@ -142,15 +172,22 @@ pub enum Op {
     /// The input rounded to bfloat16 and widened back (what a bf16 activation holds).
     RoundBf16,
     /// The input times a constant (embedding and residual multipliers; fault `o-proj-scale`).
-    Scale { factor: f32 },
+    Scale {
+        factor: f32,
+    },
     /// `cap * tanh(x / cap)` elementwise ([`loupe_tensor::ops::soft_cap`]): Gemma 2's
     /// `final_logit_softcapping` of `lm_head`'s output. Row-local, so when it follows the
     /// logits' linear it runs on the logits' rows only (see [`Graph::logit_rows_values`]).
-    SoftCap { cap: f32 },
+    SoftCap {
+        cap: f32,
+    },
     /// Columns `start..start + len` of each input row ([`loupe_tensor::ops::slice_columns`]):
     /// the parts of a fused projection (Phi-3's `qkv_proj` into q, k, v; `gate_up_proj`
     /// into gate and up), so the fused matmul stays one value under its module's name.
-    Slice { start: usize, len: usize },
+    Slice {
+        start: usize,
+        len: usize,
+    },
     /// `silu(gate) * up` (inputs 0, 1): the `fuse` pass's replacement for `mlp.act_fn`
     /// followed by `mlp.act_mul`. The activation is the node's side output, written (by the
     /// same arithmetic) only when observed, so taps on `mlp.act_fn` still see it.
@@ -159,16 +196,24 @@ pub enum Op {
     /// logits (input 0, `[T, n_experts]`), as `[T, top_k]` expert ids held in f32, ascending
     /// per token ([`loupe_tensor::ops::router_select`]). `bias`: the selection-only
     /// `e_score_correction_bias` of sigmoid routers.
-    RouterSelect { router: Router, bias: Option<WeightId> },
+    RouterSelect {
+        router: Router,
+        bias: Option<WeightId>,
+    },
     /// Routing, part 2: the weight of each chosen expert (inputs: logits, ids), `[T, top_k]`
     /// ([`loupe_tensor::ops::router_weights`]).
-    RouterWeights { router: Router },
+    RouterWeights {
+        router: Router,
+    },
     /// The routed experts (inputs: hidden `[T, D]`, ids, weights): per token, the weighted
     /// sum over its chosen experts of `down(act(gate x) * up x)`, added in ascending expert
     /// id as transformers' experts loop adds them. Each expert's rows are gathered and go
     /// through the same matmuls as a linear (row-local in batched steps), so a token's
     /// result does not depend on which other tokens chose the same expert there.
-    Experts { experts: Arc<Vec<ExpertWeights>>, gelu_tanh: bool },
+    Experts {
+        experts: Arc<Vec<ExpertWeights>>,
+        gelu_tanh: bool,
+    },
     /// The input with a test-only defect (faults `nan`, `uninit`), for testing the debug
     /// checks against a known answer.
     Plant(Plant),
@@ -227,7 +272,18 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Embedding { .. } | Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => 0,
-            Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Linear { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Slice { .. } | Op::Plant(_) => 1,
+            Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Linear { .. }
+            | Op::Rope { .. }
+            | Op::Silu
+            | Op::Gelu { .. }
+            | Op::Copy
+            | Op::RoundBf16
+            | Op::Scale { .. }
+            | Op::SoftCap { .. }
+            | Op::Slice { .. }
+            | Op::Plant(_) => 1,
             Op::RouterSelect { .. } => 1,
             Op::Mul | Op::Add | Op::SwiGlu | Op::RouterWeights { .. } => 2,
             Op::Attention { .. } | Op::Experts { .. } => 3,
@@ -395,7 +451,14 @@ impl GraphBuilder {
 
     /// Appends `op(inputs)` producing a value called `name` of the given shape.
     #[track_caller]
-    pub fn node(&mut self, name: impl Into<String>, op: Op, inputs: &[ValueId], shape: Vec<Dim>, axes: Vec<&'static str>) -> ValueId {
+    pub fn node(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: &[ValueId],
+        shape: Vec<Dim>,
+        axes: Vec<&'static str>,
+    ) -> ValueId {
         let id = ValueId(self.graph.values.len() as u32);
         self.graph.values.push(ValueInfo {
             name: name.into(),
@@ -410,9 +473,21 @@ impl GraphBuilder {
 
     /// Declares a side output of the node that computes `of` (see [`Node::side`]).
     #[track_caller]
-    pub fn side_output(&mut self, of: ValueId, name: impl Into<String>, shape: Vec<Dim>, axes: Vec<&'static str>) -> ValueId {
+    pub fn side_output(
+        &mut self,
+        of: ValueId,
+        name: impl Into<String>,
+        shape: Vec<Dim>,
+        axes: Vec<&'static str>,
+    ) -> ValueId {
         let id = ValueId(self.graph.values.len() as u32);
-        self.graph.values.push(ValueInfo { name: name.into(), aliases: Vec::new(), shape, axes, location: Location::caller() });
+        self.graph.values.push(ValueInfo {
+            name: name.into(),
+            aliases: Vec::new(),
+            shape,
+            axes,
+            location: Location::caller(),
+        });
         if let Some(node) = self.graph.nodes.iter_mut().find(|n| n.output == of) {
             node.side = Some(id);
         }

@@ -31,7 +31,11 @@ enum Rows {
     F16(Vec<u16>),
     /// E4M3 codes and one guarded scale per `group` elements ([`KvDtype::fp8_group`] of the
     /// row width; appends are whole rows).
-    Fp8 { codes: Vec<u8>, scales: Vec<f32>, group: usize },
+    Fp8 {
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+        group: usize,
+    },
 }
 
 impl Rows {
@@ -105,7 +109,9 @@ impl Rows {
         match self {
             Rows::F32(d) => KvBlocks::F32(&d[..n]),
             Rows::F16(d) => KvBlocks::F16(d[..n].reinterpret_cast()),
-            Rows::Fp8 { codes, scales, group } => KvBlocks::Fp8 { codes: &codes[..n], scales: &scales[..n / *group], group: *group },
+            Rows::Fp8 { codes, scales, group } => {
+                KvBlocks::Fp8 { codes: &codes[..n], scales: &scales[..n / *group], group: *group }
+            }
         }
     }
 }

@@ -25,10 +25,13 @@ pub mod profile;
 pub mod verify;
 
 pub use error::GraphError;
+pub use exec::BatchSpan;
 pub use exec::{Executor, Observer, RunOptions};
 pub use fault::{Fault, FaultClass, FaultParseError, Subsystem};
-pub use ir::{is_fp8_linear, Dim, ExpertWeights, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, Plant, ValueId, ValueInfo, Weight, WeightData, WeightId};
+pub use ir::{
+    is_fp8_linear, Dim, ExpertWeights, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, Plant, ValueId, ValueInfo,
+    Weight, WeightData, WeightId,
+};
 pub use kv::{KvCache, KvWrite};
 pub use paged::{KvDtype, PagedKvCache};
 pub use profile::Profiler;
-pub use exec::BatchSpan;

@@ -88,7 +88,11 @@ enum Store {
     /// first write), where `vec![f16::ZERO; n]` would touch every page up front.
     F16(Vec<u16>),
     /// E4M3 codes and one scale per `group` elements.
-    Fp8 { codes: Vec<u8>, scales: Vec<f32>, group: usize },
+    Fp8 {
+        codes: Vec<u8>,
+        scales: Vec<f32>,
+        group: usize,
+    },
 }
 
 impl Store {
@@ -172,10 +176,20 @@ impl PagedKvCache {
     }
 
     /// Writes keys and values of positions `past..past + rows` of a sequence into its blocks.
-    pub fn write(&mut self, layer: usize, blocks: &[u32], past: usize, k: &[f32], v: &[f32]) -> Result<(), TensorError> {
+    pub fn write(
+        &mut self,
+        layer: usize,
+        blocks: &[u32],
+        past: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), TensorError> {
         let (width, bs) = (self.width, self.block_size);
         let (Some(keys), Some(values)) = (self.keys.get_mut(layer), self.values.get_mut(layer)) else {
-            return Err(TensorError::Shape { op: "kv write", detail: format!("layer {layer} of a {}-layer cache", self.keys.len()) });
+            return Err(TensorError::Shape {
+                op: "kv write",
+                detail: format!("layer {layer} of a {}-layer cache", self.keys.len()),
+            });
         };
         write_paged(&mut keys.view_mut(), width, bs, blocks, past, k)?;
         write_paged(&mut values.view_mut(), width, bs, blocks, past, v)

@@ -15,7 +15,14 @@ use crate::kv::KvWrite;
 /// The whole graph as text.
 pub fn to_text(graph: &Graph) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# {} nodes, {} weights, kv cache {} layers x {}", graph.nodes.len(), graph.weights.len(), graph.kv_layers, graph.kv_width);
+    let _ = writeln!(
+        s,
+        "# {} nodes, {} weights, kv cache {} layers x {}",
+        graph.nodes.len(),
+        graph.weights.len(),
+        graph.kv_layers,
+        graph.kv_width
+    );
     if let Some(p) = &graph.memory_plan {
         let _ = writeln!(s, "# memory plan: {} buffer slots for {} values", p.n_slots, graph.values.len());
     }
@@ -69,7 +76,11 @@ pub fn to_text(graph: &Graph) -> String {
                 }
             }
             Op::Attention { layer, shape, variant, kv_write } => {
-                let _ = write!(s, " layer={layer} heads={} kv_heads={} head_dim={} scale={}", shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale);
+                let _ = write!(
+                    s,
+                    " layer={layer} heads={} kv_heads={} head_dim={} scale={}",
+                    shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale
+                );
                 if let Some(cap) = shape.softcap {
                     let _ = write!(s, " softcap={cap}");
                 }
@@ -106,14 +117,26 @@ pub fn to_text(graph: &Graph) -> String {
                 }
             }
             Op::RouterWeights { router } => {
-                let _ = write!(s, " {} experts={} top_k={} norm_topk_prob={}", router_scoring(router), router.n_experts, router.top_k, router.norm_topk_prob);
+                let _ = write!(
+                    s,
+                    " {} experts={} top_k={} norm_topk_prob={}",
+                    router_scoring(router),
+                    router.n_experts,
+                    router.top_k,
+                    router.norm_topk_prob
+                );
                 if router.scaling != 1.0 {
                     let _ = write!(s, " scaling={}", router.scaling);
                 }
             }
             Op::Experts { experts, gelu_tanh } => {
                 let first = experts.first().map(|e| w(&e.gate)).unwrap_or_default();
-                let _ = write!(s, " n={} act={} gate0={first}", experts.len(), if *gelu_tanh { "gelu_tanh" } else { "silu" });
+                let _ = write!(
+                    s,
+                    " n={} act={} gate0={first}",
+                    experts.len(),
+                    if *gelu_tanh { "gelu_tanh" } else { "silu" }
+                );
             }
             Op::Slice { start, len } => {
                 let _ = write!(s, " columns={start}..{}", start + len);
@@ -128,7 +151,14 @@ pub fn to_text(graph: &Graph) -> String {
         if !v.aliases.is_empty() {
             let _ = write!(s, " aka {}", v.aliases.join(", "));
         }
-        let buf = |id: crate::ValueId| graph.memory_plan.as_ref().and_then(|p| p.slot.get(id.0 as usize)).map(|b| format!(" buf={b}")).unwrap_or_default();
+        let buf = |id: crate::ValueId| {
+            graph
+                .memory_plan
+                .as_ref()
+                .and_then(|p| p.slot.get(id.0 as usize))
+                .map(|b| format!(" buf={b}"))
+                .unwrap_or_default()
+        };
         let _ = write!(s, "{}", buf(node.output));
         if let Some(side) = node.side {
             let _ = write!(s, " side=%{} {}{}", side.0, graph.value(side).name, buf(side));

@@ -43,10 +43,18 @@ pub struct NodeStats {
 
 impl NodeStats {
     pub fn gb_per_s(&self) -> f64 {
-        if self.nanos == 0 { 0.0 } else { self.bytes as f64 / self.nanos as f64 }
+        if self.nanos == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.nanos as f64
+        }
     }
     pub fn gflop_per_s(&self) -> f64 {
-        if self.nanos == 0 { 0.0 } else { self.flops as f64 / self.nanos as f64 }
+        if self.nanos == 0 {
+            0.0
+        } else {
+            self.flops as f64 / self.nanos as f64
+        }
     }
 }
 
@@ -96,7 +104,11 @@ impl Profiler {
         d.steps += 1;
         d.step_nanos += step.nanos;
         for (s, name) in step.nodes.iter_mut().zip(&step.names).filter(|(s, _)| s.calls > 0) {
-            let e = d.nodes.entry(name.clone()).or_insert_with(|| NodeStats { name: s.name.clone(), op: s.op, ..NodeStats::default() });
+            let e = d.nodes.entry(name.clone()).or_insert_with(|| NodeStats {
+                name: s.name.clone(),
+                op: s.op,
+                ..NodeStats::default()
+            });
             e.calls += s.calls;
             e.nanos += s.nanos;
             e.bytes += s.bytes;
@@ -131,7 +143,11 @@ impl StepProfile {
             self.nodes = graph
                 .nodes
                 .iter()
-                .map(|n| NodeStats { name: graph.value(n.output).name.clone(), op: n.op.name(), ..NodeStats::default() })
+                .map(|n| NodeStats {
+                    name: graph.value(n.output).name.clone(),
+                    op: n.op.name(),
+                    ..NodeStats::default()
+                })
                 .collect();
         }
     }
@@ -155,7 +171,13 @@ impl StepProfile {
                 _ => (Arc::from("(outside the graph)"), "job"),
             };
             self.threads = self.threads.max(s.thread + 1);
-            self.events.push(TraceEvent { name, op, thread: s.thread, start_ns: s.start_ns, dur_ns: s.end_ns.saturating_sub(s.start_ns) });
+            self.events.push(TraceEvent {
+                name,
+                op,
+                thread: s.thread,
+                start_ns: s.start_ns,
+                dur_ns: s.end_ns.saturating_sub(s.start_ns),
+            });
         }
     }
 }
@@ -218,15 +240,22 @@ pub fn node_cost(graph: &Graph, node: &Node, rows: usize, attn: AttnWork) -> (u6
         Op::Mul | Op::Add | Op::Scale { .. } | Op::RoundBf16 => (act_bytes, rows * out),
         Op::Copy | Op::Slice { .. } | Op::Plant(_) => (act_bytes, 0),
         // Scores, a sort and a gather per token: a few flops per expert.
-        Op::RouterSelect { router, .. } | Op::RouterWeights { router } => (act_bytes, 8 * rows * router.n_experts as u64),
+        Op::RouterSelect { router, .. } | Op::RouterWeights { router } => {
+            (act_bytes, 8 * rows * router.n_experts as u64)
+        }
         // Each token runs top_k experts' three matmuls; the bytes are the experts' weights
         // (an upper bound: experts no token chose are not read).
         Op::Experts { experts, .. } => {
-            let wbytes: u64 = experts.iter().flat_map(|e| [e.gate, e.up, e.down]).map(|w| match &graph.weight(w).data {
-                WeightData::F32(d) => 4 * d.len() as u64,
-                WeightData::Quant(q) => q.data.len() as u64,
-            }).sum();
-            let per_expert: u64 = experts.first().map_or(0, |e| graph.weight(e.gate).shape.iter().product::<usize>() as u64);
+            let wbytes: u64 = experts
+                .iter()
+                .flat_map(|e| [e.gate, e.up, e.down])
+                .map(|w| match &graph.weight(w).data {
+                    WeightData::F32(d) => 4 * d.len() as u64,
+                    WeightData::Quant(q) => q.data.len() as u64,
+                })
+                .sum();
+            let per_expert: u64 =
+                experts.first().map_or(0, |e| graph.weight(e.gate).shape.iter().product::<usize>() as u64);
             let top_k = node.inputs.get(1).map_or(0, |&v| width(v));
             (wbytes + act_bytes, 2 * 3 * rows * top_k * per_expert)
         }
@@ -245,7 +274,8 @@ impl ProfileData {
     pub fn by_op(&self) -> Vec<NodeStats> {
         let mut m: HashMap<&'static str, NodeStats> = HashMap::new();
         for s in self.nodes.values() {
-            let e = m.entry(s.op).or_insert_with(|| NodeStats { name: s.op.to_string(), op: s.op, ..NodeStats::default() });
+            let e =
+                m.entry(s.op).or_insert_with(|| NodeStats { name: s.op.to_string(), op: s.op, ..NodeStats::default() });
             e.calls += s.calls;
             e.nanos += s.nanos;
             e.bytes += s.bytes;
@@ -283,7 +313,11 @@ impl ProfileData {
             );
         };
         let head = |out: &mut String, what: &str| {
-            let _ = writeln!(out, "  {what:<44} {:<11} {:>8} {:>10} {:>7} {:>10} {:>8} {:>9}", "op", "calls", "ms", "share", "MB read", "GB/s", "GFLOP/s");
+            let _ = writeln!(
+                out,
+                "  {what:<44} {:<11} {:>8} {:>10} {:>7} {:>10} {:>8} {:>9}",
+                "op", "calls", "ms", "share", "MB read", "GB/s", "GFLOP/s"
+            );
         };
         head(&mut out, "by op kind");
         for s in self.by_op() {
@@ -296,7 +330,11 @@ impl ProfileData {
             row(&mut out, s, &label);
         }
         if self.dropped_events > 0 {
-            let _ = writeln!(out, "  ({} trace events past the first {MAX_TRACE_EVENTS} were not kept)", self.dropped_events);
+            let _ = writeln!(
+                out,
+                "  ({} trace events past the first {MAX_TRACE_EVENTS} were not kept)",
+                self.dropped_events
+            );
         }
         out
     }
@@ -306,10 +344,16 @@ impl ProfileData {
     pub fn chrome_trace(&self) -> String {
         let mut out = String::from("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
         let threads = self.events.iter().map(|e| e.thread + 1).max().unwrap_or(1).max(self.threads);
-        let _ = write!(out, "{{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{{\"name\":\"loupe\"}}}}");
+        let _ = write!(
+            out,
+            "{{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"process_name\",\"args\":{{\"name\":\"loupe\"}}}}"
+        );
         for t in 0..threads {
             let name = if t == 0 { "graph (compute thread 0)".to_string() } else { format!("pool worker {t}") };
-            let _ = write!(out, ",\n{{\"ph\":\"M\",\"pid\":1,\"tid\":{t},\"name\":\"thread_name\",\"args\":{{\"name\":\"{name}\"}}}}");
+            let _ = write!(
+                out,
+                ",\n{{\"ph\":\"M\",\"pid\":1,\"tid\":{t},\"name\":\"thread_name\",\"args\":{{\"name\":\"{name}\"}}}}"
+            );
         }
         for e in &self.events {
             let _ = write!(

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
-use loupe_graph::{BatchSpan, Dim, ExpertWeights, Executor, Graph, GraphBuilder, KvCache, KvDtype, Observer, Op, PagedKvCache, ValueInfo, Weight, WeightData};
+use loupe_graph::{
+    BatchSpan, Dim, Executor, ExpertWeights, Graph, GraphBuilder, KvCache, KvDtype, Observer, Op, PagedKvCache,
+    ValueInfo, Weight, WeightData,
+};
 use loupe_tensor::ops::{Router, RouterScoring};
 use loupe_tensor::GgmlType;
 
@@ -25,7 +28,12 @@ fn weight(name: &str, shape: &[usize], seed: &mut u64) -> Weight {
             ((*seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 0.6
         })
         .collect();
-    Weight { name: name.into(), shape: shape.to_vec(), data: WeightData::F32(Arc::new(data)), source_type: GgmlType::F32 }
+    Weight {
+        name: name.into(),
+        shape: shape.to_vec(),
+        data: WeightData::F32(Arc::new(data)),
+        source_type: GgmlType::F32,
+    }
 }
 
 /// Embedding, router (named outside `model.layers` so `--precision fp8` leaves it alone),
@@ -60,7 +68,13 @@ fn graph(router: Router) -> Graph {
             }
         })
         .collect();
-    let out = b.node("experts", Op::Experts { experts: Arc::new(experts), gelu_tanh: false }, &[x, ids, w], row(D), vec!["token", "hidden"]);
+    let out = b.node(
+        "experts",
+        Op::Experts { experts: Arc::new(experts), gelu_tanh: false },
+        &[x, ids, w],
+        row(D),
+        vec!["token", "hidden"],
+    );
     // A head after the experts: the logits' node runs on the logits' rows only.
     let hw = b.weight(weight("lm_head", &[VOCAB, D], &mut seed));
     let head = b.node("lm_head", Op::Linear { weight: hw, bias: None }, &[out], row(VOCAB), vec!["token", "vocab"]);
@@ -100,7 +114,11 @@ fn reference(g: &Graph, x: &[f32], ids: &[f32], w: &[f32]) -> Vec<f64> {
         for j in 0..K {
             let e = ids[t * K + j] as usize;
             let p = format!("model.layers.0.mlp.experts.{e}");
-            let (gw, uw, dw) = (f32s(g, &format!("{p}.gate_proj.weight")), f32s(g, &format!("{p}.up_proj.weight")), f32s(g, &format!("{p}.down_proj.weight")));
+            let (gw, uw, dw) = (
+                f32s(g, &format!("{p}.gate_proj.weight")),
+                f32s(g, &format!("{p}.up_proj.weight")),
+                f32s(g, &format!("{p}.down_proj.weight")),
+            );
             let h: Vec<f64> = (0..I)
                 .map(|r| {
                     let dot = |m: &[f32]| (0..D).map(|c| m[r * D + c] as f64 * xr[c] as f64).sum::<f64>();
@@ -122,8 +140,24 @@ fn max_err(a: &[f32], b: &[f64]) -> f64 {
 
 fn routers() -> [Router; 2] {
     [
-        Router { scoring: RouterScoring::Softmax, n_experts: E, top_k: K, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 1.0 },
-        Router { scoring: RouterScoring::Sigmoid, n_experts: E, top_k: K, n_group: 2, topk_group: 1, norm_topk_prob: true, scaling: 2.5 },
+        Router {
+            scoring: RouterScoring::Softmax,
+            n_experts: E,
+            top_k: K,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: true,
+            scaling: 1.0,
+        },
+        Router {
+            scoring: RouterScoring::Sigmoid,
+            n_experts: E,
+            top_k: K,
+            n_group: 2,
+            topk_group: 1,
+            norm_topk_prob: true,
+            scaling: 2.5,
+        },
     ]
 }
 
@@ -141,13 +175,20 @@ fn experts_follow_their_formula_in_prefill_decode_and_batched_steps() {
             let (x, ids, w) = (get(&cap, "x"), get(&cap, "ids"), get(&cap, "weights"));
             ids.iter().for_each(|&i| seen[i as usize] = true);
             let want = reference(&g, x, ids, w);
-            assert!(max_err(get(&cap, "experts"), &want) < 1e-5, "{router:?}: {}", max_err(get(&cap, "experts"), &want));
+            assert!(
+                max_err(get(&cap, "experts"), &want) < 1e-5,
+                "{router:?}: {}",
+                max_err(get(&cap, "experts"), &want)
+            );
         }
         assert!(seen.iter().all(|&s| s), "{router:?}: not every expert was used: {seen:?}");
         // Two sequences in one batched step: each row as its formula (row-local matmuls).
         let mut exec = Executor::new(&g, &DebugOptions::default());
         let mut paged = PagedKvCache::new(0, 0, 4, 4, KvDtype::F32);
-        let spans = [BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+        let spans = [
+            BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: true },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: true },
+        ];
         let mut cap = Capture(Vec::new());
         exec.run_batch(&g, &prompt, &spans, &mut paged, Some(&mut cap)).unwrap();
         let want = reference(&g, get(&cap, "x"), get(&cap, "ids"), get(&cap, "weights"));
@@ -164,7 +205,8 @@ fn fp8_rounds_the_experts_inputs() {
         let run = |g: &Graph| {
             let mut exec = Executor::new(g, &DebugOptions::default());
             let mut cap = Capture(Vec::new());
-            exec.run(g, &[1, 2, 3, 4], &mut KvCache::new(0, 0, 8), RunOptions { all_logits: true }, Some(&mut cap)).unwrap();
+            exec.run(g, &[1, 2, 3, 4], &mut KvCache::new(0, 0, 8), RunOptions { all_logits: true }, Some(&mut cap))
+                .unwrap();
             cap
         };
         let (a, b) = (run(&g), run(&fp8));

@@ -160,7 +160,10 @@ fn verify_rejects_a_memory_plan_that_reuses_a_live_slot() {
 #[test]
 fn passes_are_the_documented_list() {
     let names: Vec<&str> = PASSES.iter().map(|p| p.name).collect();
-    assert_eq!(names, ["build", "verify", "infer-shapes", "choose-precision", "fuse", "plan-memory", "select-kernels", "schedule"]);
+    assert_eq!(
+        names,
+        ["build", "verify", "infer-shapes", "choose-precision", "fuse", "plan-memory", "select-kernels", "schedule"]
+    );
     assert!(PASSES.iter().all(|p| !p.about.is_empty()));
     assert_eq!(passes::find("fuse").map(|(i, _)| i), Some(4));
     assert!(passes::find("nope").is_none());
@@ -236,7 +239,12 @@ fn plan_memory_shares_slots_only_between_values_whose_lifetimes_do_not_overlap()
         let plan = g.memory_plan.as_ref().unwrap();
         assert_eq!(plan.slot.len(), g.values.len());
         assert!(plan.slot.iter().all(|&s| (s as usize) < plan.n_slots));
-        assert!(plan.n_slots * 4 < g.values.len(), "{} slots for {} values: little reuse", plan.n_slots, g.values.len());
+        assert!(
+            plan.n_slots * 4 < g.values.len(),
+            "{} slots for {} values: little reuse",
+            plan.n_slots,
+            g.values.len()
+        );
         let ranges: Vec<(ValueId, (usize, usize))> = live_ranges(&g).into_iter().collect();
         for (i, (a, ra)) in ranges.iter().enumerate() {
             for (b, rb) in &ranges[i + 1..] {
@@ -244,7 +252,13 @@ fn plan_memory_shares_slots_only_between_values_whose_lifetimes_do_not_overlap()
                     // The later one is written after the earlier one's last read (a node
                     // never writes over its own input).
                     let disjoint = ra.1 < rb.0 || rb.1 < ra.0;
-                    assert!(disjoint, "{} {ra:?} and {} {rb:?} share slot {}", g.value(*a).name, g.value(*b).name, plan.slot[a.0 as usize]);
+                    assert!(
+                        disjoint,
+                        "{} {ra:?} and {} {rb:?} share slot {}",
+                        g.value(*a).name,
+                        g.value(*b).name,
+                        plan.slot[a.0 as usize]
+                    );
                 }
             }
         }
@@ -255,13 +269,24 @@ fn plan_memory_shares_slots_only_between_values_whose_lifetimes_do_not_overlap()
 
 #[test]
 fn select_kernels_names_one_kernel_per_node_by_weight_type_and_precision() {
-    for (precision, want) in [(Precision::F32, "matmul_f32(gemm)"), (Precision::Native, "matmul_wq(q4_1,"), (Precision::Q8, "matmul_q(q4_1x8-bit activations,")] {
+    for (precision, want) in [
+        (Precision::F32, "matmul_f32(gemm)"),
+        (Precision::Native, "matmul_wq(q4_1,"),
+        (Precision::Q8, "matmul_q(q4_1x8-bit activations,"),
+    ] {
         let g = lowered(&model(precision).graph);
         assert_eq!(g.kernels.len(), g.nodes.len());
         let kernel = |name: &str| &g.kernels[node_of(&g, name)];
-        assert!(kernel("model.layers.0.self_attn.q_proj").starts_with(want), "{precision:?}: {}", kernel("model.layers.0.self_attn.q_proj"));
+        assert!(
+            kernel("model.layers.0.self_attn.q_proj").starts_with(want),
+            "{precision:?}: {}",
+            kernel("model.layers.0.self_attn.q_proj")
+        );
         let v = kernel("model.layers.0.self_attn.v_proj");
-        assert!(if precision == Precision::F32 { v == "matmul_f32(gemm)" } else { v.contains("q8_0") }, "{precision:?}: {v}");
+        assert!(
+            if precision == Precision::F32 { v == "matmul_f32(gemm)" } else { v.contains("q8_0") },
+            "{precision:?}: {v}"
+        );
         assert_eq!(kernel("model.layers.0.self_attn.attn_output"), "attention_f32");
         assert_eq!(kernel("model.layers.0.mlp.act_mul"), "silu_mul");
         let embed = kernel("model.embed_tokens");
@@ -272,16 +297,22 @@ fn select_kernels_names_one_kernel_per_node_by_weight_type_and_precision() {
 #[test]
 fn lower_stops_after_a_named_pass_and_writes_one_ir_file_per_pass() {
     let g = model(Precision::Native).graph;
-    let out = passes::lower(g.clone(), &LowerOptions { stop_after: Some("fuse".into()), ..Default::default() }).unwrap();
+    let out =
+        passes::lower(g.clone(), &LowerOptions { stop_after: Some("fuse".into()), ..Default::default() }).unwrap();
     assert_eq!(out.stopped_after, Some("fuse"));
     assert!(out.graph.memory_plan.is_none() && out.graph.kernels.is_empty());
     assert!(out.graph.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)));
-    let last = passes::lower(g.clone(), &LowerOptions { stop_after: Some("schedule".into()), ..Default::default() }).unwrap();
+    let last =
+        passes::lower(g.clone(), &LowerOptions { stop_after: Some("schedule".into()), ..Default::default() }).unwrap();
     assert_eq!(last.stopped_after, None, "stopping after the last pass is not stopping early");
-    assert!(matches!(passes::lower(g.clone(), &LowerOptions { stop_after: Some("nope".into()), ..Default::default() }), Err(LowerError::UnknownPass(_))));
+    assert!(matches!(
+        passes::lower(g.clone(), &LowerOptions { stop_after: Some("nope".into()), ..Default::default() }),
+        Err(LowerError::UnknownPass(_))
+    ));
 
     let dir = tempfile::tempdir().unwrap();
-    let out = passes::lower(g, &LowerOptions { ir_output_dir: Some(dir.path().join("ir")), ..Default::default() }).unwrap();
+    let out =
+        passes::lower(g, &LowerOptions { ir_output_dir: Some(dir.path().join("ir")), ..Default::default() }).unwrap();
     assert_eq!(out.files.len(), PASSES.len());
     for (i, (f, p)) in out.files.iter().zip(PASSES).enumerate() {
         assert_eq!(f.file_name().unwrap().to_string_lossy(), format!("{i:02}-{}.ir", p.name));
@@ -317,7 +348,13 @@ impl Observer for Recorder {
         true
     }
     fn observe(&mut self, v: &ValueInfo, shape: &[usize], data: &[f32]) {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "{}: shape {shape:?} for {} values", v.name, data.len());
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "{}: shape {shape:?} for {} values",
+            v.name,
+            data.len()
+        );
         self.order.push(v.name.clone());
         let old = self.values.insert(v.name.clone(), (shape.to_vec(), data.iter().map(|x| x.to_bits()).collect()));
         assert!(old.is_none(), "{} observed twice in one run", v.name);
@@ -342,7 +379,9 @@ fn the_observer_sees_every_value_once_in_execution_order_with_its_shape() {
     let (prefill, decode, _) = record(&g);
     let mut all: Vec<&str> = g.values.iter().map(|v| v.name.as_str()).collect();
     all.sort();
-    for (call, rec, tokens, context) in [("prefill", &prefill, PROMPT.len(), PROMPT.len()), ("decode", &decode, 1, PROMPT.len() + 1)] {
+    for (call, rec, tokens, context) in
+        [("prefill", &prefill, PROMPT.len(), PROMPT.len()), ("decode", &decode, 1, PROMPT.len() + 1)]
+    {
         let seen: Vec<&str> = rec.values.keys().map(String::as_str).collect();
         assert_eq!(seen, all, "{call}: the observer must see every value, side outputs included");
         // Each value after the values it is computed from.
@@ -390,7 +429,12 @@ fn an_observer_that_wants_nothing_is_shown_nothing_and_changes_nothing() {
     let mut kv = cache(&g);
     let mut nothing = Nothing(0);
     exec.run(&g, &PROMPT, &mut kv, RunOptions { all_logits: true }, Some(&mut nothing)).unwrap();
-    let plain: Vec<u32> = exec.run(&g, &[17], &mut kv, RunOptions::default(), Some(&mut nothing)).unwrap().iter().map(|x| x.to_bits()).collect();
+    let plain: Vec<u32> = exec
+        .run(&g, &[17], &mut kv, RunOptions::default(), Some(&mut nothing))
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
     assert_eq!(nothing.0, 0);
     assert_eq!(plain, tapped, "observing every value changed the logits");
 }
@@ -406,8 +450,18 @@ fn grouped_decode_linears_change_no_value_bit_for_bit() {
             let mut kv = cache(&g);
             exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None).unwrap();
             let mut rec = Recorder::default();
-            let logits: Vec<u32> = exec.run(&g, &[17], &mut kv, RunOptions::default(), Some(&mut rec)).unwrap().iter().map(|x| x.to_bits()).collect();
-            let again: Vec<u32> = exec.run(&g, &[18], &mut kv, RunOptions::default(), None).unwrap().iter().map(|x| x.to_bits()).collect();
+            let logits: Vec<u32> = exec
+                .run(&g, &[17], &mut kv, RunOptions::default(), Some(&mut rec))
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let again: Vec<u32> = exec
+                .run(&g, &[18], &mut kv, RunOptions::default(), None)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
             (rec, logits, again, exec.grouped_linears())
         };
         let (grouped, logits, again, n_grouped) = run(&DebugOptions::default());
@@ -436,7 +490,12 @@ fn grouped_prefill_linears_change_no_value_bit_for_bit() {
             let mut exec = Executor::new(&g, debug);
             let mut kv = cache(&g);
             let mut rec = Recorder::default();
-            let logits: Vec<u32> = exec.run(&g, &prompt, &mut kv, RunOptions::default(), Some(&mut rec)).unwrap().iter().map(|x| x.to_bits()).collect();
+            let logits: Vec<u32> = exec
+                .run(&g, &prompt, &mut kv, RunOptions::default(), Some(&mut rec))
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
             (rec, logits, exec.grouped_linears())
         };
         let (grouped, logits, n_grouped) = run(&DebugOptions::default());
@@ -462,7 +521,10 @@ fn lowering_changes_no_value_bit_for_bit() {
         for (call, b, l) in [("prefill", &bp, &lp), ("decode", &bd, &ld)] {
             assert_eq!(b.values.len(), l.values.len(), "{precision:?} {call}");
             for (name, v) in &b.values {
-                assert!(l.values.get(name) == Some(v), "{precision:?} {call}: {name} differs between the built and the lowered graph");
+                assert!(
+                    l.values.get(name) == Some(v),
+                    "{precision:?} {call}: {name} differs between the built and the lowered graph"
+                );
             }
         }
         assert_eq!(bl, ll, "{precision:?}: logits");
@@ -509,7 +571,10 @@ fn the_cache_grows_across_calls_as_one_long_call() {
         for (pos, (a, b)) in rows.chunks(vocab).zip(one.chunks(vocab)).enumerate() {
             let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-            assert!(worst <= tol * scale.max(1.0), "{precision:?} position {pos}: logits differ by {worst} (scale {scale})");
+            assert!(
+                worst <= tol * scale.max(1.0),
+                "{precision:?} position {pos}: logits differ by {worst} (scale {scale})"
+            );
         }
         // The cached keys and values are those of the long call.
         for layer in 0..g.kv_layers {
@@ -529,10 +594,16 @@ fn the_executor_rejects_bad_calls_with_typed_errors() {
     let mut exec = executor(&g);
     let mut kv = KvCache::new(g.kv_layers, g.kv_width, 8);
     assert!(matches!(exec.run(&g, &[], &mut kv, RunOptions::default(), None), Err(GraphError::Input(_))));
-    assert!(matches!(exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None), Err(GraphError::ContextOverflow { needed: 9, capacity: 8 })));
+    assert!(matches!(
+        exec.run(&g, &PROMPT, &mut kv, RunOptions::default(), None),
+        Err(GraphError::ContextOverflow { needed: 9, capacity: 8 })
+    ));
     assert_eq!(kv.len(), 0, "a refused call leaves the cache as it was");
     exec.run(&g, &PROMPT[..8], &mut kv, RunOptions::default(), None).unwrap();
-    assert!(matches!(exec.run(&g, &[5], &mut kv, RunOptions::default(), None), Err(GraphError::ContextOverflow { needed: 9, capacity: 8 })));
+    assert!(matches!(
+        exec.run(&g, &[5], &mut kv, RunOptions::default(), None),
+        Err(GraphError::ContextOverflow { needed: 9, capacity: 8 })
+    ));
     // A token outside the vocabulary is an error of the embedding kernel, naming the value.
     let mut kv = cache(&g);
     match exec.run(&g, &[1_000_000], &mut kv, RunOptions::default(), None) {
@@ -556,21 +627,36 @@ fn debug_checks_of_the_executor_catch_planted_defects() {
     assert!(logits.iter().any(|x| !x.is_finite()));
     let opts = DebugOptions { nan_check: true, nan_check_stride: 1, ..DebugOptions::default() };
     match Executor::new(&nan, &opts).run(&nan, &PROMPT, &mut cache(&nan), RunOptions::default(), None) {
-        Err(e @ GraphError::NanCheck { .. }) => assert!(e.to_string().contains("'model.layers.1.self_attn.o_proj'") && e.to_string().contains("plant_nan"), "{e}"),
+        Err(e @ GraphError::NanCheck { .. }) => assert!(
+            e.to_string().contains("'model.layers.1.self_attn.o_proj'") && e.to_string().contains("plant_nan"),
+            "{e}"
+        ),
         other => panic!("{:?}", other.map(|l| l.len())),
     }
     let uninit = load(tiny_path(), LoadOptions { faults: faults("uninit@0"), ..Default::default() }).unwrap().graph;
     let opts = DebugOptions { uninitialized_read_check: true, ..DebugOptions::default() };
     match Executor::new(&uninit, &opts).run(&uninit, &PROMPT, &mut cache(&uninit), RunOptions::default(), None) {
-        Err(e @ GraphError::UninitializedRead { .. }) => assert!(e.to_string().contains("model.layers.0.self_attn.o_proj"), "{e}"),
+        Err(e @ GraphError::UninitializedRead { .. }) => {
+            assert!(e.to_string().contains("model.layers.0.self_attn.o_proj"), "{e}")
+        }
         other => panic!("{:?}", other.map(|l| l.len())),
     }
     // On a clean graph the checks change nothing.
     let g = model(Precision::Native).graph;
     let plain = executor(&g).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
-    let all_on = DebugOptions { nan_check: true, nan_check_stride: 1, uninitialized_read_check: true, assert_level: loupe_graph::debug::AssertLevel::All, ..DebugOptions::default() };
-    let checked = Executor::new(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
-    assert_eq!(plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), checked.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    let all_on = DebugOptions {
+        nan_check: true,
+        nan_check_stride: 1,
+        uninitialized_read_check: true,
+        assert_level: loupe_graph::debug::AssertLevel::All,
+        ..DebugOptions::default()
+    };
+    let checked =
+        Executor::new(&g, &all_on).run(&g, &PROMPT, &mut cache(&g), RunOptions::default(), None).unwrap().to_vec();
+    assert_eq!(
+        plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        checked.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
     // The executor skips clearing the outputs of kernels that overwrite them (slots keep
     // stale values between nodes and steps); with every slot poisoned instead, prefill then
     // decode steps give the same bits, so no such kernel reads what it did not write.
@@ -581,7 +667,12 @@ fn debug_checks_of_the_executor_catch_planted_defects() {
         for step in [&PROMPT[..], &[5], &[6], &PROMPT[..3]] {
             let a = plain.run(&g, step, &mut kv_plain, RunOptions::default(), None).unwrap().to_vec();
             let b = checked.run(&g, step, &mut kv_checked, RunOptions::default(), None).unwrap().to_vec();
-            assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{precision:?}, step of {}", step.len());
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{precision:?}, step of {}",
+                step.len()
+            );
         }
     }
 }
@@ -633,7 +724,10 @@ fn the_profiler_counts_every_node_with_its_shape_costs_and_writes_a_chrome_trace
     let total: u64 = data.nodes.values().map(|s| s.nanos).sum();
     assert!(total > 0 && total <= data.step_nanos, "node time {total} within step time {}", data.step_nanos);
     let table = data.table(5);
-    assert!(table.contains("profile: 4 steps") && table.contains("by op kind") && table.contains("slowest 5 nodes"), "{table}");
+    assert!(
+        table.contains("profile: 4 steps") && table.contains("by op kind") && table.contains("slowest 5 nodes"),
+        "{table}"
+    );
     let ranked = data.ranked();
     assert!(ranked.windows(2).all(|w| w[0].nanos >= w[1].nanos));
 
@@ -646,7 +740,10 @@ fn the_profiler_counts_every_node_with_its_shape_costs_and_writes_a_chrome_trace
     let grouped_events = events.iter().filter(|e| e["cat"] == "linear_group").count() as u64;
     assert!(grouped_events > 0);
     assert_eq!(on_graph_thread + exec.grouped_linears() - grouped_events, 4 * g.nodes.len() as u64);
-    assert!(events.iter().filter(|e| e["ph"] == "X").all(|e| e["dur"].as_f64().unwrap() >= 0.0 && e["ts"].as_f64().is_some()));
+    assert!(events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .all(|e| e["dur"].as_f64().unwrap() >= 0.0 && e["ts"].as_f64().is_some()));
 }
 
 #[test]
@@ -683,7 +780,13 @@ fn a_soft_cap_after_lm_head_runs_on_the_logits_rows_only() {
     info.name = "logits".into();
     info.aliases.clear();
     g.values.push(info);
-    g.nodes.push(loupe_graph::Node { op: Op::SoftCap { cap }, inputs: vec![head], output: capped, side: None, fault: None });
+    g.nodes.push(loupe_graph::Node {
+        op: Op::SoftCap { cap },
+        inputs: vec![head],
+        output: capped,
+        side: None,
+        fault: None,
+    });
     g.logits = Some(capped);
     verify(&g).unwrap();
     let on = g.logit_rows_values();
@@ -703,14 +806,18 @@ fn a_soft_cap_after_lm_head_runs_on_the_logits_rows_only() {
         // A batched step of two sequences: one logits row each, gathered by lm_head.
         let batched = |graph: &Graph| {
             let mut kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, 4, 8, KvDtype::F32);
-            let spans = [BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+            let spans = [
+                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true },
+                BatchSpan { len: 3, past: 0, blocks: &[2], logits: true },
+            ];
             executor(graph).run_batch(graph, &PROMPT, &spans, &mut kv, None).unwrap().to_vec()
         };
         let want = batched(&plain);
         assert_eq!(want.len(), 2 * (3 + 256 + TinyLlama::default().merges));
         assert_eq!(batched(&g2), capped_of(&want));
     }
-    assert!(loupe_graph::print::to_text(&g).contains(&format!("%{} logits = soft_cap(%{} lm_head) cap=2", capped.0, head.0)));
+    assert!(loupe_graph::print::to_text(&g)
+        .contains(&format!("%{} logits = soft_cap(%{} lm_head) cap=2", capped.0, head.0)));
     // A cap that is not a positive number is refused by the verifier.
     let mut bad = g.clone();
     bad.nodes.last_mut().unwrap().op = Op::SoftCap { cap: 0.0 };
@@ -737,7 +844,13 @@ fn slices_split_a_value_into_its_columns() {
         info.aliases.clear();
         info.shape = vec![Dim::Tokens, Dim::Fixed(len)];
         g.values.push(info);
-        g.nodes.push(loupe_graph::Node { op: Op::Slice { start, len }, inputs: vec![src], output: out, side: None, fault: None });
+        g.nodes.push(loupe_graph::Node {
+            op: Op::Slice { start, len },
+            inputs: vec![src],
+            output: out,
+            side: None,
+            fault: None,
+        });
     }
     verify(&g).unwrap();
     for graph in [g.clone(), lowered(&g)] {
@@ -750,7 +863,11 @@ fn slices_split_a_value_into_its_columns() {
                 let (pshape, part) = &rec.values[&format!("model.norm.part{k}")];
                 assert_eq!(pshape, &vec![rows, len]);
                 for r in 0..rows {
-                    assert_eq!(&part[r * len..(r + 1) * len], &whole[r * width + start..r * width + start + len], "part {k} row {r}");
+                    assert_eq!(
+                        &part[r * len..(r + 1) * len],
+                        &whole[r * width + start..r * width + start + len],
+                        "part {k} row {r}"
+                    );
                     joined[r].extend_from_slice(&part[r * len..(r + 1) * len]);
                 }
             }

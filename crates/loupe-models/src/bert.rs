@@ -36,7 +36,11 @@ impl BertConfig {
     /// Options loupe does not build (a decoder, cross-attention, relative position
     /// embeddings, an activation other than GELU) are refused by name.
     pub fn from_json(v: &Value, path: &Path) -> Result<BertConfig, ModelError> {
-        let bad = |field: &str, reason: String| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.to_string(), reason };
+        let bad = |field: &str, reason: String| ModelError::InvalidConfig {
+            source_file: path.to_path_buf(),
+            field: field.to_string(),
+            reason,
+        };
         let usize_or = |k: &str, default: Option<usize>| -> Result<usize, ModelError> {
             match v.get(k) {
                 None | Some(Value::Null) => default.ok_or_else(|| bad(k, "missing".into())),
@@ -50,13 +54,23 @@ impl BertConfig {
         }
         match v.get("position_embedding_type").and_then(Value::as_str) {
             None | Some("absolute") => {}
-            Some(other) => return Err(bad("position_embedding_type", format!("'{other}' is not supported (loupe builds absolute position embeddings)"))),
+            Some(other) => {
+                return Err(bad(
+                    "position_embedding_type",
+                    format!("'{other}' is not supported (loupe builds absolute position embeddings)"),
+                ))
+            }
         }
         // BertConfig's default is "gelu" (`ACT2FN["gelu"]`: the exact, erf form).
         let hidden_act = match v.get("hidden_act").and_then(Value::as_str) {
             None | Some("gelu") => HiddenAct::Gelu,
             Some("gelu_new" | "gelu_pytorch_tanh") => HiddenAct::GeluTanh,
-            Some(other) => return Err(bad("hidden_act", format!("'{other}' is not supported (loupe builds gelu, gelu_new and gelu_pytorch_tanh for BERT)"))),
+            Some(other) => {
+                return Err(bad(
+                    "hidden_act",
+                    format!("'{other}' is not supported (loupe builds gelu, gelu_new and gelu_pytorch_tanh for BERT)"),
+                ))
+            }
         };
         let hidden_size = usize_or("hidden_size", Some(768))?;
         let heads = usize_or("num_attention_heads", Some(12))?;
@@ -102,7 +116,12 @@ impl BertConfig {
             moe: None,
             rotary_dim: head_dim,
         };
-        for (field, n) in [("vocab_size", base.vocab_size), ("intermediate_size", base.intermediate_size), ("num_hidden_layers", base.num_hidden_layers), ("max_position_embeddings", base.max_position_embeddings)] {
+        for (field, n) in [
+            ("vocab_size", base.vocab_size),
+            ("intermediate_size", base.intermediate_size),
+            ("num_hidden_layers", base.num_hidden_layers),
+            ("max_position_embeddings", base.max_position_embeddings),
+        ] {
             if n == 0 {
                 return Err(bad(field, "must be non-zero".into()));
             }
@@ -113,7 +132,11 @@ impl BertConfig {
     /// Reads `config.json` at `path`.
     pub fn from_hf_config(path: &Path) -> Result<BertConfig, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io { path: path.to_path_buf(), source: e })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: "config.json".into(), reason: e.to_string() })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig {
+            source_file: path.to_path_buf(),
+            field: "config.json".into(),
+            reason: e.to_string(),
+        })?;
         BertConfig::from_json(&v, path)
     }
 }
@@ -122,7 +145,13 @@ impl BertConfig {
 /// state dict: `embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`,
 /// ...). `layers` keeps the first N layers. Planted faults are built for decoder families
 /// only, so any fault is refused.
-pub fn build_bert(cfg: &BertConfig, source: &mut dyn WeightSource, layers: Option<usize>, quantize_activations: bool, faults: &[Fault]) -> Result<Graph, ModelError> {
+pub fn build_bert(
+    cfg: &BertConfig,
+    source: &mut dyn WeightSource,
+    layers: Option<usize>,
+    quantize_activations: bool,
+    faults: &[Fault],
+) -> Result<Graph, ModelError> {
     let c = &cfg.base;
     if let Some(f) = faults.first() {
         return Err(ModelError::InvalidConfig {
@@ -146,10 +175,22 @@ pub fn build_bert(cfg: &BertConfig, source: &mut dyn WeightSource, layers: Optio
     let word = b.weight(load("embeddings.word_embeddings.weight", &[c.vocab_size, d])?);
     let word = b.node("embeddings.word_embeddings", Op::Embedding { table: word, scale: 1.0 }, &[], hidden(d), axes());
     let types = b.weight(load("embeddings.token_type_embeddings.weight", &[cfg.type_vocab_size, d])?);
-    let types = b.node("embeddings.token_type_embeddings", Op::ConstantEmbedding { table: types, row: 0 }, &[], hidden(d), axes());
+    let types = b.node(
+        "embeddings.token_type_embeddings",
+        Op::ConstantEmbedding { table: types, row: 0 },
+        &[],
+        hidden(d),
+        axes(),
+    );
     let x = b.node("embeddings.add_token_type", Op::Add, &[word, types], hidden(d), axes());
     let pos = b.weight(load("embeddings.position_embeddings.weight", &[c.max_position_embeddings, d])?);
-    let pos = b.node("embeddings.position_embeddings", Op::PositionEmbedding { table: pos, offset: 0 }, &[], hidden(d), axes());
+    let pos = b.node(
+        "embeddings.position_embeddings",
+        Op::PositionEmbedding { table: pos, offset: 0 },
+        &[],
+        hidden(d),
+        axes(),
+    );
     let x = b.node("embeddings.add_position", Op::Add, &[x, pos], hidden(d), axes());
     let mut x = layer_norm(&mut b, &mut load, "embeddings.LayerNorm", x, d, c.rms_norm_eps)?;
     // Dropout is the identity in inference: each dropout module's output is its input.
@@ -165,7 +206,13 @@ pub fn build_bert(cfg: &BertConfig, source: &mut dyn WeightSource, layers: Optio
     };
     for l in 0..n_layers {
         let p = format!("encoder.layer.{l}");
-        let linear = |b: &mut GraphBuilder, load: &mut dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError>, name: &str, input: ValueId, n: usize, k: usize| -> Result<ValueId, ModelError> {
+        let linear = |b: &mut GraphBuilder,
+                      load: &mut dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError>,
+                      name: &str,
+                      input: ValueId,
+                      n: usize,
+                      k: usize|
+         -> Result<ValueId, ModelError> {
             let w = b.weight(load(&format!("{name}.weight"), &[n, k])?);
             let bias = b.weight(load(&format!("{name}.bias"), &[n])?);
             Ok(b.node(name, Op::Linear { weight: w, bias: Some(bias) }, &[input], hidden(n), axes()))
@@ -173,8 +220,19 @@ pub fn build_bert(cfg: &BertConfig, source: &mut dyn WeightSource, layers: Optio
         let q = linear(&mut b, &mut load, &format!("{p}.attention.self.query"), x, h * hd, d)?;
         let k = linear(&mut b, &mut load, &format!("{p}.attention.self.key"), x, h * hd, d)?;
         let v = linear(&mut b, &mut load, &format!("{p}.attention.self.value"), x, h * hd, d)?;
-        let core = b.node(format!("{p}.attention.self"), Op::Attention { layer: l, shape, variant, kv_write: KvWrite::InPlace }, &[q, k, v], hidden(h * hd), axes());
-        b.side_output(core, format!("{p}.attention.self.attn_probs"), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
+        let core = b.node(
+            format!("{p}.attention.self"),
+            Op::Attention { layer: l, shape, variant, kv_write: KvWrite::InPlace },
+            &[q, k, v],
+            hidden(h * hd),
+            axes(),
+        );
+        b.side_output(
+            core,
+            format!("{p}.attention.self.attn_probs"),
+            vec![Dim::Fixed(h), Dim::Tokens, Dim::Context],
+            vec!["head", "query", "key"],
+        );
         let dense = linear(&mut b, &mut load, &format!("{p}.attention.output.dense"), core, d, h * hd)?;
         b.alias(dense, format!("{p}.attention.output.dropout"));
         // `BertSelfOutput.forward`: LayerNorm(dense + input).
@@ -183,7 +241,13 @@ pub fn build_bert(cfg: &BertConfig, source: &mut dyn WeightSource, layers: Optio
         b.alias(attn, format!("{p}.attention.output"));
         b.alias(attn, format!("{p}.attention"));
         let inter = linear(&mut b, &mut load, &format!("{p}.intermediate.dense"), attn, c.intermediate_size, d)?;
-        let inter = b.node(format!("{p}.intermediate.intermediate_act_fn"), act.clone(), &[inter], hidden(c.intermediate_size), vec!["token", "intermediate"]);
+        let inter = b.node(
+            format!("{p}.intermediate.intermediate_act_fn"),
+            act.clone(),
+            &[inter],
+            hidden(c.intermediate_size),
+            vec!["token", "intermediate"],
+        );
         b.alias(inter, format!("{p}.intermediate"));
         let out = linear(&mut b, &mut load, &format!("{p}.output.dense"), inter, d, c.intermediate_size)?;
         b.alias(out, format!("{p}.output.dropout"));
@@ -201,8 +265,21 @@ pub fn build_bert(cfg: &BertConfig, source: &mut dyn WeightSource, layers: Optio
 }
 
 #[track_caller]
-fn layer_norm(b: &mut GraphBuilder, load: &mut dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError>, name: &str, input: ValueId, d: usize, eps: f32) -> Result<ValueId, ModelError> {
+fn layer_norm(
+    b: &mut GraphBuilder,
+    load: &mut dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError>,
+    name: &str,
+    input: ValueId,
+    d: usize,
+    eps: f32,
+) -> Result<ValueId, ModelError> {
     let w = b.weight(load(&format!("{name}.weight"), &[d])?);
     let bias = b.weight(load(&format!("{name}.bias"), &[d])?);
-    Ok(b.node(name, Op::LayerNorm { weight: w, bias, eps }, &[input], vec![Dim::Tokens, Dim::Fixed(d)], vec!["token", "hidden"]))
+    Ok(b.node(
+        name,
+        Op::LayerNorm { weight: w, bias, eps },
+        &[input],
+        vec![Dim::Tokens, Dim::Fixed(d)],
+        vec!["token", "hidden"],
+    ))
 }

@@ -216,7 +216,11 @@ impl Family {
     /// The MLP activation when the source names none: GELU-tanh for Gemma (a GGUF never
     /// names it), SiLU otherwise.
     pub fn default_hidden_act(self) -> HiddenAct {
-        if self.is_gemma() { HiddenAct::GeluTanh } else { HiddenAct::Silu }
+        if self.is_gemma() {
+            HiddenAct::GeluTanh
+        } else {
+            HiddenAct::Silu
+        }
     }
 
     /// Every how-many-th layer attends globally, the others through a sliding window, by
@@ -225,14 +229,27 @@ impl Family {
         match self {
             Family::Gemma3 => Some(GEMMA3_SLIDING_WINDOW_PATTERN),
             Family::Gemma2 => Some(GEMMA2_SLIDING_WINDOW_PATTERN),
-            Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Qwen3Moe | Family::Glm4Moe | Family::Bert | Family::Phi3 => None,
+            Family::Llama
+            | Family::Qwen2
+            | Family::Mistral
+            | Family::Qwen3
+            | Family::Qwen3Moe
+            | Family::Glm4Moe
+            | Family::Bert
+            | Family::Phi3 => None,
         }
     }
 
     /// What each decoder layer emits and how it is wired (without final soft-capping, which
     /// the config decides: [`LlamaConfig::wiring`]).
     pub fn wiring(self) -> crate::roles::Wiring {
-        crate::roles::Wiring { qk_norm: self.qk_norm(), sandwich_norms: self.sandwich_norms(), final_softcap: false, moe: None, fused_projections: self.fused_projections() }
+        crate::roles::Wiring {
+            qk_norm: self.qk_norm(),
+            sandwich_norms: self.sandwich_norms(),
+            final_softcap: false,
+            moe: None,
+            fused_projections: self.fused_projections(),
+        }
     }
 }
 
@@ -285,7 +302,17 @@ pub struct LlamaConfig {
 /// naming under their own prefix).
 pub const GGUF_LLAMA_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "gemma2"];
 /// `architectures` entries of config.json built with the Llama graph.
-pub const HF_LLAMA_ARCHS: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM", "Phi3ForCausalLM"];
+pub const HF_LLAMA_ARCHS: &[&str] = &[
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "MistralForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Glm4MoeForCausalLM",
+    "Phi3ForCausalLM",
+];
 /// `Phi3Config.original_max_position_embeddings` when config.json has none. transformers
 /// uses it (not a `rope_scaling.original_max_position_embeddings`) for LongRoPE:
 /// `standardize_rope_params` gives the config attribute priority, and the class default
@@ -319,10 +346,20 @@ impl LlamaConfig {
     /// when the config has one.
     pub fn wiring(&self) -> crate::roles::Wiring {
         let moe = self.moe.as_ref().map(|m| crate::roles::MoeWiring {
-            sparse_layers: m.sparse_layers.iter().enumerate().filter(|&(l, &s)| s && l < crate::roles::MAX_MOE_LAYERS).fold(0u128, |bits, (l, _)| bits | 1u128 << l),
+            sparse_layers: m
+                .sparse_layers
+                .iter()
+                .enumerate()
+                .filter(|&(l, &s)| s && l < crate::roles::MAX_MOE_LAYERS)
+                .fold(0u128, |bits, (l, _)| bits | 1u128 << l),
             shared_experts: m.shared_intermediate_size.is_some(),
         });
-        crate::roles::Wiring { final_softcap: self.final_logit_softcap.is_some(), qk_norm: self.qk_norm, moe, ..self.family.wiring() }
+        crate::roles::Wiring {
+            final_softcap: self.final_logit_softcap.is_some(),
+            qk_norm: self.qk_norm,
+            moe,
+            ..self.family.wiring()
+        }
     }
 
     /// Whether decoder layer `layer`'s MLP is a sparse MoE block.
@@ -332,7 +369,13 @@ impl LlamaConfig {
 
     /// Every layer's attention geometry and score arithmetic (scale, soft-cap).
     pub fn attention_shape(&self) -> AttentionShape {
-        AttentionShape { n_heads: self.num_attention_heads, n_kv_heads: self.num_key_value_heads, head_dim: self.head_dim, scale: self.attention_scale, softcap: self.attn_logit_softcap }
+        AttentionShape {
+            n_heads: self.num_attention_heads,
+            n_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+            scale: self.attention_scale,
+            softcap: self.attn_logit_softcap,
+        }
     }
 
     /// The attention window of decoder layer `layer` (`None`: full causal attention).
@@ -345,14 +388,22 @@ impl LlamaConfig {
     pub fn from_gguf(gguf: &GgufFile) -> Result<LlamaConfig, ModelError> {
         let arch = gguf.architecture()?;
         let Some(family) = Family::from_gguf_arch(arch) else {
-            return Err(ModelError::UnsupportedArchitecture { path: gguf.path.clone(), arch: arch.to_string(), supported: GGUF_LLAMA_ARCHS.join(", ") });
+            return Err(ModelError::UnsupportedArchitecture {
+                path: gguf.path.clone(),
+                arch: arch.to_string(),
+                supported: GGUF_LLAMA_ARCHS.join(", "),
+            });
         };
         let key = |k: &str| format!("{arch}.{k}");
         let hidden_size = gguf.get_usize(&key("embedding_length"))?;
         let num_attention_heads = gguf.get_usize(&key("attention.head_count"))?;
         let num_key_value_heads = gguf.opt_usize(&key("attention.head_count_kv"))?.unwrap_or(num_attention_heads);
         if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
-            return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key("attention.head_count"), reason: format!("{num_attention_heads} heads do not divide hidden size {hidden_size}") });
+            return Err(ModelError::InvalidConfig {
+                source_file: gguf.path.clone(),
+                field: key("attention.head_count"),
+                reason: format!("{num_attention_heads} heads do not divide hidden size {hidden_size}"),
+            });
         }
         let head_dim = gguf.opt_usize(&key("attention.key_length"))?.unwrap_or(hidden_size / num_attention_heads);
         let vocab_size = match gguf.opt_usize(&key("vocab_size"))? {
@@ -362,7 +413,13 @@ impl LlamaConfig {
         let rope_scaling = match gguf.opt_str(&key("rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear { factor: gguf.get_f32(&key("rope.scaling.factor"))? },
-            Some(other) => return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key("rope.scaling.type"), reason: format!("unsupported rope scaling '{other}'") }),
+            Some(other) => {
+                return Err(ModelError::InvalidConfig {
+                    source_file: gguf.path.clone(),
+                    field: key("rope.scaling.type"),
+                    reason: format!("unsupported rope scaling '{other}'"),
+                })
+            }
         };
         let num_hidden_layers = gguf.get_usize(&key("block_count"))?;
         // Gemma 2's caps as llama.cpp reads them (its defaults when absent, as
@@ -370,9 +427,17 @@ impl LlamaConfig {
         // Gemma2Config's 50 and 30.
         let softcap = |k: &str, default: Option<f32>| -> Result<Option<f32>, ModelError> {
             let field = key(k);
-            let cap = if family.is_gemma() { gguf.opt_f32(&field)?.or(if family == Family::Gemma2 { default } else { None }) } else { None };
+            let cap = if family.is_gemma() {
+                gguf.opt_f32(&field)?.or(if family == Family::Gemma2 { default } else { None })
+            } else {
+                None
+            };
             match cap {
-                Some(c) if !valid_softcap(c) => Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field, reason: format!("{c} is not a positive soft-cap") }),
+                Some(c) if !valid_softcap(c) => Err(ModelError::InvalidConfig {
+                    source_file: gguf.path.clone(),
+                    field,
+                    reason: format!("{c} is not a positive soft-cap"),
+                }),
                 c => Ok(c),
             }
         };
@@ -411,7 +476,11 @@ impl LlamaConfig {
         };
         if let Some(rot) = gguf.opt_usize(&key("rope.dimension_count"))? {
             if rot != cfg.head_dim {
-                return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key("rope.dimension_count"), reason: format!("partial rotary embedding ({rot} of {} dims) is not supported", cfg.head_dim) });
+                return Err(ModelError::InvalidConfig {
+                    source_file: gguf.path.clone(),
+                    field: key("rope.dimension_count"),
+                    reason: format!("partial rotary embedding ({rot} of {} dims) is not supported", cfg.head_dim),
+                });
             }
         }
         cfg.validate(&gguf.path)
@@ -420,24 +489,49 @@ impl LlamaConfig {
     /// Reads a Hugging Face `config.json`.
     pub fn from_hf_config(path: &Path) -> Result<LlamaConfig, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io { path: path.to_path_buf(), source: e })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: "config.json".into(), reason: e.to_string() })?;
-        let bad = |field: &str, reason: String| ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.to_string(), reason };
-        let archs: Vec<&str> = v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig {
+            source_file: path.to_path_buf(),
+            field: "config.json".into(),
+            reason: e.to_string(),
+        })?;
+        let bad = |field: &str, reason: String| ModelError::InvalidConfig {
+            source_file: path.to_path_buf(),
+            field: field.to_string(),
+            reason,
+        };
+        let archs: Vec<&str> = v
+            .get("architectures")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
         // transformers loads a config without `architectures` by its `model_type`.
         let model_type = v.get("model_type").and_then(Value::as_str);
-        let family = if archs.is_empty() { model_type.and_then(Family::from_model_type) } else { archs.iter().find_map(|a| Family::from_hf_arch(a)) };
+        let family = if archs.is_empty() {
+            model_type.and_then(Family::from_model_type)
+        } else {
+            archs.iter().find_map(|a| Family::from_hf_arch(a))
+        };
         let Some(family) = family else {
             let found = if archs.is_empty() { model_type.unwrap_or("<none>").to_string() } else { archs.join(", ") };
-            let supported = HF_LLAMA_ARCHS.iter().chain(crate::bert::HF_BERT_ARCHS).copied().collect::<Vec<_>>().join(", ");
+            let supported =
+                HF_LLAMA_ARCHS.iter().chain(crate::bert::HF_BERT_ARCHS).copied().collect::<Vec<_>>().join(", ");
             return Err(ModelError::UnsupportedArchitecture { path: path.to_path_buf(), arch: found, supported });
         };
         if family == Family::Bert {
             return Ok(crate::bert::BertConfig::from_json(&v, path)?.base);
         }
         let usize_field = |k: &str| -> Result<usize, ModelError> {
-            v.get(k).and_then(Value::as_u64).map(|n| n as usize).ok_or_else(|| bad(k, "missing or not a non-negative integer".into()))
+            v.get(k)
+                .and_then(Value::as_u64)
+                .map(|n| n as usize)
+                .ok_or_else(|| bad(k, "missing or not a non-negative integer".into()))
         };
-        let opt_usize = |k: &str| v.get(k).filter(|x| !x.is_null()).map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| bad(k, "not a non-negative integer".into()))).transpose();
+        let opt_usize = |k: &str| {
+            v.get(k)
+                .filter(|x| !x.is_null())
+                .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| bad(k, "not a non-negative integer".into())))
+                .transpose()
+        };
         let f32_field = |k: &str, default: f32| -> Result<f32, ModelError> {
             match v.get(k) {
                 None | Some(Value::Null) => Ok(default),
@@ -451,7 +545,12 @@ impl LlamaConfig {
             None => family.default_hidden_act(),
             Some("silu") => HiddenAct::Silu,
             Some("gelu_pytorch_tanh") => HiddenAct::GeluTanh,
-            Some(other) => return Err(bad(act_key, format!("'{other}' is not supported (loupe builds silu and gelu_pytorch_tanh)"))),
+            Some(other) => {
+                return Err(bad(
+                    act_key,
+                    format!("'{other}' is not supported (loupe builds silu and gelu_pytorch_tanh)"),
+                ))
+            }
         };
         // Soft-capping: Gemma 2 and 3 apply it when the key is a number, not when it is null;
         // an absent key takes the config class's default (Gemma2Config: 50 and 30;
@@ -460,7 +559,9 @@ impl LlamaConfig {
             match v.get(k) {
                 None if family == Family::Gemma2 => Ok(Some(gemma2_default)),
                 None | Some(Value::Null) => Ok(None),
-                Some(_) if !family.is_gemma() => Err(bad(k, format!("logit soft-capping is not part of the {} family", family.name()))),
+                Some(_) if !family.is_gemma() => {
+                    Err(bad(k, format!("logit soft-capping is not part of the {} family", family.name())))
+                }
                 Some(x) => match x.as_f64().map(|c| c as f32) {
                     Some(c) if valid_softcap(c) => Ok(Some(c)),
                     _ => Err(bad(k, format!("{x} is not a positive number or null"))),
@@ -470,7 +571,10 @@ impl LlamaConfig {
         let attn_logit_softcap = softcap("attn_logit_softcapping", GEMMA2_DEFAULT_ATTN_SOFTCAP)?;
         let final_logit_softcap = softcap("final_logit_softcapping", GEMMA2_DEFAULT_FINAL_SOFTCAP)?;
         if family.is_gemma() && v.get("use_bidirectional_attention").and_then(Value::as_bool) == Some(true) {
-            return Err(bad("use_bidirectional_attention", "true is not supported (loupe builds causal decoders)".into()));
+            return Err(bad(
+                "use_bidirectional_attention",
+                "true is not supported (loupe builds causal decoders)".into(),
+            ));
         }
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             return Err(bad("mlp_bias", "true is not supported (loupe's Llama MLP has no biases)".into()));
@@ -481,46 +585,73 @@ impl LlamaConfig {
         let hidden_size = usize_field("hidden_size")?;
         let num_attention_heads = usize_field("num_attention_heads")?;
         if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
-            return Err(bad("num_attention_heads", format!("{num_attention_heads} heads do not divide hidden size {hidden_size}")));
+            return Err(bad(
+                "num_attention_heads",
+                format!("{num_attention_heads} heads do not divide hidden size {hidden_size}"),
+            ));
         }
         // transformers 5 moves rope_theta/rope_scaling into `rope_parameters`; Gemma 3 keeps
         // one entry per layer type there (`full_attention`, `sliding_attention`).
         let rope_params = v.get("rope_parameters").or_else(|| v.get("rope_scaling")).filter(|x| !x.is_null());
         let (global_params, local_params) = match rope_params {
-            Some(p) if family == Family::Gemma3 && (p.get("full_attention").is_some() || p.get("sliding_attention").is_some()) => (p.get("full_attention").filter(|x| !x.is_null()), p.get("sliding_attention").filter(|x| !x.is_null())),
+            Some(p)
+                if family == Family::Gemma3
+                    && (p.get("full_attention").is_some() || p.get("sliding_attention").is_some()) =>
+            {
+                (p.get("full_attention").filter(|x| !x.is_null()), p.get("sliding_attention").filter(|x| !x.is_null()))
+            }
             p => (p, None),
         };
-        let (default_theta, default_local) = if family == Family::Gemma3 { (1_000_000.0, GEMMA3_LOCAL_ROPE_THETA) } else { (10000.0, 10000.0) };
+        let (default_theta, default_local) =
+            if family == Family::Gemma3 { (1_000_000.0, GEMMA3_LOCAL_ROPE_THETA) } else { (10000.0, 10000.0) };
         let rope_theta = match global_params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
             Some(t) => t as f32,
             None => f32_field("rope_theta", default_theta)?,
         };
         let head_dim = opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
-        let max_position_embeddings = opt_usize("max_position_embeddings")?.unwrap_or(if family == Family::Phi3 { PHI3_DEFAULT_MAX_POSITIONS } else { 2048 });
+        let max_position_embeddings = opt_usize("max_position_embeddings")?.unwrap_or(if family == Family::Phi3 {
+            PHI3_DEFAULT_MAX_POSITIONS
+        } else {
+            2048
+        });
         let moe = hf_moe(&v, family, layers).map_err(|(field, reason)| bad(&field, reason))?;
         if family == Family::Glm4Moe {
             // GLM-4-MoE rotates only the first `partial_rotary_factor` of each head (default
             // 0.5: `Glm4MoeConfig.__post_init__`); loupe rotates part of a head for Phi-3 only so
             // far, so GLM's is refused before the generic check below.
-            let factor = match rope_params.and_then(|p| p.get("partial_rotary_factor")).or_else(|| v.get("partial_rotary_factor")) {
+            let factor = match rope_params
+                .and_then(|p| p.get("partial_rotary_factor"))
+                .or_else(|| v.get("partial_rotary_factor"))
+            {
                 None | Some(Value::Null) => 0.5,
                 Some(x) => x.as_f64().ok_or_else(|| bad("partial_rotary_factor", format!("{x} is not a number")))?,
             };
             if factor != 1.0 {
-                return Err(bad("partial_rotary_factor", format!("{factor} is not supported (loupe rotates whole heads: only 1.0; GLM-4-MoE's default is 0.5)")));
+                return Err(bad(
+                    "partial_rotary_factor",
+                    format!(
+                        "{factor} is not supported (loupe rotates whole heads: only 1.0; GLM-4-MoE's default is 0.5)"
+                    ),
+                ));
             }
         }
-        let qk_norm = family.qk_norm() || (family == Family::Glm4Moe && v.get("use_qk_norm").and_then(Value::as_bool) == Some(true));
+        let qk_norm = family.qk_norm()
+            || (family == Family::Glm4Moe && v.get("use_qk_norm").and_then(Value::as_bool) == Some(true));
         let rotary_dim = rotary_dim_of(&v, global_params, head_dim, family).map_err(|(k, reason)| bad(&k, reason))?;
         let rope_scaling = match global_params {
             None => RopeScaling::None,
-            Some(p) if family == Family::Phi3 => phi3_rope_scaling(&v, p, rotary_dim, max_position_embeddings).map_err(|(k, reason)| bad(&k, reason))?,
+            Some(p) if family == Family::Phi3 => {
+                phi3_rope_scaling(&v, p, rotary_dim, max_position_embeddings).map_err(|(k, reason)| bad(&k, reason))?
+            }
             Some(p) => rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))?,
         };
         let rope_local_theta = if family == Family::Gemma3 {
             if let Some(p) = local_params {
                 if rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))? != RopeScaling::None {
-                    return Err(bad("rope_parameters.sliding_attention", "scaled RoPE on sliding-window layers is not supported".into()));
+                    return Err(bad(
+                        "rope_parameters.sliding_attention",
+                        "scaled RoPE on sliding-window layers is not supported".into(),
+                    ));
                 }
             }
             Some(match local_params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
@@ -550,10 +681,15 @@ impl LlamaConfig {
             qkv_bias: (attention_bias && family != Family::Phi3) || family == Family::Qwen2,
             // GLM-4-MoE's o_proj never has a bias (`Glm4MoeAttention`); Qwen3-MoE's four
             // projections follow `attention_bias`.
-            o_bias: attention_bias && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Qwen3Moe),
+            o_bias: attention_bias
+                && matches!(family, Family::Llama | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Qwen3Moe),
             layer_windows,
             hidden_act,
-            attention_scale: if family.is_gemma() { (f32_field("query_pre_attn_scalar", 256.0)? as f64).powf(-0.5) as f32 } else { (head_dim as f32).powf(-0.5) },
+            attention_scale: if family.is_gemma() {
+                (f32_field("query_pre_attn_scalar", 256.0)? as f64).powf(-0.5) as f32
+            } else {
+                (head_dim as f32).powf(-0.5)
+            },
             rope_local_theta,
             attn_logit_softcap,
             final_logit_softcap,
@@ -565,23 +701,43 @@ impl LlamaConfig {
 
     /// Every layer's window (`layer_windows`) is empty or has one entry per layer.
     fn validate(self, path: &Path) -> Result<LlamaConfig, ModelError> {
-        let bad = |field: &str, reason: String| Err(ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.into(), reason });
+        let bad = |field: &str, reason: String| {
+            Err(ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.into(), reason })
+        };
         if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
-            return bad("num_key_value_heads", format!("{} kv heads do not divide {} heads", self.num_key_value_heads, self.num_attention_heads));
+            return bad(
+                "num_key_value_heads",
+                format!("{} kv heads do not divide {} heads", self.num_key_value_heads, self.num_attention_heads),
+            );
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
             return bad("head_dim", format!("{} must be even and non-zero", self.head_dim));
         }
-        for (field, v) in [("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size), ("intermediate_size", self.intermediate_size), ("num_hidden_layers", self.num_hidden_layers), ("max_position_embeddings", self.max_position_embeddings)] {
+        for (field, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
             if v == 0 {
                 return bad(field, "must be non-zero".into());
             }
         }
         if !self.layer_windows.is_empty() && self.layer_windows.len() != self.num_hidden_layers {
-            return bad("layer_types", format!("{} entries for {} layers", self.layer_windows.len(), self.num_hidden_layers));
+            return bad(
+                "layer_types",
+                format!("{} entries for {} layers", self.layer_windows.len(), self.num_hidden_layers),
+            );
         }
         if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
-            return bad("partial_rotary_factor", format!("{} rotary dims of a {}-wide head (must be even, non-zero, at most head_dim)", self.rotary_dim, self.head_dim));
+            return bad(
+                "partial_rotary_factor",
+                format!(
+                    "{} rotary dims of a {}-wide head (must be even, non-zero, at most head_dim)",
+                    self.rotary_dim, self.head_dim
+                ),
+            );
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return bad("rms_norm_eps", format!("{} is not a valid epsilon", self.rms_norm_eps));
@@ -598,8 +754,13 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
     }
     let int = |k: &str, default: Option<u64>| -> Result<usize, (String, String)> {
         match v.get(k) {
-            None | Some(Value::Null) => default.map(|d| d as usize).ok_or_else(|| (k.to_string(), "missing".to_string())),
-            Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| (k.to_string(), format!("{x} is not a non-negative integer"))),
+            None | Some(Value::Null) => {
+                default.map(|d| d as usize).ok_or_else(|| (k.to_string(), "missing".to_string()))
+            }
+            Some(x) => x
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| (k.to_string(), format!("{x} is not a non-negative integer"))),
         }
     };
     let flag = |k: &str, default: bool| -> Result<bool, (String, String)> {
@@ -625,13 +786,28 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
             }
             let dense: Vec<usize> = match v.get("mlp_only_layers") {
                 None | Some(Value::Null) => Vec::new(),
-                Some(Value::Array(a)) => a.iter().map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| ("mlp_only_layers".to_string(), format!("{x} is not a layer index")))).collect::<Result<_, _>>()?,
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|x| {
+                        x.as_u64()
+                            .map(|n| n as usize)
+                            .ok_or_else(|| ("mlp_only_layers".to_string(), format!("{x} is not a layer index")))
+                    })
+                    .collect::<Result<_, _>>()?,
                 Some(x) => return Err(("mlp_only_layers".into(), format!("{x} is not a list of layer indices"))),
             };
             // `Qwen3MoeDecoderLayer.__init__`: sparse unless listed in `mlp_only_layers`,
             // when experts exist and `(layer_idx + 1) % decoder_sparse_step == 0`.
             let sparse: Vec<bool> = (0..layers).map(|l| !dense.contains(&l) && n > 0 && (l + 1) % step == 0).collect();
-            let router = Router { scoring: RouterScoring::Softmax, n_experts: n, top_k, n_group: 1, topk_group: 1, norm_topk_prob: flag("norm_topk_prob", false)?, scaling: 1.0 };
+            let router = Router {
+                scoring: RouterScoring::Softmax,
+                n_experts: n,
+                top_k,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: flag("norm_topk_prob", false)?,
+                scaling: 1.0,
+            };
             (router, None, false, sparse)
         }
         Family::Glm4Moe => {
@@ -639,21 +815,55 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
             let n = int(key, Some(128))?;
             let scaling = match v.get("routed_scaling_factor") {
                 None | Some(Value::Null) => 1.0,
-                Some(x) => x.as_f64().filter(|f| f.is_finite()).ok_or_else(|| ("routed_scaling_factor".to_string(), format!("{x} is not a number")))? as f32,
+                Some(x) => x
+                    .as_f64()
+                    .filter(|f| f.is_finite())
+                    .ok_or_else(|| ("routed_scaling_factor".to_string(), format!("{x} is not a number")))?
+                    as f32,
             };
-            let router = Router { scoring: RouterScoring::Sigmoid, n_experts: n, top_k, n_group: int("n_group", Some(1))?, topk_group: int("topk_group", Some(1))?, norm_topk_prob: flag("norm_topk_prob", true)?, scaling };
+            let router = Router {
+                scoring: RouterScoring::Sigmoid,
+                n_experts: n,
+                top_k,
+                n_group: int("n_group", Some(1))?,
+                topk_group: int("topk_group", Some(1))?,
+                norm_topk_prob: flag("norm_topk_prob", true)?,
+                scaling,
+            };
             let shared = int("n_shared_experts", Some(1))?;
             // `Glm4MoeDecoderLayer.__init__`: sparse from `first_k_dense_replace` on.
             let first = int("first_k_dense_replace", Some(1))?;
-            (router, (shared > 0).then_some(moe_intermediate_size * shared), true, (0..layers).map(|l| l >= first).collect())
+            (
+                router,
+                (shared > 0).then_some(moe_intermediate_size * shared),
+                true,
+                (0..layers).map(|l| l >= first).collect(),
+            )
         }
-        Family::Llama | Family::Qwen2 | Family::Mistral | Family::Qwen3 | Family::Gemma3 | Family::Gemma2 | Family::Bert | Family::Phi3 => return Ok(None),
+        Family::Llama
+        | Family::Qwen2
+        | Family::Mistral
+        | Family::Qwen3
+        | Family::Gemma3
+        | Family::Gemma2
+        | Family::Bert
+        | Family::Phi3 => return Ok(None),
     };
     if sparse_layers.len() > crate::roles::MAX_MOE_LAYERS {
-        return Err(("num_hidden_layers".into(), format!("{} layers; loupe's MoE wiring covers at most {}", sparse_layers.len(), crate::roles::MAX_MOE_LAYERS)));
+        return Err((
+            "num_hidden_layers".into(),
+            format!(
+                "{} layers; loupe's MoE wiring covers at most {}",
+                sparse_layers.len(),
+                crate::roles::MAX_MOE_LAYERS
+            ),
+        ));
     }
     if let Err(e) = router.check() {
-        let field = if router.n_group == 0 || !router.n_experts.is_multiple_of(router.n_group) || (router.n_group > 1 && router.n_experts / router.n_group < 2) {
+        let field = if router.n_group == 0
+            || !router.n_experts.is_multiple_of(router.n_group)
+            || (router.n_group > 1 && router.n_experts / router.n_group < 2)
+        {
             "n_group"
         } else if router.topk_group == 0 || router.topk_group > router.n_group {
             "topk_group"
@@ -662,26 +872,46 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
         };
         return Err((field.into(), e.to_string()));
     }
-    Ok(Some(MoeConfig { router, moe_intermediate_size, shared_intermediate_size: shared, correction_bias: bias, sparse_layers }))
+    Ok(Some(MoeConfig {
+        router,
+        moe_intermediate_size,
+        shared_intermediate_size: shared,
+        correction_bias: bias,
+        sparse_layers,
+    }))
 }
 
 /// The rotated part of each head: `int(head_dim * partial_rotary_factor)` (transformers'
 /// rope init, in f64 then truncated), the factor read from `rope_parameters` first, then the
 /// top level (`convert_rope_params_to_dict`'s priority). Only Phi-3's attention rotates part
 /// of a head in loupe; other families refuse a factor below 1 by name.
-fn rotary_dim_of(v: &Value, params: Option<&Value>, head_dim: usize, family: Family) -> Result<usize, (String, String)> {
+fn rotary_dim_of(
+    v: &Value,
+    params: Option<&Value>,
+    head_dim: usize,
+    family: Family,
+) -> Result<usize, (String, String)> {
     let (key, factor) = match params.and_then(|p| p.get("partial_rotary_factor")).filter(|x| !x.is_null()) {
         Some(x) => ("rope_parameters.partial_rotary_factor", Some(x)),
         None => ("partial_rotary_factor", v.get("partial_rotary_factor").filter(|x| !x.is_null())),
     };
     let Some(x) = factor else { return Ok(head_dim) };
-    let f = x.as_f64().filter(|f| *f > 0.0 && *f <= 1.0).ok_or_else(|| (key.to_string(), format!("{x} is not a number in (0, 1]")))?;
+    let f = x
+        .as_f64()
+        .filter(|f| *f > 0.0 && *f <= 1.0)
+        .ok_or_else(|| (key.to_string(), format!("{x} is not a number in (0, 1]")))?;
     if f < 1.0 && family != Family::Phi3 {
-        return Err((key.into(), format!("partial rotary embedding is not supported for the {} family", family.name())));
+        return Err((
+            key.into(),
+            format!("partial rotary embedding is not supported for the {} family", family.name()),
+        ));
     }
     let dim = (head_dim as f64 * f) as usize;
     if dim == 0 || dim % 2 != 0 {
-        return Err((key.into(), format!("head_dim {head_dim} x {f} gives {dim} rotary dims (must be even and non-zero)")));
+        return Err((
+            key.into(),
+            format!("head_dim {head_dim} x {f} gives {dim} rotary dims (must be even and non-zero)"),
+        ));
     }
     Ok(dim)
 }
@@ -695,31 +925,52 @@ fn rotary_dim_of(v: &Value, params: Option<&Value>, head_dim: usize, family: Fam
 /// attribute); the attention factor is the entry's `attention_factor`, else, with `factor`
 /// (the entry's, else max_position_embeddings / original), 1 when factor <= 1 and
 /// sqrt(1 + ln(factor) / ln(original)) above (`_compute_longrope_parameters`).
-fn phi3_rope_scaling(v: &Value, p: &Value, rotary_dim: usize, max_positions: usize) -> Result<RopeScaling, (String, String)> {
+fn phi3_rope_scaling(
+    v: &Value,
+    p: &Value,
+    rotary_dim: usize,
+    max_positions: usize,
+) -> Result<RopeScaling, (String, String)> {
     let err = |k: &str, reason: String| (format!("rope_scaling.{k}"), reason);
     let rope_type = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default");
     match rope_type {
         "default" => return Ok(RopeScaling::None),
         "longrope" | "su" | "yarn" => {}
-        other => return Err(err("rope_type", format!("'{other}' is not a Phi-3 RoPE type (default or longrope, as Phi3Config.validate_rope)"))),
+        other => {
+            return Err(err(
+                "rope_type",
+                format!("'{other}' is not a Phi-3 RoPE type (default or longrope, as Phi3Config.validate_rope)"),
+            ))
+        }
     }
     let factors = |k: &str| -> Result<Vec<f32>, (String, String)> {
         let list = p.get(k).and_then(Value::as_array).ok_or_else(|| err(k, "missing or not a list".into()))?;
-        let f: Vec<f32> = list.iter().map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0).map(|f| f as f32)).collect::<Option<_>>().ok_or_else(|| err(k, "not a list of positive numbers".into()))?;
+        let f: Vec<f32> = list
+            .iter()
+            .map(|x| x.as_f64().filter(|f| f.is_finite() && *f > 0.0).map(|f| f as f32))
+            .collect::<Option<_>>()
+            .ok_or_else(|| err(k, "not a list of positive numbers".into()))?;
         if f.len() != rotary_dim / 2 {
             return Err(err(k, format!("{} entries, expected rotary_dim / 2 = {}", f.len(), rotary_dim / 2)));
         }
         Ok(f)
     };
     let (short_factor, long_factor) = (factors("short_factor")?, factors("long_factor")?);
-    let original = match v.get("original_max_position_embeddings").filter(|x| !x.is_null()) {
-        None => PHI3_DEFAULT_ORIGINAL_MAX_POSITIONS,
-        Some(x) => x.as_u64().filter(|n| *n >= 2).ok_or_else(|| ("original_max_position_embeddings".to_string(), format!("{x} is not an integer >= 2")))? as usize,
-    };
+    let original =
+        match v.get("original_max_position_embeddings").filter(|x| !x.is_null()) {
+            None => PHI3_DEFAULT_ORIGINAL_MAX_POSITIONS,
+            Some(x) => x.as_u64().filter(|n| *n >= 2).ok_or_else(|| {
+                ("original_max_position_embeddings".to_string(), format!("{x} is not an integer >= 2"))
+            })? as usize,
+        };
     let number = |k: &str| -> Result<Option<f64>, (String, String)> {
         match p.get(k).filter(|x| !x.is_null()) {
             None => Ok(None),
-            Some(x) => x.as_f64().filter(|f| f.is_finite() && *f > 0.0).map(Some).ok_or_else(|| err(k, format!("{x} is not a positive number"))),
+            Some(x) => x
+                .as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .map(Some)
+                .ok_or_else(|| err(k, format!("{x} is not a positive number"))),
         }
     };
     let factor = number("factor")?.unwrap_or(max_positions as f64 / original as f64);
@@ -728,13 +979,23 @@ fn phi3_rope_scaling(v: &Value, p: &Value, rotary_dim: usize, max_positions: usi
         None if factor <= 1.0 => 1.0,
         None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
     };
-    Ok(RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings: original, attention_factor: attention_factor as f32 })
+    Ok(RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: original,
+        attention_factor: attention_factor as f32,
+    })
 }
 
 /// The RoPE scaling one `rope_parameters` (or legacy `rope_scaling`) entry describes; errors
 /// name the offending key.
 fn rope_scaling_of(p: &Value) -> Result<RopeScaling, (String, String)> {
-    let get = |k: &str| p.get(k).and_then(Value::as_f64).map(|x| x as f32).ok_or_else(|| (format!("rope_scaling.{k}"), "missing or not a number".to_string()));
+    let get = |k: &str| {
+        p.get(k)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+            .ok_or_else(|| (format!("rope_scaling.{k}"), "missing or not a number".to_string()))
+    };
     Ok(match p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str).unwrap_or("default") {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear { factor: get("factor")? },
@@ -758,7 +1019,11 @@ fn gguf_layer_windows(gguf: &GgufFile, family: Family) -> Result<Vec<Option<usiz
     let key = format!("{arch}.attention.sliding_window");
     let window = gguf.get_usize(&key)?;
     if window == 0 {
-        return Err(ModelError::InvalidConfig { source_file: gguf.path.clone(), field: key, reason: "must be positive".into() });
+        return Err(ModelError::InvalidConfig {
+            source_file: gguf.path.clone(),
+            field: key,
+            reason: "must be positive".into(),
+        });
     }
     let layers = gguf.get_usize(&format!("{arch}.block_count"))?;
     Ok(gemma_layer_windows(layers, pattern, window))
@@ -806,7 +1071,11 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
                 return Ok(Vec::new());
             }
             let Some(w) = window()? else {
-                let why = if family.is_gemma() { "null, but the family has sliding-window layers" } else { "null, but use_sliding_window is true" };
+                let why = if family.is_gemma() {
+                    "null, but the family has sliding-window layers"
+                } else {
+                    "null, but use_sliding_window is true"
+                };
                 return Err(("sliding_window", why.into()));
             };
             match v.get("layer_types").filter(|x| !x.is_null()) {
@@ -822,7 +1091,10 @@ fn hf_layer_windows(v: &Value, family: Family, layers: usize) -> Result<Vec<Opti
                 None => match family.window_pattern() {
                     Some(default) => {
                         let pattern = match family {
-                            Family::Gemma3 => v.get("sliding_window_pattern").and_then(Value::as_u64).map_or(default, |p| p.max(1) as usize),
+                            Family::Gemma3 => v
+                                .get("sliding_window_pattern")
+                                .and_then(Value::as_u64)
+                                .map_or(default, |p| p.max(1) as usize),
                             _ => default,
                         };
                         Ok(gemma_layer_windows(layers, pattern, w))
@@ -869,7 +1141,10 @@ mod tests {
     #[test]
     fn sliding_windows_follow_each_family() {
         let m = hf(&format!(r#"{{"architectures": ["MistralForCausalLM"], "sliding_window": 8, {BASE}}}"#)).unwrap();
-        assert_eq!((m.family, m.layer_windows.clone(), m.window(1), m.window(5)), (Family::Mistral, vec![Some(8), Some(8)], Some(8), None));
+        assert_eq!(
+            (m.family, m.layer_windows.clone(), m.window(1), m.window(5)),
+            (Family::Mistral, vec![Some(8), Some(8)], Some(8), None)
+        );
         let m = hf(&format!(r#"{{"model_type": "mistral", "sliding_window": null, {BASE}}}"#)).unwrap();
         assert!(m.layer_windows.is_empty());
         let q = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "sliding_window": 8, {BASE}}}"#)).unwrap();
@@ -878,7 +1153,9 @@ mod tests {
         assert_eq!(q.layer_windows, vec![None, Some(8)]);
         let q = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], {BASE}}}"#)).unwrap();
         assert_eq!(q.layer_windows, vec![Some(8), None]);
-        let e = hf(&format!(r#"{{"architectures": ["MistralForCausalLM"], "sliding_window": -1, {BASE}}}"#)).unwrap_err().to_string();
+        let e = hf(&format!(r#"{{"architectures": ["MistralForCausalLM"], "sliding_window": -1, {BASE}}}"#))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sliding_window"), "{e}");
         let e = hf(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "layer_types": ["full_attention"], {BASE}}}"#)).unwrap_err().to_string();
         assert!(e.contains("layer_types"), "{e}");
@@ -889,17 +1166,41 @@ mod tests {
     /// `query_pre_attn_scalar` sets the scale; bad values are refused naming their key.
     #[test]
     fn gemma2_reads_soft_caps_windows_and_scale() {
-        let g = hf(&format!(r#"{{"architectures": ["Gemma2ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 24, {BASE}}}"#)).unwrap();
-        assert_eq!((g.family, g.hidden_act, g.attn_logit_softcap, g.final_logit_softcap), (Family::Gemma2, HiddenAct::GeluTanh, Some(50.0), Some(30.0)));
-        assert_eq!((g.layer_windows.clone(), g.rope_local_theta, g.rope_theta), (vec![Some(4096), None], None, 10000.0));
+        let g = hf(&format!(
+            r#"{{"architectures": ["Gemma2ForCausalLM"], "head_dim": 16, "query_pre_attn_scalar": 24, {BASE}}}"#
+        ))
+        .unwrap();
+        assert_eq!(
+            (g.family, g.hidden_act, g.attn_logit_softcap, g.final_logit_softcap),
+            (Family::Gemma2, HiddenAct::GeluTanh, Some(50.0), Some(30.0))
+        );
+        assert_eq!(
+            (g.layer_windows.clone(), g.rope_local_theta, g.rope_theta),
+            (vec![Some(4096), None], None, 10000.0)
+        );
         assert_eq!(g.attention_scale, (24f64).powf(-0.5) as f32);
-        assert!(g.family.sandwich_norms() && g.family.norm_unit_offset() && g.family.scales_embedding() && !g.family.qk_norm());
+        assert!(
+            g.family.sandwich_norms()
+                && g.family.norm_unit_offset()
+                && g.family.scales_embedding()
+                && !g.family.qk_norm()
+        );
         assert!(g.wiring().final_softcap && !Family::Gemma2.wiring().final_softcap);
         let g = hf(&format!(r#"{{"model_type": "gemma2", "attn_logit_softcapping": 7.5, "final_logit_softcapping": null, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"], {BASE}}}"#)).unwrap();
-        assert_eq!((g.family, g.attn_logit_softcap, g.final_logit_softcap, g.layer_windows.clone()), (Family::Gemma2, Some(7.5), None, vec![None, Some(8)]));
+        assert_eq!(
+            (g.family, g.attn_logit_softcap, g.final_logit_softcap, g.layer_windows.clone()),
+            (Family::Gemma2, Some(7.5), None, vec![None, Some(8)])
+        );
         assert!(!g.wiring().final_softcap);
-        for (key, value) in [("attn_logit_softcapping", "0"), ("final_logit_softcapping", "-3"), ("final_logit_softcapping", "\"big\""), ("use_bidirectional_attention", "true"), ("sliding_window", "null")] {
-            let e = hf(&format!(r#"{{"architectures": ["Gemma2ForCausalLM"], "{key}": {value}, {BASE}}}"#)).unwrap_err();
+        for (key, value) in [
+            ("attn_logit_softcapping", "0"),
+            ("final_logit_softcapping", "-3"),
+            ("final_logit_softcapping", "\"big\""),
+            ("use_bidirectional_attention", "true"),
+            ("sliding_window", "null"),
+        ] {
+            let e =
+                hf(&format!(r#"{{"architectures": ["Gemma2ForCausalLM"], "{key}": {value}, {BASE}}}"#)).unwrap_err();
             assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == key), "{key}: {e}");
         }
         // Gemma 3 has none unless configured; Llama has no soft-capping at all.
@@ -907,9 +1208,12 @@ mod tests {
         assert_eq!((g3.attn_logit_softcap, g3.final_logit_softcap), (None, None));
         let g3 = hf(&format!(r#"{{"architectures": ["Gemma3ForCausalLM"], "sliding_window": 8, "final_logit_softcapping": 30.0, {BASE}}}"#)).unwrap();
         assert_eq!(g3.final_logit_softcap, Some(30.0));
-        let e = hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "attn_logit_softcapping": 50.0, {BASE}}}"#)).unwrap_err().to_string();
+        let e = hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "attn_logit_softcapping": 50.0, {BASE}}}"#))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("attn_logit_softcapping"), "{e}");
-        assert!(hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "final_logit_softcapping": null, {BASE}}}"#)).is_ok());
+        assert!(hf(&format!(r#"{{"architectures": ["LlamaForCausalLM"], "final_logit_softcapping": null, {BASE}}}"#))
+            .is_ok());
     }
 
     /// Qwen3-MoE and GLM-4-MoE as their config classes read config.json: which layers are
@@ -923,27 +1227,62 @@ mod tests {
             let q = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "{key}": 8, "mlp_only_layers": [1], "attention_bias": true, {MOE}, {BASE}}}"#)).unwrap();
             let m = q.moe.clone().unwrap();
             assert_eq!((q.family, q.qk_norm, q.qkv_bias, q.o_bias), (Family::Qwen3Moe, true, true, true));
-            assert_eq!((m.router.scoring, m.router.n_experts, m.router.top_k, m.router.norm_topk_prob, m.sparse_layers.clone()), (RouterScoring::Softmax, 8, 2, false, vec![true, false]));
+            assert_eq!(
+                (
+                    m.router.scoring,
+                    m.router.n_experts,
+                    m.router.top_k,
+                    m.router.norm_topk_prob,
+                    m.sparse_layers.clone()
+                ),
+                (RouterScoring::Softmax, 8, 2, false, vec![true, false])
+            );
             assert_eq!((m.shared_intermediate_size, m.correction_bias, m.moe_intermediate_size), (None, false, 16));
             assert!(q.is_sparse(0) && !q.is_sparse(1) && q.wiring().sparse(0) && !q.wiring().sparse(1));
         }
         let q = hf(&format!(r#"{{"model_type": "qwen3_moe", "num_experts": 8, "decoder_sparse_step": 2, "norm_topk_prob": true, {MOE}, {BASE}}}"#)).unwrap();
-        assert_eq!((q.moe.as_ref().unwrap().sparse_layers.clone(), q.moe.as_ref().unwrap().router.norm_topk_prob), (vec![false, true], true));
-        let glm = |extra: &str| hf(&format!(r#"{{"architectures": ["Glm4MoeForCausalLM"], "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, {extra} {MOE}, {BASE}}}"#));
+        assert_eq!(
+            (q.moe.as_ref().unwrap().sparse_layers.clone(), q.moe.as_ref().unwrap().router.norm_topk_prob),
+            (vec![false, true], true)
+        );
+        let glm = |extra: &str| {
+            hf(&format!(
+                r#"{{"architectures": ["Glm4MoeForCausalLM"], "n_routed_experts": 8, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, {extra} {MOE}, {BASE}}}"#
+            ))
+        };
         let g = glm(r#""partial_rotary_factor": 1.0, "use_qk_norm": true, "attention_bias": true,"#).unwrap();
         let m = g.moe.clone().unwrap();
-        assert_eq!((g.family, g.qk_norm, g.qkv_bias, g.o_bias, g.wiring().qk_norm), (Family::Glm4Moe, true, true, false, true));
-        assert_eq!((m.router.scoring, m.router.n_group, m.router.topk_group, m.router.scaling, m.router.norm_topk_prob), (RouterScoring::Sigmoid, 4, 2, 2.5, true));
-        assert_eq!((m.shared_intermediate_size, m.correction_bias, m.sparse_layers.clone()), (Some(16), true, vec![false, true]));
+        assert_eq!(
+            (g.family, g.qk_norm, g.qkv_bias, g.o_bias, g.wiring().qk_norm),
+            (Family::Glm4Moe, true, true, false, true)
+        );
+        assert_eq!(
+            (m.router.scoring, m.router.n_group, m.router.topk_group, m.router.scaling, m.router.norm_topk_prob),
+            (RouterScoring::Sigmoid, 4, 2, 2.5, true)
+        );
+        assert_eq!(
+            (m.shared_intermediate_size, m.correction_bias, m.sparse_layers.clone()),
+            (Some(16), true, vec![false, true])
+        );
         assert!(glm(r#""rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}, "n_shared_experts": 0,"#).unwrap().moe.unwrap().shared_intermediate_size.is_none());
         assert!(!glm(r#""partial_rotary_factor": 1.0,"#).unwrap().qk_norm);
-        for (extra, field) in [("", "partial_rotary_factor"), (r#""partial_rotary_factor": 0.5,"#, "partial_rotary_factor"), (r#""partial_rotary_factor": 1.0, "n_group": 3,"#, "n_group"), (r#""partial_rotary_factor": 1.0, "topk_group": 5,"#, "topk_group"), (r#""partial_rotary_factor": 1.0, "routed_scaling_factor": "x","#, "routed_scaling_factor")] {
+        for (extra, field) in [
+            ("", "partial_rotary_factor"),
+            (r#""partial_rotary_factor": 0.5,"#, "partial_rotary_factor"),
+            (r#""partial_rotary_factor": 1.0, "n_group": 3,"#, "n_group"),
+            (r#""partial_rotary_factor": 1.0, "topk_group": 5,"#, "topk_group"),
+            (r#""partial_rotary_factor": 1.0, "routed_scaling_factor": "x","#, "routed_scaling_factor"),
+        ] {
             let e = glm(extra).unwrap_err();
             assert!(matches!(&e, ModelError::InvalidConfig { field: f, .. } if f == field), "{extra}: {e}");
         }
-        let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "mlp_only_layers": "all", {MOE}, {BASE}}}"#)).unwrap_err();
+        let e = hf(&format!(
+            r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "mlp_only_layers": "all", {MOE}, {BASE}}}"#
+        ))
+        .unwrap_err();
         assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "mlp_only_layers"), "{e}");
-        let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 1, {MOE}, {BASE}}}"#)).unwrap_err();
+        let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 1, {MOE}, {BASE}}}"#))
+            .unwrap_err();
         assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "num_experts_per_tok"), "{e}");
         let e = hf(&format!(r#"{{"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, {BASE}}}"#)).unwrap_err();
         assert!(matches!(&e, ModelError::InvalidConfig { field, .. } if field == "moe_intermediate_size"), "{e}");
@@ -958,34 +1297,73 @@ mod tests {
     #[test]
     fn phi3_reads_partial_rotary_and_longrope() {
         let p = hf(&format!(r#"{{"architectures": ["Phi3ForCausalLM"], "attention_bias": true, {BASE}}}"#)).unwrap();
-        assert_eq!((p.family, p.qkv_bias, p.o_bias, p.rotary_dim, p.head_dim, p.rms_norm_eps, p.max_position_embeddings), (Family::Phi3, false, false, 16, 16, 1e-5, 4096));
+        assert_eq!(
+            (p.family, p.qkv_bias, p.o_bias, p.rotary_dim, p.head_dim, p.rms_norm_eps, p.max_position_embeddings),
+            (Family::Phi3, false, false, 16, 16, 1e-5, 4096)
+        );
         assert_eq!((p.rope_scaling.clone(), p.layer_windows.clone()), (RopeScaling::None, vec![]));
         assert!(p.wiring().fused_projections && !Family::Llama.wiring().fused_projections);
         let six = |x: f32| format!("[{x}, {x}, {x}, {x}, {x}, {x}]");
-        let long = |extra: &str| format!(r#"{{"model_type": "phi3", "max_position_embeddings": 256, "original_max_position_embeddings": 16, "sliding_window": 8, "rope_parameters": {{"rope_type": "longrope", "partial_rotary_factor": 0.75, "short_factor": {}, "long_factor": {}{extra}}}, {BASE}}}"#, six(1.5), six(4.0));
+        let long = |extra: &str| {
+            format!(
+                r#"{{"model_type": "phi3", "max_position_embeddings": 256, "original_max_position_embeddings": 16, "sliding_window": 8, "rope_parameters": {{"rope_type": "longrope", "partial_rotary_factor": 0.75, "short_factor": {}, "long_factor": {}{extra}}}, {BASE}}}"#,
+                six(1.5),
+                six(4.0)
+            )
+        };
         let p = hf(&long("")).unwrap();
         assert_eq!((p.rotary_dim, p.layer_windows.clone()), (12, vec![Some(8), Some(8)]));
-        let want = RopeScaling::LongRope { short_factor: vec![1.5; 6], long_factor: vec![4.0; 6], original_max_position_embeddings: 16, attention_factor: (1.0 + (16f64).ln() / (16f64).ln()).sqrt() as f32 };
+        let want = RopeScaling::LongRope {
+            short_factor: vec![1.5; 6],
+            long_factor: vec![4.0; 6],
+            original_max_position_embeddings: 16,
+            attention_factor: (1.0 + (16f64).ln() / (16f64).ln()).sqrt() as f32,
+        };
         assert_eq!(p.rope_scaling, want);
         let p = hf(&long(r#", "attention_factor": 1.1"#)).unwrap();
         assert!(matches!(p.rope_scaling, RopeScaling::LongRope { attention_factor, .. } if attention_factor == 1.1f32));
         // `factor` replaces max_position_embeddings / original in the default attention factor.
         let p = hf(&long(r#", "factor": 2.0"#)).unwrap();
-        assert!(matches!(p.rope_scaling, RopeScaling::LongRope { attention_factor, .. } if attention_factor == (1.0 + (2f64).ln() / (16f64).ln()).sqrt() as f32));
+        assert!(
+            matches!(p.rope_scaling, RopeScaling::LongRope { attention_factor, .. } if attention_factor == (1.0 + (2f64).ln() / (16f64).ln()).sqrt() as f32)
+        );
         // Old checkpoints: `rope_scaling` with type su and its own original length, which
         // transformers overrides with Phi3Config's default 4096 (so factor 256/4096 <= 1).
-        let legacy = format!(r#"{{"architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 256, "partial_rotary_factor": 0.5, "rope_scaling": {{"type": "su", "original_max_position_embeddings": 32, "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2]}}, {BASE}}}"#);
+        let legacy = format!(
+            r#"{{"architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 256, "partial_rotary_factor": 0.5, "rope_scaling": {{"type": "su", "original_max_position_embeddings": 32, "short_factor": [1, 1, 1, 1], "long_factor": [2, 2, 2, 2]}}, {BASE}}}"#
+        );
         let p = hf(&legacy).unwrap();
-        assert_eq!((p.rotary_dim, p.rope_scaling.clone()), (8, RopeScaling::LongRope { short_factor: vec![1.0; 4], long_factor: vec![2.0; 4], original_max_position_embeddings: 4096, attention_factor: 1.0 }));
+        assert_eq!(
+            (p.rotary_dim, p.rope_scaling.clone()),
+            (
+                8,
+                RopeScaling::LongRope {
+                    short_factor: vec![1.0; 4],
+                    long_factor: vec![2.0; 4],
+                    original_max_position_embeddings: 4096,
+                    attention_factor: 1.0
+                }
+            )
+        );
         for (json, field) in [
-            (long(r#", "rope_type": "linear""#).replacen(r#""rope_type": "longrope", "#, "", 1), "rope_scaling.rope_type"),
+            (
+                long(r#", "rope_type": "linear""#).replacen(r#""rope_type": "longrope", "#, "", 1),
+                "rope_scaling.rope_type",
+            ),
             (long("").replace(&six(4.0), "[4.0, 4.0]"), "rope_scaling.long_factor"),
             (long("").replace(&six(1.5), "[1, 1, 1, 1, 1, \"x\"]"), "rope_scaling.short_factor"),
             (long("").replace("0.75", "0.1"), "rope_parameters.partial_rotary_factor"),
             (long("").replace("0.75", "1.5"), "rope_parameters.partial_rotary_factor"),
-            (long("").replace(r#""original_max_position_embeddings": 16"#, r#""original_max_position_embeddings": 1"#), "original_max_position_embeddings"),
+            (
+                long("")
+                    .replace(r#""original_max_position_embeddings": 16"#, r#""original_max_position_embeddings": 1"#),
+                "original_max_position_embeddings",
+            ),
             (long(r#", "attention_factor": -1"#), "rope_scaling.attention_factor"),
-            (format!(r#"{{"architectures": ["LlamaForCausalLM"], "partial_rotary_factor": 0.5, {BASE}}}"#), "partial_rotary_factor"),
+            (
+                format!(r#"{{"architectures": ["LlamaForCausalLM"], "partial_rotary_factor": 0.5, {BASE}}}"#),
+                "partial_rotary_factor",
+            ),
         ] {
             let e = hf(&json).unwrap_err();
             assert!(matches!(&e, ModelError::InvalidConfig { field: f, .. } if f == field), "{field}: {e}");

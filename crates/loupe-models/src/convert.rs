@@ -81,7 +81,10 @@ impl HfCheckpoint {
     pub fn open(dir: &Path) -> Result<HfCheckpoint, ModelError> {
         let config_path = dir.join("config.json");
         if !config_path.is_file() {
-            return Err(missing(config_path, "a Hugging Face checkpoint directory has config.json, *.safetensors and tokenizer.json"));
+            return Err(missing(
+                config_path,
+                "a Hugging Face checkpoint directory has config.json, *.safetensors and tokenizer.json",
+            ));
         }
         let tokenizer_path = dir.join("tokenizer.json");
         if !tokenizer_path.is_file() {
@@ -90,24 +93,50 @@ impl HfCheckpoint {
         let config = LlamaConfig::from_hf_config(&config_path)?;
         let Some(arch) = config.family.gguf_arch().filter(|_| CONVERTED.contains(&config.family)) else {
             let supported = CONVERTED.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
-            return Err(ModelError::UnsupportedArchitecture { path: config_path, arch: format!("{} (not converted to GGUF)", config.family.name()), supported });
+            return Err(ModelError::UnsupportedArchitecture {
+                path: config_path,
+                arch: format!("{} (not converted to GGUF)", config.family.name()),
+                supported,
+            });
         };
-        let bad = |field: &str, reason: String| ModelError::InvalidConfig { source_file: config_path.clone(), field: field.into(), reason };
+        let bad = |field: &str, reason: String| ModelError::InvalidConfig {
+            source_file: config_path.clone(),
+            field: field.into(),
+            reason,
+        };
         if !config.layer_windows.is_empty() {
-            return Err(bad("sliding_window", "sliding-window attention is not converted (loupe reads no window from a llama/qwen2/qwen3 GGUF)".into()));
+            return Err(bad(
+                "sliding_window",
+                "sliding-window attention is not converted (loupe reads no window from a llama/qwen2/qwen3 GGUF)"
+                    .into(),
+            ));
         }
         if config.rotary_dim != config.head_dim {
             return Err(bad("partial_rotary_factor", "partial rotary embedding is not converted".into()));
         }
         if config.hidden_act != config.family.default_hidden_act() {
-            return Err(bad("hidden_act", format!("{:?} is not converted (a GGUF states no activation; loupe reads {:?})", config.hidden_act, config.family.default_hidden_act())));
+            return Err(bad(
+                "hidden_act",
+                format!(
+                    "{:?} is not converted (a GGUF states no activation; loupe reads {:?})",
+                    config.hidden_act,
+                    config.family.default_hidden_act()
+                ),
+            ));
         }
-        let json: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).map_err(|e| ModelError::Io { path: config_path.clone(), source: e })?)
-            .map_err(|e| bad("config.json", e.to_string()))?;
+        let json: Value = serde_json::from_str(
+            &std::fs::read_to_string(&config_path)
+                .map_err(|e| ModelError::Io { path: config_path.clone(), source: e })?,
+        )
+        .map_err(|e| bad("config.json", e.to_string()))?;
 
         let key = |k: &str| format!("{arch}.{k}");
         let u32v = |n: usize| GgufValue::U32(n as u32);
-        let name = dir.canonicalize().ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_else(|| "model".into());
+        let name = dir
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "model".into());
         let mut metadata = vec![
             ("general.architecture".to_string(), GgufValue::String(arch.into())),
             ("general.name".to_string(), GgufValue::String(name)),
@@ -123,7 +152,9 @@ impl HfCheckpoint {
             (key("attention.layer_norm_rms_epsilon"), GgufValue::F32(config.rms_norm_eps)),
             (key("rope.freq_base"), GgufValue::F32(config.rope_theta)),
         ];
-        if json.get("head_dim").is_some_and(|h| !h.is_null()) || config.head_dim != config.hidden_size / config.num_attention_heads {
+        if json.get("head_dim").is_some_and(|h| !h.is_null())
+            || config.head_dim != config.hidden_size / config.num_attention_heads
+        {
             // As llama.cpp writes them whenever config.json states head_dim (transformers'
             // GGUF loader takes Qwen3's head_dim from key_length, else its default of 128).
             metadata.push((key("attention.key_length"), u32v(config.head_dim)));
@@ -136,7 +167,9 @@ impl HfCheckpoint {
                 metadata.push((key("rope.scaling.factor"), GgufValue::F32(*factor)));
                 None
             }
-            RopeScaling::Llama3 { .. } => Some(llama3_freq_factors(&config).map_err(|e| bad("rope_scaling", e.to_string()))?),
+            RopeScaling::Llama3 { .. } => {
+                Some(llama3_freq_factors(&config).map_err(|e| bad("rope_scaling", e.to_string()))?)
+            }
             other => return Err(bad("rope_scaling", format!("{other:?} is not converted (linear and llama3 are)"))),
         };
         let spec = tokenizer_spec(dir, &config, arch, &json)?;
@@ -149,7 +182,13 @@ impl HfCheckpoint {
             if hf.ends_with("rotary_emb.inv_freq") || (config.tie_word_embeddings && hf == "lm_head.weight") {
                 continue; // recomputed from the config; the tied lm_head is the embedding
             }
-            let gguf = gguf_name_in(config.family, hf).ok_or_else(|| ModelError::NotAModel { path: dir.to_path_buf(), reason: format!("tensor '{hf}' has no GGUF name in the {} family (not converted)", config.family.name()) })?;
+            let gguf = gguf_name_in(config.family, hf).ok_or_else(|| ModelError::NotAModel {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "tensor '{hf}' has no GGUF name in the {} family (not converted)",
+                    config.family.name()
+                ),
+            })?;
             let permute_heads = if !config.family.gguf_permutes_qk() {
                 None
             } else if gguf.contains(".attn_q.") {
@@ -161,7 +200,10 @@ impl HfCheckpoint {
             };
             entries.push(Entry { gguf, hf: hf.to_string(), permute_heads });
         }
-        for needed in ["model.embed_tokens.weight", "model.norm.weight"].into_iter().chain((!config.tie_word_embeddings).then_some("lm_head.weight")) {
+        for needed in ["model.embed_tokens.weight", "model.norm.weight"]
+            .into_iter()
+            .chain((!config.tie_word_embeddings).then_some("lm_head.weight"))
+        {
             if checkpoint.tensor(needed).is_none() {
                 return Err(ModelError::MissingWeight { path: dir.to_path_buf(), name: needed.to_string() });
             }
@@ -198,16 +240,29 @@ impl TensorSource for HfCheckpoint {
     }
 
     fn bytes_in(&self) -> u64 {
-        self.entries.iter().filter_map(|e| self.checkpoint.tensor(&e.hf)).map(|(f, i)| f.tensor_data(i).len() as u64).sum()
+        self.entries
+            .iter()
+            .filter_map(|e| self.checkpoint.tensor(&e.hf))
+            .map(|(f, i)| f.tensor_data(i).len() as u64)
+            .sum()
     }
 
     fn tensor(&self, i: usize) -> Result<Option<InputTensor<'_>>, ModelError> {
         let Some(e) = self.entries.get(i) else {
             let f = self.rope_freqs.as_deref().unwrap_or(&[]);
             let data = f.iter().flat_map(|v| v.to_le_bytes()).collect();
-            return Ok(Some(InputTensor { name: "rope_freqs.weight".into(), dims: vec![f.len() as u64], ty: GgmlType::F32, data: Cow::Owned(data), scale: 1.0 }));
+            return Ok(Some(InputTensor {
+                name: "rope_freqs.weight".into(),
+                dims: vec![f.len() as u64],
+                ty: GgmlType::F32,
+                data: Cow::Owned(data),
+                scale: 1.0,
+            }));
         };
-        let (file, info) = self.checkpoint.tensor(&e.hf).ok_or_else(|| ModelError::MissingWeight { path: self.dir.clone(), name: e.hf.clone() })?;
+        let (file, info) = self
+            .checkpoint
+            .tensor(&e.hf)
+            .ok_or_else(|| ModelError::MissingWeight { path: self.dir.clone(), name: e.hf.clone() })?;
         let ty = crate::weights::ggml_type_of(info.dtype).ok_or_else(|| ModelError::InvalidConfig {
             source_file: self.dir.clone(),
             field: e.hf.clone(),
@@ -222,8 +277,18 @@ impl TensorSource for HfCheckpoint {
         if info.shape.len() < 2 && ty != GgmlType::F32 {
             // Vectors (norms, biases) in f32, as llama.cpp's converter writes them: exact.
             let mut wide = vec![0f32; info.shape.iter().product()];
-            loupe_tensor::quant::dequantize_row(ty, &data, &mut wide).map_err(|source| ModelError::Tensor { path: self.dir.clone(), name: e.hf.clone(), source })?;
-            return Ok(Some(InputTensor { name: e.gguf.clone(), dims, ty: GgmlType::F32, data: Cow::Owned(wide.iter().flat_map(|v| v.to_le_bytes()).collect()), scale: 1.0 }));
+            loupe_tensor::quant::dequantize_row(ty, &data, &mut wide).map_err(|source| ModelError::Tensor {
+                path: self.dir.clone(),
+                name: e.hf.clone(),
+                source,
+            })?;
+            return Ok(Some(InputTensor {
+                name: e.gguf.clone(),
+                dims,
+                ty: GgmlType::F32,
+                data: Cow::Owned(wide.iter().flat_map(|v| v.to_le_bytes()).collect()),
+                scale: 1.0,
+            }));
         }
         Ok(Some(InputTensor { name: e.gguf.clone(), dims, ty, data, scale: 1.0 }))
     }
@@ -241,25 +306,47 @@ pub fn check_round_trip(source: &HfCheckpoint, output: &Path) -> Result<(), Mode
         back.rope_scaling = RopeScaling::None;
     }
     if back != want {
-        return Err(ModelError::NotAModel { path: output.to_path_buf(), reason: format!("reads back as another model than {}: {back:?} against {want:?}", source.dir.display()) });
+        return Err(ModelError::NotAModel {
+            path: output.to_path_buf(),
+            reason: format!("reads back as another model than {}: {back:?} against {want:?}", source.dir.display()),
+        });
     }
     Ok(())
 }
 
 /// The tokenizer of `dir` as GGUF tokenizer metadata (see the module docs).
-fn tokenizer_spec(dir: &Path, config: &LlamaConfig, arch: &str, config_json: &Value) -> Result<TokenizerSpec, ModelError> {
+fn tokenizer_spec(
+    dir: &Path,
+    config: &LlamaConfig,
+    arch: &str,
+    config_json: &Value,
+) -> Result<TokenizerSpec, ModelError> {
     let path = dir.join("tokenizer.json");
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io { path: path.clone(), source: e })?;
-    let json: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig { source_file: path.clone(), field: "tokenizer.json".into(), reason: e.to_string() })?;
-    let refuse = |what: String| ModelError::NotAModel { path: path.clone(), reason: format!("{what} is not converted (loupe quantize converts byte-level BPE tokenizers: tokenizer.ggml.model gpt2)") };
+    let json: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig {
+        source_file: path.clone(),
+        field: "tokenizer.json".into(),
+        reason: e.to_string(),
+    })?;
+    let refuse = |what: String| ModelError::NotAModel {
+        path: path.clone(),
+        reason: format!(
+            "{what} is not converted (loupe quantize converts byte-level BPE tokenizers: tokenizer.ggml.model gpt2)"
+        ),
+    };
     let model = &json["model"];
     let kind = model["type"].as_str().unwrap_or("<none>");
     if kind != "BPE" {
         return Err(refuse(format!("a {kind} tokenizer")));
     }
     let byte_level = |v: &Value| v.to_string().contains("\"ByteLevel\"");
-    if model["byte_fallback"].as_bool() == Some(true) || !byte_level(&json["decoder"]) || !byte_level(&json["pre_tokenizer"]) {
-        return Err(refuse("a SentencePiece-style BPE tokenizer (byte fallback or no byte-level pre-tokenizer and decoder)".into()));
+    if model["byte_fallback"].as_bool() == Some(true)
+        || !byte_level(&json["decoder"])
+        || !byte_level(&json["pre_tokenizer"])
+    {
+        return Err(refuse(
+            "a SentencePiece-style BPE tokenizer (byte fallback or no byte-level pre-tokenizer and decoder)".into(),
+        ));
     }
     let tok_cfg = dir.join("tokenizer_config.json");
     let text_err = |e| ModelError::Tokenizer { path: path.clone(), source: e };
@@ -296,7 +383,11 @@ fn tokenizer_spec(dir: &Path, config: &LlamaConfig, arch: &str, config_json: &Va
                 _ => None,
             })
             .collect::<Option<_>>()
-            .ok_or_else(|| ModelError::InvalidConfig { source_file: path.clone(), field: "model.merges".into(), reason: "not a list of \"a b\" strings or [a, b] pairs".into() })?,
+            .ok_or_else(|| ModelError::InvalidConfig {
+                source_file: path.clone(),
+                field: "model.merges".into(),
+                reason: "not a list of \"a b\" strings or [a, b] pairs".into(),
+            })?,
     };
     // The config's ids where tokenizer_config.json names no token (llama.cpp's SpecialVocab).
     let config_id = |k: &str| match &config_json[k] {
@@ -326,13 +417,22 @@ fn tokenizer_spec(dir: &Path, config: &LlamaConfig, arch: &str, config_json: &Va
     // Candidates for `pre`: the name of tokenizer.json's own split regex, then GPT-2's split
     // (a plain ByteLevel pre-tokenizer), then every other split loupe knows.
     let pre_json = json["pre_tokenizer"].to_string();
-    let mut candidates: Vec<&str> = GGUF_PRE_SPLITS.iter().filter(|(_, regex)| pre_json.contains(&Value::String(regex.to_string()).to_string())).map(|(name, _)| *name).collect();
+    let mut candidates: Vec<&str> = GGUF_PRE_SPLITS
+        .iter()
+        .filter(|(_, regex)| pre_json.contains(&Value::String(regex.to_string()).to_string()))
+        .map(|(name, _)| *name)
+        .collect();
     candidates.push("gpt2");
     candidates.extend(GGUF_PRE_SPLITS.iter().map(|(name, _)| *name));
-    let mut specials: Vec<(u32, String)> = added.iter().filter(|(_, a)| a.special).map(|(id, a)| (*id, a.content.clone())).collect();
+    let mut specials: Vec<(u32, String)> =
+        added.iter().filter(|(_, a)| a.special).map(|(id, a)| (*id, a.content.clone())).collect();
     specials.sort();
     let specials: Vec<String> = specials.into_iter().map(|(_, s)| s).collect();
-    let special_probe = format!("{}user\nHi there{}\n", specials.first().map(String::as_str).unwrap_or(""), specials.get(1).map(String::as_str).unwrap_or(""));
+    let special_probe = format!(
+        "{}user\nHi there{}\n",
+        specials.first().map(String::as_str).unwrap_or(""),
+        specials.get(1).map(String::as_str).unwrap_or("")
+    );
     let probes: Vec<&str> = PROBES.iter().copied().chain([special_probe.as_str()]).collect();
     let want: Vec<Vec<u32>> = probes.iter().map(|p| hf.encode(p, true)).collect::<Result<_, _>>().map_err(text_err)?;
     let mut tried = Vec::new();
@@ -350,14 +450,23 @@ fn tokenizer_spec(dir: &Path, config: &LlamaConfig, arch: &str, config_json: &Va
     }
     Err(ModelError::NotAModel {
         path,
-        reason: format!("no tokenizer.ggml.pre that loupe reads ({}) encodes the probe texts as this tokenizer does; not converted", tried.join(", ")),
+        reason: format!(
+            "no tokenizer.ggml.pre that loupe reads ({}) encodes the probe texts as this tokenizer does; not converted",
+            tried.join(", ")
+        ),
     })
 }
 
 /// `loupe quantize DIR OUT --type T`: the checkpoint in `dir` converted ([`HfCheckpoint`]) and
 /// written with its matrices in `target` ([`crate::quantize::quantize_source`]), then read
 /// back and checked to be the same model ([`check_round_trip`]; the file is removed if not).
-pub fn quantize_hf_dir(dir: &Path, output: &Path, target: GgmlType, keep_embeddings: bool, progress: impl FnMut(usize, usize)) -> Result<crate::quantize::QuantizeReport, ModelError> {
+pub fn quantize_hf_dir(
+    dir: &Path,
+    output: &Path,
+    target: GgmlType,
+    keep_embeddings: bool,
+    progress: impl FnMut(usize, usize),
+) -> Result<crate::quantize::QuantizeReport, ModelError> {
     let source = HfCheckpoint::open(dir)?;
     let report = crate::quantize::quantize_source(&source, output, target, keep_embeddings, progress)?;
     if let Err(e) = check_round_trip(&source, output) {

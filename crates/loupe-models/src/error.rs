@@ -23,7 +23,14 @@ pub enum ModelError {
     /// A checkpoint tensor whose shape differs from the model's, named with both dtypes (a
     /// dtype alone is cast; a shape is never guessed).
     #[error("{path}: tensor '{name}' is {found_dtype} {found:?}, the model expects {expected_dtype} {expected:?}: the shapes differ, so it cannot be cast")]
-    WeightMismatch { path: PathBuf, name: String, found: Vec<usize>, found_dtype: String, expected: Vec<usize>, expected_dtype: String },
+    WeightMismatch {
+        path: PathBuf,
+        name: String,
+        found: Vec<usize>,
+        found_dtype: String,
+        expected: Vec<usize>,
+        expected_dtype: String,
+    },
     #[error("{path}: tensor '{name}': {source}")]
     Tensor {
         path: PathBuf,

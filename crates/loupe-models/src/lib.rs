@@ -31,8 +31,8 @@ use loupe_graph::{Graph, KvDtype, WeightData};
 use loupe_text::{ChatTemplate, Tokenizer};
 
 pub use config::{Family, HiddenAct, LlamaConfig, MoeConfig};
-pub use loupe_graph::{Fault, FaultClass};
 pub use error::ModelError;
+pub use loupe_graph::{Fault, FaultClass};
 pub use roles::{Module, ModuleRole, Wiring};
 pub use weights::{Precision, Progress};
 
@@ -125,7 +125,10 @@ pub fn detect_format(path: &Path) -> Result<ModelFormat, ModelError> {
             }
         }
     }
-    Err(ModelError::NotAModel { path: path.to_path_buf(), reason: "not a GGUF file (bad magic) nor a Hugging Face checkpoint directory".into() })
+    Err(ModelError::NotAModel {
+        path: path.to_path_buf(),
+        reason: "not a GGUF file (bad magic) nor a Hugging Face checkpoint directory".into(),
+    })
 }
 
 /// Loads a model from a GGUF file or a Hugging Face checkpoint directory.
@@ -143,32 +146,70 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, &config, options.progress);
-            let graph = llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?;
-            Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision }
+            let graph = llama::build_llama(
+                &config,
+                &mut source,
+                options.layers,
+                options.precision == Precision::Q8,
+                &options.faults,
+            )?;
+            Model {
+                path: path.to_path_buf(),
+                format,
+                config,
+                graph,
+                tokenizer,
+                chat_template,
+                precision: options.precision,
+            }
         }
         ModelFormat::HfDir(dir) => {
             let config = LlamaConfig::from_hf_config(&dir.join("config.json"))?;
             let text_err = |e| ModelError::Tokenizer { path: dir.clone(), source: e };
             let tok_cfg = dir.join("tokenizer_config.json");
-            let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json"), tok_cfg.is_file().then_some(tok_cfg.as_path())).map_err(text_err)?;
+            let tokenizer =
+                Tokenizer::from_file(&dir.join("tokenizer.json"), tok_cfg.is_file().then_some(tok_cfg.as_path()))
+                    .map_err(text_err)?;
             let chat_template = match tokenizer.chat_template_source() {
                 Some(src) => Some(chat_template_for(&tokenizer, src).map_err(text_err)?),
                 None => None,
             };
             let checkpoint = SafetensorsCheckpoint::open(dir)?;
             let dtype = weights::config_dtype(&dir.join("config.json"))?;
-            let mut source = weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress).with_config_dtype(dtype);
+            let mut source =
+                weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress)
+                    .with_config_dtype(dtype);
             let graph = if config.family == Family::Bert {
                 let bert_config = bert::BertConfig::from_hf_config(&dir.join("config.json"))?;
-                bert::build_bert(&bert_config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?
+                bert::build_bert(
+                    &bert_config,
+                    &mut source,
+                    options.layers,
+                    options.precision == Precision::Q8,
+                    &options.faults,
+                )?
             } else {
-                llama::build_llama(&config, &mut source, options.layers, options.precision == Precision::Q8, &options.faults)?
+                llama::build_llama(
+                    &config,
+                    &mut source,
+                    options.layers,
+                    options.precision == Precision::Q8,
+                    &options.faults,
+                )?
             };
             if let Some((first, from)) = source.converted.first() {
                 let to = source.expected_dtype(*from);
                 tracing::info!("{}: {} tensor(s) stored unlike the config's dtype, loaded as {to:?} (the first: {first}, stored as {from:?})", dir.display(), source.converted.len());
             }
-            Model { path: path.to_path_buf(), format, config, graph, tokenizer, chat_template, precision: options.precision }
+            Model {
+                path: path.to_path_buf(),
+                format,
+                config,
+                graph,
+                tokenizer,
+                chat_template,
+                precision: options.precision,
+            }
         }
     };
     model.graph.kv_dtype = default_kv_dtype(&model.graph, options.precision);

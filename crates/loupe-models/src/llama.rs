@@ -8,7 +8,10 @@
 
 use std::sync::Arc;
 
-use loupe_graph::{Dim, ExpertWeights, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData, WeightId};
+use loupe_graph::{
+    Dim, ExpertWeights, Fault, FaultClass, Graph, GraphBuilder, KvWrite, Op, Plant, ValueId, Weight, WeightData,
+    WeightId,
+};
 use loupe_tensor::ops::{AttentionMask, AttentionVariant, HeadMap, RopeMode, RopeScaling, RopeTable};
 
 use crate::config::{HiddenAct, LlamaConfig, MoeConfig};
@@ -28,7 +31,13 @@ pub const FAULT_O_PROJ_SCALE: f32 = 33.0 / 32.0;
 /// Builds the graph, loading weights from `source` as each module needs them.
 /// `layers` keeps only the first N decoder layers (for layer-truncated parity runs);
 /// `faults` plants bugs into the layers they name (none in normal use).
-pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Option<usize>, quantize_activations: bool, faults: &[Fault]) -> Result<Graph, ModelError> {
+pub fn build_llama(
+    cfg: &LlamaConfig,
+    source: &mut dyn WeightSource,
+    layers: Option<usize>,
+    quantize_activations: bool,
+    faults: &[Fault],
+) -> Result<Graph, ModelError> {
     let n_layers = layers.unwrap_or(cfg.num_hidden_layers).min(cfg.num_hidden_layers);
     let d = cfg.hidden_size;
     let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
@@ -61,15 +70,17 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
     let mut load = |name: &str, shape: &[usize]| -> Result<Weight, ModelError> { source.load(name, shape) };
     // A norm's weight as the kernel multiplies by it: Gemma's `1 + weight` is formed here,
     // in f32 as `Gemma3RMSNorm` does, so one RMSNorm op serves every family.
-    let norm_weight = |b: &mut GraphBuilder, load: &mut Load<'_>, m: Module, n: usize| -> Result<WeightId, ModelError> {
-        let w = load(&m.param("weight"), &[n])?;
-        Ok(b.weight(if unit_offset { plus_one(w) } else { w }))
-    };
+    let norm_weight =
+        |b: &mut GraphBuilder, load: &mut Load<'_>, m: Module, n: usize| -> Result<WeightId, ModelError> {
+            let w = load(&m.param("weight"), &[n])?;
+            Ok(b.weight(if unit_offset { plus_one(w) } else { w }))
+        };
     // A hidden-wide RMSNorm with the config's eps, named after its module.
-    let hidden_norm = |b: &mut GraphBuilder, load: &mut Load<'_>, m: Module, input: ValueId| -> Result<ValueId, ModelError> {
-        let w = norm_weight(b, load, m, d)?;
-        Ok(b.node(m.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[input], hidden(d), axes()))
-    };
+    let hidden_norm =
+        |b: &mut GraphBuilder, load: &mut Load<'_>, m: Module, input: ValueId| -> Result<ValueId, ModelError> {
+            let w = norm_weight(b, load, m, d)?;
+            Ok(b.node(m.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[input], hidden(d), axes()))
+        };
 
     let embedding = Module::model(R::Embedding);
     let embed = b.weight(load(&embedding.param("weight"), &[cfg.vocab_size, d])?);
@@ -99,7 +110,8 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             // Phi-3: one matmul named `qkv_proj` (as its forward hook sees it), then q, k and
             // v as its columns (`Phi3Attention.forward`: qkv[..., :query_pos], ...). The
             // weight stays fused as stored.
-            let qkv = linear(&mut b, &mut load, &m(R::QkvProj).name(), normed, (h + 2 * kvh) * hd, d, cfg.qkv_bias, false)?;
+            let qkv =
+                linear(&mut b, &mut load, &m(R::QkvProj).name(), normed, (h + 2 * kvh) * hd, d, cfg.qkv_bias, false)?;
             let parts = [(R::QPart, 0, h * hd), (R::KPart, h * hd, kvh * hd), (R::VPart, (h + kvh) * hd, kvh * hd)];
             let [q, k, v] = parts.map(|(role, start, len)| part(&mut b, &m(role).name(), qkv, start, len));
             (q, k, v)
@@ -117,8 +129,20 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             // Shaped [token, head, head_dim], as transformers' q_norm sees (and its hook
             // returns) q_proj's output viewed per head; the rows are the same floats.
             let per_head = |n: usize| vec![Dim::Tokens, Dim::Fixed(n), Dim::Fixed(hd)];
-            let q = b.node(m(R::QNorm).name(), Op::RmsNorm { weight: wq, eps: cfg.rms_norm_eps }, &[q], per_head(h), vec!["token", "head", "head_dim"]);
-            let k = b.node(m(R::KNorm).name(), Op::RmsNorm { weight: wk, eps: cfg.rms_norm_eps }, &[k], per_head(kvh), vec!["token", "kv_head", "head_dim"]);
+            let q = b.node(
+                m(R::QNorm).name(),
+                Op::RmsNorm { weight: wq, eps: cfg.rms_norm_eps },
+                &[q],
+                per_head(h),
+                vec!["token", "head", "head_dim"],
+            );
+            let k = b.node(
+                m(R::KNorm).name(),
+                Op::RmsNorm { weight: wk, eps: cfg.rms_norm_eps },
+                &[k],
+                per_head(kvh),
+                vec!["token", "kv_head", "head_dim"],
+            );
             (q, k)
         } else {
             (q, k)
@@ -130,8 +154,20 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             (Some(local), Some(_)) => local.clone(),
             _ => rope.clone(),
         };
-        let q = b.node(m(R::QRope).name(), Op::Rope { n_heads: h, table: table.clone(), mode }, &[q], hidden(h * hd), vec!["token", "head*head_dim"]);
-        let k = b.node(m(R::KRope).name(), Op::Rope { n_heads: kvh, table, mode }, &[k], hidden(kvh * hd), vec!["token", "kv_head*head_dim"]);
+        let q = b.node(
+            m(R::QRope).name(),
+            Op::Rope { n_heads: h, table: table.clone(), mode },
+            &[q],
+            hidden(h * hd),
+            vec!["token", "head*head_dim"],
+        );
+        let k = b.node(
+            m(R::KRope).name(),
+            Op::Rope { n_heads: kvh, table, mode },
+            &[k],
+            hidden(kvh * hd),
+            vec!["token", "kv_head*head_dim"],
+        );
         mark_if(&mut b, q, interleaved, FaultClass::RopeInterleaved);
         mark_if(&mut b, k, interleaved, FaultClass::RopeInterleaved);
 
@@ -168,11 +204,22 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             // The executor plants it in batched steps, where there is a block table.
             attn_fault = Some(FaultClass::BlockTable);
         }
-        let attn = b.node(m(R::AttnCore).name(), Op::Attention { layer: l, shape: layer_shape, variant, kv_write }, &[q, k, v], hidden(h * hd), vec!["token", "head*head_dim"]);
+        let attn = b.node(
+            m(R::AttnCore).name(),
+            Op::Attention { layer: l, shape: layer_shape, variant, kv_write },
+            &[q, k, v],
+            hidden(h * hd),
+            vec!["token", "head*head_dim"],
+        );
         if let Some(f) = attn_fault {
             b.mark_fault(attn, f);
         }
-        b.side_output(attn, m(R::AttnProbs).name(), vec![Dim::Fixed(h), Dim::Tokens, Dim::Context], vec!["head", "query", "key"]);
+        b.side_output(
+            attn,
+            m(R::AttnProbs).name(),
+            vec![Dim::Fixed(h), Dim::Tokens, Dim::Context],
+            vec!["head", "query", "key"],
+        );
 
         let o_name = m(R::OProj).name();
         let mut o = linear(&mut b, &mut load, &o_name, attn, d, h * hd, cfg.o_bias, has(FaultClass::TransposedWeight))?;
@@ -237,18 +284,30 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
             b.alias(down, m(R::Mlp).name());
             down
         };
-        let branch = if wiring.sandwich_norms { hidden_norm(&mut b, &mut load, m(R::PostFfnNorm), down)? } else { down };
+        let branch =
+            if wiring.sandwich_norms { hidden_norm(&mut b, &mut load, m(R::PostFfnNorm), down)? } else { down };
         x = b.node(m(R::LayerOutput).name(), Op::Add, &[resid, branch], hidden(d), axes());
     }
 
     let normed = hidden_norm(&mut b, &mut load, Module::model(R::FinalNorm), x)?;
-    let head: WeightId = if cfg.tie_word_embeddings { embed } else { b.weight(load(&Module::model(R::LmHead).param("weight"), &[cfg.vocab_size, d])?) };
+    let head: WeightId = if cfg.tie_word_embeddings {
+        embed
+    } else {
+        b.weight(load(&Module::model(R::LmHead).param("weight"), &[cfg.vocab_size, d])?)
+    };
     let vocab = || vec![Dim::Tokens, Dim::Fixed(cfg.vocab_size)];
-    let mut logits = b.node(Module::model(R::LmHead).name(), Op::Linear { weight: head, bias: None }, &[normed], vocab(), vec!["token", "vocab"]);
+    let mut logits = b.node(
+        Module::model(R::LmHead).name(),
+        Op::Linear { weight: head, bias: None },
+        &[normed],
+        vocab(),
+        vec!["token", "vocab"],
+    );
     // Gemma 2's final soft-cap: `lm_head` keeps its module's (uncapped) output, the capped
     // rows are the model output's `logits`.
     if let Some(cap) = cfg.final_logit_softcap {
-        logits = b.node(Module::model(R::Logits).name(), Op::SoftCap { cap }, &[logits], vocab(), vec!["token", "vocab"]);
+        logits =
+            b.node(Module::model(R::Logits).name(), Op::SoftCap { cap }, &[logits], vocab(), vec!["token", "vocab"]);
     }
     b.set_logits(logits);
     let graph = b.finish();
@@ -263,16 +322,39 @@ pub fn build_llama(cfg: &LlamaConfig, source: &mut dyn WeightSource, layers: Opt
 /// besides its logits; the routed experts' weighted sum is `mlp.experts`, and with shared
 /// experts (GLM) `mlp` adds their SwiGLU MLP (`mlp.shared_experts`), as `Glm4MoeMoE.forward`
 /// does (`experts(...) + shared_experts(residuals)`).
-fn moe_mlp(b: &mut GraphBuilder, load: &mut Load<'_>, cfg: &LlamaConfig, moe: &MoeConfig, l: usize, normed: ValueId) -> Result<ValueId, ModelError> {
+fn moe_mlp(
+    b: &mut GraphBuilder,
+    load: &mut Load<'_>,
+    cfg: &LlamaConfig,
+    moe: &MoeConfig,
+    l: usize,
+    normed: ValueId,
+) -> Result<ValueId, ModelError> {
     let m = |role| Module::layer(l, role);
     let d = cfg.hidden_size;
     let router = moe.router;
     let (e, k) = (router.n_experts, router.top_k);
     let logits = linear(b, load, &m(R::Router).name(), normed, e, d, false, false)?;
-    let bias = if moe.correction_bias { Some(b.weight(load(&m(R::Router).param("e_score_correction_bias"), &[e])?)) } else { None };
+    let bias = if moe.correction_bias {
+        Some(b.weight(load(&m(R::Router).param("e_score_correction_bias"), &[e])?))
+    } else {
+        None
+    };
     let per_token = |n: usize| vec![Dim::Tokens, Dim::Fixed(n)];
-    let ids = b.node(m(R::RouterIndices).name(), Op::RouterSelect { router, bias }, &[logits], per_token(k), vec!["token", "expert"]);
-    let weights = b.node(m(R::RouterWeights).name(), Op::RouterWeights { router }, &[logits, ids], per_token(k), vec!["token", "expert"]);
+    let ids = b.node(
+        m(R::RouterIndices).name(),
+        Op::RouterSelect { router, bias },
+        &[logits],
+        per_token(k),
+        vec!["token", "expert"],
+    );
+    let weights = b.node(
+        m(R::RouterWeights).name(),
+        Op::RouterWeights { router },
+        &[logits, ids],
+        per_token(k),
+        vec!["token", "expert"],
+    );
     // Checkpoints store each expert's projections as its own module
     // (`mlp.experts.N.gate_proj.weight`); transformers 5 fuses them into 3-D
     // `gate_up_proj` / `down_proj` parameters at load, which changes no number.
@@ -280,11 +362,23 @@ fn moe_mlp(b: &mut GraphBuilder, load: &mut Load<'_>, cfg: &LlamaConfig, moe: &M
     let experts_name = m(R::Experts).name();
     let mut experts = Vec::with_capacity(e);
     for x in 0..e {
-        let mut w = |proj: &str, shape: &[usize]| -> Result<WeightId, ModelError> { Ok(b.weight(load(&format!("{experts_name}.{x}.{proj}.weight"), shape)?)) };
-        experts.push(ExpertWeights { gate: w("gate_proj", &[inter, d])?, up: w("up_proj", &[inter, d])?, down: w("down_proj", &[d, inter])? });
+        let mut w = |proj: &str, shape: &[usize]| -> Result<WeightId, ModelError> {
+            Ok(b.weight(load(&format!("{experts_name}.{x}.{proj}.weight"), shape)?))
+        };
+        experts.push(ExpertWeights {
+            gate: w("gate_proj", &[inter, d])?,
+            up: w("up_proj", &[inter, d])?,
+            down: w("down_proj", &[d, inter])?,
+        });
     }
     let gelu_tanh = cfg.hidden_act == HiddenAct::GeluTanh;
-    let routed = b.node(experts_name, Op::Experts { experts: Arc::new(experts), gelu_tanh }, &[normed, ids, weights], per_token(d), vec!["token", "hidden"]);
+    let routed = b.node(
+        experts_name,
+        Op::Experts { experts: Arc::new(experts), gelu_tanh },
+        &[normed, ids, weights],
+        per_token(d),
+        vec!["token", "hidden"],
+    );
     let Some(f) = moe.shared_intermediate_size else {
         // Qwen3-MoE: the block's output is the experts' (`Qwen3MoeSparseMoeBlock.forward`).
         b.alias(routed, m(R::Mlp).name());
@@ -359,21 +453,36 @@ fn plus_one(w: Weight) -> Weight {
 }
 
 /// Rejects faults that cannot be planted in this model, before any weight is loaded.
-fn check_faults(cfg: &LlamaConfig, source: &dyn WeightSource, faults: &[Fault], n_layers: usize) -> Result<(), ModelError> {
+fn check_faults(
+    cfg: &LlamaConfig,
+    source: &dyn WeightSource,
+    faults: &[Fault],
+    n_layers: usize,
+) -> Result<(), ModelError> {
     for f in faults {
-        let bad = |reason: String| ModelError::InvalidConfig { source_file: source.path().to_path_buf(), field: format!("fault {f}"), reason };
+        let bad = |reason: String| ModelError::InvalidConfig {
+            source_file: source.path().to_path_buf(),
+            field: format!("fault {f}"),
+            reason,
+        };
         if f.layer >= n_layers {
             return Err(bad(format!("layer {} does not exist (the graph has {n_layers} decoder layers)", f.layer)));
         }
         let o_cols = cfg.num_attention_heads * cfg.head_dim;
         if f.class == FaultClass::GeluTanh && cfg.is_sparse(f.layer) {
-            return Err(bad(format!("layer {}'s MLP is a sparse MoE block, which has no mlp.act_fn to replace", f.layer)));
+            return Err(bad(format!(
+                "layer {}'s MLP is a sparse MoE block, which has no mlp.act_fn to replace",
+                f.layer
+            )));
         }
         if f.class == FaultClass::GeluTanh && cfg.hidden_act == HiddenAct::GeluTanh {
             return Err(bad("the model's activation already is GELU (tanh approximation)".into()));
         }
         if f.class == FaultClass::TransposedWeight && o_cols != cfg.hidden_size {
-            return Err(bad(format!("o_proj's weight is {}x{o_cols}, not square, so it cannot be used transposed", cfg.hidden_size)));
+            return Err(bad(format!(
+                "o_proj's weight is {}x{o_cols}, not square, so it cannot be used transposed",
+                cfg.hidden_size
+            )));
         }
     }
     Ok(())
@@ -419,10 +528,19 @@ mod tests {
                 .map(|_| {
                     self.seed = self.seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                     let u = ((self.seed >> 33) as f32) / (1u64 << 31) as f32 - 0.5;
-                    if norm { 1.0 + 0.2 * u } else { 0.4 * u }
+                    if norm {
+                        1.0 + 0.2 * u
+                    } else {
+                        0.4 * u
+                    }
                 })
                 .collect();
-            Ok(Weight { name: hf_name.into(), shape: shape.to_vec(), data: WeightData::F32(Arc::new(data)), source_type: loupe_tensor::GgmlType::F32 })
+            Ok(Weight {
+                name: hf_name.into(),
+                shape: shape.to_vec(),
+                data: WeightData::F32(Arc::new(data)),
+                source_type: loupe_tensor::GgmlType::F32,
+            })
         }
         fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
             Ok(None)
@@ -469,9 +587,25 @@ mod tests {
         use loupe_tensor::ops::{Router, RouterScoring};
         let glm = family == Family::Glm4Moe;
         let router = if glm {
-            Router { scoring: RouterScoring::Sigmoid, n_experts: 4, top_k: 2, n_group: 2, topk_group: 1, norm_topk_prob: true, scaling: 2.5 }
+            Router {
+                scoring: RouterScoring::Sigmoid,
+                n_experts: 4,
+                top_k: 2,
+                n_group: 2,
+                topk_group: 1,
+                norm_topk_prob: true,
+                scaling: 2.5,
+            }
         } else {
-            Router { scoring: RouterScoring::Softmax, n_experts: 4, top_k: 2, n_group: 1, topk_group: 1, norm_topk_prob: true, scaling: 1.0 }
+            Router {
+                scoring: RouterScoring::Softmax,
+                n_experts: 4,
+                top_k: 2,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: true,
+                scaling: 1.0,
+            }
         };
         let moe = MoeConfig {
             router,
@@ -515,13 +649,21 @@ mod tests {
     fn planted_value(c: FaultClass) -> &'static str {
         match c {
             FaultClass::RopeInterleaved => "model.layers.1.self_attn.q_rope",
-            FaultClass::TransposedWeight | FaultClass::Bf16 | FaultClass::Nan | FaultClass::Uninit => "model.layers.1.self_attn.o_proj",
+            FaultClass::TransposedWeight | FaultClass::Bf16 | FaultClass::Nan | FaultClass::Uninit => {
+                "model.layers.1.self_attn.o_proj"
+            }
             FaultClass::NormEps | FaultClass::NormEpsSubtle => "model.layers.1.input_layernorm",
             FaultClass::OProjScale => "model.layers.1.self_attn.o_proj",
             FaultClass::GeluTanh => "model.layers.1.mlp.act_fn",
-            FaultClass::SoftmaxScale | FaultClass::GqaMapping | FaultClass::KvWrite | FaultClass::KvWriteDecode | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
+            FaultClass::SoftmaxScale
+            | FaultClass::GqaMapping
+            | FaultClass::KvWrite
+            | FaultClass::KvWriteDecode
+            | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
             FaultClass::MissingResidual => "model.layers.1.attn_residual",
-            FaultClass::BlockTable | FaultClass::BatchReduction | FaultClass::StreamDropLast => unreachable!("{c} is not in FaultClass::ALL"),
+            FaultClass::BlockTable | FaultClass::BatchReduction | FaultClass::StreamDropLast => {
+                unreachable!("{c} is not in FaultClass::ALL")
+            }
         }
     }
 
@@ -536,7 +678,10 @@ mod tests {
             let mut exec = Executor::new(g, &Default::default());
             let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
             let tokens = [3u32, 14, 15, 9, 26, 5, 7, 8, 2];
-            let spans = [BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+            let spans = [
+                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true },
+                BatchSpan { len: 3, past: 0, blocks: &[2], logits: true },
+            ];
             exec.run_batch(g, &tokens, &spans, &mut kv, None).unwrap().to_vec()
         };
         let base = batched_logits(&clean);
@@ -561,7 +706,10 @@ mod tests {
             let g = build(&[Fault { class, layer: 1 }]);
             let text = loupe_graph::print::to_text(&g);
             let name = planted_value(class);
-            let line = text.lines().find(|l| l.contains(&format!(" {name} ="))).unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!(" {name} =")))
+                .unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
             assert!(line.contains(&format!("FAULT={}", class.name())), "{class}: {line}");
             let vals = run(&g);
             // Everything of layer 0 is bit-identical; the planted value differs at some step
@@ -597,12 +745,19 @@ mod tests {
         };
         let clean = build(&[]);
         let base = run(&clean);
-        assert!(base.contains_key("model.layers.1.self_attn.qkv_proj@0") && base.contains_key("model.layers.1.mlp.gate_up_proj.up@1"));
+        assert!(
+            base.contains_key("model.layers.1.self_attn.qkv_proj@0")
+                && base.contains_key("model.layers.1.mlp.gate_up_proj.up@1")
+        );
         for class in FaultClass::ALL {
             let g = build(&[Fault { class, layer: 1 }]);
-            let name = if class == FaultClass::GeluTanh { "model.layers.1.mlp.activation_fn" } else { planted_value(class) };
+            let name =
+                if class == FaultClass::GeluTanh { "model.layers.1.mlp.activation_fn" } else { planted_value(class) };
             let text = loupe_graph::print::to_text(&g);
-            let line = text.lines().find(|l| l.contains(&format!(" {name} ="))).unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
+            let line = text
+                .lines()
+                .find(|l| l.contains(&format!(" {name} =")))
+                .unwrap_or_else(|| panic!("{class}: no node {name}\n{text}"));
             assert!(line.contains(&format!("FAULT={}", class.name())), "{class}: {line}");
             let vals = run(&g);
             for (k, v) in &base {
@@ -613,11 +768,20 @@ mod tests {
             let step = if class == FaultClass::KvWriteDecode { "@1" } else { "@0" };
             assert_ne!(vals[&format!("lm_head{step}")], base[&format!("lm_head{step}")], "{class}: logits unchanged");
         }
-        let lowered = loupe_graph::passes::lower(clean.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        let lowered = loupe_graph::passes::lower(
+            clean.clone(),
+            &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() },
+        )
+        .unwrap()
+        .graph;
         assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)), "silu(gate part) * up part fuses");
         let low = run(&lowered);
         for (k, v) in &base {
-            assert_eq!(low.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{k}");
+            assert_eq!(
+                low.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
+                Some(v.iter().map(|f| f.to_bits()).collect()),
+                "{k}"
+            );
         }
     }
 
@@ -626,7 +790,12 @@ mod tests {
     #[test]
     fn lowered_graph_is_bit_identical_and_keeps_every_value_observable() {
         let built = build(&[]);
-        let lowered = loupe_graph::passes::lower(built.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+        let lowered = loupe_graph::passes::lower(
+            built.clone(),
+            &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() },
+        )
+        .unwrap()
+        .graph;
         assert!(lowered.nodes.len() < built.nodes.len(), "fuse removed no node");
         assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)));
         let plan = lowered.memory_plan.as_ref().unwrap();
@@ -641,7 +810,11 @@ mod tests {
         let (a, b) = (run(&built), run(&lowered));
         assert_eq!(a.len(), b.len());
         for (k, v) in &a {
-            assert_eq!(b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{k}");
+            assert_eq!(
+                b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
+                Some(v.iter().map(|f| f.to_bits()).collect()),
+                "{k}"
+            );
         }
         // Without observers the fused kernel takes its other path: same logits.
         let logits = |g: &Graph| {
@@ -661,13 +834,25 @@ mod tests {
         // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3),
         // sandwich norms and the final soft-cap (Gemma 2), sparse and dense layers (Qwen3-MoE),
         // with shared experts (GLM-4-MoE), fused projections (Phi-3, with partial rotary).
-        for family in [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2, Family::Qwen3Moe, Family::Glm4Moe, Family::Phi3] {
+        for family in [
+            Family::Llama,
+            Family::Qwen3,
+            Family::Gemma3,
+            Family::Gemma2,
+            Family::Qwen3Moe,
+            Family::Glm4Moe,
+            Family::Phi3,
+        ] {
             let cfg = match family {
                 Family::Qwen3Moe | Family::Glm4Moe => tiny_moe(family),
                 Family::Phi3 => LlamaConfig { family, rotary_dim: 2, ..tiny() },
                 _ => LlamaConfig { family, qk_norm: family.qk_norm(), ..tiny() },
             };
-            let cfg = if family == Family::Gemma2 { LlamaConfig { attn_logit_softcap: Some(5.0), final_logit_softcap: Some(3.0), ..cfg } } else { cfg };
+            let cfg = if family == Family::Gemma2 {
+                LlamaConfig { attn_logit_softcap: Some(5.0), final_logit_softcap: Some(3.0), ..cfg }
+            } else {
+                cfg
+            };
             let wiring = cfg.wiring();
             assert_eq!(wiring.final_softcap, family == Family::Gemma2);
             let mut src = FakeSource { path: "fake".into(), seed: 7 };
@@ -683,7 +868,8 @@ mod tests {
                     let want: Vec<String> = m.inputs_in(n_layers, wiring).iter().map(Module::name).collect();
                     let got: Vec<String> = node.inputs.iter().map(|&i| g.value(i).name.clone()).collect();
                     assert_eq!(got, want, "{family:?}: inputs of {}", v.name);
-                    let aliases: Vec<Module> = v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
+                    let aliases: Vec<Module> =
+                        v.aliases.iter().map(|a| Module::parse(a).unwrap_or_else(|| panic!("{a}: no role"))).collect();
                     assert!(aliases.iter().all(|a| a.canonical_in(wiring) == m), "{}: {:?}", v.name, v.aliases);
                     assert_eq!(m.names_in(wiring)[1..], v.aliases[..], "{}", v.name);
                     seen.extend(aliases);
@@ -691,7 +877,11 @@ mod tests {
             }
             for l in 0..n_layers {
                 for role in ModuleRole::ALL {
-                    assert_eq!(seen.contains(&Module::layer(l, role)), wiring.emits_at(l, role), "{family:?} layer {l}: {role:?}");
+                    assert_eq!(
+                        seen.contains(&Module::layer(l, role)),
+                        wiring.emits_at(l, role),
+                        "{family:?} layer {l}: {role:?}"
+                    );
                 }
             }
             for m in &seen {
@@ -709,12 +899,14 @@ mod tests {
     #[test]
     fn faults_are_checked() {
         let mut src = FakeSource { path: "fake".into(), seed: 7 };
-        let e = build_llama(&tiny(), &mut src, Some(2), false, &[Fault { class: FaultClass::Mask, layer: 2 }]).unwrap_err();
+        let e =
+            build_llama(&tiny(), &mut src, Some(2), false, &[Fault { class: FaultClass::Mask, layer: 2 }]).unwrap_err();
         assert!(e.to_string().contains("layer 2 does not exist"), "{e}");
         let mut cfg = tiny();
         cfg.num_attention_heads = 2;
         cfg.num_key_value_heads = 1;
-        let e = build_llama(&cfg, &mut src, None, false, &[Fault { class: FaultClass::TransposedWeight, layer: 0 }]).unwrap_err();
+        let e = build_llama(&cfg, &mut src, None, false, &[Fault { class: FaultClass::TransposedWeight, layer: 0 }])
+            .unwrap_err();
         assert!(e.to_string().contains("not square"), "{e}");
     }
 
@@ -722,8 +914,11 @@ mod tests {
     fn transposed_weight_is_the_transpose() {
         let g = build(&[Fault { class: FaultClass::TransposedWeight, layer: 1 }]);
         let clean = build(&[]);
-        let find = |g: &Graph| g.weights.iter().find(|w| w.name == "model.layers.1.self_attn.o_proj.weight").cloned().unwrap();
-        let (WeightData::F32(a), WeightData::F32(t)) = (find(&clean).data, find(&g).data) else { panic!("f32 expected") };
+        let find =
+            |g: &Graph| g.weights.iter().find(|w| w.name == "model.layers.1.self_attn.o_proj.weight").cloned().unwrap();
+        let (WeightData::F32(a), WeightData::F32(t)) = (find(&clean).data, find(&g).data) else {
+            panic!("f32 expected")
+        };
         let n = 16;
         for r in 0..n {
             for c in 0..n {
@@ -773,14 +968,21 @@ mod tests {
                             let s: f64 = lg.iter().map(|v| (v - m).exp()).sum();
                             lg.iter().map(|v| (v - m).exp() / s).collect()
                         };
-                        let mut choice: Vec<f64> = scores.iter().enumerate().map(|(i, s)| s + bias.as_ref().map_or(0.0, |b| b[i] as f64)).collect();
+                        let mut choice: Vec<f64> = scores
+                            .iter()
+                            .enumerate()
+                            .map(|(i, s)| s + bias.as_ref().map_or(0.0, |b| b[i] as f64))
+                            .collect();
                         if moe.router.n_group > 1 {
                             let per = e / moe.router.n_group;
-                            let gs: Vec<f64> = choice.chunks(per).map(|c| {
-                                let mut c = c.to_vec();
-                                c.sort_by(|a, b| b.partial_cmp(a).unwrap());
-                                c[0] + c[1]
-                            }).collect();
+                            let gs: Vec<f64> = choice
+                                .chunks(per)
+                                .map(|c| {
+                                    let mut c = c.to_vec();
+                                    c.sort_by(|a, b| b.partial_cmp(a).unwrap());
+                                    c[0] + c[1]
+                                })
+                                .collect();
                             let best = (0..gs.len()).max_by(|&a, &b| gs[a].partial_cmp(&gs[b]).unwrap()).unwrap();
                             for (i, c) in choice.iter_mut().enumerate() {
                                 if i / per != best {
@@ -799,27 +1001,47 @@ mod tests {
                         let mut y = vec![0.0f64; d];
                         for (j, &i) in want.iter().enumerate() {
                             let wt = scores[i] / total * scale;
-                            assert!((wts[t * k + j] as f64 - wt).abs() < 1e-5, "{family:?} weight {} vs {wt}", wts[t * k + j]);
+                            assert!(
+                                (wts[t * k + j] as f64 - wt).abs() < 1e-5,
+                                "{family:?} weight {} vs {wt}",
+                                wts[t * k + j]
+                            );
                             chosen[i] += 1;
-                            let (gw, uw, dw) = (w(&format!("{p}.experts.{i}.gate_proj.weight")), w(&format!("{p}.experts.{i}.up_proj.weight")), w(&format!("{p}.experts.{i}.down_proj.weight")));
+                            let (gw, uw, dw) = (
+                                w(&format!("{p}.experts.{i}.gate_proj.weight")),
+                                w(&format!("{p}.experts.{i}.up_proj.weight")),
+                                w(&format!("{p}.experts.{i}.down_proj.weight")),
+                            );
                             let xr = &x[t * d..(t + 1) * d];
-                            let h: Vec<f64> = (0..inter).map(|r| {
-                                let dot = |m: &[f32]| (0..d).map(|c| m[r * d + c] as f64 * xr[c] as f64).sum::<f64>();
-                                let gt = dot(&gw);
-                                gt / (1.0 + (-gt).exp()) * dot(&uw)
-                            }).collect();
+                            let h: Vec<f64> = (0..inter)
+                                .map(|r| {
+                                    let dot =
+                                        |m: &[f32]| (0..d).map(|c| m[r * d + c] as f64 * xr[c] as f64).sum::<f64>();
+                                    let gt = dot(&gw);
+                                    gt / (1.0 + (-gt).exp()) * dot(&uw)
+                                })
+                                .collect();
                             for (o, yo) in y.iter_mut().enumerate() {
                                 *yo += wt * (0..inter).map(|c| dw[o * inter + c] as f64 * h[c]).sum::<f64>();
                             }
                         }
                         for o in 0..d {
-                            assert!((out[t * d + o] as f64 - y[o]).abs() < 1e-4, "{family:?} layer {l}{step} token {t} dim {o}: {} vs {}", out[t * d + o], y[o]);
+                            assert!(
+                                (out[t * d + o] as f64 - y[o]).abs() < 1e-4,
+                                "{family:?} layer {l}{step} token {t} dim {o}: {} vs {}",
+                                out[t * d + o],
+                                y[o]
+                            );
                         }
                     }
                 }
                 // GLM's block output adds the shared experts.
                 if moe.shared_intermediate_size.is_some() {
-                    let (a, b, m) = (&vals[&format!("{p}.experts@0")], &vals[&format!("{p}.shared_experts.down_proj@0")], &vals[&format!("{p}@0")]);
+                    let (a, b, m) = (
+                        &vals[&format!("{p}.experts@0")],
+                        &vals[&format!("{p}.shared_experts.down_proj@0")],
+                        &vals[&format!("{p}@0")],
+                    );
                     for i in 0..m.len() {
                         assert_eq!(m[i], a[i] + b[i]);
                     }
@@ -841,15 +1063,21 @@ mod tests {
             let mut src = FakeSource { path: "fake".into(), seed: 11 };
             let g = build_llama(&tiny_moe(family), &mut src, None, false, &[]).unwrap();
             let seqs: [&[u32]; 2] = [&[3, 14, 15, 9, 26, 5], &[7, 8, 2]];
-            let single: Vec<Vec<f32>> = seqs.iter().map(|t| {
-                let mut exec = Executor::new(&g, &Default::default());
-                let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
-                exec.run(&g, t, &mut kv, RunOptions { all_logits: false }, None).unwrap().to_vec()
-            }).collect();
+            let single: Vec<Vec<f32>> = seqs
+                .iter()
+                .map(|t| {
+                    let mut exec = Executor::new(&g, &Default::default());
+                    let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
+                    exec.run(&g, t, &mut kv, RunOptions { all_logits: false }, None).unwrap().to_vec()
+                })
+                .collect();
             let mut exec = Executor::new(&g, &Default::default());
             let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
             let tokens: Vec<u32> = seqs.concat();
-            let spans = [BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }, BatchSpan { len: 3, past: 0, blocks: &[2], logits: true }];
+            let spans = [
+                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true },
+                BatchSpan { len: 3, past: 0, blocks: &[2], logits: true },
+            ];
             let batched = exec.run_batch(&g, &tokens, &spans, &mut kv, None).unwrap().to_vec();
             let vocab = batched.len() / 2;
             for (i, s) in single.iter().enumerate() {
@@ -857,11 +1085,20 @@ mod tests {
                 let diff = s.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
                 assert!(diff < 1e-4, "{family:?} sequence {i}: batched logits differ by {diff}");
             }
-            let lowered = loupe_graph::passes::lower(g.clone(), &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() }).unwrap().graph;
+            let lowered = loupe_graph::passes::lower(
+                g.clone(),
+                &loupe_graph::passes::LowerOptions { verify_between: true, ..Default::default() },
+            )
+            .unwrap()
+            .graph;
             let (a, b) = (run(&g), run(&lowered));
             assert_eq!(a.len(), b.len());
             for (k, v) in &a {
-                assert_eq!(b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()), Some(v.iter().map(|f| f.to_bits()).collect()), "{family:?} {k}");
+                assert_eq!(
+                    b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
+                    Some(v.iter().map(|f| f.to_bits()).collect()),
+                    "{family:?} {k}"
+                );
             }
         }
     }
@@ -870,7 +1107,14 @@ mod tests {
     #[test]
     fn moe_layers_refuse_the_activation_fault() {
         let mut src = FakeSource { path: "fake".into(), seed: 7 };
-        let e = build_llama(&tiny_moe(crate::config::Family::Qwen3Moe), &mut src, None, false, &[Fault { class: FaultClass::GeluTanh, layer: 0 }]).unwrap_err();
+        let e = build_llama(
+            &tiny_moe(crate::config::Family::Qwen3Moe),
+            &mut src,
+            None,
+            false,
+            &[Fault { class: FaultClass::GeluTanh, layer: 0 }],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("sparse MoE block"), "{e}");
     }
 
@@ -890,7 +1134,8 @@ mod tests {
                     return Ok(w);
                 }
                 let WeightData::F32(d) = &w.data else { unreachable!("FakeSource gives f32") };
-                let q = loupe_tensor::matmul::QMatrix::quantize(loupe_tensor::GgmlType::Q8_0, shape[0], shape[1], d).unwrap();
+                let q = loupe_tensor::matmul::QMatrix::quantize(loupe_tensor::GgmlType::Q8_0, shape[0], shape[1], d)
+                    .unwrap();
                 Ok(Weight { data: WeightData::Quant(Arc::new(q)), source_type: loupe_tensor::GgmlType::Q8_0, ..w })
             }
             fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
@@ -909,12 +1154,15 @@ mod tests {
                 m.moe_intermediate_size = 32;
                 m.shared_intermediate_size = m.shared_intermediate_size.map(|_| 32);
             }
-            let f32_graph = build_llama(&cfg, &mut FakeSource { path: "fake".into(), seed: 3 }, None, false, &[]).unwrap();
+            let f32_graph =
+                build_llama(&cfg, &mut FakeSource { path: "fake".into(), seed: 3 }, None, false, &[]).unwrap();
             let layer = (0..cfg.num_hidden_layers).find(|&l| cfg.is_sparse(l)).unwrap();
             let name = format!("model.layers.{layer}.mlp.experts@0");
             let want = &run(&f32_graph)[&name];
             for q8 in [false, true] {
-                let g = build_llama(&cfg, &mut QuantExperts(FakeSource { path: "fake".into(), seed: 3 }), None, q8, &[]).unwrap();
+                let g =
+                    build_llama(&cfg, &mut QuantExperts(FakeSource { path: "fake".into(), seed: 3 }), None, q8, &[])
+                        .unwrap();
                 assert!(g.weights.iter().any(|w| matches!(w.data, WeightData::Quant(_))));
                 let got = &run(&g)[&name];
                 let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -926,7 +1174,16 @@ mod tests {
                 let mut exec = Executor::new(&g, &Default::default());
                 let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
                 let tokens = [3u32, 14, 15, 9, 26, 5];
-                let batched = exec.run_batch(&g, &tokens, &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }], &mut kv, None).unwrap().to_vec();
+                let batched = exec
+                    .run_batch(
+                        &g,
+                        &tokens,
+                        &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true }],
+                        &mut kv,
+                        None,
+                    )
+                    .unwrap()
+                    .to_vec();
                 let mut exec = Executor::new(&g, &Default::default());
                 let mut kv = KvCache::new(g.kv_layers, g.kv_width, 16);
                 let single = exec.run(&g, &tokens, &mut kv, RunOptions { all_logits: false }, None).unwrap().to_vec();

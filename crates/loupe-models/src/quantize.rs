@@ -80,13 +80,20 @@ fn file_type(ty: GgmlType) -> u32 {
 /// What happened to one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TensorFate {
-    Quantized { from: GgmlType },
+    Quantized {
+        from: GgmlType,
+    },
     Copied,
     /// Kept in its type: one-dimensional, or rows not a multiple of the target's block.
-    Kept { reason: &'static str },
+    Kept {
+        reason: &'static str,
+    },
     /// An embedding (see [`EMBEDDINGS`]) stored in f32/f16/bf16 written in `to` (Q8_0) rather
     /// than in a target with fewer bits.
-    Embedding { from: GgmlType, to: GgmlType },
+    Embedding {
+        from: GgmlType,
+        to: GgmlType,
+    },
 }
 
 /// The summary of a quantization.
@@ -165,7 +172,8 @@ pub struct GgufInput {
 impl GgufInput {
     pub fn open(path: &Path) -> Result<GgufInput, ModelError> {
         let file = GgufFile::open(path)?;
-        let sidecars = file.tensors.iter().filter(|t| t.ggml_type == GgmlType::Nvfp4).map(|t| nvfp4_scale_name(&t.name)).collect();
+        let sidecars =
+            file.tensors.iter().filter(|t| t.ggml_type == GgmlType::Nvfp4).map(|t| nvfp4_scale_name(&t.name)).collect();
         Ok(GgufInput { file, sidecars })
     }
 }
@@ -176,7 +184,12 @@ impl TensorSource for GgufInput {
     }
 
     fn metadata(&self) -> Vec<(String, GgufValue)> {
-        self.file.metadata.iter().filter(|(k, _)| k.as_str() != "general.file_type").map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.file
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.as_str() != "general.file_type")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     fn tensor_count(&self) -> usize {
@@ -193,14 +206,26 @@ impl TensorSource for GgufInput {
             return Ok(None);
         }
         let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(&self.file, &info.name)? } else { 1.0 };
-        Ok(Some(InputTensor { name: info.name.clone(), dims: info.dims.clone(), ty: info.ggml_type, data: Cow::Borrowed(self.file.tensor_data(info)), scale }))
+        Ok(Some(InputTensor {
+            name: info.name.clone(),
+            dims: info.dims.clone(),
+            ty: info.ggml_type,
+            data: Cow::Borrowed(self.file.tensor_data(info)),
+            scale,
+        }))
     }
 }
 
 /// Writes `input` with its matrices in `target` to `output`; with `keep_embeddings`, the
 /// [`EMBEDDINGS`] keep more bits than `target` where they have them (see the module docs).
 /// `progress(done, total)` after each tensor.
-pub fn quantize_gguf(input: &Path, output: &Path, target: GgmlType, keep_embeddings: bool, progress: impl FnMut(usize, usize)) -> Result<QuantizeReport, ModelError> {
+pub fn quantize_gguf(
+    input: &Path,
+    output: &Path,
+    target: GgmlType,
+    keep_embeddings: bool,
+    progress: impl FnMut(usize, usize),
+) -> Result<QuantizeReport, ModelError> {
     check_target(target, output)?;
     quantize_source(&GgufInput::open(input)?, output, target, keep_embeddings, progress)
 }
@@ -210,18 +235,34 @@ fn check_target(target: GgmlType, output: &Path) -> Result<(), ModelError> {
         return Ok(());
     }
     let names: Vec<&str> = TARGETS.iter().map(|t| t.name()).collect();
-    Err(ModelError::NotAModel { path: output.to_path_buf(), reason: format!("cannot write {} (quantize writes {})", target.name(), names.join(", ")) })
+    Err(ModelError::NotAModel {
+        path: output.to_path_buf(),
+        reason: format!("cannot write {} (quantize writes {})", target.name(), names.join(", ")),
+    })
 }
 
 /// [`quantize_gguf`] for any [`TensorSource`].
-pub fn quantize_source(source: &dyn TensorSource, output: &Path, target: GgmlType, keep_embeddings: bool, mut progress: impl FnMut(usize, usize)) -> Result<QuantizeReport, ModelError> {
+pub fn quantize_source(
+    source: &dyn TensorSource,
+    output: &Path,
+    target: GgmlType,
+    keep_embeddings: bool,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<QuantizeReport, ModelError> {
     check_target(target, output)?;
     let mut writer = GgufWriter::new().with_label(output);
     for (key, value) in source.metadata() {
         writer.add(key, value);
     }
     writer.add("general.file_type", GgufValue::U32(file_type(target)));
-    let mut report = QuantizeReport { target, tensors: Vec::new(), bytes_in: source.bytes_in(), bytes_out: 0, matrix_elements: 0, matrix_bytes_out: 0 };
+    let mut report = QuantizeReport {
+        target,
+        tensors: Vec::new(),
+        bytes_in: source.bytes_in(),
+        bytes_out: 0,
+        matrix_elements: 0,
+        matrix_bytes_out: 0,
+    };
     let total = source.tensor_count();
     for i in 0..total {
         let Some(t) = source.tensor(i)? else {
@@ -229,7 +270,8 @@ pub fn quantize_source(source: &dyn TensorSource, output: &Path, target: GgmlTyp
             continue;
         };
         let cols = t.dims.first().copied().unwrap_or(0) as usize;
-        let splits = |ty: GgmlType| cols != 0 && cols.is_multiple_of(ty.block_size()) && cols.is_multiple_of(t.ty.block_size());
+        let splits =
+            |ty: GgmlType| cols != 0 && cols.is_multiple_of(ty.block_size()) && cols.is_multiple_of(t.ty.block_size());
         let kept_embedding = keep_embeddings && EMBEDDINGS.contains(&t.name.as_str()) && bits(t.ty) > bits(target);
         let float = matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         let (ty, bytes, fate, out_scale) = if t.dims.len() < 2 {
@@ -238,7 +280,12 @@ pub fn quantize_source(source: &dyn TensorSource, output: &Path, target: GgmlTyp
             let (bytes, scale) = convert(source.path(), &t, FLOAT_EMBEDDING_TYPE)?;
             (FLOAT_EMBEDDING_TYPE, bytes, TensorFate::Embedding { from: t.ty, to: FLOAT_EMBEDDING_TYPE }, scale)
         } else if kept_embedding && !float {
-            (t.ty, t.data.to_vec(), TensorFate::Kept { reason: "embedding kept at its higher precision (--all quantizes it)" }, t.scale)
+            (
+                t.ty,
+                t.data.to_vec(),
+                TensorFate::Kept { reason: "embedding kept at its higher precision (--all quantizes it)" },
+                t.scale,
+            )
         } else if t.ty == target {
             (target, t.data.to_vec(), TensorFate::Copied, t.scale)
         } else if !splits(target) {
@@ -274,7 +321,13 @@ fn convert(path: &Path, t: &InputTensor<'_>, to: GgmlType) -> Result<(Vec<u8>, f
     let rows = (t.n_elements() as usize) / cols;
     let in_row = cols / t.ty.block_size() * t.ty.type_size();
     let out_row = cols / to.block_size() * to.type_size();
-    let mut out = vec![0u8; rows.checked_mul(out_row).ok_or_else(|| tensor_error(loupe_tensor::TensorError::Shape { op: "quantize", detail: format!("{rows} rows of {out_row} bytes overflow") }))?];
+    let mut out = vec![
+        0u8;
+        rows.checked_mul(out_row).ok_or_else(|| tensor_error(loupe_tensor::TensorError::Shape {
+            op: "quantize",
+            detail: format!("{rows} rows of {out_row} bytes overflow")
+        }))?
+    ];
     let mut row = vec![0f32; cols];
     let widen = |src: &[u8], row: &mut [f32]| -> Result<(), ModelError> {
         dequantize_row(t.ty, src, row).map_err(tensor_error)?;

@@ -102,9 +102,51 @@ use ModuleRole::*;
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
     pub const ALL: [ModuleRole; 45] = [
-        Embedding, InputNorm, QProj, KProj, VProj, QkvProj, QPart, KPart, VPart, QNorm, KNorm, QRope, KRope, AttnCore, AttnProbs, OProj, SelfAttn, AttnResidual, PostAttnNorm,
-        PreFfnNorm, Gate, Up, GateUpProj, GatePart, UpPart, ActFn, ActivationFn, ActMul, Down, Router, RouterIndices, RouterWeights, Experts, SharedGate, SharedUp, SharedActFn,
-        SharedActMul, SharedDown, SharedExperts, Mlp, PostFfnNorm, LayerOutput, FinalNorm, LmHead, Logits,
+        Embedding,
+        InputNorm,
+        QProj,
+        KProj,
+        VProj,
+        QkvProj,
+        QPart,
+        KPart,
+        VPart,
+        QNorm,
+        KNorm,
+        QRope,
+        KRope,
+        AttnCore,
+        AttnProbs,
+        OProj,
+        SelfAttn,
+        AttnResidual,
+        PostAttnNorm,
+        PreFfnNorm,
+        Gate,
+        Up,
+        GateUpProj,
+        GatePart,
+        UpPart,
+        ActFn,
+        ActivationFn,
+        ActMul,
+        Down,
+        Router,
+        RouterIndices,
+        RouterWeights,
+        Experts,
+        SharedGate,
+        SharedUp,
+        SharedActFn,
+        SharedActMul,
+        SharedDown,
+        SharedExperts,
+        Mlp,
+        PostFfnNorm,
+        LayerOutput,
+        FinalNorm,
+        LmHead,
+        Logits,
     ];
 
     /// Whether the role belongs to a decoder layer (its name carries the layer index).
@@ -192,7 +234,23 @@ impl ModuleRole {
 
     /// Whether the value is a linear projection `x Wᵀ (+ b)` with the module's weight.
     pub fn is_linear(self) -> bool {
-        matches!(self.canonical(), QProj | KProj | VProj | QkvProj | OProj | Gate | Up | GateUpProj | Down | LmHead | Router | SharedGate | SharedUp | SharedDown)
+        matches!(
+            self.canonical(),
+            QProj
+                | KProj
+                | VProj
+                | QkvProj
+                | OProj
+                | Gate
+                | Up
+                | GateUpProj
+                | Down
+                | LmHead
+                | Router
+                | SharedGate
+                | SharedUp
+                | SharedDown
+        )
     }
 
     /// Whether the value is an RMSNorm with the module's weight.
@@ -288,13 +346,21 @@ pub struct Wiring {
 impl Wiring {
     /// Whether a model wired this way emits `role` (in a dense layer).
     pub fn emits(&self, role: ModuleRole) -> bool {
-        self.projections_fit(role) && (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && (self.final_softcap || !role.needs_final_softcap()) && !role.moe_only()
+        self.projections_fit(role)
+            && (self.qk_norm || !role.needs_qk_norm())
+            && (self.sandwich_norms || !role.needs_sandwich_norms())
+            && (self.final_softcap || !role.needs_final_softcap())
+            && !role.moe_only()
     }
 
     /// Whether `role` belongs to this wiring's projections: separate q/k/v and gate/up, or
     /// Phi-3's fused ones and their parts.
     fn projections_fit(&self, role: ModuleRole) -> bool {
-        if self.fused_projections { !role.needs_separate_projections() } else { !role.needs_fused_projections() }
+        if self.fused_projections {
+            !role.needs_separate_projections()
+        } else {
+            !role.needs_fused_projections()
+        }
     }
 
     /// Whether decoder layer `layer` is a sparse MoE layer.
@@ -308,7 +374,11 @@ impl Wiring {
             return self.emits(role);
         }
         let shared = self.moe.is_some_and(|m| m.shared_experts);
-        self.projections_fit(role) && (self.qk_norm || !role.needs_qk_norm()) && (self.sandwich_norms || !role.needs_sandwich_norms()) && !role.dense_only() && (shared || !role.shared_only())
+        self.projections_fit(role)
+            && (self.qk_norm || !role.needs_qk_norm())
+            && (self.sandwich_norms || !role.needs_sandwich_norms())
+            && !role.dense_only()
+            && (shared || !role.shared_only())
     }
 }
 
@@ -361,7 +431,10 @@ impl Module {
     /// layer.
     pub fn names(&self) -> Vec<String> {
         let c = self.canonical();
-        std::iter::once(c).chain(c.role.aliases().iter().map(|&r| Module { role: r, layer: c.layer })).map(|m| m.name()).collect()
+        std::iter::once(c)
+            .chain(c.role.aliases().iter().map(|&r| Module { role: r, layer: c.layer }))
+            .map(|m| m.name())
+            .collect()
     }
 
     /// [`canonical`](Self::canonical) in a model wired as `wiring` says: in a sparse layer
@@ -490,7 +563,16 @@ mod tests {
         assert_eq!(Module::layer(3, LmHead).name(), "lm_head");
         assert_eq!(Module::layer(3, SelfAttn).param("weight"), "model.layers.3.self_attn.o_proj.weight");
         assert_eq!(Module::layer(3, Mlp).names(), ["model.layers.3.mlp.down_proj", "model.layers.3.mlp"]);
-        for bad in ["model.layers", "model.layers.", "model.layers.x", "model.layers.01", "model.layers.1.mlp.nope", "model.norm.weight", "norm", "model.layers.1.lm_head"] {
+        for bad in [
+            "model.layers",
+            "model.layers.",
+            "model.layers.x",
+            "model.layers.01",
+            "model.layers.1.mlp.nope",
+            "model.norm.weight",
+            "norm",
+            "model.layers.1.lm_head",
+        ] {
             assert_eq!(Module::parse(bad), None, "{bad}");
         }
         assert_eq!(Module::layer_input(0), Module::model(Embedding));

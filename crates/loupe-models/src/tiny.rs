@@ -171,7 +171,8 @@ fn learn_merges(n: usize, table: &[char; 256]) -> Vec<(String, String)> {
     for p in pieces(TRAINING_TEXT, table) {
         *counts.entry(p).or_default() += 1;
     }
-    let mut words: Vec<(Vec<String>, usize)> = counts.into_iter().map(|(w, c)| (w.chars().map(String::from).collect(), c)).collect();
+    let mut words: Vec<(Vec<String>, usize)> =
+        counts.into_iter().map(|(w, c)| (w.chars().map(String::from).collect(), c)).collect();
     words.sort();
     let mut merges = Vec::new();
     while merges.len() < n {
@@ -181,7 +182,9 @@ fn learn_merges(n: usize, table: &[char; 256]) -> Vec<(String, String)> {
                 *pairs.entry((&w[0], &w[1])).or_default() += c;
             }
         }
-        let Some(((a, b), _)) = pairs.into_iter().max_by(|(p, x), (q, y)| x.cmp(y).then_with(|| q.cmp(p))) else { break };
+        let Some(((a, b), _)) = pairs.into_iter().max_by(|(p, x), (q, y)| x.cmp(y).then_with(|| q.cmp(p))) else {
+            break;
+        };
         let (a, b) = (a.to_string(), b.to_string());
         for (syms, _) in &mut words {
             let mut i = 0;
@@ -255,7 +258,16 @@ fn norm_weight(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
 /// Scales keep hidden states O(1) and attention neither uniform nor one-hot, so planted
 /// faults show clearly and greedy choices are not near ties.
 #[allow(clippy::too_many_arguments)]
-fn add_matrix(w: &mut GgufWriter, rng: &mut SplitMix64, name: String, ty: GgmlType, rows: usize, cols: usize, gain: f32, permute_heads: Option<usize>) -> Result<(), ModelError> {
+fn add_matrix(
+    w: &mut GgufWriter,
+    rng: &mut SplitMix64,
+    name: String,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    gain: f32,
+    permute_heads: Option<usize>,
+) -> Result<(), ModelError> {
     let mut values = uniform(rng, rows * cols, gain * (3.0 / cols as f32).sqrt());
     if let Some(n) = permute_heads {
         values = permute_rows(&values, n, cols);

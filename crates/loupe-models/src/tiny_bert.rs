@@ -129,10 +129,13 @@ pub fn write_tiny_bert(dir: &Path, spec: &TinyBert) -> Result<(), ModelError> {
     let write = |rel: &str, bytes: &[u8]| std::fs::write(dir.join(rel), bytes).map_err(io(&dir.join(rel)));
     write("config.json", tiny_bert_config(spec).to_string().as_bytes())?;
     let tensors = tiny_bert_tensors(spec);
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let entries: Vec<(&str, Dtype, &[usize], &[u8])> = tensors.iter().zip(&bytes).map(|((n, s, _), b)| (n.as_str(), Dtype::F32, s.as_slice(), b.as_slice())).collect();
+    let bytes: Vec<Vec<u8>> =
+        tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let entries: Vec<(&str, Dtype, &[usize], &[u8])> =
+        tensors.iter().zip(&bytes).map(|((n, s, _), b)| (n.as_str(), Dtype::F32, s.as_slice(), b.as_slice())).collect();
     write("model.safetensors", &write_safetensors(&entries, &BTreeMap::new()))?;
-    let vocab: serde_json::Map<String, serde_json::Value> = tiny_bert_vocab().into_iter().enumerate().map(|(i, t)| (t, json!(i))).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        tiny_bert_vocab().into_iter().enumerate().map(|(i, t)| (t, json!(i))).collect();
     let special = |id: usize, content: &str| json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true});
     let tokenizer = json!({
         "version": "1.0",
@@ -159,7 +162,10 @@ pub fn write_tiny_bert(dir: &Path, spec: &TinyBert) -> Result<(), ModelError> {
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
     ]);
     write("modules.json", modules.to_string().as_bytes())?;
-    write("sentence_bert_config.json", json!({"max_seq_length": spec.max_positions / 2, "do_lower_case": false}).to_string().as_bytes())?;
+    write(
+        "sentence_bert_config.json",
+        json!({"max_seq_length": spec.max_positions / 2, "do_lower_case": false}).to_string().as_bytes(),
+    )?;
     write("1_Pooling/config.json", json!({"word_embedding_dimension": spec.hidden, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": false, "pooling_mode_mean_sqrt_len_tokens": false}).to_string().as_bytes())?;
     Ok(())
 }

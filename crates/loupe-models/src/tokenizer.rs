@@ -45,7 +45,9 @@ pub fn spec_from_gguf(gguf: &GgufFile) -> Result<TokenizerSpec, ModelError> {
 /// `tokenizer.ggml.*` keys and `tokenizer.chat_template`, each only where the spec has it
 /// (`general.architecture` is the model's, not written here).
 pub fn spec_to_gguf(spec: &TokenizerSpec) -> Vec<(String, GgufValue)> {
-    let strings = |v: &[String]| GgufValue::Array(GgufValueType::String, v.iter().map(|s| GgufValue::String(s.clone())).collect());
+    let strings = |v: &[String]| {
+        GgufValue::Array(GgufValueType::String, v.iter().map(|s| GgufValue::String(s.clone())).collect())
+    };
     let mut out = vec![("tokenizer.ggml.model".to_string(), GgufValue::String(spec.model.clone()))];
     let mut put = |k: &str, v: Option<GgufValue>| {
         if let Some(v) = v {
@@ -54,8 +56,18 @@ pub fn spec_to_gguf(spec: &TokenizerSpec) -> Vec<(String, GgufValue)> {
     };
     put("tokenizer.ggml.pre", spec.pre.clone().map(GgufValue::String));
     put("tokenizer.ggml.tokens", Some(strings(&spec.tokens)));
-    put("tokenizer.ggml.scores", spec.scores.as_ref().map(|s| GgufValue::Array(GgufValueType::F32, s.iter().map(|v| GgufValue::F32(*v)).collect())));
-    put("tokenizer.ggml.token_type", spec.token_types.as_ref().map(|t| GgufValue::Array(GgufValueType::I32, t.iter().map(|v| GgufValue::I32(*v)).collect())));
+    put(
+        "tokenizer.ggml.scores",
+        spec.scores
+            .as_ref()
+            .map(|s| GgufValue::Array(GgufValueType::F32, s.iter().map(|v| GgufValue::F32(*v)).collect())),
+    );
+    put(
+        "tokenizer.ggml.token_type",
+        spec.token_types
+            .as_ref()
+            .map(|t| GgufValue::Array(GgufValueType::I32, t.iter().map(|v| GgufValue::I32(*v)).collect())),
+    );
     put("tokenizer.ggml.merges", (!spec.merges.is_empty()).then(|| strings(&spec.merges)));
     put("tokenizer.ggml.bos_token_id", spec.bos_id.map(GgufValue::U32));
     put("tokenizer.ggml.eos_token_id", spec.eos_id.map(GgufValue::U32));

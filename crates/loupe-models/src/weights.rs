@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use loupe_formats::safetensors_file::SafetensorsCheckpoint;
-use safetensors::Dtype;
 use loupe_formats::{GgmlType, GgufFile};
 use loupe_graph::{Weight, WeightData};
 use loupe_tensor::hugepages::WeightArena;
 use loupe_tensor::matmul::QMatrix;
 use loupe_tensor::quant::dequantize_row;
 use rayon::prelude::*;
+use safetensors::Dtype;
 
 use crate::ModelError;
 
@@ -141,13 +141,24 @@ pub(crate) fn for_each_qk_row(rows: usize, n_heads: usize, mut f: impl FnMut(usi
 /// beside the blocks at native precision, folded into the f32 values otherwise.
 /// Kept blocks are copied into `arena` (huge pages, see [`loupe_tensor::hugepages`]).
 #[allow(clippy::too_many_arguments)]
-fn make_weight(path: &Path, name: &str, ty: GgmlType, shape: &[usize], bytes: &[u8], precision: Precision, tensor_scale: f32, arena: &WeightArena) -> Result<Weight, ModelError> {
+fn make_weight(
+    path: &Path,
+    name: &str,
+    ty: GgmlType,
+    shape: &[usize],
+    bytes: &[u8],
+    precision: Precision,
+    tensor_scale: f32,
+    arena: &WeightArena,
+) -> Result<Weight, ModelError> {
     let tensor_err = |e| ModelError::Tensor { path: path.to_path_buf(), name: name.to_string(), source: e };
     let cols = *shape.last().unwrap_or(&1);
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
     let keep_blocks = !matches!(precision, Precision::F32 | Precision::Fp8) && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
-        WeightData::Quant(Arc::new(QMatrix::new(ty, rows, cols, arena.copy(bytes)).map_err(tensor_err)?.with_tensor_scale(tensor_scale)))
+        WeightData::Quant(Arc::new(
+            QMatrix::new(ty, rows, cols, arena.copy(bytes)).map_err(tensor_err)?.with_tensor_scale(tensor_scale),
+        ))
     } else {
         let row_bytes = bytes.len() / rows.max(1);
         let mut out = vec![0f32; rows * cols];
@@ -178,9 +189,14 @@ pub fn nvfp4_scale_name(gguf_name: &str) -> String {
 pub fn nvfp4_tensor_scale(gguf: &GgufFile, gguf_name: &str) -> Result<f32, ModelError> {
     let name = nvfp4_scale_name(gguf_name);
     let Some(info) = gguf.tensor(&name) else { return Ok(1.0) };
-    let bad = |reason: String| ModelError::InvalidConfig { source_file: gguf.path.clone(), field: name.clone(), reason };
+    let bad =
+        |reason: String| ModelError::InvalidConfig { source_file: gguf.path.clone(), field: name.clone(), reason };
     if info.ggml_type != GgmlType::F32 || info.n_elements() != 1 {
-        return Err(bad(format!("the per-tensor scale of NVFP4 tensor {gguf_name} must be one f32, found {} element(s) of {}", info.n_elements(), info.ggml_type)));
+        return Err(bad(format!(
+            "the per-tensor scale of NVFP4 tensor {gguf_name} must be one f32, found {} element(s) of {}",
+            info.n_elements(),
+            info.ggml_type
+        )));
     }
     let b = gguf.tensor_data(info);
     let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -207,20 +223,44 @@ pub struct GgufSource<'a> {
 }
 
 impl<'a> GgufSource<'a> {
-    pub fn new(gguf: &'a GgufFile, precision: Precision, config: &crate::LlamaConfig, progress: Option<Progress<'a>>) -> Self {
+    pub fn new(
+        gguf: &'a GgufFile,
+        precision: Precision,
+        config: &crate::LlamaConfig,
+        progress: Option<Progress<'a>>,
+    ) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
         let (n_heads, n_kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
-        GgufSource { gguf, precision, n_heads, n_kv_heads, family: config.family, progress, arena: WeightArena::new(), done: 0, total }
+        GgufSource {
+            gguf,
+            precision,
+            n_heads,
+            n_kv_heads,
+            family: config.family,
+            progress,
+            arena: WeightArena::new(),
+            done: 0,
+            total,
+        }
     }
 }
 
 impl WeightSource for GgufSource<'_> {
     fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
         let path = &self.gguf.path;
-        let gname = gguf_name_in(self.family, hf_name).ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: hf_name.to_string() })?;
-        let info = self.gguf.tensor(&gname).ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: gname.clone() })?;
+        let gname = gguf_name_in(self.family, hf_name)
+            .ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: hf_name.to_string() })?;
+        let info = self
+            .gguf
+            .tensor(&gname)
+            .ok_or_else(|| ModelError::MissingWeight { path: path.clone(), name: gname.clone() })?;
         if info.shape() != shape {
-            return Err(ModelError::WeightShape { path: path.clone(), name: gname, found: info.shape(), expected: shape.to_vec() });
+            return Err(ModelError::WeightShape {
+                path: path.clone(),
+                name: gname,
+                found: info.shape(),
+                expected: shape.to_vec(),
+            });
         }
         let mut bytes = std::borrow::Cow::Borrowed(self.gguf.tensor_data(info));
         let heads = if !self.family.gguf_permutes_qk() {
@@ -257,8 +297,11 @@ impl WeightSource for GgufSource<'_> {
         let Some(info) = self.gguf.tensor("rope_freqs.weight") else { return Ok(None) };
         let n = info.n_elements() as usize;
         let mut out = vec![0f32; n];
-        dequantize_row(info.ggml_type, self.gguf.tensor_data(info), &mut out)
-            .map_err(|e| ModelError::Tensor { path: self.gguf.path.clone(), name: info.name.clone(), source: e })?;
+        dequantize_row(info.ggml_type, self.gguf.tensor_data(info), &mut out).map_err(|e| ModelError::Tensor {
+            path: self.gguf.path.clone(),
+            name: info.name.clone(),
+            source: e,
+        })?;
         Ok(Some(out))
     }
 
@@ -271,8 +314,13 @@ impl WeightSource for GgufSource<'_> {
 /// `torch_dtype` before transformers 4.56): `float32`, `float16` or `bfloat16`; `None` when it
 /// names none of them (absent, `auto`).
 pub fn config_dtype(config_json: &Path) -> Result<Option<Dtype>, ModelError> {
-    let text = std::fs::read_to_string(config_json).map_err(|e| ModelError::Io { path: config_json.to_path_buf(), source: e })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig { source_file: config_json.to_path_buf(), field: "config.json".into(), reason: e.to_string() })?;
+    let text = std::fs::read_to_string(config_json)
+        .map_err(|e| ModelError::Io { path: config_json.to_path_buf(), source: e })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig {
+        source_file: config_json.to_path_buf(),
+        field: "config.json".into(),
+        reason: e.to_string(),
+    })?;
     let name = v.get("dtype").or_else(|| v.get("torch_dtype")).and_then(serde_json::Value::as_str).unwrap_or("");
     Ok(match name.trim_start_matches("torch.") {
         "float32" => Some(Dtype::F32),
@@ -315,9 +363,28 @@ pub struct SafetensorsSource<'a> {
 }
 
 impl<'a> SafetensorsSource<'a> {
-    pub fn new(checkpoint: &'a SafetensorsCheckpoint, dir: PathBuf, precision: Precision, progress: Option<Progress<'a>>) -> Self {
-        let total = checkpoint.names().filter_map(|n| checkpoint.tensor(n)).map(|(_, i)| (i.data_offsets.1 - i.data_offsets.0) as u64).sum();
-        SafetensorsSource { checkpoint, dir, precision, progress, config_dtype: None, converted: Vec::new(), arena: WeightArena::new(), done: 0, total }
+    pub fn new(
+        checkpoint: &'a SafetensorsCheckpoint,
+        dir: PathBuf,
+        precision: Precision,
+        progress: Option<Progress<'a>>,
+    ) -> Self {
+        let total = checkpoint
+            .names()
+            .filter_map(|n| checkpoint.tensor(n))
+            .map(|(_, i)| (i.data_offsets.1 - i.data_offsets.0) as u64)
+            .sum();
+        SafetensorsSource {
+            checkpoint,
+            dir,
+            precision,
+            progress,
+            config_dtype: None,
+            converted: Vec::new(),
+            arena: WeightArena::new(),
+            done: 0,
+            total,
+        }
     }
 
     /// The same source with the config's dtype (see [`config_dtype`]).
@@ -338,7 +405,10 @@ impl<'a> SafetensorsSource<'a> {
 
 impl WeightSource for SafetensorsSource<'_> {
     fn load(&mut self, hf_name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
-        let (file, info) = self.checkpoint.tensor(hf_name).ok_or_else(|| ModelError::MissingWeight { path: self.dir.clone(), name: hf_name.to_string() })?;
+        let (file, info) = self
+            .checkpoint
+            .tensor(hf_name)
+            .ok_or_else(|| ModelError::MissingWeight { path: self.dir.clone(), name: hf_name.to_string() })?;
         let expected = self.expected_dtype(info.dtype);
         if info.shape != shape {
             return Err(ModelError::WeightMismatch {
@@ -350,7 +420,11 @@ impl WeightSource for SafetensorsSource<'_> {
                 expected_dtype: format!("{expected:?}"),
             });
         }
-        let unsupported = |d: Dtype| ModelError::InvalidConfig { source_file: self.dir.clone(), field: hf_name.to_string(), reason: format!("unsupported dtype {d:?} (loupe reads F32, F16 and BF16 checkpoints)") };
+        let unsupported = |d: Dtype| ModelError::InvalidConfig {
+            source_file: self.dir.clone(),
+            field: hf_name.to_string(),
+            reason: format!("unsupported dtype {d:?} (loupe reads F32, F16 and BF16 checkpoints)"),
+        };
         let stored_ty = ggml_type_of(info.dtype).ok_or_else(|| unsupported(info.dtype))?;
         let bytes = file.tensor_data(info);
         let w = if expected == info.dtype || expected == Dtype::F32 {
@@ -394,14 +468,23 @@ mod tests {
     #[test]
     fn names_map_to_gguf() {
         assert_eq!(gguf_name("model.layers.12.self_attn.o_proj.weight").as_deref(), Some("blk.12.attn_output.weight"));
-        assert_eq!(gguf_name("model.layers.0.post_attention_layernorm.weight").as_deref(), Some("blk.0.ffn_norm.weight"));
+        assert_eq!(
+            gguf_name("model.layers.0.post_attention_layernorm.weight").as_deref(),
+            Some("blk.0.ffn_norm.weight")
+        );
         assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
         assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight"), None);
         assert_eq!(gguf_name("model.layers.0.pre_feedforward_layernorm.weight"), None);
         let gemma = |n: &str| gguf_name_in(crate::Family::Gemma3, n);
-        assert_eq!(gemma("model.layers.2.post_attention_layernorm.weight").as_deref(), Some("blk.2.post_attention_norm.weight"));
+        assert_eq!(
+            gemma("model.layers.2.post_attention_layernorm.weight").as_deref(),
+            Some("blk.2.post_attention_norm.weight")
+        );
         assert_eq!(gemma("model.layers.2.pre_feedforward_layernorm.weight").as_deref(), Some("blk.2.ffn_norm.weight"));
-        assert_eq!(gemma("model.layers.2.post_feedforward_layernorm.weight").as_deref(), Some("blk.2.post_ffw_norm.weight"));
+        assert_eq!(
+            gemma("model.layers.2.post_feedforward_layernorm.weight").as_deref(),
+            Some("blk.2.post_ffw_norm.weight")
+        );
         assert_eq!(gemma("model.layers.2.self_attn.q_norm.weight").as_deref(), Some("blk.2.attn_q_norm.weight"));
     }
 
@@ -414,7 +497,11 @@ mod tests {
         use half::bf16;
         use safetensors::tensor::TensorView;
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"}"#).unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16"}"#,
+        )
+        .unwrap();
         // 1 + 2^-10 is not a bf16 value (8 mantissa bits): it rounds to 1.0.
         let f32_vals: Vec<f32> = vec![1.0 + 1.0 / 1024.0, -3.5, 0.1, 2.0e-3];
         let f32_bytes: Vec<u8> = f32_vals.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -432,7 +519,8 @@ mod tests {
             WeightData::Quant(q) => q.dequantize(),
         };
 
-        let mut native = SafetensorsSource::new(&ck, dir.path().to_path_buf(), Precision::Native, None).with_config_dtype(Some(Dtype::BF16));
+        let mut native = SafetensorsSource::new(&ck, dir.path().to_path_buf(), Precision::Native, None)
+            .with_config_dtype(Some(Dtype::BF16));
         let a = native.load("a.weight", &[2, 2]).unwrap();
         assert_eq!(a.source_type, GgmlType::BF16, "cast to the config's dtype");
         assert_eq!(values(&a), f32_vals.iter().map(|v| bf16::from_f32(*v).to_f32()).collect::<Vec<_>>());
@@ -441,7 +529,8 @@ mod tests {
         assert_eq!((b.source_type, values(&b)), (GgmlType::BF16, bf_vals.clone()));
         assert_eq!(native.converted, vec![("a.weight".to_string(), Dtype::F32)]);
 
-        let mut wide = SafetensorsSource::new(&ck, dir.path().to_path_buf(), Precision::F32, None).with_config_dtype(Some(Dtype::BF16));
+        let mut wide = SafetensorsSource::new(&ck, dir.path().to_path_buf(), Precision::F32, None)
+            .with_config_dtype(Some(Dtype::BF16));
         assert_eq!(values(&wide.load("a.weight", &[2, 2]).unwrap()), f32_vals, "f32 compute keeps f32 values exactly");
         assert_eq!(values(&wide.load("b.weight", &[2, 2]).unwrap()), bf_vals);
 

@@ -28,7 +28,12 @@ fn load_at(path: &Path, precision: Precision) -> Model {
 
 /// The tiny GGUF (every matrix f32) and its model loaded at f32.
 fn tiny_f32(dir: &Path) -> (PathBuf, Model) {
-    let spec = TinyLlama { matrix_type: GgmlType::F32, matrix_type_alt: GgmlType::F32, embedding_type: GgmlType::F32, ..TinyLlama::default() };
+    let spec = TinyLlama {
+        matrix_type: GgmlType::F32,
+        matrix_type_alt: GgmlType::F32,
+        embedding_type: GgmlType::F32,
+        ..TinyLlama::default()
+    };
     let path = dir.join("tiny.gguf");
     tiny::write_tiny_llama_gguf(&path, &spec).unwrap();
     let model = load_at(&path, Precision::F32);
@@ -70,7 +75,8 @@ fn export(model: &Model, dir: &Path, architecture: &str, extra: &[(String, Vec<u
             (n, s, b)
         })
         .collect();
-    let views: Vec<(&str, TensorView<'_>)> = bytes.iter().map(|(n, s, b)| (n.as_str(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
+    let views: Vec<(&str, TensorView<'_>)> =
+        bytes.iter().map(|(n, s, b)| (n.as_str(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     model.tokenizer.inner().save(dir.join("tokenizer.json"), false).unwrap();
     let tok_cfg = serde_json::json!({
@@ -82,7 +88,8 @@ fn export(model: &Model, dir: &Path, architecture: &str, extra: &[(String, Vec<u
 }
 
 fn convert(dir: &Path, out: &Path, target: GgmlType, keep_embeddings: bool) -> loupe_models::quantize::QuantizeReport {
-    quantize_hf_dir(dir, out, target, keep_embeddings, |_, _| {}).unwrap_or_else(|e| panic!("quantize {}: {e}", dir.display()))
+    quantize_hf_dir(dir, out, target, keep_embeddings, |_, _| {})
+        .unwrap_or_else(|e| panic!("quantize {}: {e}", dir.display()))
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -103,11 +110,19 @@ fn a_llama_directory_converts_to_the_same_model() {
     let dir = tmp.path().join("hf-llama");
     export(&original, &dir, "LlamaForCausalLM", &[], Dtype::F32);
     let want = all_logits(&original.graph, &TOKENS);
-    assert_eq!(all_logits(&load_at(&dir, Precision::F32).graph, &TOKENS), want, "the exported directory is the tiny model");
+    assert_eq!(
+        all_logits(&load_at(&dir, Precision::F32).graph, &TOKENS),
+        want,
+        "the exported directory is the tiny model"
+    );
 
     let out = tmp.path().join("from-hf-f32.gguf");
     let report = convert(&dir, &out, GgmlType::F32, true);
-    assert!(report.tensors.iter().all(|(_, f)| !matches!(f, TensorFate::Quantized { .. })), "f32 to f32 copies: {:?}", report.tensors);
+    assert!(
+        report.tensors.iter().all(|(_, f)| !matches!(f, TensorFate::Quantized { .. })),
+        "f32 to f32 copies: {:?}",
+        report.tensors
+    );
     let converted = load_at(&out, Precision::F32);
     assert_eq!(converted.config, original.config, "the GGUF's config");
     assert_eq!(all_logits(&converted.graph, &TOKENS), want, "f32 logits of the converted GGUF");
@@ -123,17 +138,44 @@ fn a_llama_directory_converts_to_the_same_model() {
     assert_eq!(names(&b), names(&a));
     assert_eq!(b.tensors[0].name, "token_embd.weight");
     for t in &a.tensors {
-        assert_eq!(b.tensor_data(b.tensor(&t.name).unwrap()), a.tensor_data(t), "{}: bytes differ from the tiny GGUF's", t.name);
+        assert_eq!(
+            b.tensor_data(b.tensor(&t.name).unwrap()),
+            a.tensor_data(t),
+            "{}: bytes differ from the tiny GGUF's",
+            t.name
+        );
     }
-    for key in ["general.architecture", "llama.context_length", "llama.embedding_length", "llama.block_count", "llama.feed_forward_length", "llama.attention.head_count", "llama.attention.head_count_kv", "llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon", "tokenizer.ggml.model", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"] {
+    for key in [
+        "general.architecture",
+        "llama.context_length",
+        "llama.embedding_length",
+        "llama.block_count",
+        "llama.feed_forward_length",
+        "llama.attention.head_count",
+        "llama.attention.head_count_kv",
+        "llama.rope.freq_base",
+        "llama.attention.layer_norm_rms_epsilon",
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.add_bos_token",
+        "tokenizer.chat_template",
+    ] {
         assert_eq!(b.get(key).map(|v| v.to_string()), a.get(key).map(|v| v.to_string()), "{key}");
     }
     assert_eq!(b.get("general.file_type").map(|v| v.to_string()), Some("0".into()));
-    assert_eq!(b.opt_str("tokenizer.ggml.pre").unwrap(), Some("gpt2"), "a plain ByteLevel pre-tokenizer is GPT-2's split");
+    assert_eq!(
+        b.opt_str("tokenizer.ggml.pre").unwrap(),
+        Some("gpt2"),
+        "a plain ByteLevel pre-tokenizer is GPT-2's split"
+    );
 
     // The tokenizer round trip: the GGUF's tokenizer encodes as tokenizer.json does.
-    let hf = loupe_text::Tokenizer::from_file(&dir.join("tokenizer.json"), Some(&dir.join("tokenizer_config.json"))).unwrap();
-    for text in ["The quick brown fox", "<|im_start|>user\nhéllo, wörld 🙂<|im_end|>\n", "  spaces  and\nnew lines 1234", ""] {
+    let hf = loupe_text::Tokenizer::from_file(&dir.join("tokenizer.json"), Some(&dir.join("tokenizer_config.json")))
+        .unwrap();
+    for text in
+        ["The quick brown fox", "<|im_start|>user\nhéllo, wörld 🙂<|im_end|>\n", "  spaces  and\nnew lines 1234", ""]
+    {
         assert_eq!(converted.tokenizer.encode(text, true).unwrap(), hf.encode(text, true).unwrap(), "{text:?}");
     }
     assert_eq!((converted.tokenizer.bos_id(), converted.tokenizer.eos_id()), (Some(tiny::BOS_ID), Some(tiny::EOS_ID)));
@@ -151,13 +193,23 @@ fn a_llama_directory_converts_to_the_same_model() {
         let (cos, agree) = (cosine(&want, &got), argmax_agreement(&want, &got, vocab));
         eprintln!("q8_0 at {precision:?}: logits cosine {cos}, argmax {agree}/{}", TOKENS.len());
         assert!(cos > 0.999 && cos < 1.0, "q8_0 at {precision:?}: cosine {cos}");
-        assert!(agree >= TOKENS.len() - 1, "q8_0 at {precision:?}: argmax agrees at {agree} of {} positions", TOKENS.len());
+        assert!(
+            agree >= TOKENS.len() - 1,
+            "q8_0 at {precision:?}: argmax agrees at {agree} of {} positions",
+            TOKENS.len()
+        );
     }
 
     // q4_0: the f32 embedding is written in q8_0, not q4_0 (or kept in f32); --all: q4_0.
     let q4 = tmp.path().join("from-hf-q4_0.gguf");
     let report = convert(&dir, &q4, GgmlType::Q4_0, true);
-    assert!(report.tensors.contains(&("token_embd.weight".into(), TensorFate::Embedding { from: GgmlType::F32, to: GgmlType::Q8_0 })), "{:?}", report.tensors);
+    assert!(
+        report
+            .tensors
+            .contains(&("token_embd.weight".into(), TensorFate::Embedding { from: GgmlType::F32, to: GgmlType::Q8_0 })),
+        "{:?}",
+        report.tensors
+    );
     let g = GgufFile::open(&q4).unwrap();
     assert_eq!(g.tensor("token_embd.weight").unwrap().ggml_type, GgmlType::Q8_0);
     assert_eq!(g.tensor("blk.0.attn_q.weight").unwrap().ggml_type, GgmlType::Q4_0);
@@ -177,7 +229,9 @@ fn a_qwen2_directory_with_biases_converts_to_the_same_model() {
     let (_, original) = tiny_f32(tmp.path());
     let c = &original.config;
     let mut rng = SplitMix64(7);
-    let mut bias = |n: usize| (0..n).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5).collect::<Vec<f32>>();
+    let mut bias = |n: usize| {
+        (0..n).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5).collect::<Vec<f32>>()
+    };
     let kv = c.num_key_value_heads * c.head_dim;
     let mut extra = Vec::new();
     for l in 0..c.num_hidden_layers {
@@ -210,8 +264,15 @@ fn a_qwen3_directory_with_qk_norms_converts_to_the_same_model() {
     let (_, original) = tiny_f32(tmp.path());
     let c = &original.config;
     let mut rng = SplitMix64(11);
-    let mut norm = |n: usize| (0..n).map(|_| 1.0 + ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4).collect::<Vec<f32>>();
-    let extra: Vec<_> = (0..c.num_hidden_layers).flat_map(|l| ["q_norm", "k_norm"].map(|p| (format!("model.layers.{l}.self_attn.{p}.weight"), vec![c.head_dim], norm(c.head_dim)))).collect();
+    let mut norm = |n: usize| {
+        (0..n).map(|_| 1.0 + ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4).collect::<Vec<f32>>()
+    };
+    let extra: Vec<_> = (0..c.num_hidden_layers)
+        .flat_map(|l| {
+            ["q_norm", "k_norm"]
+                .map(|p| (format!("model.layers.{l}.self_attn.{p}.weight"), vec![c.head_dim], norm(c.head_dim)))
+        })
+        .collect();
     let dir = tmp.path().join("hf-qwen3");
     export(&original, &dir, "Qwen3ForCausalLM", &extra, Dtype::F32);
     let from_dir = load_at(&dir, Precision::F32);
@@ -229,7 +290,9 @@ fn a_qwen3_directory_with_qk_norms_converts_to_the_same_model() {
 
 fn error_of(dir: &Path) -> String {
     let out = dir.join("out.gguf");
-    let e = quantize_hf_dir(dir, &out, GgmlType::Q8_0, true, |_, _| {}).err().unwrap_or_else(|| panic!("{}: converted", dir.display()));
+    let e = quantize_hf_dir(dir, &out, GgmlType::Q8_0, true, |_, _| {})
+        .err()
+        .unwrap_or_else(|| panic!("{}: converted", dir.display()));
     assert!(!out.exists(), "no output written on error");
     e.to_string()
 }
@@ -240,7 +303,8 @@ fn unconvertible_directories_are_refused_naming_the_file_or_key() {
     let (_, original) = tiny_f32(tmp.path());
     let dir = tmp.path().join("hf");
     export(&original, &dir, "LlamaForCausalLM", &[], Dtype::F32);
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let with_config = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
         let d = tmp.path().join(name);
         std::fs::create_dir_all(&d).unwrap();
@@ -253,15 +317,27 @@ fn unconvertible_directories_are_refused_naming_the_file_or_key() {
         d
     };
     let cases: Vec<(PathBuf, &str)> = vec![
-        (with_config("gpt2", &|c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])), "unsupported architecture 'GPT2LMHeadModel'"),
-        (with_config("phi3", &|c| c["architectures"] = serde_json::json!(["Phi3ForCausalLM"])), "'phi3 (not converted to GGUF)' (supported: llama, qwen2, qwen3)"),
-        (with_config("no-hidden", &|c| drop(c.as_object_mut().unwrap().remove("hidden_size"))), "invalid hidden_size: missing"),
-        (with_config("window", &|c| {
-            c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
-            c["use_sliding_window"] = serde_json::json!(true);
-            c["sliding_window"] = serde_json::json!(8);
-            c["max_window_layers"] = serde_json::json!(0);
-        }), "invalid sliding_window"),
+        (
+            with_config("gpt2", &|c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])),
+            "unsupported architecture 'GPT2LMHeadModel'",
+        ),
+        (
+            with_config("phi3", &|c| c["architectures"] = serde_json::json!(["Phi3ForCausalLM"])),
+            "'phi3 (not converted to GGUF)' (supported: llama, qwen2, qwen3)",
+        ),
+        (
+            with_config("no-hidden", &|c| drop(c.as_object_mut().unwrap().remove("hidden_size"))),
+            "invalid hidden_size: missing",
+        ),
+        (
+            with_config("window", &|c| {
+                c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+                c["use_sliding_window"] = serde_json::json!(true);
+                c["sliding_window"] = serde_json::json!(8);
+                c["max_window_layers"] = serde_json::json!(0);
+            }),
+            "invalid sliding_window",
+        ),
         (with_config("gelu", &|c| c["hidden_act"] = serde_json::json!("gelu_pytorch_tanh")), "invalid hidden_act"),
     ];
     for (d, needle) in cases {

@@ -34,7 +34,8 @@ fn the_same_spec_gives_the_same_bytes() {
     assert!(a != other, "the seed changes nothing");
     let (_dir, path) = write(&spec);
     assert!(std::fs::read(&path).unwrap() == a, "the file holds other bytes than tiny_llama_gguf_bytes");
-    let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let leftovers: Vec<_> =
+        std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(leftovers, [std::ffi::OsString::from("tiny.gguf")], "the temporary file was left behind");
 }
 
@@ -63,7 +64,14 @@ fn the_file_looks_like_smollm2_in_small() {
     let m = load_tiny(&path, Precision::F32);
     let c = &m.config;
     assert_eq!(
-        (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size),
+        (
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.intermediate_size
+        ),
         (spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim(), spec.ffn)
     );
     assert_eq!(c.vocab_size, tokens.len());
@@ -77,7 +85,8 @@ fn every_precision_loads_and_keeps_blocks_where_it_should() {
     let (_dir, path) = write(&TinyLlama::default());
     for precision in [Precision::F32, Precision::Native, Precision::Q8] {
         let m = load_tiny(&path, precision);
-        let q = m.graph.weights.iter().find(|w| w.name == "model.layers.0.self_attn.q_proj.weight").expect("q_proj weight");
+        let q =
+            m.graph.weights.iter().find(|w| w.name == "model.layers.0.self_attn.q_proj.weight").expect("q_proj weight");
         match (&q.data, precision) {
             (WeightData::F32(_), Precision::F32) => {}
             (WeightData::Quant(b), Precision::Native | Precision::Q8) => assert_eq!(b.ty, GgmlType::Q4_1),
@@ -92,7 +101,14 @@ fn tokenizer_round_trips_and_knows_its_specials() {
     let (_dir, path) = write(&TinyLlama::default());
     let m = load_tiny(&path, Precision::F32);
     let tok = &m.tokenizer;
-    for text in ["The quick brown fox jumps over the lazy dog", "Hello there", "  two  spaces\nand a line\ttab", "ünïcödé ✓ 日本語 🦀", "x = fibonacci(10) + 1492;", ""] {
+    for text in [
+        "The quick brown fox jumps over the lazy dog",
+        "Hello there",
+        "  two  spaces\nand a line\ttab",
+        "ünïcödé ✓ 日本語 🦀",
+        "x = fibonacci(10) + 1492;",
+        "",
+    ] {
         let ids = tok.encode(text, false).unwrap();
         assert!(ids.iter().all(|&i| (i as usize) < m.config.vocab_size), "{text:?}: {ids:?}");
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "{text:?} -> {ids:?}");
@@ -136,9 +152,15 @@ fn qk_permutation_is_undone_by_the_loader() {
     let (_dir, path) = write(&spec);
     let f = GgufFile::open(&path).unwrap();
     let m = load_tiny(&path, Precision::F32);
-    for (gguf_name, hf_name, n_heads) in [("blk.1.attn_q.weight", "model.layers.1.self_attn.q_proj.weight", spec.heads), ("blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight", spec.kv_heads)] {
+    for (gguf_name, hf_name, n_heads) in [
+        ("blk.1.attn_q.weight", "model.layers.1.self_attn.q_proj.weight", spec.heads),
+        ("blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight", spec.kv_heads),
+    ] {
         let raw = f.tensor_data(f.tensor(gguf_name).unwrap());
-        let want: Vec<f32> = loupe_models::weights::unpermute_rows(raw, n_heads, spec.hidden * 4).chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let want: Vec<f32> = loupe_models::weights::unpermute_rows(raw, n_heads, spec.hidden * 4)
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         let w = m.graph.weights.iter().find(|w| w.name == hf_name).unwrap();
         let WeightData::F32(got) = &w.data else { panic!("{hf_name} not f32") };
         assert_eq!(**got, want, "{hf_name}");
@@ -151,7 +173,8 @@ fn qk_permutation_is_undone_by_the_loader() {
 fn runs_in_every_precision_with_finite_distinct_logits_and_agreeing_argmax() {
     let (_dir, path) = write(&TinyLlama::default());
     let f32_model = load_tiny(&path, Precision::F32);
-    let tokens = f32_model.tokenizer.encode("The quick brown fox jumps over the lazy dog because it was tired", false).unwrap();
+    let tokens =
+        f32_model.tokenizer.encode("The quick brown fox jumps over the lazy dog because it was tired", false).unwrap();
     let vocab = f32_model.config.vocab_size;
     let base = all_logits(&f32_model.graph, &tokens);
     assert_eq!(base.len(), tokens.len() * vocab);
@@ -161,7 +184,8 @@ fn runs_in_every_precision_with_finite_distinct_logits_and_agreeing_argmax() {
     // have a spread (not all near zero).
     let distinct: std::collections::HashSet<_> = base_argmax.iter().collect();
     assert!(distinct.len() > 2, "the model predicts the same few tokens everywhere: {base_argmax:?}");
-    let spread = base[..vocab].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) - base[..vocab].iter().fold(f32::INFINITY, |a, &b| a.min(b));
+    let spread = base[..vocab].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+        - base[..vocab].iter().fold(f32::INFINITY, |a, &b| a.min(b));
     assert!(spread > 1.0, "logit spread {spread}");
     for precision in [Precision::Native, Precision::Q8] {
         let m = load_tiny(&path, precision);
@@ -232,7 +256,10 @@ fn a_tiny_gemma2_soft_caps_its_scores_and_logits() {
     let (_dir, path) = write(&spec);
     let m = load_tiny(&path, Precision::F32);
     let c = &m.config;
-    assert_eq!((c.family, c.attn_logit_softcap, c.final_logit_softcap), (Family::Gemma2, Some(gemma.attn_softcap), Some(gemma.final_softcap)));
+    assert_eq!(
+        (c.family, c.attn_logit_softcap, c.final_logit_softcap),
+        (Family::Gemma2, Some(gemma.attn_softcap), Some(gemma.final_softcap))
+    );
     assert_eq!(c.layer_windows, [Some(8), None, Some(8), None]);
     let text = loupe_graph::print::to_text(&m.graph);
     assert_eq!(text.matches(&format!("softcap={}", gemma.attn_softcap)).count(), spec.layers, "{text}");
@@ -254,12 +281,20 @@ fn a_tiny_gemma2_soft_caps_its_scores_and_logits() {
     let logits = exec.run(&m.graph, &tokens, &mut kv, RunOptions::default(), Some(&mut rows)).unwrap().to_vec();
     let vocab = logits.len();
     let (head, capped) = (&rows.0[0], &rows.0[1]);
-    assert_eq!((head.0.as_str(), head.1.len(), capped.0.as_str()), ("lm_head", vocab, "logits"), "generation computes the last row only");
+    assert_eq!(
+        (head.0.as_str(), head.1.len(), capped.0.as_str()),
+        ("lm_head", vocab, "logits"),
+        "generation computes the last row only"
+    );
     let mut want = head.1.clone();
     loupe_tensor::ops::soft_cap(&mut want, gemma.final_softcap);
     assert_eq!(capped.1, want);
     assert_eq!(logits, want);
-    assert!(head.1.iter().any(|x| x.abs() > gemma.final_softcap / 2.0), "the final cap does not bite: {:?}", &head.1[..8]);
+    assert!(
+        head.1.iter().any(|x| x.abs() > gemma.final_softcap / 2.0),
+        "the final cap does not bite: {:?}",
+        &head.1[..8]
+    );
     assert_eq!(argmax(&head.1), argmax(&logits), "soft-capping is monotone");
     // With all logits the last row is the same.
     assert_eq!(all_logits(&m.graph, &tokens)[(tokens.len() - 1) * vocab..], logits[..]);
@@ -268,7 +303,11 @@ fn a_tiny_gemma2_soft_caps_its_scores_and_logits() {
     for other in [TinyGemma2 { attn_softcap: 1e9, ..gemma }, TinyGemma2 { final_softcap: 1e9, ..gemma }] {
         let (_d, p) = write(&TinyLlama { gemma2: Some(other), ..spec.clone() });
         let uncapped = all_logits(&load_tiny(&p, Precision::F32).graph, &tokens);
-        let diff = uncapped[(tokens.len() - 1) * vocab..].iter().zip(&logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let diff = uncapped[(tokens.len() - 1) * vocab..]
+            .iter()
+            .zip(&logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
         assert!(diff > 1e-2, "{other:?}: logits moved by only {diff}");
     }
 }

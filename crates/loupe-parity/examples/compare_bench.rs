@@ -80,7 +80,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (pa, pb) = (wa.finish()?, wb.finish()?);
     let bytes = 2.0 * n as f64 * per_tensor;
-    eprintln!("wrote {n} + {n} tensors of [{T}, {D}] f32 ({:.2} GiB) in {:.1}s", bytes / (1u64 << 30) as f64, t0.elapsed().as_secs_f64());
+    eprintln!(
+        "wrote {n} + {n} tensors of [{T}, {D}] f32 ({:.2} GiB) in {:.1}s",
+        bytes / (1u64 << 30) as f64,
+        t0.elapsed().as_secs_f64()
+    );
     run(&pa, &pb, bytes)
 }
 
@@ -93,7 +97,11 @@ fn run(pa: &std::path::Path, pb: &std::path::Path, bytes: f64) -> Result<(), Box
     println!("compared:     {:.2} GiB in {secs:.2}s", bytes / (1u64 << 30) as f64);
     println!("throughput:   {:.0} MB/s ({:.1} M elements/s per side)", bytes / 1e6 / secs, (bytes / 8.0) / 1e6 / secs);
     match (hwm_before, vm_hwm_kib()) {
-        (Some(b), Some(a)) => println!("peak RSS:     {:.1} MiB (VmHWM; {:.1} MiB before comparing)", a as f64 / 1024.0, b as f64 / 1024.0),
+        (Some(b), Some(a)) => println!(
+            "peak RSS:     {:.1} MiB (VmHWM; {:.1} MiB before comparing)",
+            a as f64 / 1024.0,
+            b as f64 / 1024.0
+        ),
         _ => println!("peak RSS:     unavailable (/proc/self/status)"),
     }
     Ok(())

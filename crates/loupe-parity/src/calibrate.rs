@@ -31,7 +31,7 @@ use crate::compare::Progress;
 use crate::error::ParityError;
 use crate::logits;
 use crate::mapping::Mapping;
-use crate::metrics::{self, Metrics, MetricOptions};
+use crate::metrics::{self, MetricOptions, Metrics};
 use crate::names::is_logits_name;
 use crate::pairing::pair;
 use crate::result::{Reason, TokenSummary};
@@ -113,19 +113,32 @@ pub struct Calibration {
 
 impl Calibration {
     /// Measures every tensor the two runs share. `factor` must be a finite number ≥ 1.
-    pub fn from_paths(high: &Path, low: &Path, factor: f64, progress: &mut dyn Progress) -> Result<Calibration, ParityError> {
+    pub fn from_paths(
+        high: &Path,
+        low: &Path,
+        factor: f64,
+        progress: &mut dyn Progress,
+    ) -> Result<Calibration, ParityError> {
         let (sh, sl) = (TensorSource::open(high)?, TensorSource::open(low)?);
         Calibration::from_sources(&sh, &sl, factor, progress)
     }
 
     /// As [`Calibration::from_paths`], from opened sources.
-    pub fn from_sources(high: &TensorSource, low: &TensorSource, factor: f64, progress: &mut dyn Progress) -> Result<Calibration, ParityError> {
+    pub fn from_sources(
+        high: &TensorSource,
+        low: &TensorSource,
+        factor: f64,
+        progress: &mut dyn Progress,
+    ) -> Result<Calibration, ParityError> {
         check_factor(factor)?;
         if let (Some(a), Some(b)) = (high.prompt_tokens(), low.prompt_tokens()) {
             if a != b {
                 return Err(ParityError::input(
                     &low.path,
-                    format!("its prompt tokens differ from {}'s: a noise floor needs the same input at both precisions", high.path.display()),
+                    format!(
+                        "its prompt tokens differ from {}'s: a noise floor needs the same input at both precisions",
+                        high.path.display()
+                    ),
                 ));
             }
         }
@@ -146,14 +159,21 @@ impl Calibration {
             }
             let m = metrics::compute(&ta, &tb, &opts);
             let tokens = if ta.shape.len() >= 2 { crate::result::token_summary(&m.row_cosines) } else { None };
-            let argmax = if is_logits_name(&ca.name) { logits::compute(&ta, &tb, 1).map(|l| l.argmax_mismatch_count) } else { None };
+            let argmax = if is_logits_name(&ca.name) {
+                logits::compute(&ta, &tb, 1).map(|l| l.argmax_mismatch_count)
+            } else {
+                None
+            };
             floors.insert((ca.step, ca.name.clone()), Floor::of(&m, tokens.as_ref(), argmax));
         }
         progress.finish();
         if floors.is_empty() {
             return Err(ParityError::input(
                 &low.path,
-                format!("no tensor pairs with {}: the calibration runs must be two dumps of the same reference", high.path.display()),
+                format!(
+                    "no tensor pairs with {}: the calibration runs must be two dumps of the same reference",
+                    high.path.display()
+                ),
             ));
         }
         Ok(Calibration {
@@ -188,7 +208,13 @@ pub fn check_factor(factor: f64) -> Result<(), ParityError> {
 /// The divergence rule against a noise floor (the module docs state it). The tests are
 /// written `!(x <= limit)` on purpose: a NaN metric fails them.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-pub fn judge(m: &Metrics, tokens: Option<&TokenSummary>, argmax_mismatches: Option<usize>, floor: &Floor, factor: f64) -> (Vec<Reason>, FloorReport) {
+pub fn judge(
+    m: &Metrics,
+    tokens: Option<&TokenSummary>,
+    argmax_mismatches: Option<usize>,
+    floor: &Floor,
+    factor: f64,
+) -> (Vec<Reason>, FloorReport) {
     let e0 = floor.rel_error();
     let rel = m.nmse.sqrt();
     let cos_floor = |c: f64| (1.0 - c).max(e0 * e0 / 2.0);
@@ -209,7 +235,10 @@ pub fn judge(m: &Metrics, tokens: Option<&TokenSummary>, argmax_mismatches: Opti
         r.push(Reason::Argmax);
     }
     if let (Some(t), Some(c0)) = (tokens, floor.last_token_cosine) {
-        if t.rows >= 2 && !r.contains(&Reason::Cosine) && !(1.0 - t.last_token_cosine <= factor * factor * cos_floor(c0)) {
+        if t.rows >= 2
+            && !r.contains(&Reason::Cosine)
+            && !(1.0 - t.last_token_cosine <= factor * factor * cos_floor(c0))
+        {
             r.push(Reason::LastToken);
         }
     }
@@ -297,7 +326,13 @@ mod tests {
         let rounded = Tensor::new(vec![8, 64], x.iter().map(|v| f32::from_bits(v.to_bits() ^ 1)).collect());
         assert!(verdict(&high, &rounded, &floor).0.is_empty());
         assert!(!verdict(&high, &noisy(&x, 1.0, 1e-5, 6), &floor).0.is_empty());
-        let nan_floor = Floor { nmse: f64::NAN, cosine: f64::NAN, norm_ratio: f64::NAN, last_token_cosine: None, argmax_mismatches: None };
+        let nan_floor = Floor {
+            nmse: f64::NAN,
+            cosine: f64::NAN,
+            norm_ratio: f64::NAN,
+            last_token_cosine: None,
+            argmax_mismatches: None,
+        };
         assert_eq!(nan_floor.rel_error(), f64::INFINITY);
     }
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::calibrate::{self, Calibration, CalibrationInfo};
 use crate::error::ParityError;
+use crate::evidence::{Evidence, LayerShift};
 use crate::logits;
 use crate::mapping::{Mapping, Side};
 use crate::metrics::{self, MetricOptions};
@@ -17,7 +18,6 @@ use crate::pairing::{pair, Candidate, Unpaired};
 use crate::result::{judge, token_summary, PairKey, PairReport, Reason, Status, Thresholds};
 use crate::source::TensorSource;
 use crate::tensor::{Op, Tensor};
-use crate::evidence::{Evidence, LayerShift};
 use crate::verdict::{decide, Verdict};
 
 /// Diverged layer outputs checked for a layer offset (each costs two extra loads).
@@ -120,7 +120,10 @@ fn load(src: &TensorSource, side: Side, c: &Candidate, mapping: &Mapping) -> Res
             if len != Some(extent) {
                 return Err(ParityError::Transform {
                     name: c.raw.clone(),
-                    reason: format!("split parts cover {extent} along axis {axis}, the tensor of shape {:?} has {len:?}", t.shape),
+                    reason: format!(
+                        "split parts cover {extent} along axis {axis}, the tensor of shape {:?} has {len:?}",
+                        t.shape
+                    ),
                 });
             }
         }
@@ -136,14 +139,21 @@ fn load(src: &TensorSource, side: Side, c: &Candidate, mapping: &Mapping) -> Res
 /// probability (`Ok(note)`); otherwise the shorter side dropped keys the longer one attends
 /// to (`Err(note)`). `None`: not such a pair.
 fn align_window_keys(name: &str, ta: &mut Tensor, tb: &mut Tensor) -> Option<Result<String, String>> {
-    if !name.ends_with(".attn_probs") || ta.shape.len() != 3 || tb.shape.len() != 3 || ta.shape[..2] != tb.shape[..2] || ta.shape[2] == tb.shape[2] {
+    if !name.ends_with(".attn_probs")
+        || ta.shape.len() != 3
+        || tb.shape.len() != 3
+        || ta.shape[..2] != tb.shape[..2]
+        || ta.shape[2] == tb.shape[2]
+    {
         return None;
     }
     let a_longer = ta.shape[2] > tb.shape[2];
-    let (long, short, long_side, short_side) = if a_longer { (ta, tb, "reference", "target") } else { (tb, ta, "target", "reference") };
+    let (long, short, long_side, short_side) =
+        if a_longer { (ta, tb, "reference", "target") } else { (tb, ta, "target", "reference") };
     let (lk, sk) = (long.shape[2], short.shape[2]);
     let dropped = lk - sk;
-    let mass: f32 = long.data.chunks_exact(lk).map(|row| row[..dropped].iter().map(|v| v.abs()).sum::<f32>()).fold(0.0, f32::max);
+    let mass: f32 =
+        long.data.chunks_exact(lk).map(|row| row[..dropped].iter().map(|v| v.abs()).sum::<f32>()).fold(0.0, f32::max);
     if mass != 0.0 {
         return Some(Err(format!(
             "key axes differ: the {short_side} holds {sk} keys, the {long_side} {lk}, and the {long_side} puts up to {mass:.3e} probability on the {dropped} leading keys the {short_side} does not have (a sliding window applied on one side only?)"
@@ -155,7 +165,13 @@ fn align_window_keys(name: &str, ta: &mut Tensor, tb: &mut Tensor) -> Option<Res
 }
 
 /// Measures one pair.
-pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOptions, vocab: Option<usize>) -> PairReport {
+pub fn evaluate(
+    key: PairKey,
+    mut ta: Tensor,
+    mut tb: Tensor,
+    opts: &CompareOptions,
+    vocab: Option<usize>,
+) -> PairReport {
     let (shape_a, shape_b) = (ta.shape.clone(), tb.shape.clone());
     let bare = |status, note: String| PairReport::bare(key, shape_a.clone(), shape_b.clone(), status, note);
     ta.squeeze_leading();
@@ -172,7 +188,11 @@ pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOpti
             note = Some(format!("target reshaped from {:?} to {:?} (--allow-reshape)", tb.shape, ta.shape));
             tb.shape = ta.shape.clone();
         } else {
-            let hint = if ta.data.len() == tb.data.len() { "; element counts agree: --allow-reshape or a --map transform" } else { "" };
+            let hint = if ta.data.len() == tb.data.len() {
+                "; element counts agree: --allow-reshape or a --map transform"
+            } else {
+                ""
+            };
             return bare(Status::ShapeMismatch, format!("shapes differ: {:?} vs {:?}{hint}", ta.shape, tb.shape));
         }
     }
@@ -198,7 +218,8 @@ pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOpti
     let calibrated = opts.calibration.as_ref().and_then(|c| Some((c.floor(key.step, key.name)?, c.factor()?)));
     let (mut reasons, floor) = match calibrated {
         Some((f, factor)) => {
-            let (r, report) = calibrate::judge(&m, tokens.as_ref(), lg.as_ref().map(|l| l.argmax_mismatch_count), f, factor);
+            let (r, report) =
+                calibrate::judge(&m, tokens.as_ref(), lg.as_ref().map(|l| l.argmax_mismatch_count), f, factor);
             (r, Some(report))
         }
         None => (judge(&m, tokens.as_ref(), lg.as_ref(), t), None),
@@ -229,7 +250,12 @@ pub fn evaluate(key: PairKey, mut ta: Tensor, mut tb: Tensor, opts: &CompareOpti
 }
 
 /// Compares two opened sources.
-pub fn compare_sources(sa: &TensorSource, sb: &TensorSource, opts: &CompareOptions, progress: &mut dyn Progress) -> Result<Report, ParityError> {
+pub fn compare_sources(
+    sa: &TensorSource,
+    sb: &TensorSource,
+    opts: &CompareOptions,
+    progress: &mut dyn Progress,
+) -> Result<Report, ParityError> {
     let mut pairing = pair(sa, sb, &opts.mapping, opts.step);
     if let Some(re) = &opts.only {
         pairing.pairs.retain(|(a, _)| re.is_match(&a.name));
@@ -284,7 +310,13 @@ pub fn compare_sources(sa: &TensorSource, sb: &TensorSource, opts: &CompareOptio
 
 /// For the first few diverged layer outputs: cosine of the target against the
 /// reference's previous and next layer (false cliff 1, docs/parity-protocol.md).
-fn layer_shifts(sa: &TensorSource, sb: &TensorSource, pairs: &[(Candidate, Candidate)], reports: &[PairReport], opts: &CompareOptions) -> Result<Vec<LayerShift>, ParityError> {
+fn layer_shifts(
+    sa: &TensorSource,
+    sb: &TensorSource,
+    pairs: &[(Candidate, Candidate)],
+    reports: &[PairReport],
+    opts: &CompareOptions,
+) -> Result<Vec<LayerShift>, ParityError> {
     let by_name: HashMap<(u32, &str), &Candidate> = pairs.iter().map(|(a, _)| ((a.step, a.name.as_str()), a)).collect();
     let mut out = Vec::new();
     for ((_, cb), r) in pairs.iter().zip(reports) {
@@ -331,7 +363,9 @@ mod window_tests {
         // The target attends to a key the reference's window dropped: a real difference.
         let mut reference = Tensor::new(vec![1, 1, 2], vec![0.25, 0.75]);
         let mut target = Tensor::new(vec![1, 1, 4], vec![0.1, 0.0, 0.2, 0.7]);
-        let e = align_window_keys(name, &mut reference, &mut target).expect("a window pair").expect_err("mass on dropped keys");
+        let e = align_window_keys(name, &mut reference, &mut target)
+            .expect("a window pair")
+            .expect_err("mass on dropped keys");
         assert!(e.contains("sliding window applied on one side only"), "{e}");
         // Other values and equal shapes are left alone.
         let mut a = Tensor::new(vec![1, 1, 2], vec![0.0; 2]);

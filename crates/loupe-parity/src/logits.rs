@@ -95,7 +95,12 @@ pub fn compute(a: &Tensor, b: &Tensor, k: usize) -> Option<LogitMetrics> {
             (Some(&x), Some(&y)) => {
                 count += 1;
                 if mismatches.len() < 16 {
-                    mismatches.push(ArgmaxMismatch { row: r, reference_top: x, target_top: y, reference_gap: f64::from(ra[x]) - f64::from(ra[y]) });
+                    mismatches.push(ArgmaxMismatch {
+                        row: r,
+                        reference_top: x,
+                        target_top: y,
+                        reference_gap: f64::from(ra[x]) - f64::from(ra[y]),
+                    });
                 }
             }
             _ => count += 1,

@@ -219,9 +219,13 @@ impl Mapping {
                     let mut parts = Vec::new();
                     for p in s.parts {
                         let (start, end) = match (p.size, p.start, p.end) {
-                            (Some(n), None, None) => (next, next.checked_add(n).ok_or_else(|| at("split sizes overflow".into()))?),
+                            (Some(n), None, None) => {
+                                (next, next.checked_add(n).ok_or_else(|| at("split sizes overflow".into()))?)
+                            }
                             (None, Some(a), Some(b)) if a <= b => (a, b),
-                            _ => return Err(at(format!("split part '{}' needs either size or start <= end", p.rename))),
+                            _ => {
+                                return Err(at(format!("split part '{}' needs either size or start <= end", p.rename)))
+                            }
                         };
                         next = end;
                         parts.push((p.rename, start, end));
@@ -335,7 +339,10 @@ mod tests {
             (r#"{"version": 1, "rules": [{"match": "a", "side": "c"}]}"#, "side 'c'"),
             (r#"{"version": 1, "rules": [{"match": "a", "bogus": 1}]}"#, "unknown field"),
             (r#"{"version": 1, "rules": [{"match": "a", "transforms": [{"op": "flip"}]}]}"#, "flip"),
-            (r#"{"version": 1, "rules": [{"match": "a", "split": {"parts": [{"rename": "x"}]}}]}"#, "needs either size"),
+            (
+                r#"{"version": 1, "rules": [{"match": "a", "split": {"parts": [{"rename": "x"}]}}]}"#,
+                "needs either size",
+            ),
             (r#"{"version": 1, "preset": "vllm"}"#, "unknown preset"),
         ] {
             let e = Mapping::parse(text).unwrap_err().to_string();

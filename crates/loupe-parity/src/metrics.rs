@@ -208,11 +208,19 @@ pub fn compute(a: &Tensor, b: &Tensor, o: &MetricOptions) -> Metrics {
                 // first strictly greater element keeps the earliest position on ties.
                 if s.max_abs > max_abs {
                     max_abs = s.max_abs;
-                    max_abs_i = c0 + xa.iter().zip(xb).position(|(&x, &y)| (f64::from(y) - f64::from(x)).abs() == s.max_abs).unwrap_or(0);
+                    max_abs_i = c0
+                        + xa.iter()
+                            .zip(xb)
+                            .position(|(&x, &y)| (f64::from(y) - f64::from(x)).abs() == s.max_abs)
+                            .unwrap_or(0);
                 }
                 if s.max_rel > max_rel {
                     max_rel = s.max_rel;
-                    max_rel_i = c0 + xa.iter().zip(xb).position(|(&x, &y)| rel_diff(f64::from(x), f64::from(y)) == s.max_rel).unwrap_or(0);
+                    max_rel_i = c0
+                        + xa.iter()
+                            .zip(xb)
+                            .position(|(&x, &y)| rel_diff(f64::from(x), f64::from(y)) == s.max_rel)
+                            .unwrap_or(0);
                 }
             } else {
                 for (k, (&fa, &fb)) in xa.iter().zip(xb).enumerate() {
@@ -265,7 +273,13 @@ pub fn compute(a: &Tensor, b: &Tensor, o: &MetricOptions) -> Metrics {
     }
     let (max_abs, max_rel) = (max_abs.max(0.0), max_rel.max(0.0));
     let shape = &a.shape;
-    let nmse = if aa > 0.0 { sd2 / aa } else if sd2 == 0.0 { 0.0 } else { f64::INFINITY };
+    let nmse = if aa > 0.0 {
+        sd2 / aa
+    } else if sd2 == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
     Metrics {
         numel: n,
         cosine: cosine(ab, aa, bb),
@@ -278,7 +292,13 @@ pub fn compute(a: &Tensor, b: &Tensor, o: &MetricOptions) -> Metrics {
         mean_abs_diff: if finite > 0 { sad / finite as f64 } else { 0.0 },
         nmse,
         rel_norm_error: nmse.sqrt(),
-        norm_ratio: if aa > 0.0 { (bb / aa).sqrt() } else if bb == 0.0 { 1.0 } else { f64::INFINITY },
+        norm_ratio: if aa > 0.0 {
+            (bb / aa).sqrt()
+        } else if bb == 0.0 {
+            1.0
+        } else {
+            f64::INFINITY
+        },
         sqnr_db: if sd2 > 0.0 { 10.0 * (aa / sd2).log10() } else { f64::INFINITY },
         mismatches: mism,
         nan_a,

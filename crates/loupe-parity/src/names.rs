@@ -127,7 +127,10 @@ pub fn is_layer_output(name: &str) -> bool {
 
 /// Whether `name` is the embedding output.
 pub fn is_embedding(name: &str) -> bool {
-    name == "model.embed_tokens" || name.ends_with(".embed_tokens") || name == "post_embed" || name == "embeddings.word_embeddings"
+    name == "model.embed_tokens"
+        || name.ends_with(".embed_tokens")
+        || name == "post_embed"
+        || name == "embeddings.word_embeddings"
 }
 
 /// Whether `name` holds logits.
@@ -181,9 +184,19 @@ mod tests {
 
     #[test]
     fn natural_order() {
-        let mut v = vec!["model.layers.10", "model.layers.2", "model.layers.1.mlp", "model.layers.1", "lm_head", "model.layers.02"];
+        let mut v = vec![
+            "model.layers.10",
+            "model.layers.2",
+            "model.layers.1.mlp",
+            "model.layers.1",
+            "lm_head",
+            "model.layers.02",
+        ];
         v.sort_by(|a, b| natural_cmp(a, b));
-        assert_eq!(v, ["lm_head", "model.layers.1", "model.layers.1.mlp", "model.layers.02", "model.layers.2", "model.layers.10"]);
+        assert_eq!(
+            v,
+            ["lm_head", "model.layers.1", "model.layers.1.mlp", "model.layers.02", "model.layers.2", "model.layers.10"]
+        );
         assert_eq!(layer_index("model.layers.17.self_attn.q_proj"), Some(17));
         assert!(is_layer_output("model.layers.3") && !is_layer_output("model.layers.3.mlp"));
     }

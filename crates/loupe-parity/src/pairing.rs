@@ -55,7 +55,15 @@ fn candidates(src: &TensorSource, side: Side, mapping: &Mapping, step: Option<u3
             continue;
         }
         for (k, d) in mapping.derive(side, &e.name).into_iter().enumerate() {
-            out.push(Candidate { entry: i, raw: e.name.clone(), name: d.name, exact: d.exact, ops: d.ops, step: e.step, order: (e.order, k) });
+            out.push(Candidate {
+                entry: i,
+                raw: e.name.clone(),
+                name: d.name,
+                exact: d.exact,
+                ops: d.ops,
+                step: e.step,
+                order: (e.order, k),
+            });
         }
     }
     out
@@ -88,7 +96,8 @@ fn index(cands: &[Candidate], rejected: &mut Vec<Unpaired>) -> HashMap<(u32, Str
             }
         } else {
             for &i in &members {
-                rejected.push(unpaired(&cands[i], Some(format!("ambiguous: {} all map to '{}'", raws.join(", "), key.1))));
+                rejected
+                    .push(unpaired(&cands[i], Some(format!("ambiguous: {} all map to '{}'", raws.join(", "), key.1))));
             }
         }
     }

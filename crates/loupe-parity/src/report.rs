@@ -53,7 +53,13 @@ fn num(x: f64) -> String {
     if x == 0.0 {
         "0".into()
     } else if !x.is_finite() {
-        if x.is_nan() { "nan".into() } else if x > 0.0 { "inf".into() } else { "-inf".into() }
+        if x.is_nan() {
+            "nan".into()
+        } else if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
     } else if (1e-3..1e4).contains(&x.abs()) {
         format!("{x:.4}")
     } else {
@@ -88,7 +94,9 @@ fn reason_word(r: Reason) -> &'static str {
 
 fn status(p: &PairReport) -> String {
     match p.status {
-        Status::Diverged => format!("DIVERGED ({})", p.reasons.iter().map(|r| reason_word(*r)).collect::<Vec<_>>().join(", ")),
+        Status::Diverged => {
+            format!("DIVERGED ({})", p.reasons.iter().map(|r| reason_word(*r)).collect::<Vec<_>>().join(", "))
+        }
         s => s.label().to_string(),
     }
 }
@@ -115,12 +123,19 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
         .pairs
         .iter()
         .map(|p| {
-            let shape = if p.shape.is_empty() { format!("{:?}|{:?}", p.shape_a, p.shape_b) } else { format!("{:?}", p.shape) };
+            let shape =
+                if p.shape.is_empty() { format!("{:?}|{:?}", p.shape_a, p.shape_b) } else { format!("{:?}", p.shape) };
             match &p.metrics {
                 Some(m) => [
                     shape,
                     format!("{:.6}", m.cosine),
-                    format!("{} @ {} ({} | {})", num(m.max_abs_diff), index(&m.max_abs_index), num(m.max_abs_a), num(m.max_abs_b)),
+                    format!(
+                        "{} @ {} ({} | {})",
+                        num(m.max_abs_diff),
+                        index(&m.max_abs_index),
+                        num(m.max_abs_a),
+                        num(m.max_abs_b)
+                    ),
                     match &p.floor {
                         Some(f) => format!("{} [{}x]", num(m.nmse), ratio(f.error_over_floor)),
                         None if r.calibration.is_some() => format!("{} [no floor]", num(m.nmse)),
@@ -137,9 +152,38 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
     let nmse_head = if r.calibration.is_some() { "nmse [error / floor]" } else { "nmse" };
     let head = ["shape", "cosine", "max |a-b| @ (t, d) (a | b)", nmse_head, "mismatch"];
     let widths: Vec<usize> = widths.iter().zip(head).map(|(w, h)| (*w).max(h.len())).collect();
-    let _ = writeln!(out, "{:<w$}  {:<w1$}  {:>w2$}  {:<w3$}  {:>w4$}  {:>w5$}  status", "name", head[0], head[1], head[2], head[3], head[4], w1 = widths[0], w2 = widths[1], w3 = widths[2], w4 = widths[3], w5 = widths[4]);
+    let _ = writeln!(
+        out,
+        "{:<w$}  {:<w1$}  {:>w2$}  {:<w3$}  {:>w4$}  {:>w5$}  status",
+        "name",
+        head[0],
+        head[1],
+        head[2],
+        head[3],
+        head[4],
+        w1 = widths[0],
+        w2 = widths[1],
+        w3 = widths[2],
+        w4 = widths[3],
+        w5 = widths[4]
+    );
     for (p, row) in r.pairs.iter().zip(&rows) {
-        let _ = writeln!(out, "{:<w$}  {:<w1$}  {:>w2$}  {:<w3$}  {:>w4$}  {:>w5$}  {}", label(p), row[0], row[1], row[2], row[3], row[4], row[5], w1 = widths[0], w2 = widths[1], w3 = widths[2], w4 = widths[3], w5 = widths[4]);
+        let _ = writeln!(
+            out,
+            "{:<w$}  {:<w1$}  {:>w2$}  {:<w3$}  {:>w4$}  {:>w5$}  {}",
+            label(p),
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            row[5],
+            w1 = widths[0],
+            w2 = widths[1],
+            w3 = widths[2],
+            w4 = widths[3],
+            w5 = widths[4]
+        );
         if let Some(note) = &p.note {
             let _ = writeln!(out, "    note: {note}");
         }
@@ -168,7 +212,8 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
     let v = &r.verdict;
     let failing = r.pairs.iter().filter(|p| p.status.is_failure()).count();
     let _ = writeln!(out);
-    let _ = writeln!(out, "verdict: {} ({failing} of {} pairs out of tolerance)", v.verdict.to_uppercase(), r.pairs.len());
+    let _ =
+        writeln!(out, "verdict: {} ({failing} of {} pairs out of tolerance)", v.verdict.to_uppercase(), r.pairs.len());
     if let Some(f) = &v.first_divergence {
         let _ = writeln!(out, "first divergence: {f} (step {})", v.first_divergence_step.unwrap_or(0));
     }
@@ -183,7 +228,11 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
             (Some(i), Some(c)) => format!(", worst later token {i}: {c:.4}"),
             _ => String::new(),
         };
-        let _ = writeln!(out, "token-0 invariant ({}): token 0 cosine {:.4}{later}; {}", t.tensor, t.token0_cosine, t.conclusion);
+        let _ = writeln!(
+            out,
+            "token-0 invariant ({}): token 0 cosine {:.4}{later}; {}",
+            t.tensor, t.token0_cosine, t.conclusion
+        );
     }
     for c in &v.false_cliffs {
         let _ = writeln!(out, "false cliff [{}]: {}", c.kind, c.message);
@@ -208,7 +257,11 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
     }
     if let Some(c) = &r.calibration {
         let bare = r.pairs.iter().filter(|p| p.metrics.is_some() && p.floor.is_none()).count();
-        let rest = if bare > 0 { format!("; {bare} compared tensors have no floor and use the thresholds below") } else { String::new() };
+        let rest = if bare > 0 {
+            format!("; {bare} compared tensors have no floor and use the thresholds below")
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
             "calibrated: a tensor diverges when its relative error sqrt(nmse) or its norm ratio is more than {}x its noise floor (cosine distance {}x); floors of {} tensors from {} vs {}{rest}",
@@ -223,7 +276,12 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
     let _ = writeln!(
         out,
         "thresholds: cosine >= {}, nmse <= {}, |norm ratio - 1| <= {}, isclose rtol {} atol {}{}",
-        t.cos, t.nmse, t.norm_ratio_tol, t.rtol, t.atol, if t.mismatches_fail { " (mismatches fail)" } else { " (mismatches informational)" }
+        t.cos,
+        t.nmse,
+        t.norm_ratio_tol,
+        t.rtol,
+        t.atol,
+        if t.mismatches_fail { " (mismatches fail)" } else { " (mismatches informational)" }
     );
     out
 }

@@ -30,7 +30,15 @@ pub struct Thresholds {
 
 impl Default for Thresholds {
     fn default() -> Thresholds {
-        Thresholds { cos: 0.99, nmse: 1e-2, norm_ratio_tol: 0.05, rtol: 1e-3, atol: 1e-5, mismatches_fail: false, top_k: 5 }
+        Thresholds {
+            cos: 0.99,
+            nmse: 1e-2,
+            norm_ratio_tol: 0.05,
+            rtol: 1e-3,
+            atol: 1e-5,
+            mismatches_fail: false,
+            top_k: 5,
+        }
     }
 }
 

@@ -4,9 +4,9 @@
 //! harness and dump problems come first (protocol: "Fix in this order: comparator/harness,
 //! graph, decode state, server"). The last row localizes by op kind.
 
+use crate::evidence::{magnitude_only, Evidence, FalseCliff};
 use crate::names::{is_embedding, is_layer_output, is_logits_name, layer_index};
 use crate::result::{PairReport, Reason, Status};
-use crate::evidence::{magnitude_only, Evidence, FalseCliff};
 
 /// What a signature test sees.
 pub struct Ctx<'a> {
@@ -138,7 +138,11 @@ pub const SIGNATURES: &[Signature] = &[
         id: "embedding",
         signature: "embedding cosine < 0.99",
         first_check: "weight names; same token ids",
-        test: |c| c.first().filter(|f| is_embedding(&f.name)).map(|_| "embedding load, vocabulary sharding, or dtype".to_string()),
+        test: |c| {
+            c.first()
+                .filter(|f| is_embedding(&f.name))
+                .map(|_| "embedding load, vocabulary sharding, or dtype".to_string())
+        },
     },
     Signature {
         id: "layer0_token0",
@@ -146,7 +150,8 @@ pub const SIGNATURES: &[Signature] = &[
         first_check: "the token-0 invariant",
         test: |c| {
             let f = c.first().filter(|f| layer_index(&f.name) == Some(0))?;
-            (f.tokens.as_ref()?.token0_cosine < c.cos()).then(|| "layer-0 attention or MLP (not RoPE: token 0 is already wrong)".to_string())
+            (f.tokens.as_ref()?.token0_cosine < c.cos())
+                .then(|| "layer-0 attention or MLP (not RoPE: token 0 is already wrong)".to_string())
         },
     },
     Signature {
@@ -156,7 +161,8 @@ pub const SIGNATURES: &[Signature] = &[
         test: |c| {
             let f = c.first().filter(|f| matches!(layer_index(&f.name), Some(0 | 1)))?;
             let t = f.tokens.as_ref()?;
-            (t.token0_cosine >= c.cos() && t.worst_later_cosine? < c.cos()).then(|| "RoPE, the attention mask, the KV cache, or the GQA head mapping".to_string())
+            (t.token0_cosine >= c.cos() && t.worst_later_cosine? < c.cos())
+                .then(|| "RoPE, the attention mask, the KV cache, or the GQA head mapping".to_string())
         },
     },
     Signature {
@@ -166,7 +172,12 @@ pub const SIGNATURES: &[Signature] = &[
         test: |c| {
             let (here, sudden) = c.cliff()?;
             let m = here.metrics.as_ref()?;
-            (sudden && m.absmax_a >= 10.0 * m.absmax_b).then(|| format!("an attention sink/anchor not forming at {} (reference max |x| {:.3e}, target {:.3e})", here.name, m.absmax_a, m.absmax_b))
+            (sudden && m.absmax_a >= 10.0 * m.absmax_b).then(|| {
+                format!(
+                    "an attention sink/anchor not forming at {} (reference max |x| {:.3e}, target {:.3e})",
+                    here.name, m.absmax_a, m.absmax_b
+                )
+            })
         },
     },
     Signature {
@@ -176,7 +187,12 @@ pub const SIGNATURES: &[Signature] = &[
         test: |c| {
             let (here, sudden) = c.cliff()?;
             let m = here.metrics.as_ref()?;
-            (sudden && m.absmax_b >= 10.0 * m.absmax_a).then(|| format!("norm order, a residual connection, or a dump bug at {} (target max |x| {:.3e}, reference {:.3e})", here.name, m.absmax_b, m.absmax_a))
+            (sudden && m.absmax_b >= 10.0 * m.absmax_a).then(|| {
+                format!(
+                    "norm order, a residual connection, or a dump bug at {} (target max |x| {:.3e}, reference {:.3e})",
+                    here.name, m.absmax_b, m.absmax_a
+                )
+            })
         },
     },
     Signature {
@@ -186,7 +202,12 @@ pub const SIGNATURES: &[Signature] = &[
         test: |c| {
             let f = c.first()?;
             let l = layer_index(&f.name)? as i64;
-            let series: Vec<f64> = c.layer_series(f.step).iter().filter(|(i, _)| *i >= 0 && *i <= l).filter_map(|(_, p)| p.cosine()).collect();
+            let series: Vec<f64> = c
+                .layer_series(f.step)
+                .iter()
+                .filter(|(i, _)| *i >= 0 && *i <= l)
+                .filter_map(|(_, p)| p.cosine())
+                .collect();
             if l < 2 || series.len() < 3 {
                 return None;
             }
@@ -206,7 +227,10 @@ pub const SIGNATURES: &[Signature] = &[
         test: |c| {
             let f = c.first().filter(|f| f.reasons.contains(&Reason::LastToken))?;
             let t = f.tokens.as_ref()?;
-            Some(format!("a position-specific bug: {} matches overall but its last token has cosine {:.4}", f.name, t.last_token_cosine))
+            Some(format!(
+                "a position-specific bug: {} matches overall but its last token has cosine {:.4}",
+                f.name, t.last_token_cosine
+            ))
         },
     },
     Signature {
@@ -214,12 +238,19 @@ pub const SIGNATURES: &[Signature] = &[
         signature: "logits cosine >= 0.98 but argmax differs",
         first_check: "diff of the top-10 logits",
         test: |c| {
-            let f = c.first().filter(|f| f.reasons.contains(&Reason::Argmax) && (f.logits.is_some() || is_logits_name(&f.name)))?;
+            let f = c
+                .first()
+                .filter(|f| f.reasons.contains(&Reason::Argmax) && (f.logits.is_some() || is_logits_name(&f.name)))?;
             if f.cosine()? < 0.98 {
                 return None;
             }
             let l = f.logits.as_ref()?;
-            let gap = l.argmax_mismatches.first().map_or(String::new(), |m| format!(" (row {}: reference prefers {} over {} by {:.3e})", m.row, m.reference_top, m.target_top, m.reference_gap));
+            let gap = l.argmax_mismatches.first().map_or(String::new(), |m| {
+                format!(
+                    " (row {}: reference prefers {} over {} by {:.3e})",
+                    m.row, m.reference_top, m.target_top, m.reference_gap
+                )
+            });
             Some(format!("small numeric drift flipping a close top-1 token{gap}"))
         },
     },
@@ -240,8 +271,14 @@ pub const SIGNATURES: &[Signature] = &[
 /// What each kind of value usually gets wrong, by name suffix (the localization table of
 /// protocol step 3, with the hypotheses of step 4).
 const OP_HINTS: &[(&str, &str)] = &[
-    (".self_attn.q_proj", "the q projection: weight layout (transpose, llama.cpp's q/k row permutation) or the norm feeding it"),
-    (".self_attn.k_proj", "the k projection: weight layout (transpose, llama.cpp's q/k row permutation) or the norm feeding it"),
+    (
+        ".self_attn.q_proj",
+        "the q projection: weight layout (transpose, llama.cpp's q/k row permutation) or the norm feeding it",
+    ),
+    (
+        ".self_attn.k_proj",
+        "the k projection: weight layout (transpose, llama.cpp's q/k row permutation) or the norm feeding it",
+    ),
     (".self_attn.v_proj", "the v projection weight or the norm feeding it"),
     (".self_attn.q_rope", "RoPE: split-half vs interleaved pairs, theta, scaling, or positions"),
     (".self_attn.k_rope", "RoPE: split-half vs interleaved pairs, theta, scaling, or positions"),
@@ -297,7 +334,11 @@ fn inputs_of(name: &str) -> Vec<String> {
 /// How a value fared in the comparison: `None` when it was not compared (absent from
 /// either dump, or skipped).
 fn compared(ev: &Evidence, name: &str, step: u32) -> Option<Status> {
-    ev.pairs.iter().find(|p| p.step == step && (p.name == name || p.name_a == name || p.name_b == name)).map(|p| p.status).filter(|s| *s != Status::Skipped)
+    ev.pairs
+        .iter()
+        .find(|p| p.step == step && (p.name == name || p.name_a == name || p.name_b == name))
+        .map(|p| p.status)
+        .filter(|s| *s != Status::Skipped)
 }
 
 /// The direct inputs of `p` that were not compared (empty when every input was, or when
@@ -347,7 +388,13 @@ pub fn localize(ev: &Evidence, p: &PairReport) -> Option<String> {
     let seen = if upstream.is_empty() {
         "no value upstream of it in its layer was compared".to_string()
     } else {
-        let part = |want: bool| upstream.iter().filter(|(_, s)| (*s == Status::Match) == want).map(|(n, _)| short_name(n)).collect::<Vec<_>>();
+        let part = |want: bool| {
+            upstream
+                .iter()
+                .filter(|(_, s)| (*s == Status::Match) == want)
+                .map(|(n, _)| short_name(n))
+                .collect::<Vec<_>>()
+        };
         let (ok, bad) = (part(true), part(false));
         let mut s = Vec::new();
         if !ok.is_empty() {
@@ -380,7 +427,10 @@ fn short_name(name: &str) -> &str {
 /// evidence: see [`localize`]).
 pub fn op_hint(name: &str) -> Option<String> {
     if is_layer_output(name) {
-        return Some(format!("layer {}'s output: tap its sub-ops to find the first one out of tolerance", layer_index(name).unwrap_or(0)));
+        return Some(format!(
+            "layer {}'s output: tap its sub-ops to find the first one out of tolerance",
+            layer_index(name).unwrap_or(0)
+        ));
     }
     if is_embedding(name) {
         return Some("the embedding lookup: weights, vocabulary, token ids".into());

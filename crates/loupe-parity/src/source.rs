@@ -78,11 +78,26 @@ pub struct Entry {
 #[derive(Debug, Clone)]
 enum Loc {
     /// `.npy`; `dtype` is the manifest's element type (bf16 stored as `<u2`/`V2`).
-    Npy { path: PathBuf, dtype: Option<ElemType>, shape: Option<Vec<usize>> },
-    Raw { path: PathBuf, dtype: ElemType, shape: Vec<usize> },
-    Max { path: PathBuf, shape: Option<Vec<usize>> },
+    Npy {
+        path: PathBuf,
+        dtype: Option<ElemType>,
+        shape: Option<Vec<usize>>,
+    },
+    Raw {
+        path: PathBuf,
+        dtype: ElemType,
+        shape: Vec<usize>,
+    },
+    Max {
+        path: PathBuf,
+        shape: Option<Vec<usize>>,
+    },
     /// A tensor of a `.pt`, `.npz` or `.safetensors` file in a directory.
-    Member { path: PathBuf, kind: SourceKind, key: String },
+    Member {
+        path: PathBuf,
+        kind: SourceKind,
+        key: String,
+    },
     /// A tensor of the single container this source was opened on.
     Own(String),
 }
@@ -108,7 +123,11 @@ pub struct TensorSource {
 
 impl std::fmt::Debug for TensorSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorSource").field("path", &self.path).field("kind", &self.kind).field("entries", &self.entries.len()).finish()
+        f.debug_struct("TensorSource")
+            .field("path", &self.path)
+            .field("kind", &self.kind)
+            .field("entries", &self.entries.len())
+            .finish()
     }
 }
 
@@ -143,11 +162,20 @@ fn elem_of_safetensors(d: Dtype) -> Option<ElemType> {
 
 fn safetensors_tensor(f: &SafetensorsFile, name: &str) -> Result<StoredTensor, ParityError> {
     let info = f.require_tensor(name)?;
-    let dtype = elem_of_safetensors(info.dtype)
-        .ok_or_else(|| ParityError::input(&f.path, format!("tensor '{name}' has dtype {}, which loupe does not compare", info.dtype)))?;
+    let dtype = elem_of_safetensors(info.dtype).ok_or_else(|| {
+        ParityError::input(&f.path, format!("tensor '{name}' has dtype {}, which loupe does not compare", info.dtype))
+    })?;
     let (s, e) = info.data_offsets;
     let range = f.data_offset + s..f.data_offset + e;
-    Ok(StoredTensor::contiguous(&f.path, &format!("tensor '{name}'"), dtype, info.shape.clone(), f.shared_bytes(), range, true)?)
+    Ok(StoredTensor::contiguous(
+        &f.path,
+        &format!("tensor '{name}'"),
+        dtype,
+        info.shape.clone(),
+        f.shared_bytes(),
+        range,
+        true,
+    )?)
 }
 
 impl TensorSource {
@@ -166,7 +194,8 @@ impl TensorSource {
 
     /// Whether the source is one file holding one tensor (such sources pair directly).
     pub fn is_single_tensor_file(&self) -> bool {
-        !matches!(self.kind, SourceKind::Dump | SourceKind::Directory | SourceKind::MaxTorchDir) && self.entries.len() == 1
+        !matches!(self.kind, SourceKind::Dump | SourceKind::Directory | SourceKind::MaxTorchDir)
+            && self.entries.len() == 1
     }
 
     fn open_dump(dir: &Path) -> Result<TensorSource, ParityError> {
@@ -191,7 +220,14 @@ impl TensorSource {
             });
         }
         entries.sort_by_key(|e| (e.step, e.order));
-        Ok(TensorSource { path: dir.to_path_buf(), kind: SourceKind::Dump, entries, manifest: Some(manifest), ordered: true, container: None })
+        Ok(TensorSource {
+            path: dir.to_path_buf(),
+            kind: SourceKind::Dump,
+            entries,
+            manifest: Some(manifest),
+            ordered: true,
+            container: None,
+        })
     }
 
     fn open_dir(dir: &Path) -> Result<TensorSource, ParityError> {
@@ -204,7 +240,13 @@ impl TensorSource {
                 let p = dir.join(rel);
                 let text = std::fs::read_to_string(&p).map_err(|e| ParityError::io(&p, e))?;
                 let folder = rel.parent().map(Path::to_path_buf).unwrap_or_default();
-                let map = text.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate().map(|(i, l)| (sanitize_label(l), i as u64)).collect();
+                let map = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .enumerate()
+                    .map(|(i, l)| (sanitize_label(l), i as u64))
+                    .collect();
                 orders.insert(folder, map);
             }
         }
@@ -225,15 +267,26 @@ impl TensorSource {
                 "max" => vec![(stem.clone(), Loc::Max { path: path.clone(), shape: None }, None)],
                 "pt" => {
                     let f = PtFile::open(&path)?;
-                    members(&stem, &path, SourceKind::Pt, f.tensors.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect())
+                    members(
+                        &stem,
+                        &path,
+                        SourceKind::Pt,
+                        f.tensors.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect(),
+                    )
                 }
                 "npz" => {
                     let f = NpzFile::open(&path)?;
-                    members(&stem, &path, SourceKind::Npz, f.arrays.iter().map(|(k, a)| (k.clone(), a.shape.clone())).collect())
+                    members(
+                        &stem,
+                        &path,
+                        SourceKind::Npz,
+                        f.arrays.iter().map(|(k, a)| (k.clone(), a.shape.clone())).collect(),
+                    )
                 }
                 "safetensors" => {
                     let f = SafetensorsFile::open(&path)?;
-                    let mut t: Vec<(String, Vec<usize>)> = f.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+                    let mut t: Vec<(String, Vec<usize>)> =
+                        f.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
                     t.sort_by(|a, b| natural_cmp(&a.0, &b.0));
                     members(&stem, &path, SourceKind::Safetensors, t)
                 }
@@ -244,11 +297,16 @@ impl TensorSource {
                 if let Some(first) = origin.insert((step, name.clone()), path.clone()) {
                     return Err(ParityError::input(
                         dir,
-                        format!("tensor '{name}' (step {step}) comes from both {} and {}", first.display(), path.display()),
+                        format!(
+                            "tensor '{name}' (step {step}) comes from both {} and {}",
+                            first.display(),
+                            path.display()
+                        ),
                     ));
                 }
                 // Listed labels first, in file order; others after, in natural order below.
-                let order = orders.get(&folder).and_then(|m| m.get(&name)).copied().map_or(u64::MAX, |o| o * 1024 + k as u64);
+                let order =
+                    orders.get(&folder).and_then(|m| m.get(&name)).copied().map_or(u64::MAX, |o| o * 1024 + k as u64);
                 entries.push(Entry { name, step, order, shape, bytes: size, loc });
             }
         }
@@ -279,11 +337,19 @@ impl TensorSource {
         let (kind, container, list): (SourceKind, Container, Listing) = match ext_of(path).as_str() {
             "npy" => {
                 let f = NpyFile::open(path)?;
-                return Ok(one(SourceKind::Npy, Loc::Npy { path: path.to_path_buf(), dtype: None, shape: None }, Some(f.shape)));
+                return Ok(one(
+                    SourceKind::Npy,
+                    Loc::Npy { path: path.to_path_buf(), dtype: None, shape: None },
+                    Some(f.shape),
+                ));
             }
             "max" => {
                 let f = MaxFile::open(path)?;
-                let mut s = one(SourceKind::Max, Loc::Max { path: path.to_path_buf(), shape: None }, Some(f.tensor.shape.clone()));
+                let mut s = one(
+                    SourceKind::Max,
+                    Loc::Max { path: path.to_path_buf(), shape: None },
+                    Some(f.tensor.shape.clone()),
+                );
                 s.entries[0].name = f.key;
                 return Ok(s);
             }
@@ -294,7 +360,11 @@ impl TensorSource {
             }
             "pt" | "pth" | "bin" if loupe_formats::zip_archive::looks_like_zip(&read_head(path)?) => {
                 let f = PtFile::open(path)?;
-                let l = f.tensors.iter().map(|(k, t)| (if k.is_empty() { stem.clone() } else { k.clone() }, t.shape.clone(), 0)).collect();
+                let l = f
+                    .tensors
+                    .iter()
+                    .map(|(k, t)| (if k.is_empty() { stem.clone() } else { k.clone() }, t.shape.clone(), 0))
+                    .collect();
                 (SourceKind::Pt, Container::Pt(f), l)
             }
             "pt" | "pth" => {
@@ -304,7 +374,8 @@ impl TensorSource {
             }
             "safetensors" => {
                 let f = SafetensorsFile::open(path)?;
-                let mut l: Vec<(String, Vec<usize>, u64)> = f.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), 0)).collect();
+                let mut l: Vec<(String, Vec<usize>, u64)> =
+                    f.tensors.iter().map(|t| (t.name.clone(), t.shape.clone(), 0)).collect();
                 l.sort_by(|a, b| natural_cmp(&a.0, &b.0));
                 (SourceKind::Safetensors, Container::Safetensors(f), l)
             }
@@ -316,7 +387,9 @@ impl TensorSource {
             other => {
                 return Err(ParityError::input(
                     path,
-                    format!("unknown input type '.{other}' (a dump directory, or .npy .npz .pt .max .safetensors .gguf)"),
+                    format!(
+                        "unknown input type '.{other}' (a dump directory, or .npy .npz .pt .max .safetensors .gguf)"
+                    ),
                 ))
             }
         };
@@ -329,11 +402,25 @@ impl TensorSource {
                     Container::Pt(f) => f.tensors.get(i).map(|t| t.0.clone()).unwrap_or_default(),
                     _ => name.clone(),
                 };
-                Entry { name, step: 0, order: i as u64, shape: Some(shape), bytes: if b > 0 { b } else { size / n }, loc: Loc::Own(key) }
+                Entry {
+                    name,
+                    step: 0,
+                    order: i as u64,
+                    shape: Some(shape),
+                    bytes: if b > 0 { b } else { size / n },
+                    loc: Loc::Own(key),
+                }
             })
             .collect();
         let ordered = kind != SourceKind::Safetensors;
-        Ok(TensorSource { path: path.to_path_buf(), kind, entries, manifest: None, ordered, container: Some(container) })
+        Ok(TensorSource {
+            path: path.to_path_buf(),
+            kind,
+            entries,
+            manifest: None,
+            ordered,
+            container: Some(container),
+        })
     }
 
     /// Index of the entry named `name` at `step`.
@@ -378,7 +465,9 @@ impl TensorSource {
                 _ => safetensors_tensor(&SafetensorsFile::open(path)?, key)?,
             },
             Loc::Own(key) => match &self.container {
-                Some(Container::Npz(f)) => f.array(key).ok_or_else(|| ParityError::input(&self.path, format!("no array '{key}'")))?.tensor()?,
+                Some(Container::Npz(f)) => {
+                    f.array(key).ok_or_else(|| ParityError::input(&self.path, format!("no array '{key}'")))?.tensor()?
+                }
                 Some(Container::Pt(f)) => f
                     .tensors
                     .iter()
@@ -396,7 +485,12 @@ impl TensorSource {
 
 /// Names for the tensors of a container file in a directory: the stem for a lone tensor,
 /// `stem.key` otherwise.
-fn members(stem: &str, path: &Path, kind: SourceKind, list: Vec<(String, Vec<usize>)>) -> Vec<(String, Loc, Option<Vec<usize>>)> {
+fn members(
+    stem: &str,
+    path: &Path,
+    kind: SourceKind,
+    list: Vec<(String, Vec<usize>)>,
+) -> Vec<(String, Loc, Option<Vec<usize>>)> {
     let lone = list.len() == 1;
     list.into_iter()
         .map(|(key, shape)| {
@@ -407,7 +501,11 @@ fn members(stem: &str, path: &Path, kind: SourceKind, list: Vec<(String, Vec<usi
 }
 
 fn take_member(path: &Path, key: &str, tensors: Vec<(String, StoredTensor)>) -> Result<StoredTensor, ParityError> {
-    tensors.into_iter().find(|(k, _)| k == key).map(|(_, t)| t).ok_or_else(|| ParityError::input(path, format!("no tensor '{key}'")))
+    tensors
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, t)| t)
+        .ok_or_else(|| ParityError::input(path, format!("no tensor '{key}'")))
 }
 
 fn check_shape(path: &Path, name: &str, expected: Option<&[usize]>, got: &[usize]) -> Result<(), ParityError> {
@@ -423,9 +521,11 @@ fn check_shape(path: &Path, name: &str, expected: Option<&[usize]>, got: &[usize
 fn gguf_tensor(f: &GgufFile, name: &str) -> Result<Tensor, ParityError> {
     let info = f.require_tensor(name)?;
     let shape = info.shape();
-    let n = usize::try_from(info.n_elements()).map_err(|_| ParityError::input(&f.path, format!("tensor '{name}' is too large")))?;
+    let n = usize::try_from(info.n_elements())
+        .map_err(|_| ParityError::input(&f.path, format!("tensor '{name}' is too large")))?;
     let mut data: Vec<f32> = Vec::new();
-    data.try_reserve_exact(n).map_err(|_| ParityError::input(&f.path, format!("tensor '{name}': cannot allocate {n} f32")))?;
+    data.try_reserve_exact(n)
+        .map_err(|_| ParityError::input(&f.path, format!("tensor '{name}': cannot allocate {n} f32")))?;
     data.resize(n, 0.0);
     loupe_tensor::quant::dequantize_row(info.ggml_type, f.tensor_data(info), &mut data)
         .map_err(|e| ParityError::input(&f.path, format!("tensor '{name}': {e}")))?;

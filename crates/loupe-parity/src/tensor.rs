@@ -68,10 +68,14 @@ impl Tensor {
         let rank = self.shape.len();
         match op {
             Op::Slice { axis, start, end } => {
-                let ax = resolve_axis(*axis, rank).ok_or_else(|| err(format!("axis {axis} out of range for shape {:?}", self.shape)))?;
+                let ax = resolve_axis(*axis, rank)
+                    .ok_or_else(|| err(format!("axis {axis} out of range for shape {:?}", self.shape)))?;
                 let len = self.shape[ax];
                 if start > end || *end > len {
-                    return Err(err(format!("slice {start}..{end} of axis {ax} (length {len}), shape {:?}", self.shape)));
+                    return Err(err(format!(
+                        "slice {start}..{end} of axis {ax} (length {len}), shape {:?}",
+                        self.shape
+                    )));
                 }
                 let inner: usize = self.shape[ax + 1..].iter().product();
                 let outer: usize = self.shape[..ax].iter().product();
@@ -92,7 +96,9 @@ impl Tensor {
                 Ok(permute(&self, perm))
             }
             Op::Reshape(dims) => {
-                let shape = infer_shape(dims, self.data.len()).ok_or_else(|| err(format!("cannot reshape {:?} ({} elements) to {dims:?}", self.shape, self.data.len())))?;
+                let shape = infer_shape(dims, self.data.len()).ok_or_else(|| {
+                    err(format!("cannot reshape {:?} ({} elements) to {dims:?}", self.shape, self.data.len()))
+                })?;
                 Ok(Tensor { shape, data: self.data })
             }
             Op::MergeHeads => {
@@ -126,7 +132,10 @@ impl Tensor {
             }
             Op::Scale(f) => {
                 let f = *f;
-                Ok(Tensor { shape: self.shape, data: self.data.into_iter().map(|v| (f64::from(v) * f) as f32).collect() })
+                Ok(Tensor {
+                    shape: self.shape,
+                    data: self.data.into_iter().map(|v| (f64::from(v) * f) as f32).collect(),
+                })
             }
             Op::Squeeze => {
                 let mut shape: Vec<usize> = self.shape.into_iter().filter(|&d| d != 1).collect();

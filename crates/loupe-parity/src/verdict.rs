@@ -50,11 +50,18 @@ pub fn layer_offset(shifts: &[LayerShift], cos: f64) -> Option<FalseCliff> {
     let better = |other: Option<f64>, own: f64| other.is_some_and(|o| o >= cos && o - own >= 0.05);
     let need = shifts.len().div_ceil(2);
     for (dir, label) in [(1i64, "i+1"), (-1, "i-1")] {
-        let hits: Vec<&LayerShift> = shifts.iter().filter(|s| better(if dir > 0 { s.vs_next } else { s.vs_prev }, s.own_cosine)).collect();
+        let hits: Vec<&LayerShift> =
+            shifts.iter().filter(|s| better(if dir > 0 { s.vs_next } else { s.vs_prev }, s.own_cosine)).collect();
         if hits.len() >= need {
             let s = hits[0];
             let other = s.layer as i64 + dir;
-            let (v, oname) = if dir > 0 { (s.vs_next, format!("model.layers.{other}")) } else if other < 0 { (s.vs_prev, "model.embed_tokens".into()) } else { (s.vs_prev, format!("model.layers.{other}")) };
+            let (v, oname) = if dir > 0 {
+                (s.vs_next, format!("model.layers.{other}"))
+            } else if other < 0 {
+                (s.vs_prev, "model.embed_tokens".into())
+            } else {
+                (s.vs_prev, format!("model.layers.{other}"))
+            };
             return Some(FalseCliff {
                 kind: "layer_offset",
                 message: format!(
@@ -90,7 +97,12 @@ pub fn decode_mask(pairs: &[PairReport]) -> Option<FalseCliff> {
 /// the other side has: a module called twice that the other side never names (Gemma 3's
 /// `model.rotary_emb`, run once per layer type) cannot be mispaired.
 pub fn double_hooks(names_a: &[String], names_b: &[String]) -> Option<FalseCliff> {
-    let marked = |v: &[String], other: &[String]| v.iter().filter(|n| repeat_call_base(n).is_some_and(|base| other.iter().any(|o| *o == base))).cloned().collect::<Vec<_>>();
+    let marked = |v: &[String], other: &[String]| {
+        v.iter()
+            .filter(|n| repeat_call_base(n).is_some_and(|base| other.iter().any(|o| *o == base)))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
     let (ma, mb) = (marked(names_a, names_b), marked(names_b, names_a));
     let (side, names) = match (ma.is_empty(), mb.is_empty()) {
         (false, true) => ("reference", ma),
@@ -110,7 +122,9 @@ pub fn double_hooks(names_a: &[String], names_b: &[String]) -> Option<FalseCliff
 /// The token-0 invariant on the first diverged attention output (or q/k after RoPE).
 pub fn token0(pairs: &[PairReport], cos: f64) -> Option<Token0> {
     let p = pairs.iter().find(|p| {
-        p.status == Status::Diverged && (is_attention_output(&p.name) || p.name.ends_with("_rope")) && p.tokens.as_ref().is_some_and(|t| t.rows >= 2)
+        p.status == Status::Diverged
+            && (is_attention_output(&p.name) || p.name.ends_with("_rope"))
+            && p.tokens.as_ref().is_some_and(|t| t.rows >= 2)
     })?;
     let t = p.tokens.as_ref()?;
     let later_bad = t.worst_later_cosine.is_some_and(|c| c < cos);

@@ -169,7 +169,10 @@ impl DumpWriter {
     pub fn capture(&mut self, c: &Capture<'_>) -> Result<Vec<String>, ParityError> {
         let n = c.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         if n != Some(c.data.len()) {
-            return Err(ParityError::input(&self.target, format!("tensor '{}': shape {:?} does not hold {} values", c.name, c.shape, c.data.len())));
+            return Err(ParityError::input(
+                &self.target,
+                format!("tensor '{}': shape {:?} does not hold {} values", c.name, c.shape, c.data.len()),
+            ));
         }
         let stats = Stats::of(c.data);
         let axes = (!c.axes.is_empty()).then(|| c.axes.iter().map(|a| a.to_string()).collect::<Vec<_>>());
@@ -201,7 +204,10 @@ impl DumpWriter {
         let stem = sanitize_label(label);
         let file = format!("step{step}/{stem}{}", self.style.ext());
         if !self.files.insert(file.clone()) {
-            return Err(ParityError::input(&self.target, format!("two tensors map to the same file {file} ('{label}')")));
+            return Err(ParityError::input(
+                &self.target,
+                format!("two tensors map to the same file {file} ('{label}')"),
+            ));
         }
         if self.steps.insert(step) {
             let sub = self.staging.join(format!("step{step}"));
@@ -224,7 +230,8 @@ impl DumpWriter {
     pub fn finish(mut self) -> Result<PathBuf, ParityError> {
         self.manifest.tensors.sort_by_key(|t| t.order);
         let path = self.staging.join("manifest.json");
-        let mut text = serde_json::to_vec_pretty(&self.manifest).map_err(|e| ParityError::Manifest { path: path.clone(), reason: e.to_string() })?;
+        let mut text = serde_json::to_vec_pretty(&self.manifest)
+            .map_err(|e| ParityError::Manifest { path: path.clone(), reason: e.to_string() })?;
         text.push(b'\n');
         std::fs::write(&path, text).map_err(|e| ParityError::io(&path, e))?;
         self.commit()?;
@@ -239,7 +246,8 @@ impl DumpWriter {
         let old = if std::fs::symlink_metadata(&self.target).is_ok() {
             let holder = sibling_dir(&self.target, "old")?;
             let aside = holder.join("d");
-            std::fs::rename(&self.target, &aside).map_err(|e| ParityError::input(&self.target, format!("cannot replace the old dump: {e}")))?;
+            std::fs::rename(&self.target, &aside)
+                .map_err(|e| ParityError::input(&self.target, format!("cannot replace the old dump: {e}")))?;
             Some((holder, aside))
         } else {
             None

@@ -16,7 +16,8 @@ use loupe_parity::{compare, CompareOptions, NoProgress};
 
 /// Relative noise of the low-precision run at layer `l` (embedding: layer 0).
 fn noise_at(name: &str) -> f32 {
-    let layer = name.strip_prefix("model.layers.").and_then(|s| s.split('.').next()).and_then(|s| s.parse::<f32>().ok());
+    let layer =
+        name.strip_prefix("model.layers.").and_then(|s| s.split('.').next()).and_then(|s| s.parse::<f32>().ok());
     match (name, layer) {
         (_, Some(l)) => 1e-4 * (1.0 + 3.0 * l),
         ("model.embed_tokens", None) => 1e-5,
@@ -76,12 +77,27 @@ fn a_clean_target_passes_and_a_three_percent_scale_is_flagged_where_it_is() {
     assert_eq!(run(&high, &scaled).verdict.verdict, "match");
     // ... its floor does not.
     let r = calibrated(&d, &scaled);
-    assert_eq!(r.verdict.first_divergence.as_deref(), Some("model.layers.2.self_attn.o_proj"), "{}", render(&r, RenderOptions::default()));
+    assert_eq!(
+        r.verdict.first_divergence.as_deref(),
+        Some("model.layers.2.self_attn.o_proj"),
+        "{}",
+        render(&r, RenderOptions::default())
+    );
     assert_eq!(signature(&r), "scale");
     let p = r.pairs.iter().find(|p| p.name == "model.layers.2.self_attn.o_proj").unwrap();
-    assert!(p.reasons.contains(&Reason::Nmse) && p.reasons.contains(&Reason::NormRatio) && !p.reasons.contains(&Reason::Cosine), "{:?}", p.reasons);
+    assert!(
+        p.reasons.contains(&Reason::Nmse)
+            && p.reasons.contains(&Reason::NormRatio)
+            && !p.reasons.contains(&Reason::Cosine),
+        "{:?}",
+        p.reasons
+    );
     assert!(p.floor.as_ref().unwrap().error_over_floor > 20.0);
-    assert_eq!(r.pairs.iter().filter(|p| p.status == Status::Diverged).count(), 1, "only the scaled tensor (the synthetic model does not propagate)");
+    assert_eq!(
+        r.pairs.iter().filter(|p| p.status == Status::Diverged).count(),
+        1,
+        "only the scaled tensor (the synthetic model does not propagate)"
+    );
 
     // The report shows each floor beside the metric, and the rule.
     let text = render(&r, RenderOptions::default());
@@ -90,7 +106,10 @@ fn a_clean_target_passes_and_a_three_percent_scale_is_flagged_where_it_is() {
     assert_eq!(json["calibration"]["factor"], DEFAULT_FACTOR);
     assert_eq!(json["calibration"]["floors"], high.len());
     let pj = json["pairs"].as_array().unwrap().iter().find(|p| p["name"] == "model.layers.2.self_attn.o_proj").unwrap();
-    assert!(pj["floor"]["nmse"].as_f64().unwrap() > 0.0 && pj["floor"]["error_over_floor"].as_f64().unwrap() > 20.0, "{pj}");
+    assert!(
+        pj["floor"]["nmse"].as_f64().unwrap() > 0.0 && pj["floor"]["error_over_floor"].as_f64().unwrap() > 20.0,
+        "{pj}"
+    );
 }
 
 #[test]

@@ -45,11 +45,17 @@ fn manifest_errors_name_the_field() {
     let dir = tempfile::tempdir().expect("tmp");
     let good = small_dump(dir.path(), "good");
     for (i, (edit, needle)) in [
-        (Box::new(|v: &mut serde_json::Value| v["format"] = "other".into()) as Box<dyn Fn(&mut serde_json::Value)>, "format 'other'"),
+        (
+            Box::new(|v: &mut serde_json::Value| v["format"] = "other".into()) as Box<dyn Fn(&mut serde_json::Value)>,
+            "format 'other'",
+        ),
         (Box::new(|v: &mut serde_json::Value| v["version"] = 9.into()), "version 9"),
         (Box::new(|v: &mut serde_json::Value| v["tensors"][0]["dtype"] = "f7".into()), "unknown dtype 'f7'"),
         (Box::new(|v: &mut serde_json::Value| v["tensors"][1]["name"] = "model.embed_tokens".into()), "listed twice"),
-        (Box::new(|v: &mut serde_json::Value| v["tensors"][0]["shape"] = serde_json::json!([6, 17])), "the manifest says shape [6, 17]"),
+        (
+            Box::new(|v: &mut serde_json::Value| v["tensors"][0]["shape"] = serde_json::json!([6, 17])),
+            "the manifest says shape [6, 17]",
+        ),
         (Box::new(|v: &mut serde_json::Value| v["tensors"] = "x".into()), "manifest.json"),
     ]
     .into_iter()
@@ -89,7 +95,10 @@ fn corrupt_tensor_files_in_a_dump() {
     assert!(err(&good, &raw).contains("need 384 bytes, the file holds 7"));
     // A max-style dump reads too.
     let mx = write_style(&dir.path().join("max"), "loupe", &model(1, 0)[..3], None, DumpStyle::Max);
-    assert_eq!(compare(&good, &mx, &CompareOptions::default(), &mut NoProgress).expect("max dump").verdict.verdict, "match");
+    assert_eq!(
+        compare(&good, &mx, &CompareOptions::default(), &mut NoProgress).expect("max dump").verdict.verdict,
+        "match"
+    );
 }
 
 #[test]
@@ -143,7 +152,10 @@ fn token_index_and_per_token_output() {
     assert_eq!(run_with(&a, &b, &opts).verdict.verdict, "match", "row 1 is untouched");
     let opts = CompareOptions { token_index: Some(99), ..CompareOptions::default() };
     let r = run_with(&a, &b, &opts);
-    assert!(r.pairs.iter().all(|p| p.status == Status::Skipped && p.note.as_deref().unwrap_or("").contains("out of range")));
+    assert!(r
+        .pairs
+        .iter()
+        .all(|p| p.status == Status::Skipped && p.note.as_deref().unwrap_or("").contains("out of range")));
     let opts = CompareOptions { per_token: true, per_dim: true, ..CompareOptions::default() };
     let r = run_with(&a, &b, &opts);
     let p = r.pairs.iter().find(|p| p.name == "model.layers.1").expect("pair");
@@ -160,13 +172,46 @@ fn json_report_has_the_stable_fields() {
     perturb_rows(get(&mut b, "model.layers.2.mlp.up_proj"), 0..T, 1.0, 3);
     let r = run(&a, &b);
     let v: serde_json::Value = serde_json::from_str(&to_json(&r)).expect("valid JSON");
-    for key in ["format", "version", "verdict", "first_divergence", "likely_cause", "false_cliffs", "pairs", "unpaired_a", "unpaired_b", "thresholds", "signature", "token0", "a", "b"] {
+    for key in [
+        "format",
+        "version",
+        "verdict",
+        "first_divergence",
+        "likely_cause",
+        "false_cliffs",
+        "pairs",
+        "unpaired_a",
+        "unpaired_b",
+        "thresholds",
+        "signature",
+        "token0",
+        "a",
+        "b",
+    ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
     assert_eq!(v["verdict"], "divergence");
     assert_eq!(v["first_divergence"], "model.layers.2.mlp.up_proj");
     let p = &v["pairs"][0];
-    for key in ["name", "name_a", "name_b", "shape", "status", "cosine", "max_abs_diff", "max_abs_index", "max_rel_diff", "mean_abs_diff", "nmse", "rel_norm_error", "sqnr_db", "mismatches", "nan_a", "inf_b", "tokens"] {
+    for key in [
+        "name",
+        "name_a",
+        "name_b",
+        "shape",
+        "status",
+        "cosine",
+        "max_abs_diff",
+        "max_abs_index",
+        "max_rel_diff",
+        "mean_abs_diff",
+        "nmse",
+        "rel_norm_error",
+        "sqnr_db",
+        "mismatches",
+        "nan_a",
+        "inf_b",
+        "tokens",
+    ] {
         assert!(p.get(key).is_some(), "pair lacks {key}: {p}");
     }
     assert_eq!(p["status"], "match");
@@ -175,22 +220,30 @@ fn json_report_has_the_stable_fields() {
     let lm = v["pairs"].as_array().expect("pairs").iter().find(|p| p["name"] == "lm_head").expect("lm_head");
     assert_eq!(lm["logits"]["argmax_agreement"], 1.0);
     let text = render(&r, RenderOptions::default());
-    assert!(text.contains("verdict: DIVERGENCE") && text.contains("first divergence: model.layers.2.mlp.up_proj"), "{text}");
+    assert!(
+        text.contains("verdict: DIVERGENCE") && text.contains("first divergence: model.layers.2.mlp.up_proj"),
+        "{text}"
+    );
 }
 
 #[test]
 fn single_file_sources() {
     let dir = tempfile::tempdir().expect("tmp");
     let a = model(1, 0);
-    let members: Vec<(String, Vec<u8>)> = a.iter().map(|t| (format!("{}.npy", t.name), npy_bytes(&t.shape, &t.data))).collect();
+    let members: Vec<(String, Vec<u8>)> =
+        a.iter().map(|t| (format!("{}.npy", t.name), npy_bytes(&t.shape, &t.data))).collect();
     let refs: Vec<(&str, &[u8], bool)> = members.iter().map(|(n, b)| (n.as_str(), b.as_slice(), false)).collect();
     let npz = dir.path().join("all.npz");
     std::fs::write(&npz, write_zip(&refs).expect("zip")).expect("w");
     let src = TensorSource::open(&npz).expect("npz");
     assert!(src.ordered && src.entries.len() == a.len());
-    let st: Vec<(String, Vec<u8>)> = a.iter().map(|t| (t.name.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
-    let entries: Vec<(&str, loupe_formats::safetensors_file::Dtype, &[usize], &[u8])> =
-        st.iter().zip(&a).map(|((n, b), t)| (n.as_str(), loupe_formats::safetensors_file::Dtype::F32, t.shape.as_slice(), b.as_slice())).collect();
+    let st: Vec<(String, Vec<u8>)> =
+        a.iter().map(|t| (t.name.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect())).collect();
+    let entries: Vec<(&str, loupe_formats::safetensors_file::Dtype, &[usize], &[u8])> = st
+        .iter()
+        .zip(&a)
+        .map(|((n, b), t)| (n.as_str(), loupe_formats::safetensors_file::Dtype::F32, t.shape.as_slice(), b.as_slice()))
+        .collect();
     let stf = dir.path().join("all.safetensors");
     std::fs::write(&stf, loupe_formats::safetensors_file::write_safetensors(&entries, &Default::default())).expect("w");
     let r = compare(&npz, &stf, &CompareOptions::default(), &mut NoProgress).expect("compare");
@@ -199,10 +252,14 @@ fn single_file_sources() {
     let d = dir.path().join("nat.safetensors");
     let z = [0u8; 4];
     let names = ["model.layers.10", "model.layers.2", "model.layers.1"];
-    let e: Vec<(&str, loupe_formats::safetensors_file::Dtype, &[usize], &[u8])> = names.iter().map(|n| (*n, loupe_formats::safetensors_file::Dtype::F32, &[1usize][..], &z[..])).collect();
+    let e: Vec<(&str, loupe_formats::safetensors_file::Dtype, &[usize], &[u8])> =
+        names.iter().map(|n| (*n, loupe_formats::safetensors_file::Dtype::F32, &[1usize][..], &z[..])).collect();
     std::fs::write(&d, loupe_formats::safetensors_file::write_safetensors(&e, &Default::default())).expect("w");
     let src = TensorSource::open(&d).expect("st");
-    assert_eq!(src.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["model.layers.1", "model.layers.2", "model.layers.10"]);
+    assert_eq!(
+        src.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        ["model.layers.1", "model.layers.2", "model.layers.10"]
+    );
 }
 
 #[test]
@@ -221,7 +278,10 @@ fn gguf_weights_compare_with_safetensors() {
     std::fs::write(
         &st,
         write_safetensors(
-            &[("model.layers.0.self_attn.q_proj.weight", Dtype::F32, &[3, 4], &raw), ("model.layers.0.self_attn.k_proj.weight", Dtype::F32, &[3, 4], &raw)],
+            &[
+                ("model.layers.0.self_attn.q_proj.weight", Dtype::F32, &[3, 4], &raw),
+                ("model.layers.0.self_attn.k_proj.weight", Dtype::F32, &[3, 4], &raw),
+            ],
             &Default::default(),
         ),
     )

@@ -26,7 +26,8 @@ fn max_flat_directory_pairs_with_a_loupe_dump() {
     let max_dir = dir.path().join("max");
     std::fs::create_dir_all(&max_dir).expect("dir");
     for t in &a {
-        write_max(max_dir.join(format!("{}-output.max", t.name)), &format!("{}-output", t.name), &t.shape, &t.data).expect("max");
+        write_max(max_dir.join(format!("{}-output.max", t.name)), &format!("{}-output", t.name), &t.shape, &t.data)
+            .expect("max");
     }
     // An input label stays unpaired rather than pairing with the module's output.
     write_max(max_dir.join("model.norm-input_0.max"), "model.norm-input_0", &[T, D], &vec![0.0; T * D]).expect("max");
@@ -41,7 +42,8 @@ fn max_flat_directory_pairs_with_a_loupe_dump() {
     assert_eq!(r.pairs[0].name_a, "model.embed_tokens-output");
     let src = TensorSource::open(&max_dir).expect("open");
     assert!(!src.ordered);
-    let listed: Vec<&str> = src.entries.iter().map(|e| e.name.as_str()).filter(|n| n.ends_with("mlp.down_proj-output")).collect();
+    let listed: Vec<&str> =
+        src.entries.iter().map(|e| e.name.as_str()).filter(|n| n.ends_with("mlp.down_proj-output")).collect();
     assert_eq!(listed[0], "model.layers.0.mlp.down_proj-output", "natural order within the directory");
     assert_eq!(r.unpaired_a.len(), 1);
     assert_eq!(r.unpaired_a[0].name, "model.norm-input_0");
@@ -130,7 +132,11 @@ fn mapping_file_with_fused_split_transpose_and_heads() {
     std::fs::create_dir_all(&tdir).expect("dir");
     for l in 0..LAYERS {
         // qkv fused along features and stored transposed: [3D, T].
-        let (q, k, v) = (g(&format!("model.layers.{l}.self_attn.q_proj")), g(&format!("model.layers.{l}.self_attn.k_proj")), g(&format!("model.layers.{l}.self_attn.v_proj")));
+        let (q, k, v) = (
+            g(&format!("model.layers.{l}.self_attn.q_proj")),
+            g(&format!("model.layers.{l}.self_attn.k_proj")),
+            g(&format!("model.layers.{l}.self_attn.v_proj")),
+        );
         let mut fused = vec![0f32; 3 * D * T];
         for t in 0..T {
             for (j, src) in [q, k, v].iter().enumerate() {
@@ -180,7 +186,11 @@ fn mapping_file_with_fused_split_transpose_and_heads() {
     // A split that does not cover the axis is an error naming the tensor.
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, r#"{"version": 1, "rules": [{"side": "b", "match": "blk\\.(\\d+)\\.qkv", "split": {"parts": [{"rename": "x$1", "size": 5}]}}]}"#).expect("bad");
-    let opts = CompareOptions { mapping: Mapping::load(&bad).expect("mapping"), only: Some(regex::Regex::new("^x0$").expect("re")), ..CompareOptions::default() };
+    let opts = CompareOptions {
+        mapping: Mapping::load(&bad).expect("mapping"),
+        only: Some(regex::Regex::new("^x0$").expect("re")),
+        ..CompareOptions::default()
+    };
     let mut a2 = a.clone();
     a2.push(Named { name: "x0".into(), step: 0, shape: vec![3 * D, 5], data: vec![0.0; 3 * D * 5] });
     let dump2 = write(&dir.path().join("ref2"), "transformers", &a2, None);

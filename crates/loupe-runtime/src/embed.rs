@@ -71,7 +71,9 @@ impl EmbedConfig {
         let mut config = EmbedConfig { pooling: Pooling::Mean, normalize: false, max_tokens: context_length };
         let read = |path: PathBuf| -> Result<Option<Value>, EmbedConfigError> {
             match std::fs::read_to_string(&path) {
-                Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| EmbedConfigError { path, reason: e.to_string() }),
+                Ok(text) => {
+                    serde_json::from_str(&text).map(Some).map_err(|e| EmbedConfigError { path, reason: e.to_string() })
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(EmbedConfigError { path, reason: e.to_string() }),
             }
@@ -107,13 +109,23 @@ impl EmbedConfig {
 /// The one pooling mode a `Pooling` config turns on.
 fn pooling_of(p: &Value) -> Result<Pooling, String> {
     let on = |k: &str| p.get(k).and_then(Value::as_bool).unwrap_or(false);
-    let modes = [("pooling_mode_mean_tokens", Some(Pooling::Mean)), ("pooling_mode_cls_token", Some(Pooling::Cls)), ("pooling_mode_max_tokens", Some(Pooling::Max)), ("pooling_mode_mean_sqrt_len_tokens", None), ("pooling_mode_weightedmean_tokens", None), ("pooling_mode_lasttoken", None)];
+    let modes = [
+        ("pooling_mode_mean_tokens", Some(Pooling::Mean)),
+        ("pooling_mode_cls_token", Some(Pooling::Cls)),
+        ("pooling_mode_max_tokens", Some(Pooling::Max)),
+        ("pooling_mode_mean_sqrt_len_tokens", None),
+        ("pooling_mode_weightedmean_tokens", None),
+        ("pooling_mode_lasttoken", None),
+    ];
     let chosen: Vec<_> = modes.iter().filter(|(k, _)| on(k)).collect();
     match chosen.as_slice() {
         [(_, Some(p))] => Ok(*p),
         [(k, None)] => Err(format!("{k} is not supported (loupe pools by mean, cls or max)")),
         [] => Err("no pooling_mode_* is true".into()),
-        _ => Err(format!("several pooling modes are on ({}); loupe pools one way", chosen.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "))),
+        _ => Err(format!(
+            "several pooling modes are on ({}); loupe pools one way",
+            chosen.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+        )),
     }
 }
 
@@ -169,9 +181,17 @@ impl Engine {
     /// The sentence-embedding pipeline of this model's checkpoint directory.
     pub fn embed_config(&self) -> Result<EmbedConfig, RuntimeError> {
         if !self.is_encoder() {
-            return Err(RuntimeError::InvalidRequest(format!("{} is a {} decoder; embeddings need an encoder model (BERT)", self.path().display(), self.config().family.name())));
+            return Err(RuntimeError::InvalidRequest(format!(
+                "{} is a {} decoder; embeddings need an encoder model (BERT)",
+                self.path().display(),
+                self.config().family.name()
+            )));
         }
-        let dir = if self.path().is_dir() { self.path().to_path_buf() } else { self.path().parent().map(Path::to_path_buf).unwrap_or_default() };
+        let dir = if self.path().is_dir() {
+            self.path().to_path_buf()
+        } else {
+            self.path().parent().map(Path::to_path_buf).unwrap_or_default()
+        };
         EmbedConfig::from_dir(&dir, self.context_length()).map_err(|e| RuntimeError::InvalidRequest(e.to_string()))
     }
 
@@ -192,7 +212,12 @@ impl Engine {
         texts.iter().map(|text| self.embed_in(&mut session, text.as_ref(), config)).collect()
     }
 
-    fn embed_in(&self, session: &mut crate::Session<'_>, text: &str, config: &EmbedConfig) -> Result<Embedding, RuntimeError> {
+    fn embed_in(
+        &self,
+        session: &mut crate::Session<'_>,
+        text: &str,
+        config: &EmbedConfig,
+    ) -> Result<Embedding, RuntimeError> {
         let (ids, full) = self.tokenizer().encode_truncated(text, config.max_tokens)?;
         if ids.is_empty() {
             return Err(RuntimeError::InvalidRequest("the input encodes to no tokens".into()));
@@ -235,21 +260,36 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         // A plain BertModel directory: mean pooling over the whole window.
-        assert_eq!(EmbedConfig::from_dir(d, 512).unwrap(), EmbedConfig { pooling: Pooling::Mean, normalize: false, max_tokens: 512 });
+        assert_eq!(
+            EmbedConfig::from_dir(d, 512).unwrap(),
+            EmbedConfig { pooling: Pooling::Mean, normalize: false, max_tokens: 512 }
+        );
         std::fs::write(d.join("modules.json"), r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},{"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"},{"idx":2,"name":"2","path":"2_Normalize","type":"sentence_transformers.models.Normalize"}]"#).unwrap();
         std::fs::write(d.join("sentence_bert_config.json"), r#"{"max_seq_length": 256}"#).unwrap();
         std::fs::create_dir(d.join("1_Pooling")).unwrap();
-        std::fs::write(d.join("1_Pooling/config.json"), r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#).unwrap();
-        assert_eq!(EmbedConfig::from_dir(d, 512).unwrap(), EmbedConfig { pooling: Pooling::Cls, normalize: true, max_tokens: 256 });
+        std::fs::write(
+            d.join("1_Pooling/config.json"),
+            r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            EmbedConfig::from_dir(d, 512).unwrap(),
+            EmbedConfig { pooling: Pooling::Cls, normalize: true, max_tokens: 256 }
+        );
         // The window caps max_seq_length.
         assert_eq!(EmbedConfig::from_dir(d, 128).unwrap().max_tokens, 128);
         // Unsupported or contradictory pooling is an error naming the file.
         std::fs::write(d.join("1_Pooling/config.json"), r#"{"pooling_mode_mean_sqrt_len_tokens": true}"#).unwrap();
         let e = EmbedConfig::from_dir(d, 512).unwrap_err();
         assert!(e.to_string().contains("1_Pooling/config.json") && e.to_string().contains("mean_sqrt_len"), "{e}");
-        std::fs::write(d.join("1_Pooling/config.json"), r#"{"pooling_mode_cls_token": true, "pooling_mode_max_tokens": true}"#).unwrap();
+        std::fs::write(
+            d.join("1_Pooling/config.json"),
+            r#"{"pooling_mode_cls_token": true, "pooling_mode_max_tokens": true}"#,
+        )
+        .unwrap();
         assert!(EmbedConfig::from_dir(d, 512).unwrap_err().to_string().contains("several pooling modes"));
-        std::fs::write(d.join("modules.json"), r#"[{"type":"sentence_transformers.models.Dense","path":"2_Dense"}]"#).unwrap();
+        std::fs::write(d.join("modules.json"), r#"[{"type":"sentence_transformers.models.Dense","path":"2_Dense"}]"#)
+            .unwrap();
         assert!(EmbedConfig::from_dir(d, 512).unwrap_err().to_string().contains("Dense"));
         std::fs::write(d.join("modules.json"), "{not json").unwrap();
         assert!(EmbedConfig::from_dir(d, 512).unwrap_err().to_string().contains("modules.json"));

@@ -151,7 +151,12 @@ impl Engine {
         let start = Instant::now();
         let mut model = loupe_models::load(
             path,
-            loupe_models::LoadOptions { precision: options.precision, layers: options.layers, progress: options.progress, faults: options.faults },
+            loupe_models::LoadOptions {
+                precision: options.precision,
+                layers: options.layers,
+                progress: options.progress,
+                faults: options.faults,
+            },
         )?;
         if let Some(dtype) = options.kv_dtype {
             model.graph.kv_dtype = dtype;
@@ -178,7 +183,15 @@ impl Engine {
             }
         };
         model.graph = graph;
-        Ok(Engine { model, debug: options.debug, threads, load_time: start.elapsed(), ir_files, profiler: options.profiler, grammars: std::sync::OnceLock::new() })
+        Ok(Engine {
+            model,
+            debug: options.debug,
+            threads,
+            load_time: start.elapsed(),
+            ir_files,
+            profiler: options.profiler,
+            grammars: std::sync::OnceLock::new(),
+        })
     }
 
     pub fn model(&self) -> &Model {
@@ -251,7 +264,11 @@ impl Engine {
     /// added special tokens, or the raw text with the tokenizer's default ones.
     pub fn prompt_tokens(&self, prompt: &Prompt<'_>) -> Result<Vec<u32>, EngineError> {
         if prompt.chat || prompt.system.is_some() {
-            let template = self.model.chat_template.as_ref().ok_or_else(|| EngineError::NoChatTemplate { path: self.model.path.clone() })?;
+            let template = self
+                .model
+                .chat_template
+                .as_ref()
+                .ok_or_else(|| EngineError::NoChatTemplate { path: self.model.path.clone() })?;
             let mut messages = Vec::new();
             if let Some(s) = prompt.system {
                 messages.push(ChatMessage::new("system", s));
@@ -266,14 +283,24 @@ impl Engine {
 
     /// Generates up to `max_tokens` after `prompt`, stopping at the model's EOS tokens;
     /// `on_text` receives the text as it becomes final.
-    pub fn generate(&self, prompt: &Prompt<'_>, max_tokens: usize, sampling: &SamplingParams, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
+    pub fn generate(
+        &self,
+        prompt: &Prompt<'_>,
+        max_tokens: usize,
+        sampling: &SamplingParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, RuntimeError> {
         let prompt_tokens = self.prompt_tokens(prompt).map_err(|e| RuntimeError::InvalidRequest(e.to_string()))?;
         let request = GenerateRequest::new(prompt_tokens, max_tokens, sampling.clone(), self.model.tokenizer.eos_ids());
         self.generate_tokens(&request, on_text)
     }
 
     /// [`Engine::generate`] for a prepared request (token ids, stop ids and strings).
-    pub fn generate_tokens(&self, request: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
+    pub fn generate_tokens(
+        &self,
+        request: &GenerateRequest,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, RuntimeError> {
         let context = self.context_length();
         if request.prompt_tokens.len() >= context {
             return Err(RuntimeError::PromptTooLong { prompt: request.prompt_tokens.len(), context });
@@ -290,7 +317,9 @@ impl Engine {
     /// the whole vocabulary) over the model's end-of-generation ids.
     pub fn grammars(&self) -> Result<&Grammars, ConstraintError> {
         self.grammars
-            .get_or_init(|| Grammars::new(&self.model.tokenizer, self.model.config.vocab_size, &self.model.tokenizer.eos_ids()))
+            .get_or_init(|| {
+                Grammars::new(&self.model.tokenizer, self.model.config.vocab_size, &self.model.tokenizer.eos_ids())
+            })
             .as_ref()
             .map_err(Clone::clone)
     }

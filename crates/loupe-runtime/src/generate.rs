@@ -29,8 +29,21 @@ pub struct GenerateRequest {
 
 impl GenerateRequest {
     /// An unconstrained request with these stop ids and no stop strings.
-    pub fn new(prompt_tokens: Vec<u32>, max_tokens: usize, sampling: SamplingParams, stop_ids: Vec<u32>) -> GenerateRequest {
-        GenerateRequest { prompt_tokens, max_tokens, sampling, stop_ids, stop_strings: Vec::new(), grammar: None, fast_forward: false }
+    pub fn new(
+        prompt_tokens: Vec<u32>,
+        max_tokens: usize,
+        sampling: SamplingParams,
+        stop_ids: Vec<u32>,
+    ) -> GenerateRequest {
+        GenerateRequest {
+            prompt_tokens,
+            max_tokens,
+            sampling,
+            stop_ids,
+            stop_strings: Vec::new(),
+            grammar: None,
+            fast_forward: false,
+        }
     }
 }
 
@@ -102,7 +115,11 @@ impl StopMatcher {
             .stops
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text[floor_char(&self.text, search_from)..].find(s.as_str()).map(|i| i + floor_char(&self.text, search_from)))
+            .filter_map(|s| {
+                self.text[floor_char(&self.text, search_from)..]
+                    .find(s.as_str())
+                    .map(|i| i + floor_char(&self.text, search_from))
+            })
             .min();
         if let Some(at) = found {
             self.text.truncate(at);
@@ -143,12 +160,22 @@ fn floor_char(s: &str, mut i: usize) -> usize {
 
 /// Generates from `request.prompt_tokens`, calling `on_text` with each piece of final text.
 /// A request with a grammar needs the model's `grammars`.
-pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, grammars: Option<&Grammars>, request: &GenerateRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, RuntimeError> {
+pub fn generate(
+    session: &mut Session<'_>,
+    tokenizer: &Tokenizer,
+    grammars: Option<&Grammars>,
+    request: &GenerateRequest,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation, RuntimeError> {
     request.sampling.validate().map_err(RuntimeError::InvalidRequest)?;
     let mut constraint: Option<Constraint> = match (&request.grammar, grammars) {
         (None, _) => None,
         (Some(spec), Some(g)) => Some(g.compile(spec)?),
-        (Some(_), None) => return Err(RuntimeError::InvalidRequest("a grammar needs the model's token environment (Engine::grammars)".into())),
+        (Some(_), None) => {
+            return Err(RuntimeError::InvalidRequest(
+                "a grammar needs the model's token environment (Engine::grammars)".into(),
+            ))
+        }
     };
     let prompt_len = request.prompt_tokens.len();
     if prompt_len == 0 {
@@ -246,7 +273,14 @@ pub fn generate(session: &mut Session<'_>, tokenizer: &Tokenizer, grammars: Opti
         }
     }
     let decode_time = decode_start.elapsed();
-    Ok(Generation { tokens, text: stops.text, finish_reason: finish, prefill_time, decode_time, masks: constraint.map(|c| c.mask_stats()) })
+    Ok(Generation {
+        tokens,
+        text: stops.text,
+        finish_reason: finish,
+        prefill_time,
+        decode_time,
+        masks: constraint.map(|c| c.mask_stats()),
+    })
 }
 
 #[cfg(test)]

@@ -27,10 +27,12 @@ use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
-pub use batch::{BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, StepShape, Usage};
+pub use batch::{
+    BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, StepShape, Usage,
+};
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
-pub use embed::{EmbedConfig, Embedding, Pooling};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};
+pub use embed::{EmbedConfig, Embedding, Pooling};
 pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation, StopMatcher};
 pub use sampling::{argmax, Sampler, SamplingParams, TokenLogprobs};
@@ -102,7 +104,12 @@ impl<'g> Session<'g> {
 
     /// Runs `tokens` after what is cached; returns the last token's logits (or every
     /// token's with `all_logits`), showing values to `observer`.
-    pub fn forward(&mut self, tokens: &[u32], all_logits: bool, observer: Option<&mut dyn Observer>) -> Result<&[f32], RuntimeError> {
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        all_logits: bool,
+        observer: Option<&mut dyn Observer>,
+    ) -> Result<&[f32], RuntimeError> {
         Ok(self.executor.run(self.graph, tokens, &mut self.kv, RunOptions { all_logits }, observer)?)
     }
 

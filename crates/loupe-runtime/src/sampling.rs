@@ -28,7 +28,16 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
     }
 }
 
@@ -288,6 +297,9 @@ mod tests {
     #[test]
     fn validation_names_the_parameter() {
         assert!(SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err().contains("top-p"));
-        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().unwrap_err().contains("temperature"));
+        assert!(SamplingParams { temperature: -1.0, ..Default::default() }
+            .validate()
+            .unwrap_err()
+            .contains("temperature"));
     }
 }

@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use loupe_core::SplitMix64;
 use loupe_graph::{KvDtype, Observer, ValueInfo};
 use loupe_runtime::batch::WholeStep;
-use loupe_runtime::{BatchConfig, BatchEngine, Completion, Engine, LoadOptions, SamplingParams, SeqEvent, SeqRequest, SequenceTap};
+use loupe_runtime::{
+    BatchConfig, BatchEngine, Completion, Engine, LoadOptions, SamplingParams, SeqEvent, SeqRequest, SequenceTap,
+};
 
 fn tiny_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -43,7 +45,15 @@ fn requests(n: usize, shared: usize, sampling: &SamplingParams) -> Vec<SeqReques
             let mut prompt = prefix.clone();
             prompt.extend((0..len).map(|_| 3 + (rng.next_u64() % 400) as u32));
             let sampling = SamplingParams { seed: 1000 + i as u64, ..sampling.clone() };
-            SeqRequest { prompt, max_tokens: 12 + i % 7, sampling, stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false }
+            SeqRequest {
+                prompt,
+                max_tokens: 12 + i % 7,
+                sampling,
+                stop_ids: vec![],
+                logprobs: None,
+                grammar: None,
+                fast_forward: false,
+            }
         })
         .collect()
 }
@@ -73,7 +83,12 @@ fn seeded() -> SamplingParams {
 #[test]
 fn batched_tokens_equal_each_request_alone_greedy_and_seeded() {
     let engine = engine();
-    for (kv_dtype, sampling) in [(KvDtype::F16, SamplingParams::default()), (KvDtype::F32, seeded()), (KvDtype::F16, seeded()), (KvDtype::Fp8E4M3, SamplingParams::default())] {
+    for (kv_dtype, sampling) in [
+        (KvDtype::F16, SamplingParams::default()),
+        (KvDtype::F32, seeded()),
+        (KvDtype::F16, seeded()),
+        (KvDtype::Fp8E4M3, SamplingParams::default()),
+    ] {
         let config = BatchConfig { kv_dtype: Some(kv_dtype), ..config() };
         let reqs = requests(12, 0, &sampling);
         let want = alone(&engine, &reqs, &config);
@@ -96,7 +111,8 @@ fn tiny_gemma2_batched_tokens_equal_the_single_sequence_path() {
     use loupe_models::tiny::{TinyGemma2, TinyLlama};
     use loupe_runtime::GenerateRequest;
     let path = tiny_file(&TinyLlama { gemma2: Some(TinyGemma2::default()), ..TinyLlama::default() });
-    let engine = Engine::load(path, LoadOptions { precision: loupe_models::Precision::F32, ..LoadOptions::default() }).unwrap();
+    let engine =
+        Engine::load(path, LoadOptions { precision: loupe_models::Precision::F32, ..LoadOptions::default() }).unwrap();
     assert_eq!(engine.config().family, loupe_models::Family::Gemma2);
     assert!(engine.graph().nodes.iter().any(|n| matches!(n.op, loupe_graph::Op::SoftCap { .. })));
     for sampling in [SamplingParams::default(), seeded()] {
@@ -109,8 +125,14 @@ fn tiny_gemma2_batched_tokens_equal_the_single_sequence_path() {
             })
             .collect();
         for max_batch_tokens in [BatchConfig::default().max_batch_tokens, 5] {
-            let mut b = BatchEngine::new(&engine, BatchConfig { kv_dtype: Some(KvDtype::F32), max_batch_tokens, ..config() }).unwrap();
-            assert_eq!(tokens(&b.run_all(reqs.clone()).unwrap()), single, "{sampling:?}, max_batch_tokens {max_batch_tokens}");
+            let mut b =
+                BatchEngine::new(&engine, BatchConfig { kv_dtype: Some(KvDtype::F32), max_batch_tokens, ..config() })
+                    .unwrap();
+            assert_eq!(
+                tokens(&b.run_all(reqs.clone()).unwrap()),
+                single,
+                "{sampling:?}, max_batch_tokens {max_batch_tokens}"
+            );
         }
     }
 }
@@ -163,7 +185,9 @@ fn preemption_under_a_tiny_kv_budget_keeps_tokens() {
         let want = alone(&engine, &reqs, &config());
         // 12 blocks of 16 positions: about three of these sequences at once.
         for prefix_cache in [false, true] {
-            let mut b = BatchEngine::new(&engine, BatchConfig { kv_blocks: Some(12), prefix_cache, ..BatchConfig::default() }).unwrap();
+            let mut b =
+                BatchEngine::new(&engine, BatchConfig { kv_blocks: Some(12), prefix_cache, ..BatchConfig::default() })
+                    .unwrap();
             let got = b.run_all(reqs.clone()).unwrap();
             assert_eq!(tokens(&got), want, "prefix cache {prefix_cache}");
             let stats = b.stats();
@@ -206,14 +230,46 @@ fn limits_and_bad_requests() {
         b.step().unwrap();
         assert!(b.stats().running <= 2);
     }
-    let empty = SeqRequest { prompt: vec![], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
+    let empty = SeqRequest {
+        prompt: vec![],
+        max_tokens: 1,
+        sampling: SamplingParams::default(),
+        stop_ids: vec![],
+        logprobs: None,
+        grammar: None,
+        fast_forward: false,
+    };
     assert!(b.add(empty).is_err());
-    let long = SeqRequest { prompt: vec![5; 100], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
+    let long = SeqRequest {
+        prompt: vec![5; 100],
+        max_tokens: 1,
+        sampling: SamplingParams::default(),
+        stop_ids: vec![],
+        logprobs: None,
+        grammar: None,
+        fast_forward: false,
+    };
     let err = b.add(long).unwrap_err().to_string();
     assert!(err.contains("KV blocks"), "{err}");
-    let too_long = SeqRequest { prompt: vec![5; 300], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
+    let too_long = SeqRequest {
+        prompt: vec![5; 300],
+        max_tokens: 1,
+        sampling: SamplingParams::default(),
+        stop_ids: vec![],
+        logprobs: None,
+        grammar: None,
+        fast_forward: false,
+    };
     assert!(b.add(too_long).is_err());
-    let bad_id = SeqRequest { prompt: vec![1 << 30], max_tokens: 1, sampling: SamplingParams::default(), stop_ids: vec![], logprobs: None, grammar: None, fast_forward: false };
+    let bad_id = SeqRequest {
+        prompt: vec![1 << 30],
+        max_tokens: 1,
+        sampling: SamplingParams::default(),
+        stop_ids: vec![],
+        logprobs: None,
+        grammar: None,
+        fast_forward: false,
+    };
     assert!(b.add(bad_id).is_err());
     assert!(BatchEngine::new(&engine, BatchConfig { kv_blocks: Some(0), ..config() }).is_err());
 }
@@ -265,7 +321,8 @@ fn a_sequence_tap_in_a_batch_sees_what_the_sequence_alone_computes() {
     assert_eq!(alone.0.len(), batched.0.len());
     for (a, s) in alone.0.iter().zip(&batched.0) {
         assert_eq!((&a.0, &a.1), (&s.0, &s.1), "name and shape");
-        let (a_bits, s_bits): (Vec<u32>, Vec<u32>) = (a.2.iter().map(|x| x.to_bits()).collect(), s.2.iter().map(|x| x.to_bits()).collect());
+        let (a_bits, s_bits): (Vec<u32>, Vec<u32>) =
+            (a.2.iter().map(|x| x.to_bits()).collect(), s.2.iter().map(|x| x.to_bits()).collect());
         if a.0.ends_with("attn_probs") || a.1.len() == 3 {
             // Probabilities are padded to the step's longest context: compare the visible part.
             continue;
@@ -280,16 +337,32 @@ fn a_sequence_tap_in_a_batch_sees_what_the_sequence_alone_computes() {
 #[test]
 fn debug_checks_run_on_batched_steps() {
     // nan-check catches a planted NaN in a batched step, naming the value.
-    let debug = loupe_graph::debug::DebugOptions::default().with("nan-check", Some("true")).unwrap().with("nan-check-stride", Some("1")).unwrap();
-    let engine = Engine::load(tiny_model(), LoadOptions { debug, faults: vec!["nan@1".parse().unwrap()], ..LoadOptions::default() }).unwrap();
+    let debug = loupe_graph::debug::DebugOptions::default()
+        .with("nan-check", Some("true"))
+        .unwrap()
+        .with("nan-check-stride", Some("1"))
+        .unwrap();
+    let engine = Engine::load(
+        tiny_model(),
+        LoadOptions { debug, faults: vec!["nan@1".parse().unwrap()], ..LoadOptions::default() },
+    )
+    .unwrap();
     let mut b = BatchEngine::new(&engine, config()).unwrap();
     for r in requests(3, 0, &SamplingParams::default()) {
         b.add(r).unwrap();
     }
     let err = b.step().unwrap_err().to_string();
-    assert!(err.contains("nan-check: op plant_nan computing 'model.layers.1.self_attn.o_proj'") && err.contains("produced 1 NaN and 1 Inf"), "{err}");
+    assert!(
+        err.contains("nan-check: op plant_nan computing 'model.layers.1.self_attn.o_proj'")
+            && err.contains("produced 1 NaN and 1 Inf"),
+        "{err}"
+    );
     // The kv-write fault has no batched form: refused, not silently ignored.
-    let engine = Engine::load(tiny_model(), LoadOptions { faults: vec!["kv-write@0".parse().unwrap()], ..LoadOptions::default() }).unwrap();
+    let engine = Engine::load(
+        tiny_model(),
+        LoadOptions { faults: vec!["kv-write@0".parse().unwrap()], ..LoadOptions::default() },
+    )
+    .unwrap();
     let mut b = BatchEngine::new(&engine, config()).unwrap();
     b.add(requests(1, 0, &SamplingParams::default()).remove(0)).unwrap();
     let err = b.step().unwrap_err().to_string();

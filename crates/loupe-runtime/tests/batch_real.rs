@@ -10,7 +10,11 @@ use loupe_runtime::{BatchConfig, BatchEngine, Engine, LoadOptions, Prompt, Sampl
 
 fn real_engine() -> Engine {
     let path = loupe_models::real_model_path();
-    assert!(path.is_file(), "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL", path.display());
+    assert!(
+        path.is_file(),
+        "needs the real model at {} (missing): run scripts/fetch-model or set LOUPE_MODEL",
+        path.display()
+    );
     Engine::load(&path, LoadOptions::default()).expect("loading the real model")
 }
 
@@ -25,9 +29,14 @@ struct Golden {
 
 fn goldens() -> Vec<Golden> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-q4_1");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
     files.sort();
-    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    let ids =
+        |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
     files
         .iter()
         .map(|f| {
@@ -45,13 +54,22 @@ fn goldens() -> Vec<Golden> {
 }
 
 fn request(prompt: Vec<u32>, g: &Golden, sampling: &SamplingParams) -> SeqRequest {
-    SeqRequest { prompt, max_tokens: g.max_tokens, sampling: sampling.clone(), stop_ids: g.eos.clone(), logprobs: None, grammar: None, fast_forward: false }
+    SeqRequest {
+        prompt,
+        max_tokens: g.max_tokens,
+        sampling: sampling.clone(),
+        stop_ids: g.eos.clone(),
+        logprobs: None,
+        grammar: None,
+        fast_forward: false,
+    }
 }
 
 fn alone(engine: &Engine, reqs: &[SeqRequest]) -> Vec<Vec<u32>> {
     reqs.iter()
         .map(|r| {
-            let mut b = BatchEngine::new(engine, BatchConfig { prefix_cache: false, ..BatchConfig::default() }).unwrap();
+            let mut b =
+                BatchEngine::new(engine, BatchConfig { prefix_cache: false, ..BatchConfig::default() }).unwrap();
             b.run_all(vec![r.clone()]).unwrap().remove(0).tokens
         })
         .collect()
@@ -80,7 +98,8 @@ fn golden_prompts_give_identical_tokens_in_any_batch() {
         }
         // Among 32: the nine plus 23 neighbours (the same prompts with other lengths), arriving
         // in shuffled order, with chunked prefill.
-        let mut batch: Vec<(Option<usize>, SeqRequest)> = reqs.iter().cloned().enumerate().map(|(i, r)| (Some(i), r)).collect();
+        let mut batch: Vec<(Option<usize>, SeqRequest)> =
+            reqs.iter().cloned().enumerate().map(|(i, r)| (Some(i), r)).collect();
         for k in 0..23 {
             let g = &goldens[k % 9];
             let mut r = request(g.prompt_tokens[..g.prompt_tokens.len() - 1 - k % 3].to_vec(), g, &sampling);
@@ -111,10 +130,14 @@ fn shared_system_prompt_is_served_from_the_prefix_cache() {
     let engine = real_engine();
     let goldens = goldens();
     let system = "You are a careful, friendly assistant. Answer in one or two sentences, plainly, without lists, and say so when you do not know.";
-    for sampling in [SamplingParams::default(), SamplingParams { temperature: 0.7, seed: 11, ..SamplingParams::default() }] {
+    for sampling in
+        [SamplingParams::default(), SamplingParams { temperature: 0.7, seed: 11, ..SamplingParams::default() }]
+    {
         let reqs: Vec<SeqRequest> = goldens
             .iter()
-            .map(|g| request(engine.prompt_tokens(&Prompt::chat(&g.prompt).with_system(Some(system))).unwrap(), g, &sampling))
+            .map(|g| {
+                request(engine.prompt_tokens(&Prompt::chat(&g.prompt).with_system(Some(system))).unwrap(), g, &sampling)
+            })
             .collect();
         let want = alone(&engine, &reqs);
         let mut b = BatchEngine::new(&engine, BatchConfig::default()).unwrap();
@@ -123,10 +146,19 @@ fn shared_system_prompt_is_served_from_the_prefix_cache() {
         b.run_all(vec![request(warm, &goldens[0], &sampling)]).unwrap();
         let order = [4, 0, 7, 2, 8, 5, 1, 6, 3];
         let done = b.run_all(order.iter().map(|&i| reqs[i].clone()).collect()).unwrap();
-        let shared = reqs.iter().map(|r| r.prompt.iter().zip(&reqs[0].prompt).take_while(|(a, b)| a == b).count()).min().unwrap();
+        let shared = reqs
+            .iter()
+            .map(|r| r.prompt.iter().zip(&reqs[0].prompt).take_while(|(a, b)| a == b).count())
+            .min()
+            .unwrap();
         for (c, &i) in done.iter().zip(&order) {
             assert_eq!(c.tokens, want[i], "{} behind a cached system prompt ({sampling:?})", goldens[i].name);
-            assert_eq!(c.usage.cached_tokens, shared / 16 * 16, "{}: the shared prompt's full blocks came from the cache", goldens[i].name);
+            assert_eq!(
+                c.usage.cached_tokens,
+                shared / 16 * 16,
+                "{}: the shared prompt's full blocks came from the cache",
+                goldens[i].name
+            );
         }
         let stats = b.stats();
         assert!(stats.prefix.hit_blocks >= 9 * (shared / 16) as u64, "{stats:?}");

@@ -6,14 +6,19 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use loupe_runtime::{BatchConfig, BatchEngine, ConstraintError, Engine, FinishReason, GenerateRequest, GrammarSpec, LoadOptions, SamplingParams, SeqRequest};
+use loupe_runtime::{
+    BatchConfig, BatchEngine, ConstraintError, Engine, FinishReason, GenerateRequest, GrammarSpec, LoadOptions,
+    SamplingParams, SeqRequest,
+};
 use serde_json::{json, Value};
 
 fn tiny_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(&loupe_models::tiny::TinyLlama::default()).expect("building the tiny model");
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-constraint-{}.gguf", std::process::id()));
+        let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(&loupe_models::tiny::TinyLlama::default())
+            .expect("building the tiny model");
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("loupe-tiny-constraint-{}.gguf", std::process::id()));
         std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
         std::fs::write(&path, &bytes).unwrap();
         path
@@ -40,11 +45,20 @@ fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
     vec![
         (
             json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false}),
-            |v| v["name"].as_str().is_some_and(|s| s.chars().count() <= 8) && v["age"].as_i64().is_some_and(|a| (0..=120).contains(&a)) && v.as_object().unwrap().len() == 2,
+            |v| {
+                v["name"].as_str().is_some_and(|s| s.chars().count() <= 8)
+                    && v["age"].as_i64().is_some_and(|a| (0..=120).contains(&a))
+                    && v.as_object().unwrap().len() == 2
+            },
         ),
         (
             json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "tags": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 3}}, "required": ["color", "tags"], "additionalProperties": false}),
-            |v| ["red", "green", "blue"].contains(&v["color"].as_str().unwrap_or("")) && v["tags"].as_array().is_some_and(|a| (2..=3).contains(&a.len()) && a.iter().all(Value::is_boolean)),
+            |v| {
+                ["red", "green", "blue"].contains(&v["color"].as_str().unwrap_or(""))
+                    && v["tags"]
+                        .as_array()
+                        .is_some_and(|a| (2..=3).contains(&a.len()) && a.iter().all(Value::is_boolean))
+            },
         ),
         (
             json!({"anyOf": [{"type": "object", "properties": {"x": {"const": 1}}, "required": ["x"], "additionalProperties": false}, {"type": "object", "properties": {"y": {"type": "null"}}, "required": ["y"], "additionalProperties": false}]}),
@@ -57,9 +71,13 @@ fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
 fn generated_json_matches_its_schema_greedy_and_sampled() {
     let e = engine();
     for (schema, valid) in schemas() {
-        for sampling in [SamplingParams::default(), SamplingParams { temperature: 1.0, seed: 7, ..Default::default() }] {
-            let out = e.generate_tokens(&request(e, Some(GrammarSpec::JsonSchema(schema.clone())), sampling), &mut |_| {}).unwrap();
-            let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|err| panic!("{schema}: output {:?} is not JSON: {err}", out.text));
+        for sampling in [SamplingParams::default(), SamplingParams { temperature: 1.0, seed: 7, ..Default::default() }]
+        {
+            let out = e
+                .generate_tokens(&request(e, Some(GrammarSpec::JsonSchema(schema.clone())), sampling), &mut |_| {})
+                .unwrap();
+            let v: Value = serde_json::from_str(&out.text)
+                .unwrap_or_else(|err| panic!("{schema}: output {:?} is not JSON: {err}", out.text));
             assert!(valid(&v), "{schema}: {v} does not match");
             assert!(matches!(out.finish_reason, FinishReason::Grammar | FinishReason::Eos), "{:?}", out.finish_reason);
             assert!(out.masks.is_some_and(|(n, _)| n as usize >= out.tokens.len()));
@@ -71,7 +89,11 @@ fn generated_json_matches_its_schema_greedy_and_sampled() {
 fn unconstrained_output_differs_so_the_mask_does_the_work() {
     let e = engine();
     let free = e.generate_tokens(&request(e, None, SamplingParams::default()), &mut |_| {}).unwrap();
-    assert!(serde_json::from_str::<Value>(&free.text).is_err(), "the random model wrote JSON by itself: {:?}", free.text);
+    assert!(
+        serde_json::from_str::<Value>(&free.text).is_err(),
+        "the random model wrote JSON by itself: {:?}",
+        free.text
+    );
     assert!(free.masks.is_none());
 }
 
@@ -79,13 +101,29 @@ fn unconstrained_output_differs_so_the_mask_does_the_work() {
 fn regex_and_lark_grammars_constrain_and_finish() {
     let e = engine();
     let rx = regex::Regex::new(r"^[0-9]{3}-[a-z]{2,4}$").unwrap();
-    let out = e.generate_tokens(&request(e, Some(GrammarSpec::Regex("[0-9]{3}-[a-z]{2,4}".into())), SamplingParams::default()), &mut |_| {}).unwrap();
+    let out = e
+        .generate_tokens(
+            &request(e, Some(GrammarSpec::Regex("[0-9]{3}-[a-z]{2,4}".into())), SamplingParams::default()),
+            &mut |_| {},
+        )
+        .unwrap();
     assert!(rx.is_match(&out.text), "{:?}", out.text);
     let lark = "start: greeting \" \" name\ngreeting: \"hello\" | \"bye\"\nname: /[A-Z][a-z]{1,5}/\n";
-    let out = e.generate_tokens(&request(e, Some(GrammarSpec::Lark(lark.into())), SamplingParams { temperature: 1.0, seed: 3, ..Default::default() }), &mut |_| {}).unwrap();
+    let out = e
+        .generate_tokens(
+            &request(
+                e,
+                Some(GrammarSpec::Lark(lark.into())),
+                SamplingParams { temperature: 1.0, seed: 3, ..Default::default() },
+            ),
+            &mut |_| {},
+        )
+        .unwrap();
     assert!(regex::Regex::new(r"^(hello|bye) [A-Z][a-z]{1,5}$").unwrap().is_match(&out.text), "{:?}", out.text);
     // A grammar with one possible output ends there, without waiting for EOS.
-    let out = e.generate_tokens(&request(e, Some(GrammarSpec::Regex("done".into())), SamplingParams::default()), &mut |_| {}).unwrap();
+    let out = e
+        .generate_tokens(&request(e, Some(GrammarSpec::Regex("done".into())), SamplingParams::default()), &mut |_| {})
+        .unwrap();
     assert_eq!((out.text.as_str(), out.finish_reason), ("done", FinishReason::Grammar));
 }
 
@@ -95,7 +133,12 @@ fn fast_forward_appends_forced_tokens_and_stays_valid() {
     let schema = json!({"type": "object", "properties": {"a_rather_long_property_name": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a_rather_long_property_name"], "additionalProperties": false});
     let spec = GrammarSpec::JsonSchema(schema);
     let slow = e.generate_tokens(&request(e, Some(spec.clone()), SamplingParams::default()), &mut |_| {}).unwrap();
-    let fast = e.generate_tokens(&GenerateRequest { fast_forward: true, ..request(e, Some(spec), SamplingParams::default()) }, &mut |_| {}).unwrap();
+    let fast = e
+        .generate_tokens(
+            &GenerateRequest { fast_forward: true, ..request(e, Some(spec), SamplingParams::default()) },
+            &mut |_| {},
+        )
+        .unwrap();
     for out in [&slow, &fast] {
         let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|err| panic!("{:?}: {err}", out.text));
         assert!(v["a_rather_long_property_name"].as_i64().is_some_and(|x| (0..=9).contains(&x)), "{v}");
@@ -107,12 +150,25 @@ fn fast_forward_appends_forced_tokens_and_stays_valid() {
 #[test]
 fn batched_constrained_and_free_sequences_match_their_solo_runs() {
     let e = engine();
-    let specs = [None, Some(GrammarSpec::JsonSchema(schemas()[0].0.clone())), Some(GrammarSpec::JsonObject), None, Some(GrammarSpec::Regex("[a-c]{5,9}".into()))];
-    let sampling = |i: usize| SamplingParams { temperature: if i % 2 == 0 { 0.0 } else { 0.8 }, seed: 40 + i as u64, ..Default::default() };
+    let specs = [
+        None,
+        Some(GrammarSpec::JsonSchema(schemas()[0].0.clone())),
+        Some(GrammarSpec::JsonObject),
+        None,
+        Some(GrammarSpec::Regex("[a-c]{5,9}".into())),
+    ];
+    let sampling = |i: usize| SamplingParams {
+        temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+        seed: 40 + i as u64,
+        ..Default::default()
+    };
     let reqs: Vec<SeqRequest> = specs
         .iter()
         .enumerate()
-        .map(|(i, g)| SeqRequest { grammar: g.clone(), ..SeqRequest::new(prompt(e), 60 + i, sampling(i), e.tokenizer().eos_ids()) })
+        .map(|(i, g)| SeqRequest {
+            grammar: g.clone(),
+            ..SeqRequest::new(prompt(e), 60 + i, sampling(i), e.tokenizer().eos_ids())
+        })
         .collect();
     let mut b = BatchEngine::new(e, BatchConfig::default()).unwrap();
     let together = b.run_all(reqs.clone()).unwrap();
@@ -125,7 +181,15 @@ fn batched_constrained_and_free_sequences_match_their_solo_runs() {
             // last-bit differences into other draws. Greedy runs must agree.
             continue;
         }
-        let single = e.generate_tokens(&GenerateRequest { grammar: specs[i].clone(), ..GenerateRequest::new(prompt(e), req.max_tokens, sampling(i), e.tokenizer().eos_ids()) }, &mut |_| {}).unwrap();
+        let single = e
+            .generate_tokens(
+                &GenerateRequest {
+                    grammar: specs[i].clone(),
+                    ..GenerateRequest::new(prompt(e), req.max_tokens, sampling(i), e.tokenizer().eos_ids())
+                },
+                &mut |_| {},
+            )
+            .unwrap();
         assert_eq!(single.tokens, got.tokens, "request {i}");
     }
     let text = |i: usize| e.tokenizer().decode(&together[i].tokens, true).unwrap();
@@ -141,13 +205,19 @@ fn invalid_grammars_fail_closed_naming_keyword_and_path() {
         Err(ConstraintError::Invalid { keyword, path, message, .. }) => (keyword, path, message),
         other => panic!("{spec:?} compiled: {other:?}"),
     };
-    let (k, p, _) = invalid(GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"list": {"type": "array", "contains": {"type": "integer"}}}})));
+    let (k, p, _) = invalid(GrammarSpec::JsonSchema(
+        json!({"type": "object", "properties": {"list": {"type": "array", "contains": {"type": "integer"}}}}),
+    ));
     assert_eq!((k.as_deref(), p.as_deref()), (Some("contains"), Some("/properties/list")));
-    let (k, p, _) = invalid(GrammarSpec::JsonSchema(json!({"anyOf": [{"type": "string"}, {"type": "string", "format": "no-such-format"}]})));
+    let (k, p, _) = invalid(GrammarSpec::JsonSchema(
+        json!({"anyOf": [{"type": "string"}, {"type": "string", "format": "no-such-format"}]}),
+    ));
     assert_eq!((k.as_deref(), p.as_deref()), (Some("format"), Some("/anyOf/1")));
-    let (k, p, _) = invalid(GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})));
+    let (k, p, _) =
+        invalid(GrammarSpec::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})));
     assert_eq!((k.as_deref(), p.as_deref()), (Some("$ref"), Some("/properties/a")));
-    let (k, p, _) = invalid(GrammarSpec::JsonSchema(json!({"properties": {"code": {"type": "string", "pattern": "(?<=a)b"}}})));
+    let (k, p, _) =
+        invalid(GrammarSpec::JsonSchema(json!({"properties": {"code": {"type": "string", "pattern": "(?<=a)b"}}})));
     assert_eq!((k.as_deref(), p.as_deref()), (Some("pattern"), Some("/properties/code")));
     let (_, _, m) = invalid(GrammarSpec::Regex("a(".into()));
     assert!(m.contains("unclosed group"), "{m}");
@@ -155,7 +225,10 @@ fn invalid_grammars_fail_closed_naming_keyword_and_path() {
     assert!(m.contains("undefined_rule"), "{m}");
     // The batched engine refuses such a request when it is added; nothing is queued.
     let mut b = BatchEngine::new(engine(), BatchConfig::default()).unwrap();
-    let bad = SeqRequest { grammar: Some(GrammarSpec::Regex("a(".into())), ..SeqRequest::new(prompt(engine()), 8, SamplingParams::default(), vec![]) };
+    let bad = SeqRequest {
+        grammar: Some(GrammarSpec::Regex("a(".into())),
+        ..SeqRequest::new(prompt(engine()), 8, SamplingParams::default(), vec![])
+    };
     assert!(b.add(bad).is_err());
     assert!(!b.has_work());
 }
@@ -188,13 +261,18 @@ fn tool_call_grammar_admits_calls_with_valid_arguments_and_optional_thinking() {
     let two = format!("{call}\n{call}");
     let thinking = format!("<think>\nI add.\n</think>\n\n{call}\n<think>Again.</think>{call}");
     let one = loupe_runtime::constraint::tool_call_grammar(&[("add", add.clone())], false, false);
-    let many = loupe_runtime::constraint::tool_call_grammar(&[("add", add.clone()), ("other", json!({"type": "object"}))], true, false);
+    let many = loupe_runtime::constraint::tool_call_grammar(
+        &[("add", add.clone()), ("other", json!({"type": "object"}))],
+        true,
+        false,
+    );
     let thinks = loupe_runtime::constraint::tool_call_grammar(&[("add", add)], true, true);
     assert_eq!(refused_at(&one, call), None);
     assert_eq!(refused_at(&many, &two), None);
     assert_eq!(refused_at(&thinks, &thinking), None);
     // A second call is still under the grammar: its arguments must validate too.
-    assert!(refused_at(&many, &format!("{call}\n<tool_call>\n{{\"name\": \"add\", \"arguments\": {{\"a\": \"x\"")).is_some());
+    assert!(refused_at(&many, &format!("{call}\n<tool_call>\n{{\"name\": \"add\", \"arguments\": {{\"a\": \"x\""))
+        .is_some());
     assert!(refused_at(&one, &format!("{call}\n")).is_some(), "one call only without parallel calls");
     assert!(refused_at(&many, "<think>x</think>").is_some(), "no thinking unless asked for");
     assert!(refused_at(&one, "Sure! <tool_call>").is_some(), "text before a forced call");

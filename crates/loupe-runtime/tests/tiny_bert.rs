@@ -9,7 +9,8 @@ use loupe_models::tiny_bert::{tiny_bert_tensors, write_tiny_bert, TinyBert};
 use loupe_runtime::{Engine, LoadOptions, Pooling};
 
 fn load(dir: &Path) -> Engine {
-    Engine::load(dir, LoadOptions { precision: loupe_models::Precision::F32, ..LoadOptions::default() }).expect("tiny BERT loads")
+    Engine::load(dir, LoadOptions { precision: loupe_models::Precision::F32, ..LoadOptions::default() })
+        .expect("tiny BERT loads")
 }
 
 fn tiny() -> (tempfile::TempDir, TinyBert) {
@@ -28,7 +29,10 @@ fn states(engine: &Engine, ids: &[u32]) -> Vec<f32> {
 /// erf to ~1e-7 (Abramowitz & Stegun 7.1.26), far below the f32 noise this test allows.
 fn erf(x: f64) -> f64 {
     let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
-    let y = 1.0 - (((((1.061_405_429 * t - 1.453_152_027) * t) + 1.421_413_741) * t - 0.284_496_736) * t + 0.254_829_592) * t * (-x * x).exp();
+    let y = 1.0
+        - (((((1.061_405_429 * t - 1.453_152_027) * t) + 1.421_413_741) * t - 0.284_496_736) * t + 0.254_829_592)
+            * t
+            * (-x * x).exp();
     y.copysign(x)
 }
 
@@ -36,7 +40,8 @@ fn erf(x: f64) -> f64 {
 /// LayerNorm), then per layer full self-attention, dense + residual + LayerNorm, GELU MLP,
 /// dense + residual + LayerNorm.
 fn reference(spec: &TinyBert, ids: &[u32]) -> Vec<Vec<f64>> {
-    let w: HashMap<String, Vec<f64>> = tiny_bert_tensors(spec).into_iter().map(|(n, _, v)| (n, v.into_iter().map(f64::from).collect())).collect();
+    let w: HashMap<String, Vec<f64>> =
+        tiny_bert_tensors(spec).into_iter().map(|(n, _, v)| (n, v.into_iter().map(f64::from).collect())).collect();
     let d = spec.hidden;
     let (h, hd) = (spec.heads, spec.hidden / spec.heads);
     let ln = |x: &[f64], name: &str| -> Vec<f64> {
@@ -55,7 +60,11 @@ fn reference(spec: &TinyBert, ids: &[u32]) -> Vec<Vec<f64>> {
         .enumerate()
         .map(|(t, &id)| {
             let row = |name: &str, r: usize| w[name][r * d..(r + 1) * d].to_vec();
-            let (word, ty, pos) = (row("embeddings.word_embeddings.weight", id as usize), row("embeddings.token_type_embeddings.weight", 0), row("embeddings.position_embeddings.weight", t));
+            let (word, ty, pos) = (
+                row("embeddings.word_embeddings.weight", id as usize),
+                row("embeddings.token_type_embeddings.weight", 0),
+                row("embeddings.position_embeddings.weight", t),
+            );
             let sum: Vec<f64> = (0..d).map(|i| word[i] + ty[i] + pos[i]).collect();
             ln(&sum, "embeddings.LayerNorm")
         })
@@ -71,7 +80,8 @@ fn reference(spec: &TinyBert, ids: &[u32]) -> Vec<Vec<f64>> {
             let s = head * hd..(head + 1) * hd;
             for t in 0..n {
                 // No mask: every query sees every key (an encoder).
-                let scores: Vec<f64> = (0..n).map(|u| s.clone().map(|i| q[t][i] * k[u][i]).sum::<f64>() / (hd as f64).sqrt()).collect();
+                let scores: Vec<f64> =
+                    (0..n).map(|u| s.clone().map(|i| q[t][i] * k[u][i]).sum::<f64>() / (hd as f64).sqrt()).collect();
                 let max = scores.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = scores.iter().map(|z| (z - max).exp()).collect();
                 let total: f64 = e.iter().sum();
@@ -90,7 +100,10 @@ fn reference(spec: &TinyBert, ids: &[u32]) -> Vec<Vec<f64>> {
         x = attn
             .iter()
             .map(|a| {
-                let inter: Vec<f64> = linear(a, &format!("{p}.intermediate.dense")).into_iter().map(|z| 0.5 * z * (1.0 + erf(z / 2f64.sqrt()))).collect();
+                let inter: Vec<f64> = linear(a, &format!("{p}.intermediate.dense"))
+                    .into_iter()
+                    .map(|z| 0.5 * z * (1.0 + erf(z / 2f64.sqrt())))
+                    .collect();
                 let out = linear(&inter, &format!("{p}.output.dense"));
                 let sum: Vec<f64> = out.iter().zip(a).map(|(o, r)| o + r).collect();
                 ln(&sum, &format!("{p}.output.LayerNorm"))
@@ -175,7 +188,12 @@ fn long_inputs_are_cut_at_max_seq_length_keeping_the_specials() {
 
 #[test]
 fn bert_options_loupe_does_not_build_are_refused_by_name() {
-    for (key, value) in [("is_decoder", serde_json::json!(true)), ("position_embedding_type", serde_json::json!("relative_key")), ("hidden_act", serde_json::json!("relu")), ("type_vocab_size", serde_json::json!(0))] {
+    for (key, value) in [
+        ("is_decoder", serde_json::json!(true)),
+        ("position_embedding_type", serde_json::json!("relative_key")),
+        ("hidden_act", serde_json::json!("relu")),
+        ("type_vocab_size", serde_json::json!(0)),
+    ] {
         let (dir, spec) = tiny();
         let mut config = loupe_models::tiny_bert::tiny_bert_config(&spec);
         config[key] = value;
@@ -189,6 +207,9 @@ fn bert_options_loupe_does_not_build_are_refused_by_name() {
 fn planted_faults_are_refused_for_encoders() {
     let (dir, _) = tiny();
     let fault: loupe_models::Fault = "o-proj-scale@0".parse().unwrap();
-    let err = Engine::load(dir.path(), LoadOptions { faults: vec![fault], ..LoadOptions::default() }).err().expect("refused").to_string();
+    let err = Engine::load(dir.path(), LoadOptions { faults: vec![fault], ..LoadOptions::default() })
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("decoder families"), "{err}");
 }

@@ -128,7 +128,10 @@ struct Record {
 impl Shared {
     /// A request to `path` with the bearer key, if any.
     fn request(&self, method: hyper::Method, path: &str, body: Bytes) -> Result<hyper::Request<Full<Bytes>>, String> {
-        let mut req = hyper::Request::builder().method(method).uri(format!("{}{}", self.url, path)).header("content-type", "application/json");
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.url, path))
+            .header("content-type", "application/json");
         if let Some(k) = &self.api_key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
@@ -178,12 +181,16 @@ impl Shared {
                         done = true;
                         continue;
                     }
-                    let v: Value = serde_json::from_str(payload).map_err(|e| format!("bad SSE data {payload:?}: {e}"))?;
+                    let v: Value =
+                        serde_json::from_str(payload).map_err(|e| format!("bad SSE data {payload:?}: {e}"))?;
                     if let Some(err) = v.get("error") {
                         return Err(format!("error event: {err}"));
                     }
                     let choice = v.get("choices").and_then(|c| c.get(0));
-                    let text = choice.and_then(|c| c.get("text").or_else(|| c.get("delta").and_then(|d| d.get("content")))).and_then(Value::as_str).unwrap_or("");
+                    let text = choice
+                        .and_then(|c| c.get("text").or_else(|| c.get("delta").and_then(|d| d.get("content"))))
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
                     if !text.is_empty() {
                         let t = start.elapsed().as_secs_f64() * 1e3;
                         if chunks == 0 {
@@ -196,7 +203,9 @@ impl Shared {
                     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                         rec.output_tokens = u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
                         rec.prompt_tokens = u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
-                        rec.cached_tokens = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0) as usize;
+                        rec.cached_tokens =
+                            u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0)
+                                as usize;
                     }
                 }
             }
@@ -222,17 +231,21 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
 
 /// Common English words: prompts are random sequences of them (about a token each).
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "they", "be", "at", "one", "have", "this", "from", "by", "hot", "word", "but",
-    "what", "some", "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how", "said", "an", "each", "she", "which", "do",
-    "their", "time", "if", "will", "way", "about", "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make", "thing", "see",
-    "him", "two", "has", "look", "more", "day", "could", "go", "come", "did", "number", "sound", "no", "most", "people", "my", "over", "know", "water",
-    "than", "call", "first", "who", "may", "down", "side", "been", "now", "find", "any", "new", "work", "part", "take", "get", "place", "made", "live",
-    "where", "after", "back", "little", "only", "round", "man", "year", "came", "show", "every", "good", "me", "give", "our", "under", "name", "very",
-    "through", "just", "form", "sentence", "great", "think", "say", "help", "low", "line", "differ", "turn", "cause", "much", "mean", "before", "move",
-    "right", "boy", "old", "too", "same", "tell", "does", "set", "three", "want", "air", "well", "also", "play", "small", "end", "put", "home", "read",
-    "hand", "port", "large", "spell", "add", "even", "land", "here", "must", "big", "high", "such", "follow", "act", "why", "ask", "men", "change",
-    "went", "light", "kind", "off", "need", "house", "picture", "try", "us", "again", "animal", "point", "mother", "world", "near", "build", "self",
-    "earth", "father", "head", "stand", "own", "page", "should", "country", "found", "answer", "school", "grow", "study", "still", "learn", "plant",
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "they", "be", "at", "one", "have", "this",
+    "from", "by", "hot", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when",
+    "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time", "if", "will", "way",
+    "about", "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make", "thing", "see",
+    "him", "two", "has", "look", "more", "day", "could", "go", "come", "did", "number", "sound", "no", "most",
+    "people", "my", "over", "know", "water", "than", "call", "first", "who", "may", "down", "side", "been", "now",
+    "find", "any", "new", "work", "part", "take", "get", "place", "made", "live", "where", "after", "back", "little",
+    "only", "round", "man", "year", "came", "show", "every", "good", "me", "give", "our", "under", "name", "very",
+    "through", "just", "form", "sentence", "great", "think", "say", "help", "low", "line", "differ", "turn", "cause",
+    "much", "mean", "before", "move", "right", "boy", "old", "too", "same", "tell", "does", "set", "three", "want",
+    "air", "well", "also", "play", "small", "end", "put", "home", "read", "hand", "port", "large", "spell", "add",
+    "even", "land", "here", "must", "big", "high", "such", "follow", "act", "why", "ask", "men", "change", "went",
+    "light", "kind", "off", "need", "house", "picture", "try", "us", "again", "animal", "point", "mother", "world",
+    "near", "build", "self", "earth", "father", "head", "stand", "own", "page", "should", "country", "found", "answer",
+    "school", "grow", "study", "still", "learn", "plant",
 ];
 
 fn random_words(rng: &mut SplitMix64, n: usize) -> String {
@@ -241,7 +254,11 @@ fn random_words(rng: &mut SplitMix64, n: usize) -> String {
 
 /// Runs the whole benchmark against `config.url`, reporting progress on stderr.
 pub fn run(config: &BenchConfig) -> Result<BenchReport, String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     runtime.block_on(run_async(config))
 }
 
@@ -250,12 +267,17 @@ async fn run_async(config: &BenchConfig) -> Result<BenchReport, String> {
     // connections (llama-server closes them under a pooled client), and on loopback a
     // connection costs microseconds.
     let client: HttpClient = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
-    let shared = Arc::new(Shared { client, url: config.url.trim_end_matches('/').to_string(), api_key: config.api_key.clone() });
+    let shared =
+        Arc::new(Shared { client, url: config.url.trim_end_matches('/').to_string(), api_key: config.api_key.clone() });
     let model = match &config.model {
         Some(m) => m.clone(),
         None => {
             let models = shared.get_json("/v1/models").await?;
-            models.pointer("/data/0/id").and_then(Value::as_str).ok_or("GET /v1/models lists no model; pass --served-model")?.to_string()
+            models
+                .pointer("/data/0/id")
+                .and_then(Value::as_str)
+                .ok_or("GET /v1/models lists no model; pass --served-model")?
+                .to_string()
         }
     };
     // Warm-up: one short request (first-touch of pages, connection set-up).
@@ -264,7 +286,11 @@ async fn run_async(config: &BenchConfig) -> Result<BenchReport, String> {
 
     let mut load = Vec::new();
     for &concurrency in &config.concurrency {
-        eprintln!("bench-serve: {} requests, concurrency {concurrency}{} ...", config.requests, config.request_rate.map(|r| format!(", {r} req/s")).unwrap_or_default());
+        eprintln!(
+            "bench-serve: {} requests, concurrency {concurrency}{} ...",
+            config.requests,
+            config.request_rate.map(|r| format!(", {r} req/s")).unwrap_or_default()
+        );
         let r = load_run(&shared, &model, config, concurrency).await;
         eprintln!(
             "bench-serve:   {:.1} output tok/s, TTFT p50 {:.0} ms, TPOT p50 {:.1} ms, {} errors",
@@ -279,7 +305,14 @@ async fn run_async(config: &BenchConfig) -> Result<BenchReport, String> {
         }
         None => Vec::new(),
     };
-    Ok(BenchReport { url: config.url.clone(), model, input_words: config.input_words, output_tokens: config.output_tokens, load, multi_turn })
+    Ok(BenchReport {
+        url: config.url.clone(),
+        model,
+        input_words: config.input_words,
+        output_tokens: config.output_tokens,
+        load,
+        multi_turn,
+    })
 }
 
 async fn load_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig, concurrency: usize) -> LoadResult {
@@ -357,7 +390,13 @@ struct TurnSample {
     ttft: f64,
 }
 
-async fn multi_turn_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig, conversations: usize, turns: usize) -> Result<Vec<TurnResult>, String> {
+async fn multi_turn_run(
+    shared: &Arc<Shared>,
+    model: &str,
+    config: &BenchConfig,
+    conversations: usize,
+    turns: usize,
+) -> Result<Vec<TurnResult>, String> {
     let mut tasks = Vec::new();
     for c in 0..conversations {
         let shared = shared.clone();
@@ -386,21 +425,44 @@ async fn multi_turn_run(shared: &Arc<Shared>, model: &str, config: &BenchConfig,
     Ok((0..turns)
         .map(|k| {
             let mean = |f: &dyn Fn(&TurnSample) -> f64| all.iter().map(|c| f(&c[k])).sum::<f64>() / n;
-            let retention = (k > 0).then(|| all.iter().map(|c| c[k].cached as f64 / (c[k - 1].prompt + c[k - 1].output).max(1) as f64).sum::<f64>() / n);
-            TurnResult { turn: k + 1, prompt_tokens: mean(&|t| t.prompt as f64), cached_tokens: mean(&|t| t.cached as f64), retention, ttft_ms: mean(&|t| t.ttft) }
+            let retention = (k > 0).then(|| {
+                all.iter().map(|c| c[k].cached as f64 / (c[k - 1].prompt + c[k - 1].output).max(1) as f64).sum::<f64>()
+                    / n
+            });
+            TurnResult {
+                turn: k + 1,
+                prompt_tokens: mean(&|t| t.prompt as f64),
+                cached_tokens: mean(&|t| t.cached as f64),
+                retention,
+                ttft_ms: mean(&|t| t.ttft),
+            }
         })
         .collect())
 }
 
 /// The report as tables.
 pub fn write_tables(report: &BenchReport, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-    writeln!(out, "server {} · model {} · {} prompt words · {} output tokens (ignore_eos)", report.url, report.model, report.input_words, report.output_tokens)?;
+    writeln!(
+        out,
+        "server {} · model {} · {} prompt words · {} output tokens (ignore_eos)",
+        report.url, report.model, report.input_words, report.output_tokens
+    )?;
     writeln!(out, "| concurrency | req/s | output tok/s | TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms | ITL p50/p90/p99 ms | errors |")?;
     writeln!(out, "| ---: | ---: | ---: | --- | --- | --- | ---: |")?;
     for r in &report.load {
         let p = |p: &Percentiles| format!("{:.0} / {:.0} / {:.0}", p.p50, p.p90, p.p99);
         let q = |p: &Percentiles| format!("{:.1} / {:.1} / {:.1}", p.p50, p.p90, p.p99);
-        writeln!(out, "| {} | {:.2} | {:.1} | {} | {} | {} | {} |", r.concurrency, r.requests_per_s, r.output_tokens_per_s, p(&r.ttft_ms), q(&r.tpot_ms), q(&r.itl_ms), r.errors)?;
+        writeln!(
+            out,
+            "| {} | {:.2} | {:.1} | {} | {} | {} | {} |",
+            r.concurrency,
+            r.requests_per_s,
+            r.output_tokens_per_s,
+            p(&r.ttft_ms),
+            q(&r.tpot_ms),
+            q(&r.itl_ms),
+            r.errors
+        )?;
         if let Some(e) = &r.first_error {
             writeln!(out, "  first error: {e}")?;
         }
@@ -410,7 +472,11 @@ pub fn write_tables(report: &BenchReport, out: &mut dyn std::io::Write) -> std::
         writeln!(out, "| ---: | ---: | ---: | ---: | ---: |")?;
         for t in &report.multi_turn {
             let ret = t.retention.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0));
-            writeln!(out, "| {} | {:.1} | {:.1} | {} | {:.0} |", t.turn, t.prompt_tokens, t.cached_tokens, ret, t.ttft_ms)?;
+            writeln!(
+                out,
+                "| {} | {:.1} | {:.1} | {} | {:.0} |",
+                t.turn, t.prompt_tokens, t.cached_tokens, ret, t.ttft_ms
+            )?;
         }
     }
     Ok(())

@@ -25,12 +25,23 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, extra: Map::new(), retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            extra: Map::new(),
+            retry_after: None,
+        }
     }
 
     /// 400 about one request field.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.to_string()), ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+        ApiError {
+            param: Some(param.to_string()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
     }
 
     /// 400 not tied to one field.
@@ -39,7 +50,14 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> ApiError {
-        ApiError { code: Some("invalid_api_key".into()), ..ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key given to --api-key.") }
+        ApiError {
+            code: Some("invalid_api_key".into()),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the key given to --api-key.",
+            )
+        }
     }
 
     pub fn not_found(message: impl Into<String>) -> ApiError {
@@ -47,23 +65,38 @@ impl ApiError {
     }
 
     pub fn model_not_found(model: &str, served: &str) -> ApiError {
-        ApiError { param: Some("model".into()), code: Some("model_not_found".into()), ..ApiError::not_found(format!("The model `{model}` does not exist; this server serves `{served}`.")) }
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found".into()),
+            ..ApiError::not_found(format!("The model `{model}` does not exist; this server serves `{served}`."))
+        }
     }
 
     pub fn queue_full(limit: usize) -> ApiError {
         ApiError {
             retry_after: Some(1),
             code: Some("queue_full".into()),
-            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("The server is at its limit of {limit} requests in flight (running and queued); retry later."))
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("The server is at its limit of {limit} requests in flight (running and queued); retry later."),
+            )
         }
     }
 
     pub fn payload_too_large(limit: usize) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("The request body exceeds the limit of {limit} bytes (--max-body-bytes)."))
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("The request body exceeds the limit of {limit} bytes (--max-body-bytes)."),
+        )
     }
 
     pub fn loading() -> ApiError {
-        ApiError { retry_after: Some(1), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "Loading model") }
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", "Loading model")
+        }
     }
 
     pub fn shutting_down() -> ApiError {
@@ -71,12 +104,20 @@ impl ApiError {
     }
 
     pub fn timeout(seconds: f64) -> ApiError {
-        ApiError::new(StatusCode::REQUEST_TIMEOUT, "timeout_error", format!("The request did not finish within the server's timeout of {seconds} s (--request-timeout)."))
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            format!("The request did not finish within the server's timeout of {seconds} s (--request-timeout)."),
+        )
     }
 
     /// 500 whose detail stays in the server's log.
     pub fn internal() -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "The server failed to complete this request; its log has the details.")
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "The server failed to complete this request; its log has the details.",
+        )
     }
 
     /// The prompt does not leave room for one generated token.

@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use loupe_text::{Section, SectionMarkers, SectionSplitter};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
@@ -42,6 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use loupe_runtime::{BatchConfig, Engine, Usage};
+use loupe_text::{Section, SectionMarkers, SectionSplitter};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -140,15 +140,27 @@ fn unix_now() -> u64 {
 
 /// Runs the server until SIGTERM or SIGINT. `load` builds the engine (on a blocking
 /// thread, while `/health` answers 503); `on_listening` is told the bound address.
-pub fn serve(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String> + Send + 'static) -> Result<(), ServeError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("loupe-http").enable_all().build().map_err(ServeError::Runtime)?;
+pub fn serve(
+    options: ServeOptions,
+    load: impl FnOnce() -> Result<Engine, String> + Send + 'static,
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("loupe-http")
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
     runtime.block_on(run(options, load))
 }
 
-async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String> + Send + 'static) -> Result<(), ServeError> {
+async fn run(
+    options: ServeOptions,
+    load: impl FnOnce() -> Result<Engine, String> + Send + 'static,
+) -> Result<(), ServeError> {
     let start = Instant::now();
     let addr = format!("{}:{}", options.host, options.port);
-    let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
+    let listener =
+        tokio::net::TcpListener::bind(&addr).await.map_err(|source| ServeError::Bind { addr: addr.clone(), source })?;
     let local: SocketAddr = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
     log(format!("listening on http://{local} (GET /health answers 503 until the model is loaded)"));
 
@@ -175,9 +187,19 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
             let loaded = tokio::task::spawn_blocking(move || {
                 let t = Instant::now();
                 let engine = load().map_err(ServeError::Load)?;
-                let embed = if engine.is_encoder() { Some(engine.embed_config().map_err(|e| ServeError::Load(e.to_string()))?) } else { None };
+                let embed = if engine.is_encoder() {
+                    Some(engine.embed_config().map_err(|e| ServeError::Load(e.to_string()))?)
+                } else {
+                    None
+                };
                 let load_time = t.elapsed();
-                log(format!("phase load: {:.2} s ({}, {:?} precision, {} threads)", load_time.as_secs_f64(), engine.path().display(), engine.precision(), engine.threads()));
+                log(format!(
+                    "phase load: {:.2} s ({}, {:?} precision, {} threads)",
+                    load_time.as_secs_f64(),
+                    engine.path().display(),
+                    engine.precision(),
+                    engine.threads()
+                ));
                 let engine = Arc::new(engine);
                 let t = Instant::now();
                 let handle = EngineHandle::spawn(engine.clone(), batch, metrics).map_err(ServeError::Engine)?;
@@ -190,7 +212,11 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
                     let model_context = engine.context_length();
                     let context = state.options.max_context.map_or(model_context, |c| c.min(model_context));
                     let model_id = state.options.served_model_name.clone().unwrap_or_else(|| {
-                        engine.path().file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+                        engine
+                            .path()
+                            .file_stem()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_else(|| "model".into())
                     });
                     let m = &state.metrics;
                     m.model_load_time[0].observe(load_time.as_secs_f64() * 1e3);
@@ -207,22 +233,46 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
                         b.max_batch_tokens,
                         if b.prefix_cache { "on" } else { "off" }
                     ));
-                    let parser = state.options.reasoning_parser.clone().unwrap_or_else(|| default_reasoning_parser(engine.config().family).into());
+                    let parser = state
+                        .options
+                        .reasoning_parser
+                        .clone()
+                        .unwrap_or_else(|| default_reasoning_parser(engine.config().family).into());
                     // Tool calls are not served yet, so only reasoning markers split the text.
-                    let reasoning = SectionMarkers::for_reasoning_parser(&parser).filter(|m| m.reasoning.is_some()).map(|m| SectionMarkers { tool_call: None, ..m });
+                    let reasoning = SectionMarkers::for_reasoning_parser(&parser)
+                        .filter(|m| m.reasoning.is_some())
+                        .map(|m| SectionMarkers { tool_call: None, ..m });
                     log(format!("reasoning parser: {parser}"));
                     if let Some(e) = &embed {
-                        log(format!("encoder: serving /v1/embeddings only ({} pooling{}, inputs cut at {} tokens)", e.pooling.name(), if e.normalize { ", L2-normalized" } else { "" }, e.max_tokens));
+                        log(format!(
+                            "encoder: serving /v1/embeddings only ({} pooling{}, inputs cut at {} tokens)",
+                            e.pooling.name(),
+                            if e.normalize { ", L2-normalized" } else { "" },
+                            e.max_tokens
+                        ));
                     }
-                    let _ = state.ready.set(Ready { reasoning, engine, handle, embed, model_id: model_id.clone(), context, created: unix_now() });
-                    log(format!("ready in {:.2} s: model '{model_id}', context {context} tokens, at most {} requests in flight", start.elapsed().as_secs_f64(), state.limit()));
+                    let _ = state.ready.set(Ready {
+                        reasoning,
+                        engine,
+                        handle,
+                        embed,
+                        model_id: model_id.clone(),
+                        context,
+                        created: unix_now(),
+                    });
+                    log(format!(
+                        "ready in {:.2} s: model '{model_id}', context {context} tokens, at most {} requests in flight",
+                        start.elapsed().as_secs_f64(),
+                        state.limit()
+                    ));
                 }
                 Ok(Err(e)) => {
                     *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                     let _ = stop_tx.send(true);
                 }
                 Err(join) => {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(ServeError::Load(format!("the loading thread failed: {join}")));
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(ServeError::Load(format!("the loading thread failed: {join}")));
                     let _ = stop_tx.send(true);
                 }
             }
@@ -237,7 +287,11 @@ async fn run(options: ServeOptions, load: impl FnOnce() -> Result<Engine, String
             shutdown_signal().await;
             state.shutting_down.store(true, Ordering::Relaxed);
             let grace = state.options.shutdown_timeout;
-            log(format!("shutting down: no new requests; {} in flight get up to {:.0} s to finish", state.in_flight.load(Ordering::Relaxed), grace.as_secs_f64()));
+            log(format!(
+                "shutting down: no new requests; {} in flight get up to {:.0} s to finish",
+                state.in_flight.load(Ordering::Relaxed),
+                grace.as_secs_f64()
+            ));
             let _ = stop_tx.send(true);
             tokio::time::sleep(grace).await;
             if let Some(ready) = state.ready.get() {
@@ -313,7 +367,11 @@ fn router(state: Arc<AppState>) -> Router {
 
 async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.options.api_key {
-        let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_str()) {
             state.metrics.requests[1].add(1);
             return ApiError::unauthorized().into_response();
@@ -335,22 +393,39 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 
 async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let r = state.ready()?;
-    Ok(Json(json!({"object": "list", "data": [{"id": r.model_id, "object": "model", "created": r.created, "owned_by": "loupe", "max_model_len": r.context}]})))
+    Ok(Json(
+        json!({"object": "list", "data": [{"id": r.model_id, "object": "model", "created": r.created, "owned_by": "loupe", "max_model_len": r.context}]}),
+    ))
 }
 
 /// The body, or 413 when it is over the cap.
 fn body_bytes(body: Result<Bytes, BytesRejection>, state: &AppState) -> Result<Bytes, ApiError> {
-    body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::payload_too_large(state.options.max_body_bytes) } else { ApiError::bad_request(format!("Could not read the request body: {}", e.body_text())) })
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(state.options.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("Could not read the request body: {}", e.body_text()))
+        }
+    })
 }
 
 fn count_outcome(state: &AppState, status: StatusCode) {
-    let i = if status.is_success() { 0 } else if status.is_client_error() { 1 } else { 2 };
+    let i = if status.is_success() {
+        0
+    } else if status.is_client_error() {
+        1
+    } else {
+        2
+    };
     state.metrics.requests[i].add(1);
 }
 
 /// What `/tokenize` and `/detokenize` share: the loaded model, and the body's fields with
 /// `model` checked.
-fn token_route_fields(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(&Ready, request::Fields), ApiError> {
+fn token_route_fields(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(&Ready, request::Fields), ApiError> {
     let r = state.ready()?;
     let body = body_bytes(body, state)?;
     let mut f = request::Fields::parse(&body)?;
@@ -397,12 +472,19 @@ async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesR
             let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
             chat_tokens(r, &request::messages(Some(messages))?, None, add_generation_prompt)?
         } else {
-            let prompt = f.string("prompt")?.ok_or_else(|| ApiError::invalid("prompt", "'prompt' (a string) or 'messages' is required."))?;
+            let prompt = f
+                .string("prompt")?
+                .ok_or_else(|| ApiError::invalid("prompt", "'prompt' (a string) or 'messages' is required."))?;
             let special = f.bool("add_special_tokens")?.unwrap_or(true);
-            r.engine.tokenizer().encode(&prompt, special).map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?
+            r.engine
+                .tokenizer()
+                .encode(&prompt, special)
+                .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?
         };
         f.finish(state.options.allow_extra_request_fields)?;
-        Ok::<_, ApiError>(Json(json!({"count": tokens.len(), "max_model_len": r.context, "tokens": tokens})).into_response())
+        Ok::<_, ApiError>(
+            Json(json!({"count": tokens.len(), "max_model_len": r.context, "tokens": tokens})).into_response(),
+        )
     })();
     respond(&state, result)
 }
@@ -437,8 +519,15 @@ fn check_model(model: &str, r: &Ready) -> Result<(), ApiError> {
     }
 }
 
-fn chat_tokens(r: &Ready, messages: &[Value], tools: Option<&request::Tools>, add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
-    let template = r.engine.model().chat_template.as_ref().ok_or_else(|| ApiError::invalid("messages", "This model has no chat template; use /v1/completions with a raw prompt."))?;
+fn chat_tokens(
+    r: &Ready,
+    messages: &[Value],
+    tools: Option<&request::Tools>,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let template = r.engine.model().chat_template.as_ref().ok_or_else(|| {
+        ApiError::invalid("messages", "This model has no chat template; use /v1/completions with a raw prompt.")
+    })?;
     let messages_json = Value::Array(messages.to_vec()).to_string();
     let rendered = match tools {
         None => template.render_json(&messages_json, add_generation_prompt),
@@ -447,10 +536,16 @@ fn chat_tokens(r: &Ready, messages: &[Value], tools: Option<&request::Tools>, ad
             if !r.engine.tokenizer().chat_template_source().is_some_and(|s| s.contains("tools")) {
                 return Err(ApiError::invalid("tools", "This model's chat template does not render tools; the request is refused rather than answered without them."));
             }
-            template.render_json_with_tools(&messages_json, &Value::Array(t.list.clone()).to_string(), add_generation_prompt)
+            template.render_json_with_tools(
+                &messages_json,
+                &Value::Array(t.list.clone()).to_string(),
+                add_generation_prompt,
+            )
         }
     };
-    let text = rendered.map_err(|e| ApiError::invalid("messages", format!("The chat template could not render these messages: {e}")))?;
+    let text = rendered.map_err(|e| {
+        ApiError::invalid("messages", format!("The chat template could not render these messages: {e}"))
+    })?;
     r.engine.tokenizer().encode(&text, false).map_err(|e| {
         log(format!("error: encoding a rendered chat failed: {e}"));
         ApiError::internal()
@@ -532,7 +627,9 @@ async fn embed_request(state: &Arc<AppState>, body: Result<Bytes, BytesRejection
             json!({"object": "embedding", "index": i, "embedding": embedding})
         })
         .collect();
-    Ok(json!({"object": "list", "data": data, "model": r.model_id, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+    Ok(
+        json!({"object": "list", "data": data, "model": r.model_id, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
+    )
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -702,7 +799,9 @@ async fn generate(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, end
     match answer.next().await {
         Received::Reply(Reply::Admitted) => {}
         Received::Reply(Reply::Failed { message, client }) => return respond(&state, Err(failure(message, client))),
-        Received::Reply(Reply::ShuttingDown) | Received::Closed => return respond(&state, Err(ApiError::shutting_down())),
+        Received::Reply(Reply::ShuttingDown) | Received::Closed => {
+            return respond(&state, Err(ApiError::shutting_down()))
+        }
         Received::TimedOut => return respond(&state, Err(answer.timeout_error())),
         Received::Reply(_) => return respond(&state, Err(ApiError::internal())),
     }
@@ -715,16 +814,27 @@ async fn generate(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, end
 }
 
 /// Validates, tokenizes and hands the request to the engine thread.
-fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: Endpoint, arrived: Instant) -> Result<(Answer, bool), ApiError> {
+fn admit(
+    state: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+    arrived: Instant,
+) -> Result<(Answer, bool), ApiError> {
     let r = state.ready()?;
     if r.embed.is_some() {
-        return Err(ApiError::invalid("model", format!("The model `{}` is an encoder: this server answers POST /v1/embeddings only.", r.model_id)));
+        return Err(ApiError::invalid(
+            "model",
+            format!("The model `{}` is an encoder: this server answers POST /v1/embeddings only.", r.model_id),
+        ));
     }
     let body = body_bytes(body, state)?;
     let key = state.next_key.fetch_add(1, Ordering::Relaxed);
     // Without a seed, each request draws its own (OpenAI's sampling is not reproducible
     // unless a seed is given).
-    let fallback_seed = loupe_core::SplitMix64(key ^ (SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0))).next_u64();
+    let fallback_seed = loupe_core::SplitMix64(
+        key ^ (SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)),
+    )
+    .next_u64();
     let allow = state.options.allow_extra_request_fields;
     let req: GenRequest = match endpoint {
         Endpoint::Chat => request::chat(&body, allow, fallback_seed)?,
@@ -738,7 +848,13 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     }
     let (prompt, param) = match &req.input {
         Input::Chat(messages) => (chat_tokens(r, messages, req.tools.as_ref(), true)?, "messages"),
-        Input::Text(text) => (r.engine.tokenizer().encode(text, true).map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?, "prompt"),
+        Input::Text(text) => (
+            r.engine
+                .tokenizer()
+                .encode(text, true)
+                .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?,
+            "prompt",
+        ),
         Input::Tokens(ids) => (ids.clone(), "prompt"),
     };
     if prompt.is_empty() {
@@ -751,7 +867,13 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     // `tool_choice` required or named: the output is tool calls, by grammar.
     let grammar = req.grammar.clone().or_else(|| req.tools.as_ref().and_then(|t| t.grammar(r.reasoning.is_some())));
     if let Some(spec) = &grammar {
-        check_grammar(r, spec).map_err(|e| if req.grammar.is_some() { e } else { ApiError { param: Some("tools".into()), ..e } })?;
+        check_grammar(r, spec).map_err(|e| {
+            if req.grammar.is_some() {
+                e
+            } else {
+                ApiError { param: Some("tools".into()), ..e }
+            }
+        })?;
     }
     let room = r.context - prompt.len();
     let max_tokens = req.max_tokens.map_or(room, |m| m.min(room));
@@ -764,7 +886,18 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
     let admission = Admission { state: state.clone(), key, finished: false };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job { key, prompt, max_tokens, sampling: req.sampling, stop: req.stop, logprobs: req.logprobs, ignore_eos: req.ignore_eos, grammar, arrived, replies: tx };
+    let job = Job {
+        key,
+        prompt,
+        max_tokens,
+        sampling: req.sampling,
+        stop: req.stop,
+        logprobs: req.logprobs,
+        ignore_eos: req.ignore_eos,
+        grammar,
+        arrived,
+        replies: tx,
+    };
     if !r.handle.submit(job) {
         return Err(ApiError::shutting_down());
     }
@@ -787,7 +920,9 @@ fn admit(state: &Arc<AppState>, body: Result<Bytes, BytesRejection>, endpoint: E
             sections: match (&req.tools, endpoint) {
                 // Tool calls are split out whenever tools are offered, with the reasoning
                 // markers if the model reasons.
-                (Some(_), Endpoint::Chat) => Some(SectionSplitter::new(r.reasoning.unwrap_or(SectionMarkers::PLAIN).with_tool_calls())),
+                (Some(_), Endpoint::Chat) => {
+                    Some(SectionSplitter::new(r.reasoning.unwrap_or(SectionMarkers::PLAIN).with_tool_calls()))
+                }
                 (None, Endpoint::Chat) => r.reasoning.map(SectionSplitter::new),
                 _ => None,
             },
@@ -903,14 +1038,22 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
                         let mut calls = a.tool_calls;
                         let held_back = a.sections.take().and_then(|s| section_delta(s.finish(), &a.id, &mut calls));
                         let finish = if calls > 0 && finish == "stop" { "tool_calls" } else { finish };
-                        let empty = if a.endpoint == Endpoint::Chat { held_back.unwrap_or_else(|| json!({})) } else { json!("") };
+                        let empty = if a.endpoint == Endpoint::Chat {
+                            held_back.unwrap_or_else(|| json!({}))
+                        } else {
+                            json!("")
+                        };
                         let last = chunk(&a, empty, Value::Null, json!(finish));
                         let next = if a.include_usage { Phase::Usage(a.usage(&usage)) } else { Phase::Done };
                         return Some((Ok(event(last)), (a, next, offset)));
                     }
                     Received::Reply(Reply::Admitted) => continue,
-                    Received::Reply(Reply::Failed { message, client }) => return Some((Ok(event(failure(message, client).body())), (a, Phase::Done, offset))),
-                    Received::Reply(Reply::ShuttingDown) | Received::Closed => return Some((Ok(event(ApiError::shutting_down().body())), (a, Phase::Done, offset))),
+                    Received::Reply(Reply::Failed { message, client }) => {
+                        return Some((Ok(event(failure(message, client).body())), (a, Phase::Done, offset)))
+                    }
+                    Received::Reply(Reply::ShuttingDown) | Received::Closed => {
+                        return Some((Ok(event(ApiError::shutting_down().body())), (a, Phase::Done, offset)))
+                    }
                     Received::TimedOut => {
                         let e = a.timeout_error().body();
                         return Some((Ok(event(e)), (a, Phase::Done, offset)));
@@ -996,10 +1139,14 @@ fn section_delta(parts: Vec<Section>, request_id: &str, calls: &mut usize) -> Op
         d.insert("content".into(), json!(content));
     }
     if !new_calls.is_empty() {
-        let indexed: Vec<Value> = new_calls.into_iter().enumerate().map(|(k, mut c)| {
-            c["index"] = json!(*calls + k);
-            c
-        }).collect();
+        let indexed: Vec<Value> = new_calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut c)| {
+                c["index"] = json!(*calls + k);
+                c
+            })
+            .collect();
         *calls += indexed.len();
         d.insert("tool_calls".into(), Value::Array(indexed));
     }
@@ -1009,10 +1156,14 @@ fn section_delta(parts: Vec<Section>, request_id: &str, calls: &mut usize) -> Op
 /// One streamed chunk; `usage: null` on every chunk when usage was asked for, as OpenAI does.
 fn chunk(a: &Answer, delta: Value, logprobs: Value, finish: Value) -> Value {
     let mut body = match a.endpoint {
-        Endpoint::Chat => json!({"id": a.id, "object": "chat.completion.chunk", "created": a.created, "model": a.model, "system_fingerprint": null,
-                                 "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}),
-        Endpoint::Completion => json!({"id": a.id, "object": "text_completion", "created": a.created, "model": a.model, "system_fingerprint": null,
-                                       "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}]}),
+        Endpoint::Chat => {
+            json!({"id": a.id, "object": "chat.completion.chunk", "created": a.created, "model": a.model, "system_fingerprint": null,
+                                 "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        }
+        Endpoint::Completion => {
+            json!({"id": a.id, "object": "text_completion", "created": a.created, "model": a.model, "system_fingerprint": null,
+                                       "choices": [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}]})
+        }
     };
     if a.include_usage {
         body["usage"] = Value::Null;

@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Bucket upper bounds for latencies in milliseconds (1 ms to 2 min).
-const MS_BUCKETS: &[f64] = &[1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0, 120000.0];
+const MS_BUCKETS: &[f64] = &[
+    1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0, 120000.0,
+];
 /// Bucket upper bounds for batch sizes (sequences per step).
 const SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 /// Bucket upper bounds for tokens per step.
@@ -175,16 +177,32 @@ impl Metrics {
             h.render(&mut out, name, &format!("component=\"{phase}\""));
         }
         for (h, name, help) in [
-            (&self.time_to_first_token, "loupe_time_to_first_token_milliseconds", "Request arrival to its first generated token."),
-            (&self.time_per_output_token, "loupe_time_per_output_token_milliseconds", "Per request: decode time / (generated tokens - 1)."),
+            (
+                &self.time_to_first_token,
+                "loupe_time_to_first_token_milliseconds",
+                "Request arrival to its first generated token.",
+            ),
+            (
+                &self.time_per_output_token,
+                "loupe_time_per_output_token_milliseconds",
+                "Per request: decode time / (generated tokens - 1).",
+            ),
             (&self.request_latency, "loupe_request_latency_milliseconds", "Request arrival to its last token."),
-            (&self.response_queue_time, "loupe_response_queue_time_milliseconds", "Time a response waits in its request's output queue."),
+            (
+                &self.response_queue_time,
+                "loupe_response_queue_time_milliseconds",
+                "Time a response waits in its request's output queue.",
+            ),
         ] {
             header(&mut out, name, "histogram", help);
             h.render(&mut out, name, "");
         }
         for (hs, name, help) in [
-            (&self.batch_size, "loupe_batch_size", "Sequences per engine step, by batch type (CE: prompt chunks, TG: token generation)."),
+            (
+                &self.batch_size,
+                "loupe_batch_size",
+                "Sequences per engine step, by batch type (CE: prompt chunks, TG: token generation).",
+            ),
             (&self.batch_input_tokens, "loupe_batch_input_tokens", "Tokens per engine step, by batch type."),
         ] {
             header(&mut out, name, "histogram", help);
@@ -193,10 +211,26 @@ impl Metrics {
             }
         }
         for (g, name, help) in [
-            (&self.requests_queued, "loupe_num_requests_queued", "Requests queued by the scheduler, not yet started (sampled each step)."),
-            (&self.requests_running, "loupe_num_requests_running", "Sequences in the running batch (sampled each step)."),
-            (&self.requests_awaiting_admission, "loupe_num_requests_awaiting_admission", "Requests accepted by the HTTP layer, not yet handed to the engine."),
-            (&self.responses_buffered, "loupe_num_responses_buffered", "Responses produced by the engine, not yet taken by their HTTP handler."),
+            (
+                &self.requests_queued,
+                "loupe_num_requests_queued",
+                "Requests queued by the scheduler, not yet started (sampled each step).",
+            ),
+            (
+                &self.requests_running,
+                "loupe_num_requests_running",
+                "Sequences in the running batch (sampled each step).",
+            ),
+            (
+                &self.requests_awaiting_admission,
+                "loupe_num_requests_awaiting_admission",
+                "Requests accepted by the HTTP layer, not yet handed to the engine.",
+            ),
+            (
+                &self.responses_buffered,
+                "loupe_num_responses_buffered",
+                "Responses produced by the engine, not yet taken by their HTTP handler.",
+            ),
             (&self.kv_blocks_used, "loupe_kv_cache_blocks_used", "KV cache blocks held by sequences."),
             (&self.kv_blocks_total, "loupe_kv_cache_blocks_total", "KV cache blocks in all."),
         ] {
@@ -206,11 +240,27 @@ impl Metrics {
         // Counters the engine thread keeps itself are exported as counters too.
         for (v, name, help) in [
             (self.prompt_tokens.get(), "loupe_prompt_tokens_total", "Prompt tokens of admitted requests."),
-            (self.cached_prompt_tokens.get(), "loupe_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache."),
+            (
+                self.cached_prompt_tokens.get(),
+                "loupe_cached_prompt_tokens_total",
+                "Prompt tokens served from the prefix cache.",
+            ),
             (self.generated_tokens.get(), "loupe_generated_tokens_total", "Tokens generated."),
-            (self.prefix_cache_queries.get().max(0) as u64, "loupe_prefix_cache_queries_total", "Full prompt blocks looked up in the prefix cache."),
-            (self.prefix_cache_hits.get().max(0) as u64, "loupe_prefix_cache_hits_total", "Full prompt blocks found in the prefix cache."),
-            (self.preemptions.get().max(0) as u64, "loupe_preemptions_total", "Sequences preempted for lack of KV blocks (recomputed later)."),
+            (
+                self.prefix_cache_queries.get().max(0) as u64,
+                "loupe_prefix_cache_queries_total",
+                "Full prompt blocks looked up in the prefix cache.",
+            ),
+            (
+                self.prefix_cache_hits.get().max(0) as u64,
+                "loupe_prefix_cache_hits_total",
+                "Full prompt blocks found in the prefix cache.",
+            ),
+            (
+                self.preemptions.get().max(0) as u64,
+                "loupe_preemptions_total",
+                "Sequences preempted for lack of KV blocks (recomputed later).",
+            ),
         ] {
             header(&mut out, name, "counter", help);
             let _ = writeln!(out, "{name} {v}");
@@ -235,12 +285,28 @@ mod tests {
             m.time_to_first_token.observe(v);
         }
         let text = m.render();
-        let line = |s: &str| text.lines().find(|l| l.starts_with(s)).unwrap_or_else(|| panic!("no line {s}")).to_string();
-        assert_eq!(line("loupe_time_to_first_token_milliseconds_bucket{le=\"1\"}"), "loupe_time_to_first_token_milliseconds_bucket{le=\"1\"} 1");
-        assert_eq!(line("loupe_time_to_first_token_milliseconds_bucket{le=\"5\"}"), "loupe_time_to_first_token_milliseconds_bucket{le=\"5\"} 3");
-        assert_eq!(line("loupe_time_to_first_token_milliseconds_bucket{le=\"120000\"}"), "loupe_time_to_first_token_milliseconds_bucket{le=\"120000\"} 3");
-        assert_eq!(line("loupe_time_to_first_token_milliseconds_bucket{le=\"+Inf\"}"), "loupe_time_to_first_token_milliseconds_bucket{le=\"+Inf\"} 4");
-        assert_eq!(line("loupe_time_to_first_token_milliseconds_count"), "loupe_time_to_first_token_milliseconds_count 4");
+        let line =
+            |s: &str| text.lines().find(|l| l.starts_with(s)).unwrap_or_else(|| panic!("no line {s}")).to_string();
+        assert_eq!(
+            line("loupe_time_to_first_token_milliseconds_bucket{le=\"1\"}"),
+            "loupe_time_to_first_token_milliseconds_bucket{le=\"1\"} 1"
+        );
+        assert_eq!(
+            line("loupe_time_to_first_token_milliseconds_bucket{le=\"5\"}"),
+            "loupe_time_to_first_token_milliseconds_bucket{le=\"5\"} 3"
+        );
+        assert_eq!(
+            line("loupe_time_to_first_token_milliseconds_bucket{le=\"120000\"}"),
+            "loupe_time_to_first_token_milliseconds_bucket{le=\"120000\"} 3"
+        );
+        assert_eq!(
+            line("loupe_time_to_first_token_milliseconds_bucket{le=\"+Inf\"}"),
+            "loupe_time_to_first_token_milliseconds_bucket{le=\"+Inf\"} 4"
+        );
+        assert_eq!(
+            line("loupe_time_to_first_token_milliseconds_count"),
+            "loupe_time_to_first_token_milliseconds_count 4"
+        );
         m.batch_size[1].observe(8.0);
         assert!(m.render().contains("loupe_batch_size_bucket{batch_type=\"TG\",le=\"8\"} 1"));
     }

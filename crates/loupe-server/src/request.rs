@@ -89,7 +89,10 @@ impl Tools {
             .iter()
             .filter_map(|t| {
                 let name = t["function"]["name"].as_str().filter(|n| names.contains(n))?;
-                Some((name, t["function"].get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"}))))
+                Some((
+                    name,
+                    t["function"].get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                ))
             })
             .collect();
         Some(loupe_runtime::constraint::tool_call_grammar(&functions, self.parallel, think))
@@ -114,10 +117,15 @@ fn tools(f: &mut Fields) -> Result<Option<Tools>, ApiError> {
         if t.get("type").and_then(Value::as_str) != Some("function") {
             return Err(bad("tools", format!("tools[{i}].type must be \"function\".")));
         }
-        let func = t.get("function").and_then(Value::as_object).ok_or_else(|| bad("tools", format!("tools[{i}].function must be an object.")))?;
+        let func = t
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| bad("tools", format!("tools[{i}].function must be an object.")))?;
         match func.get("name").and_then(Value::as_str) {
             Some(n) if valid_function_name(n) => {}
-            _ => return Err(bad("tools", format!("tools[{i}].function.name must be 1-64 letters, digits, '_' or '-'."))),
+            _ => {
+                return Err(bad("tools", format!("tools[{i}].function.name must be 1-64 letters, digits, '_' or '-'.")))
+            }
         }
         if func.get("parameters").is_some_and(|p| !p.is_object()) {
             return Err(bad("tools", format!("tools[{i}].function.parameters must be a JSON schema object.")));
@@ -140,7 +148,12 @@ fn tools(f: &mut Fields) -> Result<Option<Tools>, ApiError> {
     let Some(choice) = choice else { return Ok(None) };
     match &choice {
         _ if list.is_empty() => return Err(bad("tool_choice", "'tool_choice' needs 'tools'.".into())),
-        ToolChoice::Named(n) if !names.contains(&n.as_str()) => return Err(bad("tool_choice", format!("'tool_choice' names '{n}', which is not among the tools ({}).", names.join(", ")))),
+        ToolChoice::Named(n) if !names.contains(&n.as_str()) => {
+            return Err(bad(
+                "tool_choice",
+                format!("'tool_choice' names '{n}', which is not among the tools ({}).", names.join(", ")),
+            ))
+        }
         _ => {}
     }
     Ok(Some(Tools { list, choice, parallel }))
@@ -163,10 +176,13 @@ fn kind_of(v: &Value) -> &'static str {
 impl Fields {
     /// The members of a JSON object body, nulls removed.
     pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
         match value {
             Value::Object(map) => Ok(Fields(map.into_iter().filter(|(_, v)| !v.is_null()).collect())),
-            other => Err(ApiError::bad_request(format!("The request body must be a JSON object, got {}.", kind_of(&other)))),
+            other => {
+                Err(ApiError::bad_request(format!("The request body must be a JSON object, got {}.", kind_of(&other))))
+            }
         }
     }
 
@@ -241,7 +257,9 @@ struct Common {
 fn response_format(v: Option<Value>) -> Result<Option<GrammarSpec>, ApiError> {
     let bad = |m: String| ApiError::invalid("response_format", m);
     let Some(v) = v else { return Ok(None) };
-    let Value::Object(mut o) = v else { return Err(bad(format!("'response_format' must be an object, got {}.", kind_of(&v)))) };
+    let Value::Object(mut o) = v else {
+        return Err(bad(format!("'response_format' must be an object, got {}.", kind_of(&v))));
+    };
     let kind = match o.remove("type") {
         Some(Value::String(t)) => t,
         _ => return Err(bad("'response_format.type' must be one of 'text', 'json_object', 'json_schema'.".into())),
@@ -263,7 +281,12 @@ fn response_format(v: Option<Value>) -> Result<Option<GrammarSpec>, ApiError> {
             let schema = match js.remove("schema") {
                 Some(Value::Object(s)) => Value::Object(s),
                 None => serde_json::json!({"type": "object"}),
-                Some(v) => return Err(bad(format!("'response_format.json_schema.schema' must be an object, got {}.", kind_of(&v)))),
+                Some(v) => {
+                    return Err(bad(format!(
+                        "'response_format.json_schema.schema' must be an object, got {}.",
+                        kind_of(&v)
+                    )))
+                }
             };
             let admits_object = match schema.get("type") {
                 None => true,
@@ -279,7 +302,9 @@ fn response_format(v: Option<Value>) -> Result<Option<GrammarSpec>, ApiError> {
             }
             Ok(Some(GrammarSpec::JsonSchema(schema)))
         }
-        other => Err(bad(format!("'response_format.type' must be one of 'text', 'json_object', 'json_schema', got '{other}'."))),
+        other => Err(bad(format!(
+            "'response_format.type' must be one of 'text', 'json_object', 'json_schema', got '{other}'."
+        ))),
     }
 }
 
@@ -327,20 +352,36 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
             for (i, item) in items.iter().enumerate() {
                 match item.as_str() {
                     Some(s) => out.push(s.to_string()),
-                    None => return Err(ApiError::invalid("stop", format!("'stop[{i}]' must be a string, got {}.", kind_of(item)))),
+                    None => {
+                        return Err(ApiError::invalid(
+                            "stop",
+                            format!("'stop[{i}]' must be a string, got {}.", kind_of(item)),
+                        ))
+                    }
                 }
             }
             out
         }
-        Some(v) => return Err(ApiError::invalid("stop", format!("'stop' must be a string or an array of strings, got {}.", kind_of(&v)))),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("'stop' must be a string or an array of strings, got {}.", kind_of(&v)),
+            ))
+        }
     };
     if stop.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid("stop", format!("'stop' may hold at most {MAX_STOP_STRINGS} strings, got {}.", stop.len())));
+        return Err(ApiError::invalid(
+            "stop",
+            format!("'stop' may hold at most {MAX_STOP_STRINGS} strings, got {}.", stop.len()),
+        ));
     }
     if stop.iter().any(|s| s.is_empty()) {
         return Err(ApiError::invalid("stop", "'stop' strings must not be empty."));
     }
-    if let Some(n) = f.int_in("n", 1, i64::MAX).map_err(|_| ApiError::invalid("n", "'n' must be 1: this server returns one choice per request."))? {
+    if let Some(n) = f
+        .int_in("n", 1, i64::MAX)
+        .map_err(|_| ApiError::invalid("n", "'n' must be 1: this server returns one choice per request."))?
+    {
         if n != 1 {
             return Err(ApiError::invalid("n", "'n' must be 1: this server returns one choice per request."));
         }
@@ -352,7 +393,12 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
             let usage = match o.remove("include_usage") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => b,
-                Some(v) => return Err(ApiError::invalid("stream_options", format!("'stream_options.include_usage' must be a boolean, got {}.", kind_of(&v)))),
+                Some(v) => {
+                    return Err(ApiError::invalid(
+                        "stream_options",
+                        format!("'stream_options.include_usage' must be a boolean, got {}.", kind_of(&v)),
+                    ))
+                }
             };
             // OpenAI's other option, `include_obfuscation`, only pads chunks; accepted.
             o.remove("include_obfuscation");
@@ -360,11 +406,19 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
                 return Err(ApiError::invalid("stream_options", format!("Unrecognized stream option: {k}.")));
             }
             if !stream {
-                return Err(ApiError::invalid("stream_options", "'stream_options' is only allowed when 'stream' is true."));
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "'stream_options' is only allowed when 'stream' is true.",
+                ));
             }
             usage
         }
-        Some(v) => return Err(ApiError::invalid("stream_options", format!("'stream_options' must be an object, got {}.", kind_of(&v)))),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!("'stream_options' must be an object, got {}.", kind_of(&v)),
+            ))
+        }
     };
     // Accepted and without effect on the output.
     for ignored in ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"] {
@@ -392,14 +446,25 @@ fn content_text(v: Option<Value>, at: &str) -> Result<String, ApiError> {
                 match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(t)) => text.push_str(t),
                     (Some(kind), _) if kind != "text" => {
-                        return Err(ApiError::invalid("messages", format!("{at}.content[{j}] is of type '{kind}'; this model takes text parts only.")));
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!("{at}.content[{j}] is of type '{kind}'; this model takes text parts only."),
+                        ));
                     }
-                    _ => return Err(ApiError::invalid("messages", format!("{at}.content[{j}] must be {{\"type\": \"text\", \"text\": \"...\"}}."))),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!("{at}.content[{j}] must be {{\"type\": \"text\", \"text\": \"...\"}}."),
+                        ))
+                    }
                 }
             }
             Ok(text)
         }
-        Some(other) => Err(ApiError::invalid("messages", format!("{at}.content must be a string or an array of text parts, got {}.", kind_of(&other)))),
+        Some(other) => Err(ApiError::invalid(
+            "messages",
+            format!("{at}.content must be a string or an array of text parts, got {}.", kind_of(&other)),
+        )),
     }
 }
 
@@ -412,9 +477,13 @@ fn tool_calls(v: Value, at: &str) -> Result<Value, ApiError> {
     let mut out = Vec::with_capacity(calls.len());
     for (j, call) in calls.into_iter().enumerate() {
         let func = call.get("function").ok_or_else(|| bad(format!("[{j}].function is required.")))?;
-        let name = func.get("name").and_then(Value::as_str).ok_or_else(|| bad(format!("[{j}].function.name must be a string.")))?;
+        let name = func
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("[{j}].function.name must be a string.")))?;
         let arguments = match func.get("arguments") {
-            Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|e| bad(format!("[{j}].function.arguments is not JSON: {e}.")))?,
+            Some(Value::String(s)) => serde_json::from_str::<Value>(s)
+                .map_err(|e| bad(format!("[{j}].function.arguments is not JSON: {e}.")))?,
             Some(v @ Value::Object(_)) => v.clone(),
             None => serde_json::json!({}),
             Some(v) => return Err(bad(format!("[{j}].function.arguments must be a JSON string, got {}.", kind_of(v)))),
@@ -428,7 +497,10 @@ fn tool_calls(v: Value, at: &str) -> Result<Value, ApiError> {
 /// The `messages` array of a chat request (also what `/tokenize` takes).
 pub fn messages(v: Option<Value>) -> Result<Vec<Value>, ApiError> {
     let Some(Value::Array(items)) = v else {
-        return Err(ApiError::invalid("messages", "'messages' is required: a non-empty array of {\"role\", \"content\"} objects."));
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' is required: a non-empty array of {\"role\", \"content\"} objects.",
+        ));
     };
     if items.is_empty() {
         return Err(ApiError::invalid("messages", "'messages' must not be empty."));
@@ -442,7 +514,12 @@ pub fn messages(v: Option<Value>) -> Result<Vec<Value>, ApiError> {
         m.retain(|_, v| !v.is_null());
         let role = match m.remove("role") {
             Some(Value::String(r)) => r,
-            _ => return Err(ApiError::invalid("messages", format!("{at}.role is required: system, developer, user or assistant."))),
+            _ => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("{at}.role is required: system, developer, user or assistant."),
+                ))
+            }
         };
         let role = match role.as_str() {
             // Recent OpenAI SDKs send `developer` for what older ones called `system`.
@@ -450,7 +527,12 @@ pub fn messages(v: Option<Value>) -> Result<Vec<Value>, ApiError> {
             "user" => "user",
             "assistant" => "assistant",
             "tool" => "tool",
-            other => return Err(ApiError::invalid("messages", format!("{at}.role '{other}' is not one of system, developer, user, assistant, tool."))),
+            other => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("{at}.role '{other}' is not one of system, developer, user, assistant, tool."),
+                ))
+            }
         };
         let content = content_text(m.remove("content"), &at)?;
         m.remove("name");
@@ -463,7 +545,12 @@ pub fn messages(v: Option<Value>) -> Result<Vec<Value>, ApiError> {
         if role == "tool" {
             match m.remove("tool_call_id") {
                 Some(Value::String(id)) => message["tool_call_id"] = Value::String(id),
-                _ => return Err(ApiError::invalid("messages", format!("{at}.tool_call_id is required on a tool message: the id of the call it answers."))),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "messages",
+                        format!("{at}.tool_call_id is required on a tool message: the id of the call it answers."),
+                    ))
+                }
             }
         }
         if let Some(k) = m.keys().next() {
@@ -481,7 +568,8 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
     let model = f.string("model")?;
     let input = Input::Chat(messages(f.take("messages"))?);
     let tools = tools(&mut f)?;
-    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } =
+        common(&mut f, fallback_seed)?;
     let want = f.bool("logprobs")?.unwrap_or(false);
     let top = f.int_in("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
     if top.is_some() && !want {
@@ -492,7 +580,20 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
         return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a 'tool_choice' that forces tool calls: both would constrain the output."));
     }
     let dropped = f.finish(allow_extra)?;
-    Ok(GenRequest { model, input, max_tokens, sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar, tools })
+    Ok(GenRequest {
+        model,
+        input,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+        ignore_eos,
+        logprobs,
+        dropped,
+        grammar,
+        tools,
+    })
 }
 
 /// How `/v1/embeddings` returns each vector.
@@ -528,7 +629,12 @@ pub fn embeddings(body: &[u8], allow_extra: bool) -> Result<EmbeddingsRequest, A
     let input = match f.take("input") {
         Some(Value::String(s)) => vec![s],
         Some(Value::Array(items)) if items.is_empty() => return Err(bad("'input' is an empty array.")),
-        Some(Value::Array(items)) if items.len() > MAX_EMBEDDING_INPUTS => return Err(bad(&format!("'input' holds {} items; at most {MAX_EMBEDDING_INPUTS} per request.", items.len()))),
+        Some(Value::Array(items)) if items.len() > MAX_EMBEDDING_INPUTS => {
+            return Err(bad(&format!(
+                "'input' holds {} items; at most {MAX_EMBEDDING_INPUTS} per request.",
+                items.len()
+            )))
+        }
         Some(Value::Array(items)) => items
             .into_iter()
             .map(|v| match v {
@@ -537,7 +643,9 @@ pub fn embeddings(body: &[u8], allow_extra: bool) -> Result<EmbeddingsRequest, A
                 other => Err(bad(&format!("'input' items must be strings, got {}.", kind_of(&other)))),
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(bad(&format!("'input' must be a string or an array of strings, got {}.", kind_of(&other)))),
+        Some(other) => {
+            return Err(bad(&format!("'input' must be a string or an array of strings, got {}.", kind_of(&other))))
+        }
         None => return Err(bad("'input' is required: a string or an array of strings.")),
     };
     if input.iter().any(|s| s.is_empty()) {
@@ -546,7 +654,12 @@ pub fn embeddings(body: &[u8], allow_extra: bool) -> Result<EmbeddingsRequest, A
     let encoding_format = match f.string("encoding_format")?.as_deref() {
         None | Some("float") => EncodingFormat::Float,
         Some("base64") => EncodingFormat::Base64,
-        Some(other) => return Err(ApiError::invalid("encoding_format", format!("'encoding_format' must be 'float' or 'base64', got '{other}'."))),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("'encoding_format' must be 'float' or 'base64', got '{other}'."),
+            ))
+        }
     };
     let dimensions = f.int_in("dimensions", 1, i64::from(u32::MAX))?.map(|d| d as usize);
     // `user` is an end-user id for abuse monitoring; it changes nothing here.
@@ -559,7 +672,12 @@ pub fn embeddings(body: &[u8], allow_extra: bool) -> Result<EmbeddingsRequest, A
 pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenRequest, ApiError> {
     let mut f = Fields::parse(body)?;
     let model = f.string("model")?;
-    let bad_prompt = || ApiError::invalid("prompt", "'prompt' is required: a string, an array holding one string, or an array of token ids.");
+    let bad_prompt = || {
+        ApiError::invalid(
+            "prompt",
+            "'prompt' is required: a string, an array holding one string, or an array of token ids.",
+        )
+    };
     let input = match f.take("prompt") {
         Some(Value::String(s)) => Input::Text(s),
         Some(Value::Array(items)) => match items.as_slice() {
@@ -567,11 +685,17 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
             [Value::Array(ids)] => Input::Tokens(token_ids(ids).ok_or_else(bad_prompt)?),
             [] => return Err(bad_prompt()),
             ids if ids.iter().all(Value::is_number) => Input::Tokens(token_ids(ids).ok_or_else(bad_prompt)?),
-            _ => return Err(ApiError::invalid("prompt", "'prompt' may hold one prompt: this server returns one choice per request.")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "'prompt' may hold one prompt: this server returns one choice per request.",
+                ))
+            }
         },
         _ => return Err(bad_prompt()),
     };
-    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } = common(&mut f, fallback_seed)?;
+    let Common { sampling, max_tokens, stop, stream, include_usage, ignore_eos, grammar } =
+        common(&mut f, fallback_seed)?;
     let logprobs = f.int_in("logprobs", 0, MAX_TOP_LOGPROBS as i64)?.map(|n| n as usize);
     if f.bool("echo")? == Some(true) {
         return Err(ApiError::invalid("echo", "'echo' is not supported by this server yet."));
@@ -583,7 +707,20 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
     f.take("parallel_tool_calls");
     let dropped = f.finish(allow_extra)?;
     // OpenAI's default for the completions endpoint is 16 tokens.
-    Ok(GenRequest { model, input, max_tokens: Some(max_tokens.unwrap_or(16)), sampling, stop, stream, include_usage, ignore_eos, logprobs, dropped, grammar, tools: None })
+    Ok(GenRequest {
+        model,
+        input,
+        max_tokens: Some(max_tokens.unwrap_or(16)),
+        sampling,
+        stop,
+        stream,
+        include_usage,
+        ignore_eos,
+        logprobs,
+        dropped,
+        grammar,
+        tools: None,
+    })
 }
 
 /// Token ids from JSON numbers; `None` if any is not a u32.
@@ -604,7 +741,13 @@ mod tests {
         let r = chat_of(r#"{"model": "m", "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
                           "tools": null, "tool_choice": null, "response_format": null, "temperature": null, "seed": null}"#)
         .unwrap();
-        assert_eq!(r.input, Input::Chat(vec![serde_json::json!({"role": "system", "content": "Be brief."}), serde_json::json!({"role": "user", "content": "Hi"})]));
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![
+                serde_json::json!({"role": "system", "content": "Be brief."}),
+                serde_json::json!({"role": "user", "content": "Hi"})
+            ])
+        );
         assert_eq!(r.sampling.temperature, 1.0);
         assert_eq!(r.sampling.seed, 7);
         assert_eq!(r.max_tokens, None);
@@ -625,21 +768,48 @@ mod tests {
         for (body, param) in [
             (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": 3}"#, "temperature"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#, "top_logprobs"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#, "top_logprobs"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#,
+                "top_logprobs",
+            ),
             (r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#, "n"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#, "max_tokens"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "stop": [1]}"#, "stop"),
             (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#, "tools"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}"#, "tools"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a b"}}]}"#,
+                "tools",
+            ),
             (r#"{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}"#, "tool_choice"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}"#, "tool_choice"),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}"#,
+                "tool_choice",
+            ),
             (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "messages"),
-            (r#"{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]}"#, "messages"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}"#, "response_format"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string"}}}}"#, "response_format"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": ["array", "null"]}}}}"#, "response_format"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}"#, "response_format"),
-            (r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}"#, "stream_options"),
+            (
+                r#"{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]}"#,
+                "messages",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}"#,
+                "response_format",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string"}}}}"#,
+                "response_format",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": ["array", "null"]}}}}"#,
+                "response_format",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}"#,
+                "response_format",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}"#,
+                "stream_options",
+            ),
             (r#"{"messages": []}"#, "messages"),
         ] {
             let e = chat_of(body).unwrap_err();
@@ -651,22 +821,38 @@ mod tests {
 
     #[test]
     fn response_format_roots_that_admit_an_object_are_accepted() {
-        let with = |rf: &str| chat_of(&format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "response_format": {rf}}}"#));
+        let with = |rf: &str| {
+            chat_of(&format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], "response_format": {rf}}}"#))
+        };
         assert_eq!(with(r#"{"type": "text"}"#).unwrap().grammar, None);
         assert_eq!(with(r#"{"type": "json_object"}"#).unwrap().grammar, Some(GrammarSpec::JsonObject));
-        for schema in [r#"{"properties": {"a": {"type": "integer"}}}"#, r#"{"type": "object"}"#, r#"{"type": ["object", "null"]}"#] {
-            let g = with(&format!(r#"{{"type": "json_schema", "json_schema": {{"name": "n", "strict": true, "schema": {schema}}}}}"#)).unwrap().grammar;
+        for schema in [
+            r#"{"properties": {"a": {"type": "integer"}}}"#,
+            r#"{"type": "object"}"#,
+            r#"{"type": ["object", "null"]}"#,
+        ] {
+            let g = with(&format!(
+                r#"{{"type": "json_schema", "json_schema": {{"name": "n", "strict": true, "schema": {schema}}}}}"#
+            ))
+            .unwrap()
+            .grammar;
             assert_eq!(g, Some(GrammarSpec::JsonSchema(serde_json::from_str(schema).unwrap())), "{schema}");
         }
-        let e = with(r#"{"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}"#).unwrap_err();
+        let e = with(r#"{"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}"#)
+            .unwrap_err();
         assert!(e.message.contains("keyword 'type' at '/'"), "{}", e.message);
     }
 
     #[test]
     fn embeddings_inputs_and_formats() {
         let r = embeddings(br#"{"model": "m", "input": "hello"}"#, false).unwrap();
-        assert_eq!((r.input, r.encoding_format, r.dimensions), (vec!["hello".to_string()], EncodingFormat::Float, None));
-        let r = embeddings(br#"{"input": ["a", "b"], "encoding_format": "base64", "dimensions": 384, "user": "u"}"#, false).unwrap();
+        assert_eq!(
+            (r.input, r.encoding_format, r.dimensions),
+            (vec!["hello".to_string()], EncodingFormat::Float, None)
+        );
+        let r =
+            embeddings(br#"{"input": ["a", "b"], "encoding_format": "base64", "dimensions": 384, "user": "u"}"#, false)
+                .unwrap();
         assert_eq!((r.input.len(), r.encoding_format, r.dimensions), (2, EncodingFormat::Base64, Some(384)));
         for (body, param, needle) in [
             (r#"{}"#, "input", "required"),

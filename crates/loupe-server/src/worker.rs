@@ -12,7 +12,10 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use loupe_runtime::{BatchConfig, BatchEngine, Engine, FinishReason, SamplingParams, SeqEvent, SeqId, SeqRequest, StopMatcher, TokenLogprobs, Usage};
+use loupe_runtime::{
+    BatchConfig, BatchEngine, Engine, FinishReason, SamplingParams, SeqEvent, SeqId, SeqRequest, StopMatcher,
+    TokenLogprobs, Usage,
+};
 use loupe_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -92,7 +95,14 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let worker = Worker { batch, tokenizer: engine.tokenizer(), routes: HashMap::new(), keys: HashMap::new(), metrics: m, eos_ids: engine.tokenizer().eos_ids() };
+                let worker = Worker {
+                    batch,
+                    tokenizer: engine.tokenizer(),
+                    routes: HashMap::new(),
+                    keys: HashMap::new(),
+                    metrics: m,
+                    eos_ids: engine.tokenizer().eos_ids(),
+                };
                 worker.sample_gauges();
                 let _ = ready_tx.send(Ok(()));
                 worker.run(rx);
@@ -199,7 +209,11 @@ impl<'e> Worker<'e> {
     fn admit(&mut self, job: Job) {
         self.metrics.requests_awaiting_admission.add(-1);
         let stop_ids = if job.ignore_eos { Vec::new() } else { self.eos_ids.clone() };
-        let request = SeqRequest { logprobs: job.logprobs, grammar: job.grammar, ..SeqRequest::new(job.prompt, job.max_tokens, job.sampling, stop_ids.clone()) };
+        let request = SeqRequest {
+            logprobs: job.logprobs,
+            grammar: job.grammar,
+            ..SeqRequest::new(job.prompt, job.max_tokens, job.sampling, stop_ids.clone())
+        };
         match self.batch.add(request) {
             Ok(id) => {
                 let _ = job.replies.send(Reply::Admitted);

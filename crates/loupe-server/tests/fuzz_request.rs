@@ -17,7 +17,20 @@ const VALID: [&str; 5] = [
 ];
 
 fn mutate(input: &mut Vec<u8>, rng: &mut SplitMix64) {
-    let interesting: [&[u8]; 12] = [b"null", b"-1", b"1e309", b"[]", b"{}", b"\"", b"\\u0000", b"99999999999999999999", b"true", b",", b"\xff\xfe", b"NaN"];
+    let interesting: [&[u8]; 12] = [
+        b"null",
+        b"-1",
+        b"1e309",
+        b"[]",
+        b"{}",
+        b"\"",
+        b"\\u0000",
+        b"99999999999999999999",
+        b"true",
+        b",",
+        b"\xff\xfe",
+        b"NaN",
+    ];
     for _ in 0..1 + rng.next_u64() % 4 {
         let at = if input.is_empty() { 0 } else { (rng.next_u64() % input.len() as u64) as usize };
         match rng.next_u64() % 5 {

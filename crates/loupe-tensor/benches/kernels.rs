@@ -32,8 +32,8 @@ use common::{random_act, random_row, Rng};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use loupe_tensor::matmul::{matmul_f32, matmul_q, QMatrix};
 use loupe_tensor::ops::{causal_attention, rms_norm, AttentionShape, RopeScaling, RopeTable};
-use loupe_tensor::wq::{matmul_wq, matmul_wq_invariant};
 use loupe_tensor::quant::{self, Isa};
+use loupe_tensor::wq::{matmul_wq, matmul_wq_invariant};
 use loupe_tensor::GgmlType;
 
 /// SmolLM2 linear shapes as (n = out features, k = in features).
@@ -52,9 +52,7 @@ fn vec_dot(c: &mut Criterion) {
             g.throughput(Throughput::Bytes(w.len() as u64));
             for isa in Isa::available() {
                 let dot = quant::vec_dot_fn(isa, ty);
-                g.bench_function(format!("{ty}/k{k}/{isa}"), |b| {
-                    b.iter(|| dot(black_box(&w), black_box(&a), k))
-                });
+                g.bench_function(format!("{ty}/k{k}/{isa}"), |b| b.iter(|| dot(black_box(&w), black_box(&a), k)));
             }
         }
     }
@@ -146,29 +144,31 @@ fn matmul_dense(c: &mut Criterion) {
         g.throughput(Throughput::Bytes((4 * n * k) as u64));
         let yp = SendPtr(y.as_mut_ptr());
         g.bench_function(format!("{n}x{k}"), |b| {
-            b.iter_custom(|iters| in_pool(&pool, iters, || unsafe {
-                gemm::gemm(
-                    1,
-                    n,
-                    k,
-                    yp.get(),
-                    1,
-                    n as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    w.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
-                )
-            }))
+            b.iter_custom(|iters| {
+                in_pool(&pool, iters, || unsafe {
+                    gemm::gemm(
+                        1,
+                        n,
+                        k,
+                        yp.get(),
+                        1,
+                        n as isize,
+                        false,
+                        x.as_ptr(),
+                        1,
+                        k as isize,
+                        w.as_ptr(),
+                        k as isize,
+                        1,
+                        0.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                    )
+                })
+            })
         });
     }
     g.finish();
@@ -219,8 +219,14 @@ fn matmul_weight_quantized(c: &mut Criterion) {
         for m in [1usize, 64] {
             let x = rng.activations(m * k);
             let mut y = vec![0f32; m * n];
-            g.throughput(if m == 1 { Throughput::Bytes(w.data.len() as u64) } else { Throughput::Elements((m * n * k) as u64) });
-            g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap()));
+            g.throughput(if m == 1 {
+                Throughput::Bytes(w.data.len() as u64)
+            } else {
+                Throughput::Elements((m * n * k) as u64)
+            });
+            g.bench_function(format!("{ty}/{n}x{k}/m{m}"), |b| {
+                b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap())
+            });
         }
     }
     // Q5_0, most of Qwen2.5-Coder-0.5B's matrices: the FFN up/gate (4864 x 896) and down
@@ -244,7 +250,12 @@ fn matmul_batch_invariant(c: &mut Criterion) {
     let mut rng = Rng::new(6);
     bench_threads();
     let mut g = c.benchmark_group("invariant");
-    for (ty, n, k) in [(GgmlType::Q4_1, 1536, 576), (GgmlType::Q4_1, 576, 1536), (GgmlType::Q4_1, 576, 576), (GgmlType::Q8_0, 49152, 576)] {
+    for (ty, n, k) in [
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q8_0, 49152, 576),
+    ] {
         let w = matrix(&mut rng, ty, n, k);
         for m in [1usize, 8, 32] {
             let x = rng.activations(m * k);
@@ -254,7 +265,9 @@ fn matmul_batch_invariant(c: &mut Criterion) {
             g.bench_function(format!("matmul_wq_invariant/{ty}/{n}x{k}/m{m}"), |b| {
                 b.iter(|| matmul_wq_invariant(black_box(&x), &w, &mut y, m).unwrap())
             });
-            g.bench_function(format!("matmul_wq/{ty}/{n}x{k}/m{m}"), |b| b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap()));
+            g.bench_function(format!("matmul_wq/{ty}/{n}x{k}/m{m}"), |b| {
+                b.iter(|| matmul_wq(black_box(&x), &w, &mut y, m).unwrap())
+            });
             g.bench_function(format!("matmul_q/{ty}/{n}x{k}/m{m}"), |b| {
                 b.iter(|| matmul_q(black_box(&x), &w, &mut y, m, &mut scratch).unwrap())
             });
@@ -279,7 +292,9 @@ fn layer_ops(c: &mut Criterion) {
         let x = rng.activations(tokens * HIDDEN);
         let mut out = vec![0f32; tokens * HIDDEN];
         g.throughput(Throughput::Bytes((4 * tokens * HIDDEN) as u64));
-        g.bench_function(format!("t{tokens}"), |b| b.iter(|| rms_norm(black_box(&x), &weight, 1e-5, &mut out).unwrap()));
+        g.bench_function(format!("t{tokens}"), |b| {
+            b.iter(|| rms_norm(black_box(&x), &weight, 1e-5, &mut out).unwrap())
+        });
     }
     g.finish();
 
@@ -290,7 +305,9 @@ fn layer_ops(c: &mut Criterion) {
             // Rotating the same buffer again and again keeps its norm: no drift to inf/NaN.
             let mut x = rng.activations(tokens * heads * HEAD_DIM);
             g.throughput(Throughput::Elements((tokens * heads * HEAD_DIM) as u64));
-            g.bench_function(format!("{label}/t{tokens}"), |b| b.iter(|| table.apply(black_box(&mut x), heads, 100).unwrap()));
+            g.bench_function(format!("{label}/t{tokens}"), |b| {
+                b.iter(|| table.apply(black_box(&mut x), heads, 100).unwrap())
+            });
         }
     }
     g.finish();

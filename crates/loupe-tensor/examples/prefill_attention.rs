@@ -37,11 +37,26 @@ fn main() {
     let mut times = Vec::new();
     for i in 0..45 {
         let start = Instant::now();
-        attention_cached(shape, AttentionVariant::default(), &q, KvBlocks::F16(&k), KvBlocks::F16(&v), tokens, &mut out, None).expect("attention");
+        attention_cached(
+            shape,
+            AttentionVariant::default(),
+            &q,
+            KvBlocks::F16(&k),
+            KvBlocks::F16(&v),
+            tokens,
+            &mut out,
+            None,
+        )
+        .expect("attention");
         if i >= 5 {
             times.push(start.elapsed().as_secs_f64() * 1e3);
         }
     }
     times.sort_by(f64::total_cmp);
-    println!("prefill attention, {tokens} rows, {threads} threads ({}): median {:.3} ms, best {:.3} ms", loupe_tensor::quant::Isa::active(), times[times.len() / 2], times[0]);
+    println!(
+        "prefill attention, {tokens} rows, {threads} threads ({}): median {:.3} ms, best {:.3} ms",
+        loupe_tensor::quant::Isa::active(),
+        times[times.len() / 2],
+        times[0]
+    );
 }

@@ -73,7 +73,9 @@ fn main() {
         })
         .collect();
     rates.sort_by(f64::total_cmp);
-    let huge = std::fs::read_to_string("/proc/self/smaps_rollup").ok().and_then(|s| s.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")));
+    let huge = std::fs::read_to_string("/proc/self/smaps_rollup").ok().and_then(|s| {
+        s.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+    });
     println!(
         "{ty} {count} x {n}x{k} ({:.0} MB), {threads} threads: median {:.2} GB/s, best {:.2} ({})",
         (len * count) as f64 / 1e6,

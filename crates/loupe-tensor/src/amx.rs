@@ -117,12 +117,24 @@ pub const MAX_GROUP: usize = 4;
 pub fn matmul_wq_amx_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize) -> Result<(), TensorError> {
     let op = "matmul_wq_amx";
     if ws.is_empty() || ws.len() != ys.len() || ws.len() > MAX_GROUP {
-        return Err(TensorError::Shape { op, detail: format!("{} matrices and {} outputs (equal, 1 to {MAX_GROUP})", ws.len(), ys.len()) });
+        return Err(TensorError::Shape {
+            op,
+            detail: format!("{} matrices and {} outputs (equal, 1 to {MAX_GROUP})", ws.len(), ys.len()),
+        });
     }
     let k = ws[0].cols;
     for (w, y) in ws.iter().zip(ys.iter()) {
         if w.cols != k || m.checked_mul(k) != Some(x.len()) || m.checked_mul(w.rows) != Some(y.len()) {
-            return Err(TensorError::Shape { op, detail: format!("x has {} elements and y {}, expected {m}x{} and {m}x{}", x.len(), y.len(), w.cols, w.rows) });
+            return Err(TensorError::Shape {
+                op,
+                detail: format!(
+                    "x has {} elements and y {}, expected {m}x{} and {m}x{}",
+                    x.len(),
+                    y.len(),
+                    w.cols,
+                    w.rows
+                ),
+            });
         }
         if !tile_type(w.ty) {
             return Err(TensorError::UnsupportedType { op, dtype: w.ty });
@@ -367,7 +379,10 @@ mod x86 {
                     let qs = _mm_loadu_si128(blk.add(6) as *const __m128i);
                     let nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(qs), mask), _mm_and_si128(qs, mask));
                     let high = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10));
-                    _mm256_storeu_si256(at as *mut __m256i, _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16)));
+                    _mm256_storeu_si256(
+                        at as *mut __m256i,
+                        _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16)),
+                    );
                 } else {
                     *dm.add(b * 2 * TILE + TILE + r) = 0.0;
                     _mm256_storeu_si256(at as *mut __m256i, _mm256_loadu_si256(blk.add(2) as *const __m256i));
@@ -376,12 +391,18 @@ mod x86 {
         }
         // Line l of block b's tile: dword l of each row's block (dword index r*k/4 + 8b + l).
         let rows_i32 = rows as *const i32;
-        let stride = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((k / 4) as i32));
+        let stride = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32((k / 4) as i32),
+        );
         let vnni = panel.vnni.as_mut_ptr().cast::<u8>().add(slot * blocks * 512);
         for b in 0..blocks {
             for l in 0..8 {
                 let idx = _mm512_add_epi32(stride, _mm512_set1_epi32((8 * b + l) as i32));
-                _mm512_storeu_si512(vnni.add((b * 8 + l) * 64) as *mut _, _mm512_i32gather_epi32::<4>(idx, rows_i32 as *const _));
+                _mm512_storeu_si512(
+                    vnni.add((b * 8 + l) * 64) as *mut _,
+                    _mm512_i32gather_epi32::<4>(idx, rows_i32 as *const _),
+                );
             }
         }
     }
@@ -407,7 +428,17 @@ mod x86 {
     /// panel are one store.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn panels_times_rows(q4_1: bool, s: &ActScratch, m: usize, n: usize, k: usize, j0: usize, count: usize, panel: &mut PanelScratch, out: OutPtr) {
+    unsafe fn panels_times_rows(
+        q4_1: bool,
+        s: &ActScratch,
+        m: usize,
+        n: usize,
+        k: usize,
+        j0: usize,
+        count: usize,
+        panel: &mut PanelScratch,
+        out: OutPtr,
+    ) {
         let cfg = config();
         asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(readonly, nostack, preserves_flags));
         let blocks = k / 32;
@@ -445,7 +476,11 @@ mod x86 {
                     // zero: unsigned weight codes (Q4_1) or signed (Q8_0, Q5_0).
                     macro_rules! products {
                         ($hi:literal, $lo:literal) => {{
-                            asm!(concat!("tilezero tmm", $hi), concat!("tilezero tmm", $lo), options(nomem, nostack, preserves_flags));
+                            asm!(
+                                concat!("tilezero tmm", $hi),
+                                concat!("tilezero tmm", $lo),
+                                options(nomem, nostack, preserves_flags)
+                            );
                             if q4_1 {
                                 tdp!("tdpbsud", $hi, "0", "2");
                                 tdp!("tdpbuud", $lo, "1", "2");
@@ -480,7 +515,10 @@ mod x86 {
                 // Written out row by row (not a loop) so the 16 accumulators stay in registers.
                 macro_rules! row {
                     ($i:literal) => {{
-                        let dot = _mm512_add_epi32(_mm512_slli_epi32::<8>(_mm512_loadu_si512(chi.add($i * 16) as *const _)), _mm512_loadu_si512(clo.add($i * 16) as *const _));
+                        let dot = _mm512_add_epi32(
+                            _mm512_slli_epi32::<8>(_mm512_loadu_si512(chi.add($i * 16) as *const _)),
+                            _mm512_loadu_si512(clo.add($i * 16) as *const _),
+                        );
                         let (scale, sum) = (*ss.add($i * 2 * blocks + 2 * b), *ss.add($i * 2 * blocks + 2 * b + 1));
                         // dot_row_act16_scalar: acc += d * scale * dot as f32 (+ m * sum), as
                         // separate f32 roundings in that order.
@@ -491,8 +529,22 @@ mod x86 {
                         acc[$i] = _mm512_add_ps(acc[$i], v);
                     }};
                 }
-                row!(0); row!(1); row!(2); row!(3); row!(4); row!(5); row!(6); row!(7);
-                row!(8); row!(9); row!(10); row!(11); row!(12); row!(13); row!(14); row!(15);
+                row!(0);
+                row!(1);
+                row!(2);
+                row!(3);
+                row!(4);
+                row!(5);
+                row!(6);
+                row!(7);
+                row!(8);
+                row!(9);
+                row!(10);
+                row!(11);
+                row!(12);
+                row!(13);
+                row!(14);
+                row!(15);
             }
             for (i, a) in acc.iter().enumerate().take((m - t * TILE).min(TILE)) {
                 _mm512_mask_storeu_ps(out.get().add((t * TILE + i) * n + jg), col_mask, *a);
@@ -568,7 +620,13 @@ mod tests {
         let w = raw_matrix(GgmlType::Q4_1, 16, 32, 1);
         let err = matmul_wq_amx(&[0.0; 16 * 32], &w, &mut [0.0; 16 * 16], 16).unwrap_err();
         assert!(err.to_string().contains("cannot run AMX tiles"), "{err}");
-        let err = matmul_wq_amx_group(&[0.0; 16 * 32], &[&w, &w], &mut [&mut [0.0; 16 * 16][..], &mut [0.0; 16 * 16][..]], 16).unwrap_err();
+        let err = matmul_wq_amx_group(
+            &[0.0; 16 * 32],
+            &[&w, &w],
+            &mut [&mut [0.0; 16 * 16][..], &mut [0.0; 16 * 16][..]],
+            16,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("cannot run AMX tiles"), "{err}");
         eprintln!("amx: this CPU ({}) has no usable AMX tiles: checked the refusal only", Isa::detected());
     }
@@ -589,7 +647,13 @@ mod tests {
                 matmul_wq_amx(&x, &w, &mut y, m).unwrap();
                 let want = reference(&x, &w, m);
                 for (e, (g, r)) in y.iter().zip(&want).enumerate() {
-                    assert_eq!(g.to_bits(), r.to_bits(), "{ty} m={m} n={n} k={k} at ({}, {}): {g} vs {r}", e / n, e % n);
+                    assert_eq!(
+                        g.to_bits(),
+                        r.to_bits(),
+                        "{ty} m={m} n={n} k={k} at ({}, {}): {g} vs {r}",
+                        e / n,
+                        e % n
+                    );
                 }
             }
         }
@@ -602,7 +666,11 @@ mod tests {
             return;
         }
         let (m, k) = (37, 128);
-        let ws = [raw_matrix(GgmlType::Q4_1, 72, k, 1), raw_matrix(GgmlType::Q8_0, 16, k, 2), raw_matrix(GgmlType::Q5_0, 300, k, 3)];
+        let ws = [
+            raw_matrix(GgmlType::Q4_1, 72, k, 1),
+            raw_matrix(GgmlType::Q8_0, 16, k, 2),
+            raw_matrix(GgmlType::Q5_0, 300, k, 3),
+        ];
         let x = activations(m, k, 5);
         let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![f32::NAN; m * w.rows]).collect();
         let refs: Vec<&QMatrix> = ws.iter().collect();

@@ -28,8 +28,8 @@
 //! sequence keeps its numbers.
 
 use std::cell::RefCell;
-use std::ops::Range;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use crate::matmul::{OutPtr, QMatrix};
 use crate::pool;
@@ -94,7 +94,10 @@ pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32],
     assert!(isa.is_supported(), "matmul_wq_invariant_with: this CPU does not support {isa}");
     let (n, k) = (w.rows, w.cols);
     if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(y.len()) {
-        return Err(TensorError::Shape { op: "matmul_wq_invariant", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+        return Err(TensorError::Shape {
+            op: "matmul_wq_invariant",
+            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
+        });
     }
     if m == 0 || n == 0 {
         return Ok(());
@@ -127,7 +130,11 @@ fn split(n: usize, m: usize) -> (usize, usize) {
 }
 
 /// Runs `band(rows)` over bands of weight rows on the pool.
-fn bands(n: usize, m: usize, band: &(dyn Fn(Range<usize>) -> Result<(), TensorError> + Sync)) -> Result<(), TensorError> {
+fn bands(
+    n: usize,
+    m: usize,
+    band: &(dyn Fn(Range<usize>) -> Result<(), TensorError> + Sync),
+) -> Result<(), TensorError> {
     let (tasks, per) = split(n, m);
     pool::try_run(tasks, &|t| {
         let j0 = (t * per).min(n);
@@ -194,7 +201,10 @@ pub fn matmul_wq_group_with(isa: Isa, x: &[f32], ws: &[&QMatrix], ys: &mut [&mut
     assert!(isa.is_supported(), "matmul_wq_group_with: this CPU does not support {isa}");
     let k = x.len();
     if ws.len() != ys.len() || ws.len() > MAX_GROUP {
-        return Err(TensorError::Shape { op: "matmul_wq_group", detail: format!("{} matrices and {} outputs (equal, at most {MAX_GROUP})", ws.len(), ys.len()) });
+        return Err(TensorError::Shape {
+            op: "matmul_wq_group",
+            detail: format!("{} matrices and {} outputs (equal, at most {MAX_GROUP})", ws.len(), ys.len()),
+        });
     }
     for (w, y) in ws.iter().zip(ys.iter()) {
         if !can_group(w, k) || y.len() != w.rows {
@@ -244,7 +254,14 @@ fn batch_act16(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Res
     })
 }
 
-fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: &mut BatchScratch) -> Result<(), TensorError> {
+fn batch_act16_in(
+    isa: Isa,
+    x: &[f32],
+    w: &QMatrix,
+    y: &mut [f32],
+    m: usize,
+    s: &mut BatchScratch,
+) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
     let blocks = k / 32;
     let mp = m.next_multiple_of(LANES);
@@ -259,7 +276,8 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
     s.su.resize(blocks * mp + LANES, 0.0);
     // Rows are quantized on the pool (each row alone, by the one-row quantizer, so which
     // thread does it cannot change a bit).
-    let (qp, ssp, stp, sup) = (OutPtr(s.q.as_mut_ptr()), OutPtr(s.ss.as_mut_ptr()), OutPtr(s.st.as_mut_ptr()), OutPtr(s.su.as_mut_ptr()));
+    let (qp, ssp, stp, sup) =
+        (OutPtr(s.q.as_mut_ptr()), OutPtr(s.ss.as_mut_ptr()), OutPtr(s.st.as_mut_ptr()), OutPtr(s.su.as_mut_ptr()));
     pool::run(m.div_ceil(QUANTIZE_ROWS_PER_TASK), &|t| {
         for i in t * QUANTIZE_ROWS_PER_TASK..((t + 1) * QUANTIZE_ROWS_PER_TASK).min(m) {
             // SAFETY: q holds m x k and ss m x 2*blocks elements (resized above), st and su
@@ -288,7 +306,8 @@ fn batch_act16_in(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize, s: 
             for c in rows.clone().step_by(GEMV_CHUNK_ROWS) {
                 let chunk = c..(c + GEMV_CHUNK_ROWS).min(rows.end);
                 for i in 0..m {
-                    let a = Act16 { q: &s.q[i * k..(i + 1) * k], scale_sum: &s.ss[i * 2 * blocks..(i + 1) * 2 * blocks] };
+                    let a =
+                        Act16 { q: &s.q[i * k..(i + 1) * k], scale_sum: &s.ss[i * 2 * blocks..(i + 1) * 2 * blocks] };
                     // SAFETY: the ISA is supported (asserted by the caller); k is a multiple
                     // of 32 with at most MAX_STACK_BLOCKS blocks (can_group); row i of y (m x
                     // n) starts at i * n and this task alone writes its columns `chunk`.
@@ -467,7 +486,14 @@ fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<
 /// y[m, n] = x[m, k] @ w[n, k]^T in f32, batch invariant: each output is one dot product
 /// in a fixed order (per ISA), whatever `m` and the thread count. Row-major `w`
 /// (out features x in features). Runs the kernels of [`Isa::active`].
-pub fn matmul_f32_invariant(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) -> Result<(), TensorError> {
+pub fn matmul_f32_invariant(
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), TensorError> {
     matmul_f32_invariant_with(Isa::active(), x, w, y, m, k, n)
 }
 
@@ -475,11 +501,22 @@ pub fn matmul_f32_invariant(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: us
 ///
 /// # Panics
 /// If this CPU does not support `isa`.
-pub fn matmul_f32_invariant_with(isa: Isa, x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) -> Result<(), TensorError> {
+pub fn matmul_f32_invariant_with(
+    isa: Isa,
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), TensorError> {
     assert!(isa.is_supported(), "matmul_f32_invariant_with: this CPU does not support {isa}");
     for (what, got, rows, cols) in [("x", x.len(), m, k), ("w", w.len(), n, k), ("y", y.len(), m, n)] {
         if rows.checked_mul(cols) != Some(got) {
-            return Err(TensorError::Shape { op: "matmul_f32_invariant", detail: format!("{what} has {got} elements, expected {rows} x {cols}") });
+            return Err(TensorError::Shape {
+                op: "matmul_f32_invariant",
+                detail: format!("{what} has {got} elements, expected {rows} x {cols}"),
+            });
         }
     }
     if m == 0 || n == 0 {
@@ -571,7 +608,15 @@ pub(crate) mod avx512 {
     /// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1 or Q5_0)
     /// with `w.cols == act.k`; the caller owns columns `rows` of `y`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
-    pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr, pairs: bool) {
+    pub(super) unsafe fn act16_rows(
+        w: &QMatrix,
+        rows: Range<usize>,
+        act: &ActBatch<'_>,
+        p: &mut [f32],
+        off: &mut [f32],
+        out: OutPtr,
+        pairs: bool,
+    ) {
         let (m, k) = (act.m, act.k);
         let chunk = if m * k * 2 <= super::ACT_L1_BYTES { m } else { super::CHUNK_ROWS };
         for c0 in (0..m).step_by(chunk) {
@@ -601,7 +646,10 @@ pub(crate) mod avx512 {
         use super::avx2::{block_bytes, Q4_1};
         let (bytes, qs) = (block_bytes(KIND), if KIND == Q4_1 { 4 } else { 6 });
         let nxt = blk.add(bytes);
-        let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)), _mm_loadu_si128(nxt.add(qs) as *const __m128i));
+        let both = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)),
+            _mm_loadu_si128(nxt.add(qs) as *const __m128i),
+        );
         let w16 = _mm512_cvtepu8_epi16(both);
         let (lo, hi) = (_mm512_and_si512(w16, _mm512_set1_epi16(0x0F)), _mm512_srli_epi16::<4>(w16));
         if KIND == Q4_1 {
@@ -630,7 +678,14 @@ pub(crate) mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn tile_pairs<const NA: usize, const KIND: u8>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+    unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
+        w: *const u8,
+        blocks: usize,
+        q: *const i16,
+        k: usize,
+        p: *const f32,
+        mp: usize,
+    ) -> [f32; NA] {
         use super::avx2::{self, block_bytes};
         let mut acc = [_mm512_setzero_ps(); NA];
         let mut b = 0;
@@ -638,10 +693,17 @@ pub(crate) mod avx512 {
             let (wlo, whi) = unpack_pair::<KIND>(w.add(b * block_bytes(KIND)));
             for a in 0..NA {
                 // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
-                let (xa, xb) = (_mm512_loadu_si512(q.add(a * k + b * 32) as *const _), _mm512_loadu_si512(q.add(a * k + b * 32 + 32) as *const _));
+                let (xa, xb) = (
+                    _mm512_loadu_si512(q.add(a * k + b * 32) as *const _),
+                    _mm512_loadu_si512(q.add(a * k + b * 32 + 32) as *const _),
+                );
                 let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
                 let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
-                let scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(*p.add(b * mp + a)), 0xFF00, _mm_load_ss(p.add((b + 1) * mp + a)));
+                let scale = _mm512_mask_broadcastss_ps(
+                    _mm512_set1_ps(*p.add(b * mp + a)),
+                    0xFF00,
+                    _mm_load_ss(p.add((b + 1) * mp + a)),
+                );
                 acc[a] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[a]);
             }
             b += 2;
@@ -651,8 +713,15 @@ pub(crate) mod avx512 {
             let (wlo, whi) = avx2::unpack::<KIND>(w, b);
             for a in 0..NA {
                 let xq = q.add(a * k + b * 32);
-                let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, _mm256_loadu_si256(xq as *const __m256i)), _mm256_madd_epi16(whi, _mm256_loadu_si256(xq.add(16) as *const __m256i)));
-                let lo = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), _mm256_cvtepi32_ps(dot), _mm512_castps512_ps256(acc[a]));
+                let dot = _mm256_add_epi32(
+                    _mm256_madd_epi16(wlo, _mm256_loadu_si256(xq as *const __m256i)),
+                    _mm256_madd_epi16(whi, _mm256_loadu_si256(xq.add(16) as *const __m256i)),
+                );
+                let lo = _mm256_fmadd_ps(
+                    _mm256_set1_ps(*p.add(b * mp + a)),
+                    _mm256_cvtepi32_ps(dot),
+                    _mm512_castps512_ps256(acc[a]),
+                );
                 acc[a] = _mm512_castpd_ps(_mm512_insertf64x4::<0>(_mm512_castps_pd(acc[a]), _mm256_castps_pd(lo)));
             }
         }
@@ -668,7 +737,15 @@ pub(crate) mod avx512 {
     #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
-    unsafe fn chunk_rows<const PAIRS: bool>(w: &QMatrix, j: usize, i_rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+    unsafe fn chunk_rows<const PAIRS: bool>(
+        w: &QMatrix,
+        j: usize,
+        i_rows: Range<usize>,
+        act: &ActBatch<'_>,
+        p: &mut [f32],
+        off: &mut [f32],
+        out: OutPtr,
+    ) {
         use super::avx2::{Q4_1, Q5_0};
         let (mp, blocks, k, n) = (act.mp, act.blocks, act.k, w.rows);
         let q4_1 = w.ty == GgmlType::Q4_1;
@@ -725,7 +802,15 @@ pub(crate) mod avx512 {
     /// (`[d, m] * [scale, sum]`, then `off += m * sum`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn prepare(row: *const u8, bytes: usize, q4_1: bool, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
+    unsafe fn prepare(
+        row: *const u8,
+        bytes: usize,
+        q4_1: bool,
+        act: &ActBatch<'_>,
+        i_rows: Range<usize>,
+        p: *mut f32,
+        off: *mut f32,
+    ) {
         let (mp, blocks) = (act.mp, act.blocks);
         let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
         for c in i_rows.step_by(16) {
@@ -740,7 +825,9 @@ pub(crate) mod avx512 {
                     _mm512_storeu_ps(p.add(at), _mm512_mul_ps(d, _mm512_loadu_ps(st.add(at))));
                     o = _mm512_add_ps(o, _mm512_mul_ps(mm, _mm512_loadu_ps(su.add(at))));
                 } else {
-                    let d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
+                    let d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
+                        blk as *const u16,
+                    ) as i32)));
                     _mm512_storeu_ps(p.add(at), _mm512_mul_ps(d, _mm512_loadu_ps(st.add(at))));
                 }
             }
@@ -754,7 +841,14 @@ pub(crate) mod avx512 {
     /// `wq::avx512::dot_q4_1_act16`, then the same horizontal sum.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn tile_q4_1<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+    unsafe fn tile_q4_1<const NA: usize>(
+        w: *const u8,
+        blocks: usize,
+        q: *const i16,
+        k: usize,
+        p: *const f32,
+        mp: usize,
+    ) -> [f32; NA] {
         let mask = _mm256_set1_epi8(0x0F);
         let shifts = _mm256_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
         // Even blocks into acc0, odd into acc1, as the single-row kernel; two named
@@ -791,7 +885,14 @@ pub(crate) mod avx512 {
     /// [`tile_q4_1`] for Q8_0 (`wq::avx512::dot_q8_0_act16`).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-    unsafe fn tile_q8_0<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+    unsafe fn tile_q8_0<const NA: usize>(
+        w: *const u8,
+        blocks: usize,
+        q: *const i16,
+        k: usize,
+        p: *const f32,
+        mp: usize,
+    ) -> [f32; NA] {
         let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); NA], [_mm512_setzero_ps(); NA]);
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
@@ -1008,7 +1109,10 @@ pub(crate) mod avx2 {
         // after the right shift by 2j <= 6, bits 0-1 of each byte are its bits 2j, 2j + 1,
         // and the left shift by 4 puts them at bits 4-5 of the same byte.
         let low = _mm256_and_si256(_mm256_srl_epi16(l, _mm_cvtsi32_si128(4 * (j / 2) as i32)), _mm256_set1_epi8(0x0F));
-        let high = _mm256_and_si256(_mm256_slli_epi16::<4>(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j as i32))), _mm256_set1_epi8(0x30));
+        let high = _mm256_and_si256(
+            _mm256_slli_epi16::<4>(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j as i32))),
+            _mm256_set1_epi8(0x30),
+        );
         let code = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
         let sc = sb.add(192 + 8 * h + 2 * j);
         let (sc0, sc1) = (_mm256_set1_epi16(*sc as i8 as i16), _mm256_set1_epi16(*sc.add(1) as i8 as i16));
@@ -1174,7 +1278,11 @@ pub(crate) mod avx2 {
     #[inline(always)]
     pub(crate) unsafe fn q4_k_dm(sb: *const u8, j: usize) -> (f32, f32) {
         let sc = |i: usize| *sb.add(4 + i);
-        let (s, m) = if j < 4 { (sc(j) & 63, sc(j + 4) & 63) } else { ((sc(j + 4) & 0x0F) | ((sc(j - 4) >> 6) << 4), (sc(j + 4) >> 4) | ((sc(j) >> 6) << 4)) };
+        let (s, m) = if j < 4 {
+            (sc(j) & 63, sc(j + 4) & 63)
+        } else {
+            ((sc(j + 4) & 0x0F) | ((sc(j - 4) >> 6) << 4), (sc(j + 4) >> 4) | ((sc(j) >> 6) << 4))
+        };
         let (d, dmin) = (f16_at(sb), f16_at(sb.add(2)));
         (d * s as f32, -(dmin * m as f32))
     }
@@ -1288,7 +1396,14 @@ pub(crate) mod avx2 {
     /// # Safety
     /// AVX2, FMA, F16C; as `avx512::act16_rows`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn act16_rows(w: &QMatrix, rows: Range<usize>, act: &ActBatch<'_>, p: &mut [f32], off: &mut [f32], out: OutPtr) {
+    pub(super) unsafe fn act16_rows(
+        w: &QMatrix,
+        rows: Range<usize>,
+        act: &ActBatch<'_>,
+        p: &mut [f32],
+        off: &mut [f32],
+        out: OutPtr,
+    ) {
         let (m, mp, blocks, k, n) = (act.m, act.mp, act.blocks, act.k, w.rows);
         let kind = kind(w.ty);
         let offset = has_offset(kind);
@@ -1372,7 +1487,14 @@ pub(crate) mod avx2 {
     /// registers hold them, the two weight halves and the temporaries only barely).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const NA: usize, const KIND: u8>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32, mp: usize) -> [f32; NA] {
+    unsafe fn tile<const NA: usize, const KIND: u8>(
+        w: *const u8,
+        blocks: usize,
+        q: *const i16,
+        k: usize,
+        p: *const f32,
+        mp: usize,
+    ) -> [f32; NA] {
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
         macro_rules! step {
             ($b:expr, $acc:ident) => {{
@@ -1489,7 +1611,8 @@ mod tests {
             QMatrix::quantize(ty, rows, cols, &w).unwrap()
         } else {
             let row_bytes = cols / ty.block_size() * ty.type_size();
-            let mut bytes: Vec<u8> = data(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
+            let mut bytes: Vec<u8> =
+                data(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
             for blk in bytes.chunks_mut(ty.type_size()) {
                 let n = blk.len();
                 if ty == GgmlType::Q4K {
@@ -1577,7 +1700,14 @@ mod tests {
         // The same request row at different positions of batches of different sizes
         // with different other rows, on the pool and serially.
         for isa in Isa::available() {
-            for (ty, n, k) in [(GgmlType::Q4_1, 100, 576), (GgmlType::Q8_0, 100, 576), (GgmlType::Q5_0, 100, 896), (GgmlType::Q6K, 100, 768), (GgmlType::Q4K, 100, 768), (GgmlType::F32, 50, 576)] {
+            for (ty, n, k) in [
+                (GgmlType::Q4_1, 100, 576),
+                (GgmlType::Q8_0, 100, 576),
+                (GgmlType::Q5_0, 100, 896),
+                (GgmlType::Q6K, 100, 768),
+                (GgmlType::Q4K, 100, 768),
+                (GgmlType::F32, 50, 576),
+            ] {
                 let (w, _) = matrix(ty, n, k, 4);
                 let probe = acts(1, k, 99);
                 let mut want = vec![0f32; n];
@@ -1619,21 +1749,34 @@ mod tests {
 
     #[test]
     fn every_isa_matches_scalar_and_the_f64_reference() {
-        for (ty, n, k) in cases().into_iter().chain([(GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1)), (GgmlType::Q5_0, 3, 32 * (MAX_STACK_BLOCKS + 1)), (GgmlType::Q6K, 3, 256 * (MAX_STACK_BLOCKS / 8 + 1)), (GgmlType::Q4K, 3, 256 * (MAX_STACK_BLOCKS / 8 + 1))]) {
+        for (ty, n, k) in cases().into_iter().chain([
+            (GgmlType::Q4_1, 3, 32 * (MAX_STACK_BLOCKS + 1)),
+            (GgmlType::Q5_0, 3, 32 * (MAX_STACK_BLOCKS + 1)),
+            (GgmlType::Q6K, 3, 256 * (MAX_STACK_BLOCKS / 8 + 1)),
+            (GgmlType::Q4K, 3, 256 * (MAX_STACK_BLOCKS / 8 + 1)),
+        ]) {
             let (w, deq) = matrix(ty, n, k, 6);
             for m in [1, 5, 32] {
                 let x = acts(m, k, 20 + m as u32);
                 let mut reference = vec![0f32; m * n];
                 matmul_wq_invariant_with(Isa::Scalar, &x, &w, &mut reference, m).unwrap();
                 // 16-bit activations round each to within 2^-16 of its block's largest.
-                let tol = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) { 4e-5 } else { 1e-5 };
+                let tol =
+                    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) {
+                        4e-5
+                    } else {
+                        1e-5
+                    };
                 for i in 0..m {
                     for j in 0..n {
                         let terms = (0..k).map(|c| x[i * k + c] as f64 * deq[j * k + c] as f64);
                         let exact: f64 = terms.clone().sum();
                         let mag: f64 = terms.map(f64::abs).sum();
                         let r = reference[i * n + j] as f64;
-                        assert!((r - exact).abs() <= tol * mag + 1e-6, "{ty} {n}x{k} m={m} ({i},{j}): scalar {r} vs exact {exact}");
+                        assert!(
+                            (r - exact).abs() <= tol * mag + 1e-6,
+                            "{ty} {n}x{k} m={m} ({i},{j}): scalar {r} vs exact {exact}"
+                        );
                     }
                 }
                 for isa in Isa::available() {
@@ -1642,7 +1785,10 @@ mod tests {
                     for (e, (&a, &b)) in y.iter().zip(&reference).enumerate() {
                         let (i, j) = (e / n, e % n);
                         let mag: f32 = (0..k).map(|c| (x[i * k + c] * deq[j * k + c]).abs()).sum();
-                        assert!((a - b).abs() <= 1e-5 * mag + 1e-6, "{isa} {ty} {n}x{k} m={m} ({i},{j}): {a} vs scalar {b}");
+                        assert!(
+                            (a - b).abs() <= 1e-5 * mag + 1e-6,
+                            "{isa} {ty} {n}x{k} m={m} ({i},{j}): {a} vs scalar {b}"
+                        );
                     }
                 }
             }
@@ -1667,7 +1813,11 @@ mod tests {
                             let terms = (0..k).map(|c| x[i * k + c] as f64 * w[j * k + c] as f64);
                             let exact: f64 = terms.clone().sum();
                             let mag: f64 = terms.map(f64::abs).sum();
-                            assert!((y1[j] as f64 - exact).abs() <= 1e-6 * mag + 1e-30, "{isa} k={k} ({i},{j}): {} vs {exact}", y1[j]);
+                            assert!(
+                                (y1[j] as f64 - exact).abs() <= 1e-6 * mag + 1e-30,
+                                "{isa} k={k} ({i},{j}): {} vs {exact}",
+                                y1[j]
+                            );
                         }
                     }
                 }
@@ -1680,11 +1830,18 @@ mod tests {
     #[test]
     fn a_group_equals_its_matrices_one_by_one() {
         let k = 576;
-        let mats: Vec<QMatrix> = [(GgmlType::Q4_1, 576), (GgmlType::Q4_1, 192), (GgmlType::Q8_0, 190), (GgmlType::Q4_1, 5), (GgmlType::Q5_0, 67), (GgmlType::Q5_0, 576)]
-            .iter()
-            .enumerate()
-            .map(|(s, &(ty, n))| matrix(ty, n, k, 40 + s as u32).0)
-            .collect();
+        let mats: Vec<QMatrix> = [
+            (GgmlType::Q4_1, 576),
+            (GgmlType::Q4_1, 192),
+            (GgmlType::Q8_0, 190),
+            (GgmlType::Q4_1, 5),
+            (GgmlType::Q5_0, 67),
+            (GgmlType::Q5_0, 576),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(s, &(ty, n))| matrix(ty, n, k, 40 + s as u32).0)
+        .collect();
         let x = acts(1, k, 9);
         for isa in Isa::available() {
             // The first four, then a group with Q5_0 ones mixed in.
@@ -1702,11 +1859,12 @@ mod tests {
         }
         // Q6_K and Q4_K (whole super-blocks: k = 768) mixed with Q5_0 and Q8_0.
         let k6 = 768;
-        let mats6: Vec<QMatrix> = [(GgmlType::Q6K, 67), (GgmlType::Q5_0, 100), (GgmlType::Q4K, 30), (GgmlType::Q6K, 256), (GgmlType::Q4K, 5)]
-            .iter()
-            .enumerate()
-            .map(|(s, &(ty, n))| matrix(ty, n, k6, 60 + s as u32).0)
-            .collect();
+        let mats6: Vec<QMatrix> =
+            [(GgmlType::Q6K, 67), (GgmlType::Q5_0, 100), (GgmlType::Q4K, 30), (GgmlType::Q6K, 256), (GgmlType::Q4K, 5)]
+                .iter()
+                .enumerate()
+                .map(|(s, &(ty, n))| matrix(ty, n, k6, 60 + s as u32).0)
+                .collect();
         let x6 = acts(1, k6, 19);
         for isa in Isa::available() {
             for group in [&mats6[..4], &mats6[1..], &mats6[..1], &mats6[4..]] {

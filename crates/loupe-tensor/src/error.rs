@@ -10,11 +10,5 @@ pub enum TensorError {
     #[error("{op}: unsupported dtype {dtype}")]
     UnsupportedType { op: &'static str, dtype: GgmlType },
     #[error("{op}: buffer of {got} bytes, expected {expected} for {dtype} x {elements}")]
-    ByteLength {
-        op: &'static str,
-        dtype: GgmlType,
-        elements: usize,
-        expected: usize,
-        got: usize,
-    },
+    ByteLength { op: &'static str, dtype: GgmlType, elements: usize, expected: usize, got: usize },
 }

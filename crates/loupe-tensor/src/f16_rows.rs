@@ -174,9 +174,31 @@ mod tests {
     /// infinities, quiet and signalling NaNs with payloads, plus a dense sweep of bit patterns.
     fn edge_values() -> Vec<f32> {
         let mut v = vec![
-            0.0, -0.0, 1.0, -1.0, 65504.0, 65519.996, 65520.0, -65520.0, 1e9, f32::INFINITY, f32::NEG_INFINITY,
-            f32::NAN, -f32::NAN, f32::from_bits(0x7F80_0001), f32::from_bits(0xFFC0_1234), f32::from_bits(0x7FBF_FFFF),
-            6.0e-8, 5.96e-8, 2.98e-8, 2.99e-8, 1e-10, -1e-10, f32::MIN_POSITIVE, 6.1035156e-5, 6.097555e-5,
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            65504.0,
+            65519.996,
+            65520.0,
+            -65520.0,
+            1e9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7F80_0001),
+            f32::from_bits(0xFFC0_1234),
+            f32::from_bits(0x7FBF_FFFF),
+            6.0e-8,
+            5.96e-8,
+            2.98e-8,
+            2.99e-8,
+            1e-10,
+            -1e-10,
+            f32::MIN_POSITIVE,
+            6.1035156e-5,
+            6.097555e-5,
         ];
         // Halfway between consecutive f16 values (1 + 2^-11: a tie, rounds to even 1.0;
         // 1 + 3 * 2^-11: rounds up to the odd neighbour's even successor).
@@ -199,19 +221,32 @@ mod tests {
             let mut got = vec![f16::ZERO; src.len()];
             narrow_at(isa, &src, &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g.to_bits(), *w, "{isa:?}: {:e} ({:#010x}) -> {:#06x}, half gives {w:#06x}", src[i], src[i].to_bits(), g.to_bits());
+                assert_eq!(
+                    g.to_bits(),
+                    *w,
+                    "{isa:?}: {:e} ({:#010x}) -> {:#06x}, half gives {w:#06x}",
+                    src[i],
+                    src[i].to_bits(),
+                    g.to_bits()
+                );
             }
         }
         let mut pooled = vec![f16::ZERO; src.len() * 4];
         let long: Vec<f32> = src.iter().cycle().take(pooled.len()).copied().collect();
         narrow_into(&long, &mut pooled);
-        assert!(pooled.iter().zip(&long).all(|(g, x)| g.to_bits() == f16::from_f32(*x).to_bits()), "the pooled conversion differs");
+        assert!(
+            pooled.iter().zip(&long).all(|(g, x)| g.to_bits() == f16::from_f32(*x).to_bits()),
+            "the pooled conversion differs"
+        );
         // Appending keeps what was there and adds the same bits.
         let mut appended = vec![7u16, 9];
         narrow_extend(&long, &mut appended);
         narrow_extend(&src[..5], &mut appended);
         assert_eq!(&appended[..2], &[7, 9]);
-        assert!(appended[2..].iter().zip(long.iter().chain(&src[..5])).all(|(g, x)| *g == f16::from_f32(*x).to_bits()), "narrow_extend differs");
+        assert!(
+            appended[2..].iter().zip(long.iter().chain(&src[..5])).all(|(g, x)| *g == f16::from_f32(*x).to_bits()),
+            "narrow_extend differs"
+        );
         assert_eq!(appended.len(), 2 + long.len() + 5);
     }
 
@@ -224,11 +259,18 @@ mod tests {
             widen_at(isa, &src, &mut got);
             for (h, g) in src.iter().zip(&got) {
                 let w = h.to_f32();
-                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan() && g.to_bits() >> 31 == w.to_bits() >> 31), "{isa:?}: {:#06x} -> {g:e}, half gives {w:e}", h.to_bits());
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan() && g.to_bits() >> 31 == w.to_bits() >> 31),
+                    "{isa:?}: {:#06x} -> {g:e}, half gives {w:e}",
+                    h.to_bits()
+                );
             }
         }
         let mut pooled = vec![0f32; src.len()];
         widen_into(&src, &mut pooled);
-        assert!(pooled.iter().zip(&src).all(|(g, h)| g.to_bits() == h.to_f32().to_bits() || (g.is_nan() && h.is_nan())));
+        assert!(pooled
+            .iter()
+            .zip(&src)
+            .all(|(g, h)| g.to_bits() == h.to_f32().to_bits() || (g.is_nan() && h.is_nan())));
     }
 }

@@ -78,7 +78,10 @@ pub fn quantize_dynamic(x: &[f32], format: Fp8Format, granularity: Granularity) 
         Granularity::PerRow { cols: n } | Granularity::PerGroup { size: n } => n,
     };
     if group == 0 || !x.len().is_multiple_of(group) {
-        return Err(TensorError::Shape { op: "fp8 quantize", detail: format!("{} elements do not split into groups of {group}", x.len()) });
+        return Err(TensorError::Shape {
+            op: "fp8 quantize",
+            detail: format!("{} elements do not split into groups of {group}", x.len()),
+        });
     }
     let mut codes = Vec::with_capacity(x.len());
     let mut scales = Vec::with_capacity(x.len() / group);
@@ -150,10 +153,19 @@ pub fn encode_e4m3(x: f32) -> u8 {
 /// or a group within one), into `codes` (as many as `rows`) and `scales` (one per group):
 /// the KV cache's FP8 rows.
 pub fn quantize_rows_e4m3(rows: &[f32], width: usize, codes: &mut [u8], scales: &mut [f32]) -> Result<(), TensorError> {
-    if width == 0 || !rows.len().is_multiple_of(width) || codes.len() != rows.len() || scales.len() != rows.len() / width {
+    if width == 0
+        || !rows.len().is_multiple_of(width)
+        || codes.len() != rows.len()
+        || scales.len() != rows.len() / width
+    {
         return Err(TensorError::Shape {
             op: "fp8 rows",
-            detail: format!("{} values in rows of {width} into {} codes and {} scales", rows.len(), codes.len(), scales.len()),
+            detail: format!(
+                "{} values in rows of {width} into {} codes and {} scales",
+                rows.len(),
+                codes.len(),
+                scales.len()
+            ),
         });
     }
     let format = Fp8Format::E4M3;
@@ -245,7 +257,10 @@ mod tests {
     fn the_fast_e4m3_codec_equals_the_reference_one() {
         for c in 0..=255u8 {
             let (fast, reference) = (decode_e4m3(c), Fp8Format::E4M3.decode(c));
-            assert!(fast.to_bits() == reference.to_bits() || (fast.is_nan() && reference.is_nan()), "code {c:#04x}: {fast} vs {reference}");
+            assert!(
+                fast.to_bits() == reference.to_bits() || (fast.is_nan() && reference.is_nan()),
+                "code {c:#04x}: {fast} vs {reference}"
+            );
             assert_eq!(e4m3_table()[c as usize].to_bits(), reference.to_bits());
         }
         // Every 509th f32 bit pattern (all exponents, signs, NaNs, infinities), every code's
@@ -253,11 +268,29 @@ mod tests {
         let mut inputs: Vec<f32> = (0..=u32::MAX / 509).map(|i| f32::from_bits(i * 509)).collect();
         for c in 0..0x7eu8 {
             let (lo, hi) = (Fp8Format::E4M3.decode(c), Fp8Format::E4M3.decode(c + 1));
-            for v in [lo, (lo + hi) / 2.0, f32::from_bits(((lo + hi) / 2.0).to_bits() + 1), f32::from_bits(((lo + hi) / 2.0).to_bits().saturating_sub(1))] {
+            for v in [
+                lo,
+                (lo + hi) / 2.0,
+                f32::from_bits(((lo + hi) / 2.0).to_bits() + 1),
+                f32::from_bits(((lo + hi) / 2.0).to_bits().saturating_sub(1)),
+            ] {
                 inputs.extend([v, -v]);
             }
         }
-        inputs.extend([448.0, 464.0, 463.99, 1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0, f32::MIN_POSITIVE, 2f32.powi(-10), 2f32.powi(-9) * 1.5]);
+        inputs.extend([
+            448.0,
+            464.0,
+            463.99,
+            1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            2f32.powi(-10),
+            2f32.powi(-9) * 1.5,
+        ]);
         for x in inputs {
             assert_eq!(encode_e4m3(x), Fp8Format::E4M3.encode(x), "x = {x:e} ({:#010x})", x.to_bits());
         }
@@ -274,7 +307,9 @@ mod tests {
                 for n in [codes.len(), 37, 5] {
                     let mut got = vec![0f32; n];
                     dequantize_e4m3_isa(isa, &codes[..n], scale, &mut got);
-                    let bits = |x: &[f32]| x.iter().map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() }).collect::<Vec<_>>();
+                    let bits = |x: &[f32]| {
+                        x.iter().map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() }).collect::<Vec<_>>()
+                    };
                     assert_eq!(bits(&got), bits(&want[..n]), "{isa:?}, scale {scale}, {n} codes");
                 }
             }
@@ -285,13 +320,18 @@ mod tests {
     fn kv_rows_round_trip_through_the_table_with_a_guarded_scale_per_row() {
         let mut rng = SplitMix64::new(11);
         let width = 24;
-        let mut rows: Vec<f32> = (0..3 * width).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0).collect();
+        let mut rows: Vec<f32> =
+            (0..3 * width).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0).collect();
         rows[width..2 * width].iter_mut().for_each(|v| *v = 0.0); // an all-zero row
         rows[2 * width] = f32::from_bits(5); // a denormal beside ordinary values
         let (mut codes, mut scales) = (vec![0u8; rows.len()], vec![0f32; 3]);
         quantize_rows_e4m3(&rows, width, &mut codes, &mut scales).unwrap();
         let q = quantize_dynamic(&rows, Fp8Format::E4M3, Granularity::PerRow { cols: width }).unwrap();
-        assert_eq!((codes.clone(), scales.clone()), (q.codes.clone(), q.scales.clone()), "the same quantizer as quantize_dynamic per row");
+        assert_eq!(
+            (codes.clone(), scales.clone()),
+            (q.codes.clone(), q.scales.clone()),
+            "the same quantizer as quantize_dynamic per row"
+        );
         let mut back = vec![0f32; rows.len()];
         for ((c, o), &s) in codes.chunks(width).zip(back.chunks_mut(width)).zip(&scales) {
             dequantize_e4m3(c, s, o);
@@ -300,7 +340,10 @@ mod tests {
         assert!(back[width..2 * width].iter().all(|v| *v == 0.0));
         for (a, b) in rows.iter().zip(&back) {
             // E4M3 keeps 3 mantissa bits: relative error at most 2^-4 of the row's scale range.
-            assert!((a - b).abs() <= a.abs() / 16.0 + scales.iter().cloned().fold(0.0, f32::max) * 2f32.powi(-9), "{a} vs {b}");
+            assert!(
+                (a - b).abs() <= a.abs() / 16.0 + scales.iter().cloned().fold(0.0, f32::max) * 2f32.powi(-9),
+                "{a} vs {b}"
+            );
         }
         assert!(quantize_rows_e4m3(&rows, 7, &mut codes, &mut scales).is_err());
         assert!(e4m3_table()[0x7f].is_nan() && e4m3_table()[0x7e] == 448.0);
@@ -309,7 +352,8 @@ mod tests {
     #[test]
     fn zero_and_near_zero_groups_quantize_to_exact_zeros_where_the_unguarded_formula_fails() {
         let tiny = f32::from_bits(3); // a denormal: max/448 underflows to 0
-        let groups: [&[f32]; 3] = [&[0.0; 8], &[0.0, tiny, -tiny, 0.0, 0.0, 0.0, tiny, 0.0], &[1e-39, 0.0, -2e-39, 0.0, 0.0, 0.0, 0.0, 0.0]];
+        let groups: [&[f32]; 3] =
+            [&[0.0; 8], &[0.0, tiny, -tiny, 0.0, 0.0, 0.0, tiny, 0.0], &[1e-39, 0.0, -2e-39, 0.0, 0.0, 0.0, 0.0, 0.0]];
         for f in FORMATS {
             for g in groups {
                 let q = quantize_dynamic(g, f, Granularity::PerGroup { size: 8 }).unwrap();
@@ -343,7 +387,8 @@ mod tests {
                 Fp8Format::E4M3 => 1.0 / 16.0,
                 Fp8Format::E5M2 => 1.0 / 8.0,
             };
-            let g: Vec<f32> = (0..64).map(|_| (rng.next_u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) as f32 * 3.0e38).collect();
+            let g: Vec<f32> =
+                (0..64).map(|_| (rng.next_u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) as f32 * 3.0e38).collect();
             let q = quantize_dynamic(&g, f, Granularity::PerTensor).unwrap();
             let back = q.dequantize();
             let max = g.iter().fold(0.0f32, |m, v| m.max(v.abs()));

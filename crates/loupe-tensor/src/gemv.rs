@@ -48,9 +48,17 @@ pub const ROWS: usize = 4;
 /// this call alone writes those at `rows`; `w.cols == act.q.len()`, a multiple of 32
 /// with at most [`crate::batch::MAX_STACK_BLOCKS`] blocks, and `act.scale_sum` holds
 /// two floats per block.
-pub(crate) unsafe fn gemv_rows(isa: Isa, w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) -> Result<(), TensorError> {
+pub(crate) unsafe fn gemv_rows(
+    isa: Isa,
+    w: &QMatrix,
+    rows: Range<usize>,
+    act: &Act16<'_>,
+    out: OutPtr,
+) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) {
+    if isa >= Isa::Avx2
+        && matches!(w.ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K)
+    {
         // Q5_0 / Q6_K / Q4_K (and Q4_1 on AMX CPUs): the AVX2 kernels at AVX-512 too, as
         // `wq::dot_row_act16` and `batch` run (`batch::avx2_kernels_at`).
         if isa >= Isa::Avx512 && !crate::batch::avx2_kernels_at(isa, w.ty) {
@@ -98,11 +106,19 @@ mod x86 {
     /// an AMD EPYC (Zen 3), where this pass took a fifth of decode.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)]
-    unsafe fn prepare<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, ss: *const f32, p: *mut f32) -> [f32; R] {
+    unsafe fn prepare<const R: usize, const KIND: u8>(
+        w: *const u8,
+        row_bytes: usize,
+        blocks: usize,
+        ss: *const f32,
+        p: *mut f32,
+    ) -> [f32; R] {
         let mut offsets = [0f32; R];
         if R == 4 && KIND != Q4_K {
             let rd32 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 20) as *const i32);
-            let rd16 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + d_at(KIND, b)) as *const u16) as u64;
+            let rd16 = |b: usize, r: usize| {
+                std::ptr::read_unaligned(w.add(r * row_bytes + d_at(KIND, b)) as *const u16) as u64
+            };
             if KIND == Q4_1 {
                 let mut off = _mm256_setzero_ps();
                 for b in 0..blocks {
@@ -160,7 +176,9 @@ mod x86 {
                 let scale = *ss.add(2 * b);
                 for r in 0..R {
                     let blk = w.add(r * row_bytes + d_at(KIND, b));
-                    let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const u16) as i32)));
+                    let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                        std::ptr::read_unaligned(blk as *const u16) as i32
+                    )));
                     *p.add(b * R + r) = d * scale;
                 }
             }
@@ -174,7 +192,11 @@ mod x86 {
     /// The index in `p` of block `b`'s `d * scale` for row `r` (see [`prepare`]).
     #[inline(always)]
     fn p_at<const R: usize, const KIND: u8>(b: usize, r: usize) -> usize {
-        if KIND == Q4_1 { 2 * (b * R + r) } else { b * R + r }
+        if KIND == Q4_1 {
+            2 * (b * R + r)
+        } else {
+            b * R + r
+        }
     }
 
     /// How many groups of rows ahead the weights are prefetched. The rows of a group are
@@ -296,7 +318,15 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn group_avx512<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+    unsafe fn group_avx512<const R: usize, const KIND: u8>(
+        w: *const u8,
+        row_bytes: usize,
+        blocks: usize,
+        q: *const i16,
+        ss: *const f32,
+        p: *mut f32,
+        y: *mut f32,
+    ) {
         let off = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
         let mask = _mm256_set1_epi8(0x0F);
         // Q4_1: the 16 bytes in both halves of a ymm; the low half keeps the low nibbles
@@ -316,11 +346,22 @@ mod x86 {
                         _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(r * row_bytes + b * 34 + 2) as *const __m256i))
                     };
                     let dot = _mm512_madd_epi16(w16, x);
-                    $acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(p_at::<R, KIND>(b, r))), _mm512_cvtepi32_ps(dot), $acc[r]);
+                    $acc[r] = _mm512_fmadd_ps(
+                        _mm512_set1_ps(*p.add(p_at::<R, KIND>(b, r))),
+                        _mm512_cvtepi32_ps(dot),
+                        $acc[r],
+                    );
                 }
             }};
         }
-        block_pairs!(KIND, blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
+        block_pairs!(
+            KIND,
+            blocks,
+            |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes),
+            step,
+            acc0,
+            acc1
+        );
         for r in 0..R {
             let s = crate::batch::avx512::hsum(_mm512_add_ps(acc0[r], acc1[r]));
             // Q8_0 adds no offset (adding 0.0 would turn -0.0 into +0.0).
@@ -346,7 +387,15 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
     #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-    unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+    unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(
+        w: *const u8,
+        row_bytes: usize,
+        blocks: usize,
+        q: *const i16,
+        ss: *const f32,
+        p: *mut f32,
+        y: *mut f32,
+    ) {
         debug_assert_eq!(KIND, Q5_0);
         let _ = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
         let mut acc = [_mm512_setzero_ps(); R];
@@ -354,12 +403,17 @@ mod x86 {
         while b + 2 <= blocks {
             prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes);
             // Activations: [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
-            let (xa, xb) = (_mm512_loadu_si512(q.add(b * 32) as *const _), _mm512_loadu_si512(q.add(b * 32 + 32) as *const _));
+            let (xa, xb) =
+                (_mm512_loadu_si512(q.add(b * 32) as *const _), _mm512_loadu_si512(q.add(b * 32 + 32) as *const _));
             let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
             for r in 0..R {
                 let (wlo, whi) = crate::batch::avx512::unpack_pair::<KIND>(w.add(r * row_bytes + block_at(KIND, b)));
                 let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
-                let scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(*p.add(b * R + r)), 0xFF00, _mm_load_ss(p.add((b + 1) * R + r)));
+                let scale = _mm512_mask_broadcastss_ps(
+                    _mm512_set1_ps(*p.add(b * R + r)),
+                    0xFF00,
+                    _mm_load_ss(p.add((b + 1) * R + r)),
+                );
                 acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
             }
             b += 2;
@@ -371,7 +425,11 @@ mod x86 {
             for r in 0..R {
                 let (wlo, whi) = avx2::unpack::<KIND>(w.add(r * row_bytes), b);
                 let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
-                let lo = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * R + r)), _mm256_cvtepi32_ps(dot), _mm512_castps512_ps256(acc[r]));
+                let lo = _mm256_fmadd_ps(
+                    _mm256_set1_ps(*p.add(b * R + r)),
+                    _mm256_cvtepi32_ps(dot),
+                    _mm512_castps512_ps256(acc[r]),
+                );
                 acc[r] = _mm512_castpd_ps(_mm512_insertf64x4::<0>(_mm512_castps_pd(acc[r]), _mm256_castps_pd(lo)));
             }
         }
@@ -388,7 +446,15 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn group_avx2<const R: usize, const KIND: u8>(w: *const u8, row_bytes: usize, blocks: usize, q: *const i16, ss: *const f32, p: *mut f32, y: *mut f32) {
+    unsafe fn group_avx2<const R: usize, const KIND: u8>(
+        w: *const u8,
+        row_bytes: usize,
+        blocks: usize,
+        q: *const i16,
+        ss: *const f32,
+        p: *mut f32,
+        y: *mut f32,
+    ) {
         let off = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
         let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
         macro_rules! step {
@@ -400,11 +466,22 @@ mod x86 {
                     // The single-row kernel's unpacking (elements 0..16 and 16..32 as i16).
                     let (wlo, whi) = avx2::unpack::<KIND>(w.add(r * row_bytes), b);
                     let dot = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo), _mm256_madd_epi16(whi, xhi));
-                    $acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(p_at::<R, KIND>(b, r))), _mm256_cvtepi32_ps(dot), $acc[r]);
+                    $acc[r] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(*p.add(p_at::<R, KIND>(b, r))),
+                        _mm256_cvtepi32_ps(dot),
+                        $acc[r],
+                    );
                 }
             }};
         }
-        block_pairs!(KIND, blocks, |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes), step, acc0, acc1);
+        block_pairs!(
+            KIND,
+            blocks,
+            |b| prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes),
+            step,
+            acc0,
+            acc1
+        );
         for r in 0..R {
             let s = avx2::hsum(_mm256_add_ps(acc0[r], acc1[r]));
             let v = if has_offset(KIND) { s + off[r] } else { s };
@@ -427,7 +504,11 @@ mod tests {
                 s ^= s << 5;
                 // Mostly small values with a few large ones, as activations are.
                 let u = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-                if s.is_multiple_of(61) { u * 40.0 } else { u }
+                if s.is_multiple_of(61) {
+                    u * 40.0
+                } else {
+                    u
+                }
             })
             .collect()
     }
@@ -439,7 +520,8 @@ mod tests {
             return QMatrix::quantize(ty, n, k, &data(n * k, seed)).unwrap();
         }
         let bytes_per = ty.type_size();
-        let mut bytes: Vec<u8> = data(n * k / 256 * bytes_per, seed).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
+        let mut bytes: Vec<u8> =
+            data(n * k / 256 * bytes_per, seed).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
         let small = half::f16::from_f32(0.01).to_le_bytes();
         for sb in bytes.chunks_mut(bytes_per) {
             if ty == GgmlType::Q6K {
@@ -458,7 +540,11 @@ mod tests {
     #[allow(clippy::needless_range_loop)]
     fn rows_are_bit_identical_to_the_single_row_dot() {
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
-            let shapes: &[(usize, usize)] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[(9, 256), (7, 512), (13, 768), (5, 4864)] } else { &[(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96), (6, 896)] };
+            let shapes: &[(usize, usize)] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) {
+                &[(9, 256), (7, 512), (13, 768), (5, 4864)]
+            } else {
+                &[(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96), (6, 896)]
+            };
             for &(n, k) in shapes {
                 let w = matrix(ty, n, k, n as u32 * 7 + k as u32);
                 let x = data(k, 99 + k as u32);
@@ -476,7 +562,12 @@ mod tests {
                                 continue;
                             }
                             let want = dot_row_act16(isa, ty, w.row(j), &act).unwrap();
-                            assert_eq!(y[j].to_bits(), want.to_bits(), "{ty} {n}x{k} {isa} rows {start}..{n}: row {j}: {} vs {want}", y[j]);
+                            assert_eq!(
+                                y[j].to_bits(),
+                                want.to_bits(),
+                                "{ty} {n}x{k} {isa} rows {start}..{n}: row {j}: {} vs {want}",
+                                y[j]
+                            );
                         }
                     }
                 }
@@ -500,7 +591,11 @@ mod tests {
                 // SAFETY: as above.
                 unsafe { gemv_rows(isa, &w, 0..n, &act, OutPtr(y.as_mut_ptr())).unwrap() };
                 for (j, v) in y.iter().enumerate() {
-                    assert_eq!(v.to_bits(), dot_row_act16(isa, ty, w.row(j), &act).unwrap().to_bits(), "{ty} {isa} row {j}");
+                    assert_eq!(
+                        v.to_bits(),
+                        dot_row_act16(isa, ty, w.row(j), &act).unwrap().to_bits(),
+                        "{ty} {isa} row {j}"
+                    );
                 }
             }
         }

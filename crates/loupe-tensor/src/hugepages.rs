@@ -92,7 +92,9 @@ impl WeightArena {
             return WeightBytes::from(Vec::new());
         }
         if bytes.len() > CHUNK_BYTES / 4 {
-            return Chunk::new(bytes.len(), self.huge).append(bytes).expect("a chunk of the matrix's own size holds it");
+            return Chunk::new(bytes.len(), self.huge)
+                .append(bytes)
+                .expect("a chunk of the matrix's own size holds it");
         }
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = current.as_ref().and_then(|c| c.append(bytes)) {
@@ -121,7 +123,8 @@ unsafe impl Sync for Chunk {}
 impl Chunk {
     fn new(bytes: usize, huge: bool) -> std::sync::Arc<Chunk> {
         let size = bytes.next_multiple_of(HUGE_PAGE);
-        let layout = std::alloc::Layout::from_size_align(size, HUGE_PAGE).expect("a size rounded to 2 MiB is a valid layout");
+        let layout =
+            std::alloc::Layout::from_size_align(size, HUGE_PAGE).expect("a size rounded to 2 MiB is a valid layout");
         // SAFETY: the layout has a nonzero size (bytes > 0 by the callers).
         let raw = unsafe { std::alloc::alloc(layout) };
         let Some(ptr) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
@@ -170,7 +173,9 @@ impl std::ops::Deref for WeightBytes {
             Storage::Owned(v) => v,
             // SAFETY: start..start + len was written by `append` before this value existed and
             // is never written again; the Arc keeps the allocation alive.
-            Storage::Arena { chunk, start, len } => unsafe { std::slice::from_raw_parts(chunk.ptr.as_ptr().add(*start), *len) },
+            Storage::Arena { chunk, start, len } => unsafe {
+                std::slice::from_raw_parts(chunk.ptr.as_ptr().add(*start), *len)
+            },
         }
     }
 }
@@ -204,7 +209,11 @@ mod tests {
         let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
         let mut inside = false;
         for line in smaps.lines() {
-            let range = line.split_whitespace().next().and_then(|r| r.split_once('-')).and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)));
             if let Some((lo, hi)) = range {
                 inside = (lo..hi).contains(&addr);
             } else if inside {

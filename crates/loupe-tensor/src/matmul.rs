@@ -95,7 +95,17 @@ pub fn matmul_f32(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: us
 /// writable at `i * dst_stride + j`, for all `i, j, c` above, with nothing else reading
 /// or writing those `dst` elements during the call.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_x_wt(m: usize, n: usize, k: usize, dst: *mut f32, dst_stride: usize, x: *const f32, x_stride: usize, w: *const f32, w_stride: usize) {
+pub(crate) unsafe fn gemm_x_wt(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+    x: *const f32,
+    x_stride: usize,
+    w: *const f32,
+    w_stride: usize,
+) {
     // gemm's arguments: (m, n, k, dst, dst column stride, dst row stride, read_dst,
     // lhs, lhs col stride, lhs row stride, rhs, rhs col stride, rhs row stride, alpha,
     // beta, conj..., parallelism); `Wᵀ` is `w` read with its strides swapped.
@@ -152,7 +162,12 @@ pub struct QMatrix {
 impl QMatrix {
     /// Wraps `data` as `rows x cols` elements of `ty`, checking that `cols` is a
     /// whole number of blocks and `data` is exactly the right size.
-    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: impl Into<crate::hugepages::WeightBytes>) -> Result<Self, TensorError> {
+    pub fn new(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: impl Into<crate::hugepages::WeightBytes>,
+    ) -> Result<Self, TensorError> {
         let data = data.into();
         let row = quant::row_bytes("QMatrix::new", ty, cols)?;
         let expected = row.checked_mul(rows).ok_or_else(|| TensorError::Shape {

@@ -98,7 +98,9 @@ impl ThreadPool {
         for i in 1..threads.max(1) {
             let s = Arc::clone(&shared);
             let index = i as u32;
-            workers.push(std::thread::Builder::new().name(format!("loupe-worker-{i}")).spawn(move || worker_loop(&s, index))?);
+            workers.push(
+                std::thread::Builder::new().name(format!("loupe-worker-{i}")).spawn(move || worker_loop(&s, index))?,
+            );
         }
         Ok(ThreadPool { shared, workers, running: Mutex::new(()) })
     }
@@ -135,7 +137,8 @@ impl ThreadPool {
         let s = &*self.shared;
         // SAFETY: erases the borrow's lifetime; the job is closed and every worker that
         // entered it has left (active_workers == 0) before this call returns.
-        let body_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(body as *const (dyn Fn(usize) + Sync)) };
+        let body_static: *const (dyn Fn(usize) + Sync) =
+            unsafe { std::mem::transmute(body as *const (dyn Fn(usize) + Sync)) };
         let t = s.shares.len();
         for (i, share) in s.shares.iter().enumerate() {
             share.set(i * n_tasks / t, (i + 1) * n_tasks / t);
@@ -224,7 +227,11 @@ impl Share {
             if front >= back {
                 return None;
             }
-            let (next, task) = if steal { (pack(front as usize, back as usize - 1), back - 1) } else { (pack(front as usize + 1, back as usize), front) };
+            let (next, task) = if steal {
+                (pack(front as usize, back as usize - 1), back - 1)
+            } else {
+                (pack(front as usize + 1, back as usize), front)
+            };
             match self.0.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some(task as usize),
                 Err(now) => cur = now,
@@ -296,7 +303,8 @@ fn worker_loop(s: &Shared, index: u32) {
                 // SAFETY: the publisher keeps `body` alive until active_workers is 0,
                 // and this worker is counted until the fetch_sub below.
                 let body = unsafe { &*job.body };
-                let traced = TRACING.load(Ordering::Relaxed).then(|| (trace_now(), TRACE_LABEL.load(Ordering::Relaxed)));
+                let traced =
+                    TRACING.load(Ordering::Relaxed).then(|| (trace_now(), TRACE_LABEL.load(Ordering::Relaxed)));
                 if let Err(p) = catch_unwind(AssertUnwindSafe(|| claim_tasks(s, body, index as usize))) {
                     let mut slot = s.panicked.lock().unwrap_or_else(|e| e.into_inner());
                     slot.get_or_insert(p);
@@ -380,7 +388,11 @@ pub enum PoolError {
 pub fn init_global(threads: usize) -> Result<(), PoolError> {
     let threads = threads.max(1);
     if let Some(p) = GLOBAL.get() {
-        return if p.threads() == threads { Ok(()) } else { Err(PoolError::AlreadyStarted { running: p.threads(), requested: threads }) };
+        return if p.threads() == threads {
+            Ok(())
+        } else {
+            Err(PoolError::AlreadyStarted { running: p.threads(), requested: threads })
+        };
     }
     let pool = ThreadPool::new(threads).map_err(|source| PoolError::Spawn { threads, source })?;
     let _ = GLOBAL.set(pool);
@@ -465,10 +477,16 @@ mod tests {
             // The caller's share is 0..n/2: taken in order from 0, then any steals from n - 1 down.
             let own = mine.iter().take_while(|&&i| i < n / 2).count();
             assert!(mine[..own].iter().copied().eq(0..own), "caller's own tasks out of order: {mine:?}");
-            assert!(mine[own..].windows(2).all(|w| w[0] > w[1]) && mine[own..].iter().all(|&i| i >= n / 2), "caller's steals not from the back: {mine:?}");
+            assert!(
+                mine[own..].windows(2).all(|w| w[0] > w[1]) && mine[own..].iter().all(|&i| i >= n / 2),
+                "caller's steals not from the back: {mine:?}"
+            );
             let theirs: Vec<usize> = order.iter().filter(|(t, _)| *t != caller).map(|&(_, i)| i).collect();
             let own = theirs.iter().take_while(|&&i| i >= n / 2).count();
-            assert!(theirs[..own].iter().copied().eq(n / 2..n / 2 + own), "worker's own tasks out of order: {theirs:?}");
+            assert!(
+                theirs[..own].iter().copied().eq(n / 2..n / 2 + own),
+                "worker's own tasks out of order: {theirs:?}"
+            );
             assert!(theirs[own..].windows(2).all(|w| w[0] > w[1]), "worker's steals not from the back: {theirs:?}");
         }
     }
@@ -478,7 +496,14 @@ mod tests {
         let share = Share::default();
         share.set(0, 100_000);
         let taken: Vec<Vec<usize>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..4).map(|t| sc.spawn({ let share = &share; move || std::iter::from_fn(|| share.take(t % 2 == 1)).collect::<Vec<_>>() })).collect();
+            let hs: Vec<_> = (0..4)
+                .map(|t| {
+                    sc.spawn({
+                        let share = &share;
+                        move || std::iter::from_fn(|| share.take(t % 2 == 1)).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         let mut all: Vec<usize> = taken.concat();

@@ -20,7 +20,9 @@
 
 use std::cell::RefCell;
 
-pub use crate::batch::{matmul_f32_invariant, matmul_f32_invariant_with, matmul_wq_invariant, matmul_wq_invariant_with};
+pub use crate::batch::{
+    matmul_f32_invariant, matmul_f32_invariant_with, matmul_wq_invariant, matmul_wq_invariant_with,
+};
 use crate::matmul::{gemm_x_wt, OutPtr, QMatrix};
 use crate::pool;
 use crate::quant::{dequantize_row, Isa};
@@ -39,7 +41,10 @@ thread_local! {
 pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
     if x.len() != m * k || y.len() != m * n {
-        return Err(TensorError::Shape { op: "matmul_wq", detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()) });
+        return Err(TensorError::Shape {
+            op: "matmul_wq",
+            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
+        });
     }
     if m == 0 || n == 0 {
         return Ok(());
@@ -163,7 +168,8 @@ unsafe fn quantize_avx512(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
             let t = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(t, t), t);
             let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(t);
             let tie_or_more = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(abs(_mm512_sub_ps(t, r)), half);
-            let signed_one = _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(_mm512_castps_si512(t), sign_mask)));
+            let signed_one =
+                _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(_mm512_castps_si512(t), sign_mask)));
             let r = _mm512_mask_add_ps(r, tie_or_more, r, signed_one);
             let r = _mm512_min_ps(_mm512_max_ps(r, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
             _mm256_storeu_si256(qp.add(b * 32 + 16 * c) as *mut __m256i, _mm512_cvtepi32_epi16(_mm512_cvttps_epi32(r)));
@@ -174,7 +180,8 @@ unsafe fn quantize_avx512(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
     let start: f32 = std::iter::empty::<f32>().sum();
     let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     // Lane l reads block b + l (32 elements apart) and writes scale_sum[2 (b + l) + 1].
-    let (idx, out_idx) = (_mm512_slli_epi32::<5>(lane), _mm512_add_epi32(_mm512_slli_epi32::<1>(lane), _mm512_set1_epi32(1)));
+    let (idx, out_idx) =
+        (_mm512_slli_epi32::<5>(lane), _mm512_add_epi32(_mm512_slli_epi32::<1>(lane), _mm512_set1_epi32(1)));
     let mut b = 0;
     while b < blocks {
         let lanes = (blocks - b).min(16);
@@ -182,7 +189,12 @@ unsafe fn quantize_avx512(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
         let p = xp.add(b * 32);
         let mut acc = _mm512_set1_ps(start);
         for i in 0..32 {
-            acc = _mm512_mask_add_ps(acc, mask, acc, _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, p.add(i)));
+            acc = _mm512_mask_add_ps(
+                acc,
+                mask,
+                acc,
+                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, idx, p.add(i)),
+            );
         }
         _mm512_mask_i32scatter_ps::<4>(sp.add(2 * b), mask, out_idx, acc);
         b += 16;
@@ -226,7 +238,8 @@ unsafe fn quantize_avx2(x: &[f32], q: &mut [i16], scale_sum: &mut [f32]) {
             let t = _mm256_and_ps(t, _mm256_cmp_ps::<_CMP_ORD_Q>(t, t));
             let r = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(t);
             let frac = _mm256_and_ps(_mm256_sub_ps(t, r), abs_mask);
-            let carry = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), _mm256_or_ps(one, _mm256_and_ps(t, sign_mask)));
+            let carry =
+                _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), _mm256_or_ps(one, _mm256_and_ps(t, sign_mask)));
             let r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, carry), _mm256_sub_ps(_mm256_setzero_ps(), lim)), lim);
             *code = _mm256_cvttps_epi32(r);
         }
@@ -285,15 +298,25 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
     let blocks = act.q.len() / 32;
     let per = ty.block_size();
     let takes = per == 32 || matches!(ty, GgmlType::Q6K | GgmlType::Q4K);
-    if !act.q.len().is_multiple_of(32) || act.scale_sum.len() != 2 * blocks || !takes || !act.q.len().is_multiple_of(per) || w_row.len() != act.q.len() / per * ty.type_size() {
-        return Err(TensorError::Shape { op: "dot_row_act16", detail: format!("{} bytes of {ty} against {} activations", w_row.len(), act.q.len()) });
+    if !act.q.len().is_multiple_of(32)
+        || act.scale_sum.len() != 2 * blocks
+        || !takes
+        || !act.q.len().is_multiple_of(per)
+        || w_row.len() != act.q.len() / per * ty.type_size()
+    {
+        return Err(TensorError::Shape {
+            op: "dot_row_act16",
+            detail: format!("{} bytes of {ty} against {} activations", w_row.len(), act.q.len()),
+        });
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         match ty {
             // On AMX CPUs the AVX2 kernel, as gemv and batch run it (`batch::avx2_kernels_at`).
             // SAFETY: Isa::Amx implies AVX2, FMA and F16C; lengths checked above.
-            GgmlType::Q4_1 if crate::batch::avx2_kernels_at(isa, ty) => return Ok(unsafe { crate::batch::avx2::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
+            GgmlType::Q4_1 if crate::batch::avx2_kernels_at(isa, ty) => {
+                return Ok(unsafe { crate::batch::avx2::dot_q4_1_act16(w_row, act.q, act.scale_sum) })
+            }
             // SAFETY: the CPU supports AVX-512 F/BW and F16C (Isa::Avx512); lengths checked above.
             GgmlType::Q4_1 => return Ok(unsafe { avx512::dot_q4_1_act16(w_row, act.q, act.scale_sum) }),
             GgmlType::Q8_0 => return Ok(unsafe { avx512::dot_q8_0_act16(w_row, act.q, act.scale_sum) }),
@@ -348,7 +371,9 @@ pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Resu
             GgmlType::Q4_1 => {
                 let m = half::f16::from_le_bytes([wb[2], wb[3]]).to_f32();
                 let qs = &wb[4..20];
-                let dot: i32 = (0..16).map(|i| (qs[i] & 0x0F) as i32 * xq[i] as i32 + (qs[i] >> 4) as i32 * xq[i + 16] as i32).sum();
+                let dot: i32 = (0..16)
+                    .map(|i| (qs[i] & 0x0F) as i32 * xq[i] as i32 + (qs[i] >> 4) as i32 * xq[i + 16] as i32)
+                    .sum();
                 acc += d * scale * dot as f32 + m * sum;
             }
             GgmlType::Q8_0 => {
@@ -431,10 +456,25 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && matches!(ty, GgmlType::Mxfp4 | GgmlType::Nvfp4 | GgmlType::Fp8E4M3 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q6K) {
+    if isa >= Isa::Avx2
+        && matches!(
+            ty,
+            GgmlType::Mxfp4
+                | GgmlType::Nvfp4
+                | GgmlType::Fp8E4M3
+                | GgmlType::Q4_0
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q4K
+                | GgmlType::Q6K
+        )
+    {
         let blocks = whole_blocks(ty, w_row.len(), x.len())?;
         if ty == GgmlType::Q5_1 && sums.len() != blocks {
-            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
+            return Err(TensorError::Shape {
+                op: "dot_row",
+                detail: format!("{} block sums for {blocks} blocks", sums.len()),
+            });
         }
         // SAFETY: the CPU supports AVX2, FMA and F16C (Isa::Avx2); `w_row` is whole blocks
         // (super-blocks for Q4_K/Q6_K) covering exactly `x`, and Q5_1 has one block sum per
@@ -487,13 +527,20 @@ pub fn dot_row_scalar(ty: GgmlType, w_row: &[u8], x: &[f32]) -> Result<f32, Tens
 /// bit-identical to [`dequantize_row`].
 pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
-    if Isa::active() >= Isa::Avx512 && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && whole_blocks(ty, src.len(), dst.len()).is_ok() {
+    if Isa::active() >= Isa::Avx512
+        && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+        && whole_blocks(ty, src.len(), dst.len()).is_ok()
+    {
         // SAFETY: AVX-512 is available; lengths were checked just above.
         unsafe { avx512::dequant(ty, src, dst) };
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if Isa::active() >= Isa::Avx2 && matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && dst.len().is_multiple_of(ty.block_size()) && src.len() == dst.len() / ty.block_size() * ty.type_size() {
+    if Isa::active() >= Isa::Avx2
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+        && dst.len().is_multiple_of(ty.block_size())
+        && src.len() == dst.len() / ty.block_size() * ty.type_size()
+    {
         // SAFETY: the CPU supports AVX2 and FMA (Isa::Avx2); `src` is whole super-blocks,
         // exactly those of `dst` (checked just above).
         unsafe {
@@ -661,7 +708,11 @@ mod small_avx2 {
                 let h = _mm256_or_si256(_mm256_slli_epi16::<7>(m), _mm256_slli_epi16::<8>(_mm256_and_si256(c, sign)));
                 let h = _mm256_blendv_epi8(h, nan, _mm256_cmpeq_epi16(m, magnitude));
                 s = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(xp.add(16 * part)), s);
-                s = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)), _mm256_loadu_ps(xp.add(16 * part + 8)), s);
+                s = _mm256_fmadd_ps(
+                    _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h)),
+                    _mm256_loadu_ps(xp.add(16 * part + 8)),
+                    s,
+                );
             }
             acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(blk.as_ptr()) * 256.0), s, acc);
         }
@@ -683,7 +734,8 @@ mod small_avx2 {
             for s in 0..4 {
                 let xp = x.as_ptr().add(64 * b + 16 * s);
                 let (lo, hi) = nibbles(_mm_loadl_epi64(blk.as_ptr().add(4 + 8 * s).cast()));
-                let sum = fma8(_mm_shuffle_epi8(kv, hi), xp.add(8), fma8(_mm_shuffle_epi8(kv, lo), xp, _mm256_setzero_ps()));
+                let sum =
+                    fma8(_mm_shuffle_epi8(kv, hi), xp.add(8), fma8(_mm_shuffle_epi8(kv, lo), xp, _mm256_setzero_ps()));
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(ue4m3_half(blk[s])), sum, acc);
             }
         }
@@ -710,7 +762,10 @@ mod avx512 {
     fn check(w: &[u8], x: &[f32], bytes: usize) -> Result<usize, TensorError> {
         let blocks = x.len() / 32;
         if !x.len().is_multiple_of(32) || w.len() != blocks * bytes {
-            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} weight bytes against {} activations", w.len(), x.len()) });
+            return Err(TensorError::Shape {
+                op: "dot_row",
+                detail: format!("{} weight bytes against {} activations", w.len(), x.len()),
+            });
         }
         Ok(blocks)
     }
@@ -746,7 +801,10 @@ mod avx512 {
     pub unsafe fn dot_q4_1(w: &[u8], x: &[f32], sums: &[f32]) -> Result<f32, TensorError> {
         let blocks = check(w, x, 20)?;
         if sums.len() != blocks {
-            return Err(TensorError::Shape { op: "dot_row", detail: format!("{} block sums for {blocks} blocks", sums.len()) });
+            return Err(TensorError::Shape {
+                op: "dot_row",
+                detail: format!("{} block sums for {blocks} blocks", sums.len()),
+            });
         }
         let (wp, xp, sp) = (w.as_ptr(), x.as_ptr(), sums.as_ptr());
         let block = |b: usize, acc: __m512| {
@@ -1030,20 +1088,41 @@ mod tests {
                 dequantize_row(ty, &row, &mut deq).unwrap();
                 let exact: f64 = deq.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
                 let magnitude: f32 = deq.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
-                assert!((reference as f64 - exact).abs() <= 1e-5 * (1.0 + magnitude as f64), "{ty} k={k}: reference {reference} vs exact {exact}");
+                assert!(
+                    (reference as f64 - exact).abs() <= 1e-5 * (1.0 + magnitude as f64),
+                    "{ty} k={k}: reference {reference} vs exact {exact}"
+                );
                 for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
                     let got = dot_row(isa, ty, &row, &x, &sums).unwrap();
-                    assert!(got.is_finite() && (got - reference).abs() <= 1e-5 * (1.0 + magnitude), "{ty} k={k} {isa:?}: {got} vs {reference}");
-                    assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + magnitude as f64), "{ty} k={k} {isa:?}: {got} vs exact {exact}");
+                    assert!(
+                        got.is_finite() && (got - reference).abs() <= 1e-5 * (1.0 + magnitude),
+                        "{ty} k={k} {isa:?}: {got} vs {reference}"
+                    );
+                    assert!(
+                        (got as f64 - exact).abs() <= 1e-5 * (1.0 + magnitude as f64),
+                        "{ty} k={k} {isa:?}: {got} vs exact {exact}"
+                    );
                 }
             }
             let row = raw_kquant_row(ty, 512, 6, true);
             let x = data(512, 6);
             for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
-                assert!(dot_row(isa, ty, &row[1..], &x[1..], &[]).is_err(), "{ty} {isa:?}: a partial super-block is an error");
-                assert!(dot_row(isa, ty, &row[..row.len() - 1], &x, &[]).is_err(), "{ty} {isa:?}: a short row is an error");
-                assert!(dot_row(isa, ty, &row, &x[..256], &[]).is_err(), "{ty} {isa:?}: too few activations are an error");
-                assert!(dot_row(isa, ty, &row[..ty.type_size()], &x, &[]).is_err(), "{ty} {isa:?}: too many activations are an error");
+                assert!(
+                    dot_row(isa, ty, &row[1..], &x[1..], &[]).is_err(),
+                    "{ty} {isa:?}: a partial super-block is an error"
+                );
+                assert!(
+                    dot_row(isa, ty, &row[..row.len() - 1], &x, &[]).is_err(),
+                    "{ty} {isa:?}: a short row is an error"
+                );
+                assert!(
+                    dot_row(isa, ty, &row, &x[..256], &[]).is_err(),
+                    "{ty} {isa:?}: too few activations are an error"
+                );
+                assert!(
+                    dot_row(isa, ty, &row[..ty.type_size()], &x, &[]).is_err(),
+                    "{ty} {isa:?}: too many activations are an error"
+                );
                 assert_eq!(dot_row(isa, ty, &[], &[], &[]).unwrap(), 0.0, "{ty} {isa:?}: an empty row");
             }
         }
@@ -1087,20 +1166,37 @@ mod tests {
                 assert!(dot_row(isa, ty, &row, &x, &[0.0; 1]).is_err(), "{ty} {isa:?}");
             }
             let mut dst = vec![7f32; n];
-            assert!(dequantize_row_fast(ty, &row, &mut dst).is_err() || dst.iter().all(|&v| v != 7.0), "{ty}: neither an error nor written");
+            assert!(
+                dequantize_row_fast(ty, &row, &mut dst).is_err() || dst.iter().all(|&v| v != 7.0),
+                "{ty}: neither an error nor written"
+            );
         }
     }
 
     #[test]
     fn every_isa_dot_matches_the_scalar_reference() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Mxfp4, GgmlType::Nvfp4, GgmlType::Fp8E4M3, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Mxfp4,
+            GgmlType::Nvfp4,
+            GgmlType::Fp8E4M3,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ] {
             let (q, _) = qmatrix_or_random(ty, 2, 256);
             let x = data(256, 3);
             let sums: Vec<f32> = x.chunks(32).map(|c| c.iter().sum()).collect();
             let reference = dot_row_scalar(ty, q.row(1), &x).unwrap();
             for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
                 let got = dot_row(isa, ty, q.row(1), &x, &sums).unwrap();
-                assert!((got - reference).abs() <= 1e-4 * (1.0 + reference.abs()), "{ty} {isa:?}: {got} vs {reference}");
+                assert!(
+                    (got - reference).abs() <= 1e-4 * (1.0 + reference.abs()),
+                    "{ty} {isa:?}: {got} vs {reference}"
+                );
             }
         }
     }
@@ -1118,14 +1214,23 @@ mod tests {
             s ^= s << 5;
             (s >> 8) as u8
         };
-        for (ty, blocks) in [(GgmlType::Mxfp4, 24), (GgmlType::Nvfp4, 12), (GgmlType::Fp8E4M3, 24), (GgmlType::Q4_0, 24), (GgmlType::Q5_0, 24), (GgmlType::Q5_1, 24)] {
+        for (ty, blocks) in [
+            (GgmlType::Mxfp4, 24),
+            (GgmlType::Nvfp4, 12),
+            (GgmlType::Fp8E4M3, 24),
+            (GgmlType::Q4_0, 24),
+            (GgmlType::Q5_0, 24),
+            (GgmlType::Q5_1, 24),
+        ] {
             let k = blocks * ty.block_size();
             let mut row = vec![0u8; blocks * ty.type_size()];
             for (i, b) in row.iter_mut().enumerate() {
                 let at = i % ty.type_size();
                 *b = match (ty, at) {
                     // f16 scales (and Q5_1's minimum) near 1: exponent bits 0x3C +- 1.
-                    (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Fp8E4M3, 1) | (GgmlType::Q5_1, 3) => (0x3B + byte() % 3) | (byte() & 0x80),
+                    (GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Fp8E4M3, 1) | (GgmlType::Q5_1, 3) => {
+                        (0x3B + byte() % 3) | (byte() & 0x80)
+                    }
                     // Every E4M3 code but the two NaN codes (subnormals, zeros, +-448 included).
                     (GgmlType::Fp8E4M3, 2..) => match byte() {
                         c if c & 0x7f == 0x7f => c ^ 1,
@@ -1147,9 +1252,15 @@ mod tests {
             };
             for isa in Isa::ALL.into_iter().filter(|&i| i <= Isa::detected()) {
                 let got = dot_row(isa, ty, &row, &x, &sums).unwrap();
-                assert!(got.is_finite() && (got - reference).abs() <= 1e-5 * (1.0 + magnitude), "{ty} {isa:?}: {got} vs {reference}");
+                assert!(
+                    got.is_finite() && (got - reference).abs() <= 1e-5 * (1.0 + magnitude),
+                    "{ty} {isa:?}: {got} vs {reference}"
+                );
             }
-            assert!(dot_row(Isa::detected(), ty, &row[1..], &x[1..], &sums).is_err(), "{ty}: a partial block is an error");
+            assert!(
+                dot_row(Isa::detected(), ty, &row[1..], &x[1..], &sums).is_err(),
+                "{ty}: a partial block is an error"
+            );
         }
     }
 
@@ -1189,7 +1300,8 @@ mod tests {
     #[test]
     fn act16_dot_matches_scalar_reference_and_f32() {
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
-            let ks: &[usize] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[256, 768, 1536] } else { &[32, 64, 576, 1536] };
+            let ks: &[usize] =
+                if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[256, 768, 1536] } else { &[32, 64, 576, 1536] };
             for &k in ks {
                 let (q, deq) = qmatrix_or_random(ty, 3, k);
                 let x = data(k, 3);
@@ -1200,10 +1312,16 @@ mod tests {
                     let exact: f64 = (0..k).map(|c| x[c] as f64 * deq[r * k + c] as f64).sum();
                     let mag: f64 = (0..k).map(|c| (x[c] as f64 * deq[r * k + c] as f64).abs()).sum();
                     // 16-bit activations: within ~2^-15 of the magnitude of the terms.
-                    assert!((reference as f64 - exact).abs() <= 4e-5 * mag, "{ty} k={k} row {r}: {reference} vs exact {exact}");
+                    assert!(
+                        (reference as f64 - exact).abs() <= 4e-5 * mag,
+                        "{ty} k={k} row {r}: {reference} vs exact {exact}"
+                    );
                     for isa in Isa::available() {
                         let got = dot_row_act16(isa, ty, q.row(r), &act).unwrap();
-                        assert!((got - reference).abs() <= 1e-5 * (1.0 + mag as f32), "{ty} k={k} {isa:?}: {got} vs {reference}");
+                        assert!(
+                            (got - reference).abs() <= 1e-5 * (1.0 + mag as f32),
+                            "{ty} k={k} {isa:?}: {got} vs {reference}"
+                        );
                     }
                 }
             }
@@ -1221,7 +1339,10 @@ mod tests {
                 let act = Act16::quantize(&data(k, 1), &mut xq, &mut ss);
                 for isa in Isa::available() {
                     assert!(dot_row_act16(isa, ty, &row, &act).is_err(), "{ty} row of 1024 against {k} at {isa}");
-                    assert!(dot_row_act16(isa, ty, &row[..row.len() - 1], &act).is_err(), "short {ty} row against {k} at {isa}");
+                    assert!(
+                        dot_row_act16(isa, ty, &row[..row.len() - 1], &act).is_err(),
+                        "short {ty} row against {k} at {isa}"
+                    );
                 }
             }
         }
@@ -1237,7 +1358,9 @@ mod tests {
             let mut row = raw_kquant_row(GgmlType::Q6K, 256 * 64, 5, false);
             // Extreme scales and codes too.
             let mut extreme = vec![0xFFu8; 210];
-            extreme[192..208].copy_from_slice(&[0x80, 0x7F, 0x80, 0x01, 0xFF, 0x00, 0x80, 0x80, 0x7F, 0x7F, 0x81, 0x80, 0x80, 0x7F, 0x02, 0x80]);
+            extreme[192..208].copy_from_slice(&[
+                0x80, 0x7F, 0x80, 0x01, 0xFF, 0x00, 0x80, 0x80, 0x7F, 0x7F, 0x81, 0x80, 0x80, 0x7F, 0x02, 0x80,
+            ]);
             row.extend(&extreme);
             row.extend(vec![0u8; 192]);
             row.extend([0x80u8; 16]);
@@ -1288,7 +1411,11 @@ mod tests {
                         _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
                         let (ds, ms) = crate::batch::avx2::q4_k_dms(sb.as_ptr());
                         let dm = crate::batch::avx2::q4_k_dm(sb.as_ptr(), b);
-                        assert_eq!((ds[b].to_bits(), ms[b].to_bits()), (dm.0.to_bits(), dm.1.to_bits()), "block {b}: q4_k_dms vs q4_k_dm");
+                        assert_eq!(
+                            (ds[b].to_bits(), ms[b].to_bits()),
+                            (dm.0.to_bits(), dm.1.to_bits()),
+                            "block {b}: q4_k_dms vs q4_k_dm"
+                        );
                         dm
                     };
                     assert!(got.iter().all(|&q| (0..16).contains(&q)), "block {b}: codes {got:?}");
@@ -1306,7 +1433,10 @@ mod tests {
     #[test]
     fn kquant_act16_dot_of_raw_blocks_matches_the_f32_reference() {
         for ty in [GgmlType::Q4K, GgmlType::Q6K] {
-            assert!(QMatrix::new(ty, 1, 896, vec![0u8; 896 / 256 * ty.type_size()]).is_err(), "{ty}: 896 columns are not whole super-blocks");
+            assert!(
+                QMatrix::new(ty, 1, 896, vec![0u8; 896 / 256 * ty.type_size()]).is_err(),
+                "{ty}: 896 columns are not whole super-blocks"
+            );
             for (k, seed) in [(256, 1), (768, 2), (4864, 3)] {
                 let n = 5;
                 let w = QMatrix::new(ty, n, k, raw_kquant_row(ty, n * k, seed, true)).unwrap();
@@ -1345,15 +1475,33 @@ mod tests {
                     let act_err: f64 = deq
                         .chunks(32)
                         .zip(xi.chunks(32))
-                        .map(|(wb, xb)| wb.iter().map(|v| v.abs() as f64).sum::<f64>() * xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64)) / 65534.0)
+                        .map(|(wb, xb)| {
+                            wb.iter().map(|v| v.abs() as f64).sum::<f64>()
+                                * xb.iter().fold(0f64, |m, v| m.max(v.abs() as f64))
+                                / 65534.0
+                        })
                         .sum();
                     let tol = if i == 0 { 4e-5 * mag } else { act_err + 1e-5 * mag };
-                    assert!(got.is_finite() && (got as f64 - reference as f64).abs() <= tol, "{ty} k={k} {isa} x{i} row {j}: {got} vs f32 {reference}");
+                    assert!(
+                        got.is_finite() && (got as f64 - reference as f64).abs() <= tol,
+                        "{ty} k={k} {isa} x{i} row {j}: {got} vs f32 {reference}"
+                    );
                     assert!((got as f64 - exact).abs() <= tol, "{ty} k={k} {isa} x{i} row {j}: {got} vs exact {exact}");
                     let scalar = dot_row_act16_scalar(ty, row, &act).unwrap();
-                    assert!((got - scalar).abs() <= 1e-5 * (1.0 + mag as f32), "{ty} k={k} {isa} x{i} row {j}: {got} vs scalar Act16 {scalar}");
-                    assert_eq!(decode[j].to_bits(), got.to_bits(), "{ty} k={k} {isa} x{i} row {j}: decode vs the single-row dot");
-                    assert_eq!(batched[i * n + j].to_bits(), got.to_bits(), "{ty} k={k} {isa} x{i} row {j}: batched vs the single-row dot");
+                    assert!(
+                        (got - scalar).abs() <= 1e-5 * (1.0 + mag as f32),
+                        "{ty} k={k} {isa} x{i} row {j}: {got} vs scalar Act16 {scalar}"
+                    );
+                    assert_eq!(
+                        decode[j].to_bits(),
+                        got.to_bits(),
+                        "{ty} k={k} {isa} x{i} row {j}: decode vs the single-row dot"
+                    );
+                    assert_eq!(
+                        batched[i * n + j].to_bits(),
+                        got.to_bits(),
+                        "{ty} k={k} {isa} x{i} row {j}: batched vs the single-row dot"
+                    );
                 }
             }
         }
@@ -1369,7 +1517,9 @@ mod tests {
             s ^= s << 5;
             (s >> 8) as u8
         };
-        (0..rows * k / 32 * 22).map(|i| if i % 22 == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() }).collect()
+        (0..rows * k / 32 * 22)
+            .map(|i| if i % 22 == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() })
+            .collect()
     }
 
     /// The AVX2 unpacking of a Q5_0 block (the one every AVX2 Act16 path uses) gives
@@ -1426,7 +1576,10 @@ mod tests {
                     for j in 0..n {
                         let want: f64 = (0..k).map(|c| x[i * k + c] as f64 * deq[j * k + c] as f64).sum();
                         let got = y[i * n + j] as f64;
-                        assert!((got - want).abs() < 1e-3 * (1.0 + want.abs()), "{ty} m={m} ({i},{j}): {got} vs {want}");
+                        assert!(
+                            (got - want).abs() < 1e-3 * (1.0 + want.abs()),
+                            "{ty} m={m} ({i},{j}): {got} vs {want}"
+                        );
                     }
                 }
             }

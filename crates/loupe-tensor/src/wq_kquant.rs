@@ -87,7 +87,9 @@ unsafe fn q6_codes(ql: *const u8, qh: *const u8, l0: usize) -> [__m128i; 4] {
     let c = _mm_loadu_si128(ql.add(32 + l0).cast());
     let h = _mm_loadu_si128(qh.add(l0).cast());
     // 16-bit shifts move bits across the byte boundary only into bits the masks clear.
-    let code = |low: __m128i, high: __m128i| _mm_sub_epi8(_mm_or_si128(_mm_and_si128(low, m4), _mm_and_si128(high, m30)), bias);
+    let code = |low: __m128i, high: __m128i| {
+        _mm_sub_epi8(_mm_or_si128(_mm_and_si128(low, m4), _mm_and_si128(high, m30)), bias)
+    };
     [
         code(a, _mm_slli_epi16::<4>(h)),
         code(c, _mm_slli_epi16::<2>(h)),
@@ -140,7 +142,10 @@ pub(super) unsafe fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
         let sc = _mm_loadu_si128(p.add(Q6K_SCALES).cast());
         let mut ds = [0f32; 16];
         _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
-        _mm256_storeu_ps(ds.as_mut_ptr().add(8), _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)))));
+        _mm256_storeu_ps(
+            ds.as_mut_ptr().add(8),
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)))),
+        );
         for h in 0..2 {
             let (ql, qh) = (p.add(64 * h), p.add(Q6K_QH + 32 * h));
             let xh = x.as_ptr().add(QK_K * b + 128 * h);

@@ -53,7 +53,12 @@ fn matmul_f32_matches_f64() {
             for i in 0..m * n {
                 let err = (y[i] as f64 - want[i]).abs();
                 // f32 accumulation: a few ulps of the sum of magnitudes.
-                assert!(err <= 2e-6 * mag[i] + 1e-30, "m={m} k={k} n={n} pooled={pooled} [{i}]: {} vs {}", y[i], want[i]);
+                assert!(
+                    err <= 2e-6 * mag[i] + 1e-30,
+                    "m={m} k={k} n={n} pooled={pooled} [{i}]: {} vs {}",
+                    y[i],
+                    want[i]
+                );
             }
         }
     }
@@ -88,7 +93,7 @@ fn matmul_q_every_output_on_every_isa() {
             256 => [256, 512],
             32 => [64, 96],
             64 => [64, 192], // NVFP4
-            _ => [70, 96], // float types: a masked tail of 6
+            _ => [70, 96],   // float types: a masked tail of 6
         } {
             for &(m, n) in &[(1, 1), (1, 300), (2, 7), (5, 130), (40, 517)] {
                 let w = random_matrix(&mut rng, ty, n, k);

@@ -50,15 +50,8 @@ const DEQUANT_TYPES: [GgmlType; 13] = [
 ];
 
 /// Types gguf-py can quantize (no K-quants, no Q8_1/Q8_K).
-const QUANT_TYPES: [GgmlType; 7] = [
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-];
+const QUANT_TYPES: [GgmlType; 7] =
+    [GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
 
 const N: usize = 8192;
 
@@ -74,7 +67,9 @@ fn require_python() {
         Ok(o) => String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string(),
         Err(e) => format!("cannot run python3: {e}"),
     };
-    panic!("needs python3 with the gguf and numpy packages (scripts/test installs them; or pip install gguf numpy): {why}");
+    panic!(
+        "needs python3 with the gguf and numpy packages (scripts/test installs them; or pip install gguf numpy): {why}"
+    );
 }
 
 fn names(types: &[GgmlType]) -> String {

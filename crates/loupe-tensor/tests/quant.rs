@@ -58,10 +58,7 @@ fn simd_kernels_match_scalar() {
                 let want = quant::vec_dot_with(Isa::Scalar, wty, &w, &act, n) as f64;
                 for &isa in &isas[1..] {
                     let got = quant::vec_dot_with(isa, wty, &w, &act, n) as f64;
-                    assert!(
-                        (got - want).abs() <= 1e-5 * mag + 1e-30,
-                        "{wty} n={n} {isa}: {got} vs scalar {want}"
-                    );
+                    assert!((got - want).abs() <= 1e-5 * mag + 1e-30, "{wty} n={n} {isa}: {got} vs scalar {want}");
                 }
             }
         }
@@ -77,12 +74,8 @@ fn extreme_activations() {
         let n = 2 * wty.block_size().max(32).max(if wty.block_size() == 256 { 256 } else { 0 });
         let n = n - n % wty.block_size();
         let w = random_row(&mut rng, wty, n);
-        let cases: [Vec<f32>; 4] = [
-            vec![1.0; n],
-            vec![-3.0; n],
-            (0..n).map(|i| if i == 5 { 100.0 } else { 0.01 }).collect(),
-            vec![0.0; n],
-        ];
+        let cases: [Vec<f32>; 4] =
+            [vec![1.0; n], vec![-3.0; n], (0..n).map(|i| if i == 5 { 100.0 } else { 0.01 }).collect(), vec![0.0; n]];
         for x in cases {
             let aty = vec_dot_type(wty);
             let mut act = vec![0u8; aty.bytes_for(n as u64).unwrap() as usize];

@@ -34,10 +34,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
@@ -65,9 +62,7 @@ pub struct ChatTemplate {
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.vars.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("ChatTemplate")
-            .field("vars", &names)
-            .finish()
+        f.debug_struct("ChatTemplate").field("vars", &names).finish()
     }
 }
 
@@ -88,42 +83,24 @@ impl ChatTemplate {
         });
         env.set_formatter(|out, state, value| match value.kind() {
             ValueKind::None => out.write_str("None").map_err(Error::from),
-            ValueKind::Bool => out
-                .write_str(if value.is_true() { "True" } else { "False" })
-                .map_err(Error::from),
+            ValueKind::Bool => out.write_str(if value.is_true() { "True" } else { "False" }).map_err(Error::from),
             _ => minijinja::escape_formatter(out, state, value),
         });
-        env.add_filter(
-            "tojson",
-            |value: Value, kwargs: Kwargs| -> std::result::Result<String, Error> {
-                let options = pyjson::DumpOptions::from_kwargs(&kwargs)?;
-                pyjson::dumps(&value, &options)
-            },
-        );
-        env.add_function(
-            "raise_exception",
-            |message: Value| -> std::result::Result<Value, Error> {
-                let text = message
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| message.to_string());
-                Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    format!("{RAISED}{text}"),
-                ))
-            },
-        );
+        env.add_filter("tojson", |value: Value, kwargs: Kwargs| -> std::result::Result<String, Error> {
+            let options = pyjson::DumpOptions::from_kwargs(&kwargs)?;
+            pyjson::dumps(&value, &options)
+        });
+        env.add_function("raise_exception", |message: Value| -> std::result::Result<Value, Error> {
+            let text = message.as_str().map(str::to_owned).unwrap_or_else(|| message.to_string());
+            Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{text}")))
+        });
         env.add_function("strftime_now", |format: String| -> String {
             strftime::strftime(&format, &strftime::DateTime::now_utc())
         });
         env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
-            .map_err(|e| TextError::TemplateSyntax {
-                message: describe(&e),
-            })?;
-        let vars = vec![
-            ("bos_token".to_owned(), Value::from(bos_token)),
-            ("eos_token".to_owned(), Value::from(eos_token)),
-        ];
+            .map_err(|e| TextError::TemplateSyntax { message: describe(&e) })?;
+        let vars =
+            vec![("bos_token".to_owned(), Value::from(bos_token)), ("eos_token".to_owned(), Value::from(eos_token))];
         Ok(Self { env, vars })
     }
 
@@ -141,9 +118,8 @@ impl ChatTemplate {
     /// Sets a variable from JSON text, keeping object key order as Python would (a
     /// `serde_json::Value` passed to [`Self::set_var`] has its keys sorted). For OpenAI `tools`.
     pub fn set_var_json(&mut self, name: impl Into<String>, json: &str) -> Result<()> {
-        let value: Value = serde_json::from_str(json).map_err(|e| TextError::TemplateRender {
-            message: format!("variable is not valid JSON: {e}"),
-        })?;
+        let value: Value = serde_json::from_str(json)
+            .map_err(|e| TextError::TemplateRender { message: format!("variable is not valid JSON: {e}") })?;
         let name = name.into();
         match self.vars.iter_mut().find(|(k, _)| *k == name) {
             Some(slot) => slot.1 = value,
@@ -160,21 +136,28 @@ impl ChatTemplate {
 
     /// [`Self::render_json`] with `tools` (a JSON array of OpenAI tool objects, key order
     /// kept) as `apply_chat_template(messages, tools=tools)` passes them.
-    pub fn render_json_with_tools(&self, messages_json: &str, tools_json: &str, add_generation_prompt: bool) -> Result<String> {
+    pub fn render_json_with_tools(
+        &self,
+        messages_json: &str,
+        tools_json: &str,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let parse = |what: &str, json: &str| -> Result<Value> {
-            serde_json::from_str(json).map_err(|e| TextError::TemplateRender { message: format!("{what} are not valid JSON: {e}") })
+            serde_json::from_str(json)
+                .map_err(|e| TextError::TemplateRender { message: format!("{what} are not valid JSON: {e}") })
         };
-        let messages: Vec<Value> = parse("messages", messages_json)?.try_iter().map_err(|e| TextError::TemplateRender { message: describe(&e) })?.collect();
+        let messages: Vec<Value> = parse("messages", messages_json)?
+            .try_iter()
+            .map_err(|e| TextError::TemplateRender { message: describe(&e) })?
+            .collect();
         self.render_values(messages, add_generation_prompt, Some(parse("tools", tools_json)?))
     }
 
     /// Like [`Self::render`], for messages given as a JSON array of objects (OpenAI-style messages
     /// with `tool_calls`, `name`, content parts, ...). Key order is kept, as Python keeps it.
     pub fn render_json(&self, messages_json: &str, add_generation_prompt: bool) -> Result<String> {
-        let messages: Vec<Value> =
-            serde_json::from_str(messages_json).map_err(|e| TextError::TemplateRender {
-                message: format!("messages are not a JSON array: {e}"),
-            })?;
+        let messages: Vec<Value> = serde_json::from_str(messages_json)
+            .map_err(|e| TextError::TemplateRender { message: format!("messages are not a JSON array: {e}") })?;
         self.render_values(messages, add_generation_prompt, None)
     }
 
@@ -185,18 +168,12 @@ impl ChatTemplate {
                 message: "cannot apply a chat template to an empty conversation".into(),
             });
         }
-        let messages = messages
-            .into_iter()
-            .map(normalize_message)
-            .collect::<Result<Vec<_>>>()?;
+        let messages = messages.into_iter().map(normalize_message).collect::<Result<Vec<_>>>()?;
         let mut ctx: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from(messages)),
             ("tools".into(), Value::from(())),
             ("documents".into(), Value::from(())),
-            (
-                "add_generation_prompt".into(),
-                Value::from(add_generation_prompt),
-            ),
+            ("add_generation_prompt".into(), Value::from(add_generation_prompt)),
         ];
         for (name, value) in self.vars.iter().chain(tools.map(|t| ("tools".to_string(), t)).as_ref()) {
             match ctx.iter_mut().find(|(k, _)| k == name) {
@@ -205,19 +182,11 @@ impl ChatTemplate {
             }
         }
         let template =
-            self.env
-                .get_template(TEMPLATE_NAME)
-                .map_err(|e| TextError::TemplateRender {
-                    message: describe(&e),
-                })?;
-        template
-            .render(Value::from_iter(ctx))
-            .map_err(|e| match raised_message(&e) {
-                Some(message) => TextError::TemplateRaised { message },
-                None => TextError::TemplateRender {
-                    message: describe(&e),
-                },
-            })
+            self.env.get_template(TEMPLATE_NAME).map_err(|e| TextError::TemplateRender { message: describe(&e) })?;
+        template.render(Value::from_iter(ctx)).map_err(|e| match raised_message(&e) {
+            Some(message) => TextError::TemplateRaised { message },
+            None => TextError::TemplateRender { message: describe(&e) },
+        })
     }
 }
 
@@ -241,13 +210,7 @@ fn python_method(
             "strip" => return Ok(Value::from(s.trim_matches(py_isspace))),
             "lstrip" => return Ok(Value::from(s.trim_start_matches(py_isspace))),
             "rstrip" => return Ok(Value::from(s.trim_end_matches(py_isspace))),
-            "split" => {
-                return Ok(s
-                    .split(py_isspace)
-                    .filter(|w| !w.is_empty())
-                    .map(Value::from)
-                    .collect())
-            }
+            "split" => return Ok(s.split(py_isspace).filter(|w| !w.is_empty()).map(Value::from).collect()),
             _ => {}
         }
     }
@@ -261,9 +224,7 @@ fn normalize_message(message: Value) -> Result<Value> {
             message: format!("chat messages must be objects, got {}", message.kind()),
         });
     }
-    let render_err = |e: Error| TextError::TemplateRender {
-        message: describe(&e),
-    };
+    let render_err = |e: Error| TextError::TemplateRender { message: describe(&e) };
     let mut entries: Vec<(Value, Value)> = Vec::new();
     for key in message.try_iter().map_err(render_err)? {
         let value = message.get_item(&key).map_err(render_err)?;
@@ -272,20 +233,14 @@ fn normalize_message(message: Value) -> Result<Value> {
         }
     }
     let get = |entries: &[(Value, Value)], name: &str| {
-        entries
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(name))
-            .map(|(_, v)| v.clone())
+        entries.iter().find(|(k, _)| k.as_str() == Some(name)).map(|(_, v)| v.clone())
     };
     if let Some(reasoning) = REASONING_FIELDS.iter().find_map(|f| get(&entries, f)) {
         // {"thinking": r, **message, "reasoning_content": r}: "thinking" keeps its place if present.
         if get(&entries, "thinking").is_none() {
             entries.insert(0, (Value::from("thinking"), reasoning.clone()));
         }
-        match entries
-            .iter_mut()
-            .find(|(k, _)| k.as_str() == Some("reasoning_content"))
-        {
+        match entries.iter_mut().find(|(k, _)| k.as_str() == Some("reasoning_content")) {
             Some(slot) => slot.1 = reasoning,
             None => entries.push((Value::from("reasoning_content"), reasoning)),
         }
@@ -358,11 +313,9 @@ mod tests {
 
     #[test]
     fn trims_blocks_like_hf() {
-        let src = "{% for m in messages %}\n  {% if m.role == 'user' %}\nU:{{ m.content }}\n  {% endif %}\n{% endfor %}\n";
-        assert_eq!(
-            render(src, &[ChatMessage::user("hi")], false).unwrap(),
-            "U:hi\n"
-        );
+        let src =
+            "{% for m in messages %}\n  {% if m.role == 'user' %}\nU:{{ m.content }}\n  {% endif %}\n{% endfor %}\n";
+        assert_eq!(render(src, &[ChatMessage::user("hi")], false).unwrap(), "U:hi\n");
     }
 
     #[test]
@@ -374,10 +327,7 @@ mod tests {
             }
             other => panic!("expected TemplateRaised, got {other:?}"),
         }
-        assert_eq!(
-            render(src, &[ChatMessage::system("x")], false).unwrap(),
-            "ok"
-        );
+        assert_eq!(render(src, &[ChatMessage::system("x")], false).unwrap(), "ok");
     }
 
     #[test]
@@ -392,12 +342,7 @@ mod tests {
     #[test]
     fn tojson_is_json_dumps_and_loop_controls_work() {
         let src = "{{ messages[0]|tojson }}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}";
-        let out = render(
-            src,
-            &[ChatMessage::user("<b>é"), ChatMessage::assistant("z")],
-            false,
-        )
-        .unwrap();
+        let out = render(src, &[ChatMessage::user("<b>é"), ChatMessage::assistant("z")], false).unwrap();
         assert_eq!(out, r#"{"role": "user", "content": "<b>é"}user"#);
     }
 
@@ -414,26 +359,17 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out, "abr/r/False");
-        assert!(
-            rewrite_generation_tags("{%- generation -%}x{%endgeneration%}")
-                == "{%- if true -%}x{% endif %}"
-        );
+        assert!(rewrite_generation_tags("{%- generation -%}x{%endgeneration%}") == "{%- if true -%}x{% endif %}");
     }
 
     #[test]
     fn errors_are_typed() {
-        assert!(matches!(
-            ChatTemplate::new("{% if %}", "", ""),
-            Err(TextError::TemplateSyntax { .. })
-        ));
+        assert!(matches!(ChatTemplate::new("{% if %}", "", ""), Err(TextError::TemplateSyntax { .. })));
         assert!(matches!(
             render("{{ 1 + 'a' }}", &[ChatMessage::user("x")], false),
             Err(TextError::TemplateRender { .. })
         ));
-        assert!(matches!(
-            render("x", &[], false),
-            Err(TextError::TemplateRender { .. })
-        ));
+        assert!(matches!(render("x", &[], false), Err(TextError::TemplateRender { .. })));
         let t = ChatTemplate::new("x", "", "").unwrap();
         assert!(t.render_json("{}", false).is_err());
         assert!(t.render_json("[1]", false).is_err());
@@ -441,12 +377,8 @@ mod tests {
 
     #[test]
     fn vars_and_strftime() {
-        let mut t = ChatTemplate::new(
-            "{{ bos_token }}{{ enable_thinking }}{{ strftime_now('%Y')|length }}",
-            "<s>",
-            "",
-        )
-        .unwrap();
+        let mut t = ChatTemplate::new("{{ bos_token }}{{ enable_thinking }}{{ strftime_now('%Y')|length }}", "<s>", "")
+            .unwrap();
         t.set_var("enable_thinking", false);
         t.set_var_json("tools", r#"[{"z": 1, "a": 2}]"#).unwrap();
         assert!(t.set_var_json("tools", "{").is_err());
@@ -455,9 +387,6 @@ mod tests {
             o.render(&[ChatMessage::user("x")], false).unwrap()
         });
         assert_eq!(order.unwrap(), r#"[{"z": 1, "a": 2}]"#);
-        assert_eq!(
-            t.render(&[ChatMessage::user("x")], false).unwrap(),
-            "<s>False4"
-        );
+        assert_eq!(t.render(&[ChatMessage::user("x")], false).unwrap(), "<s>False4");
     }
 }

@@ -21,17 +21,11 @@ pub enum TextError {
 
     /// The spec names a tokenizer family this crate does not build (yet).
     #[error("unsupported tokenizer: {what} (supported: {supported})")]
-    Unsupported {
-        what: String,
-        supported: &'static str,
-    },
+    Unsupported { what: String, supported: &'static str },
 
     /// The `tokenizers` crate refused to build a component.
     #[error("building tokenizer {component}: {message}")]
-    Build {
-        component: &'static str,
-        message: String,
-    },
+    Build { component: &'static str, message: String },
 
     /// Encoding text failed inside the `tokenizers` crate.
     #[error("encoding text (starts {preview:?}): {message}")]

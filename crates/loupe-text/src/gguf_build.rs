@@ -76,41 +76,22 @@ pub(crate) fn build(spec: &TokenizerSpec) -> Result<Built> {
     let (unk_token, pad_token) = (name(spec.unk_id), name(spec.pad_id));
     // TokenizersBackend.__init__ then _post_init: every named special token is an added special
     // token, in SPECIAL_TOKENS_ATTRIBUTES order, unless already added (by content).
-    let named: Vec<&String> = [&bos_token, &eos_token, &unk_token, &pad_token]
-        .into_iter()
-        .flatten()
-        .collect();
+    let named: Vec<&String> = [&bos_token, &eos_token, &unk_token, &pad_token].into_iter().flatten().collect();
     add_missing_specials(&mut tokenizer, &named);
 
     // get_gguf_tokenizer: "llama" files without the flag get BOS, as llama.cpp does.
     let add_bos = spec.add_bos.unwrap_or(spec.model == "llama") && bos_token.is_some();
     let add_eos = spec.add_eos.unwrap_or(false) && eos_token.is_some();
-    let post = bos_eos_post_processor(
-        &tokenizer,
-        bos_token.as_deref(),
-        eos_token.as_deref(),
-        add_bos,
-        add_eos,
-    )?;
+    let post = bos_eos_post_processor(&tokenizer, bos_token.as_deref(), eos_token.as_deref(), add_bos, add_eos)?;
     tokenizer.with_post_processor(Some(post));
-    Ok(Built {
-        tokenizer,
-        bos_token,
-        eos_token,
-        unk_token,
-        pad_token,
-        add_bos,
-        add_eos,
-    })
+    Ok(Built { tokenizer, bos_token, eos_token, unk_token, pad_token, add_bos, add_eos })
 }
 
 /// GPT-2's byte-to-unicode table (`bytes_to_unicode` in transformers): printable Latin-1 bytes map
 /// to themselves, the other 68 bytes to U+0100.. in order.
 pub fn bytes_to_unicode() -> [char; 256] {
     let mut table = ['\0'; 256];
-    let printable = |b: u32| {
-        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
     let mut next = 256u32;
     for b in 0..256u32 {
         let code = if printable(b) {
@@ -162,11 +143,7 @@ fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer
     // a byte token are dropped, as in HF.
     let bpe = sentencepiece_bpe(spec, &spec.tokens, None, None)?;
     let mut tokenizer = tokenizers::Tokenizer::new(bpe);
-    tokenizer.with_pre_tokenizer(Some(Metaspace::new(
-        '\u{2581}',
-        PrependScheme::First,
-        false,
-    )));
+    tokenizer.with_pre_tokenizer(Some(Metaspace::new('\u{2581}', PrependScheme::First, false)));
     tokenizer.with_decoder(Some(sentencepiece_decoder(true)?));
     // LlamaTokenizer's defaults, in SPECIAL_TOKENS_ATTRIBUTES order (bos, eos, unk).
     let defaults = ["<s>".to_string(), "</s>".to_string(), "<unk>".to_string()];
@@ -178,7 +155,12 @@ fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer
 /// (a later duplicate overwrites the id, as a Python dict does), merges from the file or derived
 /// by `get_merges` (ranked by `vocab_scores`, else the file's scores), byte fallback, `unk`
 /// as the model's unknown token when the tokenizer class passes one.
-fn sentencepiece_bpe(spec: &TokenizerSpec, tokens: &[String], vocab_scores: Option<&[f32]>, unk: Option<&str>) -> Result<BPE> {
+fn sentencepiece_bpe(
+    spec: &TokenizerSpec,
+    tokens: &[String],
+    vocab_scores: Option<&[f32]>,
+    unk: Option<&str>,
+) -> Result<BPE> {
     let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, token) in tokens.iter().enumerate() {
         vocab.insert(token.clone(), id as u32);
@@ -206,8 +188,7 @@ fn sentencepiece_decoder(strip_prefix: bool) -> Result<DecoderSequence> {
 fn phi3_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
     let mut tokenizer = sentencepiece_tokenizer(spec)?;
     let replace = Replace::new(" ", "\u{2581}").map_err(|e| build_err("normalizer", e))?;
-    let normalizer =
-        NormalizerSequence::new(vec![Prepend::new("\u{2581}".into()).into(), replace.into()]);
+    let normalizer = NormalizerSequence::new(vec![Prepend::new("\u{2581}".into()).into(), replace.into()]);
     tokenizer.with_normalizer(Some(normalizer));
     tokenizer.with_pre_tokenizer(None::<Metaspace>);
     Ok(tokenizer)
@@ -270,10 +251,7 @@ fn merges_of(spec: &TokenizerSpec, tokens: &[String], vocab_scores: Option<&[f32
             .collect();
     }
     let scores = vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
-        invalid(
-            "tokenizer.ggml.scores",
-            "needed to derive merges: the file has neither merges nor scores",
-        )
+        invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
     })?;
     Ok(generate_merges(tokens, scores))
 }
@@ -310,10 +288,7 @@ pub(crate) fn generate_merges(tokens: &[String], scores: &[f32]) -> Vec<(String,
         let key = |m: &(&str, &str, f32)| (m.0.chars().count(), m.1.chars().count());
         b.2.total_cmp(&a.2).then_with(|| key(b).cmp(&key(a)))
     });
-    merges
-        .into_iter()
-        .map(|(l, r, _)| (l.to_owned(), r.to_owned()))
-        .collect()
+    merges.into_iter().map(|(l, r, _)| (l.to_owned(), r.to_owned())).collect()
 }
 
 /// `add_gguf_special_tokens`: CONTROL tokens become special added tokens (in a byte-level vocab
@@ -327,8 +302,7 @@ fn add_gguf_special_tokens(tokenizer: &mut tokenizers::Tokenizer, spec: &Tokeniz
         .iter()
         .enumerate()
         .filter(|(id, token)| {
-            spec.token_type(*id) == token_type::CONTROL
-                && (!byte_level || token.chars().all(|c| alphabet.contains(&c)))
+            spec.token_type(*id) == token_type::CONTROL && (!byte_level || token.chars().all(|c| alphabet.contains(&c)))
         })
         .map(|(_, token)| AddedToken::from(token.clone(), true).normalized(false))
         .collect();
@@ -340,8 +314,7 @@ fn add_gguf_special_tokens(tokenizer: &mut tokenizers::Tokenizer, spec: &Tokeniz
         .iter()
         .enumerate()
         .filter(|(id, token)| {
-            spec.token_type(*id) == token_type::USER_DEFINED
-                && tokenizer.token_to_id(token).is_some()
+            spec.token_type(*id) == token_type::USER_DEFINED && tokenizer.token_to_id(token).is_some()
         })
         .map(|(_, token)| AddedToken::from(token.clone(), false).normalized(false))
         .collect();
@@ -354,18 +327,25 @@ fn add_gguf_special_tokens(tokenizer: &mut tokenizers::Tokenizer, spec: &Tokeniz
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// One `tokenizer.ggml.pre` name per split regex loupe applies (the name llama.cpp's
 /// converter writes for it), with the regex: what a converter from `tokenizer.json` looks a
 /// `Split` pre-tokenizer's pattern up in.
-pub const GGUF_PRE_SPLITS: [(&str, &str); 5] = [("llama-bpe", LLAMA3_SPLIT), ("qwen2", QWEN2_SPLIT), ("tekken", TEKKEN_SPLIT), ("gpt-4o", GPT4O_SPLIT), ("qwen35", QWEN35_SPLIT)];
+pub const GGUF_PRE_SPLITS: [(&str, &str); 5] = [
+    ("llama-bpe", LLAMA3_SPLIT),
+    ("qwen2", QWEN2_SPLIT),
+    ("tekken", TEKKEN_SPLIT),
+    ("gpt-4o", GPT4O_SPLIT),
+    ("qwen35", QWEN35_SPLIT),
+];
 
 fn split_regex_for(pre: &str) -> Option<&'static str> {
     Some(match pre {
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+        | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
         "tekken" => TEKKEN_SPLIT,
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => QWEN2_SPLIT,
         "qwen35" => QWEN35_SPLIT,
@@ -381,16 +361,9 @@ fn set_split_regex(tokenizer: &mut tokenizers::Tokenizer, spec: &TokenizerSpec) 
     let Some(regex) = spec.pre.as_deref().and_then(split_regex_for) else {
         return Ok(());
     };
-    let split = Split::new(
-        SplitPattern::Regex(regex.to_owned()),
-        SplitDelimiterBehavior::Isolated,
-        false,
-    )
-    .map_err(|e| build_err("split pre-tokenizer", e))?;
-    let seq = PreTokenizerSequence::new(vec![
-        split.into(),
-        ByteLevel::new(false, true, false).into(),
-    ]);
+    let split = Split::new(SplitPattern::Regex(regex.to_owned()), SplitDelimiterBehavior::Isolated, false)
+        .map_err(|e| build_err("split pre-tokenizer", e))?;
+    let seq = PreTokenizerSequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]);
     tokenizer.with_pre_tokenizer(Some(seq));
     Ok(())
 }
@@ -398,11 +371,7 @@ fn set_split_regex(tokenizer: &mut tokenizers::Tokenizer, spec: &TokenizerSpec) 
 /// Adds each token as a special added token unless an added token with that content exists
 /// (TokenizersBackend compares by content), in one call so the matcher is rebuilt once.
 pub(crate) fn add_missing_specials(tokenizer: &mut tokenizers::Tokenizer, tokens: &[&String]) {
-    let existing: HashSet<String> = tokenizer
-        .get_added_tokens_decoder()
-        .into_values()
-        .map(|t| t.content)
-        .collect();
+    let existing: HashSet<String> = tokenizer.get_added_tokens_decoder().into_values().map(|t| t.content).collect();
     let mut seen = HashSet::new();
     let new: Vec<AddedToken> = tokens
         .iter()
@@ -435,16 +404,8 @@ pub(crate) fn bos_eos_post_processor(
         }
         Ok(token.to_owned())
     };
-    let bos = if add_bos {
-        Some(special(bos, "add_bos_token")?)
-    } else {
-        None
-    };
-    let eos = if add_eos {
-        Some(special(eos, "add_eos_token")?)
-    } else {
-        None
-    };
+    let bos = if add_bos { Some(special(bos, "add_bos_token")?) } else { None };
+    let eos = if add_eos { Some(special(eos, "add_eos_token")?) } else { None };
     for (seq, type_id) in [("A", 0), ("B", 1)] {
         let out = if type_id == 0 { &mut single } else { &mut pair };
         if let Some(b) = &bos {
@@ -459,23 +420,14 @@ pub(crate) fn bos_eos_post_processor(
     TemplateProcessing::builder()
         .try_single(single)
         .and_then(|b| b.try_pair(pair))
-        .map_err(|e| TextError::Build {
-            component: "post-processor",
-            message: e.to_string(),
-        })?
+        .map_err(|e| TextError::Build { component: "post-processor", message: e.to_string() })?
         .special_tokens(specials)
         .build()
-        .map_err(|e| TextError::Build {
-            component: "post-processor",
-            message: e.to_string(),
-        })
+        .map_err(|e| TextError::Build { component: "post-processor", message: e.to_string() })
 }
 
 fn build_err(component: &'static str, e: impl std::fmt::Display) -> TextError {
-    TextError::Build {
-        component,
-        message: e.to_string(),
-    }
+    TextError::Build { component, message: e.to_string() }
 }
 
 #[cfg(test)]
@@ -496,10 +448,7 @@ mod tests {
 
     #[test]
     fn merges_follow_scores_then_lengths() {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
         let scores = [0.0, 0.0, 0.0, -1.0, -2.0, -0.5];
         let merges = generate_merges(&tokens, &scores);
         // "abc" (-0.5) splits as a|bc and ab|c; lengths (1,2) < (2,1) reversed puts ab|c first.
@@ -524,17 +473,9 @@ mod tests {
         };
         let err = build(&spec).err().expect("must fail");
         assert!(err.to_string().contains("merge 0"), "{err}");
-        let spec = TokenizerSpec {
-            model: "wordpiece".into(),
-            tokens: vec!["a".into()],
-            ..Default::default()
-        };
+        let spec = TokenizerSpec { model: "wordpiece".into(), tokens: vec!["a".into()], ..Default::default() };
         assert!(matches!(build(&spec), Err(TextError::Unsupported { .. })));
-        let spec = TokenizerSpec {
-            model: "llama".into(),
-            tokens: vec!["a".into()],
-            ..Default::default()
-        };
+        let spec = TokenizerSpec { model: "llama".into(), tokens: vec!["a".into()], ..Default::default() };
         let err = build(&spec).err().expect("no scores, no merges");
         assert!(err.to_string().contains("scores"), "{err}");
     }

@@ -29,10 +29,8 @@ impl TokenizerConfig {
     /// Reads `path`, then `chat_template.jinja` beside it when the config has no template.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = read(path)?;
-        let mut config = Self::from_json_str(&text).map_err(|message| TextError::Parse {
-            path: path.to_path_buf(),
-            message,
-        })?;
+        let mut config =
+            Self::from_json_str(&text).map_err(|message| TextError::Parse { path: path.to_path_buf(), message })?;
         if config.chat_template.is_none() {
             let jinja = path.with_file_name("chat_template.jinja");
             if jinja.is_file() {
@@ -90,32 +88,19 @@ fn chat_template(value: Option<&Value>) -> std::result::Result<Option<String>, S
         Some(Value::Array(items)) => {
             let named: Vec<(&str, &str)> = items
                 .iter()
-                .filter_map(|item| {
-                    Some((item.get("name")?.as_str()?, item.get("template")?.as_str()?))
-                })
+                .filter_map(|item| Some((item.get("name")?.as_str()?, item.get("template")?.as_str()?)))
                 .collect();
             if named.len() != items.len() {
-                return Err(
-                    "chat_template: list items must be {\"name\": str, \"template\": str}".into(),
-                );
+                return Err("chat_template: list items must be {\"name\": str, \"template\": str}".into());
             }
-            Ok(named
-                .iter()
-                .find(|(name, _)| *name == "default")
-                .or(named.first())
-                .map(|(_, t)| (*t).to_owned()))
+            Ok(named.iter().find(|(name, _)| *name == "default").or(named.first()).map(|(_, t)| (*t).to_owned()))
         }
-        Some(other) => Err(format!(
-            "chat_template: expected a string or list, got {other}"
-        )),
+        Some(other) => Err(format!("chat_template: expected a string or list, got {other}")),
     }
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| TextError::Io {
-        path: PathBuf::from(path),
-        source,
-    })
+    std::fs::read_to_string(path).map_err(|source| TextError::Io { path: PathBuf::from(path), source })
 }
 
 #[cfg(test)]

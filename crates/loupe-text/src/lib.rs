@@ -42,9 +42,9 @@ mod token_bytes;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
+pub use error::{Result, TextError};
 /// GPT-2's byte-to-unicode table, for writers of byte-level BPE vocabularies.
 pub use gguf_build::{bytes_to_unicode, GGUF_PRE_SPLITS};
-pub use error::{Result, TextError};
 pub use hf_config::TokenizerConfig;
 pub use sections::{Section, SectionMarkers, SectionSplitter, REASONING_PARSERS};
 pub use spec::TokenizerSpec;

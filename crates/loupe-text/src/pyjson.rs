@@ -40,18 +40,12 @@ impl DumpOptions {
             Some(v) => match v.as_str() {
                 Some(s) => Some(s.to_owned()),
                 None => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: indent must be an int or a string",
-                    ))
+                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string"))
                 }
             },
         };
         // Python's defaults: ", " on one line, "," when indenting (no trailing spaces).
-        let (mut item, mut key) = (
-            if indent.is_some() { "," } else { ", " }.to_owned(),
-            ": ".to_owned(),
-        );
+        let (mut item, mut key) = (if indent.is_some() { "," } else { ", " }.to_owned(), ": ".to_owned());
         if let Some(seps) = separators.filter(|v| !v.is_none()) {
             let parts: Vec<Value> = seps.try_iter()?.collect();
             match parts.as_slice() {
@@ -60,10 +54,7 @@ impl DumpOptions {
                     key = b.as_str().unwrap_or_default().to_owned();
                 }
                 _ => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be a pair of strings",
-                    ))
+                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair of strings"))
                 }
             }
         }
@@ -84,18 +75,10 @@ pub(crate) fn dumps(value: &Value, options: &DumpOptions) -> Result<String, Erro
     Ok(out)
 }
 
-fn write_value(
-    out: &mut String,
-    value: &Value,
-    o: &DumpOptions,
-    depth: usize,
-) -> Result<(), Error> {
+fn write_value(out: &mut String, value: &Value, o: &DumpOptions, depth: usize) -> Result<(), Error> {
     // Python's default recursion guard is about 1000 frames; refuse earlier than a stack overflow.
     if depth > 512 {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            "tojson: value nested too deeply",
-        ));
+        return Err(Error::new(ErrorKind::InvalidOperation, "tojson: value nested too deeply"));
     }
     match value.kind() {
         ValueKind::None => out.push_str("null"),
@@ -104,9 +87,7 @@ fn write_value(
         ValueKind::String => write_string(out, value.as_str().unwrap_or_default(), o.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            write_container(out, o, depth, '[', ']', items.len(), |out, i| {
-                write_value(out, &items[i], o, depth + 1)
-            })?;
+            write_container(out, o, depth, '[', ']', items.len(), |out, i| write_value(out, &items[i], o, depth + 1))?;
         }
         ValueKind::Map => {
             let mut keys: Vec<Value> = value.try_iter()?.collect();
@@ -128,10 +109,7 @@ fn write_value(
         _ => {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
-                format!(
-                    "tojson: object of kind {} is not JSON serializable",
-                    value.kind()
-                ),
+                format!("tojson: object of kind {} is not JSON serializable", value.kind()),
             ))
         }
     }
@@ -210,11 +188,7 @@ pub(crate) fn float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
     }
     // Rust's `{:e}` gives the shortest round-trip digits, e.g. "1.5e-5", "-1e16".
     let sci = format!("{f:e}");
@@ -228,21 +202,14 @@ pub(crate) fn float_repr(f: f64) -> String {
         if point <= 0 {
             format!("{sign}0.{}{digits}", "0".repeat((-point) as usize))
         } else if (point as usize) >= digits.len() {
-            format!(
-                "{sign}{digits}{}.0",
-                "0".repeat(point as usize - digits.len())
-            )
+            format!("{sign}{digits}{}.0", "0".repeat(point as usize - digits.len()))
         } else {
             let (int, frac) = digits.split_at(point as usize);
             format!("{sign}{int}.{frac}")
         }
     } else {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
+        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{first}{frac}e{esign}{:02}", exp.abs())
     }
@@ -309,30 +276,14 @@ mod tests {
 
     #[test]
     fn dumps_like_python() {
-        let v: Value =
-            serde_json::from_str(r#"{"b": [1, 2.5, null, true], "a": "x\"é\n\u0001", "e": {}}"#)
-                .unwrap();
-        assert_eq!(
-            dumps(&v, &opts()).unwrap(),
-            r#"{"b": [1, 2.5, null, true], "a": "x\"é\n\u0001", "e": {}}"#
-        );
-        let o = DumpOptions {
-            indent: Some("  ".into()),
-            item_separator: ",".into(),
-            sort_keys: true,
-            ..opts()
-        };
+        let v: Value = serde_json::from_str(r#"{"b": [1, 2.5, null, true], "a": "x\"é\n\u0001", "e": {}}"#).unwrap();
+        assert_eq!(dumps(&v, &opts()).unwrap(), r#"{"b": [1, 2.5, null, true], "a": "x\"é\n\u0001", "e": {}}"#);
+        let o = DumpOptions { indent: Some("  ".into()), item_separator: ",".into(), sort_keys: true, ..opts() };
         assert_eq!(
             dumps(&v, &o).unwrap(),
             "{\n  \"a\": \"x\\\"é\\n\\u0001\",\n  \"b\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"e\": {}\n}"
         );
-        let o = DumpOptions {
-            ensure_ascii: true,
-            ..opts()
-        };
-        assert_eq!(
-            dumps(&Value::from("é😀"), &o).unwrap(),
-            r#""\u00e9\ud83d\ude00""#
-        );
+        let o = DumpOptions { ensure_ascii: true, ..opts() };
+        assert_eq!(dumps(&Value::from("é😀"), &o).unwrap(), r#""\u00e9\ud83d\ude00""#);
     }
 }

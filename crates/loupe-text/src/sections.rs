@@ -57,8 +57,12 @@ impl SectionMarkers {
         const THINK: (&str, &str) = ("<think>", "</think>");
         const TOOL: (&str, &str) = TOOL_CALL_MARKERS;
         match name {
-            "qwen3" => Some(SectionMarkers { reasoning: Some(THINK), starts_in_reasoning: false, tool_call: Some(TOOL) }),
-            "deepseek_r1" => Some(SectionMarkers { reasoning: Some(THINK), starts_in_reasoning: true, tool_call: Some(TOOL) }),
+            "qwen3" => {
+                Some(SectionMarkers { reasoning: Some(THINK), starts_in_reasoning: false, tool_call: Some(TOOL) })
+            }
+            "deepseek_r1" => {
+                Some(SectionMarkers { reasoning: Some(THINK), starts_in_reasoning: true, tool_call: Some(TOOL) })
+            }
             "none" => Some(SectionMarkers { tool_call: Some(TOOL), ..SectionMarkers::PLAIN }),
             _ => None,
         }
@@ -83,7 +87,8 @@ pub struct SectionSplitter {
 
 impl SectionSplitter {
     pub fn new(markers: SectionMarkers) -> SectionSplitter {
-        let state = if markers.starts_in_reasoning && markers.reasoning.is_some() { State::Reasoning } else { State::Content };
+        let state =
+            if markers.starts_in_reasoning && markers.reasoning.is_some() { State::Reasoning } else { State::Content };
         SectionSplitter { markers, state, pending: String::new() }
     }
 
@@ -91,7 +96,12 @@ impl SectionSplitter {
     fn exits(&self) -> Vec<(&'static str, State)> {
         let m = &self.markers;
         match self.state {
-            State::Content => m.reasoning.map(|r| (r.0, State::Reasoning)).into_iter().chain(m.tool_call.map(|t| (t.0, State::ToolCall))).collect(),
+            State::Content => m
+                .reasoning
+                .map(|r| (r.0, State::Reasoning))
+                .into_iter()
+                .chain(m.tool_call.map(|t| (t.0, State::ToolCall)))
+                .collect(),
             State::Reasoning => m.reasoning.map(|r| (r.1, State::Content)).into_iter().collect(),
             State::ToolCall => m.tool_call.map(|t| (t.1, State::Content)).into_iter().collect(),
         }
@@ -112,12 +122,17 @@ impl SectionSplitter {
         let mut out: Vec<Section> = Vec::new();
         let emit = |s: Section, out: &mut Vec<Section>| match (out.last_mut(), &s) {
             (_, Section::Content(t) | Section::Reasoning(t)) if t.is_empty() => {}
-            (Some(Section::Content(a)), Section::Content(b)) | (Some(Section::Reasoning(a)), Section::Reasoning(b)) => a.push_str(b),
+            (Some(Section::Content(a)), Section::Content(b)) | (Some(Section::Reasoning(a)), Section::Reasoning(b)) => {
+                a.push_str(b)
+            }
             _ => out.push(s),
         };
         loop {
             let exits = self.exits();
-            let found = exits.iter().filter_map(|&(marker, next)| self.pending.find(marker).map(|at| (at, marker, next))).min_by_key(|x| x.0);
+            let found = exits
+                .iter()
+                .filter_map(|&(marker, next)| self.pending.find(marker).map(|at| (at, marker, next)))
+                .min_by_key(|x| x.0);
             match found {
                 Some((at, marker, next)) => {
                     let before: String = self.pending[..at].to_string();
@@ -169,7 +184,9 @@ pub fn merge(sections: Vec<Section>) -> Vec<Section> {
     let mut out: Vec<Section> = Vec::new();
     for s in sections {
         match (out.last_mut(), s) {
-            (Some(Section::Content(a)), Section::Content(b)) | (Some(Section::Reasoning(a)), Section::Reasoning(b)) => a.push_str(&b),
+            (Some(Section::Content(a)), Section::Content(b)) | (Some(Section::Reasoning(a)), Section::Reasoning(b)) => {
+                a.push_str(&b)
+            }
             (_, s) => out.push(s),
         }
     }
@@ -179,7 +196,10 @@ pub fn merge(sections: Vec<Section>) -> Vec<Section> {
 /// The length of the longest tail of `text` that is a proper prefix of `marker` (it could
 /// still become the marker), on a character boundary.
 fn held_prefix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1)).rev().find(|&k| marker.is_char_boundary(k) && text.ends_with(&marker[..k])).unwrap_or(0)
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&k| marker.is_char_boundary(k) && text.ends_with(&marker[..k]))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -242,18 +262,33 @@ mod tests {
     #[test]
     fn deepseek_starts_inside_reasoning_and_unterminated_calls_stay_text() {
         let r1 = SectionMarkers::for_reasoning_parser("deepseek_r1").unwrap();
-        assert_eq!(SectionSplitter::split_all(r1, "hmm</think>Answer"), vec![Section::Reasoning("hmm".into()), Section::Content("Answer".into())]);
-        assert_eq!(SectionSplitter::split_all(qwen3(), "x<tool_call>{\"na"), vec![Section::Content("x<tool_call>{\"na".into())]);
+        assert_eq!(
+            SectionSplitter::split_all(r1, "hmm</think>Answer"),
+            vec![Section::Reasoning("hmm".into()), Section::Content("Answer".into())]
+        );
+        assert_eq!(
+            SectionSplitter::split_all(qwen3(), "x<tool_call>{\"na"),
+            vec![Section::Content("x<tool_call>{\"na".into())]
+        );
         // "none" splits tool calls only; thinking stays in the answer.
         let none = SectionMarkers::for_reasoning_parser("none").unwrap();
-        assert_eq!(SectionSplitter::split_all(none, "<think>a</think>b"), vec![Section::Content("<think>a</think>b".into())]);
-        assert_eq!(SectionSplitter::split_all(SectionMarkers::PLAIN, "<tool_call>x</tool_call>"), vec![Section::Content("<tool_call>x</tool_call>".into())]);
+        assert_eq!(
+            SectionSplitter::split_all(none, "<think>a</think>b"),
+            vec![Section::Content("<think>a</think>b".into())]
+        );
+        assert_eq!(
+            SectionSplitter::split_all(SectionMarkers::PLAIN, "<tool_call>x</tool_call>"),
+            vec![Section::Content("<tool_call>x</tool_call>".into())]
+        );
         assert!(SectionMarkers::for_reasoning_parser("nope").is_none());
     }
 
     #[test]
     fn multibyte_text_near_markers_is_cut_on_character_boundaries() {
         let got = SectionSplitter::split_all(qwen3(), "é<think>日本</think>ü<");
-        assert_eq!(got, vec![Section::Content("é".into()), Section::Reasoning("日本".into()), Section::Content("ü<".into())]);
+        assert_eq!(
+            got,
+            vec![Section::Content("é".into()), Section::Reasoning("日本".into()), Section::Content("ü<".into())]
+        );
     }
 }

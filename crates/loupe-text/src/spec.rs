@@ -64,15 +64,12 @@ pub struct TokenizerSpec {
 impl TokenizerSpec {
     /// Reads a JSON object keyed by GGUF metadata names (`"tokenizer.ggml.tokens"`, ...).
     pub fn from_json(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| TextError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| TextError::Io { path: path.to_path_buf(), source })?;
         Self::from_json_str(&text).map_err(|err| match err {
-            TextError::InvalidSpec { field, reason } => TextError::InvalidSpec {
-                field,
-                reason: format!("{reason} (in {})", path.display()),
-            },
+            TextError::InvalidSpec { field, reason } => {
+                TextError::InvalidSpec { field, reason: format!("{reason} (in {})", path.display()) }
+            }
             other => other,
         })
     }
@@ -80,15 +77,10 @@ impl TokenizerSpec {
     /// Parses a JSON object keyed by GGUF metadata names. Unknown keys are ignored so that a
     /// full metadata dump can be passed as is.
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let value: Value = serde_json::from_str(text).map_err(|e| TextError::InvalidSpec {
-            field: "<json>",
-            reason: e.to_string(),
-        })?;
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| TextError::InvalidSpec { field: "<json>", reason: e.to_string() })?;
         let Value::Object(map) = value else {
-            return Err(invalid(
-                "<json>",
-                "expected a JSON object keyed by GGUF key names",
-            ));
+            return Err(invalid("<json>", "expected a JSON object keyed by GGUF key names"));
         };
         Ok(Self {
             model: get_string(&map, "tokenizer.ggml.model")?
@@ -96,9 +88,7 @@ impl TokenizerSpec {
             pre: get_string(&map, "tokenizer.ggml.pre")?,
             tokens: get_strings(&map, "tokenizer.ggml.tokens")?
                 .ok_or_else(|| invalid("tokenizer.ggml.tokens", "missing"))?,
-            scores: get_array(&map, "tokenizer.ggml.scores", |v| {
-                v.as_f64().map(|f| f as f32)
-            })?,
+            scores: get_array(&map, "tokenizer.ggml.scores", |v| v.as_f64().map(|f| f as f32))?,
             token_types: get_array(&map, "tokenizer.ggml.token_type", |v| {
                 v.as_i64().and_then(|i| i32::try_from(i).ok())
             })?,
@@ -122,17 +112,11 @@ impl TokenizerSpec {
             return Err(invalid("tokenizer.ggml.tokens", "empty vocabulary"));
         }
         if u32::try_from(n).is_err() {
-            return Err(invalid(
-                "tokenizer.ggml.tokens",
-                format!("{n} tokens overflow u32 ids"),
-            ));
+            return Err(invalid("tokenizer.ggml.tokens", format!("{n} tokens overflow u32 ids")));
         }
         if let Some(scores) = &self.scores {
             if scores.len() != n {
-                return Err(invalid(
-                    "tokenizer.ggml.scores",
-                    format!("{} scores for {n} tokens", scores.len()),
-                ));
+                return Err(invalid("tokenizer.ggml.scores", format!("{} scores for {n} tokens", scores.len())));
             }
         }
         if let Some(types) = &self.token_types {
@@ -151,10 +135,7 @@ impl TokenizerSpec {
         ] {
             if let Some(id) = id {
                 if id as usize >= n {
-                    return Err(invalid(
-                        field,
-                        format!("id {id} is outside the {n}-token vocabulary"),
-                    ));
+                    return Err(invalid(field, format!("id {id} is outside the {n}-token vocabulary")));
                 }
             }
         }
@@ -163,28 +144,19 @@ impl TokenizerSpec {
 
     /// The token type of `id`, NORMAL when the file has no types.
     pub(crate) fn token_type(&self, id: usize) -> i32 {
-        self.token_types
-            .as_ref()
-            .and_then(|t| t.get(id).copied())
-            .unwrap_or(token_type::NORMAL)
+        self.token_types.as_ref().and_then(|t| t.get(id).copied()).unwrap_or(token_type::NORMAL)
     }
 }
 
 pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> TextError {
-    TextError::InvalidSpec {
-        field,
-        reason: reason.into(),
-    }
+    TextError::InvalidSpec { field, reason: reason.into() }
 }
 
 fn get_string(map: &Map<String, Value>, key: &'static str) -> Result<Option<String>> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(invalid(
-            key,
-            format!("expected a string, got {}", kind(other)),
-        )),
+        Some(other) => Err(invalid(key, format!("expected a string, got {}", kind(other)))),
     }
 }
 
@@ -192,10 +164,7 @@ fn get_bool(map: &Map<String, Value>, key: &'static str) -> Result<Option<bool>>
     match map.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(invalid(
-            key,
-            format!("expected a bool, got {}", kind(other)),
-        )),
+        Some(other) => Err(invalid(key, format!("expected a bool, got {}", kind(other)))),
     }
 }
 
@@ -224,16 +193,10 @@ fn get_array<T>(
         Some(Value::Array(items)) => items
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                convert(v)
-                    .ok_or_else(|| invalid(key, format!("element {i} has the wrong type: {v}")))
-            })
+            .map(|(i, v)| convert(v).ok_or_else(|| invalid(key, format!("element {i} has the wrong type: {v}"))))
             .collect::<Result<Vec<T>>>()
             .map(Some),
-        Some(other) => Err(invalid(
-            key,
-            format!("expected an array, got {}", kind(other)),
-        )),
+        Some(other) => Err(invalid(key, format!("expected an array, got {}", kind(other)))),
     }
 }
 
@@ -274,17 +237,12 @@ mod tests {
     fn rejects_bad_types_and_ids() {
         let err = TokenizerSpec::from_json_str(r#"{"tokenizer.ggml.model": 3}"#).unwrap_err();
         assert!(err.to_string().contains("tokenizer.ggml.model"), "{err}");
-        let err = TokenizerSpec::from_json_str(
-            r#"{"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", 7]}"#,
-        )
-        .unwrap_err();
+        let err =
+            TokenizerSpec::from_json_str(r#"{"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", 7]}"#)
+                .unwrap_err();
         assert!(err.to_string().contains("element 1"), "{err}");
-        let spec = TokenizerSpec {
-            model: "gpt2".into(),
-            tokens: vec!["a".into()],
-            eos_id: Some(5),
-            ..Default::default()
-        };
+        let spec =
+            TokenizerSpec { model: "gpt2".into(), tokens: vec!["a".into()], eos_id: Some(5), ..Default::default() };
         let err = spec.validate().unwrap_err();
         assert!(err.to_string().contains("eos_token_id"), "{err}");
         let err = TokenizerSpec::from_json_str("[1]").unwrap_err();

@@ -73,10 +73,7 @@ impl<'a> StreamDecoder<'a> {
 
     fn step(&mut self, flush: bool) -> Result<String> {
         let tok = self.tokenizer;
-        let prefix = tok.decode_raw(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        )?;
+        let prefix = tok.decode_raw(&self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens)?;
         let text = tok.decode_raw(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
         if !flush && (text.len() <= prefix.len() || text.ends_with('\u{FFFD}')) {
             return Ok(String::new());
@@ -126,11 +123,7 @@ impl<'a> StreamDecoder<'a> {
 
 fn is_byte_token(token: &str) -> bool {
     let b = token.as_bytes();
-    b.len() == 6
-        && token.starts_with("<0x")
-        && b[5] == b'>'
-        && b[3].is_ascii_hexdigit()
-        && b[4].is_ascii_hexdigit()
+    b.len() == 6 && token.starts_with("<0x") && b[5] == b'>' && b[3].is_ascii_hexdigit() && b[4].is_ascii_hexdigit()
 }
 
 #[cfg(test)]

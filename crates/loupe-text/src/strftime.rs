@@ -6,15 +6,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-const DAYS: [&str; 7] = [
-    "Sunday",
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-];
+const DAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
 const MONTHS: [&str; 12] = [
     "January",
     "February",
@@ -148,15 +140,9 @@ mod tests {
         let t = DateTime::from_unix(1_721_999_109);
         assert_eq!((t.year, t.month, t.day), (2024, 7, 26));
         assert_eq!(strftime("%d %b %Y", &t), "26 Jul 2024");
-        assert_eq!(
-            strftime("%A %B %j %% %I%p %T", &t),
-            "Friday July 208 % 01PM 13:05:09"
-        );
+        assert_eq!(strftime("%A %B %j %% %I%p %T", &t), "Friday July 208 % 01PM 13:05:09");
         let epoch = DateTime::from_unix(0);
-        assert_eq!(
-            strftime("%Y-%m-%d %H:%M:%S %a %Q", &epoch),
-            "1970-01-01 00:00:00 Thu %Q"
-        );
+        assert_eq!(strftime("%Y-%m-%d %H:%M:%S %a %Q", &epoch), "1970-01-01 00:00:00 Thu %Q");
         let t = DateTime::from_unix(951_782_400); // 2000-02-29
         assert_eq!(strftime("%F %j %I%p", &t), "2000-02-29 060 12AM");
     }

@@ -90,7 +90,11 @@ impl Tokenizer {
     /// WordPiece encoder's, for instance), naming it.
     pub fn token_bytes(&self, n_ids: usize) -> Result<Vec<TokenBytes>> {
         let inner = self.inner();
-        let decoder = inner.get_decoder().map(serde_json::to_value).transpose().map_err(|e| TextError::TokenBytes(e.to_string()))?;
+        let decoder = inner
+            .get_decoder()
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| TextError::TokenBytes(e.to_string()))?;
         let spelling = decoder.as_ref().and_then(spelling_of).ok_or_else(|| {
             TextError::TokenBytes(format!(
                 "the tokenizer's decoder ({}) is neither byte-level nor SentencePiece byte-fallback, so its tokens' bytes are unknown",
@@ -102,7 +106,11 @@ impl Tokenizer {
         let mut out = Vec::with_capacity(n_ids);
         for id in 0..n_ids as u32 {
             if let Some(token) = added.get(&id) {
-                out.push(if token.special { TokenBytes::Special(token.content.clone()) } else { TokenBytes::Text(token.content.clone().into_bytes()) });
+                out.push(if token.special {
+                    TokenBytes::Special(token.content.clone())
+                } else {
+                    TokenBytes::Text(token.content.clone().into_bytes())
+                });
                 continue;
             }
             let Some(spelled) = inner.id_to_token(id) else {
@@ -110,9 +118,13 @@ impl Tokenizer {
                 continue;
             };
             let bytes = match spelling {
-                Spelling::ByteLevel => spelled.chars().map(|c| table.get(&c).copied()).collect::<Option<Vec<u8>>>().ok_or_else(|| {
-                    TextError::TokenBytes(format!("token {id} ({spelled:?}) has a character outside the byte-level alphabet"))
-                })?,
+                Spelling::ByteLevel => {
+                    spelled.chars().map(|c| table.get(&c).copied()).collect::<Option<Vec<u8>>>().ok_or_else(|| {
+                        TextError::TokenBytes(format!(
+                            "token {id} ({spelled:?}) has a character outside the byte-level alphabet"
+                        ))
+                    })?
+                }
                 Spelling::ByteFallback { space } => match fallback_byte(&spelled) {
                     Some(b) => vec![b],
                     None => spelled.replace(space, " ").into_bytes(),

@@ -85,11 +85,8 @@ impl Tokenizer {
     /// or `add_eos_token`, the post-processor is replaced by `[bos] $A [eos]` per those flags (a
     /// missing one counts as false); otherwise tokenizer.json's post-processor is kept.
     pub fn from_file(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
-        let mut inner =
-            tokenizers::Tokenizer::from_file(tokenizer_json).map_err(|e| TextError::Parse {
-                path: tokenizer_json.to_path_buf(),
-                message: e.to_string(),
-            })?;
+        let mut inner = tokenizers::Tokenizer::from_file(tokenizer_json)
+            .map_err(|e| TextError::Parse { path: tokenizer_json.to_path_buf(), message: e.to_string() })?;
         // tokenizer.json may carry a padding and truncation setting (all-MiniLM-L6-v2's pads
         // every input to 128). transformers' `tokenizer(text)` turns both off for the call
         // (`PreTrainedTokenizerFast.set_truncation_and_padding` with DO_NOT_PAD and
@@ -103,23 +100,12 @@ impl Tokenizer {
             Some(path) => TokenizerConfig::from_file(path)?,
             None => TokenizerConfig::default(),
         };
-        let named = [
-            &config.bos_token,
-            &config.eos_token,
-            &config.unk_token,
-            &config.pad_token,
-        ];
-        gguf_build::add_missing_specials(
-            &mut inner,
-            &named.into_iter().flatten().collect::<Vec<_>>(),
-        );
+        let named = [&config.bos_token, &config.eos_token, &config.unk_token, &config.pad_token];
+        gguf_build::add_missing_specials(&mut inner, &named.into_iter().flatten().collect::<Vec<_>>());
         if config.split_special_tokens {
             inner.set_encode_special_tokens(true);
         }
-        if config.add_bos_token.is_some()
-            || config.add_eos_token.is_some()
-            || inner.get_post_processor().is_none()
-        {
+        if config.add_bos_token.is_some() || config.add_eos_token.is_some() || inner.get_post_processor().is_none() {
             let add_bos = config.add_bos_token.unwrap_or(false) && config.bos_token.is_some();
             let add_eos = config.add_eos_token.unwrap_or(false) && config.eos_token.is_some();
             let post = gguf_build::bos_eos_post_processor(
@@ -145,10 +131,8 @@ impl Tokenizer {
         };
         // Whatever the post-processor does is the truth; read the flags back from it.
         let empty = tokenizer.encode("", true)?;
-        tokenizer.add_bos =
-            tokenizer.bos_id().is_some() && empty.first().copied() == tokenizer.bos_id();
-        tokenizer.add_eos =
-            tokenizer.eos_id().is_some() && empty.last().copied() == tokenizer.eos_id();
+        tokenizer.add_bos = tokenizer.bos_id().is_some() && empty.first().copied() == tokenizer.bos_id();
+        tokenizer.add_eos = tokenizer.eos_id().is_some() && empty.last().copied() == tokenizer.eos_id();
         Ok(tokenizer)
     }
 
@@ -158,10 +142,7 @@ impl Tokenizer {
         self.inner
             .encode_fast(text, add_special_tokens)
             .map(|enc| enc.get_ids().to_vec())
-            .map_err(|e| TextError::Encode {
-                preview: preview(text),
-                message: e.to_string(),
-            })
+            .map_err(|e| TextError::Encode { preview: preview(text), message: e.to_string() })
     }
 
     /// `text` with the tokenizer's special tokens, at most `max_tokens` long, as
@@ -195,14 +176,8 @@ impl Tokenizer {
 
     /// Renders `messages` with the model's chat template and encodes the result as
     /// `apply_chat_template(messages, add_generation_prompt=..., tokenize=True)` does.
-    pub fn chat_ids(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<Vec<u32>> {
-        let rendered = self
-            .chat_template()?
-            .render(messages, add_generation_prompt)?;
+    pub fn chat_ids(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>> {
+        let rendered = self.chat_template()?.render(messages, add_generation_prompt)?;
         self.encode_chat(&rendered)
     }
 
@@ -210,11 +185,7 @@ impl Tokenizer {
     /// vocabulary are dropped, as transformers (the `tokenizers` crate) drops them.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         let text = self.decode_raw(ids, skip_special_tokens)?;
-        Ok(if self.clean_up_spaces {
-            clean_up_tokenization(&text)
-        } else {
-            text
-        })
+        Ok(if self.clean_up_spaces { clean_up_tokenization(&text) } else { text })
     }
 
     /// The backend's decode without HF's optional space clean-up (the stream decoder needs the
@@ -222,10 +193,7 @@ impl Tokenizer {
     pub(crate) fn decode_raw(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)
-            .map_err(|e| TextError::Decode {
-                count: ids.len(),
-                message: e.to_string(),
-            })
+            .map_err(|e| TextError::Decode { count: ids.len(), message: e.to_string() })
     }
 
     /// An incremental decoder for streaming generated tokens (see [`StreamDecoder`]).
@@ -319,10 +287,7 @@ impl Tokenizer {
     /// The model's chat template, compiled, with the variables transformers passes
     /// (`special_tokens_map`: bos/eos/unk/pad tokens).
     pub fn chat_template(&self) -> Result<ChatTemplate> {
-        let source = self
-            .chat_template
-            .as_deref()
-            .ok_or(TextError::NoChatTemplate)?;
+        let source = self.chat_template.as_deref().ok_or(TextError::NoChatTemplate)?;
         self.chat_template_from(source)
     }
 
@@ -374,9 +339,6 @@ mod tests {
 
     #[test]
     fn cleanup_matches_transformers_rules() {
-        assert_eq!(
-            clean_up_tokenization("do n't , ok . it 's"),
-            "don't, ok. it's"
-        );
+        assert_eq!(clean_up_tokenization("do n't , ok . it 's"), "don't, ok. it's");
     }
 }

@@ -6,9 +6,7 @@ use loupe_text::{Tokenizer, TokenizerSpec};
 
 /// GPT-2's byte-to-unicode table, restated so the test does not trust the crate's copy.
 fn byte_char(b: u8) -> char {
-    let printable = |b: u32| {
-        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
-    };
+    let printable = |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
     let mut n = 0;
     for x in 0..256u32 {
         if x == u32::from(b) {
@@ -30,9 +28,7 @@ fn spell(s: &str) -> String {
 pub fn byte_level() -> Tokenizer {
     let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
     let mut merges = Vec::new();
-    for word in [
-        "é", "😀", "日本", " the", "the", " hello", "hello", "語", "ü",
-    ] {
+    for word in ["é", "😀", "日本", " the", "the", " hello", "hello", "語", "ü"] {
         let spelled = spell(word);
         let chars: Vec<char> = spelled.chars().collect();
         let mut acc = chars[0].to_string();
@@ -65,9 +61,7 @@ pub fn sentencepiece() -> Tokenizer {
     let mut types = vec![2, 3, 3];
     tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
     types.extend([6; 256]);
-    for piece in [
-        "▁", "a", "b", "c", "é", "▁a", "▁b", "ab", "▁ab", "▁▁", "bc", "▁abc", "日",
-    ] {
+    for piece in ["▁", "a", "b", "c", "é", "▁a", "▁b", "ab", "▁ab", "▁▁", "bc", "▁abc", "日"] {
         tokens.push(piece.into());
         types.push(1);
     }
@@ -103,20 +97,12 @@ pub fn check_stream(tok: &Tokenizer, ids: &[u32], skip: bool) -> Vec<String> {
     let mut stream = tok.stream_decoder(skip);
     let mut chunks = Vec::new();
     for &id in ids {
-        chunks.push(
-            stream
-                .push(id)
-                .unwrap_or_else(|e| panic!("push {id} of {ids:?}: {e}")),
-        );
+        chunks.push(stream.push(id).unwrap_or_else(|e| panic!("push {id} of {ids:?}: {e}")));
     }
     assert_eq!(stream.text(), chunks.concat());
     chunks.push(stream.finish().expect("finish"));
     let full = tok.decode(ids, skip).expect("decode");
-    assert_eq!(
-        chunks.concat(),
-        full,
-        "ids {ids:?} skip={skip}, chunks {chunks:?}"
-    );
+    assert_eq!(chunks.concat(), full, "ids {ids:?} skip={skip}, chunks {chunks:?}");
     chunks
 }
 
@@ -152,14 +138,7 @@ fn byte_fallback_run_that_turns_invalid_is_not_emitted_early() {
     let tok = sentencepiece();
     let id = |t: &str| tok.id_of(t).unwrap();
     // "é" as bytes, then a stray continuation byte: the whole run decodes to three U+FFFD.
-    let ids = [
-        id("▁a"),
-        id("<0xC3>"),
-        id("<0xA9>"),
-        id("<|im_end|>"),
-        id("<0x80>"),
-        id("b"),
-    ];
+    let ids = [id("▁a"), id("<0xC3>"), id("<0xA9>"), id("<|im_end|>"), id("<0x80>"), id("b")];
     let chunks = check_stream(&tok, &ids, true);
     assert!(!chunks.concat().contains('é'), "{chunks:?}");
 }

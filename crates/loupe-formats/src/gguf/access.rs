@@ -74,11 +74,7 @@ fn str_array(v: &GgufValue) -> Option<Vec<&str>> {
 }
 
 fn f32_array(v: &GgufValue) -> Option<Vec<f32>> {
-    array_of(
-        v,
-        |t| matches!(t, GgufValueType::F32 | GgufValueType::F64),
-        float,
-    )
+    array_of(v, |t| matches!(t, GgufValueType::F32 | GgufValueType::F64), float)
 }
 
 fn i32_array(v: &GgufValue) -> Option<Vec<i32>> {
@@ -110,11 +106,7 @@ impl GgufFile {
     }
 
     fn missing_key(&self, key: &str) -> FormatError {
-        FormatError::Missing {
-            path: self.path.clone(),
-            what: "metadata key",
-            name: key.to_string(),
-        }
+        FormatError::Missing { path: self.path.clone(), what: "metadata key", name: key.to_string() }
     }
 
     fn wrong_type(&self, key: &str, expected: &str, found: &GgufValue) -> FormatError {
@@ -124,18 +116,13 @@ impl GgufFile {
         };
         let range_hint = match (found.as_integer(), expected.contains("integer")) {
             (Some(_), _) => " (out of range)",
-            (None, true) if matches!(found, GgufValue::Array(..)) => {
-                " (or an element out of range)"
-            }
+            (None, true) if matches!(found, GgufValue::Array(..)) => " (or an element out of range)",
             _ => "",
         };
         FormatError::Invalid {
             path: self.path.clone(),
             field: format!("metadata '{key}'"),
-            reason: format!(
-                "expected {expected}, found {}{detail}{range_hint}",
-                found.type_description()
-            ),
+            reason: format!("expected {expected}, found {}{detail}{range_hint}", found.type_description()),
         }
     }
 }
@@ -167,26 +154,11 @@ mod tests {
         w.add("flag", GgufValue::Bool(true));
         w.add(
             "toks",
-            GgufValue::Array(
-                GgufValueType::String,
-                vec![GgufValue::String("a".into()), GgufValue::String("b".into())],
-            ),
+            GgufValue::Array(GgufValueType::String, vec![GgufValue::String("a".into()), GgufValue::String("b".into())]),
         );
-        w.add(
-            "scores",
-            GgufValue::Array(
-                GgufValueType::F32,
-                vec![GgufValue::F32(0.5), GgufValue::F32(-1.0)],
-            ),
-        );
-        w.add(
-            "types",
-            GgufValue::Array(GgufValueType::U8, vec![GgufValue::U8(1), GgufValue::U8(3)]),
-        );
-        w.add(
-            "wide",
-            GgufValue::Array(GgufValueType::U64, vec![GgufValue::U64(u64::MAX)]),
-        );
+        w.add("scores", GgufValue::Array(GgufValueType::F32, vec![GgufValue::F32(0.5), GgufValue::F32(-1.0)]));
+        w.add("types", GgufValue::Array(GgufValueType::U8, vec![GgufValue::U8(1), GgufValue::U8(3)]));
+        w.add("wide", GgufValue::Array(GgufValueType::U64, vec![GgufValue::U64(u64::MAX)]));
         let bytes = w.to_bytes().expect("valid writer input");
         GgufFile::from_bytes("mem.gguf", bytes).expect("valid file")
     }
@@ -199,10 +171,7 @@ mod tests {
         assert_eq!(f.get_usize("u8").ok(), Some(7));
         assert_eq!(f.get_i64("neg").ok(), Some(-1));
         let err = f.get_u32("big").unwrap_err().to_string();
-        assert!(
-            err.contains("mem.gguf") && err.contains("'big'") && err.contains("out of range"),
-            "{err}"
-        );
+        assert!(err.contains("mem.gguf") && err.contains("'big'") && err.contains("out of range"), "{err}");
         let err = f.get_u32("neg").unwrap_err().to_string();
         assert!(err.contains("'neg'"), "{err}");
         let err = f.get_u32("flag").unwrap_err().to_string();
@@ -227,15 +196,9 @@ mod tests {
         assert_eq!(f.get_f32_array("scores").ok(), Some(vec![0.5, -1.0]));
         assert_eq!(f.get_i32_array("types").ok(), Some(vec![1, 3]));
         let err = f.get_i32_array("wide").unwrap_err().to_string();
-        assert!(
-            err.contains("'wide'") && err.contains("array of u64"),
-            "{err}"
-        );
+        assert!(err.contains("'wide'") && err.contains("array of u64"), "{err}");
         let err = f.get_str_array("scores").unwrap_err().to_string();
-        assert!(
-            err.contains("expected array of string, found array of f32"),
-            "{err}"
-        );
+        assert!(err.contains("expected array of string, found array of f32"), "{err}");
         assert_eq!(f.get_array("toks").map(|a| a.len()).ok(), Some(2));
     }
 
@@ -243,10 +206,7 @@ mod tests {
     fn missing_and_optional() {
         let f = file();
         let err = f.get_u32("llama.block_count").unwrap_err().to_string();
-        assert!(
-            err.contains("mem.gguf") && err.contains("llama.block_count"),
-            "{err}"
-        );
+        assert!(err.contains("mem.gguf") && err.contains("llama.block_count"), "{err}");
         assert_eq!(f.opt_u32("llama.block_count").ok(), Some(None));
         assert_eq!(f.opt_u32("u8").ok(), Some(Some(7)));
         assert!(f.opt_bool("u8").is_err());

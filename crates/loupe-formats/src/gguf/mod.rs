@@ -50,20 +50,13 @@ pub struct GgufTensorInfo {
 impl GgufTensorInfo {
     /// Number of elements (checked not to overflow when the file was opened).
     pub fn n_elements(&self) -> u64 {
-        self.dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .unwrap_or(u64::MAX)
+        self.dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).unwrap_or(u64::MAX)
     }
 
     /// The shape in row-major (PyTorch) order: `dims` reversed. Each dim was checked at
     /// open to fit in `usize`.
     pub fn shape(&self) -> Vec<usize> {
-        self.dims
-            .iter()
-            .rev()
-            .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
-            .collect()
+        self.dims.iter().rev().map(|&d| usize::try_from(d).unwrap_or(usize::MAX)).collect()
     }
 }
 

@@ -35,12 +35,7 @@ type Metadata = (Vec<(String, GgufValue)>, HashMap<String, usize>);
 
 /// Parses and validates a whole GGUF image.
 pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, FormatError> {
-    let mut r = Reader {
-        path,
-        buf,
-        pos: 0,
-        values_left: MAX_METADATA_VALUES,
-    };
+    let mut r = Reader { path, buf, pos: 0, values_left: MAX_METADATA_VALUES };
     let version = r.magic_and_version()?;
 
     let n_tensors = r.u64(&|| "tensor count".into())?;
@@ -48,9 +43,7 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, FormatError> {
     r.cap(n_tensors, MAX_TENSORS, &|| "tensor count".into())?;
     r.cap(n_kv, MAX_METADATA_KVS, &|| "metadata kv count".into())?;
     // Both counts are capped at 2^20, so this cannot saturate; saturating keeps it obvious.
-    let needed = n_kv
-        .saturating_mul(MIN_KV_SIZE)
-        .saturating_add(n_tensors.saturating_mul(MIN_TENSOR_INFO_SIZE));
+    let needed = n_kv.saturating_mul(MIN_KV_SIZE).saturating_add(n_tensors.saturating_mul(MIN_TENSOR_INFO_SIZE));
     if needed > r.remaining() {
         return Err(r.truncated(format!(
             "header: {n_kv} metadata kvs and {n_tensors} tensor infos need at least {needed} \
@@ -73,15 +66,7 @@ pub(super) fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, FormatError> {
         .ok_or_else(|| FormatError::invalid(path, "data section offset", "overflows u64"))?;
     check_tensor_ranges(path, buf.len() as u64, data_offset, alignment, &tensors)?;
 
-    Ok(Parsed {
-        version,
-        metadata,
-        key_index,
-        tensors,
-        tensor_index,
-        alignment,
-        data_offset,
-    })
+    Ok(Parsed { version, metadata, key_index, tensors, tensor_index, alignment, data_offset })
 }
 
 struct Reader<'a> {
@@ -116,12 +101,7 @@ impl<'a> Reader<'a> {
 
     fn cap(&self, value: u64, limit: u64, field: Field) -> Result<(), FormatError> {
         if value > limit {
-            return Err(FormatError::TooLarge {
-                path: self.path.to_path_buf(),
-                field: field(),
-                value,
-                limit,
-            });
+            return Err(FormatError::TooLarge { path: self.path.to_path_buf(), field: field(), value, limit });
         }
         Ok(())
     }
@@ -164,19 +144,15 @@ impl<'a> Reader<'a> {
             return Err(self.truncated("magic".into()));
         }
         if head == b"FUGG" {
-            return Err(self.unsupported(
-                "big-endian GGUF (magic is byte-swapped); loupe reads little-endian GGUF only",
-            ));
+            return Err(
+                self.unsupported("big-endian GGUF (magic is byte-swapped); loupe reads little-endian GGUF only")
+            );
         }
         if head != GGUF_MAGIC {
             return Err(FormatError::BadMagic {
                 path: self.path.to_path_buf(),
                 format: "GGUF",
-                found: format!(
-                    "{head:02x?} {:?}{}",
-                    String::from_utf8_lossy(head),
-                    other_format_hint(self.buf)
-                ),
+                found: format!("{head:02x?} {:?}{}", String::from_utf8_lossy(head), other_format_hint(self.buf)),
             });
         }
         self.pos = 4;
@@ -197,10 +173,7 @@ impl<'a> Reader<'a> {
     }
 
     fn unsupported(&self, what: impl Into<String>) -> FormatError {
-        FormatError::Unsupported {
-            path: self.path.to_path_buf(),
-            what: what.into(),
-        }
+        FormatError::Unsupported { path: self.path.to_path_buf(), what: what.into() }
     }
 
     /// Reads a u64-length-prefixed UTF-8 string of at most `cap` bytes.
@@ -208,9 +181,7 @@ impl<'a> Reader<'a> {
         let len = self.u64(&|| format!("{} string length", field()))?;
         self.cap(len, cap, &|| format!("{} string length", field()))?;
         let start = self.pos;
-        let bytes = self.take(len, &|| {
-            format!("{} string bytes ({len} declared)", field())
-        })?;
+        let bytes = self.take(len, &|| format!("{} string bytes ({len} declared)", field()))?;
         match std::str::from_utf8(bytes) {
             Ok(s) => Ok(s.to_owned()),
             Err(e) => {
@@ -222,12 +193,8 @@ impl<'a> Reader<'a> {
 
     fn value_type(&mut self, field: Field) -> Result<GgufValueType, FormatError> {
         let id = self.u32(field)?;
-        GgufValueType::from_id(id).ok_or_else(|| {
-            self.invalid(
-                field(),
-                format!("unknown value type id {id} (valid ids are 0..=12)"),
-            )
-        })
+        GgufValueType::from_id(id)
+            .ok_or_else(|| self.invalid(field(), format!("unknown value type id {id} (valid ids are 0..=12)")))
     }
 
     fn metadata(&mut self, n_kv: u64) -> Result<Metadata, FormatError> {
@@ -244,10 +211,9 @@ impl<'a> Reader<'a> {
             }
             if let Some(&first) = index.get(&key) {
                 self.pos = key_start;
-                return Err(self.invalid(
-                    format!("metadata key '{key}'"),
-                    format!("duplicate key (kv #{first} and kv #{i})"),
-                ));
+                return Err(
+                    self.invalid(format!("metadata key '{key}'"), format!("duplicate key (kv #{first} and kv #{i})"))
+                );
             }
             let field = || format!("metadata '{key}'");
             let ty = self.value_type(&|| format!("{} value type", field()))?;
@@ -259,12 +225,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads one value of type `ty`; `depth` counts the arrays enclosing it.
-    fn value(
-        &mut self,
-        ty: GgufValueType,
-        depth: usize,
-        field: Field,
-    ) -> Result<GgufValue, FormatError> {
+    fn value(&mut self, ty: GgufValueType, depth: usize, field: Field) -> Result<GgufValue, FormatError> {
         if depth == 0 {
             // Top-level values count against the budget here; array elements are counted
             // in bulk by their array.
@@ -289,9 +250,7 @@ impl<'a> Reader<'a> {
                     // The spec: "Anything else is invalid" (ggml/docs/gguf.md, GGUF_TYPE_BOOL).
                     other => {
                         self.pos = self.pos.saturating_sub(1);
-                        return Err(
-                            self.invalid(field(), format!("bool byte is {other}, not 0 or 1"))
-                        );
+                        return Err(self.invalid(field(), format!("bool byte is {other}, not 0 or 1")));
                     }
                 }
             }
@@ -308,10 +267,7 @@ impl<'a> Reader<'a> {
             }
             None => Err(FormatError::TooLarge {
                 path: self.path.to_path_buf(),
-                field: format!(
-                    "{} (metadata values in the file, counting array elements)",
-                    field()
-                ),
+                field: format!("{} (metadata values in the file, counting array elements)", field()),
                 value: (MAX_METADATA_VALUES - self.values_left).saturating_add(n),
                 limit: MAX_METADATA_VALUES,
             }),
@@ -330,9 +286,7 @@ impl<'a> Reader<'a> {
         }
         let elem = self.value_type(&|| format!("{} array element type", field()))?;
         let count = self.u64(&|| format!("{} array length", field()))?;
-        self.cap(count, MAX_ARRAY_LEN, &|| {
-            format!("{} array length", field())
-        })?;
+        self.cap(count, MAX_ARRAY_LEN, &|| format!("{} array length", field()))?;
         // count <= 2^24 and min size <= 12: no saturation in practice.
         let needed = count.saturating_mul(elem.min_encoded_size());
         if needed > self.remaining() {
@@ -351,10 +305,7 @@ impl<'a> Reader<'a> {
         Ok(GgufValue::Array(elem, items))
     }
 
-    fn tensor_infos(
-        &mut self,
-        n_tensors: u64,
-    ) -> Result<(Vec<GgufTensorInfo>, HashMap<String, usize>), FormatError> {
+    fn tensor_infos(&mut self, n_tensors: u64) -> Result<(Vec<GgufTensorInfo>, HashMap<String, usize>), FormatError> {
         let capacity = usize::try_from(n_tensors).unwrap_or(0);
         let mut tensors = Vec::with_capacity(capacity);
         let mut index: HashMap<String, usize> = HashMap::with_capacity(capacity);
@@ -401,10 +352,7 @@ impl<'a> Reader<'a> {
             n_elements = match n_elements.checked_mul(dim) {
                 Some(n) if i64::try_from(n).is_ok() && usize::try_from(n).is_ok() => n,
                 _ => {
-                    return Err(self.invalid(
-                        field(),
-                        format!("element count overflows (dims so far {dims:?} x {dim})"),
-                    ))
+                    return Err(self.invalid(field(), format!("element count overflows (dims so far {dims:?} x {dim})")))
                 }
             };
             dims.push(dim);
@@ -427,17 +375,11 @@ impl<'a> Reader<'a> {
                 format!("{inner} is not a multiple of the {ggml_type} block size {block}"),
             ));
         }
-        let size_bytes = ggml_type.bytes_for(n_elements).ok_or_else(|| {
-            self.invalid(format!("tensor '{name}' size"), "byte size overflows u64")
-        })?;
+        let size_bytes = ggml_type
+            .bytes_for(n_elements)
+            .ok_or_else(|| self.invalid(format!("tensor '{name}' size"), "byte size overflows u64"))?;
         let offset = self.u64(&|| format!("tensor '{name}' offset"))?;
-        Ok(GgufTensorInfo {
-            name: name.to_string(),
-            dims,
-            ggml_type,
-            offset,
-            size_bytes,
-        })
+        Ok(GgufTensorInfo { name: name.to_string(), dims, ggml_type, offset, size_bytes })
     }
 }
 
@@ -465,27 +407,15 @@ fn alignment(
     index: &HashMap<String, usize>,
 ) -> Result<u64, FormatError> {
     const KEY: &str = "general.alignment";
-    let Some(value) = index
-        .get(KEY)
-        .and_then(|&i| metadata.get(i))
-        .map(|(_, v)| v)
-    else {
+    let Some(value) = index.get(KEY).and_then(|&i| metadata.get(i)).map(|(_, v)| v) else {
         return Ok(DEFAULT_ALIGNMENT);
     };
     let GgufValue::U32(a) = *value else {
-        return Err(FormatError::invalid(
-            path,
-            KEY,
-            format!("must be a u32, found {}", value.type_description()),
-        ));
+        return Err(FormatError::invalid(path, KEY, format!("must be a u32, found {}", value.type_description())));
     };
     let a = u64::from(a);
     if a == 0 || !a.is_power_of_two() {
-        return Err(FormatError::invalid(
-            path,
-            KEY,
-            format!("{a} is not a non-zero power of two"),
-        ));
+        return Err(FormatError::invalid(path, KEY, format!("{a} is not a non-zero power of two")));
     }
     if a > MAX_ALIGNMENT {
         return Err(FormatError::TooLarge {
@@ -513,18 +443,13 @@ fn check_tensor_ranges(
             return Err(FormatError::invalid(
                 path,
                 field(),
-                format!(
-                    "{} is not a multiple of the alignment {alignment}",
-                    t.offset
-                ),
+                format!("{} is not a multiple of the alignment {alignment}", t.offset),
             ));
         }
         let rel_end = t.offset.checked_add(t.size_bytes);
         let abs_end = rel_end.and_then(|e| data_offset.checked_add(e));
         match (rel_end, abs_end) {
-            (Some(rel_end), Some(abs_end)) if abs_end <= file_len => {
-                ranges.push((t.offset, rel_end, i))
-            }
+            (Some(rel_end), Some(abs_end)) if abs_end <= file_len => ranges.push((t.offset, rel_end, i)),
             _ => {
                 return Err(FormatError::Truncated {
                     path: path.to_path_buf(),
@@ -549,10 +474,7 @@ fn check_tensor_ranges(
                 return Err(FormatError::invalid(
                     path,
                     format!("tensor '{}' offset", name(i1)),
-                    format!(
-                        "data [{s1}, {e1}) overlaps tensor '{}' at [{s0}, {e0}) (data-section offsets)",
-                        name(i0)
-                    ),
+                    format!("data [{s1}, {e1}) overlaps tensor '{}' at [{s0}, {e0}) (data-section offsets)", name(i0)),
                 ));
             }
         }

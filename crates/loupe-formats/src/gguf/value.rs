@@ -60,9 +60,7 @@ impl GgufValueType {
 
     /// The type for an on-disk tag, or `None` for tags 13 and above.
     pub fn from_id(id: u32) -> Option<GgufValueType> {
-        usize::try_from(id)
-            .ok()
-            .and_then(|i| GgufValueType::ALL.get(i).copied())
+        usize::try_from(id).ok().and_then(|i| GgufValueType::ALL.get(i).copied())
     }
 
     /// A short lowercase name (`u32`, `string`, `array`...).
@@ -242,11 +240,7 @@ impl fmt::Display for GgufValue {
                 if summarized {
                     write!(f, "{} x {elem}: ", items.len())?;
                 }
-                let shown = if summarized {
-                    DISPLAY_ARRAY_HEAD
-                } else {
-                    items.len()
-                };
+                let shown = if summarized { DISPLAY_ARRAY_HEAD } else { items.len() };
                 for (i, item) in items.iter().take(shown).enumerate() {
                     if i > 0 {
                         f.write_str(", ")?;
@@ -285,28 +279,16 @@ mod tests {
             .map(|s| GgufValue::String((*s).to_string()))
             .collect();
         let v = GgufValue::Array(GgufValueType::String, tokens);
-        assert_eq!(
-            v.to_string(),
-            r#"[49152 x string: "<|endoftext|>", "<|im_start|>", "<|im_end|>", ...]"#
-        );
-        let short = GgufValue::Array(
-            GgufValueType::I32,
-            vec![GgufValue::I32(1), GgufValue::I32(-2)],
-        );
+        assert_eq!(v.to_string(), r#"[49152 x string: "<|endoftext|>", "<|im_start|>", "<|im_end|>", ...]"#);
+        let short = GgufValue::Array(GgufValueType::I32, vec![GgufValue::I32(1), GgufValue::I32(-2)]);
         assert_eq!(short.to_string(), "[1, -2]");
-        assert_eq!(
-            GgufValue::String("a\"b\n".into()).to_string(),
-            r#""a\"b\n""#
-        );
+        assert_eq!(GgufValue::String("a\"b\n".into()).to_string(), r#""a\"b\n""#);
         assert_eq!(GgufValue::F32(1e-5).to_string(), "0.00001");
     }
 
     #[test]
     fn type_description_names_nesting() {
-        let nested = GgufValue::Array(
-            GgufValueType::Array,
-            vec![GgufValue::Array(GgufValueType::I32, vec![])],
-        );
+        let nested = GgufValue::Array(GgufValueType::Array, vec![GgufValue::Array(GgufValueType::I32, vec![])]);
         assert_eq!(nested.type_description(), "array of array of i32");
         assert_eq!(GgufValue::Bool(true).type_description(), "bool");
     }

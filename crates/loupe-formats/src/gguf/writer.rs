@@ -9,9 +9,7 @@ use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::limits::{
-    DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_TENSOR_NAME_LEN,
-};
+use super::limits::{DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_TENSOR_NAME_LEN};
 use super::{GgufValue, GGUF_MAGIC};
 use crate::{FormatError, GgmlType};
 
@@ -44,11 +42,7 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> GgufWriter {
-        GgufWriter {
-            label: PathBuf::from("<gguf writer>"),
-            metadata: Vec::new(),
-            tensors: Vec::new(),
-        }
+        GgufWriter { label: PathBuf::from("<gguf writer>"), metadata: Vec::new(), tensors: Vec::new() }
     }
 
     /// Names the output in error messages.
@@ -78,22 +72,12 @@ impl GgufWriter {
         ggml_type: GgmlType,
         data: Vec<u8>,
     ) -> &mut GgufWriter {
-        self.tensors.push(PendingTensor {
-            name: name.into(),
-            dims: dims.to_vec(),
-            ggml_type,
-            data,
-        });
+        self.tensors.push(PendingTensor { name: name.into(), dims: dims.to_vec(), ggml_type, data });
         self
     }
 
     /// Adds an f32 tensor from values (dims in ggml order).
-    pub fn add_f32_tensor(
-        &mut self,
-        name: impl Into<String>,
-        dims: &[u64],
-        values: &[f32],
-    ) -> &mut GgufWriter {
+    pub fn add_f32_tensor(&mut self, name: impl Into<String>, dims: &[u64], values: &[f32]) -> &mut GgufWriter {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.add_tensor(name, dims, GgmlType::F32, data)
     }
@@ -108,18 +92,14 @@ impl GgufWriter {
             Some((_, GgufValue::U32(a))) => {
                 let a = u64::from(*a);
                 if a == 0 || !a.is_power_of_two() || a > MAX_ALIGNMENT {
-                    Err(self.invalid(
-                        "general.alignment",
-                        format!("{a} is not a power of two in 1..={MAX_ALIGNMENT}"),
-                    ))
+                    Err(self.invalid("general.alignment", format!("{a} is not a power of two in 1..={MAX_ALIGNMENT}")))
                 } else {
                     Ok(a)
                 }
             }
-            Some((_, v)) => Err(self.invalid(
-                "general.alignment",
-                format!("must be a u32, found {}", v.type_description()),
-            )),
+            Some((_, v)) => {
+                Err(self.invalid("general.alignment", format!("must be a u32, found {}", v.type_description())))
+            }
         }
     }
 
@@ -129,26 +109,19 @@ impl GgufWriter {
             if key.is_empty() || !keys.insert(key.as_str()) {
                 return Err(self.invalid(format!("metadata '{key}'"), "empty or duplicate key"));
             }
-            check_value(value, 0)
-                .map_err(|reason| self.invalid(format!("metadata '{key}'"), reason))?;
+            check_value(value, 0).map_err(|reason| self.invalid(format!("metadata '{key}'"), reason))?;
         }
         let mut names = HashSet::new();
         for t in &self.tensors {
             let field = || format!("tensor '{}'", t.name);
             if t.name.is_empty() || t.name.len() as u64 > MAX_TENSOR_NAME_LEN {
-                return Err(self.invalid(
-                    field(),
-                    format!("name must be 1..={MAX_TENSOR_NAME_LEN} bytes"),
-                ));
+                return Err(self.invalid(field(), format!("name must be 1..={MAX_TENSOR_NAME_LEN} bytes")));
             }
             if !names.insert(t.name.as_str()) {
                 return Err(self.invalid(field(), "duplicate tensor name"));
             }
             if t.dims.is_empty() || t.dims.len() > MAX_DIMS as usize || t.dims.contains(&0) {
-                return Err(self.invalid(
-                    field(),
-                    format!("dims {:?} must be 1..=4 values >= 1", t.dims),
-                ));
+                return Err(self.invalid(field(), format!("dims {:?} must be 1..=4 values >= 1", t.dims)));
             }
             let block = t.ggml_type.block_size() as u64;
             let expected = t
@@ -162,21 +135,13 @@ impl GgufWriter {
                 Some(n) => {
                     return Err(self.invalid(
                         field(),
-                        format!(
-                            "{} data bytes given, {} x {:?} needs {n}",
-                            t.data.len(),
-                            t.ggml_type,
-                            t.dims
-                        ),
+                        format!("{} data bytes given, {} x {:?} needs {n}", t.data.len(), t.ggml_type, t.dims),
                     ))
                 }
                 None => {
                     return Err(self.invalid(
                         field(),
-                        format!(
-                            "dims {:?} overflow or dims[0] is not a multiple of {block}",
-                            t.dims
-                        ),
+                        format!("dims {:?} overflow or dims[0] is not a multiple of {block}", t.dims),
                     ))
                 }
             }
@@ -220,20 +185,14 @@ impl GgufWriter {
     /// Serializes the file to `w`.
     pub fn write_to(&self, w: &mut impl Write) -> Result<(), FormatError> {
         let bytes = self.to_bytes()?;
-        w.write_all(&bytes).map_err(|source| FormatError::Io {
-            path: self.label.clone(),
-            source,
-        })
+        w.write_all(&bytes).map_err(|source| FormatError::Io { path: self.label.clone(), source })
     }
 
     /// Serializes the file to `path` (created or truncated).
     pub fn write_to_path(&self, path: impl AsRef<Path>) -> Result<(), FormatError> {
         let path = path.as_ref();
         let bytes = self.to_bytes()?;
-        std::fs::write(path, bytes).map_err(|source| FormatError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        std::fs::write(path, bytes).map_err(|source| FormatError::Io { path: path.to_path_buf(), source })
     }
 }
 
@@ -245,10 +204,7 @@ fn check_value(value: &GgufValue, depth: usize) -> Result<(), String> {
         }
         for (i, item) in items.iter().enumerate() {
             if item.value_type() != *elem {
-                return Err(format!(
-                    "array declared as {elem} holds a {} at [{i}]",
-                    item.value_type()
-                ));
+                return Err(format!("array declared as {elem} holds a {} at [{i}]", item.value_type()));
             }
             check_value(item, depth + 1)?;
         }
@@ -308,10 +264,7 @@ mod tests {
             "nested",
             GgufValue::Array(
                 GgufValueType::Array,
-                vec![GgufValue::Array(
-                    GgufValueType::I16,
-                    vec![GgufValue::I16(-3)],
-                )],
+                vec![GgufValue::Array(GgufValueType::I16, vec![GgufValue::I16(-3)])],
             ),
         );
         w.add_f32_tensor("a", &[3], &[1.0, 2.0, 3.0]);
@@ -325,10 +278,7 @@ mod tests {
         let q = f.tensor("q").expect("q");
         assert_eq!((q.offset, q.size_bytes), (64, 68));
         assert_eq!(f.tensor_data(q), &[7u8; 68][..]);
-        assert_eq!(
-            f.tensor_bytes("a").ok(),
-            Some(&[0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64][..])
-        );
+        assert_eq!(f.tensor_bytes("a").ok(), Some(&[0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64][..]));
         assert_eq!(f.get("nested"), w.metadata.get(2).map(|(_, v)| v));
     }
 
@@ -337,16 +287,10 @@ mod tests {
         let mut w = GgufWriter::new().with_label("out.gguf");
         w.add_tensor("t", &[3], GgmlType::F32, vec![0; 11]);
         let err = w.to_bytes().unwrap_err().to_string();
-        assert!(
-            err.contains("out.gguf") && err.contains("tensor 't'") && err.contains("needs 12"),
-            "{err}"
-        );
+        assert!(err.contains("out.gguf") && err.contains("tensor 't'") && err.contains("needs 12"), "{err}");
 
         let mut w = GgufWriter::new();
-        w.add(
-            "a",
-            GgufValue::Array(GgufValueType::U8, vec![GgufValue::I8(1)]),
-        );
+        w.add("a", GgufValue::Array(GgufValueType::U8, vec![GgufValue::I8(1)]));
         assert!(w.to_bytes().unwrap_err().to_string().contains("holds a i8"));
 
         let mut w = GgufWriter::new();

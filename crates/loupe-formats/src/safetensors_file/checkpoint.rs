@@ -66,12 +66,7 @@ impl SafetensorsCheckpoint {
     /// A checkpoint of one file.
     pub fn from_file(file: SafetensorsFile) -> Result<SafetensorsCheckpoint, FormatError> {
         let lookup = file.names().map(|n| (n.to_string(), 0)).collect();
-        Ok(SafetensorsCheckpoint {
-            index_path: None,
-            shards: vec![file],
-            index_metadata: Value::Null,
-            lookup,
-        })
+        Ok(SafetensorsCheckpoint { index_path: None, shards: vec![file], index_metadata: Value::Null, lookup })
     }
 
     /// Opens the shards listed by an index file and checks that they agree with it.
@@ -84,8 +79,7 @@ impl SafetensorsCheckpoint {
         let mut shards = Vec::with_capacity(shard_names.len());
         let mut shard_of_name = HashMap::with_capacity(shard_names.len());
         for name in shard_names {
-            check_shard_name(name)
-                .map_err(|reason| invalid(&format!("weight_map shard \"{name}\""), reason))?;
+            check_shard_name(name).map_err(|reason| invalid(&format!("weight_map shard \"{name}\""), reason))?;
             shard_of_name.insert(name, shards.len());
             shards.push(SafetensorsFile::open(dir.join(name))?);
         }
@@ -93,10 +87,7 @@ impl SafetensorsCheckpoint {
         let mut lookup = HashMap::with_capacity(weight_map.len());
         for (tensor, shard) in &weight_map {
             let Some(&i) = shard_of_name.get(shard.as_str()) else {
-                return Err(invalid(
-                    &format!("weight_map '{tensor}'"),
-                    "shard was not opened".into(),
-                ));
+                return Err(invalid(&format!("weight_map '{tensor}'"), "shard was not opened".into()));
             };
             if shards.get(i).and_then(|s| s.tensor(tensor)).is_none() {
                 return Err(invalid(
@@ -111,9 +102,7 @@ impl SafetensorsCheckpoint {
                 if lookup.get(name) != Some(&i) {
                     let listed = weight_map
                         .get(name)
-                        .map_or("does not list it".to_string(), |s| {
-                            format!("lists it in shard {s}")
-                        });
+                        .map_or("does not list it".to_string(), |s| format!("lists it in shard {s}"));
                     return Err(FormatError::invalid(
                         &shard.path,
                         format!("tensor '{name}'"),
@@ -122,12 +111,7 @@ impl SafetensorsCheckpoint {
                 }
             }
         }
-        Ok(SafetensorsCheckpoint {
-            index_path: Some(index_path.to_path_buf()),
-            shards,
-            index_metadata,
-            lookup,
-        })
+        Ok(SafetensorsCheckpoint { index_path: Some(index_path.to_path_buf()), shards, index_metadata, lookup })
     }
 
     /// Number of tensors.
@@ -151,10 +135,7 @@ impl SafetensorsCheckpoint {
     }
 
     /// Like [`Self::tensor`], or an error naming the checkpoint and tensor.
-    pub fn require_tensor(
-        &self,
-        name: &str,
-    ) -> Result<(&SafetensorsFile, &SafetensorsTensorInfo), FormatError> {
+    pub fn require_tensor(&self, name: &str) -> Result<(&SafetensorsFile, &SafetensorsTensorInfo), FormatError> {
         self.tensor(name).ok_or_else(|| FormatError::Missing {
             path: self.label(),
             what: "tensor",
@@ -192,13 +173,8 @@ impl SafetensorsCheckpoint {
 }
 
 /// Reads `weight_map` (tensor -> shard file name) and `metadata` from an index file.
-fn read_index(
-    path: &Path,
-) -> Result<(std::collections::BTreeMap<String, String>, Value), FormatError> {
-    let io = |source| FormatError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+fn read_index(path: &Path) -> Result<(std::collections::BTreeMap<String, String>, Value), FormatError> {
+    let io = |source| FormatError::Io { path: path.to_path_buf(), source };
     let len = std::fs::metadata(path).map_err(io)?.len();
     if len > MAX_INDEX_LEN {
         return Err(FormatError::TooLarge {
@@ -218,8 +194,7 @@ pub(crate) fn parse_index(
     bytes: &[u8],
 ) -> Result<(std::collections::BTreeMap<String, String>, Value), FormatError> {
     let invalid = |field: &str, reason: String| FormatError::invalid(path, field, reason);
-    let UniqueKeys(root) =
-        serde_json::from_slice(bytes).map_err(|e| invalid("index JSON", e.to_string()))?;
+    let UniqueKeys(root) = serde_json::from_slice(bytes).map_err(|e| invalid("index JSON", e.to_string()))?;
     let Value::Object(mut root) = root else {
         return Err(invalid("index JSON", "top level is not an object".into()));
     };
@@ -230,10 +205,7 @@ pub(crate) fn parse_index(
     let mut weight_map = std::collections::BTreeMap::new();
     for (tensor, shard) in map {
         let Value::String(shard) = shard else {
-            return Err(invalid(
-                &format!("weight_map '{tensor}'"),
-                "shard is not a string".into(),
-            ));
+            return Err(invalid(&format!("weight_map '{tensor}'"), "shard is not a string".into()));
         };
         weight_map.insert(tensor, shard);
     }
@@ -262,17 +234,7 @@ mod tests {
         for ok in ["model-00001-of-00002.safetensors", "a.b", "..x"] {
             assert!(check_shard_name(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../x.safetensors",
-            "/etc/passwd",
-            "a/b",
-            "a\\b",
-            "x\0y",
-            "./x",
-        ] {
+        for bad in ["", ".", "..", "../x.safetensors", "/etc/passwd", "a/b", "a\\b", "x\0y", "./x"] {
             assert!(check_shard_name(bad).is_err(), "{bad:?}");
         }
     }
@@ -285,18 +247,9 @@ mod tests {
         assert_eq!(map.len(), 2);
         assert_eq!(meta["total_size"], 8);
         let dup = br#"{"weight_map":{"a":"s1","a":"s2"}}"#;
-        assert!(parse_index(p, dup)
-            .unwrap_err()
-            .to_string()
-            .contains("duplicate key \"a\""));
-        assert!(parse_index(p, br#"{"metadata":{}}"#)
-            .unwrap_err()
-            .to_string()
-            .contains("weight_map"));
-        assert!(parse_index(p, br#"{"weight_map":{"a":1}}"#)
-            .unwrap_err()
-            .to_string()
-            .contains("'a'"));
+        assert!(parse_index(p, dup).unwrap_err().to_string().contains("duplicate key \"a\""));
+        assert!(parse_index(p, br#"{"metadata":{}}"#).unwrap_err().to_string().contains("weight_map"));
+        assert!(parse_index(p, br#"{"weight_map":{"a":1}}"#).unwrap_err().to_string().contains("'a'"));
         assert!(parse_index(p, b"[").is_err());
     }
 }

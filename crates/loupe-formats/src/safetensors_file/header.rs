@@ -38,8 +38,7 @@ pub(super) fn validate(
     data_len: usize,
 ) -> Result<(Vec<Entry>, BTreeMap<String, String>), FormatError> {
     let invalid = |field: &str, reason: String| FormatError::invalid(path, field, reason);
-    let UniqueKeys(root) =
-        serde_json::from_slice(json).map_err(|e| invalid("header JSON", e.to_string()))?;
+    let UniqueKeys(root) = serde_json::from_slice(json).map_err(|e| invalid("header JSON", e.to_string()))?;
     let Value::Object(root) = root else {
         return Err(invalid("header JSON", "top level is not an object".into()));
     };
@@ -52,10 +51,7 @@ pub(super) fn validate(
             };
             for (k, v) in map {
                 let Value::String(s) = v else {
-                    return Err(invalid(
-                        &format!("__metadata__ '{k}'"),
-                        "value is not a string".into(),
-                    ));
+                    return Err(invalid(&format!("__metadata__ '{k}'"), "value is not a string".into()));
                 };
                 metadata.insert(k, s);
             }
@@ -75,13 +71,7 @@ fn entry(path: &Path, name: String, value: Value) -> Result<Entry, FormatError> 
     };
     let get = |key: &str| map.get(key).ok_or_else(|| err(key, "is missing".into()));
     let dtype: Dtype = serde_json::from_value(get("dtype")?.clone()).map_err(|e| {
-        err(
-            "dtype",
-            format!(
-                "{e} (value {})",
-                map.get("dtype").map_or(String::new(), |v| v.to_string())
-            ),
-        )
+        err("dtype", format!("{e} (value {})", map.get("dtype").map_or(String::new(), |v| v.to_string())))
     })?;
     let usizes = |key: &str| -> Result<Vec<usize>, FormatError> {
         let Value::Array(items) = get(key)? else {
@@ -99,16 +89,10 @@ fn entry(path: &Path, name: String, value: Value) -> Result<Entry, FormatError> 
     let shape = usizes("shape")?;
     let offsets = usizes("data_offsets")?;
     let [start, end] = offsets[..] else {
-        return Err(err(
-            "data_offsets",
-            format!("has {} values, not 2", offsets.len()),
-        ));
+        return Err(err("data_offsets", format!("has {} values, not 2", offsets.len())));
     };
     if end < start {
-        return Err(err(
-            "data_offsets",
-            format!("end {end} is before start {start}"),
-        ));
+        return Err(err("data_offsets", format!("end {end} is before start {start}")));
     }
     let n_elements = shape
         .iter()
@@ -118,28 +102,16 @@ fn entry(path: &Path, name: String, value: Value) -> Result<Entry, FormatError> 
         .checked_mul(dtype.bitsize())
         .ok_or_else(|| err("shape", format!("{shape:?} x {dtype} bit count overflows")))?;
     if bits % 8 != 0 {
-        return Err(err(
-            "shape",
-            format!("{shape:?} x {dtype} is not a whole number of bytes"),
-        ));
+        return Err(err("shape", format!("{shape:?} x {dtype} is not a whole number of bytes")));
     }
     let expected = bits / 8;
     if end - start != expected {
         return Err(err(
             "data_offsets",
-            format!(
-                "[{start}, {end}) spans {} bytes but shape {shape:?} x {dtype} needs {expected}",
-                end - start
-            ),
+            format!("[{start}, {end}) spans {} bytes but shape {shape:?} x {dtype} needs {expected}", end - start),
         ));
     }
-    Ok(Entry {
-        name,
-        dtype,
-        shape,
-        start,
-        end,
-    })
+    Ok(Entry { name, dtype, shape, start, end })
 }
 
 fn check_ranges(path: &Path, entries: &mut [Entry], data_len: usize) -> Result<(), FormatError> {
@@ -149,23 +121,14 @@ fn check_ranges(path: &Path, entries: &mut [Entry], data_len: usize) -> Result<(
     for e in entries.iter() {
         let field = format!("tensor '{}' data_offsets", e.name);
         if e.start < covered {
-            let other = prev.map_or(String::from("?"), |p| {
-                format!("'{}' [{}, {})", p.name, p.start, p.end)
-            });
-            return Err(FormatError::invalid(
-                path,
-                field,
-                format!("[{}, {}) overlaps tensor {other}", e.start, e.end),
-            ));
+            let other = prev.map_or(String::from("?"), |p| format!("'{}' [{}, {})", p.name, p.start, p.end));
+            return Err(FormatError::invalid(path, field, format!("[{}, {}) overlaps tensor {other}", e.start, e.end)));
         }
         if e.start > covered {
             return Err(FormatError::invalid(
                 path,
                 field,
-                format!(
-                    "leaves a gap: starts at {} but the previous data ends at {covered}",
-                    e.start
-                ),
+                format!("leaves a gap: starts at {} but the previous data ends at {covered}", e.start),
             ));
         }
         covered = e.end;
@@ -245,9 +208,7 @@ mod tests {
     use super::*;
 
     fn check(json: &str, data_len: usize) -> Result<Vec<Entry>, String> {
-        validate(Path::new("t.safetensors"), json.as_bytes(), data_len)
-            .map(|(e, _)| e)
-            .map_err(|e| e.to_string())
+        validate(Path::new("t.safetensors"), json.as_bytes(), data_len).map(|(e, _)| e).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -256,10 +217,7 @@ mod tests {
                        "a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
                        "__metadata__":{"format":"pt"}}"#;
         let entries = check(json, 12).expect("valid");
-        assert_eq!(
-            entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-            ["a", "b"]
-        );
+        assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     }
 
     #[test]
@@ -268,30 +226,20 @@ mod tests {
                       "a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
         assert!(check(dup, 4).unwrap_err().contains("duplicate key \"a\""));
         let dup_meta = r#"{"__metadata__":{"k":"1","k":"2"}}"#;
-        assert!(check(dup_meta, 0)
-            .unwrap_err()
-            .contains("duplicate key \"k\""));
+        assert!(check(dup_meta, 0).unwrap_err().contains("duplicate key \"k\""));
         let dup_field = r#"{"a":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}}"#;
-        assert!(check(dup_field, 4)
-            .unwrap_err()
-            .contains("duplicate key \"dtype\""));
+        assert!(check(dup_field, 4).unwrap_err().contains("duplicate key \"dtype\""));
     }
 
     #[test]
     fn names_the_tensor_and_field() {
         let bad_len = r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
         let e = check(bad_len, 8).unwrap_err();
-        assert!(
-            e.contains("tensor 'w' data_offsets") && e.contains("needs 12"),
-            "{e}"
-        );
-        let overflow =
-            r#"{"w":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,0]}}"#;
+        assert!(e.contains("tensor 'w' data_offsets") && e.contains("needs 12"), "{e}");
+        let overflow = r#"{"w":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,0]}}"#;
         assert!(check(overflow, 0).unwrap_err().contains("tensor 'w' shape"));
         let bad_dtype = r#"{"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#;
-        assert!(check(bad_dtype, 1)
-            .unwrap_err()
-            .contains("tensor 'w' dtype"));
+        assert!(check(bad_dtype, 1).unwrap_err().contains("tensor 'w' dtype"));
         let gap = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#;
         assert!(check(gap, 2).unwrap_err().contains("gap"));
         let short = r#"{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;

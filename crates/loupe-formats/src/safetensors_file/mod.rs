@@ -49,10 +49,7 @@ pub struct SafetensorsTensorInfo {
 impl SafetensorsTensorInfo {
     /// Number of elements (checked not to overflow at open).
     pub fn n_elements(&self) -> usize {
-        self.shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .unwrap_or(usize::MAX)
+        self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX)
     }
 }
 
@@ -79,25 +76,16 @@ impl SafetensorsFile {
     }
 
     /// Validates an in-memory safetensors image; `label` names it in errors.
-    pub fn from_bytes(
-        label: impl Into<PathBuf>,
-        bytes: Vec<u8>,
-    ) -> Result<SafetensorsFile, FormatError> {
+    pub fn from_bytes(label: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<SafetensorsFile, FormatError> {
         SafetensorsFile::from_shared(label.into(), SharedBytes::from_vec(bytes))
     }
 
     /// Validates bytes that are already shared.
     pub fn from_shared(path: PathBuf, bytes: SharedBytes) -> Result<SafetensorsFile, FormatError> {
         let file_len = bytes.len() as u64;
-        let prefix: [u8; LEN_PREFIX] = bytes
-            .get(..LEN_PREFIX)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| FormatError::Truncated {
-                path: path.clone(),
-                field: "header length".into(),
-                offset: 0,
-                file_len,
-            })?;
+        let prefix: [u8; LEN_PREFIX] = bytes.get(..LEN_PREFIX).and_then(|b| b.try_into().ok()).ok_or_else(|| {
+            FormatError::Truncated { path: path.clone(), field: "header length".into(), offset: 0, file_len }
+        })?;
         let header_len = u64::from_le_bytes(prefix);
         if header_len > MAX_HEADER_LEN {
             return Err(FormatError::TooLarge {
@@ -127,9 +115,9 @@ impl SafetensorsFile {
         let mut tensors = Vec::with_capacity(entries.len());
         let mut index = HashMap::with_capacity(entries.len());
         for e in entries {
-            let agrees = crate_meta.info(&e.name).is_some_and(|i| {
-                i.dtype == e.dtype && i.shape == e.shape && i.data_offsets == (e.start, e.end)
-            });
+            let agrees = crate_meta
+                .info(&e.name)
+                .is_some_and(|i| i.dtype == e.dtype && i.shape == e.shape && i.data_offsets == (e.start, e.end));
             if !agrees {
                 return Err(FormatError::invalid(
                     &path,
@@ -145,14 +133,7 @@ impl SafetensorsFile {
                 data_offsets: (e.start, e.end),
             });
         }
-        Ok(SafetensorsFile {
-            path,
-            tensors,
-            metadata,
-            data_offset,
-            bytes,
-            index,
-        })
+        Ok(SafetensorsFile { path, tensors, metadata, data_offset, bytes, index })
     }
 
     /// Tensor names in data order.
@@ -211,11 +192,7 @@ impl SafetensorsFile {
 }
 
 /// Widens F32/F16/BF16 little-endian bytes to f32.
-fn decode_f32(
-    path: &Path,
-    info: &SafetensorsTensorInfo,
-    bytes: &[u8],
-) -> Result<Vec<f32>, FormatError> {
+fn decode_f32(path: &Path, info: &SafetensorsTensorInfo, bytes: &[u8]) -> Result<Vec<f32>, FormatError> {
     fn words<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
         bytes.chunks_exact(N).filter_map(|c| c.try_into().ok())
     }
@@ -224,19 +201,12 @@ fn decode_f32(
     }
     let values: Vec<f32> = match info.dtype {
         Dtype::F32 => words::<4>(bytes).map(f32::from_le_bytes).collect(),
-        Dtype::F16 => pairs(bytes)
-            .map(|b| half::f16::from_bits(b).to_f32())
-            .collect(),
-        Dtype::BF16 => pairs(bytes)
-            .map(|b| half::bf16::from_bits(b).to_f32())
-            .collect(),
+        Dtype::F16 => pairs(bytes).map(|b| half::f16::from_bits(b).to_f32()).collect(),
+        Dtype::BF16 => pairs(bytes).map(|b| half::bf16::from_bits(b).to_f32()).collect(),
         other => {
             return Err(FormatError::Unsupported {
                 path: path.to_path_buf(),
-                what: format!(
-                    "conversion to f32 of tensor '{}' with dtype {other} (F32, F16, BF16 only)",
-                    info.name
-                ),
+                what: format!("conversion to f32 of tensor '{}' with dtype {other} (F32, F16, BF16 only)", info.name),
             })
         }
     };
@@ -245,11 +215,7 @@ fn decode_f32(
         return Err(FormatError::invalid(
             path,
             format!("tensor '{}'", info.name),
-            format!(
-                "{} values decoded, shape needs {}",
-                values.len(),
-                info.n_elements()
-            ),
+            format!("{} values decoded, shape needs {}", values.len(), info.n_elements()),
         ));
     }
     Ok(values)
@@ -263,16 +229,10 @@ pub(crate) fn checkpoint_index_for_fuzzing(bytes: &[u8]) -> bool {
 
 /// Serializes tensors into a safetensors image, for tests and fuzzing. Entries are
 /// `(name, dtype, shape, bytes)` and are laid out in the order given.
-pub fn write_safetensors(
-    tensors: &[(&str, Dtype, &[usize], &[u8])],
-    metadata: &BTreeMap<String, String>,
-) -> Vec<u8> {
+pub fn write_safetensors(tensors: &[(&str, Dtype, &[usize], &[u8])], metadata: &BTreeMap<String, String>) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
-        let meta = metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone().into()))
-            .collect();
+        let meta = metadata.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
         header.insert("__metadata__".into(), serde_json::Value::Object(meta));
     }
     let mut offset = 0usize;
@@ -303,18 +263,10 @@ mod tests {
 
     #[test]
     fn reads_and_converts_float_types() {
-        let f32s: Vec<u8> = [1.5f32, -2.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let f16s: Vec<u8> = [half::f16::from_f32(0.5)]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let bf16s: Vec<u8> = [half::bf16::from_f32(-3.0), half::bf16::from_f32(8.0)]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let f32s: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f16s: Vec<u8> = [half::f16::from_f32(0.5)].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bf16s: Vec<u8> =
+            [half::bf16::from_f32(-3.0), half::bf16::from_f32(8.0)].iter().flat_map(|v| v.to_le_bytes()).collect();
         let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
         let bytes = write_safetensors(
             &[
@@ -335,10 +287,7 @@ mod tests {
         assert_eq!(f.dtype("i").ok(), Some(Dtype::I32));
         assert_eq!(f.tensor_bytes("i").ok(), Some(&[1u8, 0, 0, 0][..]));
         let err = f.to_f32("i").unwrap_err().to_string();
-        assert!(
-            err.contains("m.safetensors") && err.contains("tensor 'i'") && err.contains("I32"),
-            "{err}"
-        );
+        assert!(err.contains("m.safetensors") && err.contains("tensor 'i'") && err.contains("I32"), "{err}");
         let err = f.to_f32("nope").unwrap_err().to_string();
         assert!(err.contains("no tensor named 'nope'"), "{err}");
     }
@@ -347,11 +296,6 @@ mod tests {
     fn empty_file_and_empty_header() {
         assert!(SafetensorsFile::from_bytes("e", vec![]).is_err());
         let ok = write_safetensors(&[], &BTreeMap::new());
-        assert_eq!(
-            SafetensorsFile::from_bytes("e", ok)
-                .map(|f| f.tensors.len())
-                .ok(),
-            Some(0)
-        );
+        assert_eq!(SafetensorsFile::from_bytes("e", ok).map(|f| f.tensors.len()).ok(), Some(0));
     }
 }

@@ -23,7 +23,9 @@ pub fn fuse_swiglu(graph: &mut Graph) -> Result<(), GraphError> {
         let act = node.inputs[0];
         // The silu node must be the multiply's first input and read by nothing else; a node
         // carrying a planted fault keeps its identity (its IR line says FAULT=).
-        let Some((j, act_node)) = graph.nodes[..i].iter().enumerate().rev().find(|(_, n)| n.output == act) else { continue };
+        let Some((j, act_node)) = graph.nodes[..i].iter().enumerate().rev().find(|(_, n)| n.output == act) else {
+            continue;
+        };
         let fusable = matches!(act_node.op, Op::Silu)
             && act_node.fault.is_none()
             && act_node.side.is_none()
@@ -35,7 +37,16 @@ pub fn fuse_swiglu(graph: &mut Graph) -> Result<(), GraphError> {
             continue;
         }
         fused_away[j] = true;
-        replaced.push((i, Node { op: Op::SwiGlu, inputs: vec![act_node.inputs[0], node.inputs[1]], output: node.output, side: Some(act), fault: None }));
+        replaced.push((
+            i,
+            Node {
+                op: Op::SwiGlu,
+                inputs: vec![act_node.inputs[0], node.inputs[1]],
+                output: node.output,
+                side: Some(act),
+                fault: None,
+            },
+        ));
     }
     for (i, node) in replaced {
         graph.nodes[i] = node;

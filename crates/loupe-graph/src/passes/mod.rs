@@ -65,7 +65,9 @@ fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
         .map(|node| match &node.op {
             Op::Linear { weight, .. } => match &graph.weight(*weight).data {
                 WeightData::F32(_) => "matmul_f32(gemm)".to_string(),
-                WeightData::Quant(q) if graph.quantize_activations => format!("matmul_q({}x8-bit activations,{isa})", q.ty),
+                WeightData::Quant(q) if graph.quantize_activations => {
+                    format!("matmul_q({}x8-bit activations,{isa})", q.ty)
+                }
                 WeightData::Quant(q) => format!("matmul_wq({},{isa})", q.ty),
             },
             Op::Embedding { table, .. } => match &graph.weight(*table).data {
@@ -76,12 +78,26 @@ fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
             Op::SwiGlu => "silu_mul".to_string(),
             Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => "gather_f32".to_string(),
             Op::Experts { experts, .. } => match experts.first().map(|e| &graph.weight(e.gate).data) {
-                Some(WeightData::Quant(q)) if graph.quantize_activations => format!("experts(matmul_q({}x8-bit activations,{isa}))", q.ty),
+                Some(WeightData::Quant(q)) if graph.quantize_activations => {
+                    format!("experts(matmul_q({}x8-bit activations,{isa}))", q.ty)
+                }
                 Some(WeightData::Quant(q)) => format!("experts(matmul_wq({},{isa}))", q.ty),
                 _ => "experts(matmul_f32(gemm))".to_string(),
             },
             op @ (Op::RouterSelect { .. } | Op::RouterWeights { .. }) => op.name().to_string(),
-            op @ (Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Rope { .. } | Op::Silu | Op::Gelu { .. } | Op::Mul | Op::Add | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Slice { .. } | Op::Plant(_)) => op.name().to_string(),
+            op @ (Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Rope { .. }
+            | Op::Silu
+            | Op::Gelu { .. }
+            | Op::Mul
+            | Op::Add
+            | Op::Copy
+            | Op::RoundBf16
+            | Op::Scale { .. }
+            | Op::SoftCap { .. }
+            | Op::Slice { .. }
+            | Op::Plant(_)) => op.name().to_string(),
         })
         .collect();
     graph.kernels = kernels;

@@ -16,7 +16,9 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
             s
         };
         let inferred = match &node.op {
-            Op::Embedding { table, .. } | Op::PositionEmbedding { table, .. } | Op::ConstantEmbedding { table, .. } => vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))],
+            Op::Embedding { table, .. } | Op::PositionEmbedding { table, .. } | Op::ConstantEmbedding { table, .. } => {
+                vec![Dim::Tokens, Dim::Fixed(graph.weight(*table).shape.get(1).copied().unwrap_or(0))]
+            }
             Op::Linear { weight, .. } => with_last(input(0), graph.weight(*weight).shape.first().copied().unwrap_or(0)),
             // A norm weight narrower than the row normalizes each slice of its width: the
             // output is viewed per slice ([token, head, head_dim] for per-head q/k norms).
@@ -26,7 +28,9 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
                 let w = graph.weight(*weight).shape.first().copied().unwrap_or(0);
                 let per_head = graph.value(node.output).shape.len() == 3;
                 match crate::verify::row_width(graph.value(node.inputs[0])) {
-                    Some(n) if w > 0 && n % w == 0 && (n != w || per_head) => vec![Dim::Tokens, Dim::Fixed(n / w), Dim::Fixed(w)],
+                    Some(n) if w > 0 && n % w == 0 && (n != w || per_head) => {
+                        vec![Dim::Tokens, Dim::Fixed(n / w), Dim::Fixed(w)]
+                    }
                     _ => input(0),
                 }
             }
@@ -35,7 +39,14 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
                 Some(n) => vec![Dim::Tokens, Dim::Fixed(n)],
                 None => input(0),
             },
-            Op::LayerNorm { .. } | Op::Silu | Op::Gelu { .. } | Op::Copy | Op::RoundBf16 | Op::Scale { .. } | Op::SoftCap { .. } | Op::Plant(_) => input(0),
+            Op::LayerNorm { .. }
+            | Op::Silu
+            | Op::Gelu { .. }
+            | Op::Copy
+            | Op::RoundBf16
+            | Op::Scale { .. }
+            | Op::SoftCap { .. }
+            | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
             Op::Slice { len, .. } => with_last(input(0), *len),
             Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
@@ -49,7 +60,12 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
                 node: i,
                 name: out.name.clone(),
                 location: out.location.to_string(),
-                reason: format!("{} computes [{}] but the node declares [{}]", node.op.name(), show(&inferred), show(&out.shape)),
+                reason: format!(
+                    "{} computes [{}] but the node declares [{}]",
+                    node.op.name(),
+                    show(&inferred),
+                    show(&out.shape)
+                ),
             });
         }
     }

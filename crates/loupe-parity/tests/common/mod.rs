@@ -91,7 +91,13 @@ pub fn write(dir: &Path, engine: &str, tensors: &[Named], prompt_tokens: Option<
     write_style(dir, engine, tensors, prompt_tokens, DumpStyle::Npy)
 }
 
-pub fn write_style(dir: &Path, engine: &str, tensors: &[Named], prompt_tokens: Option<Vec<i64>>, style: DumpStyle) -> PathBuf {
+pub fn write_style(
+    dir: &Path,
+    engine: &str,
+    tensors: &[Named],
+    prompt_tokens: Option<Vec<i64>>,
+    style: DumpStyle,
+) -> PathBuf {
     let mut w = DumpWriter::create(dir, engine, style).expect("create dump");
     w.manifest.prompt_tokens = prompt_tokens;
     for t in tensors {
@@ -150,7 +156,12 @@ pub fn pt_bytes(shape: &[usize], data: &[f32]) -> Vec<u8> {
     p.extend(ints(&strides));
     p.extend_from_slice(b"\x89ccollections\nOrderedDict\n)RtR.");
     let raw: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    write_zip(&[("archive/data.pkl", &p, false), ("archive/byteorder", b"little", false), ("archive/data/0", &raw, false)]).expect("zip")
+    write_zip(&[
+        ("archive/data.pkl", &p, false),
+        ("archive/byteorder", b"little", false),
+        ("archive/data/0", &raw, false),
+    ])
+    .expect("zip")
 }
 
 /// Writes `tensors` the way MAX's PyTorch-side hooks do: per step a folder of

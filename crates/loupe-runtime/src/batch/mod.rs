@@ -58,7 +58,15 @@ pub struct BatchConfig {
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { kv_cache_mb: None, kv_blocks: None, kv_dtype: None, block_size: 16, max_batch_tokens: 512, max_seqs: 32, prefix_cache: true }
+        BatchConfig {
+            kv_cache_mb: None,
+            kv_blocks: None,
+            kv_dtype: None,
+            block_size: 16,
+            max_batch_tokens: 512,
+            max_seqs: 32,
+            prefix_cache: true,
+        }
     }
 }
 
@@ -102,8 +110,16 @@ pub struct Usage {
 pub enum SeqEvent {
     /// A new token (also sent for the token that finishes the sequence), with its
     /// log-probabilities when the request asked for them.
-    Token { id: SeqId, token: u32, logprobs: Option<TokenLogprobs> },
-    Finished { id: SeqId, reason: FinishReason, usage: Usage },
+    Token {
+        id: SeqId,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Finished {
+        id: SeqId,
+        reason: FinishReason,
+        usage: Usage,
+    },
 }
 
 /// Counters of a [`BatchEngine`].
@@ -170,7 +186,11 @@ impl Sequence {
     }
 
     fn usage(&self) -> Usage {
-        Usage { prompt_tokens: self.prompt_len, cached_tokens: self.cached_tokens.unwrap_or(0), completion_tokens: self.generated() }
+        Usage {
+            prompt_tokens: self.prompt_len,
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+            completion_tokens: self.generated(),
+        }
     }
 }
 
@@ -206,9 +226,12 @@ impl<'e> BatchEngine<'e> {
         let graph = engine.graph();
         let kv_dtype = *config.kv_dtype.get_or_insert(graph.kv_dtype);
         if config.block_size == 0 || config.max_batch_tokens == 0 || config.max_seqs == 0 {
-            return Err(RuntimeError::InvalidRequest("block size, max batch tokens and max sequences must be at least 1".into()));
+            return Err(RuntimeError::InvalidRequest(
+                "block size, max batch tokens and max sequences must be at least 1".into(),
+            ));
         }
-        let per_block = PagedKvCache::bytes_per_block(graph.kv_layers, graph.kv_width, config.block_size, kv_dtype).max(1);
+        let per_block =
+            PagedKvCache::bytes_per_block(graph.kv_layers, graph.kv_width, config.block_size, kv_dtype).max(1);
         let blocks_per_seq = graph.context_length.div_ceil(config.block_size);
         let n_blocks = match (config.kv_blocks, config.kv_cache_mb) {
             (Some(n), _) => n,
@@ -258,7 +281,13 @@ impl<'e> BatchEngine<'e> {
             vocab: graph
                 .nodes
                 .iter()
-                .find_map(|n| if let loupe_graph::Op::Embedding { table, .. } = n.op { Some(graph.weight(table).shape[0]) } else { None })
+                .find_map(|n| {
+                    if let loupe_graph::Op::Embedding { table, .. } = n.op {
+                        Some(graph.weight(table).shape[0])
+                    } else {
+                        None
+                    }
+                })
                 .unwrap_or(usize::MAX),
         })
     }
@@ -269,7 +298,12 @@ impl<'e> BatchEngine<'e> {
 
     /// Bytes of the KV cache (its budget; pages are touched as blocks are first used).
     pub fn kv_cache_bytes(&self) -> usize {
-        PagedKvCache::bytes_per_block(self.graph.kv_layers, self.graph.kv_width, self.config.block_size, self.kv.dtype()) * self.blocks.total()
+        PagedKvCache::bytes_per_block(
+            self.graph.kv_layers,
+            self.graph.kv_width,
+            self.config.block_size,
+            self.kv.dtype(),
+        ) * self.blocks.total()
     }
 
     /// Queues a request; it starts at a coming step, after every earlier request.
@@ -483,7 +517,8 @@ impl<'e> BatchEngine<'e> {
             }
             if seq.cached_tokens.is_none() {
                 let hits = seq.computed / self.config.block_size;
-                let looked_up = if self.config.prefix_cache { (seq.tokens.len() - 1) / self.config.block_size } else { 0 };
+                let looked_up =
+                    if self.config.prefix_cache { (seq.tokens.len() - 1) / self.config.block_size } else { 0 };
                 self.blocks.record_lookup(hits, looked_up - hits.min(looked_up));
                 seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
             }
@@ -501,7 +536,10 @@ impl<'e> BatchEngine<'e> {
 
     /// [`BatchEngine::step`] showing the values of the forward pass to `observer`: one
     /// sequence's rows through [`SequenceTap`], or the whole step through [`WholeStep`].
-    pub fn step_observed(&mut self, mut observer: Option<&mut dyn StepObserver>) -> Result<Vec<SeqEvent>, RuntimeError> {
+    pub fn step_observed(
+        &mut self,
+        mut observer: Option<&mut dyn StepObserver>,
+    ) -> Result<Vec<SeqEvent>, RuntimeError> {
         let mut events = Vec::new();
         let plan = self.schedule(&mut events);
         self.last_step = StepShape::default();
@@ -541,7 +579,8 @@ impl<'e> BatchEngine<'e> {
         }
         let (executor, kv, graph) = (&mut self.executor, &mut self.kv, self.graph);
         let (logits, masks) = std::thread::scope(|s| {
-            let masks = (!constraints.is_empty()).then(|| s.spawn(|| constraints.iter_mut().try_for_each(|(_, c)| c.compute_mask())));
+            let masks = (!constraints.is_empty())
+                .then(|| s.spawn(|| constraints.iter_mut().try_for_each(|(_, c)| c.compute_mask())));
             let logits = executor.run_batch(graph, &tokens, &spans, kv, observer.map(|o| o.as_observer()));
             (logits, masks.map(|h| h.join()))
         });
@@ -557,9 +596,21 @@ impl<'e> BatchEngine<'e> {
         let vocab = if logit_seqs.is_empty() { 0 } else { logits.len() / logit_seqs.len() };
         self.stats.steps += 1;
         self.stats.tokens_computed += tokens.len() as u64;
-        let decode_tokens = plan.iter().enumerate().filter(|&(i, &n)| n == 1 && self.running[i].computed + 1 == self.running[i].tokens.len() && self.running[i].generated() > 0).count();
+        let decode_tokens = plan
+            .iter()
+            .enumerate()
+            .filter(|&(i, &n)| {
+                n == 1
+                    && self.running[i].computed + 1 == self.running[i].tokens.len()
+                    && self.running[i].generated() > 0
+            })
+            .count();
         self.stats.prefill_tokens_computed += (tokens.len() - decode_tokens) as u64;
-        self.last_step = StepShape { ce_seqs: n_spans - decode_tokens, ce_tokens: tokens.len() - decode_tokens, tg_seqs: decode_tokens };
+        self.last_step = StepShape {
+            ce_seqs: n_spans - decode_tokens,
+            ce_tokens: tokens.len() - decode_tokens,
+            tg_seqs: decode_tokens,
+        };
         // Sample in plan order; logits rows follow the spans that asked for them.
         let mut sampled = Vec::with_capacity(logit_seqs.len());
         for (row, &i) in logit_seqs.iter().enumerate() {
@@ -580,7 +631,11 @@ impl<'e> BatchEngine<'e> {
             while (seq.keys.len() + 1) * self.config.block_size <= seq.computed {
                 let j = seq.keys.len();
                 let parent = seq.keys.last().copied().unwrap_or(0);
-                let key = self.blocks.register(seq.blocks[j], parent, &seq.tokens[j * self.config.block_size..(j + 1) * self.config.block_size]);
+                let key = self.blocks.register(
+                    seq.blocks[j],
+                    parent,
+                    &seq.tokens[j * self.config.block_size..(j + 1) * self.config.block_size],
+                );
                 seq.keys.push(key);
             }
         }
@@ -589,7 +644,10 @@ impl<'e> BatchEngine<'e> {
             let seq = &mut self.running[i];
             // The sampled token, then any the grammar forces after it.
             let mut new = vec![(token, logprobs)];
-            let room = seq.max_tokens.saturating_sub(seq.generated() + 1).min(self.graph.context_length.saturating_sub(seq.tokens.len() + 1));
+            let room = seq
+                .max_tokens
+                .saturating_sub(seq.generated() + 1)
+                .min(self.graph.context_length.saturating_sub(seq.tokens.len() + 1));
             if let Some(c) = seq.constraint.as_mut() {
                 new.extend(c.advance(token, seq.fast_forward)?.into_iter().take(room).map(|t| (t, None)));
             }
@@ -717,7 +775,9 @@ impl Observer for SequenceTap<'_> {
             // [heads, tokens, context]
             let (heads, ctx) = (shape[0], shape[2]);
             for h in 0..heads {
-                self.buf.extend_from_slice(&data[(h * self.step_tokens + rows.start) * ctx..(h * self.step_tokens + rows.end) * ctx]);
+                self.buf.extend_from_slice(
+                    &data[(h * self.step_tokens + rows.start) * ctx..(h * self.step_tokens + rows.end) * ctx],
+                );
             }
             shape[1] = rows.len();
         } else if shape.first() == Some(&self.step_tokens) && shape[0] > 0 {

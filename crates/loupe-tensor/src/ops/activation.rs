@@ -29,7 +29,10 @@ pub fn exp_f32(x: f32) -> f32 {
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     // n sits in t's low mantissa bits, offset by 2^22 (ROUND's own mantissa).
     let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let two_n = f32::from_bits((ni.wrapping_add(127) << 23) as u32);
@@ -284,7 +287,10 @@ type BinaryKernel = dyn Fn(&[f32], &[f32], &mut [f32]) + Sync;
 /// (the same per-element arithmetic wherever it runs).
 fn binary_into(op: &'static str, a: &[f32], b: &[f32], out: &mut [f32], f: &BinaryKernel) -> Result<(), TensorError> {
     if a.len() != out.len() || b.len() != out.len() {
-        return Err(TensorError::Shape { op, detail: format!("inputs of {} and {} elements into {}", a.len(), b.len(), out.len()) });
+        return Err(TensorError::Shape {
+            op,
+            detail: format!("inputs of {} and {} elements into {}", a.len(), b.len(), out.len()),
+        });
     }
     super::par_chunks_mut(out, 64, &|r, out| f(&a[r.clone()], &b[r], out));
     Ok(())
@@ -424,15 +430,24 @@ mod tests {
         silu_portable(&mut s2);
         let mut g2 = xs.clone();
         gelu_tanh_portable(&mut g2);
-        assert!(s.iter().zip(&s2).all(|(a, b)| a.to_bits() == b.to_bits()), "silu: the active ISA's build and portable differ");
-        assert!(g.iter().zip(&g2).all(|(a, b)| a.to_bits() == b.to_bits()), "gelu: the active ISA's build and portable differ");
+        assert!(
+            s.iter().zip(&s2).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "silu: the active ISA's build and portable differ"
+        );
+        assert!(
+            g.iter().zip(&g2).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "gelu: the active ISA's build and portable differ"
+        );
         // Softmax over rows of several lengths (tails of the 16 lanes), scores in a plausible range.
         for n in [1usize, 15, 16, 17, 100, 513] {
             let row: Vec<f32> = xs.iter().cycle().take(n).map(|x| x * 0.7).collect();
             let (mut a, mut b) = (row.clone(), row);
             softmax_in_place(&mut a);
             softmax_portable(&mut b);
-            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "softmax n={n}: the active ISA's build and portable differ");
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "softmax n={n}: the active ISA's build and portable differ"
+            );
             // The scaled form: the bits of multiplying first, then the softmax.
             let mut c = a.clone();
             let (mut d, scale) = (xs.iter().cycle().take(n).map(|x| x * 0.7).collect::<Vec<f32>>(), 0.125f32 * 1.3);
@@ -442,8 +457,14 @@ mod tests {
             let mut e = c.clone();
             scaled_softmax_in_place(&mut c, scale);
             scaled_softmax_portable(&mut e, scale);
-            assert!(c.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()), "scaled softmax n={n}: not the bits of scaling first");
-            assert!(e.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()), "scaled softmax n={n}: portable differs");
+            assert!(
+                c.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "scaled softmax n={n}: not the bits of scaling first"
+            );
+            assert!(
+                e.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "scaled softmax n={n}: portable differs"
+            );
         }
         let mut nan = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
         silu(&mut nan);
@@ -455,7 +476,12 @@ mod tests {
     #[test]
     fn erf_matches_known_values() {
         // erf(0.5), erf(1), erf(2), erf(3) to 15 digits (A&S table 7.1)
-        for (x, e) in [(0.5, 0.520_499_877_813_046_5), (1.0, 0.842_700_792_949_714_9), (2.0, 0.995_322_265_018_952_7), (3.0, 0.999_977_909_503_001_4)] {
+        for (x, e) in [
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (3.0, 0.999_977_909_503_001_4),
+        ] {
             assert!((erf(x) - e).abs() < 1e-14, "erf({x}) = {}", erf(x));
             assert!((erf(-x) + e).abs() < 1e-14);
         }
@@ -482,7 +508,8 @@ mod tests {
     fn bf16_rounding_is_nearest_even() {
         // 1 + 2^-8 lies halfway between bf16 1.0 and 1 + 2^-7: ties go to even (1.0);
         // 1 + 3*2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: goes to 1 + 2^-6.
-        let mut x = [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2f32.powi(-8) + 2f32.powi(-20), f32::INFINITY];
+        let mut x =
+            [1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2f32.powi(-8) + 2f32.powi(-20), f32::INFINITY];
         round_bf16(&mut x);
         assert_eq!(x, [1.0, 1.0 + 2f32.powi(-6), 1.0 + 2f32.powi(-7), f32::INFINITY]);
         let mut nan = [f32::NAN];
@@ -495,7 +522,8 @@ mod tests {
     #[test]
     fn soft_cap_matches_its_f64_reference() {
         for cap in [5.0f32, 30.0, 50.0, 0.75] {
-            let xs: Vec<f32> = (-400..=400).map(|i| i as f32 * cap / 37.0).chain([0.0, -0.0, 1e-30, f32::MAX, -f32::MAX]).collect();
+            let xs: Vec<f32> =
+                (-400..=400).map(|i| i as f32 * cap / 37.0).chain([0.0, -0.0, 1e-30, f32::MAX, -f32::MAX]).collect();
             let mut got = xs.clone();
             soft_cap(&mut got, cap);
             for (&x, &g) in xs.iter().zip(&got) {

@@ -181,7 +181,12 @@ pub fn attention_cached(
         });
     }
     let tokens = q.len() / q_width;
-    if !q.len().is_multiple_of(q_width) || out.len() != q.len() || tokens > ctx || k.len() < ctx * kv_width || v.len() < ctx * kv_width {
+    if !q.len().is_multiple_of(q_width)
+        || out.len() != q.len()
+        || tokens > ctx
+        || k.len() < ctx * kv_width
+        || v.len() < ctx * kv_width
+    {
         return Err(TensorError::Shape {
             op: "attention",
             detail: format!(
@@ -195,7 +200,10 @@ pub fn attention_cached(
     }
     let f16_rows = k.is_narrow() || v.is_narrow();
     if f16_rows && head_dim > MAX_HEAD_DIM {
-        return Err(TensorError::Shape { op: "attention", detail: format!("head_dim {head_dim} over {MAX_HEAD_DIM} with an f16 or fp8 cache") });
+        return Err(TensorError::Shape {
+            op: "attention",
+            detail: format!("head_dim {head_dim} over {MAX_HEAD_DIM} with an f16 or fp8 cache"),
+        });
     }
     if let Some(p) = &probs {
         if p.len() != n_heads * tokens * ctx {
@@ -273,7 +281,13 @@ pub fn attention_cached(
             HeadMap::Modulo => h % n_kv_heads,
         };
         let rows = chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens);
-        let need = if tiled { rows.len() * tiles::padded_keys(ctx) } else if tokens >= GEMM_MIN_TOKENS { rows.len() * ctx } else { ctx };
+        let need = if tiled {
+            rows.len() * tiles::padded_keys(ctx)
+        } else if tokens >= GEMM_MIN_TOKENS {
+            rows.len() * ctx
+        } else {
+            ctx
+        };
         let task = |scratch: &mut [f32]| {
             if tokens >= GEMM_MIN_TOKENS {
                 // Prefill: the chunk's scores against every key its last row sees (tile
@@ -290,9 +304,30 @@ pub fn attention_cached(
                 // kv_width). Lengths were checked above.
                 unsafe {
                     if tiled {
-                        tiles::scores(isa, q_chunk, q_width, rows.len(), head_dim, keys_t.as_ptr().add(kv_h * head_dim * kt_stride), kt_stride, n_keys, s_all.as_mut_ptr(), stride);
+                        tiles::scores(
+                            isa,
+                            q_chunk,
+                            q_width,
+                            rows.len(),
+                            head_dim,
+                            keys_t.as_ptr().add(kv_h * head_dim * kt_stride),
+                            kt_stride,
+                            n_keys,
+                            s_all.as_mut_ptr(),
+                            stride,
+                        );
                     } else {
-                        gemm_x_wt(rows.len(), n_keys, head_dim, s_all.as_mut_ptr(), n_keys, q_chunk, q_width, k32.as_ptr().add(kv_h * head_dim), kv_width);
+                        gemm_x_wt(
+                            rows.len(),
+                            n_keys,
+                            head_dim,
+                            s_all.as_mut_ptr(),
+                            n_keys,
+                            q_chunk,
+                            q_width,
+                            k32.as_ptr().add(kv_h * head_dim),
+                            kv_width,
+                        );
                     }
                 }
                 for (i, t) in rows.clone().enumerate() {
@@ -313,11 +348,43 @@ pub fn attention_cached(
                 // (n_keys <= ctx rows); the destination is rows `rows`, head h of `out` (row
                 // stride q_width), which only this task writes; s_all as above.
                 unsafe {
-                    let (v_head, o) = (v32.as_ptr().add(kv_h * head_dim), out_ptr.get().add(rows.start * q_width + h * head_dim));
+                    let (v_head, o) =
+                        (v32.as_ptr().add(kv_h * head_dim), out_ptr.get().add(rows.start * q_width + h * head_dim));
                     if tiled {
-                        tiles::weighted_values(isa, s_all.as_ptr(), stride, rows.len(), n_keys, v_head, kv_width, head_dim, o, q_width);
+                        tiles::weighted_values(
+                            isa,
+                            s_all.as_ptr(),
+                            stride,
+                            rows.len(),
+                            n_keys,
+                            v_head,
+                            kv_width,
+                            head_dim,
+                            o,
+                            q_width,
+                        );
                     } else {
-                        gemm::gemm(rows.len(), head_dim, n_keys, o, 1, q_width as isize, false, s_all.as_ptr(), 1, n_keys as isize, v_head, 1, kv_width as isize, 0.0f32, 1.0f32, false, false, false, gemm::Parallelism::None);
+                        gemm::gemm(
+                            rows.len(),
+                            head_dim,
+                            n_keys,
+                            o,
+                            1,
+                            q_width as isize,
+                            false,
+                            s_all.as_ptr(),
+                            1,
+                            n_keys as isize,
+                            v_head,
+                            1,
+                            kv_width as isize,
+                            0.0f32,
+                            1.0f32,
+                            false,
+                            false,
+                            false,
+                            gemm::Parallelism::None,
+                        );
                     }
                 }
                 return;
@@ -335,7 +402,8 @@ pub fn attention_cached(
                 };
                 // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
                 // this task alone; out.len() == q.len() was checked above.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
+                let o =
+                    unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
                 let row = CachedRows { keys: &k, values: &v, start_of: |j: usize| j * kv_width + kv_h * head_dim };
                 attend_row(isa, q_row, &row, visible.clone(), scores, scale, softcap, o, wide_row);
                 scores[..visible.start].fill(0.0);
@@ -395,14 +463,18 @@ pub(crate) fn attend_row<F: Fn(usize) -> usize>(
     let kernel = row_kernel(isa, q_row.len(), rows, visible.clone()).filter(|_| visible.end <= scores.len());
     // SAFETY (both passes): row_kernel checked the ISA, the head size and every visible row's
     // range in both the keys and the values; visible.end <= scores.len() just above.
-    if !kernel.is_some_and(|k| unsafe { row_kernel_pass(k, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone()) }) {
+    if !kernel.is_some_and(|k| unsafe {
+        row_kernel_pass(k, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone())
+    }) {
         for j in visible.clone() {
             scores[j] = dot_cached(isa, q_row, rows.keys, start_of(j), wide_row);
         }
     }
     softmax_row(&mut scores[visible.clone()], scale, softcap);
     o.fill(0.0);
-    if !kernel.is_some_and(|k| unsafe { row_kernel_pass(k, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone()) }) {
+    if !kernel.is_some_and(|k| unsafe {
+        row_kernel_pass(k, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone())
+    }) {
         for j in visible {
             axpy_cached(isa, scores[j], rows.values, start_of(j), wide_row, o);
         }
@@ -419,7 +491,12 @@ enum RowKernel {
     Lanes8,
 }
 
-fn row_kernel<F: Fn(usize) -> usize>(isa: Isa, n: usize, rows: &CachedRows<'_, '_, F>, keys: std::ops::Range<usize>) -> Option<RowKernel> {
+fn row_kernel<F: Fn(usize) -> usize>(
+    isa: Isa,
+    n: usize,
+    rows: &CachedRows<'_, '_, F>,
+    keys: std::ops::Range<usize>,
+) -> Option<RowKernel> {
     let kernel = match isa {
         _ if !cfg!(target_arch = "x86_64") || n == 0 => return None,
         Isa::Avx512 | Isa::Amx if n.is_multiple_of(16) => RowKernel::Lanes16,
@@ -443,7 +520,13 @@ enum RowPass<'a> {
 /// # Safety
 /// `kernel` is [`row_kernel`]'s answer for these rows, this head size and `keys`, and `keys.end`
 /// is within the scores (or weights) of `pass`.
-unsafe fn row_kernel_pass(kernel: RowKernel, pass: RowPass<'_>, rows: &KvBlocks<'_>, start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>) -> bool {
+unsafe fn row_kernel_pass(
+    kernel: RowKernel,
+    pass: RowPass<'_>,
+    rows: &KvBlocks<'_>,
+    start_of: &impl Fn(usize) -> usize,
+    keys: std::ops::Range<usize>,
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! run {
@@ -703,7 +786,13 @@ macro_rules! row_kernels {
         }
 
         #[target_feature(enable = $features)]
-        pub unsafe fn scores<E: RowElem>(q: &[f32], rows: &[E], start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>, scores: &mut [f32]) {
+        pub unsafe fn scores<E: RowElem>(
+            q: &[f32],
+            rows: &[E],
+            start_of: &impl Fn(usize) -> usize,
+            keys: std::ops::Range<usize>,
+            scores: &mut [f32],
+        ) {
             let n = q.len();
             let pa = q.as_ptr();
             let out = scores.as_mut_ptr();
@@ -713,7 +802,13 @@ macro_rules! row_kernels {
         }
 
         #[target_feature(enable = $features)]
-        pub unsafe fn weighted_sum<E: RowElem>(w: &[f32], rows: &[E], start_of: &impl Fn(usize) -> usize, keys: std::ops::Range<usize>, o: &mut [f32]) {
+        pub unsafe fn weighted_sum<E: RowElem>(
+            w: &[f32],
+            rows: &[E],
+            start_of: &impl Fn(usize) -> usize,
+            keys: std::ops::Range<usize>,
+            o: &mut [f32],
+        ) {
             let n = o.len();
             let (pw, po) = (w.as_ptr(), o.as_mut_ptr());
             let mut d = 0;
@@ -769,9 +864,51 @@ mod simd512 {
         _mm512_reduce_add_ps(v)
     }
 
-    dot_axpy!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
-    dot_axpy!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, dot_f16, axpy_f16, f16, load_f16);
-    row_kernels!("avx512f,f16c", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, hsum, load_f16);
+    dot_axpy!(
+        "avx512f,f16c",
+        16,
+        __m512,
+        _mm512_setzero_ps,
+        _mm512_fmadd_ps,
+        _mm512_add_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_set1_ps,
+        hsum,
+        dot_f32,
+        axpy_f32,
+        f32,
+        load_f32
+    );
+    dot_axpy!(
+        "avx512f,f16c",
+        16,
+        __m512,
+        _mm512_setzero_ps,
+        _mm512_fmadd_ps,
+        _mm512_add_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_set1_ps,
+        hsum,
+        dot_f16,
+        axpy_f16,
+        f16,
+        load_f16
+    );
+    row_kernels!(
+        "avx512f,f16c",
+        16,
+        __m512,
+        _mm512_setzero_ps,
+        _mm512_fmadd_ps,
+        _mm512_add_ps,
+        _mm512_loadu_ps,
+        _mm512_storeu_ps,
+        _mm512_set1_ps,
+        hsum,
+        load_f16
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -803,9 +940,51 @@ mod simd256 {
         _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
     }
 
-    dot_axpy!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f32, axpy_f32, f32, load_f32);
-    dot_axpy!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, dot_f16, axpy_f16, f16, load_f16);
-    row_kernels!("avx2,fma,f16c", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, hsum, load_f16);
+    dot_axpy!(
+        "avx2,fma,f16c",
+        8,
+        __m256,
+        _mm256_setzero_ps,
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_set1_ps,
+        hsum,
+        dot_f32,
+        axpy_f32,
+        f32,
+        load_f32
+    );
+    dot_axpy!(
+        "avx2,fma,f16c",
+        8,
+        __m256,
+        _mm256_setzero_ps,
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_set1_ps,
+        hsum,
+        dot_f16,
+        axpy_f16,
+        f16,
+        load_f16
+    );
+    row_kernels!(
+        "avx2,fma,f16c",
+        8,
+        __m256,
+        _mm256_setzero_ps,
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_set1_ps,
+        hsum,
+        load_f16
+    );
 }
 
 #[cfg(test)]
@@ -877,7 +1056,9 @@ mod tests {
         // queries one at a time over a growing context, with and without probs.
         let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
         let tokens = 70;
-        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
+        let gen = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        };
         let q = gen(tokens * 64, 1);
         let k = gen(tokens * 32, 2);
         let v = gen(tokens * 32, 3);
@@ -889,7 +1070,16 @@ mod tests {
         assert_eq!(out, out_np);
         for t in 0..tokens {
             let mut o = vec![0.0; 64];
-            causal_attention(shape, &q[t * 64..(t + 1) * 64], &k[..(t + 1) * 32], &v[..(t + 1) * 32], t + 1, &mut o, None).unwrap();
+            causal_attention(
+                shape,
+                &q[t * 64..(t + 1) * 64],
+                &k[..(t + 1) * 32],
+                &v[..(t + 1) * 32],
+                t + 1,
+                &mut o,
+                None,
+            )
+            .unwrap();
             // Prefill runs matrix products, decode one dot per key: same math, other
             // summation order.
             for (a, b) in out[t * 64..(t + 1) * 64].iter().zip(&o) {
@@ -899,7 +1089,14 @@ mod tests {
     }
 
     /// Straightforward f64 attention over any variant.
-    fn naive(shape: AttentionShape, variant: AttentionVariant, q: &[f32], k: &[f32], v: &[f32], ctx: usize) -> Vec<f64> {
+    fn naive(
+        shape: AttentionShape,
+        variant: AttentionVariant,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        ctx: usize,
+    ) -> Vec<f64> {
         let AttentionShape { n_heads, n_kv_heads, head_dim, scale, softcap } = shape;
         let tokens = q.len() / (n_heads * head_dim);
         let (qw, kw) = (n_heads * head_dim, n_kv_heads * head_dim);
@@ -919,14 +1116,24 @@ mod tests {
                         AttentionMask::SlidingWindow(w) => j <= pos && pos - j < w,
                     })
                     .collect();
-                let s: Vec<f64> = keys.iter().map(|&j| (0..head_dim).map(|d| q[t * qw + h * head_dim + d] as f64 * k[j * kw + kh * head_dim + d] as f64).sum::<f64>() * scale as f64).collect();
+                let s: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| {
+                        (0..head_dim)
+                            .map(|d| q[t * qw + h * head_dim + d] as f64 * k[j * kw + kh * head_dim + d] as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
                 // Soft-capping as `eager_attention_forward` writes it, before the mask.
-                let s: Vec<f64> = s.into_iter().map(|x| softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())).collect();
+                let s: Vec<f64> =
+                    s.into_iter().map(|x| softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())).collect();
                 let max = s.iter().cloned().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for d in 0..head_dim {
-                    out[t * qw + h * head_dim + d] = keys.iter().zip(&e).map(|(&j, e)| e / z * v[j * kw + kh * head_dim + d] as f64).sum();
+                    out[t * qw + h * head_dim + d] =
+                        keys.iter().zip(&e).map(|(&j, e)| e / z * v[j * kw + kh * head_dim + d] as f64).sum();
                 }
             }
         }
@@ -939,10 +1146,18 @@ mod tests {
         // Scores up to about +-8 soft-capped at 2 (Gemma 2's attn_logit_softcapping): the cap
         // bites on most keys.
         let capped = AttentionShape { scale: 1.5, softcap: Some(2.0), ..plain };
-        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
+        let gen = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        };
         for (shape, head_map) in [(plain, HeadMap::Grouped), (plain, HeadMap::Modulo), (capped, HeadMap::Grouped)] {
             // Windows shorter than the context, longer than the call, and wider than it all.
-            for mask in [AttentionMask::Causal, AttentionMask::None, AttentionMask::SlidingWindow(1), AttentionMask::SlidingWindow(7), AttentionMask::SlidingWindow(64)] {
+            for mask in [
+                AttentionMask::Causal,
+                AttentionMask::None,
+                AttentionMask::SlidingWindow(1),
+                AttentionMask::SlidingWindow(7),
+                AttentionMask::SlidingWindow(64),
+            ] {
                 let variant = AttentionVariant { head_map, mask };
                 // 40 new tokens after 5 cached (prefill path), and 1 after 44 (decode).
                 for (tokens, ctx) in [(40, 45), (1, 45)] {
@@ -953,14 +1168,20 @@ mod tests {
                     attention(shape, variant, &q, &k, &v, ctx, &mut out, None).unwrap();
                     let want = naive(shape, variant, &q, &k, &v, ctx);
                     for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                        assert!((*a as f64 - b).abs() < 1e-5, "{shape:?} {variant:?} tokens {tokens} [{i}]: {a} vs {b}");
+                        assert!(
+                            (*a as f64 - b).abs() < 1e-5,
+                            "{shape:?} {variant:?} tokens {tokens} [{i}]: {a} vs {b}"
+                        );
                     }
                     if shape.softcap.is_some() && mask != AttentionMask::SlidingWindow(1) {
                         // The cap is seen: without it the same scores give another output
                         // (except over one key, whose probability is 1 whatever its score).
                         let uncapped = naive(AttentionShape { softcap: None, ..shape }, variant, &q, &k, &v, ctx);
                         let diff = want.iter().zip(&uncapped).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-                        assert!(diff > 1e-2, "{variant:?} tokens {tokens}: the soft-cap changes the output by only {diff}");
+                        assert!(
+                            diff > 1e-2,
+                            "{variant:?} tokens {tokens}: the soft-cap changes the output by only {diff}"
+                        );
                     }
                 }
             }
@@ -971,7 +1192,9 @@ mod tests {
     /// to f32, decode and prefill (under the active ISA; CI runs every one via LOUPE_ISA).
     #[test]
     fn an_fp8_cache_gives_the_bits_of_its_rows_widened_to_f32() {
-        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 100.0) - 5.0).collect() };
+        let gen = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 100.0) - 5.0).collect()
+        };
         for head_dim in [64, 24, 7] {
             let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25, softcap: None };
             let (qw, kw) = (4 * head_dim, 2 * head_dim);
@@ -983,7 +1206,10 @@ mod tests {
                     (c, s)
                 };
                 let ((kc, ks), (vc, vs)) = (quant(gen(ctx * kw, 2)), quant(gen(ctx * kw, 3)));
-                let (kb, vb) = (KvBlocks::Fp8 { codes: &kc, scales: &ks, group: kw }, KvBlocks::Fp8 { codes: &vc, scales: &vs, group: kw });
+                let (kb, vb) = (
+                    KvBlocks::Fp8 { codes: &kc, scales: &ks, group: kw },
+                    KvBlocks::Fp8 { codes: &vc, scales: &vs, group: kw },
+                );
                 let (k, v) = (kb.to_f32_vec(), vb.to_f32_vec());
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 let mut want = vec![0.0; tokens * qw];
@@ -997,7 +1223,9 @@ mod tests {
 
     #[test]
     fn an_f16_cache_gives_the_bits_of_its_rows_widened_to_f32() {
-        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect() };
+        let gen = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        };
         // head_dim 64 (whole vectors), 24 (an AVX-512 tail) and 7 (scalar only).
         for head_dim in [64, 24, 7] {
             let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim, scale: 0.25, softcap: None };
@@ -1009,20 +1237,51 @@ mod tests {
                 let q = gen(tokens * qw, 1);
                 let k16: Vec<f16> = gen(ctx * kw, 2).iter().map(|&x| f16::from_f32(x)).collect();
                 let v16: Vec<f16> = gen(ctx * kw, 3).iter().map(|&x| f16::from_f32(x)).collect();
-                let (k, v): (Vec<f32>, Vec<f32>) = (k16.iter().map(|x| x.to_f32()).collect(), v16.iter().map(|x| x.to_f32()).collect());
+                let (k, v): (Vec<f32>, Vec<f32>) =
+                    (k16.iter().map(|x| x.to_f32()).collect(), v16.iter().map(|x| x.to_f32()).collect());
                 for with_probs in [false, true] {
                     let mut want = vec![0.0; tokens * qw];
                     let mut want_p = vec![0.0; 4 * tokens * ctx];
-                    attention(shape, AttentionVariant::default(), &q, &k, &v, ctx, &mut want, with_probs.then_some(&mut want_p[..])).unwrap();
+                    attention(
+                        shape,
+                        AttentionVariant::default(),
+                        &q,
+                        &k,
+                        &v,
+                        ctx,
+                        &mut want,
+                        with_probs.then_some(&mut want_p[..]),
+                    )
+                    .unwrap();
                     let mut got = vec![0.0; tokens * qw];
                     let mut got_p = vec![0.0; 4 * tokens * ctx];
                     let (kb, vb) = (KvBlocks::F16(&k16), KvBlocks::F16(&v16));
-                    attention_cached(shape, AttentionVariant::default(), &q, kb, vb, ctx, &mut got, with_probs.then_some(&mut got_p[..])).unwrap();
+                    attention_cached(
+                        shape,
+                        AttentionVariant::default(),
+                        &q,
+                        kb,
+                        vb,
+                        ctx,
+                        &mut got,
+                        with_probs.then_some(&mut got_p[..]),
+                    )
+                    .unwrap();
                     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&got), bits(&want), "head_dim {head_dim}, {tokens} tokens, probs {with_probs}");
                     assert_eq!(bits(&got_p), bits(&want_p), "head_dim {head_dim}, {tokens} tokens");
                     // Mixed: f16 keys, f32 values.
-                    attention_cached(shape, AttentionVariant::default(), &q, KvBlocks::F16(&k16), KvBlocks::F32(&v), ctx, &mut got, None).unwrap();
+                    attention_cached(
+                        shape,
+                        AttentionVariant::default(),
+                        &q,
+                        KvBlocks::F16(&k16),
+                        KvBlocks::F32(&v),
+                        ctx,
+                        &mut got,
+                        None,
+                    )
+                    .unwrap();
                     assert_eq!(bits(&got), bits(&want), "mixed, head_dim {head_dim}, {tokens} tokens");
                 }
             }
@@ -1031,7 +1290,17 @@ mod tests {
         let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 4, scale: 1.0, softcap: None };
         let short = vec![f16::ZERO; 4];
         let mut out = [0.0; 8];
-        assert!(attention_cached(shape, AttentionVariant::default(), &[0.0; 8], KvBlocks::F16(&short), KvBlocks::F16(&short), 2, &mut out, None).is_err());
+        assert!(attention_cached(
+            shape,
+            AttentionVariant::default(),
+            &[0.0; 8],
+            KvBlocks::F16(&short),
+            KvBlocks::F16(&short),
+            2,
+            &mut out,
+            None
+        )
+        .is_err());
     }
 
     /// The row kernels give the bits of the per-key dot / axpy loop on every ISA, f32 and
@@ -1039,16 +1308,23 @@ mod tests {
     /// of order (paged) and windows that start past 0.
     #[test]
     fn row_kernels_give_the_bits_of_the_per_key_loop() {
-        let gen = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 250.0) - 2.0).collect() };
+        let gen = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 250.0) - 2.0).collect()
+        };
         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for head_dim in [8, 16, 24, 64, 80, 256, 7] {
             let ctx = 37;
             let q = gen(head_dim, 1);
             let (k, v) = (gen(ctx * head_dim, 2), gen(ctx * head_dim, 3));
-            let (k16, v16): (Vec<f16>, Vec<f16>) = (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
+            let (k16, v16): (Vec<f16>, Vec<f16>) =
+                (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
             // Position p's row is stored at slot (p * 11) % ctx, as a block table scatters them.
             let start_of = |p: usize| (p * 11 % ctx) * head_dim;
-            for (keys, values) in [(KvBlocks::F32(&k), KvBlocks::F32(&v)), (KvBlocks::F16(&k16), KvBlocks::F16(&v16)), (KvBlocks::F16(&k16), KvBlocks::F32(&v))] {
+            for (keys, values) in [
+                (KvBlocks::F32(&k), KvBlocks::F32(&v)),
+                (KvBlocks::F16(&k16), KvBlocks::F16(&v16)),
+                (KvBlocks::F16(&k16), KvBlocks::F32(&v)),
+            ] {
                 for visible in [0..ctx, 5..ctx, 36..37] {
                     for isa in Isa::available() {
                         let mut wide = vec![0f32; head_dim];

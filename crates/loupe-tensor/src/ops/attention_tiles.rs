@@ -53,7 +53,13 @@ const TRANSPOSE_KEYS: usize = 64;
 ///
 /// Panics on narrow rows of a head over [`super::paged_attention::MAX_HEAD_DIM`] (the
 /// caller checks it).
-pub(crate) fn transpose_keys(k: super::paged_attention::KvBlocks<'_>, ctx: usize, n_kv_heads: usize, head_dim: usize, kt: &mut Vec<f32>) {
+pub(crate) fn transpose_keys(
+    k: super::paged_attention::KvBlocks<'_>,
+    ctx: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    kt: &mut Vec<f32>,
+) {
     use super::paged_attention::{KvBlocks, MAX_HEAD_DIM};
     let stride = padded_keys(ctx);
     let kv_width = n_kv_heads * head_dim;
@@ -90,7 +96,9 @@ pub(crate) fn transpose_keys(k: super::paged_attention::KvBlocks<'_>, ctx: usize
             for d in 0..head_dim {
                 // SAFETY: the padding columns ctx..stride of head h's rows belong to the
                 // task holding the head's last keys.
-                unsafe { std::slice::from_raw_parts_mut(out.get().add(base + d * stride + ctx), stride - ctx).fill(0.0) };
+                unsafe {
+                    std::slice::from_raw_parts_mut(out.get().add(base + d * stride + ctx), stride - ctx).fill(0.0)
+                };
             }
         }
     });
@@ -105,10 +113,23 @@ pub(crate) fn transpose_keys(k: super::paged_attention::KvBlocks<'_>, ctx: usize
 /// kt_stride` floats; `s` writable for `rows` rows of `padded_keys(n_keys) <= s_stride`; `q`
 /// readable as described.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn scores(isa: Isa, q: *const f32, q_stride: usize, rows: usize, head_dim: usize, kt: *const f32, kt_stride: usize, n_keys: usize, s: *mut f32, s_stride: usize) {
+pub(crate) unsafe fn scores(
+    isa: Isa,
+    q: *const f32,
+    q_stride: usize,
+    rows: usize,
+    head_dim: usize,
+    kt: *const f32,
+    kt_stride: usize,
+    n_keys: usize,
+    s: *mut f32,
+    s_stride: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 | Isa::Amx => x86::z::scores(q, q_stride, rows, head_dim, kt, kt_stride, padded_keys(n_keys), s, s_stride),
+        Isa::Avx512 | Isa::Amx => {
+            x86::z::scores(q, q_stride, rows, head_dim, kt, kt_stride, padded_keys(n_keys), s, s_stride)
+        }
         _ => x86::y::scores(q, q_stride, rows, head_dim, kt, kt_stride, padded_keys(n_keys), s, s_stride),
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -122,10 +143,23 @@ pub(crate) unsafe fn scores(isa: Isa, q: *const f32, q_stride: usize, rows: usiz
 /// [`usable`]`(isa, head_dim)`; `s` readable for `rows` rows of `n_keys`, `v` for `n_keys`
 /// rows of `head_dim`, `out` writable for `rows` rows of `head_dim`, at the given strides.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn weighted_values(isa: Isa, s: *const f32, s_stride: usize, rows: usize, n_keys: usize, v: *const f32, v_stride: usize, head_dim: usize, out: *mut f32, out_stride: usize) {
+pub(crate) unsafe fn weighted_values(
+    isa: Isa,
+    s: *const f32,
+    s_stride: usize,
+    rows: usize,
+    n_keys: usize,
+    v: *const f32,
+    v_stride: usize,
+    head_dim: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     match isa {
-        Isa::Avx512 | Isa::Amx => x86::z::weighted_values(s, s_stride, rows, n_keys, v, v_stride, head_dim, out, out_stride),
+        Isa::Avx512 | Isa::Amx => {
+            x86::z::weighted_values(s, s_stride, rows, n_keys, v, v_stride, head_dim, out, out_stride)
+        }
         _ => x86::y::weighted_values(s, s_stride, rows, n_keys, v, v_stride, head_dim, out, out_stride),
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -146,7 +180,17 @@ mod x86 {
 
             #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn scores(q: *const f32, q_stride: usize, rows: usize, head_dim: usize, kt: *const f32, kt_stride: usize, keys: usize, s: *mut f32, s_stride: usize) {
+            pub(crate) unsafe fn scores(
+                q: *const f32,
+                q_stride: usize,
+                rows: usize,
+                head_dim: usize,
+                kt: *const f32,
+                kt_stride: usize,
+                keys: usize,
+                s: *mut f32,
+                s_stride: usize,
+            ) {
                 let mut r = 0;
                 while r < rows {
                     let (q, s) = (q.add(r * q_stride), s.add(r * s_stride));
@@ -155,7 +199,16 @@ mod x86 {
                         $rows_s => score_rows::<$rows_s>(q, q_stride, head_dim, kt, kt_stride, keys, s, s_stride),
                         n => {
                             for i in 0..n {
-                                score_rows::<1>(q.add(i * q_stride), q_stride, head_dim, kt, kt_stride, keys, s.add(i * s_stride), s_stride);
+                                score_rows::<1>(
+                                    q.add(i * q_stride),
+                                    q_stride,
+                                    head_dim,
+                                    kt,
+                                    kt_stride,
+                                    keys,
+                                    s.add(i * s_stride),
+                                    s_stride,
+                                );
                             }
                         }
                     }
@@ -166,7 +219,16 @@ mod x86 {
             #[allow(clippy::too_many_arguments)]
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn score_rows<const R: usize>(q: *const f32, q_stride: usize, head_dim: usize, kt: *const f32, kt_stride: usize, keys: usize, s: *mut f32, s_stride: usize) {
+            unsafe fn score_rows<const R: usize>(
+                q: *const f32,
+                q_stride: usize,
+                head_dim: usize,
+                kt: *const f32,
+                kt_stride: usize,
+                keys: usize,
+                s: *mut f32,
+                s_stride: usize,
+            ) {
                 let mut j = 0;
                 while j < keys {
                     let mut acc = [[$zero(); KEY_VECS]; R];
@@ -194,7 +256,17 @@ mod x86 {
 
             #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn weighted_values(s: *const f32, s_stride: usize, rows: usize, n_keys: usize, v: *const f32, v_stride: usize, head_dim: usize, out: *mut f32, out_stride: usize) {
+            pub(crate) unsafe fn weighted_values(
+                s: *const f32,
+                s_stride: usize,
+                rows: usize,
+                n_keys: usize,
+                v: *const f32,
+                v_stride: usize,
+                head_dim: usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
                 let mut r = 0;
                 while r < rows {
                     let (s, out) = (s.add(r * s_stride), out.add(r * out_stride));
@@ -202,7 +274,16 @@ mod x86 {
                         $rows_v => value_rows::<$rows_v>(s, s_stride, n_keys, v, v_stride, head_dim, out, out_stride),
                         n => {
                             for i in 0..n {
-                                value_rows::<1>(s.add(i * s_stride), s_stride, n_keys, v, v_stride, head_dim, out.add(i * out_stride), out_stride);
+                                value_rows::<1>(
+                                    s.add(i * s_stride),
+                                    s_stride,
+                                    n_keys,
+                                    v,
+                                    v_stride,
+                                    head_dim,
+                                    out.add(i * out_stride),
+                                    out_stride,
+                                );
                             }
                         }
                     }
@@ -213,7 +294,16 @@ mod x86 {
             #[allow(clippy::too_many_arguments)]
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn value_rows<const R: usize>(s: *const f32, s_stride: usize, n_keys: usize, v: *const f32, v_stride: usize, head_dim: usize, out: *mut f32, out_stride: usize) {
+            unsafe fn value_rows<const R: usize>(
+                s: *const f32,
+                s_stride: usize,
+                n_keys: usize,
+                v: *const f32,
+                v_stride: usize,
+                head_dim: usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
                 let mut c = 0;
                 while c < head_dim {
                     let vecs = ((head_dim - c) / $lanes).min($cols_v);
@@ -222,7 +312,15 @@ mod x86 {
                         value_cols::<R, $cols_v>(s, s_stride, n_keys, v.add(c), v_stride, out.add(c), out_stride);
                     } else {
                         for x in 0..vecs {
-                            value_cols::<R, 1>(s, s_stride, n_keys, v.add(c + x * $lanes), v_stride, out.add(c + x * $lanes), out_stride);
+                            value_cols::<R, 1>(
+                                s,
+                                s_stride,
+                                n_keys,
+                                v.add(c + x * $lanes),
+                                v_stride,
+                                out.add(c + x * $lanes),
+                                out_stride,
+                            );
                         }
                     }
                     c += vecs * $lanes;
@@ -232,7 +330,15 @@ mod x86 {
             #[allow(clippy::too_many_arguments)]
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn value_cols<const R: usize, const C: usize>(s: *const f32, s_stride: usize, n_keys: usize, v: *const f32, v_stride: usize, out: *mut f32, out_stride: usize) {
+            unsafe fn value_cols<const R: usize, const C: usize>(
+                s: *const f32,
+                s_stride: usize,
+                n_keys: usize,
+                v: *const f32,
+                v_stride: usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
                 let mut acc = [[$zero(); C]; R];
                 for j in 0..n_keys {
                     let vrow = v.add(j * v_stride);
@@ -258,12 +364,36 @@ mod x86 {
 
     /// AVX-512: 8 rows x 2 vectors of keys, 4 rows x 4 vectors of the head (16 accumulators).
     pub(super) mod z {
-        tile_kernels!("avx512f", 16, __m512, _mm512_setzero_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, 8, 4, 4);
+        tile_kernels!(
+            "avx512f",
+            16,
+            __m512,
+            _mm512_setzero_ps,
+            _mm512_fmadd_ps,
+            _mm512_loadu_ps,
+            _mm512_storeu_ps,
+            _mm512_set1_ps,
+            8,
+            4,
+            4
+        );
     }
 
     /// AVX2 (16 registers): 2 rows x 4 vectors of keys, 4 rows x 2 vectors of the head (8 accumulators).
     pub(super) mod y {
-        tile_kernels!("avx2,fma", 8, __m256, _mm256_setzero_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, 2, 4, 2);
+        tile_kernels!(
+            "avx2,fma",
+            8,
+            __m256,
+            _mm256_setzero_ps,
+            _mm256_fmadd_ps,
+            _mm256_loadu_ps,
+            _mm256_storeu_ps,
+            _mm256_set1_ps,
+            2,
+            4,
+            2
+        );
     }
 }
 
@@ -297,14 +427,35 @@ mod tests {
                     let mut s = vec![f32::NAN; rows * s_stride];
                     // SAFETY: usable(isa, head_dim) and this CPU has isa; the buffers are
                     // sized as the contracts ask (kv head 1's transposed keys).
-                    unsafe { scores(isa, q.as_ptr(), q_stride, rows, head_dim, kt.as_ptr().add(head_dim * kt_stride), kt_stride, n_keys, s.as_mut_ptr(), s_stride) };
+                    unsafe {
+                        scores(
+                            isa,
+                            q.as_ptr(),
+                            q_stride,
+                            rows,
+                            head_dim,
+                            kt.as_ptr().add(head_dim * kt_stride),
+                            kt_stride,
+                            n_keys,
+                            s.as_mut_ptr(),
+                            s_stride,
+                        )
+                    };
                     for r in 0..rows {
                         for j in 0..n_keys {
-                            let want: f64 = (0..head_dim).map(|d| q[r * q_stride + d] as f64 * k[j * 2 * head_dim + head_dim + d] as f64).sum();
+                            let want: f64 = (0..head_dim)
+                                .map(|d| q[r * q_stride + d] as f64 * k[j * 2 * head_dim + head_dim + d] as f64)
+                                .sum();
                             let got = s[r * s_stride + j] as f64;
-                            assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{isa:?} hd {head_dim} rows {rows} keys {n_keys}: s[{r}][{j}] {got} vs {want}");
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                "{isa:?} hd {head_dim} rows {rows} keys {n_keys}: s[{r}][{j}] {got} vs {want}"
+                            );
                         }
-                        assert!(s[r * s_stride + padded_keys(n_keys)..(r + 1) * s_stride].iter().all(|x| x.is_nan()), "wrote past the padded keys");
+                        assert!(
+                            s[r * s_stride + padded_keys(n_keys)..(r + 1) * s_stride].iter().all(|x| x.is_nan()),
+                            "wrote past the padded keys"
+                        );
                     }
                     // Outputs from those scores (any weights do), values at a wider stride.
                     let v_stride = head_dim * 2;
@@ -312,14 +463,34 @@ mod tests {
                     let out_stride = head_dim + 9;
                     let mut out = vec![f32::NAN; rows * out_stride];
                     // SAFETY: as above; s holds rows x n_keys scores at s_stride.
-                    unsafe { weighted_values(isa, s.as_ptr(), s_stride, rows, n_keys, v.as_ptr(), v_stride, head_dim, out.as_mut_ptr(), out_stride) };
+                    unsafe {
+                        weighted_values(
+                            isa,
+                            s.as_ptr(),
+                            s_stride,
+                            rows,
+                            n_keys,
+                            v.as_ptr(),
+                            v_stride,
+                            head_dim,
+                            out.as_mut_ptr(),
+                            out_stride,
+                        )
+                    };
                     for r in 0..rows {
                         for c in 0..head_dim {
-                            let want: f64 = (0..n_keys).map(|j| s[r * s_stride + j] as f64 * v[j * v_stride + c] as f64).sum();
+                            let want: f64 =
+                                (0..n_keys).map(|j| s[r * s_stride + j] as f64 * v[j * v_stride + c] as f64).sum();
                             let got = out[r * out_stride + c] as f64;
-                            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{isa:?} hd {head_dim} rows {rows} keys {n_keys}: out[{r}][{c}] {got} vs {want}");
+                            assert!(
+                                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{isa:?} hd {head_dim} rows {rows} keys {n_keys}: out[{r}][{c}] {got} vs {want}"
+                            );
                         }
-                        assert!(out[r * out_stride + head_dim..(r + 1) * out_stride].iter().all(|x| x.is_nan()), "wrote past the head");
+                        assert!(
+                            out[r * out_stride + head_dim..(r + 1) * out_stride].iter().all(|x| x.is_nan()),
+                            "wrote past the head"
+                        );
                     }
                 }
             }
@@ -342,12 +513,42 @@ mod tests {
             let stride = padded_keys(n_keys);
             let mut block = vec![0f32; rows * stride];
             // SAFETY: usable and sized as the contract asks.
-            unsafe { scores(isa, q.as_ptr(), head_dim, rows, head_dim, kt.as_ptr(), stride, n_keys, block.as_mut_ptr(), stride) };
+            unsafe {
+                scores(
+                    isa,
+                    q.as_ptr(),
+                    head_dim,
+                    rows,
+                    head_dim,
+                    kt.as_ptr(),
+                    stride,
+                    n_keys,
+                    block.as_mut_ptr(),
+                    stride,
+                )
+            };
             for r in 0..rows {
                 let mut alone = vec![0f32; stride];
                 // SAFETY: as above, one row.
-                unsafe { scores(isa, q.as_ptr().add(r * head_dim), head_dim, 1, head_dim, kt.as_ptr(), stride, n_keys, alone.as_mut_ptr(), stride) };
-                assert_eq!(alone[..n_keys].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), block[r * stride..r * stride + n_keys].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{isa:?} row {r}");
+                unsafe {
+                    scores(
+                        isa,
+                        q.as_ptr().add(r * head_dim),
+                        head_dim,
+                        1,
+                        head_dim,
+                        kt.as_ptr(),
+                        stride,
+                        n_keys,
+                        alone.as_mut_ptr(),
+                        stride,
+                    )
+                };
+                assert_eq!(
+                    alone[..n_keys].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    block[r * stride..r * stride + n_keys].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{isa:?} row {r}"
+                );
             }
         }
     }

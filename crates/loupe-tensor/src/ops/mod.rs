@@ -14,8 +14,12 @@ pub mod paged_attention;
 pub mod rope;
 pub mod slice;
 
-pub use activation::{add_in_place, add_into, erf, gelu, mul_in_place, mul_into, round_bf16, silu, silu_mul_into, soft_cap, soft_cap_one};
-pub use attention::{attention, attention_cached, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap};
+pub use activation::{
+    add_in_place, add_into, erf, gelu, mul_in_place, mul_into, round_bf16, silu, silu_mul_into, soft_cap, soft_cap_one,
+};
+pub use attention::{
+    attention, attention_cached, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap,
+};
 pub use moe::{expert_id, router_select, router_weights, Router, RouterScoring};
 pub use norm::{layer_norm, rms_norm};
 pub use paged_attention::{paged_attention, write_paged, KvBlocks, KvBlocksMut, PagedSpan};

@@ -66,7 +66,12 @@ impl Router {
             return bad(format!("groups of {} expert(s); group scoring needs 2", self.n_experts / self.n_group));
         }
         if self.n_group > 1 && self.top_k > self.topk_group * (self.n_experts / self.n_group) {
-            return bad(format!("top_k {} exceeds the {} experts of {} groups", self.top_k, self.topk_group * (self.n_experts / self.n_group), self.topk_group));
+            return bad(format!(
+                "top_k {} exceeds the {} experts of {} groups",
+                self.top_k,
+                self.topk_group * (self.n_experts / self.n_group),
+                self.topk_group
+            ));
         }
         Ok(())
     }
@@ -99,18 +104,32 @@ fn top_k_into(v: &[f32], k: usize, order: &mut Vec<usize>) {
     order.clear();
     order.extend(0..v.len());
     // Descending by value, then ascending by index; NaN sorts last.
-    order.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap_or_else(|| v[a].is_nan().cmp(&v[b].is_nan())).then(a.cmp(&b)));
+    order
+        .sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap_or_else(|| v[a].is_nan().cmp(&v[b].is_nan())).then(a.cmp(&b)));
     order.truncate(k);
 }
 
 /// The experts each token goes to: `logits` is `[tokens, n_experts]`; `bias` the
 /// selection-only correction (`e_score_correction_bias`, sigmoid routers); `out` gets
 /// `[tokens, top_k]` expert ids as f32 (exact below 2^24), ascending per token.
-pub fn router_select(router: &Router, logits: &[f32], bias: Option<&[f32]>, out: &mut [f32]) -> Result<(), TensorError> {
+pub fn router_select(
+    router: &Router,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<(), TensorError> {
     router.check()?;
     let (e, k) = (router.n_experts, router.top_k);
     if !logits.len().is_multiple_of(e) || out.len() != logits.len() / e * k || bias.is_some_and(|b| b.len() != e) {
-        return Err(TensorError::Shape { op: "moe_router", detail: format!("{} logits, {} outputs, bias {:?} for {e} experts and top_k {k}", logits.len(), out.len(), bias.map(<[f32]>::len)) });
+        return Err(TensorError::Shape {
+            op: "moe_router",
+            detail: format!(
+                "{} logits, {} outputs, bias {:?} for {e} experts and top_k {k}",
+                logits.len(),
+                out.len(),
+                bias.map(<[f32]>::len)
+            ),
+        });
     }
     let mut scores = vec![0.0f32; e];
     let mut order = Vec::with_capacity(e);
@@ -158,7 +177,15 @@ pub fn router_weights(router: &Router, logits: &[f32], indices: &[f32], out: &mu
     let (e, k) = (router.n_experts, router.top_k);
     let tokens = logits.len() / e;
     if logits.len() != tokens * e || indices.len() != tokens * k || out.len() != tokens * k {
-        return Err(TensorError::Shape { op: "moe_weights", detail: format!("{} logits, {} indices, {} outputs for {e} experts and top_k {k}", logits.len(), indices.len(), out.len()) });
+        return Err(TensorError::Shape {
+            op: "moe_weights",
+            detail: format!(
+                "{} logits, {} indices, {} outputs for {e} experts and top_k {k}",
+                logits.len(),
+                indices.len(),
+                out.len()
+            ),
+        });
     }
     let mut scores = vec![0.0f32; e];
     for ((row, idx), dst) in logits.chunks_exact(e).zip(indices.chunks_exact(k)).zip(out.chunks_exact_mut(k)) {
@@ -197,7 +224,10 @@ pub fn expert_id(v: f32, n_experts: usize) -> Result<usize, TensorError> {
     if v >= 0.0 && v.fract() == 0.0 && (v as usize) < n_experts {
         Ok(v as usize)
     } else {
-        Err(TensorError::Shape { op: "moe_experts", detail: format!("expert id {v} is not one of {n_experts} experts") })
+        Err(TensorError::Shape {
+            op: "moe_experts",
+            detail: format!("expert id {v} is not one of {n_experts} experts"),
+        })
     }
 }
 
@@ -206,7 +236,15 @@ mod tests {
     use super::*;
 
     fn softmax_router(k: usize, norm: bool) -> Router {
-        Router { scoring: RouterScoring::Softmax, n_experts: 4, top_k: k, n_group: 1, topk_group: 1, norm_topk_prob: norm, scaling: 1.0 }
+        Router {
+            scoring: RouterScoring::Softmax,
+            n_experts: 4,
+            top_k: k,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: norm,
+            scaling: 1.0,
+        }
     }
 
     /// Scalar f64 reference of the softmax router, written from the formula.
@@ -233,10 +271,16 @@ mod tests {
             let mut w = [0.0f32; 4];
             router_weights(&r, &logits, &idx, &mut w).unwrap();
             for t in 0..2 {
-                let want = softmax_ref(&logits[t * 4..t * 4 + 4].iter().map(|&x| x as f64).collect::<Vec<_>>(), 2, norm);
+                let want =
+                    softmax_ref(&logits[t * 4..t * 4 + 4].iter().map(|&x| x as f64).collect::<Vec<_>>(), 2, norm);
                 for j in 0..2 {
                     assert_eq!(idx[t * 2 + j] as usize, want[j].0, "token {t}");
-                    assert!((w[t * 2 + j] as f64 - want[j].1).abs() < 1e-6, "token {t}: {} vs {}", w[t * 2 + j], want[j].1);
+                    assert!(
+                        (w[t * 2 + j] as f64 - want[j].1).abs() < 1e-6,
+                        "token {t}: {} vs {}",
+                        w[t * 2 + j],
+                        want[j].1
+                    );
                 }
             }
             // token 0 picks experts 2 and 3, written in id order
@@ -251,7 +295,15 @@ mod tests {
     /// even when it holds the single best expert.
     #[test]
     fn grouped_sigmoid_router_selects_with_bias_and_weights_without() {
-        let r = Router { scoring: RouterScoring::Sigmoid, n_experts: 8, top_k: 2, n_group: 2, topk_group: 1, norm_topk_prob: true, scaling: 2.5 };
+        let r = Router {
+            scoring: RouterScoring::Sigmoid,
+            n_experts: 8,
+            top_k: 2,
+            n_group: 2,
+            topk_group: 1,
+            norm_topk_prob: true,
+            scaling: 2.5,
+        };
         // Group 0 (experts 0-3): best two 1.0 + 0.9; group 1 (4-7): 3.0 + -2 -> 0.95+0.12 in sigmoid.
         let logits = [1.0f32, 0.9, -1.0, -1.0, 3.0, -2.0, -3.0, -3.0];
         let sig = |x: f32| 1.0 / (1.0 + (-x).exp());

@@ -43,7 +43,11 @@ pub enum KvBlocks<'a> {
     /// FP8 E4M3 codes; element `i` is `decode(codes[i]) · scales[i / group]`, one guarded
     /// scale per `group` consecutive elements of a cached row ([`crate::fp8::quantize_rows_e4m3`];
     /// groups never cross rows).
-    Fp8 { codes: &'a [u8], scales: &'a [f32], group: usize },
+    Fp8 {
+        codes: &'a [u8],
+        scales: &'a [f32],
+        group: usize,
+    },
 }
 
 /// One layer's cached keys or values, for writing.
@@ -52,7 +56,11 @@ pub enum KvBlocksMut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
     /// As [`KvBlocks::Fp8`].
-    Fp8 { codes: &'a mut [u8], scales: &'a mut [f32], group: usize },
+    Fp8 {
+        codes: &'a mut [u8],
+        scales: &'a mut [f32],
+        group: usize,
+    },
 }
 
 impl KvBlocks<'_> {
@@ -124,10 +132,16 @@ fn shape_error(detail: String) -> TensorError {
 }
 
 /// Index of the first element of position `p`'s row, checked against the storage.
-fn row_start(blocks: &[u32], block_size: usize, width: usize, p: usize, storage_len: usize) -> Result<usize, TensorError> {
-    let block = *blocks
-        .get(p / block_size)
-        .ok_or_else(|| shape_error(format!("position {p} is past the block table ({} blocks of {block_size})", blocks.len())))?;
+fn row_start(
+    blocks: &[u32],
+    block_size: usize,
+    width: usize,
+    p: usize,
+    storage_len: usize,
+) -> Result<usize, TensorError> {
+    let block = *blocks.get(p / block_size).ok_or_else(|| {
+        shape_error(format!("position {p} is past the block table ({} blocks of {block_size})", blocks.len()))
+    })?;
     let row = (block as usize)
         .checked_mul(block_size)
         .and_then(|r| r.checked_add(p % block_size))
@@ -141,7 +155,14 @@ fn row_start(blocks: &[u32], block_size: usize, width: usize, p: usize, storage_
 
 /// Writes `rows` (`[n, width]`, positions `past..past + n` of a sequence) into its blocks;
 /// f16 storage rounds to nearest even.
-pub fn write_paged(dst: &mut KvBlocksMut<'_>, width: usize, block_size: usize, blocks: &[u32], past: usize, rows: &[f32]) -> Result<(), TensorError> {
+pub fn write_paged(
+    dst: &mut KvBlocksMut<'_>,
+    width: usize,
+    block_size: usize,
+    blocks: &[u32],
+    past: usize,
+    rows: &[f32],
+) -> Result<(), TensorError> {
     if width == 0 || block_size == 0 || !rows.len().is_multiple_of(width) {
         return Err(shape_error(format!("{} values are not rows of {width}", rows.len())));
     }
@@ -193,10 +214,18 @@ pub fn paged_attention(
     let q_width = n_heads * head_dim;
     let kv_width = n_kv_heads * head_dim;
     if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q_width == 0 || head_dim > MAX_HEAD_DIM || block_size == 0 {
-        return Err(shape_error(format!("{n_heads} query heads, {n_kv_heads} kv heads of {head_dim}, blocks of {block_size}")));
+        return Err(shape_error(format!(
+            "{n_heads} query heads, {n_kv_heads} kv heads of {head_dim}, blocks of {block_size}"
+        )));
     }
     if !q.len().is_multiple_of(q_width) || out.len() != q.len() || keys.len() != values.len() {
-        return Err(shape_error(format!("q {} elements, out {}, keys {}, values {}", q.len(), out.len(), keys.len(), values.len())));
+        return Err(shape_error(format!(
+            "q {} elements, out {}, keys {}, values {}",
+            q.len(),
+            out.len(),
+            keys.len(),
+            values.len()
+        )));
     }
     let total_rows = q.len() / q_width;
     let ctx_max = spans.iter().map(PagedSpan::context).max().unwrap_or(0);
@@ -218,7 +247,10 @@ pub fn paged_attention(
     }
     if let Some(p) = &probs {
         if p.len() != n_heads * total_rows * ctx_max {
-            return Err(shape_error(format!("probs has {} elements, expected {n_heads}x{total_rows}x{ctx_max}", p.len())));
+            return Err(shape_error(format!(
+                "probs has {} elements, expected {n_heads}x{total_rows}x{ctx_max}",
+                p.len()
+            )));
         }
     }
     let group = n_heads / n_kv_heads;
@@ -248,7 +280,9 @@ pub fn paged_attention(
         let rows = first..(first + ROWS_PER_TASK).min(span.rows.end);
         // First element of kv head `kv_h` at position `p` of this span (in range: checked for
         // the span's last position before the tasks ran).
-        let head_start = |p: usize| span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim;
+        let head_start = |p: usize| {
+            span.blocks[p / block_size] as usize * block_size * kv_width + (p % block_size) * kv_width + kv_h * head_dim
+        };
         let mut kv_row = [0f32; MAX_HEAD_DIM];
         let kv_row = &mut kv_row[..head_dim];
         SCORES.with(|cell| {
@@ -264,13 +298,16 @@ pub fn paged_attention(
                 scores[..visible.start].fill(0.0);
                 // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
                 // out.len() == q.len() was checked above.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
+                let o =
+                    unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
                 let cached = CachedRows { keys: &keys, values: &values, start_of: head_start };
                 attend_row(isa, q_row, &cached, visible.clone(), scores, scale, softcap, o, kv_row);
                 if let Some(pp) = probs_ptr {
                     // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
                     // task alone; visible.end <= ctx_max; the length was checked above.
-                    let prow = unsafe { std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible.end) };
+                    let prow = unsafe {
+                        std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible.end)
+                    };
                     prow.copy_from_slice(scores);
                 }
             }
@@ -294,7 +331,8 @@ mod tests {
             .collect()
     }
 
-    const SHAPE: AttentionShape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
+    const SHAPE: AttentionShape =
+        AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
 
     /// Scatters contiguous rows into blocks following `table`.
     fn paged(rows: &[f32], width: usize, bs: usize, table: &[u32], n_blocks: usize) -> Vec<f32> {
@@ -323,8 +361,23 @@ mod tests {
                 attention::attention(shape, variant, &q, &k, &v, ctx, &mut want, None).unwrap();
                 let mut got = vec![0f32; qw];
                 let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
-                paged_attention(shape, variant, &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut got, None).unwrap();
-                assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{shape:?} {mask:?}");
+                paged_attention(
+                    shape,
+                    variant,
+                    &q,
+                    KvBlocks::F32(&kp),
+                    KvBlocks::F32(&vp),
+                    bs,
+                    &[span],
+                    &mut got,
+                    None,
+                )
+                .unwrap();
+                assert_eq!(
+                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{shape:?} {mask:?}"
+                );
             }
         }
         // The cap changes the result (the test can see it).
@@ -338,7 +391,17 @@ mod tests {
         let mut causal = vec![0f32; qw];
         attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut causal, None).unwrap();
         let mut windowed = vec![0f32; qw];
-        attention::attention(SHAPE, AttentionVariant { mask: AttentionMask::SlidingWindow(6), ..Default::default() }, &q, &k, &v, ctx, &mut windowed, None).unwrap();
+        attention::attention(
+            SHAPE,
+            AttentionVariant { mask: AttentionMask::SlidingWindow(6), ..Default::default() },
+            &q,
+            &k,
+            &v,
+            ctx,
+            &mut windowed,
+            None,
+        )
+        .unwrap();
         assert_ne!(causal, windowed);
     }
 
@@ -353,10 +416,12 @@ mod tests {
         let q = data(qw, 3);
         let table = [5u32, 0, 3, 1, 6, 2];
         let n = 7 * bs * kvw;
-        let (mut kc, mut ks, mut vc, mut vs) = (vec![0u8; n], vec![0f32; n / group], vec![0u8; n], vec![0f32; n / group]);
+        let (mut kc, mut ks, mut vc, mut vs) =
+            (vec![0u8; n], vec![0f32; n / group], vec![0u8; n], vec![0f32; n / group]);
         write_paged(&mut KvBlocksMut::Fp8 { codes: &mut kc, scales: &mut ks, group }, kvw, bs, &table, 0, &k).unwrap();
         write_paged(&mut KvBlocksMut::Fp8 { codes: &mut vc, scales: &mut vs, group }, kvw, bs, &table, 0, &v).unwrap();
-        let (kb, vb) = (KvBlocks::Fp8 { codes: &kc, scales: &ks, group }, KvBlocks::Fp8 { codes: &vc, scales: &vs, group });
+        let (kb, vb) =
+            (KvBlocks::Fp8 { codes: &kc, scales: &ks, group }, KvBlocks::Fp8 { codes: &vc, scales: &vs, group });
         // The rows in position order, widened.
         let widen = |b: &KvBlocks<'_>| {
             let mut rows = vec![0f32; ctx * kvw];
@@ -375,9 +440,20 @@ mod tests {
         let mut got = vec![0f32; qw];
         let span = PagedSpan { rows: 0..1, past: ctx - 1, blocks: &table };
         paged_attention(SHAPE, AttentionVariant::default(), &q, kb, vb, bs, &[span], &mut got, None).unwrap();
-        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
         // A group that does not split the rows is refused.
-        assert!(write_paged(&mut KvBlocksMut::Fp8 { codes: &mut kc, scales: &mut ks, group: 7 }, kvw, bs, &table, 0, &k).is_err());
+        assert!(write_paged(
+            &mut KvBlocksMut::Fp8 { codes: &mut kc, scales: &mut ks, group: 7 },
+            kvw,
+            bs,
+            &table,
+            0,
+            &k
+        )
+        .is_err());
     }
 
     #[test]
@@ -395,7 +471,18 @@ mod tests {
         let q = data(ctx * qw, 6);
         let run = |spans: &[PagedSpan<'_>], q: &[f32]| {
             let mut out = vec![0f32; q.len()];
-            paged_attention(SHAPE, AttentionVariant::default(), q, KvBlocks::F16(&k16), KvBlocks::F16(&v16), bs, spans, &mut out, None).unwrap();
+            paged_attention(
+                SHAPE,
+                AttentionVariant::default(),
+                q,
+                KvBlocks::F16(&k16),
+                KvBlocks::F16(&v16),
+                bs,
+                spans,
+                &mut out,
+                None,
+            )
+            .unwrap();
             out
         };
         // The whole sequence as one prefill.
@@ -404,8 +491,17 @@ mod tests {
         let other_table = [0u32];
         let mut q2 = data(qw, 9);
         q2.extend_from_slice(&q[8 * qw..]);
-        let mixed = run(&[PagedSpan { rows: 0..1, past: 0, blocks: &other_table }, PagedSpan { rows: 1..6, past: 8, blocks: &table }], &q2);
-        assert_eq!(whole[8 * qw..].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), mixed[qw..].iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        let mixed = run(
+            &[
+                PagedSpan { rows: 0..1, past: 0, blocks: &other_table },
+                PagedSpan { rows: 1..6, past: 8, blocks: &table },
+            ],
+            &q2,
+        );
+        assert_eq!(
+            whole[8 * qw..].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            mixed[qw..].iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
         // f16 storage stays close to f32.
         let mut f32_out = vec![0f32; ctx * qw];
         attention::causal_attention(SHAPE, &q, &k, &v, ctx, &mut f32_out, None).unwrap();
@@ -444,7 +540,18 @@ mod tests {
         let span = PagedSpan { rows: 0..2, past: 3, blocks: &table };
         let mut out = vec![0f32; 2 * qw];
         let mut probs = vec![0f32; SHAPE.n_heads * 2 * 5];
-        paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&kp), KvBlocks::F32(&vp), bs, &[span], &mut out, Some(&mut probs)).unwrap();
+        paged_attention(
+            SHAPE,
+            AttentionVariant::default(),
+            &q,
+            KvBlocks::F32(&kp),
+            KvBlocks::F32(&vp),
+            bs,
+            &[span],
+            &mut out,
+            Some(&mut probs),
+        )
+        .unwrap();
         for h in 0..SHAPE.n_heads {
             let row0 = &probs[(h * 2) * 5..(h * 2 + 1) * 5];
             assert!((row0.iter().sum::<f32>() - 1.0).abs() < 1e-5);
@@ -461,7 +568,18 @@ mod tests {
         let mut out = vec![0f32; qw];
         for (blocks, past) in [(&[0u32][..], 4), (&[9u32][..], 0), (&[][..], 0)] {
             let span = PagedSpan { rows: 0..1, past, blocks };
-            assert!(paged_attention(SHAPE, AttentionVariant::default(), &q, KvBlocks::F32(&store), KvBlocks::F32(&store), 4, &[span], &mut out, None).is_err());
+            assert!(paged_attention(
+                SHAPE,
+                AttentionVariant::default(),
+                &q,
+                KvBlocks::F32(&store),
+                KvBlocks::F32(&store),
+                4,
+                &[span],
+                &mut out,
+                None
+            )
+            .is_err());
         }
         let mut dst = vec![0f32; 4 * kvw];
         assert!(write_paged(&mut KvBlocksMut::F32(&mut dst), kvw, 4, &[1], 0, &data(kvw, 1)).is_err());

@@ -17,7 +17,9 @@ use crate::TensorError;
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor` (transformers' `rope_type="linear"`).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's frequency-dependent scaling (transformers'
     /// `_compute_llama3_parameters`).
     Llama3 {
@@ -128,7 +130,12 @@ impl RopeTable {
     /// theta^(2i / rotary_dim)`): transformers' `partial_rotary_factor`
     /// (`compute_default_rope_parameters`' `dim`, and `apply_rotary_pos_emb`'s
     /// `q[..., :rotary_dim]` / `q[..., rotary_dim:]`).
-    pub fn partial(head_dim: usize, rotary_dim: usize, theta: f32, scaling: &RopeScaling) -> Result<RopeTable, TensorError> {
+    pub fn partial(
+        head_dim: usize,
+        rotary_dim: usize,
+        theta: f32,
+        scaling: &RopeScaling,
+    ) -> Result<RopeTable, TensorError> {
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(TensorError::Shape {
                 op: "rope",
@@ -136,7 +143,10 @@ impl RopeTable {
             });
         }
         if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
-            return Err(TensorError::Shape { op: "rope", detail: format!("rotary_dim {rotary_dim} must be even, non-zero and at most head_dim {head_dim}") });
+            return Err(TensorError::Shape {
+                op: "rope",
+                detail: format!("rotary_dim {rotary_dim} must be even, non-zero and at most head_dim {head_dim}"),
+            });
         }
         let half = rotary_dim / 2;
         let exponent = |i: usize| (2 * i) as f32 / rotary_dim as f32;
@@ -169,30 +179,54 @@ impl RopeTable {
                 if factors.len() != half {
                     return Err(TensorError::Shape {
                         op: "rope",
-                        detail: format!("{} frequency factors for head_dim {head_dim} (expected {half})", factors.len()),
+                        detail: format!(
+                            "{} frequency factors for head_dim {head_dim} (expected {half})",
+                            factors.len()
+                        ),
                     });
                 }
                 for (f, &d) in inv_freq.iter_mut().zip(factors) {
                     *f /= d;
                 }
             }
-            RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor: af } => {
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor: af,
+            } => {
                 for (what, factors) in [("short_factor", short_factor), ("long_factor", long_factor)] {
                     if factors.len() != half {
-                        return Err(TensorError::Shape { op: "rope", detail: format!("{} {what} entries for rotary_dim {rotary_dim} (expected {half})", factors.len()) });
+                        return Err(TensorError::Shape {
+                            op: "rope",
+                            detail: format!(
+                                "{} {what} entries for rotary_dim {rotary_dim} (expected {half})",
+                                factors.len()
+                            ),
+                        });
                     }
                 }
                 if !(af.is_finite() && *af > 0.0) || *original_max_position_embeddings == 0 {
                     return Err(TensorError::Shape { op: "rope", detail: format!("longrope attention factor {af} and original length {original_max_position_embeddings} must be positive") });
                 }
                 // `1.0 / (ext_factors * base**inv_freq_shape)`, each step in f32 as torch.
-                let scaled = |factors: &[f32]| -> Vec<f32> { factors.iter().enumerate().map(|(i, &e)| 1.0 / (e * theta.powf(exponent(i)))).collect() };
+                let scaled = |factors: &[f32]| -> Vec<f32> {
+                    factors.iter().enumerate().map(|(i, &e)| 1.0 / (e * theta.powf(exponent(i)))).collect()
+                };
                 inv_freq = scaled(short_factor);
                 long = Some((scaled(long_factor), *original_max_position_embeddings));
                 attention_factor = *af;
             }
         }
-        Ok(RopeTable { head_dim, rotary_dim, inv_freq, position_scale, attention_factor, long, cache: CosSinCache::default() })
+        Ok(RopeTable {
+            head_dim,
+            rotary_dim,
+            inv_freq,
+            position_scale,
+            attention_factor,
+            long,
+            cache: CosSinCache::default(),
+        })
     }
 
     pub fn head_dim(&self) -> usize {
@@ -244,22 +278,45 @@ impl RopeTable {
     }
 
     /// [`RopeTable::apply`] with the pairing of `mode`.
-    pub fn apply_mode(&self, x: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
+    pub fn apply_mode(
+        &self,
+        x: &mut [f32],
+        n_heads: usize,
+        first_position: usize,
+        mode: RopeMode,
+    ) -> Result<(), TensorError> {
         self.rotate(None, x, n_heads, first_position, mode)
     }
 
     /// [`RopeTable::apply_mode`] of a copy of `src` written into `out` (same length): each
     /// pool task copies its own rows before rotating them (a copy on the calling thread first
     /// was most of a prefill's rope time, with the other compute thread idle).
-    pub fn apply_mode_into(&self, src: &[f32], out: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
+    pub fn apply_mode_into(
+        &self,
+        src: &[f32],
+        out: &mut [f32],
+        n_heads: usize,
+        first_position: usize,
+        mode: RopeMode,
+    ) -> Result<(), TensorError> {
         if src.len() != out.len() {
-            return Err(TensorError::Shape { op: "rope", detail: format!("{} elements into {}", src.len(), out.len()) });
+            return Err(TensorError::Shape {
+                op: "rope",
+                detail: format!("{} elements into {}", src.len(), out.len()),
+            });
         }
         self.rotate(Some(src), out, n_heads, first_position, mode)
     }
 
     /// Rotates `x` in place, or a copy of `src` into `x` when given.
-    fn rotate(&self, src: Option<&[f32]>, x: &mut [f32], n_heads: usize, first_position: usize, mode: RopeMode) -> Result<(), TensorError> {
+    fn rotate(
+        &self,
+        src: Option<&[f32]>,
+        x: &mut [f32],
+        n_heads: usize,
+        first_position: usize,
+        mode: RopeMode,
+    ) -> Result<(), TensorError> {
         let width = n_heads * self.head_dim;
         if width == 0 || !x.len().is_multiple_of(width) {
             return Err(TensorError::Shape {
@@ -543,13 +600,25 @@ mod tests {
     fn longrope_picks_its_factors_by_the_call_end() {
         let (hd, rd, theta, orig, af) = (8, 4, 10000.0f32, 4, 1.25f32);
         let (short, long) = (vec![1.0f32, 1.5], vec![3.0f32, 7.0]);
-        let s = RopeScaling::LongRope { short_factor: short.clone(), long_factor: long.clone(), original_max_position_embeddings: orig, attention_factor: af };
+        let s = RopeScaling::LongRope {
+            short_factor: short.clone(),
+            long_factor: long.clone(),
+            original_max_position_embeddings: orig,
+            attention_factor: af,
+        };
         let t = RopeTable::partial(hd, rd, theta, &s).unwrap();
         assert_eq!((t.long_after(), t.attention_factor()), (Some(orig), af));
-        let inv = |f: &[f32]| -> Vec<f64> { f.iter().enumerate().map(|(i, &e)| 1.0 / (e as f64 * (theta as f64).powf(2.0 * i as f64 / rd as f64))).collect() };
+        let inv = |f: &[f32]| -> Vec<f64> {
+            f.iter()
+                .enumerate()
+                .map(|(i, &e)| 1.0 / (e as f64 * (theta as f64).powf(2.0 * i as f64 / rd as f64)))
+                .collect()
+        };
         let x: Vec<f32> = (0..hd).map(|i| 0.3 + (i as f32 * 0.77).cos()).collect();
         // (first position, rows, which factors)
-        for (first, rows, factors) in [(0usize, 4usize, &short), (0, 5, &long), (3, 1, &short), (4, 1, &long), (2, 2, &short), (2, 3, &long)] {
+        for (first, rows, factors) in
+            [(0usize, 4usize, &short), (0, 5, &long), (3, 1, &short), (4, 1, &long), (2, 2, &short), (2, 3, &long)]
+        {
             let mut y: Vec<f32> = x.iter().cycle().take(hd * rows).copied().collect();
             t.apply(&mut y, 1, first).unwrap();
             for (r, row) in y.chunks(hd).enumerate() {
@@ -558,9 +627,19 @@ mod tests {
                 assert_eq!(&row[rd..], &x[rd..]);
             }
         }
-        let bad = RopeScaling::LongRope { short_factor: vec![1.0; 3], long_factor: long.clone(), original_max_position_embeddings: orig, attention_factor: af };
+        let bad = RopeScaling::LongRope {
+            short_factor: vec![1.0; 3],
+            long_factor: long.clone(),
+            original_max_position_embeddings: orig,
+            attention_factor: af,
+        };
         assert!(RopeTable::partial(hd, rd, theta, &bad).unwrap_err().to_string().contains("short_factor"));
-        let bad = RopeScaling::LongRope { short_factor: short, long_factor: long, original_max_position_embeddings: orig, attention_factor: f32::NAN };
+        let bad = RopeScaling::LongRope {
+            short_factor: short,
+            long_factor: long,
+            original_max_position_embeddings: orig,
+            attention_factor: f32::NAN,
+        };
         assert!(RopeTable::partial(hd, rd, theta, &bad).is_err());
     }
 

@@ -7,13 +7,7 @@ use crate::TensorError;
 
 /// Copies columns `start..start + len` of every `width`-wide row of `x` into `out`
 /// (`rows * len` elements).
-pub fn slice_columns(
-    x: &[f32],
-    width: usize,
-    start: usize,
-    len: usize,
-    out: &mut [f32],
-) -> Result<(), TensorError> {
+pub fn slice_columns(x: &[f32], width: usize, start: usize, len: usize, out: &mut [f32]) -> Result<(), TensorError> {
     let end = start.checked_add(len).filter(|&e| e <= width && len > 0);
     if end.is_none() || !x.len().is_multiple_of(width) || out.len() != x.len() / width * len {
         return Err(TensorError::Shape {
@@ -60,15 +54,9 @@ mod tests {
         let x = vec![0.0f32; 12];
         let mut out = vec![0.0f32; 6];
         for (width, start, len) in [(4, 3, 2), (4, 0, 0), (5, 0, 2), (4, usize::MAX, 2)] {
-            assert!(
-                slice_columns(&x, width, start, len, &mut out).is_err(),
-                "{width} {start} {len}"
-            );
+            assert!(slice_columns(&x, width, start, len, &mut out).is_err(), "{width} {start} {len}");
         }
         assert!(slice_columns(&x, 4, 1, 2, &mut out).is_ok());
-        assert!(
-            slice_columns(&x, 4, 1, 3, &mut out).is_err(),
-            "output of the wrong size"
-        );
+        assert!(slice_columns(&x, 4, 1, 3, &mut out).is_err(), "output of the wrong size");
     }
 }

@@ -83,11 +83,8 @@ unsafe fn rd_u32(p: *const u8) -> i32 {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn head(p0: *const u8, p1: *const u8, has_min: bool) -> __m128 {
-    let h = if has_min {
-        _mm_set_epi32(0, 0, rd_u32(p1), rd_u32(p0))
-    } else {
-        _mm_set_epi32(0, 0, rd_u16(p1), rd_u16(p0))
-    };
+    let h =
+        if has_min { _mm_set_epi32(0, 0, rd_u32(p1), rd_u32(p0)) } else { _mm_set_epi32(0, 0, rd_u16(p1), rd_u16(p0)) };
     _mm_cvtph_ps(h)
 }
 

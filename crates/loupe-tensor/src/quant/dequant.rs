@@ -227,7 +227,8 @@ pub(crate) fn e8m0_half(e: u8) -> f32 {
 pub(crate) fn ue4m3_half(x: u8) -> f32 {
     // A table: the formula's `powi` calls cost more than the rest of an NVFP4 sub-block's
     // dot (decode ran at a third of MXFP4's speed with them).
-    static TABLE: std::sync::LazyLock<[f32; 256]> = std::sync::LazyLock::new(|| std::array::from_fn(|i| ue4m3_half_formula(i as u8)));
+    static TABLE: std::sync::LazyLock<[f32; 256]> =
+        std::sync::LazyLock::new(|| std::array::from_fn(|i| ue4m3_half_formula(i as u8)));
     TABLE[usize::from(x)]
 }
 

@@ -57,11 +57,7 @@ impl Isa {
                 Ok(v) => match Isa::parse(&v) {
                     Some(want) if want <= hw => want,
                     Some(want) => {
-                        eprintln!(
-                            "loupe: LOUPE_ISA={} is not supported by this CPU; using {}",
-                            want.name(),
-                            hw.name()
-                        );
+                        eprintln!("loupe: LOUPE_ISA={} is not supported by this CPU; using {}", want.name(), hw.name());
                         hw
                     }
                     None => {
@@ -98,11 +94,7 @@ fn detect() -> Isa {
     use std::arch::is_x86_feature_detected as has;
     let avx2 = has!("avx2") && has!("fma") && has!("f16c");
     // VNNI is required, not just F/BW: the int8 kernels are built on vpdpbusd.
-    let avx512 = avx2
-        && has!("avx512f")
-        && has!("avx512bw")
-        && has!("avx512vl")
-        && has!("avx512vnni");
+    let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
     if avx512 && crate::amx::tiles_usable() {
         Isa::Amx
     } else if avx512 {

@@ -170,10 +170,7 @@ pub fn quantize_row_with(isa: Isa, ty: GgmlType, src: &[f32], dst: &mut [u8]) ->
 
 /// Whether [`quantize_row`] supports `ty`.
 pub fn can_quantize(ty: GgmlType) -> bool {
-    !matches!(
-        ty,
-        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K
-    ) && GgmlType::ALL.contains(&ty)
+    !matches!(ty, GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K) && GgmlType::ALL.contains(&ty)
 }
 
 /// Dot product of `n` elements: a weight row of type `wty` with an activation row

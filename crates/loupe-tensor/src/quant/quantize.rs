@@ -52,7 +52,7 @@ pub(crate) fn bf16_row(src: &[f32], dst: &mut [u8]) {
 fn roundf(x: f32) -> i8 {
     let t = x as i32; // truncates toward zero
     let frac = x - t as f32; // exact
-    // Branch-free: the halfway test is data-dependent and mispredicts half the time.
+                             // Branch-free: the halfway test is data-dependent and mispredicts half the time.
     (t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32) as i8
 }
 
@@ -285,7 +285,17 @@ fn nearest_level(v: f32, nmax: i32) -> u8 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], l_out: &mut [u8], the_min: &mut f32, l_aux: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> f32 {
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l_out: &mut [u8],
+    the_min: &mut f32,
+    l_aux: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> f32 {
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
@@ -368,7 +378,17 @@ pub(crate) fn q4_k(src: &[f32], dst: &mut [u8]) {
             for (w, v) in weights.iter_mut().zip(xs) {
                 *w = av_x + v.abs();
             }
-            scales[j] = make_qkx2_quants(15, xs, &weights, &mut l[32 * j..32 * j + 32], &mut mins[j], &mut l_aux, -1.0, 0.1, 20);
+            scales[j] = make_qkx2_quants(
+                15,
+                xs,
+                &weights,
+                &mut l[32 * j..32 * j + 32],
+                &mut mins[j],
+                &mut l_aux,
+                -1.0,
+                0.1,
+                20,
+            );
             max_scale = max_scale.max(scales[j]);
             max_min = max_min.max(mins[j]);
         }

@@ -110,7 +110,8 @@ pub(crate) fn fp8_e4m3_f32(w: &[u8], a: &[u8], n: usize) -> f32 {
     let mut acc = 0f32;
     for (b, block) in w[..n / QK * 34].chunks_exact(34).enumerate() {
         let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
-        let s: f32 = block[2..].iter().enumerate().map(|(j, &q)| crate::fp8::decode_e4m3(q) * act_f32(a, b * QK + j)).sum();
+        let s: f32 =
+            block[2..].iter().enumerate().map(|(j, &q)| crate::fp8::decode_e4m3(q) * act_f32(a, b * QK + j)).sum();
         acc += s * d;
     }
     acc

@@ -239,7 +239,8 @@ fn mxfp4_blocks_decode_and_quantize_as_ggml_does() {
     // Random blocks at several magnitudes: every value takes its nearest code.
     let mut rng = loupe_core::SplitMix64::new(5);
     for scale in [1e-3f32, 0.7, 37.0, 3e4] {
-        let x: Vec<f32> = (0..64).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale).collect();
+        let x: Vec<f32> =
+            (0..64).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale).collect();
         let mut q = vec![0u8; 34];
         quantize_row(GgmlType::Mxfp4, &x, &mut q).unwrap();
         let mut y = vec![0f32; 64];
@@ -249,12 +250,17 @@ fn mxfp4_blocks_decode_and_quantize_as_ggml_does() {
             assert_eq!(q[b * 17], (amax.log2().floor() - 2.0 + 127.0) as u8, "scale {scale}: block exponent");
             let d = f32::powi(2.0, i32::from(q[b * 17]) - 128);
             for (&xv, &yv) in xs.iter().zip(ys) {
-                let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0].iter().flat_map(|&k| [k * d, -k * d]).map(|c| (c - xv).abs()).fold(f32::INFINITY, f32::min);
+                let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]
+                    .iter()
+                    .flat_map(|&k| [k * d, -k * d])
+                    .map(|c| (c - xv).abs())
+                    .fold(f32::INFINITY, f32::min);
                 assert_eq!((yv - xv).abs(), nearest, "scale {scale}: {xv} became {yv}");
             }
         }
         let act: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
-        let want: f32 = y.chunks(32).zip(act.chunks(32)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
+        let want: f32 =
+            y.chunks(32).zip(act.chunks(32)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
         assert_eq!(crate::wq::dot_row_scalar(GgmlType::Mxfp4, &q, &act).unwrap(), want);
     }
     // An all-zero block: exponent 0, zero codes, zeros back.
@@ -273,7 +279,8 @@ fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
     use super::dequant::ue4m3_half;
     // Every scale code against E4M3FN's own decoding (bit 7 ignored, halved).
     for x in 0u8..=255 {
-        let want = if x & 0x7f == 0 || x == 0x7f { 0.0 } else { loupe_core::fp8::Fp8Format::E4M3.decode(x & 0x7f) * 0.5 };
+        let want =
+            if x & 0x7f == 0 || x == 0x7f { 0.0 } else { loupe_core::fp8::Fp8Format::E4M3.decode(x & 0x7f) * 0.5 };
         if x == 0xff {
             // ggml decodes 0xFF as exponent 15, mantissa 7 (only 0x7F is its NaN): 240.
             assert_eq!(ue4m3_half(x), 240.0);
@@ -319,15 +326,24 @@ fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
         for (sb, (xs, ys)) in x.chunks(16).zip(y.chunks(16)).enumerate() {
             let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
             let code = q[(sb / 4) * 36 + sb % 4];
-            assert_eq!(code, loupe_core::fp8::Fp8Format::E4M3.encode(amax / 6.0), "magnitude {mag}: sub-block {sb}'s scale");
+            assert_eq!(
+                code,
+                loupe_core::fp8::Fp8Format::E4M3.encode(amax / 6.0),
+                "magnitude {mag}: sub-block {sb}'s scale"
+            );
             let d = ue4m3_half(code);
             for (&xv, &yv) in xs.iter().zip(ys) {
-                let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0].iter().flat_map(|&k| [k * d, -k * d]).map(|c| (c - xv).abs()).fold(f32::INFINITY, f32::min);
+                let nearest = [0.0f32, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]
+                    .iter()
+                    .flat_map(|&k| [k * d, -k * d])
+                    .map(|c| (c - xv).abs())
+                    .fold(f32::INFINITY, f32::min);
                 assert_eq!((yv - xv).abs(), nearest, "magnitude {mag}: {xv} became {yv}");
             }
         }
         let act: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin()).collect();
-        let want: f32 = y.chunks(64).zip(act.chunks(64)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
+        let want: f32 =
+            y.chunks(64).zip(act.chunks(64)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
         assert_eq!(crate::wq::dot_row_scalar(GgmlType::Nvfp4, &q, &act).unwrap(), want);
         let mut out = [0f32; 1];
         let qm = crate::matmul::QMatrix::new(GgmlType::Nvfp4, 1, 128, q.clone()).unwrap();
@@ -336,7 +352,10 @@ fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
         // reference's block-by-block f32 loop), which stays within f32 rounding of it.
         let row_dot = crate::wq::dot_row(crate::quant::Isa::active(), GgmlType::Nvfp4, &q, &act, &[]).unwrap();
         assert_eq!(out[0], row_dot, "the matmul's generic path");
-        assert!((row_dot - want).abs() <= 1e-5 * (1.0 + want.abs()), "the active ISA's dot {row_dot} vs the reference {want}");
+        assert!(
+            (row_dot - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            "the active ISA's dot {row_dot} vs the reference {want}"
+        );
         // A per-tensor scale multiplies the finished output (and the dequantized matrix).
         let qm = qm.with_tensor_scale(0.25);
         crate::wq::matmul_wq(&act, &qm, &mut out, 1).unwrap();
@@ -362,10 +381,14 @@ fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
 #[test]
 fn q4_k_quantizes_near_a_4_bit_grid_and_no_worse_than_q4_1() {
     let mut rng = loupe_core::SplitMix64::new(21);
-    let rms = |a: &[f32], b: &[f32]| (a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>() / a.len() as f64).sqrt();
+    let rms = |a: &[f32], b: &[f32]| {
+        (a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
+    };
     for mag in [1e-3f32, 0.05, 1.0, 40.0] {
         for offset in [0.0f32, 0.3] {
-            let x: Vec<f32> = (0..512).map(|_| (((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) + offset) * mag).collect();
+            let x: Vec<f32> = (0..512)
+                .map(|_| (((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) + offset) * mag)
+                .collect();
             let mut q = vec![0u8; 2 * 144];
             quantize_row(GgmlType::Q4K, &x, &mut q).unwrap();
             let mut y = vec![0f32; 512];
@@ -398,7 +421,8 @@ fn q4_k_quantizes_near_a_4_bit_grid_and_no_worse_than_q4_1() {
 fn fp8_e4m3_blocks_quantize_with_a_guarded_scale() {
     use crate::fp8::{decode_e4m3, encode_e4m3};
     // Values on the E4M3 grid times d = 0.5: they come back bit for bit.
-    let grid: Vec<f32> = (0..32).map(|j| decode_e4m3(((j * 37) % 0x7f) as u8 ^ if j % 3 == 0 { 0x80 } else { 0 }) * 0.5).collect();
+    let grid: Vec<f32> =
+        (0..32).map(|j| decode_e4m3(((j * 37) % 0x7f) as u8 ^ if j % 3 == 0 { 0x80 } else { 0 }) * 0.5).collect();
     let mut x = grid.clone();
     x[5] = 224.0; // 448 * 0.5: max|x| / 448 = 0.5 exactly
     let mut q = [0u8; 34];
@@ -421,7 +445,10 @@ fn fp8_e4m3_blocks_quantize_with_a_guarded_scale() {
                 assert_eq!(q[34 * b + 2 + j], encode_e4m3(xv * (1.0 / d.to_f32())), "magnitude {mag}: {xv}'s code");
                 // E4M3 keeps 3 mantissa bits: half an ulp is 2^-4 relative, plus the
                 // subnormal step (2^-9 * d) near zero.
-                assert!((yv - xv).abs() <= xv.abs() / 16.0 + d.to_f32() / 512.0 + 1e-12, "magnitude {mag}: {xv} became {yv}");
+                assert!(
+                    (yv - xv).abs() <= xv.abs() / 16.0 + d.to_f32() / 512.0 + 1e-12,
+                    "magnitude {mag}: {xv} became {yv}"
+                );
             }
         }
     }
@@ -430,7 +457,17 @@ fn fp8_e4m3_blocks_quantize_with_a_guarded_scale() {
     // codes of +-0; the unguarded reciprocal (1 / 0 = inf, 0 * inf = NaN) writes NaN codes.
     for (label, v) in [("zero", 0.0f32), ("tiny", 1e-6), ("denormal", 1e-40)] {
         // With an exact zero among them (pruned weights): the unguarded 0 * inf.
-        let x: Vec<f32> = (0..32).map(|j| if j % 4 == 3 { 0.0 } else if j % 2 == 0 { v } else { -v * 0.5 }).collect();
+        let x: Vec<f32> = (0..32)
+            .map(|j| {
+                if j % 4 == 3 {
+                    0.0
+                } else if j % 2 == 0 {
+                    v
+                } else {
+                    -v * 0.5
+                }
+            })
+            .collect();
         let mut q = [0xAAu8; 34];
         quantize_row(GgmlType::Fp8E4M3, &x, &mut q).unwrap();
         assert_eq!(&q[..2], &[0, 0], "{label} block: d = 0");
@@ -438,7 +475,10 @@ fn fp8_e4m3_blocks_quantize_with_a_guarded_scale() {
         assert!(deq(GgmlType::Fp8E4M3, &q, 32).iter().all(|&y| y == 0.0), "{label} block dequantizes to zeros");
         let mut bad = [0u8; 34];
         super::quantize::fp8_e4m3_unguarded(&x, &mut bad);
-        assert!(deq(GgmlType::Fp8E4M3, &bad, 32).iter().any(|y| y.is_nan()), "{label} block: the unguarded formula writes NaN");
+        assert!(
+            deq(GgmlType::Fp8E4M3, &bad, 32).iter().any(|y| y.is_nan()),
+            "{label} block: the unguarded formula writes NaN"
+        );
     }
     // A huge block: the scale clamps to f16's largest and the codes saturate, finite.
     let x: Vec<f32> = (0..32).map(|j| 1e30 * if j % 2 == 0 { 1.0 } else { -0.25 }).collect();

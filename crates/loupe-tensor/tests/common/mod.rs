@@ -185,4 +185,3 @@ pub fn reference(wty: GgmlType, w: &[u8], act: &[u8], n: usize) -> (f64, f64) {
     }
     (exact, mag)
 }
-

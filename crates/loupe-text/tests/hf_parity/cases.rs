@@ -56,21 +56,14 @@ pub fn chats() -> Vec<Vec<Value>> {
     vec![
         vec![msg("user", "What is the capital of France?")],
         vec![msg("system", "You are a pirate."), msg("user", "Hi")],
-        vec![
-            msg("user", "Hi"),
-            msg("assistant", "Hello! How can I help?"),
-            msg("user", "Tell me a joke."),
-        ],
+        vec![msg("user", "Hi"), msg("assistant", "Hello! How can I help?"), msg("user", "Tell me a joke.")],
         vec![
             msg("system", "Be brief."),
             msg("user", "2+2?"),
             msg("assistant", "4"),
             msg("user", "  spaces  \n and newlines\n"),
         ],
-        vec![msg(
-            "user",
-            "Emoji 😀 and 日本語 and <b>html</b> & \"quotes\"",
-        )],
+        vec![msg("user", "Emoji 😀 and 日本語 and <b>html</b> & \"quotes\"")],
     ]
 }
 
@@ -141,8 +134,7 @@ pub const BLOCKS: &str = "{% for message in messages %}
 ";
 
 /// Python's whitespace (U+001C..U+001F included) in strip/split/trim.
-pub const WHITESPACE: &str =
-    "{% for m in messages %}[{{ m.content|trim }}][{{ m.content.strip() }}]\
+pub const WHITESPACE: &str = "{% for m in messages %}[{{ m.content|trim }}][{{ m.content.strip() }}]\
 [{{ m.content.lstrip() }}][{{ m.content.rstrip() }}]{{ m.content.split()|length }}\
 [{{ m.content.strip(' \u{1c}') }}]{% endfor %}";
 
@@ -169,46 +161,11 @@ pub fn templates() -> Vec<Value> {
         t("llama3_gen", LLAMA3, &conv, true, Value::Null, json!({})),
         t("tools", TOOLS, &conv, true, tools.clone(), date.clone()),
         t("tools_none", TOOLS, &conv[1..], false, Value::Null, date),
-        t(
-            "alternate_ok",
-            ALTERNATE,
-            &alternating,
-            false,
-            Value::Null,
-            json!({}),
-        ),
-        t(
-            "alternate_raise",
-            ALTERNATE,
-            &broken,
-            false,
-            Value::Null,
-            json!({}),
-        ),
-        t(
-            "alternate_role",
-            ALTERNATE,
-            &[msg("system", "x")],
-            false,
-            Value::Null,
-            json!({}),
-        ),
+        t("alternate_ok", ALTERNATE, &alternating, false, Value::Null, json!({})),
+        t("alternate_raise", ALTERNATE, &broken, false, Value::Null, json!({})),
+        t("alternate_role", ALTERNATE, &[msg("system", "x")], false, Value::Null, json!({})),
         t("blocks", BLOCKS, &conv, true, Value::Null, json!({})),
-        t(
-            "blocks_nogen",
-            BLOCKS,
-            &alternating,
-            false,
-            Value::Null,
-            json!({}),
-        ),
-        t(
-            "python_whitespace",
-            WHITESPACE,
-            &[msg("user", "\u{1c} a\u{a0}b \u{1f}\n")],
-            false,
-            Value::Null,
-            json!({}),
-        ),
+        t("blocks_nogen", BLOCKS, &alternating, false, Value::Null, json!({})),
+        t("python_whitespace", WHITESPACE, &[msg("user", "\u{1c} a\u{a0}b \u{1f}\n")], false, Value::Null, json!({})),
     ]
 }

@@ -55,17 +55,11 @@ fn model_path() -> Result<PathBuf, String> {
 fn python_versions() -> Result<String, String> {
     let script = "import importlib.metadata as m\n\
                   print(' '.join(m.version(p) for p in ('transformers', 'tokenizers', 'gguf', 'accelerate', 'torch')))";
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .output()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
+    let out = Command::new("python3").args(["-c", script]).output().map_err(|e| format!("cannot run python3: {e}"))?;
     if !out.status.success() {
         return Err(format!(
             "python3 lacks transformers/tokenizers/gguf/accelerate/torch: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
@@ -89,16 +83,13 @@ fn fnv(parts: &[&[u8]]) -> u64 {
 
 fn produce() -> Result<Fixture, String> {
     let model = model_path()?;
-    let versions = python_versions().map_err(|why| format!("needs the Python reference stack (scripts/test installs it): {why}"))?;
+    let versions = python_versions()
+        .map_err(|why| format!("needs the Python reference stack (scripts/test installs it): {why}"))?;
     let failed = |why: String| format!("the reference failed: {why}");
-    let script =
-        std::fs::read(script_path()).map_err(|e| failed(format!("reading the script: {e}")))?;
+    let script = std::fs::read(script_path()).map_err(|e| failed(format!("reading the script: {e}")))?;
     let meta = std::fs::metadata(&model).map_err(|e| failed(e.to_string()))?;
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
+    let mtime =
+        meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
     let request_body = json!({
         "smollm2": model,
         "strings": cases::STRINGS,
@@ -116,10 +107,9 @@ fn produce() -> Result<Fixture, String> {
     if fresh || !out_path.is_file() {
         run_python(&dir, &request_body).map_err(failed)?;
     }
-    let text = std::fs::read_to_string(&out_path)
-        .map_err(|e| failed(format!("reading {}: {e}", out_path.display())))?;
-    let out: Value = serde_json::from_str(&text)
-        .map_err(|e| failed(format!("parsing {}: {e}", out_path.display())))?;
+    let text =
+        std::fs::read_to_string(&out_path).map_err(|e| failed(format!("reading {}: {e}", out_path.display())))?;
+    let out: Value = serde_json::from_str(&text).map_err(|e| failed(format!("parsing {}: {e}", out_path.display())))?;
     Ok(Fixture { out })
 }
 
@@ -135,12 +125,7 @@ fn run_python(dir: &Path, request_body: &Value) -> Result<(), String> {
     };
     if let Ok(entries) = std::fs::read_dir(env!("CARGO_TARGET_TMPDIR")) {
         for entry in entries.flatten() {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with("loupe-text-hf-")
-                && stale(&entry)
-            {
+            if entry.file_name().to_string_lossy().starts_with("loupe-text-hf-") && stale(&entry) {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
@@ -152,11 +137,7 @@ fn run_python(dir: &Path, request_body: &Value) -> Result<(), String> {
     let request_path = dir.join("request.json");
     std::fs::write(&request_path, request.to_string()).map_err(|e| e.to_string())?;
     let partial = dir.join("out.json.partial");
-    let _ = writeln!(
-        std::io::stderr(),
-        "note: running {} (about a minute)",
-        script_path().display()
-    );
+    let _ = writeln!(std::io::stderr(), "note: running {} (about a minute)", script_path().display());
     let status = Command::new("python3")
         .arg(script_path())
         .arg(&request_path)
@@ -165,9 +146,7 @@ fn run_python(dir: &Path, request_body: &Value) -> Result<(), String> {
         .map_err(|e| format!("cannot run python3: {e}"))?;
     if !status.success() {
         // Python is there with its packages (checked before), so a failure here is a real error.
-        return Err(format!(
-            "hf_reference.py failed with {status}; see its output above"
-        ));
+        return Err(format!("hf_reference.py failed with {status}; see its output above"));
     }
     // Renamed only when complete, so an interrupted run is never taken for a cache hit.
     std::fs::rename(&partial, dir.join("out.json")).map_err(|e| e.to_string())
@@ -179,10 +158,6 @@ pub fn ids(value: &Value) -> Vec<u32> {
         .as_array()
         .unwrap_or_else(|| panic!("expected an id list, got {value}"))
         .iter()
-        .map(|v| {
-            v.as_u64()
-                .and_then(|i| u32::try_from(i).ok())
-                .unwrap_or_else(|| panic!("bad id {v}"))
-        })
+        .map(|v| v.as_u64().and_then(|i| u32::try_from(i).ok()).unwrap_or_else(|| panic!("bad id {v}")))
         .collect()
 }
