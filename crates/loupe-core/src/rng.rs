@@ -26,6 +26,17 @@ impl SplitMix64 {
         (self.next_u64() % n.max(1) as u64) as usize
     }
 
+    /// A value uniform in `[0, 1)`: the top 24 bits of the next value (every f32 in that
+    /// range with a 24-bit mantissa step is equally likely).
+    pub fn unit_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// A value uniform in `[lo, hi)` (from [`Self::unit_f32`]).
+    pub fn uniform_f32(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.unit_f32()
+    }
+
     /// `n` bytes, the low byte of each next value.
     pub fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()

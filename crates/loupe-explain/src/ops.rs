@@ -11,7 +11,7 @@ use std::sync::Arc;
 use loupe_graph::{Op, WeightData};
 use loupe_models::roles::{MoeWiring, MAX_MOE_LAYERS};
 use loupe_models::{HiddenAct, LlamaConfig, Model, Module, ModuleRole as R, Wiring};
-use loupe_tensor::matmul::matmul_f32;
+use loupe_tensor::linear::matmul_f32;
 use loupe_tensor::ops::{
     attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode,
     RopeTable,

@@ -6,19 +6,19 @@
 //! Taps cannot change the numbers: the observer gets a shared slice after the node has
 //! written it, and buffer reuse depends only on the graph, never on what is observed.
 
-use loupe_tensor::matmul::{matmul_f32, matmul_q};
+use loupe_tensor::linear::{matmul_f32, matmul_q};
 use loupe_tensor::pool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loupe_tensor::batch::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
+use loupe_tensor::linear::{can_group, matmul_f32_invariant, matmul_wq_group, matmul_wq_invariant, MAX_GROUP};
+use loupe_tensor::linear::{can_group_prefill, matmul_wq_prefill_group};
+use loupe_tensor::linear::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::ops::{
     add_in_place, add_into, attention_cached, expert_id, gelu, layer_norm, mul_in_place, mul_into, paged_attention,
     rms_norm, round_bf16, router_select, router_weights, silu, silu_mul_into, slice_columns, soft_cap, PagedSpan,
 };
-use loupe_tensor::wq::{can_group_prefill, matmul_wq_prefill_group};
-use loupe_tensor::wq::{dequantize_row_fast, matmul_wq};
 use loupe_tensor::TensorError;
 
 use crate::debug::{AssertLevel, DebugOptions, UninitMode};
@@ -1167,7 +1167,7 @@ fn run_experts(
 
 /// `y = x W^T` with each output row computed alone: the result for a row does not depend
 /// on `m` or on the other rows (see [`Executor::run_batch`]). Block-quantized weights go
-/// through the multi-row kernels of `loupe_tensor::batch`, which read each weight block once
+/// through the multi-row kernels of `loupe_tensor::linear::invariant`, which read each weight block once
 /// per step for every row; 8-bit activations (`--precision q8`) run one row at a time.
 #[allow(clippy::too_many_arguments)]
 fn matmul_rows_invariant(

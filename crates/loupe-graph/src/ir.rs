@@ -3,7 +3,7 @@
 use std::panic::Location;
 use std::sync::Arc;
 
-use loupe_tensor::matmul::QMatrix;
+use loupe_tensor::linear::QMatrix;
 use loupe_tensor::ops::{AttentionShape, AttentionVariant, RopeMode, RopeTable, Router};
 use loupe_tensor::GgmlType;
 

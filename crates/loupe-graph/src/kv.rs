@@ -4,7 +4,7 @@
 //! nearest even, as the batched engine's paged cache does).
 
 use half::slice::HalfBitsSliceExt;
-use loupe_tensor::ops::paged_attention::KvBlocks;
+use loupe_tensor::ops::KvBlocks;
 
 use crate::{GraphError, KvDtype};
 

@@ -10,7 +10,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use half::slice::HalfBitsSliceExt;
-use loupe_tensor::ops::paged_attention::{write_paged, KvBlocks, KvBlocksMut};
+use loupe_tensor::ops::{write_paged, KvBlocks, KvBlocksMut};
 use loupe_tensor::TensorError;
 
 /// Element type of the paged cache.

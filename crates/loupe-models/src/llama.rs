@@ -1134,7 +1134,7 @@ mod tests {
                     return Ok(w);
                 }
                 let WeightData::F32(d) = &w.data else { unreachable!("FakeSource gives f32") };
-                let q = loupe_tensor::matmul::QMatrix::quantize(loupe_tensor::GgmlType::Q8_0, shape[0], shape[1], d)
+                let q = loupe_tensor::linear::QMatrix::quantize(loupe_tensor::GgmlType::Q8_0, shape[0], shape[1], d)
                     .unwrap();
                 Ok(Weight { data: WeightData::Quant(Arc::new(q)), source_type: loupe_tensor::GgmlType::Q8_0, ..w })
             }

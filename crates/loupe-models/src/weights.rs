@@ -15,7 +15,7 @@ use loupe_formats::safetensors_file::SafetensorsCheckpoint;
 use loupe_formats::{GgmlType, GgufFile};
 use loupe_graph::{Weight, WeightData};
 use loupe_tensor::hugepages::WeightArena;
-use loupe_tensor::matmul::QMatrix;
+use loupe_tensor::linear::QMatrix;
 use loupe_tensor::quant::dequantize_row;
 use rayon::prelude::*;
 use safetensors::Dtype;

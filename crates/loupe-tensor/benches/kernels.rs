@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 
 use common::{random_act, random_row, Rng};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use loupe_tensor::matmul::{matmul_f32, matmul_q, QMatrix};
+use loupe_tensor::linear::{matmul_f32, matmul_q, QMatrix};
+use loupe_tensor::linear::{matmul_wq, matmul_wq_invariant};
 use loupe_tensor::ops::{causal_attention, rms_norm, AttentionShape, RopeScaling, RopeTable};
 use loupe_tensor::quant::{self, Isa};
-use loupe_tensor::wq::{matmul_wq, matmul_wq_invariant};
 use loupe_tensor::GgmlType;
 
 /// SmolLM2 linear shapes as (n = out features, k = in features).

@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use loupe_tensor::matmul::QMatrix;
+use loupe_tensor::linear::QMatrix;
 use loupe_tensor::GgmlType;
 
 fn main() {
@@ -47,7 +47,7 @@ fn main() {
         let mut best = f64::MAX;
         for _ in 0..30 {
             let t0 = Instant::now();
-            loupe_tensor::amx::matmul_wq_amx(&x, &w, &mut y, m).expect("AMX matmul");
+            loupe_tensor::linear::amx::matmul_wq_amx(&x, &w, &mut y, m).expect("AMX matmul");
             best = best.min(t0.elapsed().as_secs_f64());
         }
         let tile_blocks = (m / 16) * (n / 16) * (k / 32);

@@ -18,8 +18,8 @@
 use std::time::Instant;
 
 use loupe_tensor::hugepages::WeightArena;
-use loupe_tensor::matmul::QMatrix;
-use loupe_tensor::wq::matmul_wq;
+use loupe_tensor::linear::matmul_wq;
+use loupe_tensor::linear::QMatrix;
 use loupe_tensor::GgmlType;
 
 fn env(name: &str, default: usize) -> usize {

@@ -14,7 +14,7 @@
 
 use half::f16;
 
-use crate::matmul::OutPtr;
+use crate::pool::OutPtr;
 use crate::quant::Isa;
 
 /// Values per pool task's range (whole vectors at every width).
@@ -203,10 +203,9 @@ mod tests {
         // Halfway between consecutive f16 values (1 + 2^-11: a tie, rounds to even 1.0;
         // 1 + 3 * 2^-11: rounds up to the odd neighbour's even successor).
         v.extend([1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 2048.0 + 1.0, 2048.0 + 3.0]);
-        let mut s = 0x1234_5678u32;
+        let mut rng = crate::testing::SplitMix64::new(0x1234_5678);
         for _ in 0..20_000 {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            v.push(f32::from_bits(s));
+            v.push(f32::from_bits(rng.next_u64() as u32));
         }
         // A length that leaves a tail at every vector width.
         v.truncate(v.len() - v.len() % 16 + 13);

@@ -4,18 +4,16 @@
 //! a linear weight is `[out_features, in_features]` (Hugging Face / GGML row order),
 //! so `y = x @ W^T`. Every SIMD kernel has a scalar twin and a test comparing them.
 
-pub mod amx;
-pub mod batch;
 pub mod error;
 pub mod f16_rows;
 pub mod fp8;
-mod gemv;
 pub mod hugepages;
-pub mod matmul;
+pub mod linear;
 pub mod ops;
 pub mod pool;
 pub mod quant;
-pub mod wq;
+#[cfg(test)]
+mod testing;
 
 pub use error::TensorError;
 pub use loupe_core::{GgmlType, QK_K};

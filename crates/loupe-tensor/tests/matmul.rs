@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use loupe_tensor::matmul::{matmul_f32, matmul_q, matmul_q_with, QMatrix};
+use loupe_tensor::linear::{matmul_f32, matmul_q, matmul_q_with, QMatrix};
 use loupe_tensor::quant::{self, vec_dot_type, Isa};
 use loupe_tensor::GgmlType;
 

@@ -51,16 +51,16 @@ const TRANSPOSE_KEYS: usize = 64;
 /// `kt` (`[n_kv_heads][head_dim][padded_keys(ctx)]`, zeros past `ctx`); on the pool in tasks
 /// of [`TRANSPOSE_KEYS`] keys of one kv head.
 ///
-/// Panics on narrow rows of a head over [`super::paged_attention::MAX_HEAD_DIM`] (the
+/// Panics on narrow rows of a head over [`super::kv_blocks::MAX_HEAD_DIM`] (the
 /// caller checks it).
 pub(crate) fn transpose_keys(
-    k: super::paged_attention::KvBlocks<'_>,
+    k: super::kv_blocks::KvBlocks<'_>,
     ctx: usize,
     n_kv_heads: usize,
     head_dim: usize,
     kt: &mut Vec<f32>,
 ) {
-    use super::paged_attention::{KvBlocks, MAX_HEAD_DIM};
+    use super::kv_blocks::{KvBlocks, MAX_HEAD_DIM};
     let stride = padded_keys(ctx);
     let kv_width = n_kv_heads * head_dim;
     let len = n_kv_heads * head_dim * stride;
@@ -70,7 +70,7 @@ pub(crate) fn transpose_keys(
     }
     kt.truncate(len);
     let chunks = ctx.div_ceil(TRANSPOSE_KEYS).max(1);
-    let out = crate::matmul::OutPtr(kt.as_mut_ptr());
+    let out = crate::pool::OutPtr(kt.as_mut_ptr());
     crate::pool::run(n_kv_heads * chunks, &|task| {
         let (h, c) = (task / chunks, task % chunks);
         let keys = c * TRANSPOSE_KEYS..((c + 1) * TRANSPOSE_KEYS).min(ctx);
@@ -402,7 +402,7 @@ mod tests {
     use super::*;
 
     fn gen(n: usize, seed: usize) -> Vec<f32> {
-        (0..n).map(|i| (((i * 2654435761 + seed) % 1000) as f32 / 500.0) - 1.0).collect()
+        crate::testing::uniform(n, seed as u64, -1.0, 1.0)
     }
 
     /// Both kernels on every ISA this CPU has, against f64 products: odd row counts (whole
@@ -421,7 +421,7 @@ mod tests {
                     let q = gen(rows * q_stride, 1);
                     let k = gen(ctx * head_dim * 2, 2);
                     let mut kt = Vec::new();
-                    transpose_keys(super::super::paged_attention::KvBlocks::F32(&k), ctx, 2, head_dim, &mut kt);
+                    transpose_keys(super::super::kv_blocks::KvBlocks::F32(&k), ctx, 2, head_dim, &mut kt);
                     let kt_stride = padded_keys(ctx);
                     let s_stride = padded_keys(n_keys) + 3;
                     let mut s = vec![f32::NAN; rows * s_stride];
@@ -509,7 +509,7 @@ mod tests {
             let q = gen(rows * head_dim, 4);
             let k = gen(n_keys * head_dim, 5);
             let mut kt = Vec::new();
-            transpose_keys(super::super::paged_attention::KvBlocks::F32(&k), n_keys, 1, head_dim, &mut kt);
+            transpose_keys(super::super::kv_blocks::KvBlocks::F32(&k), n_keys, 1, head_dim, &mut kt);
             let stride = padded_keys(n_keys);
             let mut block = vec![0f32; rows * stride];
             // SAFETY: usable and sized as the contract asks.

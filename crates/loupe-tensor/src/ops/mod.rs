@@ -8,6 +8,7 @@
 pub mod activation;
 pub mod attention;
 mod attention_tiles;
+pub mod kv_blocks;
 pub mod moe;
 pub mod norm;
 pub mod paged_attention;
@@ -20,14 +21,15 @@ pub use activation::{
 pub use attention::{
     attention, attention_cached, causal_attention, AttentionMask, AttentionShape, AttentionVariant, HeadMap,
 };
+pub use kv_blocks::{KvBlocks, KvBlocksMut};
 pub use moe::{expert_id, router_select, router_weights, Router, RouterScoring};
 pub use norm::{layer_norm, rms_norm};
-pub use paged_attention::{paged_attention, write_paged, KvBlocks, KvBlocksMut, PagedSpan};
+pub use paged_attention::{paged_attention, write_paged, PagedSpan};
 pub use rope::{RopeMode, RopeScaling, RopeTable};
 pub use slice::slice_columns;
 
-use crate::matmul::OutPtr;
 use crate::pool;
+use crate::pool::OutPtr;
 
 /// Elements from which an elementwise op or a row-wise norm splits its work over the compute
 /// pool (a prefill's activations, 512 x 576 = 295K); a decode step's rows stay on the caller,

@@ -17,96 +17,19 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use half::f16;
-
-use super::attention::{attend_row, AttentionShape, AttentionVariant, CachedRows, HeadMap};
-use crate::matmul::OutPtr;
+use super::attention::rows::{attend_row, CachedRows};
+use super::attention::{AttentionShape, AttentionVariant, HeadMap};
+use super::kv_blocks::{KvBlocks, KvBlocksMut, MAX_HEAD_DIM};
 use crate::pool;
+use crate::pool::OutPtr;
 use crate::quant::Isa;
 use crate::TensorError;
-
-/// Largest head dimension the kernel converts on the stack.
-pub const MAX_HEAD_DIM: usize = 512;
 
 /// Query rows of one sequence per task: small, so a long prefill chunk spreads over threads.
 const ROWS_PER_TASK: usize = 8;
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// One layer's cached keys or values, read-only.
-#[derive(Debug, Clone, Copy)]
-pub enum KvBlocks<'a> {
-    F32(&'a [f32]),
-    F16(&'a [f16]),
-    /// FP8 E4M3 codes; element `i` is `decode(codes[i]) · scales[i / group]`, one guarded
-    /// scale per `group` consecutive elements of a cached row ([`crate::fp8::quantize_rows_e4m3`];
-    /// groups never cross rows).
-    Fp8 {
-        codes: &'a [u8],
-        scales: &'a [f32],
-        group: usize,
-    },
-}
-
-/// One layer's cached keys or values, for writing.
-#[derive(Debug)]
-pub enum KvBlocksMut<'a> {
-    F32(&'a mut [f32]),
-    F16(&'a mut [f16]),
-    /// As [`KvBlocks::Fp8`].
-    Fp8 {
-        codes: &'a mut [u8],
-        scales: &'a mut [f32],
-        group: usize,
-    },
-}
-
-impl KvBlocks<'_> {
-    pub fn len(&self) -> usize {
-        match self {
-            KvBlocks::F32(d) => d.len(),
-            KvBlocks::F16(d) => d.len(),
-            KvBlocks::Fp8 { codes, .. } => codes.len(),
-        }
-    }
-
-    /// Whether rows are narrower than f32 (widened on the way into the kernels).
-    pub fn is_narrow(&self) -> bool {
-        !matches!(self, KvBlocks::F32(_))
-    }
-
-    /// Widens elements `start..start + out.len()` into `out` (exact for f16; FP8 codes
-    /// times their row's scale).
-    pub fn widen_into(&self, start: usize, out: &mut [f32]) {
-        let n = out.len();
-        match self {
-            KvBlocks::F32(d) => out.copy_from_slice(&d[start..start + n]),
-            KvBlocks::F16(d) => crate::f16_rows::widen_into(&d[start..start + n], out),
-            KvBlocks::Fp8 { codes, scales, group } => {
-                // Group by group: a range may cross groups, each with its own scale.
-                let mut i = 0;
-                while i < n {
-                    let at = start + i;
-                    let end = ((at / group + 1) * group).min(start + n);
-                    crate::fp8::dequantize_e4m3(&codes[at..end], scales[at / group], &mut out[i..end - start]);
-                    i = end - start;
-                }
-            }
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The rows widened to f32, for taps and tests.
-    pub fn to_f32_vec(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.len()];
-        self.widen_into(0, &mut out);
-        out
-    }
 }
 
 /// The rows of one sequence in a batched call.
@@ -318,18 +241,12 @@ pub fn paged_attention(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::ops::attention::{self, axpy, axpy_cached, dot, dot_cached, AttentionMask};
+    use half::f16;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use super::*;
+    use crate::ops::attention::rows::{axpy, axpy_cached, dot, dot_cached};
+    use crate::ops::attention::{self, AttentionMask};
+    use crate::testing::signed;
 
     const SHAPE: AttentionShape =
         AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 16, scale: 0.25, softcap: None };
@@ -346,8 +263,8 @@ mod tests {
         let (ctx, bs) = (21, 4);
         let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
         let qw = SHAPE.n_heads * SHAPE.head_dim;
-        let (k, v) = (data(ctx * kvw, 1), data(ctx * kvw, 2));
-        let q = data(qw, 3);
+        let (k, v) = (signed(ctx * kvw, 1), signed(ctx * kvw, 2));
+        let q = signed(qw, 3);
         // Blocks out of order, as a block manager hands them out.
         let table = [5u32, 0, 3, 1, 6, 2];
         let (kp, vp) = (paged(&k, kvw, bs, &table, 7), paged(&v, kvw, bs, &table, 7));
@@ -412,8 +329,8 @@ mod tests {
         let (ctx, bs, group) = (21, 4, 16);
         let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
         let qw = SHAPE.n_heads * SHAPE.head_dim;
-        let (k, v) = (data(ctx * kvw, 1), data(ctx * kvw, 2));
-        let q = data(qw, 3);
+        let (k, v) = (signed(ctx * kvw, 1), signed(ctx * kvw, 2));
+        let q = signed(qw, 3);
         let table = [5u32, 0, 3, 1, 6, 2];
         let n = 7 * bs * kvw;
         let (mut kc, mut ks, mut vc, mut vs) =
@@ -462,13 +379,13 @@ mod tests {
         let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
         let qw = SHAPE.n_heads * SHAPE.head_dim;
         let ctx = 13;
-        let (k, v) = (data(ctx * kvw, 4), data(ctx * kvw, 5));
+        let (k, v) = (signed(ctx * kvw, 4), signed(ctx * kvw, 5));
         let table = [3u32, 1, 0, 2];
         let mut k16 = vec![f16::ZERO; 4 * bs * kvw];
         let mut v16 = vec![f16::ZERO; 4 * bs * kvw];
         write_paged(&mut KvBlocksMut::F16(&mut k16), kvw, bs, &table, 0, &k).unwrap();
         write_paged(&mut KvBlocksMut::F16(&mut v16), kvw, bs, &table, 0, &v).unwrap();
-        let q = data(ctx * qw, 6);
+        let q = signed(ctx * qw, 6);
         let run = |spans: &[PagedSpan<'_>], q: &[f32]| {
             let mut out = vec![0f32; q.len()];
             paged_attention(
@@ -489,7 +406,7 @@ mod tests {
         let whole = run(&[PagedSpan { rows: 0..ctx, past: 0, blocks: &table }], &q);
         // As a 5-row chunk after 8 cached positions, next to another sequence's decode row.
         let other_table = [0u32];
-        let mut q2 = data(qw, 9);
+        let mut q2 = signed(qw, 9);
         q2.extend_from_slice(&q[8 * qw..]);
         let mixed = run(
             &[
@@ -513,14 +430,14 @@ mod tests {
     #[test]
     fn f16_rows_in_registers_equal_widening_first() {
         for n in [64usize, 80, 16, 7, 128] {
-            let q = data(n, 11);
-            let k: Vec<f16> = data(n, 12).iter().map(|&x| f16::from_f32(x)).collect();
+            let q = signed(n, 11);
+            let k: Vec<f16> = signed(n, 12).iter().map(|&x| f16::from_f32(x)).collect();
             let wide: Vec<f32> = k.iter().map(|x| x.to_f32()).collect();
             let mut scratch = vec![0f32; n];
             for isa in Isa::available() {
                 let got = dot_cached(isa, &q, &KvBlocks::F16(&k), 0, &mut scratch);
                 assert_eq!(got.to_bits(), dot(isa, &q, &wide).to_bits(), "dot n={n} {isa:?}");
-                let (mut a, mut b) = (data(n, 13), data(n, 13));
+                let (mut a, mut b) = (signed(n, 13), signed(n, 13));
                 axpy_cached(isa, 0.37, &KvBlocks::F16(&k), 0, &mut scratch, &mut a);
                 axpy(isa, 0.37, &wide, &mut b);
                 assert_eq!(a, b, "axpy n={n} {isa:?}");
@@ -533,10 +450,10 @@ mod tests {
         let bs = 2;
         let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
         let qw = SHAPE.n_heads * SHAPE.head_dim;
-        let (k, v) = (data(5 * kvw, 7), data(5 * kvw, 8));
+        let (k, v) = (signed(5 * kvw, 7), signed(5 * kvw, 8));
         let table = [0u32, 1, 2];
         let (kp, vp) = (paged(&k, kvw, bs, &table, 3), paged(&v, kvw, bs, &table, 3));
-        let q = data(2 * qw, 9);
+        let q = signed(2 * qw, 9);
         let span = PagedSpan { rows: 0..2, past: 3, blocks: &table };
         let mut out = vec![0f32; 2 * qw];
         let mut probs = vec![0f32; SHAPE.n_heads * 2 * 5];
@@ -564,7 +481,7 @@ mod tests {
         let kvw = SHAPE.n_kv_heads * SHAPE.head_dim;
         let qw = SHAPE.n_heads * SHAPE.head_dim;
         let store = vec![0f32; 2 * 4 * kvw];
-        let q = data(qw, 1);
+        let q = signed(qw, 1);
         let mut out = vec![0f32; qw];
         for (blocks, past) in [(&[0u32][..], 4), (&[9u32][..], 0), (&[][..], 0)] {
             let span = PagedSpan { rows: 0..1, past, blocks };
@@ -582,6 +499,6 @@ mod tests {
             .is_err());
         }
         let mut dst = vec![0f32; 4 * kvw];
-        assert!(write_paged(&mut KvBlocksMut::F32(&mut dst), kvw, 4, &[1], 0, &data(kvw, 1)).is_err());
+        assert!(write_paged(&mut KvBlocksMut::F32(&mut dst), kvw, 4, &[1], 0, &signed(kvw, 1)).is_err());
     }
 }

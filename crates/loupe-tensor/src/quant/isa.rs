@@ -95,7 +95,7 @@ fn detect() -> Isa {
     let avx2 = has!("avx2") && has!("fma") && has!("f16c");
     // VNNI is required, not just F/BW: the int8 kernels are built on vpdpbusd.
     let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
-    if avx512 && crate::amx::tiles_usable() {
+    if avx512 && tiles_usable() {
         Isa::Amx
     } else if avx512 {
         Isa::Avx512
@@ -109,4 +109,31 @@ fn detect() -> Isa {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Isa {
     Isa::Scalar
+}
+
+/// Whether this CPU has AMX-TILE and AMX-INT8 and the OS granted this process the tile
+/// state (asked once; later calls return the first answer).
+pub fn tiles_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(request_tiles)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tiles() -> bool {
+    // CPUID.(EAX=7, ECX=0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (Intel SDM vol. 2A, CPUID).
+    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+    if leaf7.edx & (1 << 24) == 0 || leaf7.edx & (1 << 25) == 0 {
+        return false;
+    }
+    // arch/x86/include/uapi/asm/prctl.h: ARCH_REQ_XCOMP_PERM = 0x1023; XFEATURE_XTILEDATA = 18.
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes this process's permitted
+    // extended state; it reads and writes no memory of ours.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn request_tiles() -> bool {
+    false
 }

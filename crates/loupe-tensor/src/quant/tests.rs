@@ -261,7 +261,7 @@ fn mxfp4_blocks_decode_and_quantize_as_ggml_does() {
         let act: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
         let want: f32 =
             y.chunks(32).zip(act.chunks(32)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
-        assert_eq!(crate::wq::dot_row_scalar(GgmlType::Mxfp4, &q, &act).unwrap(), want);
+        assert_eq!(crate::linear::dot_row_scalar(GgmlType::Mxfp4, &q, &act).unwrap(), want);
     }
     // An all-zero block: exponent 0, zero codes, zeros back.
     let mut q = [0xAAu8; 17];
@@ -344,13 +344,13 @@ fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
         let act: Vec<f32> = (0..128).map(|i| (i as f32 * 0.37).sin()).collect();
         let want: f32 =
             y.chunks(64).zip(act.chunks(64)).map(|(w, a)| w.iter().zip(a).map(|(p, q)| p * q).sum::<f32>()).sum();
-        assert_eq!(crate::wq::dot_row_scalar(GgmlType::Nvfp4, &q, &act).unwrap(), want);
+        assert_eq!(crate::linear::dot_row_scalar(GgmlType::Nvfp4, &q, &act).unwrap(), want);
         let mut out = [0f32; 1];
-        let qm = crate::matmul::QMatrix::new(GgmlType::Nvfp4, 1, 128, q.clone()).unwrap();
-        crate::wq::matmul_wq(&act, &qm, &mut out, 1).unwrap();
+        let qm = crate::linear::QMatrix::new(GgmlType::Nvfp4, 1, 128, q.clone()).unwrap();
+        crate::linear::matmul_wq(&act, &qm, &mut out, 1).unwrap();
         // The matmul runs the active ISA's row dot (AVX2 sums in another order than the
         // reference's block-by-block f32 loop), which stays within f32 rounding of it.
-        let row_dot = crate::wq::dot_row(crate::quant::Isa::active(), GgmlType::Nvfp4, &q, &act, &[]).unwrap();
+        let row_dot = crate::linear::dot_row(crate::quant::Isa::active(), GgmlType::Nvfp4, &q, &act, &[]).unwrap();
         assert_eq!(out[0], row_dot, "the matmul's generic path");
         assert!(
             (row_dot - want).abs() <= 1e-5 * (1.0 + want.abs()),
@@ -358,7 +358,7 @@ fn nvfp4_blocks_decode_and_quantize_as_ggml_does() {
         );
         // A per-tensor scale multiplies the finished output (and the dequantized matrix).
         let qm = qm.with_tensor_scale(0.25);
-        crate::wq::matmul_wq(&act, &qm, &mut out, 1).unwrap();
+        crate::linear::matmul_wq(&act, &qm, &mut out, 1).unwrap();
         assert_eq!(out[0], row_dot * 0.25, "the per-tensor scale");
         assert_eq!(qm.dequantize(), y.iter().map(|v| v * 0.25).collect::<Vec<_>>());
     }

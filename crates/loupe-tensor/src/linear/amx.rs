@@ -51,40 +51,13 @@
 //! The instructions are written with `asm!` (Rust's AMX intrinsics and target features are
 //! unstable); the rest of the kernel is AVX-512 F/BW/VL, which every AMX CPU has.
 
-use crate::matmul::QMatrix;
+use crate::linear::qmatrix::QMatrix;
 use crate::quant::Isa;
 use crate::{GgmlType, TensorError};
 
 /// Fewest activation rows worth a tile pass: one AMX tile is 16 rows, and below that
 /// the padding wastes most of each product (the f32 path stays faster).
 pub const AMX_MIN_ROWS: usize = 16;
-
-/// Whether this CPU has AMX-TILE and AMX-INT8 and the OS granted this process the tile
-/// state (asked once; later calls return the first answer).
-pub fn tiles_usable() -> bool {
-    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *USABLE.get_or_init(request_tiles)
-}
-
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn request_tiles() -> bool {
-    // CPUID.(EAX=7, ECX=0):EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (Intel SDM vol. 2A, CPUID).
-    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
-    if leaf7.edx & (1 << 24) == 0 || leaf7.edx & (1 << 25) == 0 {
-        return false;
-    }
-    // arch/x86/include/uapi/asm/prctl.h: ARCH_REQ_XCOMP_PERM = 0x1023; XFEATURE_XTILEDATA = 18.
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes this process's permitted
-    // extended state; it reads and writes no memory of ours.
-    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn request_tiles() -> bool {
-    false
-}
 
 /// The weight types the tile kernels unpack.
 fn tile_type(ty: GgmlType) -> bool {
@@ -164,9 +137,10 @@ mod x86 {
     use std::arch::x86_64::*;
     use std::cell::RefCell;
 
-    use crate::matmul::{OutPtr, QMatrix};
+    use crate::linear::act16::Act16;
+    use crate::linear::qmatrix::QMatrix;
     use crate::pool;
-    use crate::wq::Act16;
+    use crate::pool::OutPtr;
     use crate::GgmlType;
 
     /// Rows of one tile: activation rows per A tile, weight rows per B panel.
@@ -231,7 +205,7 @@ mod x86 {
         Line(c)
     }
 
-    pub(super) fn matmul(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize) {
+    pub(crate) fn matmul(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]], m: usize) {
         ACT.with(|cell| match cell.try_borrow_mut() {
             Ok(mut s) => matmul_in(x, ws, ys, m, &mut s),
             Err(_) => matmul_in(x, ws, ys, m, &mut ActScratch::default()),
@@ -557,27 +531,24 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wq::{dot_row_act16_scalar, Act16};
-
-    fn lcg(s: &mut u32) -> u32 {
-        *s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        *s >> 8
-    }
+    use crate::linear::act16::Act16;
+    use crate::linear::decode::dot_row_act16_scalar;
+    use crate::testing::SplitMix64;
 
     /// Random raw blocks: every code value, f16 scales of either sign (Q4_1's `m` too),
     /// so the products reach the extremes of the hi/lo split (Q8_0's -128 included).
     fn raw_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> QMatrix {
-        let mut s = seed;
+        let mut rng = SplitMix64::new(seed.into());
         let bytes = ty.type_size();
         let mut data = vec![0u8; rows * cols / 32 * bytes];
         for blk in data.chunks_mut(bytes) {
             for v in blk.iter_mut() {
-                *v = lcg(&mut s) as u8;
+                *v = rng.next_u64() as u8;
             }
-            let d = (lcg(&mut s) as f32 / (1u32 << 24) as f32 - 0.5) * 0.02;
+            let d = rng.uniform_f32(-0.01, 0.01);
             blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
             if ty == GgmlType::Q4_1 {
-                let m = (lcg(&mut s) as f32 / (1u32 << 24) as f32 - 0.5) * 0.1;
+                let m = rng.uniform_f32(-0.05, 0.05);
                 blk[2..4].copy_from_slice(&half::f16::from_f32(m).to_le_bytes());
             }
         }
@@ -587,8 +558,7 @@ mod tests {
     /// Activations spanning magnitudes, with all-zero blocks and a block holding one
     /// large value (codes of +-32767 and of 0 side by side).
     fn activations(m: usize, k: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        let mut x: Vec<f32> = (0..m * k).map(|_| (lcg(&mut s) as f32 / (1u32 << 24) as f32 - 0.5) * 8.0).collect();
+        let mut x = crate::testing::uniform(m * k, seed.into(), -4.0, 4.0);
         for i in 0..m {
             if i % 5 == 1 {
                 x[i * k..i * k + 32].fill(0.0);

@@ -23,8 +23,8 @@
 
 use std::arch::x86_64::*;
 
-use super::small_avx2::{block32, fma8, nibbles};
-use crate::batch::avx2::{f16_at, hsum};
+use super::avx2_f32::{block32, fma8, nibbles};
+use crate::linear::simd::avx2::{f16_at, hsum, scales_mins_q4k};
 use crate::quant::blocks::{read, scale_min_k4, BlockQ4K, BlockQ6K, QK_K};
 
 const Q4K_BYTES: usize = 144;
@@ -43,30 +43,6 @@ unsafe fn sum32(x: *const f32) -> __m256 {
     let a = _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)));
     let b = _mm256_add_ps(_mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24)));
     _mm256_add_ps(a, b)
-}
-
-/// The 8 six-bit scales and 8 mins of a Q4_K block as f32 lanes: [`scale_min_k4`] on
-/// four bytes at a time (ggml's `kmask` form, in its AVX2 `vec_dot_q4_K`); the byte-wise
-/// helper compiled to ~90 scalar instructions per super-block. Equal to it for every
-/// input (`q4k_scale_unpacking_matches_scale_min_k4`).
-///
-/// # Safety
-/// AVX2; 12 readable bytes at `p`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn scales_mins_q4k(p: *const u8) -> (__m256, __m256) {
-    const LOW6: u32 = 0x3F3F_3F3F;
-    const LOW4: u32 = 0x0F0F_0F0F;
-    const LOW2: u32 = 0x0303_0303;
-    let word = |i: usize| std::ptr::read_unaligned(p.add(4 * i).cast::<u32>());
-    let (a, b, c) = (word(0), word(1), word(2));
-    // Bytes 0-3 / 4-7: scales / mins 0-3 in their low 6 bits. Scales / mins 4-7: low 4 bits
-    // from the low / high nibbles of bytes 8-11, top 2 bits from the top of bytes 0-3 / 4-7.
-    let scales_hi = (c & LOW4) | (((a >> 6) & LOW2) << 4);
-    let mins_hi = ((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4);
-    let v = _mm_set_epi32(mins_hi as i32, (b & LOW6) as i32, scales_hi as i32, (a & LOW6) as i32);
-    let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-    (widen(v), widen(_mm_srli_si128::<8>(v)))
 }
 
 /// The sixteen 6-bit codes minus 32 (-32..32, as i8) of elements `l0..l0 + 16` of each
@@ -103,7 +79,7 @@ unsafe fn q6_codes(ql: *const u8, qh: *const u8, l0: usize) -> [__m128i; 4] {
 /// # Safety
 /// AVX2 + FMA + F16C; `w` whole 144-byte super-blocks, `x` 256 floats per super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut mins = _mm256_setzero_ps();
     for (b, blk) in w.chunks_exact(Q4K_BYTES).enumerate() {
@@ -132,7 +108,7 @@ pub(super) unsafe fn dot_q4_k(w: &[u8], x: &[f32]) -> f32 {
 /// # Safety
 /// AVX2 + FMA + F16C; `w` whole 210-byte super-blocks, `x` 256 floats per super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
+pub(crate) unsafe fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
     // One accumulator per quarter: four independent FMA chains.
     let mut acc = [_mm256_setzero_ps(); 4];
     for (b, blk) in w.chunks_exact(Q6K_BYTES).enumerate() {
@@ -169,7 +145,7 @@ pub(super) unsafe fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
 /// # Safety
 /// AVX2 + FMA; `src` whole 144-byte super-blocks, `dst` 256 floats per super-block.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
+pub(crate) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
     for (blk, out) in src.chunks_exact(Q4K_BYTES).zip(dst.chunks_exact_mut(QK_K)) {
         let b: BlockQ4K = read(blk, 0);
         let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
@@ -198,7 +174,7 @@ pub(super) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
 /// # Safety
 /// AVX2 + FMA; `src` whole 210-byte super-blocks, `dst` 256 floats per super-block.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
+pub(crate) unsafe fn dequant_q6_k(src: &[u8], dst: &mut [f32]) {
     for (blk, out) in src.chunks_exact(Q6K_BYTES).zip(dst.chunks_exact_mut(QK_K)) {
         let b: BlockQ6K = read(blk, 0);
         let d = b.d.to_f32();

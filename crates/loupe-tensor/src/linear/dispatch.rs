@@ -1,0 +1,70 @@
+//! Which kernel family a weight type takes on an ISA, decided in one place: the one-row
+//! dot, the GEMV and the batch-invariant multi-row kernels all ask here, so decode and
+//! batch run the same arithmetic (and so the same bits) for a type.
+
+use super::kinds::act16_kind;
+use super::qmatrix::QMatrix;
+use crate::quant::Isa;
+use crate::GgmlType;
+
+/// Block sums for up to this many blocks live on the stack at `m == 1` (k <= 16384 at
+/// 32 per block), so decode allocates nothing; longer rows take the generic path.
+pub(crate) const MAX_STACK_BLOCKS: usize = 512;
+
+/// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1, Q8_0, Q5_0,
+/// Q6_K or Q4_K rows of `k` columns, `k` a multiple of the block (32; the K types 256) with at most
+/// [`MAX_STACK_BLOCKS`] blocks of 32 (the decode path of [`matmul_wq_invariant`]).
+pub fn can_group(w: &QMatrix, k: usize) -> bool {
+    act16_kind(w.ty).is_some()
+        && w.cols == k
+        && k.is_multiple_of(w.ty.block_size())
+        && k.is_multiple_of(32)
+        && k / 32 <= MAX_STACK_BLOCKS
+}
+
+/// Whether a type runs the AVX2 Act16 kernels at `isa` (at or above [`Isa::Avx512`]) too:
+/// every path (single row, gemv, batch) asks this, so decode and batch agree. Q5_0, Q6_K and
+/// Q4_K have no AVX-512 ones. Q4_1 takes the AVX2 ones on AMX CPUs (Sapphire Rapids class):
+/// there SmolLM2's decode ran 8-11% faster on them (`LOUPE_ISA=avx2` against `avx512`, three
+/// alternations of `loupe bench -p 0 -n 128`: 319-332 vs 295-307 t/s; `--profile`: the
+/// Q4_1 linears 720 vs 806 ms, the Q8_0 lm_head alike), while on the AVX-512 Xeon without
+/// AMX of 2026-11-24 (BENCHMARKS.md) the AVX-512 kernel was ~2% ahead.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn avx2_kernels_at(isa: Isa, ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) || (isa >= Isa::Amx && ty == GgmlType::Q4_1)
+}
+
+/// Most activation rows a multi-row call runs through the decode GEMV one row at a time
+/// instead of the multi-row kernels, whose per-weight-row preparation (every block's scale
+/// products for 16 lanes of rows, the offset chain) does not pay off on so few rows: `isa`'s
+/// multi-row kernel for `ty` is the 512-bit one (8 rows per weight row) or the AVX2 one (4).
+/// SmolLM2 (Q4_1, Q8_0 lm_head), `loupe bench --batch ... -p 64 -n 64 -t 2`, Sapphire Rapids
+/// class, two runs each, decode t/s multi-row -> GEMV: AMX (the pairs kernel) at 2 / 3 / 4
+/// sequences 209-213 -> 270-295, 246-264 -> 283-290, 302 -> 266-285; `LOUPE_ISA=avx512` at 4
+/// / 8: 291-298 -> 267-268, 361-366 -> 258-267; `LOUPE_ISA=avx2` at 2 / 4 / 8 / 16: 118 ->
+/// 281-286, 182-201 -> 272-278, 234-270 -> 285-289, 294-332 -> 311-312.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
+    if avx512_rows_kernel(isa, ty).is_some() {
+        3
+    } else {
+        8
+    }
+}
+
+/// Which 512-bit multi-row kernel `ty` takes at `isa`: `Some(false)` its own AVX-512
+/// arithmetic, `Some(true)` the AVX2 arithmetic two blocks per vector (the types that take
+/// the AVX2 arithmetic at AVX-512 and have a pairs kernel: Q4_1 on AMX CPUs, Q5_0), `None`
+/// the AVX2 multi-row kernel.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
+    if isa < Isa::Avx512 {
+        None
+    } else if !avx2_kernels_at(isa, ty) {
+        Some(false)
+    } else if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0) {
+        Some(true)
+    } else {
+        None
+    }
+}

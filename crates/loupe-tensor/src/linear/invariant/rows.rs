@@ -1,0 +1,63 @@
+//! The activation side the multi-row kernels of every ISA share ([`ActBatch`]: rows
+//! quantized to Act16, block scales and sums transposed so lanes are rows) and how rows are
+//! laid out and chunked for them.
+
+use crate::linear::qmatrix::QMatrix;
+
+/// Activation rows of `x` are laid out transposed (lanes = rows) in multiples of this,
+/// one AVX-512 vector, so the vectorized per-weight-row preparation needs no tail.
+pub(crate) const LANES: usize = 16;
+
+/// Quantized activation rows up to this many bytes (`m * k * 2`; k = 576 at m = 32 is
+/// 36 KiB, measured faster unchunked) stay in L1 (48 KiB on Sapphire Rapids) while every
+/// weight row of a band passes over all of them; past it (SmolLM2's FFN down projection,
+/// k = 1536, at m = 32 is 96 KiB) the rows are taken [`CHUNK_ROWS`] at a time and the
+/// band's weight rows (in L2) pass over each chunk instead.
+pub(crate) const ACT_L1_BYTES: usize = 40 << 10;
+
+/// Activation rows per chunk when they do not all fit in L1 (one AVX-512 tile).
+pub(crate) const CHUNK_ROWS: usize = 8;
+
+/// Weight rows ahead of the one being multiplied whose bytes the multi-row kernels prefetch.
+/// At 2-8 activation rows a weight row's products take little longer than its bytes take to
+/// arrive, and the preparation of its block scales stalled on them (perf: `vcvtph2ps` of
+/// the row's first scales). SmolLM2, `loupe bench --batch 1,2,4,8 -p 64 -n 64`, Sapphire
+/// Rapids class, two runs each: decode at 2 / 4 sequences 156-185 -> 201-202 and 244-246 ->
+/// 282-290 t/s (AMX); at 4 / 8 under `LOUPE_ISA=avx2` 175-177 -> 193-194 and 222-225 ->
+/// 259-261.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const PREFETCH_ROWS: usize = 4;
+
+/// Prefetches weight row `j` of `w` into L1 if `j < end` (the task's rows end there).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_row(w: &QMatrix, j: usize, end: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    if j < end {
+        for line in w.row(j).chunks(64) {
+            // SAFETY: a prefetch of an address inside the row; SSE is baseline on x86_64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+        }
+    }
+}
+
+/// Weight rows per chunk of that path: 64 rows of k = 1536 Q4_1 are 60 KiB, in L2 for the
+/// next activation row.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const GEMV_CHUNK_ROWS: usize = 64;
+
+/// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K call.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct ActBatch<'a> {
+    /// Row `i` at `q[i * k..]`.
+    pub(crate) q: &'a [i16],
+    /// Block scales / block sums transposed: `[blocks][mp]`.
+    pub(crate) st: &'a [f32],
+    pub(crate) su: &'a [f32],
+    pub(crate) m: usize,
+    /// `m` rounded up to [`LANES`].
+    pub(crate) mp: usize,
+    pub(crate) k: usize,
+    pub(crate) blocks: usize,
+}

@@ -1,0 +1,51 @@
+//! What the AVX-512 kernels of every layer share: the 16-lane horizontal sum in a fixed
+//! order, and two Act16 blocks unpacked into one 512-bit vector pair with the AVX2
+//! arithmetic's bits (Q4_1 on AMX CPUs, Q5_0).
+
+use std::arch::x86_64::*;
+
+use crate::linear::kinds::*;
+
+/// The horizontal sum of 16 lanes in a fixed order (halves, then quarters, then
+/// pairs, then lane 0 + lane 1), written out so that no library change can reorder it.
+/// It is the order of `_mm512_reduce_add_ps` in Rust 1.95's stdarch.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn hsum(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let a = _mm256_add_ps(lo, hi);
+    let a = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(a))
+}
+
+/// A pair of consecutive Q4_1 or Q5_0 blocks at `blk` as the AVX2 kernel's two vectors
+/// of each, joined: words 0..16 of the first result are block `b`'s elements 0..16 and
+/// words 16..32 block `b + 1`'s; the second result holds elements 16..32 alike. The
+/// qs bytes widened to words give the low nibbles (elements 0..16) and high ones
+/// (16..32); for Q5_0, where an element's fifth bit (bit `j` of its block's `qh`) is
+/// clear, 16 is subtracted (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`).
+/// Used by this module's [`tile_pairs`] and the decode GEMV's `group_avx512_pairs`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(crate) unsafe fn unpack_pair<const KIND: u8>(blk: *const u8) -> (__m512i, __m512i) {
+    let (bytes, qs) = (block_bytes(KIND), if KIND == Q4_1 { 4 } else { 6 });
+    let nxt = blk.add(bytes);
+    let both = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)),
+        _mm_loadu_si128(nxt.add(qs) as *const __m128i),
+    );
+    let w16 = _mm512_cvtepu8_epi16(both);
+    let (lo, hi) = (_mm512_and_si512(w16, _mm512_set1_epi16(0x0F)), _mm512_srli_epi16::<4>(w16));
+    if KIND == Q4_1 {
+        return (lo, hi);
+    }
+    let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
+    let (h0, h1) = (qh(blk), qh(nxt));
+    // Bit j of a mask: word j's element has its fifth bit clear.
+    let clear_lo: __mmask32 = !((h0 & 0xFFFF) | (h1 << 16));
+    let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
+    let sixteen = _mm512_set1_epi16(16);
+    (_mm512_mask_sub_epi16(lo, clear_lo, lo, sixteen), _mm512_mask_sub_epi16(hi, clear_hi, hi, sixteen))
+}

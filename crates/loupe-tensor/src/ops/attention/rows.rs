@@ -1,0 +1,254 @@
+//! One query row of one head against cached keys and values (decode and paged rows), and
+//! the per-key dot and axpy it is built from, dispatched by ISA to `avx512` / `avx2`.
+
+use half::slice::HalfFloatSliceExt;
+
+use super::{avx2, avx512};
+use crate::ops::kv_blocks::KvBlocks;
+use crate::quant::Isa;
+
+/// The cached keys and values one query row of one head reads: `start_of(p)` is the first
+/// element of that head's row at position `p` in both (contiguous or paged).
+pub(crate) struct CachedRows<'a, 'b, F: Fn(usize) -> usize> {
+    pub keys: &'a KvBlocks<'b>,
+    pub values: &'a KvBlocks<'b>,
+    pub start_of: F,
+}
+
+/// One query row of one head over the keys at positions `visible` (decode and paged rows):
+/// raw scores into `scores[visible]`, their softmax in place, and `o = sum_p scores[p] v_p`.
+/// `wide_row` (`q_row.len()` floats) is scratch for the per-key path.
+///
+/// The bits are those of the per-key loop of [`dot_cached`] and [`axpy_cached`]. Where the
+/// ISA has a row kernel for the head size (AVX-512: multiples of 16, AVX2: of 8) and the rows
+/// are f32 or f16, one call runs every key with the same accumulators in the same order,
+/// without a call per key and with the output in registers across keys (decode attention
+/// was 10% of SmolLM2's decode step, most of it calls and the output's store-to-load trips);
+/// elsewhere the per-key loop runs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_row<F: Fn(usize) -> usize>(
+    isa: Isa,
+    q_row: &[f32],
+    rows: &CachedRows<'_, '_, F>,
+    visible: std::ops::Range<usize>,
+    scores: &mut [f32],
+    scale: f32,
+    softcap: Option<f32>,
+    o: &mut [f32],
+    wide_row: &mut [f32],
+) {
+    let start_of = &rows.start_of;
+    // Decided once for both passes: the checks walk every visible key.
+    let kernel = row_kernel(isa, q_row.len(), rows, visible.clone()).filter(|_| visible.end <= scores.len());
+    // SAFETY (both passes): row_kernel checked the ISA, the head size and every visible row's
+    // range in both the keys and the values; visible.end <= scores.len() just above.
+    if !kernel.is_some_and(|k| unsafe {
+        row_kernel_pass(k, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone())
+    }) {
+        for j in visible.clone() {
+            scores[j] = dot_cached(isa, q_row, rows.keys, start_of(j), wide_row);
+        }
+    }
+    softmax_row(&mut scores[visible.clone()], scale, softcap);
+    o.fill(0.0);
+    if !kernel.is_some_and(|k| unsafe {
+        row_kernel_pass(k, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone())
+    }) {
+        for j in visible {
+            axpy_cached(isa, scores[j], rows.values, start_of(j), wide_row, o);
+        }
+    }
+}
+
+/// Which row kernel serves rows of `n` elements under `isa`, if any: the vector width of the
+/// per-key path at that ISA, for head sizes that are whole vectors of it (at AVX-512 that
+/// path is the 16-lane one with scalar tails, so the 8-lane kernel serves AVX2 alone), and
+/// rows `start_of(p)..+n` inside both the keys and the values for every `p` in `keys`.
+#[derive(Debug, Clone, Copy)]
+enum RowKernel {
+    Lanes16,
+    Lanes8,
+}
+
+fn row_kernel<F: Fn(usize) -> usize>(
+    isa: Isa,
+    n: usize,
+    rows: &CachedRows<'_, '_, F>,
+    keys: std::ops::Range<usize>,
+) -> Option<RowKernel> {
+    let kernel = match isa {
+        _ if !cfg!(target_arch = "x86_64") || n == 0 => return None,
+        Isa::Avx512 | Isa::Amx if n.is_multiple_of(16) => RowKernel::Lanes16,
+        Isa::Avx2 if n.is_multiple_of(8) => RowKernel::Lanes8,
+        _ => return None,
+    };
+    let len = rows.keys.len().min(rows.values.len());
+    keys.into_iter().all(|p| (rows.start_of)(p).checked_add(n).is_some_and(|end| end <= len)).then_some(kernel)
+}
+
+/// One pass of [`attend_row`] over the keys: raw scores (`scores[p] = q . row(p)`) or the
+/// probability-weighted sum of the values (`o = sum_p w[p] row(p)`).
+enum RowPass<'a> {
+    Scores { q: &'a [f32], scores: &'a mut [f32] },
+    WeightedSum { w: &'a [f32], o: &'a mut [f32] },
+}
+
+/// Runs `pass` over `keys` with `kernel`; false, having written nothing, for rows it does not
+/// read (FP8, which callers widen first).
+///
+/// # Safety
+/// `kernel` is [`row_kernel`]'s answer for these rows, this head size and `keys`, and `keys.end`
+/// is within the scores (or weights) of `pass`.
+unsafe fn row_kernel_pass(
+    kernel: RowKernel,
+    pass: RowPass<'_>,
+    rows: &KvBlocks<'_>,
+    start_of: &impl Fn(usize) -> usize,
+    keys: std::ops::Range<usize>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! run {
+            ($simd:ident, $rows:expr) => {
+                match pass {
+                    RowPass::Scores { q, scores } => $simd::scores(q, $rows, start_of, keys, scores),
+                    RowPass::WeightedSum { w, o } => $simd::weighted_sum(w, $rows, start_of, keys, o),
+                }
+            };
+        }
+        // SAFETY: the caller's contract (the ISA's features, which include F16C; whole
+        // vectors; rows and keys in range).
+        unsafe {
+            match (kernel, rows) {
+                (RowKernel::Lanes16, KvBlocks::F32(d)) => run!(avx512, d),
+                (RowKernel::Lanes16, KvBlocks::F16(d)) => run!(avx512, d),
+                (RowKernel::Lanes8, KvBlocks::F32(d)) => run!(avx2, d),
+                (RowKernel::Lanes8, KvBlocks::F16(d)) => run!(avx2, d),
+                (_, KvBlocks::Fp8 { .. }) => return false,
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kernel, pass, rows, start_of, keys);
+    true
+}
+
+/// Scales raw scores `q . k` by `scale`, soft-caps them when `softcap` says so (as
+/// `eager_attention_forward` does before adding the mask), and turns them into
+/// probabilities in place (max-subtracted exp, as torch.softmax does, in f32). Every
+/// attention path (prefill, decode, paged) goes through here, so the cap applies alike.
+pub(crate) fn softmax_row(scores: &mut [f32], scale: f32, softcap: Option<f32>) {
+    if let Some(cap) = softcap {
+        for s in scores.iter_mut() {
+            *s = crate::ops::soft_cap_one(*s * scale, cap);
+        }
+        crate::ops::activation::softmax_in_place(scores);
+    } else {
+        crate::ops::activation::scaled_softmax_in_place(scores, scale);
+    }
+}
+
+/// `a . b` (equal lengths): four vector accumulators (AVX-512: 16 lanes, AVX2: 8) when
+/// the ISA has them, else the scalar reference [`dot_scalar`].
+#[inline]
+pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if a.len() == b.len() {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the CPU has AVX-512F and F16C (Isa::Avx512); equal lengths checked.
+            return unsafe { super::avx512::dot_f32(a, b) };
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: the CPU has AVX2, FMA and F16C (Isa::Avx2); equal lengths checked.
+            return unsafe { super::avx2::dot_f32(a, b) };
+        }
+    }
+    let _ = isa;
+    dot_scalar(a, b)
+}
+
+/// Reference dot product, summed left to right.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `y += alpha * x` (equal lengths).
+#[inline]
+pub(crate) fn axpy(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x.len() == y.len() {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the CPU has AVX-512F and F16C; equal lengths checked.
+            return unsafe { super::avx512::axpy_f32(alpha, x, y) };
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: the CPU has AVX2, FMA and F16C; equal lengths checked.
+            return unsafe { super::avx2::axpy_f32(alpha, x, y) };
+        }
+    }
+    let _ = isa;
+    for (acc, &v) in y.iter_mut().zip(x) {
+        *acc += alpha * v;
+    }
+}
+
+/// `q . row` for the cached row at `start`: f32 rows go straight to [`dot`]; f16 rows are
+/// widened in registers by a twin of that dot with the same accumulators in the same
+/// order (so the result equals widening first, then the f32 dot, bit for bit). `scratch`
+/// (`q.len()` floats) holds the widened row where no SIMD twin runs.
+#[inline]
+pub(crate) fn dot_cached(isa: Isa, q: &[f32], rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32]) -> f32 {
+    match rows {
+        KvBlocks::F32(d) => dot(isa, q, &d[start..start + q.len()]),
+        KvBlocks::F16(d) => {
+            let k = &d[start..start + q.len()];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if isa >= Isa::Avx512 {
+                    // SAFETY: AVX-512F and F16C are available (Isa::Avx512); equal lengths.
+                    return unsafe { super::avx512::dot_f16(q, k) };
+                }
+                if isa >= Isa::Avx2 {
+                    // SAFETY: AVX2, FMA and F16C are available (Isa::Avx2); equal lengths.
+                    return unsafe { super::avx2::dot_f16(q, k) };
+                }
+            }
+            k.convert_to_f32_slice(scratch);
+            dot(isa, q, scratch)
+        }
+        KvBlocks::Fp8 { .. } => {
+            let n = q.len();
+            rows.widen_into(start, &mut scratch[..n]);
+            dot(isa, q, &scratch[..n])
+        }
+    }
+}
+
+/// `out += w * row` for the cached row at `start` (see [`dot_cached`]).
+#[inline]
+pub(crate) fn axpy_cached(isa: Isa, w: f32, rows: &KvBlocks<'_>, start: usize, scratch: &mut [f32], out: &mut [f32]) {
+    match rows {
+        KvBlocks::F32(d) => axpy(isa, w, &d[start..start + out.len()], out),
+        KvBlocks::F16(d) => {
+            let v = &d[start..start + out.len()];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if isa >= Isa::Avx512 {
+                    // SAFETY: as in dot_cached.
+                    return unsafe { super::avx512::axpy_f16(w, v, out) };
+                }
+                if isa >= Isa::Avx2 {
+                    // SAFETY: as in dot_cached.
+                    return unsafe { super::avx2::axpy_f16(w, v, out) };
+                }
+            }
+            v.convert_to_f32_slice(scratch);
+            axpy(isa, w, scratch, out)
+        }
+        KvBlocks::Fp8 { .. } => {
+            let n = out.len();
+            rows.widen_into(start, &mut scratch[..n]);
+            axpy(isa, w, &scratch[..n], out)
+        }
+    }
+}
