@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use loupe_models::Module;
 use loupe_parity::{Tensor, TensorSource};
 
-use crate::ExplainError;
+use crate::error::ExplainError;
 
 /// One dump directory.
 pub struct Dump {

@@ -13,6 +13,7 @@
 //! own description, [`loupe_models::roles`]; weights and hyper-parameters from the model).
 
 pub mod dump;
+mod error;
 pub mod ops;
 pub mod report;
 
@@ -21,25 +22,8 @@ use std::path::{Path, PathBuf};
 use loupe_models::{LlamaConfig, LoadOptions, Model, Precision};
 
 use dump::Dump;
+pub use error::ExplainError;
 pub use loupe_parity::Tensor;
-
-/// What can go wrong; every variant is bad input (exit code 2).
-#[derive(Debug, thiserror::Error)]
-pub enum ExplainError {
-    #[error("{path}: {reason}")]
-    Manifest { path: PathBuf, reason: String },
-    #[error("{dump}: no tensor '{name}' at step {step} (dump it: loupe dump --taps, or the reference's --taps)")]
-    MissingTensor { dump: PathBuf, name: String, step: usize },
-    /// A dump or one of its tensor files could not be read.
-    #[error(transparent)]
-    Dump(#[from] loupe_parity::ParityError),
-    #[error("shape mismatch: {what}")]
-    Shape { what: String },
-    #[error("--model: {0}")]
-    Model(#[from] loupe_models::ModelError),
-    #[error("{0}")]
-    Kernel(#[from] loupe_tensor::TensorError),
-}
 
 /// Similarity of two tensors, in f64 (docs/parity-protocol.md, step 2).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -27,14 +27,14 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::compare::Progress;
 use crate::error::ParityError;
 use crate::logits;
 use crate::mapping::Mapping;
 use crate::metrics::{self, MetricOptions, Metrics};
 use crate::names::is_logits_name;
 use crate::pairing::pair;
-use crate::result::{Reason, TokenSummary};
+use crate::progress::Progress;
+use crate::result::{Floor, FloorReport, Reason, TokenSummary};
 use crate::source::TensorSource;
 
 /// How far outside its noise floor a tensor's error may be, in units of the floor's
@@ -48,19 +48,6 @@ pub const DEFAULT_FACTOR: f64 = 8.0;
 /// precisions compute exactly (embedding rows of f32 weights) have a floor of zero; a
 /// target may still differ from them by a rounding.
 pub const MIN_REL_ERROR: f64 = 5.960_464_477_539_063e-8;
-
-/// The reference's disagreement with itself on one tensor.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Floor {
-    /// NMSE of the low-precision reference against the high-precision one.
-    pub nmse: f64,
-    pub cosine: f64,
-    pub norm_ratio: f64,
-    /// Cosine of the last token row (tensors with a token axis).
-    pub last_token_cosine: Option<f64>,
-    /// Rows whose argmax differs (logits only).
-    pub argmax_mismatches: Option<usize>,
-}
 
 impl Floor {
     fn of(m: &Metrics, tokens: Option<&TokenSummary>, argmax_mismatches: Option<usize>) -> Floor {
@@ -81,16 +68,6 @@ impl Floor {
         }
         self.nmse.sqrt().max(MIN_REL_ERROR)
     }
-}
-
-/// What the report says about one pair's floor.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FloorReport {
-    #[serde(flatten)]
-    pub floor: Floor,
-    /// The pair's relative error over the floor's (`√NMSE / e₀`); the pair diverges above
-    /// the factor.
-    pub error_over_floor: f64,
 }
 
 /// Summary of the calibration in the report.

@@ -1,6 +1,7 @@
 //! The comparison driver: open both inputs, pair their tensors, measure each pair (one
 //! pair in memory at a time), look for layer-offset false cliffs, and decide the verdict.
 
+use crate::progress::Progress;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -43,17 +44,6 @@ pub struct CompareOptions {
     /// Noise floors: a tensor that has one is judged against it instead of `thresholds`.
     pub calibration: Option<Calibration>,
 }
-
-/// Progress callbacks (the CLI draws a bar; the library draws nothing).
-pub trait Progress {
-    fn start(&mut self, _pairs: usize, _bytes: u64) {}
-    fn tick(&mut self, _name: &str, _bytes: u64) {}
-    fn finish(&mut self) {}
-}
-
-/// No progress display.
-pub struct NoProgress;
-impl Progress for NoProgress {}
 
 /// One input, as the report describes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -3,7 +3,6 @@
 
 use serde::Serialize;
 
-use crate::calibrate::FloorReport;
 use crate::logits::LogitMetrics;
 use crate::metrics::Metrics;
 
@@ -204,4 +203,27 @@ pub fn token_summary(rows: &[f64]) -> Option<TokenSummary> {
         worst_later_cosine: worst.map(|w| *w.1),
         last_token_cosine: *rows.last().unwrap_or(&first),
     })
+}
+
+/// The reference's disagreement with itself on one tensor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Floor {
+    /// NMSE of the low-precision reference against the high-precision one.
+    pub nmse: f64,
+    pub cosine: f64,
+    pub norm_ratio: f64,
+    /// Cosine of the last token row (tensors with a token axis).
+    pub last_token_cosine: Option<f64>,
+    /// Rows whose argmax differs (logits only).
+    pub argmax_mismatches: Option<usize>,
+}
+
+/// What the report says about one pair's floor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FloorReport {
+    #[serde(flatten)]
+    pub floor: Floor,
+    /// The pair's relative error over the floor's (`√NMSE / e₀`); the pair diverges above
+    /// the factor.
+    pub error_over_floor: f64,
 }

@@ -139,3 +139,10 @@ mod tests {
         assert!(!is_byte_token("hello!"));
     }
 }
+
+impl Tokenizer {
+    /// An incremental decoder for streaming generated tokens (see [`StreamDecoder`]).
+    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, skip_special_tokens)
+    }
+}

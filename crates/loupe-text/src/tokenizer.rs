@@ -17,7 +17,6 @@ use crate::error::{preview, Result, TextError};
 use crate::gguf_build;
 use crate::hf_config::TokenizerConfig;
 use crate::spec::TokenizerSpec;
-use crate::stream::StreamDecoder;
 
 /// Tokens that end a turn or a document in common chat formats. [`Tokenizer::eos_ids`] adds any
 /// of these that the vocabulary holds as a special token to the file's EOS.
@@ -194,11 +193,6 @@ impl Tokenizer {
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(|e| TextError::Decode { count: ids.len(), message: e.to_string() })
-    }
-
-    /// An incremental decoder for streaming generated tokens (see [`StreamDecoder`]).
-    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
-        StreamDecoder::new(self, skip_special_tokens)
     }
 
     /// `len(tokenizer)` in transformers: distinct tokens, the vocabulary plus added tokens.
