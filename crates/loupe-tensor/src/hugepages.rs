@@ -8,12 +8,9 @@
 //! a [`WeightArena`]: 2 MiB-aligned chunks advised `MADV_HUGEPAGE` before their pages are
 //! first touched.
 //!
-//! Measured on an AMD EPYC (Zen 3), one 262,144 x 640 Q8_0 matrix (Gemma 3's 178 MB
-//! lm_head) streamed by the decode GEMV (`examples/stream_gemv.rs`, median of 15 passes,
-//! alternated): 1 thread 9.1 / 8.3 GB/s on 4 KiB pages against 10.2 / 8.9 on huge pages;
-//! 2 threads 14.7 / 15.9 against 17.8 / 16.6. Gemma 3 270M decode (`loupe bench -p 0 -n 64
-//! -r 3 -t 2`, alternated three times): 45.7 / 45.7 / 42.7 tok/s with `LOUPE_HUGEPAGES=0`,
-//! 57.2 / 50.4 / 54.1 without.
+//! Why: a GEMV streaming weights on 4 KiB pages takes a TLB miss and a hardware-prefetcher
+//! restart every page; on huge pages both the streamed bandwidth and Gemma 3's decode were
+//! measured faster (BENCHMARKS.md, "Measurements once in doc comments"; `examples/stream_gemv.rs` measures it).
 //!
 //! `LOUPE_HUGEPAGES=0` turns the advice off (to measure its effect); elsewhere than Linux
 //! the chunks are plain allocations.

@@ -16,11 +16,8 @@
 //! another's. So when all threads run, each walks one contiguous stretch of a matrix's
 //! rows, and its hardware and software prefetch run on from one task into the next; with
 //! a single shared counter, the two threads took alternate bands and every band began
-//! cold. Measured on an AMD EPYC (Zen 3), 2 threads, 200 cold 1536x576 Q4_1 matrices one
-//! after another (`examples/stream_gemv.rs`-style sweep, alternating builds): back to back in
-//! one buffer, 14.9-16.4 GB/s with the shared counter against 18.2-19.6 with shares; in
-//! separate places, 10.7-12.0 against 12.5-12.9. (A whole SmolLM2 decode step did not move
-//! measurably: its matrices are smaller and its time goes elsewhere too.)
+//! cold; streaming cold matrices measured faster with shares (BENCHMARKS.md,
+//! "Measurements once in doc comments").
 //!
 //! Re-entrancy: a `run` from inside a task, or while another thread's job holds the
 //! pool, runs its tasks serially on the calling thread instead of waiting, so tests
@@ -613,7 +610,7 @@ mod tests {
 }
 
 /// An output pointer shared by pool tasks that write disjoint elements (see `run`,
-/// `wq::matmul_wq`, attention).
+/// `linear::matmul_wq`, attention).
 pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
 
 impl<T> Clone for OutPtr<T> {

@@ -2,7 +2,7 @@
 //! against activations quantized to 16-bit blocks ([`Act16`]), on Intel CPUs with AMX
 //! (Sapphire Rapids and later; [`Isa::Amx`]).
 //!
-//! **Arithmetic.** Each output is computed exactly as [`crate::wq::dot_row_act16_scalar`]
+//! **Arithmetic.** Each output is computed exactly as [`crate::linear::dot_row_act16_scalar`]
 //! computes it, bit for bit (tested): per block of 32, the exact integer dot of the weight
 //! codes with the activation's 16-bit codes, then `acc += d * scale * dot + m * sum` in f32
 //! (Q8_0: no offset term), blocks in order from `+0.0`. So prefill on AMX has decode's
@@ -22,20 +22,12 @@
 //! and the activation's scale and sum broadcast, and each activation row's 16 outputs are
 //! one store.
 //!
-//! **Where the time goes** (Sapphire Rapids class, one thread, Q4_1 at m = 512; one
-//! "tile-block" is 16 activation rows x 16 weight rows x one block of 32). The whole kernel
-//! takes 47-58 ns per tile-block (`examples/amx_tile_block.rs`). Taken apart by editing
-//! the kernel (2026-11-27, variants not kept): the tile instructions alone (the f32 step
-//! cut to one row of 16) 30-36 ns, of which the two tile stores ~8; the f32 step alone (no
-//! tile instruction) 32-40 ns. So the two add up
-//! rather than overlap, and neither reordering helped: the step's rows interleaved four at a
-//! time between the tile instructions, or the stores moved after the step, ran the same.
-//! Nor did fewer f32 operations in another formula (the FMA form, 6 instead of 8, which
-//! would change the reference's bits in every kernel), `tdpbf16ps` products (exact for Q4_1,
-//! whose partial sums stay integers below 2^24: one f32 tile per block, no combine, no
-//! convert, but the tiles alone took 40-46 ns), or 2, 4 or 8 tasks per thread. The floor is
-//! the contract: 16-bit activations take two 8-bit products per block, and decode's bits take
-//! 8 vector operations per 16 outputs per block; llama.cpp's AMX path multiplies 8-bit
+//! **Where the time goes.** The tile instructions and the exact f32 step take about the same
+//! time per tile-block (16 activation rows x 16 weight rows x one block of 32) and add up
+//! rather than overlap; the reorderings and formulas tried are in BENCHMARKS.md,
+//! "Measurements once in doc comments", and `examples/amx_tile_block.rs` times the kernel. The floor is the
+//! contract: 16-bit activations take two 8-bit products per block, and decode's bits take 8
+//! vector operations per 16 outputs per block; llama.cpp's AMX path multiplies 8-bit
 //! activations, one product per block.
 //! Tasks own groups of panels and run every activation tile over the group, so an
 //! activation tile's 18-48 KiB stay in L1 while the group's weights stream from L2; the
@@ -70,7 +62,7 @@ pub fn can_take(w: &QMatrix, m: usize) -> bool {
 }
 
 /// `y[m, n] = x[m, k] @ W^T` on AMX tiles for Q4_1 / Q8_0 / Q5_0 `W` (`n = w.rows`, `k = w.cols`,
-/// a multiple of 32), each output bit-identical to [`crate::wq::dot_row_act16_scalar`] of
+/// a multiple of 32), each output bit-identical to [`crate::linear::dot_row_act16_scalar`] of
 /// its activation row quantized by [`Act16::quantize`]. Does not apply `w.tensor_scale`
 /// (the caller does, as for every kernel).
 ///

@@ -24,11 +24,9 @@ pub fn can_group(w: &QMatrix, k: usize) -> bool {
 
 /// Whether a type runs the AVX2 Act16 kernels at `isa` (at or above [`Isa::Avx512`]) too:
 /// every path (single row, gemv, batch) asks this, so decode and batch agree. Q5_0, Q6_K and
-/// Q4_K have no AVX-512 ones. Q4_1 takes the AVX2 ones on AMX CPUs (Sapphire Rapids class):
-/// there SmolLM2's decode ran 8-11% faster on them (`LOUPE_ISA=avx2` against `avx512`, three
-/// alternations of `loupe bench -p 0 -n 128`: 319-332 vs 295-307 t/s; `--profile`: the
-/// Q4_1 linears 720 vs 806 ms, the Q8_0 lm_head alike), while on the AVX-512 Xeon without
-/// AMX of 2026-11-24 (BENCHMARKS.md) the AVX-512 kernel was ~2% ahead.
+/// Q4_K have no AVX-512 ones. Q4_1 takes the AVX2 ones on AMX CPUs (Sapphire Rapids class),
+/// where SmolLM2 decoded faster on them, while on AVX-512 CPUs without AMX the AVX-512 kernel
+/// was slightly ahead (BENCHMARKS.md, "Measurements once in doc comments").
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn avx2_kernels_at(isa: Isa, ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) || (isa >= Isa::Amx && ty == GgmlType::Q4_1)
@@ -38,11 +36,8 @@ pub(crate) fn avx2_kernels_at(isa: Isa, ty: GgmlType) -> bool {
 /// instead of the multi-row kernels, whose per-weight-row preparation (every block's scale
 /// products for 16 lanes of rows, the offset chain) does not pay off on so few rows: `isa`'s
 /// multi-row kernel for `ty` is the 512-bit one (8 rows per weight row) or the AVX2 one (4).
-/// SmolLM2 (Q4_1, Q8_0 lm_head), `loupe bench --batch ... -p 64 -n 64 -t 2`, Sapphire Rapids
-/// class, two runs each, decode t/s multi-row -> GEMV: AMX (the pairs kernel) at 2 / 3 / 4
-/// sequences 209-213 -> 270-295, 246-264 -> 283-290, 302 -> 266-285; `LOUPE_ISA=avx512` at 4
-/// / 8: 291-298 -> 267-268, 361-366 -> 258-267; `LOUPE_ISA=avx2` at 2 / 4 / 8 / 16: 118 ->
-/// 281-286, 182-201 -> 272-278, 234-270 -> 285-289, 294-332 -> 311-312.
+/// The thresholds are where `loupe bench --batch` measured the multi-row kernels overtaking
+/// the GEMV on SmolLM2 at each ISA (BENCHMARKS.md, "Measurements once in doc comments").
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
     if avx512_rows_kernel(isa, ty).is_some() {

@@ -1,6 +1,6 @@
 //! Weight-only quantization: `y = x @ W^T` with `W` kept in GGML blocks and `x` in f32.
 //!
-//! Unlike [`crate::matmul::matmul_q`], which quantizes activations to 8-bit blocks as
+//! Unlike [`crate::linear::q8::matmul_q`], which quantizes activations to 8-bit blocks as
 //! llama.cpp does, these kernels dequantize weights in registers and multiply by the f32
 //! activations. The weight bytes read per token are the same (the memory-bound decode
 //! costs the same), but no activation rounding is added: on SmolLM2 Q4_1, teacher-forced
@@ -15,7 +15,7 @@
 //! * prefill (`m > 1`): each task dequantizes a tile of weight rows into an L2-sized f32
 //!   buffer and multiplies it with all of `x` through `gemm`.
 //!   Not batch invariant (gemm's reduction order depends on `m`): a continuous-batching
-//!   decode step uses [`matmul_wq_invariant`] (`crate::batch`), whose `m == 1` path is the
+//!   decode step uses [`matmul_wq_invariant`] (`crate::linear::invariant`), whose `m == 1` path is the
 //!   decode path here, and whose rows are bit-identical to it for any `m`.
 
 use std::cell::RefCell;
@@ -58,7 +58,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
     }
     if Isa::active() >= Isa::Amx && super::amx::can_take(w, m) {
         // Q4_1 / Q8_0 / Q5_0 on AMX tiles: 16-bit activation blocks, the arithmetic of
-        // dot_row_act16_scalar (crate::amx).
+        // dot_row_act16_scalar (crate::linear::amx).
         return matmul_wq_prefill_group(x, &[w], &mut [y], m);
     }
     let tiles = n.div_ceil(PREFILL_TILE_ROWS);
@@ -83,7 +83,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
 }
 
 /// Whether prefill of `m` rows through `w` (against `k` activations) can join a grouped
-/// [`matmul_wq_prefill_group`]: Q4_1 / Q8_0 / Q5_0 on AMX tiles ([`crate::amx`]).
+/// [`matmul_wq_prefill_group`]: Q4_1 / Q8_0 / Q5_0 on AMX tiles ([`crate::linear::amx`]).
 pub fn can_group_prefill(w: &QMatrix, k: usize, m: usize) -> bool {
     w.cols == k && Isa::active() >= Isa::Amx && super::amx::can_take(w, m)
 }

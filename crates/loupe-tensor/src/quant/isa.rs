@@ -16,7 +16,7 @@ pub enum Isa {
     /// AVX-512 F/BW/VL + VNNI on top of `Avx2` (Ice Lake, Sapphire Rapids, Zen 4).
     Avx512,
     /// AMX-TILE + AMX-INT8 on top of `Avx512`, with the tile state granted by the OS
-    /// (Sapphire Rapids and later): prefill of Q4_1 / Q8_0 / Q5_0 on tiles ([`crate::amx`]);
+    /// (Sapphire Rapids and later): prefill of Q4_1 / Q8_0 / Q5_0 on tiles ([`crate::linear::amx`]);
     /// every other kernel runs its `Avx512` path.
     Amx,
 }

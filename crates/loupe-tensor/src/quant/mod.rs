@@ -1,6 +1,6 @@
 //! GGML block quantization: dequantize, quantize, and quantized dot products.
 //!
-//! Data flow of a quantized linear layer (`y = x @ W^T`, see `crate::matmul`):
+//! Data flow of a quantized linear layer (`y = x @ W^T`, see `crate::linear`):
 //! the weight rows stay in their GGUF block type; each activation row is quantized
 //! once to the weight's [`vec_dot_type`] (Q8_0, Q8_1 or Q8_K, as ggml does); then
 //! [`vec_dot`] multiplies one weight row by one activation row with integer

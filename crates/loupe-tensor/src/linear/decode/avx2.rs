@@ -1,4 +1,4 @@
-//! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `wq::dot_row_act16`
+//! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `decode::dot_row_act16`
 //! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, Q6_K and Q4_K, at `Avx512` too), and their
 //! multi-row twins, which repeat the single-row arithmetic per activation row.
 //!

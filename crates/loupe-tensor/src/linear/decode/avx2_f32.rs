@@ -7,7 +7,7 @@
 //! through `dequantize_row` (one call per 32 or 64 weights), which decoded these formats at
 //! 8-11 tokens/s on SmolLM2 (AMD EPYC Zen 3, 2 threads). Q5_0's decode and batched decode
 //! run the Act16 kernels instead ([`dot_row_act16`]); its f32 dot here is left to rows too
-//! long for them (over `batch::MAX_STACK_BLOCKS` blocks).
+//! long for them (over `dispatch::MAX_STACK_BLOCKS` blocks).
 
 use std::arch::x86_64::*;
 

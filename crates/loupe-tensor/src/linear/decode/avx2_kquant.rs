@@ -1,5 +1,5 @@
 //! Q4_K and Q6_K rows against f32 activations (AVX2 + FMA + F16C), and their AVX2
-//! dequantizers, in the style of `wq::small_avx2`: the weights of each sub-block become
+//! dequantizers, in the style of `decode::avx2_f32`: the weights of each sub-block become
 //! exact small integers as bytes, are widened to f32 and FMA'd with the activations, and
 //! the sub-block's 8 partial sums are multiplied by its scale once (a broadcast FMA into
 //! the row accumulator).
@@ -14,10 +14,10 @@
 //!   [`q6_codes`]; value `d * scales[e / 16] * (q - 32)`.
 //!
 //! Decode and batched decode run these types through the Act16 kernels instead
-//! (`wq::dot_row_act16`, `batch::avx2::q6_k` / `q4_k`); the f32 dots here are left to rows
-//! too long for them (over `batch::MAX_STACK_BLOCKS` blocks of 32) and to `dot_row` callers.
+//! (`decode::dot_row_act16`, `simd::avx2::q6_k` / `q4_k`); the f32 dots here are left to rows
+//! too long for them (over `dispatch::MAX_STACK_BLOCKS` blocks of 32) and to `dot_row` callers.
 //!
-//! The scalar reference (`wq::dot_row_scalar`) dequantizes each super-block through
+//! The scalar reference (`decode::scalar::dot_row_scalar`) dequantizes each super-block through
 //! `quant::dequant::q4_k` / `q6_k` and then dots in f32; it was ~75% of the decode time
 //! of Qwen2.5-Coder 0.5B (Q4_K_M) on an AMD EPYC Zen 3.
 

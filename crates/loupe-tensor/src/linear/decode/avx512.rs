@@ -145,7 +145,7 @@ pub unsafe fn dot_q4_1_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
     if b < blocks {
         (acc0, off) = block(b, acc0, off);
     }
-    // The fixed-order sum the multi-row kernels (crate::batch) repeat per row.
+    // The fixed-order sum the multi-row kernels (crate::linear::invariant) repeat per row.
     hsum(_mm512_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(off))
 }
 

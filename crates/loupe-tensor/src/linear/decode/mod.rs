@@ -27,7 +27,7 @@ use crate::{GgmlType, TensorError};
 
 /// Dot of one Q4_1, Q8_0, Q5_0, Q6_K or Q4_K weight row with 16-bit activation blocks (the
 /// K types: rows of whole 256-element super-blocks). Q5_0, Q6_K and Q4_K have AVX2 kernels only: at
-/// [`Isa::Avx512`] they run those, as `gemv` and `batch` do for them.
+/// [`Isa::Avx512`] they run those, as the GEMV and the batch-invariant kernels do for them.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
     let per = ty.block_size();
@@ -46,7 +46,7 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         match ty {
-            // On AMX CPUs the AVX2 kernel, as gemv and batch run it (`batch::avx2_kernels_at`).
+            // On AMX CPUs the AVX2 kernel, as gemv and batch run it (`dispatch::avx2_kernels_at`).
             // SAFETY: Isa::Amx implies AVX2, FMA and F16C; lengths checked above.
             GgmlType::Q4_1 if avx2_kernels_at(isa, ty) => {
                 return Ok(unsafe { avx2::dot_q4_1_act16(w_row, act.q, act.scale_sum) })

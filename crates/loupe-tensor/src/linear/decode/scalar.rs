@@ -55,7 +55,7 @@ pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Resu
 }
 
 /// [`dot_row_act16_scalar`] for Q6_K (super-blocks of 210 bytes, see
-/// `batch::avx2::q6_k` for the layout); extra activations past the row's super-blocks are
+/// `simd::avx2::q6_k` for the layout); extra activations past the row's super-blocks are
 /// not read.
 fn dot_q6_k_act16_scalar(w_row: &[u8], act: &Act16<'_>) -> f32 {
     let mut acc = 0f32;

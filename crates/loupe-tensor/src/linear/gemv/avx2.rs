@@ -18,7 +18,7 @@ pub(crate) unsafe fn rows_avx2(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>,
 }
 
 /// `R` consecutive weight rows at `w` against the activations: per row, the
-/// arithmetic of `batch::avx2::dot_{q4_1,q8_0,q5_0,q6_k}_act16` (per block, elements 0..16 and
+/// arithmetic of `decode::avx2::dot_{q4_1,q8_0,q5_0,q6_k}_act16` (per block, elements 0..16 and
 /// 16..32 as i16 each `vpmaddwd`'d and the two i32 vectors added: 8 lanes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -26,7 +26,7 @@ pub(crate) unsafe fn rows_avx512_pairs(w: &QMatrix, rows: Range<usize>, act: &Ac
 }
 
 /// `R` consecutive weight rows at `w` against the activations: per row, the
-/// arithmetic of `wq::avx512::dot_q{4_1,8_0}_act16` (16 i32 lanes per block from one
+/// arithmetic of `decode::avx512::dot_q{4_1,8_0}_act16` (16 i32 lanes per block from one
 /// `vpmaddwd` of the 32 weights as i16, even blocks into `acc0`, odd into `acc1`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
@@ -81,7 +81,7 @@ unsafe fn group_avx512<const R: usize, const KIND: u8>(
 }
 
 /// `R` consecutive Q5_0 weight rows at `w` against the activations, bit for bit
-/// [`group_avx2`] (and so `batch::avx2::dot_q5_0_act16`) with half its vector
+/// [`group_avx2`] (and so `decode::avx2::dot_q5_0_act16`) with half its vector
 /// instructions: blocks `b` (even) and `b + 1` share one 512-bit vector, block `b` in
 /// the low 256 bits, `b + 1` in the high ones. Then one `vpmaddwd` pair gives, in lanes
 /// 0..8, block `b`'s eight i32 lanes of the AVX2 kernel (elements `2i, 2i + 1` and
@@ -92,7 +92,7 @@ unsafe fn group_avx512<const R: usize, const KIND: u8>(
 /// order; an odd last block goes to the low half alone; the sum is AVX2's
 /// `hsum(acc0 + acc1)`.
 ///
-/// The unpacking of a pair is `batch::avx512::unpack_pair`, which the batched kernel's
+/// The unpacking of a pair is `simd::avx512::unpack_pair`, which the batched kernel's
 /// pairs tile shares.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]

@@ -1,12 +1,11 @@
 //! The decode GEMV of `--precision native`: several Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K weight rows against
 //! one activation row quantized to 16-bit blocks ([`Act16`]).
 //!
-//! **Why a kernel of its own.** One row at a time ([`crate::wq::dot_row_act16`]), a
+//! **Why a kernel of its own.** One row at a time ([`crate::linear::dot_row_act16`]), a
 //! 576-wide row is 18 blocks; every block waits on the scalar offset chain
 //! (`off += m * sum`, one f32 add latency per block), the f16 scale conversion and the
-//! broadcast of `d * scale`, and every row pays a call and a horizontal sum. Measured
-//! (SmolLM2 Q4_1, Intel Xeon, 1 thread) that ran at ~14 cycles per block, 5 GB/s: decode was
-//! compute-bound at half the memory bandwidth. Here [`ROWS`] weight rows go through the
+//! broadcast of `d * scale`, and every row pays a call and a horizontal sum: decode was
+//! compute-bound at half the memory bandwidth (BENCHMARKS.md, "Measurements once in doc comments"). Here `ROWS` weight rows go through the
 //! blocks together: the scales of the group are converted in a first pass (`p[b][r]`,
 //! each row's offset in its own register), then each block of activations is loaded
 //! once and multiplied with the block of every row of the group, whose accumulators are
@@ -17,17 +16,16 @@
 //! weights are unpacked does not matter), the same conversion, the same FMA of
 //! `d * scale` into the even- or odd-block accumulator, the same offset chain from +0.0,
 //! the same horizontal sum. So decode keeps its numbers, and the batched engine's
-//! multi-row kernels (`crate::batch`), which repeat that arithmetic per activation row,
-//! stay bit-identical to it (tested below and in `batch`).
+//! multi-row kernels (`crate::linear::invariant`), which repeat that arithmetic per activation row,
+//! stay bit-identical to it (tested in `tests.rs` and in `invariant`).
 //!
 //! Q5_0, Q6_K and Q4_K have AVX2 arithmetic only (single-row, group, multi-row): an AVX-512
 //! machine runs it for them in every path, so the agreement holds there as well. This decode
 //! group computes Q5_0's AVX2 arithmetic with 512-bit vectors, two blocks per vector, with
-//! the same bits (`x86::group_avx512_pairs`); doing the same for Q6_K and Q4_K (two AVX2
-//! unpackings joined) measured slower than their AVX2 group (1 thread, hot 896 x 4864:
-//! Q6_K 8.9-9.1 against 10.1-10.8 GiB/s, Q4_K 7.3-7.6 against 8.6-9.2). On AMX CPUs Q4_1 takes
-//! the AVX2 arithmetic too, in every path (`batch::avx2_kernels_at`): there it decoded 8-11%
-//! faster than the AVX-512 group.
+//! the same bits (`avx512::group_avx512_pairs`); doing the same for Q6_K and Q4_K (two AVX2
+//! unpackings joined) measured slower than their AVX2 group (BENCHMARKS.md, "Measurements once in doc comments"). On AMX CPUs Q4_1
+//! takes the AVX2 arithmetic too, in every path (`dispatch::avx2_kernels_at`), where it
+//! decoded faster than the AVX-512 group.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -50,12 +48,12 @@ use crate::quant::Isa;
 use crate::{GgmlType, TensorError};
 
 /// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0, Q5_0, Q6_K or Q4_K with `act` of `w.cols`
-/// activations (checked by the caller, [`crate::batch`]).
+/// activations (checked by the caller, [`crate::linear::invariant`]).
 ///
 /// # Safety
 /// `isa` is supported by this CPU; `out` points to at least `w.rows` floats of which
 /// this call alone writes those at `rows`; `w.cols == act.q.len()`, a multiple of 32
-/// with at most [`crate::batch::MAX_STACK_BLOCKS`] blocks, and `act.scale_sum` holds
+/// with at most [`crate::linear::dispatch::MAX_STACK_BLOCKS`] blocks, and `act.scale_sum` holds
 /// two floats per block.
 pub(crate) unsafe fn gemv_rows(
     isa: Isa,
@@ -67,7 +65,7 @@ pub(crate) unsafe fn gemv_rows(
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && act16_kind(w.ty).is_some() {
         // Q5_0 / Q6_K / Q4_K (and Q4_1 on AMX CPUs): the AVX2 kernels at AVX-512 too, as
-        // `wq::dot_row_act16` and `batch` run (`batch::avx2_kernels_at`).
+        // `decode::dot_row_act16` and `batch` run (`dispatch::avx2_kernels_at`).
         if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
             avx512::rows_avx512(w, rows, act, out);
         } else if isa >= Isa::Avx512 && w.ty == GgmlType::Q5_0 {

@@ -1,5 +1,5 @@
 //! AVX-512 multi-row kernels. Each mirrors, per activation row, the single-row
-//! kernel in `wq::avx512` operation for operation (same accumulators, same order).
+//! kernel in `decode::avx512` operation for operation (same accumulators, same order).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -223,7 +223,7 @@ unsafe fn prepare(
 /// One Q4_1 weight row (`blocks` blocks at `w`) against `NA` activation rows at `q`
 /// (row stride `k`), with the block products at `p[b * mp + a]`. Per row: the same
 /// `vpmaddwd`, conversion and FMA into the even/odd-block accumulator as
-/// `wq::avx512::dot_q4_1_act16`, then the same horizontal sum.
+/// `decode::avx512::dot_q4_1_act16`, then the same horizontal sum.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn tile_q4_1<const NA: usize>(
@@ -267,7 +267,7 @@ unsafe fn tile_q4_1<const NA: usize>(
     r
 }
 
-/// [`tile_q4_1`] for Q8_0 (`wq::avx512::dot_q8_0_act16`).
+/// [`tile_q4_1`] for Q8_0 (`decode::avx512::dot_q8_0_act16`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn tile_q8_0<const NA: usize>(

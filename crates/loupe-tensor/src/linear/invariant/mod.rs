@@ -17,14 +17,14 @@
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
 //! up to 8 (AVX-512; Q5_0, Q6_K and Q4_K have AVX2 kernels only, which AVX-512 machines run in every path)
 //! or 4 (AVX2) activation rows, each row keeping its own accumulators
-//! in exactly the order of the single-row kernel ([`crate::wq::dot_row_act16`]). The
+//! in exactly the order of the single-row kernel ([`crate::linear::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
 //! are computed vectorized across activation rows (lanes = rows, so each lane does the
 //! same sequence of f32 operations as the single-row kernel), once per weight row. Tasks
 //! own bands of weight rows and run all `m` activation rows over each weight row while it
 //! is in L1, so every weight byte is read from memory once per call.
 //!
-//! `m == 1` is the decode path of [`crate::wq::matmul_wq`] (the same code), so a single
+//! `m == 1` is the decode path of [`crate::linear::matmul_wq`] (the same code), so a single
 //! sequence keeps its numbers.
 
 #[cfg(target_arch = "x86_64")]
@@ -104,7 +104,7 @@ pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32],
     }
     if can_group(w, k) {
         // Decode: a group of one matrix (the activation row quantized to Act16 on the stack,
-        // then crate::gemv, each row bit-identical to wq::dot_row_act16). Allocates nothing.
+        // then the GEMV, each row bit-identical to decode::dot_row_act16). Allocates nothing.
         // (The group applies the per-tensor scale itself.)
         if m == 1 {
             return matmul_wq_group_with(isa, x, &[w], &mut [y]);
@@ -150,7 +150,7 @@ pub const MAX_GROUP: usize = 4;
 /// fork-join: `ys[i] = x @ ws[i]^T`. `x` is quantized once and the rows of all matrices
 /// are split into one set of tasks, so q/k/v (or gate/up) cost one synchronisation of the
 /// compute threads instead of three (or two). Every output is bit-identical to
-/// [`matmul_wq_invariant`] (and so to [`crate::wq::matmul_wq`]) on the same matrix: the
+/// [`matmul_wq_invariant`] (and so to [`crate::linear::matmul_wq`]) on the same matrix: the
 /// same quantization and the same per-row kernel.
 pub fn matmul_wq_group(x: &[f32], ws: &[&QMatrix], ys: &mut [&mut [f32]]) -> Result<(), TensorError> {
     matmul_wq_group_with(Isa::active(), x, ws, ys)

@@ -21,10 +21,7 @@ pub(crate) const CHUNK_ROWS: usize = 8;
 /// Weight rows ahead of the one being multiplied whose bytes the multi-row kernels prefetch.
 /// At 2-8 activation rows a weight row's products take little longer than its bytes take to
 /// arrive, and the preparation of its block scales stalled on them (perf: `vcvtph2ps` of
-/// the row's first scales). SmolLM2, `loupe bench --batch 1,2,4,8 -p 64 -n 64`, Sapphire
-/// Rapids class, two runs each: decode at 2 / 4 sequences 156-185 -> 201-202 and 244-246 ->
-/// 282-290 t/s (AMX); at 4 / 8 under `LOUPE_ISA=avx2` 175-177 -> 193-194 and 222-225 ->
-/// 259-261.
+/// the row's first scales. Four rows ahead measured best at 2-8 sequences (BENCHMARKS.md, "Measurements once in doc comments").
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_ROWS: usize = 4;
 

@@ -2,7 +2,7 @@
 //! fixed lane order the bit-identity of decode, GEMV and batch rests on; f16 loads; and
 //! the Act16 types' weight blocks unpacked to 16-bit lanes (per block `b` of 32: two
 //! vectors of 16 i16, exact, ready for `vpmaddwd` against 16-bit activations).
-//! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `wq::dot_row_act16`
+//! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `decode::dot_row_act16`
 //! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, Q6_K and Q4_K, at `Avx512` too), and their
 //! multi-row twins, which repeat the single-row arithmetic per activation row.
 //!
