@@ -12,6 +12,7 @@ pub mod linear;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+pub(crate) mod reduce;
 #[cfg(test)]
 mod testing;
 

@@ -14,6 +14,8 @@ use std::ptr::read_unaligned;
 
 use loupe_core::GgmlType;
 
+use crate::reduce::avx2::{hsum, hsum_i32};
+
 use super::blocks::{scale_min_k4, K_SCALE_SIZE, QK, QK_K};
 use super::VecDotFn;
 
@@ -67,22 +69,6 @@ unsafe fn rd_u16(p: *const u8) -> u16 {
 #[inline(always)]
 unsafe fn rd_u32(p: *const u8) -> u32 {
     read_unaligned(p.cast::<u32>())
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
 }
 
 /// The product of two f16 scales, `d_x * d_y`, in lane 0 (F16C converts both at once).
@@ -152,7 +138,7 @@ macro_rules! float_kernel {
                 i += 8;
             }
             let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-            let mut sum = hsum_ps(v);
+            let mut sum = hsum(v);
             if i < n {
                 let wt = std::slice::from_raw_parts(w.add(i * $wsize), (n - i) * $wsize);
                 let at = std::slice::from_raw_parts(a.add(i).cast::<u8>(), (n - i) * 4);
@@ -182,7 +168,7 @@ pub(super) unsafe fn dot_q4_0(w: *const u8, a: *const u8, n: usize) -> f32 {
         let d = _mm256_broadcastss_ps(scale2(rd_u16(x), rd_u16(y)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
     }
-    hsum_ps(acc)
+    hsum(acc)
 }
 
 /// Q4_1: the header pairs `(d, m)` and `(d, s)` convert together; lane 0 of their
@@ -199,7 +185,7 @@ pub(super) unsafe fn dot_q4_1(w: *const u8, a: *const u8, n: usize) -> f32 {
         let p = dot_u8(nibbles(x.add(4)), _mm256_loadu_si256(y.add(4).cast()));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(prod), acc);
     }
-    hsum_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+    hsum(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
 }
 
 /// Q5_0: `q - 16` is the nibble when the high bit is set and the nibble with its
@@ -215,7 +201,7 @@ pub(super) unsafe fn dot_q5_0(w: *const u8, a: *const u8, n: usize) -> f32 {
         let d = _mm256_broadcastss_ps(scale2(rd_u16(x), rd_u16(y)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
     }
-    hsum_ps(acc)
+    hsum(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -232,7 +218,7 @@ pub(super) unsafe fn dot_q5_1(w: *const u8, a: *const u8, n: usize) -> f32 {
         let p = dot_u8(q, _mm256_loadu_si256(y.add(4).cast()));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcastss_ps(prod), acc);
     }
-    hsum_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
+    hsum(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_m))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -244,7 +230,7 @@ pub(super) unsafe fn dot_q8_0(w: *const u8, a: *const u8, n: usize) -> f32 {
         let d = _mm256_broadcastss_ps(scale2(rd_u16(x), rd_u16(y)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
     }
-    hsum_ps(acc)
+    hsum(acc)
 }
 
 // K-quants: byte offsets inside `block_q8_K` (f32 d, qs[256], bsums[16]).
@@ -304,7 +290,7 @@ unsafe fn k4_block(x: *const u8, qs: *const u8, qh: Option<__m256i>, y: *const u
     let yd = q8k_d(y);
     let h = _mm_cvtph_ps(_mm_cvtsi32_si128((d as u32 | (dmin as u32) << 16) as i32));
     let (df, dminf) = (_mm_cvtss_f32(h), _mm_cvtss_f32(_mm_movehdup_ps(h)));
-    yd * df * hsum_epi32(isum) as f32 - yd * dminf * summs as f32
+    yd * df * hsum_i32(isum) as f32 - yd * dminf * summs as f32
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -371,5 +357,5 @@ unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
         bias += d * (32 * corr) as f32;
     }
-    hsum_ps(acc) - bias
+    hsum(acc) - bias
 }

@@ -4,6 +4,8 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
+use crate::reduce::avx2::hsum;
+
 use super::lanes::{dot_axpy, row_kernels, Widen};
 
 #[inline]
@@ -16,15 +18,6 @@ unsafe fn load_f32(p: *const f32) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_f16(p: *const f16) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-}
-
-/// Lanes summed as ((0+4) + (2+6)) + ((1+5) + (3+7)): high half onto low, then pairs.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
 }
 
 dot_axpy!(

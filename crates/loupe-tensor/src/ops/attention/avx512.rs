@@ -4,6 +4,8 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
+use crate::reduce::avx512::hsum;
+
 use super::lanes::{dot_axpy, row_kernels, Widen};
 
 #[inline]
@@ -16,12 +18,6 @@ unsafe fn load_f32(p: *const f32) -> __m512 {
 #[target_feature(enable = "avx512f,f16c")]
 unsafe fn load_f16(p: *const f16) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn hsum(v: __m512) -> f32 {
-    _mm512_reduce_add_ps(v)
 }
 
 dot_axpy!(
