@@ -76,7 +76,7 @@ impl TapFilter {
 
 /// Where captured tensors go: the dump writer (files), or stdout.
 enum Sink {
-    Files(DumpWriter),
+    Files(Box<DumpWriter>),
     Print { style: Style, digits: usize },
 }
 
@@ -193,7 +193,7 @@ pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
         // Tensors go into a staging directory beside `out`; only `finish` puts the dump in
         // place, and dropping the writer on an error removes everything.
         (Some(out), Some(fs)) => {
-            Sink::Files(DumpWriter::create(out, "loupe", fs).map_err(|e| UsageError(e.to_string()))?)
+            Sink::Files(Box::new(DumpWriter::create(out, "loupe", fs).map_err(|e| UsageError(e.to_string()))?))
         }
         (None, Some(_)) => return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into()),
         (_, None) => Sink::Print { style, digits: args.digits },

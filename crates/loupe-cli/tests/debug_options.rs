@@ -80,7 +80,7 @@ fn nan_check_uninitialized_read_check_and_assert_level_pass_on_the_real_model_un
 }
 
 fn checks_change_no_token(m: &Path) {
-    let base = tokens(&generate(&m, &[]));
+    let base = tokens(&generate(m, &[]));
     for flags in [
         &["nan-check", "nan-check-stride=1"][..],
         &["uninitialized-read-check"],
@@ -88,7 +88,7 @@ fn checks_change_no_token(m: &Path) {
         &["device-sync-mode"],
         &["sensible"],
     ] {
-        let o = generate(&m, flags);
+        let o = generate(m, flags);
         assert_eq!(tokens(&o), base, "{flags:?}");
     }
 }

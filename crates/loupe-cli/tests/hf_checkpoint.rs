@@ -49,7 +49,7 @@ fn make_tiny_with(dir: &Path, tokenizer_gguf: &Path, tie: bool, rope: &str, extr
     for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(dir.join(f).is_file(), "make-tiny wrote no {f}");
     }
-    let cfg = config_of(&dir);
+    let cfg = config_of(dir);
     assert_eq!(cfg["tie_word_embeddings"], serde_json::Value::Bool(tie), "{cfg}");
     let rope_type = cfg["rope_parameters"]["rope_type"].as_str().or_else(|| cfg["rope_scaling"]["rope_type"].as_str());
     assert_eq!(rope_type.unwrap_or("default"), if rope == "none" { "default" } else { rope }, "{cfg}");

@@ -198,7 +198,7 @@ mod tests {
                 let eps = ((hi - lo) / 8.0) as f32;
                 assert_eq!(f.encode(mid - eps), c, "{f:?}");
                 assert_eq!(f.encode(mid + eps), c + 1, "{f:?}");
-                assert_eq!(f.encode(-mid - eps), 0x80 | c + 1, "{f:?} negative");
+                assert_eq!(f.encode(-mid - eps), 0x80 | (c + 1), "{f:?} negative");
             }
         }
     }

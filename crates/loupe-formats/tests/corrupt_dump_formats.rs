@@ -292,11 +292,11 @@ fn pt_malformed_pickles() {
         msg(PtFile::from_bytes("m.pt", pt_with(&p, 1)), "m.pt", &[needle]);
     }
     let mut deep = vec![0x80, 2];
-    deep.extend(std::iter::repeat(b'(').take(5000));
+    deep.extend(std::iter::repeat_n(b'(', 5000));
     msg(PtFile::from_bytes("deep.pt", pt_with(&deep, 1)), "deep.pt", &["nested deeper"]);
     let mut nested = vec![0x80, 2];
-    nested.extend(std::iter::repeat(b']').take(100));
-    nested.extend(std::iter::repeat(b'a').take(99));
+    nested.extend(std::iter::repeat_n(b']', 100));
+    nested.extend(std::iter::repeat_n(b'a', 99));
     nested.push(b'.');
     msg(PtFile::from_bytes("n.pt", pt_with(&nested, 1)), "n.pt", &["nested deeper than 64"]);
 }

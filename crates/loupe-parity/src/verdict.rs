@@ -98,10 +98,7 @@ pub fn decode_mask(pairs: &[PairReport]) -> Option<FalseCliff> {
 /// `model.rotary_emb`, run once per layer type) cannot be mispaired.
 pub fn double_hooks(names_a: &[String], names_b: &[String]) -> Option<FalseCliff> {
     let marked = |v: &[String], other: &[String]| {
-        v.iter()
-            .filter(|n| repeat_call_base(n).is_some_and(|base| other.iter().any(|o| *o == base)))
-            .cloned()
-            .collect::<Vec<_>>()
+        v.iter().filter(|n| repeat_call_base(n).is_some_and(|base| other.contains(&base))).cloned().collect::<Vec<_>>()
     };
     let (ma, mb) = (marked(names_a, names_b), marked(names_b, names_a));
     let (side, names) = match (ma.is_empty(), mb.is_empty()) {

@@ -142,7 +142,7 @@ pub struct Embedding {
 /// Pools `states` (`[tokens, hidden]`, row-major) as `pooling` says. Sums run in f64 (a
 /// mean over up to 512 rows), then round once.
 pub fn pool(states: &[f32], hidden: usize, pooling: Pooling) -> Vec<f32> {
-    let rows = if hidden == 0 { 0 } else { states.len() / hidden };
+    let rows = states.len().checked_div(hidden).unwrap_or(0);
     if rows == 0 {
         return vec![0.0; hidden];
     }

@@ -433,6 +433,28 @@ pub fn try_run<E: Send>(n_tasks: usize, body: &(dyn Fn(usize) -> Result<(), E> +
     global().try_run(n_tasks, body)
 }
 
+/// An output pointer shared by pool tasks that write disjoint elements (see `run`,
+/// `linear::matmul_wq`, attention).
+pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
+
+impl<T> Clone for OutPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for OutPtr<T> {}
+// SAFETY: tasks write disjoint elements through it (see `run`).
+unsafe impl<T: Send> Send for OutPtr<T> {}
+unsafe impl<T: Send> Sync for OutPtr<T> {}
+
+impl<T> OutPtr<T> {
+    // A method (not field access) so closures capture the whole `Sync` wrapper.
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -606,27 +628,5 @@ mod tests {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 6);
-    }
-}
-
-/// An output pointer shared by pool tasks that write disjoint elements (see `run`,
-/// `linear::matmul_wq`, attention).
-pub(crate) struct OutPtr<T = f32>(pub(crate) *mut T);
-
-impl<T> Clone for OutPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for OutPtr<T> {}
-// SAFETY: tasks write disjoint elements through it (see `run`).
-unsafe impl<T: Send> Send for OutPtr<T> {}
-unsafe impl<T: Send> Sync for OutPtr<T> {}
-
-impl<T> OutPtr<T> {
-    // A method (not field access) so closures capture the whole `Sync` wrapper.
-    pub(crate) fn get(self) -> *mut T {
-        self.0
     }
 }

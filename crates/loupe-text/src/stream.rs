@@ -126,6 +126,13 @@ fn is_byte_token(token: &str) -> bool {
     b.len() == 6 && token.starts_with("<0x") && b[5] == b'>' && b[3].is_ascii_hexdigit() && b[4].is_ascii_hexdigit()
 }
 
+impl Tokenizer {
+    /// An incremental decoder for streaming generated tokens (see [`StreamDecoder`]).
+    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, skip_special_tokens)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::is_byte_token;
@@ -137,12 +144,5 @@ mod tests {
         assert!(!is_byte_token("<0x0A"));
         assert!(!is_byte_token("<0xZZ>"));
         assert!(!is_byte_token("hello!"));
-    }
-}
-
-impl Tokenizer {
-    /// An incremental decoder for streaming generated tokens (see [`StreamDecoder`]).
-    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
-        StreamDecoder::new(self, skip_special_tokens)
     }
 }
