@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     mt = sub.add_parser(
         "make-tiny",
-        help="write a tiny random Llama (or Qwen2) checkpoint directory",
-        description="A tiny random LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM or Gemma2ForCausalLM (hidden 64, 4 heads, 2 KV heads, head_dim 16, "
+        help="write a tiny random checkpoint directory of one family (--family)",
+        description="A tiny random decoder of one family (--family; hidden 64, 4 heads, 2 KV heads, head_dim 16, "
         "intermediate 128, SmolLM2's vocabulary) as an HF directory: config.json, model.safetensors (f32), "
         "and the SmolLM2 tokenizer files.",
     )
@@ -143,16 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--attention-bias", action="store_true", help="biases on q/k/v/o_proj (random)")
     mt.add_argument("--mlp-bias", action="store_true", help="biases on gate/up/down_proj (random)")
     mt.add_argument("--hidden-act", default="silu", metavar="ACT", help="MLP activation (default silu)")
-    mt.add_argument("--family", choices=("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3"),
-                    default="llama",
-                    help="architecture: LlamaForCausalLM (default), Qwen2ForCausalLM (q/k/v biases), "
-                    "MistralForCausalLM (sliding-window attention), Qwen3ForCausalLM (per-head q/k norms) or "
-                    "Gemma3ForCausalLM (1+w norms, sandwich norms, scaled embeddings, GELU-tanh, sliding and "
-                    "global layers with their own RoPE bases) or Gemma2ForCausalLM (Gemma 3's norms without q/k "
-                    "norms, every other layer sliding, one RoPE base, soft-capped attention scores and logits), "
-                    "Qwen3MoeForCausalLM (8 experts, top-2, layer 0 sparse, layer 1 dense), Glm4MoeForCausalLM "
-                    "(grouped sigmoid router with correction bias, a shared expert, layer 1 sparse) or "
-                    "Phi3ForCausalLM (fused qkv_proj and gate_up_proj; --partial-rotary, --rope-scaling longrope)")
+    # The families make-tiny builds are fixtures.FAMILIES (one table; each family's tiny shape is in
+    # fixtures.tiny_config).
+    from loupe_reference.fixtures import FAMILIES
+    mt.add_argument("--family", choices=FAMILIES, default="llama",
+                    help="architecture (default llama, LlamaForCausalLM): the transformers class of that "
+                    "model_type, in the tiny shape fixtures.tiny_config gives it")
     mt.add_argument("--sliding-window", type=int, default=None, metavar="N",
                     help="mistral: attention window in tokens (default: none); gemma3, gemma2: the even layers' "
                     "window (default 8)")

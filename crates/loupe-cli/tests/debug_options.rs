@@ -44,9 +44,9 @@ fn dump(model: &Path, layers: &str, extra: &[&str]) -> Output {
     run(&mut c)
 }
 
-/// The line of llama.rs that builds the planted nodes.
+/// The line of decoder.rs that builds the planted nodes.
 fn plant_line() -> usize {
-    let src = std::fs::read_to_string(repo_root().join("crates/loupe-models/src/llama.rs")).unwrap();
+    let src = std::fs::read_to_string(repo_root().join("crates/loupe-models/src/decoder.rs")).unwrap();
     src.lines().position(|l| l.contains("Op::Plant(plant)")).unwrap() + 1
 }
 
@@ -57,7 +57,7 @@ fn nan_check_reports_the_op_that_made_the_nan_with_its_name_and_source_line() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("nan-check: op plant_nan computing 'model.layers.1.self_attn.o_proj'"), "{err}");
-    assert!(err.contains(&format!("crates/loupe-models/src/llama.rs:{}:", plant_line())), "{err}");
+    assert!(err.contains(&format!("crates/loupe-models/src/decoder.rs:{}:", plant_line())), "{err}");
     assert!(err.contains("produced 1 NaN and 1 Inf"), "{err}");
     // At the default stride (1 op in 20), the NaN has spread by the time an op is checked
     // (the 20th op is layer 1's k_proj, after the NaN planted in layer 0).
@@ -125,7 +125,7 @@ fn op_log_level_prints_launch_and_complete_lines_and_source_tracebacks_adds_loca
     assert!(err.contains("[OP] LAUNCH model.layers.0.self_attn.q_proj [id=2] target=cpu op=linear"), "{err}");
     assert!(!err.contains(" @ crates/"), "{err}");
     let o = dump(&m, "1", &["--taps", "^$", "--debug", "op-log-level=debug,source-tracebacks"]);
-    assert!(stderr(&o).contains("op=linear @ crates/loupe-models/src/llama.rs:"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("op=linear @ crates/loupe-models/src/decoder.rs:"), "{}", stderr(&o));
     // Levels above info print no op lines.
     let o = dump(&m, "1", &["--taps", "^$", "--debug", "op-log-level=warning"]);
     assert!(!stderr(&o).contains("[OP]"), "{}", stderr(&o));
@@ -269,7 +269,7 @@ fn loupe_ir_prints_any_stage() {
     let last = stdout(&ir(&[]));
     let h = tiny_spec().hidden;
     assert!(last.contains(&format!("%2 model.layers.0.self_attn.q_proj = linear(%1 model.layers.0.input_layernorm) w=model.layers.0.self_attn.q_proj.weight[{h}x{h} q4_1] : [T, {h}] f32 buf=")), "{last}");
-    assert!(last.contains("# crates/loupe-models/src/llama.rs:"));
+    assert!(last.contains("# crates/loupe-models/src/decoder.rs:"));
     let built = stdout(&ir(&["--pass", "build"]));
     assert!(built.contains("model.layers.0.mlp.act_fn = silu(") && !built.contains("buf="), "{built}");
     let o = ir(&["--pass", "nope"]);

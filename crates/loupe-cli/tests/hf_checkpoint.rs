@@ -663,8 +663,8 @@ fn tiny_attention_bias_matches_reference() {
 }
 
 /// Known loupe bug (found by this test): `mlp_bias` is not read from config.json
-/// (loupe-models/src/config.rs, from_hf_config) and the MLP projections are built without bias
-/// (loupe-models/src/llama.rs, gate/up/down `linear(..., false, ..)`), so the biases are silently dropped.
+/// (loupe-models/src/config/hf.rs, from_hf_json) and the MLP projections are built without bias
+/// (loupe-models/src/decoder.rs, gate/up/down `linear(..., false, ..)`), so the biases are silently dropped.
 #[test]
 #[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
 fn tiny_mlp_bias_matches_reference_or_is_refused() {

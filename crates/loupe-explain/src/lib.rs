@@ -19,7 +19,7 @@ pub mod report;
 
 use std::path::{Path, PathBuf};
 
-use loupe_models::{LlamaConfig, LoadOptions, Model, Precision};
+use loupe_models::{DecoderConfig, LoadOptions, Model, Precision};
 
 use dump::Dump;
 pub use error::ExplainError;
@@ -147,7 +147,7 @@ impl<'a> Context<'a> {
             .ok_or_else(|| ExplainError::Manifest { path: self.model_path.clone(), reason: "model not loaded".into() })
     }
 
-    pub fn config(&mut self) -> Result<LlamaConfig, ExplainError> {
+    pub fn config(&mut self) -> Result<DecoderConfig, ExplainError> {
         Ok(self.model(1)?.config.clone())
     }
 

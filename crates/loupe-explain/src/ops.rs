@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use loupe_graph::{Op, WeightData};
 use loupe_models::roles::{MoeWiring, MAX_MOE_LAYERS};
-use loupe_models::{HiddenAct, LlamaConfig, Model, Module, ModuleRole as R, Wiring};
+use loupe_models::{DecoderConfig, HiddenAct, Model, Module, ModuleRole as R, Wiring};
 use loupe_tensor::linear::matmul_f32;
 use loupe_tensor::ops::{
     attention, gelu, rms_norm, round_bf16, silu, AttentionMask, AttentionShape, AttentionVariant, HeadMap, RopeMode,
@@ -387,7 +387,7 @@ fn attn(ctx: &mut Context<'_>, layer: usize, probs: bool) -> Result<Plan, Explai
     // The cache at step K holds the keys and values of every step up to K.
     let k = ctx.reference.rows_through(&kn, ctx.step)?;
     let v = ctx.reference.rows_through(&vn, ctx.step)?;
-    let cfg: LlamaConfig = ctx.config()?;
+    let cfg: DecoderConfig = ctx.config()?;
     let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let tokens = rows_of(&q, h * hd, &qn)?;
     let context = rows_of(&k, kvh * hd, &kn)?;

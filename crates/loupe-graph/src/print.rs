@@ -1,5 +1,5 @@
 //! Readable text form of the IR, one node per line:
-//! `%12 model.layers.0.self_attn.q_proj = linear(%11 model.layers.0.input_layernorm) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/llama.rs:88`
+//! `%12 model.layers.0.self_attn.q_proj = linear(%11 model.layers.0.input_layernorm) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/decoder.rs:88`
 //! then, once the lowering passes have set them, ` kernel=NAME` and ` buf=N` (the buffer slot
 //! of `plan-memory`; `side=%N name buf=M` for a side output).
 //!

@@ -106,7 +106,7 @@ fn verify_rejects_width_mismatches_and_names_the_node() {
         Err(GraphError::Verify { node, name, location, reason }) => {
             assert_eq!(node, node_of(&g, "model.layers.2.mlp.up_proj"));
             assert_eq!(name, "model.layers.2.mlp.up_proj");
-            assert!(location.contains("crates/loupe-models/src/llama.rs:"), "{location}");
+            assert!(location.contains("crates/loupe-models/src/decoder.rs:"), "{location}");
             assert!(reason.contains("model.layers.2.mlp.up_proj.weight") && reason.contains("129"), "{reason}");
         }
         other => panic!("{other:?}"),

@@ -15,18 +15,27 @@ use loupe_graph::{Dim, Fault, Graph, GraphBuilder, KvWrite, Op, ValueId};
 use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, RopeScaling};
 use serde_json::Value;
 
-use crate::config::{Family, HiddenAct, LlamaConfig};
+use crate::config::{read_config_json, DecoderConfig};
+use crate::error::ModelError;
+use crate::family::{Family, HiddenAct};
 use crate::weights::WeightSource;
-use crate::ModelError;
 
-/// `architectures` entries of config.json built as BERT encoders.
-pub const HF_BERT_ARCHS: &[&str] = &["BertModel"];
-
-/// A BERT encoder's hyper-parameters: the shared transformer fields (in
-/// [`LlamaConfig`], with `rms_norm_eps` holding `layer_norm_eps`) and BERT's own.
+/// A BERT encoder's hyper-parameters (`BertConfig`'s keys loupe builds).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BertConfig {
-    pub base: LlamaConfig,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// hidden_size / num_attention_heads (`BertSelfAttention.attention_head_size`).
+    pub head_dim: usize,
+    pub layer_norm_eps: f32,
+    /// Rows of `position_embeddings` (absolute positions).
+    pub max_position_embeddings: usize,
+    pub hidden_act: HiddenAct,
+    /// `BertSelfAttention.scaling = attention_head_size ** -0.5`.
+    pub attention_scale: f32,
     /// Rows of `token_type_embeddings` (segment ids; loupe feeds type 0, one segment).
     pub type_vocab_size: usize,
 }
@@ -89,55 +98,69 @@ impl BertConfig {
         if type_vocab_size == 0 {
             return Err(bad("type_vocab_size", "must be non-zero (token type 0 is read)".into()));
         }
-        let base = LlamaConfig {
-            family: Family::Bert,
+        let cfg = BertConfig {
             vocab_size: usize_or("vocab_size", Some(30522))?,
             hidden_size,
             intermediate_size: usize_or("intermediate_size", Some(3072))?,
             num_hidden_layers: usize_or("num_hidden_layers", Some(12))?,
             num_attention_heads: heads,
-            num_key_value_heads: heads,
             head_dim,
-            rms_norm_eps: eps,
-            rope_theta: 0.0,
-            rope_scaling: RopeScaling::None,
+            layer_norm_eps: eps,
             max_position_embeddings: usize_or("max_position_embeddings", Some(512))?,
-            tie_word_embeddings: false,
-            qkv_bias: true,
-            o_bias: true,
-            layer_windows: Vec::new(),
             hidden_act,
-            // `BertSelfAttention.scaling = attention_head_size ** -0.5`.
             attention_scale: (head_dim as f32).powf(-0.5),
-            rope_local_theta: None,
-            attn_logit_softcap: None,
-            final_logit_softcap: None,
-            qk_norm: false,
-            moe: None,
-            rotary_dim: head_dim,
+            type_vocab_size,
         };
         for (field, n) in [
-            ("vocab_size", base.vocab_size),
-            ("intermediate_size", base.intermediate_size),
-            ("num_hidden_layers", base.num_hidden_layers),
-            ("max_position_embeddings", base.max_position_embeddings),
+            ("vocab_size", cfg.vocab_size),
+            ("intermediate_size", cfg.intermediate_size),
+            ("num_hidden_layers", cfg.num_hidden_layers),
+            ("max_position_embeddings", cfg.max_position_embeddings),
         ] {
             if n == 0 {
                 return Err(bad(field, "must be non-zero".into()));
             }
         }
-        Ok(BertConfig { base, type_vocab_size })
+        Ok(cfg)
     }
 
     /// Reads `config.json` at `path`.
     pub fn from_hf_config(path: &Path) -> Result<BertConfig, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io { path: path.to_path_buf(), source: e })?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidConfig {
-            source_file: path.to_path_buf(),
-            field: "config.json".into(),
-            reason: e.to_string(),
-        })?;
-        BertConfig::from_json(&v, path)
+        BertConfig::from_json(&read_config_json(path)?, path)
+    }
+
+    /// The dimensions every model shares (vocabulary, widths, layers, heads, positions), as
+    /// the [`DecoderConfig`] that [`crate::Model::config`] holds for every family (what
+    /// the runtime and tools read of a loaded model); the decoder-only fields take their
+    /// neutral values (no RoPE scaling, windows, soft-caps, q/k norms or MoE) and
+    /// `rms_norm_eps` holds `layer_norm_eps`. The encoder is built from `self`.
+    pub fn common_shape(&self) -> DecoderConfig {
+        DecoderConfig {
+            family: Family::Bert,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: self.num_attention_heads,
+            num_key_value_heads: self.num_attention_heads,
+            head_dim: self.head_dim,
+            rotary_dim: self.head_dim,
+            rms_norm_eps: self.layer_norm_eps,
+            rope_theta: 0.0,
+            rope_scaling: RopeScaling::None,
+            max_position_embeddings: self.max_position_embeddings,
+            tie_word_embeddings: false,
+            qkv_bias: true,
+            o_bias: true,
+            layer_windows: Vec::new(),
+            hidden_act: self.hidden_act,
+            attention_scale: self.attention_scale,
+            rope_local_theta: None,
+            attn_logit_softcap: None,
+            final_logit_softcap: None,
+            qk_norm: false,
+            moe: None,
+        }
     }
 }
 
@@ -152,7 +175,7 @@ pub fn build_bert(
     quantize_activations: bool,
     faults: &[Fault],
 ) -> Result<Graph, ModelError> {
-    let c = &cfg.base;
+    let c = cfg;
     if let Some(f) = faults.first() {
         return Err(ModelError::InvalidConfig {
             source_file: source.path().to_path_buf(),
@@ -192,7 +215,7 @@ pub fn build_bert(
         axes(),
     );
     let x = b.node("embeddings.add_position", Op::Add, &[x, pos], hidden(d), axes());
-    let mut x = layer_norm(&mut b, &mut load, "embeddings.LayerNorm", x, d, c.rms_norm_eps)?;
+    let mut x = layer_norm(&mut b, &mut load, "embeddings.LayerNorm", x, d, c.layer_norm_eps)?;
     // Dropout is the identity in inference: each dropout module's output is its input.
     b.alias(x, "embeddings.dropout");
     b.alias(x, "embeddings");
@@ -237,7 +260,7 @@ pub fn build_bert(
         b.alias(dense, format!("{p}.attention.output.dropout"));
         // `BertSelfOutput.forward`: LayerNorm(dense + input).
         let sum = b.node(format!("{p}.attention.output.residual"), Op::Add, &[dense, x], hidden(d), axes());
-        let attn = layer_norm(&mut b, &mut load, &format!("{p}.attention.output.LayerNorm"), sum, d, c.rms_norm_eps)?;
+        let attn = layer_norm(&mut b, &mut load, &format!("{p}.attention.output.LayerNorm"), sum, d, c.layer_norm_eps)?;
         b.alias(attn, format!("{p}.attention.output"));
         b.alias(attn, format!("{p}.attention"));
         let inter = linear(&mut b, &mut load, &format!("{p}.intermediate.dense"), attn, c.intermediate_size, d)?;
@@ -252,7 +275,7 @@ pub fn build_bert(
         let out = linear(&mut b, &mut load, &format!("{p}.output.dense"), inter, d, c.intermediate_size)?;
         b.alias(out, format!("{p}.output.dropout"));
         let sum = b.node(format!("{p}.output.residual"), Op::Add, &[out, attn], hidden(d), axes());
-        x = layer_norm(&mut b, &mut load, &format!("{p}.output.LayerNorm"), sum, d, c.rms_norm_eps)?;
+        x = layer_norm(&mut b, &mut load, &format!("{p}.output.LayerNorm"), sum, d, c.layer_norm_eps)?;
         b.alias(x, format!("{p}.output"));
         b.alias(x, p);
     }

@@ -5,7 +5,7 @@
 //! target type with the same code that requantizes a GGUF.
 //!
 //! * Families: those loupe reads both from config.json and from GGUF with the same graph
-//!   (Llama, Qwen2, Qwen3; [`CONVERTED`]). A config whose model GGUF metadata cannot state
+//!   (Llama, Qwen2, Qwen3: [`crate::family::GgufSpec::converted`]). A config whose model GGUF metadata cannot state
 //!   (sliding windows, partial rotary, another activation, a RoPE scaling other than linear
 //!   and Llama 3's) is refused naming the key, never converted into a different model; and
 //!   the written file's config is read back and compared with the directory's
@@ -34,12 +34,11 @@ use loupe_text::spec::token_type;
 use loupe_text::{Tokenizer, TokenizerSpec, GGUF_PRE_SPLITS};
 use serde_json::Value;
 
+use crate::config::DecoderConfig;
+use crate::error::ModelError;
+use crate::family::Family;
 use crate::quantize::{InputTensor, TensorSource};
 use crate::weights::{gguf_name_in, permute_rows};
-use crate::{Family, LlamaConfig, ModelError};
-
-/// The families converted (config.json `architectures`).
-pub const CONVERTED: [Family; 3] = [Family::Llama, Family::Qwen2, Family::Qwen3];
 
 /// Texts the converted tokenizer must encode to the same ids as tokenizer.json (besides one
 /// made of the tokenizer's own special tokens).
@@ -63,7 +62,7 @@ struct Entry {
 /// A Hugging Face checkpoint directory as llama.cpp's converter would write it.
 pub struct HfCheckpoint {
     pub dir: PathBuf,
-    pub config: LlamaConfig,
+    pub config: DecoderConfig,
     checkpoint: SafetensorsCheckpoint,
     metadata: Vec<(String, GgufValue)>,
     entries: Vec<Entry>,
@@ -90,9 +89,10 @@ impl HfCheckpoint {
         if !tokenizer_path.is_file() {
             return Err(missing(tokenizer_path, "the GGUF's tokenizer is converted from it"));
         }
-        let config = LlamaConfig::from_hf_config(&config_path)?;
-        let Some(arch) = config.family.gguf_arch().filter(|_| CONVERTED.contains(&config.family)) else {
-            let supported = CONVERTED.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
+        let config = DecoderConfig::from_hf_config(&config_path)?;
+        let Some(arch) = config.family.gguf_arch().filter(|_| config.family.spec().gguf.converted) else {
+            let supported =
+                Family::ALL.iter().filter(|f| f.spec().gguf.converted).map(|f| f.name()).collect::<Vec<_>>().join(", ");
             return Err(ModelError::UnsupportedArchitecture {
                 path: config_path,
                 arch: format!("{} (not converted to GGUF)", config.family.name()),
@@ -220,7 +220,7 @@ impl HfCheckpoint {
 
 /// llama.cpp's `rope_freqs.weight` for Llama 3 RoPE scaling: per frequency, the plain inverse
 /// frequency over the scaled one (loupe divides each frequency by it).
-fn llama3_freq_factors(config: &LlamaConfig) -> Result<Vec<f32>, loupe_tensor::TensorError> {
+fn llama3_freq_factors(config: &DecoderConfig) -> Result<Vec<f32>, loupe_tensor::TensorError> {
     let plain = loupe_tensor::ops::RopeTable::new(config.head_dim, config.rope_theta, &RopeScaling::None)?;
     let scaled = loupe_tensor::ops::RopeTable::new(config.head_dim, config.rope_theta, &config.rope_scaling)?;
     Ok(plain.inv_freq().iter().zip(scaled.inv_freq()).map(|(p, s)| p / s).collect())
@@ -298,7 +298,7 @@ impl TensorSource for HfCheckpoint {
 /// or an error (a key this converter forgot, or one loupe's GGUF reader reads otherwise).
 pub fn check_round_trip(source: &HfCheckpoint, output: &Path) -> Result<(), ModelError> {
     let gguf = GgufFile::open(output)?;
-    let mut back = LlamaConfig::from_gguf(&gguf)?;
+    let mut back = DecoderConfig::from_gguf(&gguf)?;
     let mut want = source.config.clone();
     if matches!(want.rope_scaling, RopeScaling::Llama3 { .. }) {
         // Stated by the `rope_freqs.weight` tensor instead (the graph builder reads it).
@@ -317,7 +317,7 @@ pub fn check_round_trip(source: &HfCheckpoint, output: &Path) -> Result<(), Mode
 /// The tokenizer of `dir` as GGUF tokenizer metadata (see the module docs).
 fn tokenizer_spec(
     dir: &Path,
-    config: &LlamaConfig,
+    config: &DecoderConfig,
     arch: &str,
     config_json: &Value,
 ) -> Result<TokenizerSpec, ModelError> {

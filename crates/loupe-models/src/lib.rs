@@ -1,9 +1,11 @@
 //! loupe-models: from a model file to a runnable graph, tokenizer and chat template.
 //!
-//! * [`config`]: `LlamaConfig` (Llama-style decoders: Llama, Qwen2) from GGUF metadata or
-//!   `config.json`.
+//! * [`family`]: one descriptor per model family (names, norms, activation, RoPE, attention
+//!   variants, quirks, parser defaults), the table every family-dependent decision reads.
+//! * [`config`]: `DecoderConfig` from GGUF metadata or `config.json`.
 //! * [`weights`]: weight sources (GGUF, safetensors), the GGUF <-> HF name map, precision.
-//! * [`llama`]: the Llama-family graph builder; values named by HF module paths.
+//! * [`decoder`]: the decoder graph builder; values named by HF module paths.
+//! * [`bert`]: BERT encoders: their own config and graph builder.
 //! * [`roles`]: what each value the builder emits is (role, layer, name, inputs).
 //! * [`tokenizer`]: tokenizer specs from GGUF metadata (and back).
 //! * [`quantize`]: `loupe quantize` over a [`quantize::TensorSource`].
@@ -13,8 +15,9 @@
 pub mod bert;
 pub mod config;
 pub mod convert;
+pub mod decoder;
 pub mod error;
-pub mod llama;
+pub mod family;
 pub mod quantize;
 pub mod roles;
 pub mod tiny;
@@ -30,8 +33,11 @@ use loupe_formats::GgufFile;
 use loupe_graph::{Graph, KvDtype, WeightData};
 use loupe_text::{ChatTemplate, Tokenizer};
 
-pub use config::{Family, HiddenAct, LlamaConfig, MoeConfig};
+use family::Builder;
+
+pub use config::{DecoderConfig, MoeConfig};
 pub use error::ModelError;
+pub use family::{Family, FamilySpec, HiddenAct};
 pub use loupe_graph::{Fault, FaultClass};
 pub use roles::{Module, ModuleRole, Wiring};
 pub use weights::{Precision, Progress};
@@ -75,7 +81,9 @@ pub enum ModelFormat {
 pub struct Model {
     pub path: PathBuf,
     pub format: ModelFormat,
-    pub config: LlamaConfig,
+    /// The decoder's config; for an encoder (BERT), the dimensions every model shares
+    /// ([`bert::BertConfig::common_shape`]).
+    pub config: DecoderConfig,
     pub graph: Graph,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
@@ -137,7 +145,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
     let mut model = match &format {
         ModelFormat::Gguf => {
             let gguf = GgufFile::open(path)?;
-            let config = LlamaConfig::from_gguf(&gguf)?;
+            let config = DecoderConfig::from_gguf(&gguf)?;
             let spec = tokenizer::spec_from_gguf(&gguf)?;
             let text_err = |e| ModelError::Tokenizer { path: path.to_path_buf(), source: e };
             let tokenizer = Tokenizer::from_spec(&spec).map_err(text_err)?;
@@ -146,7 +154,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, &config, options.progress);
-            let graph = llama::build_llama(
+            let graph = decoder::build_decoder(
                 &config,
                 &mut source,
                 options.layers,
@@ -164,7 +172,16 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             }
         }
         ModelFormat::HfDir(dir) => {
-            let config = LlamaConfig::from_hf_config(&dir.join("config.json"))?;
+            let config_path = dir.join("config.json");
+            let json = config::read_config_json(&config_path)?;
+            // Each builder reads its own config: the family's descriptor says which.
+            let (config, encoder) = match config::hf_family(&json, &config_path)?.spec().builder {
+                Builder::Decoder => (DecoderConfig::from_hf_json(&json, &config_path)?, None),
+                Builder::BertEncoder => {
+                    let bert = bert::BertConfig::from_json(&json, &config_path)?;
+                    (bert.common_shape(), Some(bert))
+                }
+            };
             let text_err = |e| ModelError::Tokenizer { path: dir.clone(), source: e };
             let tok_cfg = dir.join("tokenizer_config.json");
             let tokenizer =
@@ -179,23 +196,10 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             let mut source =
                 weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress)
                     .with_config_dtype(dtype);
-            let graph = if config.family == Family::Bert {
-                let bert_config = bert::BertConfig::from_hf_config(&dir.join("config.json"))?;
-                bert::build_bert(
-                    &bert_config,
-                    &mut source,
-                    options.layers,
-                    options.precision == Precision::Q8,
-                    &options.faults,
-                )?
-            } else {
-                llama::build_llama(
-                    &config,
-                    &mut source,
-                    options.layers,
-                    options.precision == Precision::Q8,
-                    &options.faults,
-                )?
+            let q8 = options.precision == Precision::Q8;
+            let graph = match &encoder {
+                Some(bert) => bert::build_bert(bert, &mut source, options.layers, q8, &options.faults)?,
+                None => decoder::build_decoder(&config, &mut source, options.layers, q8, &options.faults)?,
             };
             if let Some((first, from)) = source.converted.first() {
                 let to = source.expected_dtype(*from);

@@ -23,8 +23,8 @@ use loupe_core::GgmlType;
 use loupe_formats::{GgufFile, GgufValue, GgufWriter};
 use loupe_tensor::quant::{dequantize_row, quantize_row};
 
+use crate::error::ModelError;
 use crate::weights::{nvfp4_scale_name, nvfp4_tensor_scale};
-use crate::ModelError;
 
 /// Types `loupe quantize --type` writes.
 pub const TARGETS: [GgmlType; 12] = [

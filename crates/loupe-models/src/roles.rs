@@ -1,12 +1,12 @@
-//! The values the Llama builder emits, as data: each value's role (which module of the
+//! The values the decoder builder emits, as data: each value's role (which module of the
 //! decoder computes it), its name (the Hugging Face module path, ARCHITECTURE.md invariant
-//! 1) and the values it is computed from. [`crate::llama`] names its values through
+//! 1) and the values it is computed from. [`crate::decoder`] names its values through
 //! [`Module::name`], so tools that reason about a model's values (`loupe explain`) ask here
 //! instead of spelling module paths themselves.
 
 use std::fmt;
 
-/// What a value of the Llama-family graph is.
+/// What a value of the decoder graph is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ModuleRole {
     /// `model.embed_tokens`.

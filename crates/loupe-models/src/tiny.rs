@@ -23,7 +23,7 @@ use loupe_core::SplitMix64;
 use loupe_formats::{GgmlType, GgufValue, GgufValueType, GgufWriter};
 use loupe_tensor::quant::{quantize_row_with, Isa};
 
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// Shape and seed of a tiny Llama. `TinyLlama::default()`: 4 layers, hidden 64, 4 heads /
 /// 2 KV heads (head dim 16), FFN 128, context 256, a vocabulary of 512 tokens.

@@ -11,7 +11,7 @@ use loupe_formats::safetensors_file::write_safetensors;
 use safetensors::Dtype;
 use serde_json::json;
 
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// The tiny BERT's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

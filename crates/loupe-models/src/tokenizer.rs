@@ -4,7 +4,7 @@
 use loupe_formats::{GgufFile, GgufValue, GgufValueType};
 use loupe_text::TokenizerSpec;
 
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// Collects the `tokenizer.*` keys of a GGUF file into a [`TokenizerSpec`].
 pub fn spec_from_gguf(gguf: &GgufFile) -> Result<TokenizerSpec, ModelError> {

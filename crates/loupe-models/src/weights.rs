@@ -6,7 +6,7 @@
 //! (convert_hf_to_gguf.py, `LlamaModel.permute`); [`unpermute_rows`] undoes that, so q/k
 //! projections here equal PyTorch's element for element and one split-half RoPE kernel
 //! serves both sources. Families llama.cpp runs with NeoX RoPE (Qwen2) are stored unpermuted
-//! ([`crate::config::Family::gguf_permutes_qk`]).
+//! ([`crate::family::Family::gguf_permutes_qk`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use loupe_tensor::quant::dequantize_row;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use crate::ModelError;
+use crate::error::ModelError;
 
 /// How weights are held and computed with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,14 +57,14 @@ pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
 
 /// The GGUF tensor name of a Hugging Face Llama parameter name.
 pub fn gguf_name(hf_name: &str) -> Option<String> {
-    gguf_name_in(crate::Family::Llama, hf_name)
+    gguf_name_in(crate::family::Family::Llama, hf_name)
 }
 
 /// The GGUF tensor name of a Hugging Face parameter name in `family`'s layout: llama.cpp
 /// calls the MLP's input norm `ffn_norm` in every family, which is `post_attention_layernorm`
 /// in Llama-style layers and `pre_feedforward_layernorm` in Gemma's (whose
 /// `post_attention_layernorm` is `post_attention_norm`).
-pub fn gguf_name_in(family: crate::Family, hf_name: &str) -> Option<String> {
+pub fn gguf_name_in(family: crate::family::Family, hf_name: &str) -> Option<String> {
     let sandwich = family.sandwich_norms();
     let fixed = match hf_name {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
@@ -213,8 +213,8 @@ pub struct GgufSource<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     /// Decides the GGUF names, whether llama.cpp's q/k row permutation is undone
-    /// ([`crate::Family::gguf_permutes_qk`], see the module docs) and Gemma's norm offset.
-    pub family: crate::Family,
+    /// ([`crate::family::Family::gguf_permutes_qk`], see the module docs) and Gemma's norm offset.
+    pub family: crate::family::Family,
     pub progress: Option<Progress<'a>>,
     /// Where the kept blocks go (one per model load).
     arena: WeightArena,
@@ -226,7 +226,7 @@ impl<'a> GgufSource<'a> {
     pub fn new(
         gguf: &'a GgufFile,
         precision: Precision,
-        config: &crate::LlamaConfig,
+        config: &crate::config::DecoderConfig,
         progress: Option<Progress<'a>>,
     ) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
@@ -475,7 +475,7 @@ mod tests {
         assert_eq!(gguf_name("model.embed_tokens.weight").as_deref(), Some("token_embd.weight"));
         assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight"), None);
         assert_eq!(gguf_name("model.layers.0.pre_feedforward_layernorm.weight"), None);
-        let gemma = |n: &str| gguf_name_in(crate::Family::Gemma3, n);
+        let gemma = |n: &str| gguf_name_in(crate::family::Family::Gemma3, n);
         assert_eq!(
             gemma("model.layers.2.post_attention_layernorm.weight").as_deref(),
             Some("blk.2.post_attention_norm.weight")

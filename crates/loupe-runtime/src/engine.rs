@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::passes::{self, LowerError, LowerOptions};
 use loupe_graph::{Fault, Graph, KvDtype, Profiler};
-use loupe_models::{LlamaConfig, Model, ModelError, Precision, Progress};
+use loupe_models::{DecoderConfig, Model, ModelError, Precision, Progress};
 use loupe_text::{ChatMessage, Tokenizer};
 
 use crate::constraint::{ConstraintError, Grammars};
@@ -206,7 +206,7 @@ impl Engine {
         &self.model.graph
     }
 
-    pub fn config(&self) -> &LlamaConfig {
+    pub fn config(&self) -> &DecoderConfig {
         &self.model.config
     }
 

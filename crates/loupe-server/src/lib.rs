@@ -73,8 +73,8 @@ pub struct ServeOptions {
     /// Planted fault `stream-drop-last` (`loupe serve --inject`, for testing `loupe
     /// bisect`): streamed responses hold each text delta back one chunk and drop the last.
     pub drop_last_stream_delta: bool,
-    /// `--reasoning-parser`: one of [`loupe_text::REASONING_PARSERS`]; `None`: by the model's
-    /// family (`qwen3` for Qwen3, `none` otherwise).
+    /// `--reasoning-parser`: one of [`loupe_text::REASONING_PARSERS`]; `None`: the model
+    /// family's default (`loupe_models::FamilySpec::reasoning_parser`).
     pub reasoning_parser: Option<String>,
 }
 
@@ -237,7 +237,7 @@ async fn run(
                         .options
                         .reasoning_parser
                         .clone()
-                        .unwrap_or_else(|| default_reasoning_parser(engine.config().family).into());
+                        .unwrap_or_else(|| engine.config().family.default_reasoning_parser().into());
                     // Tool calls are not served yet, so only reasoning markers split the text.
                     let reasoning = SectionMarkers::for_reasoning_parser(&parser)
                         .filter(|m| m.reasoning.is_some())
@@ -1070,15 +1070,6 @@ fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<Item = Resul
         }
     });
     Sse::new(stream)
-}
-
-/// The reasoning parser a model family uses by default: its chat template's thinking markers.
-fn default_reasoning_parser(family: loupe_models::Family) -> &'static str {
-    match family {
-        // Qwen3-MoE checkpoints ship Qwen3's template and <think> markers.
-        loupe_models::Family::Qwen3 | loupe_models::Family::Qwen3Moe => "qwen3",
-        _ => "none",
-    }
 }
 
 /// The answer text, the thinking and the tool calls in `parts`. A tool call whose body
