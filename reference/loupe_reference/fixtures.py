@@ -85,7 +85,7 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3", "seed_oss")
 MOE_FAMILIES = ("qwen3_moe", "glm4_moe")
 GEMMA_FAMILIES = ("gemma3", "gemma2")
 # Gemma 3's tiny shape beyond TINY: query_pre_attn_scalar differs from head_dim (16) so the
@@ -159,6 +159,10 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import Phi3Config, Phi3ForCausalLM
 
         return Phi3Config, Phi3ForCausalLM
+    if family == "seed_oss":
+        from transformers import SeedOssConfig, SeedOssForCausalLM
+
+        return SeedOssConfig, SeedOssForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
@@ -166,7 +170,7 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
                 attention_bias: bool = False, mlp_bias: bool = False, hidden_act: str = "silu",
                 family: str = "llama", sliding_window: int | None = None, partial_rotary: float | None = None) -> Any:
     config_cls, _ = _family_classes(family)
-    if (family not in ("llama", "qwen3") and attention_bias) or (family != "llama" and mlp_bias):
+    if (family not in ("llama", "qwen3", "seed_oss") and attention_bias) or (family != "llama" and mlp_bias):
         # Qwen2's biases are fixed by its architecture (q/k/v yes, o and MLP no); Qwen3 reads
         # attention_bias only.
         raise InputError(f"--attention-bias/--mlp-bias do not apply to the {family} family")
@@ -187,6 +191,11 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
         kw.update(attention_bias=bool(attention_bias), mlp_bias=bool(mlp_bias))
     if family == "qwen3":
         kw.update(attention_bias=bool(attention_bias))
+    if family == "seed_oss":
+        # SeedOssConfig's own defaults: q/k/v biases on, o_proj's off; --attention-bias adds
+        # o_proj's (`attention_out_bias`).
+        if attention_bias:
+            kw.update(attention_out_bias=True)
     if family == "qwen3_moe":
         kw.update(MOE_EXPERTS, **QWEN3_MOE)
     if family == "glm4_moe":

@@ -678,3 +678,25 @@ fn tiny_mlp_bias_matches_reference_or_is_refused() {
 fn tiny_gelu_matches_reference_or_is_refused() {
     matches_or_refuses(&["--hidden-act", "gelu_pytorch_tanh"], "hidden_act");
 }
+
+/// SeedOssForCausalLM: Llama with q/k/v biases (SeedOssConfig's default `attention_bias`) and
+/// o_proj's bias under its own key (`attention_out_bias`, make-tiny --attention-bias).
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_seed_oss_matches_reference() {
+    let (_guard, _tmp, dir) = tiny_checkpoint("tiny-seed-oss", false, &["--family", "seed_oss", "--attention-bias"]);
+    let cfg = config_of(&dir);
+    assert_eq!(
+        (cfg["architectures"][0].as_str(), cfg["attention_out_bias"].as_bool()),
+        (Some("SeedOssForCausalLM"), Some(true)),
+        "{cfg}"
+    );
+    let tokens = compare(&dir, "seed_oss");
+    parity_matches(&dir, "seed_oss");
+
+    // Read as a Llama (attention_bias covers all four projections there), o_proj's bias is
+    // loaded under the wrong rule: without attention_out_bias it is dropped.
+    assert_generation_changes_without(&dir, &tokens, "o_proj's bias does", |cfg| {
+        cfg["attention_out_bias"] = serde_json::Value::Bool(false)
+    });
+}

@@ -52,6 +52,10 @@ pub enum Family {
     /// `mlp.gate_up_proj` (gate rows, then up: `chunk(2)`), with the activation module called
     /// `mlp.activation_fn`; RoPE may be partial (`partial_rotary_factor`) and LongRoPE-scaled.
     Phi3,
+    /// Seed-OSS (`modeling_seed_oss.py`, ByteDance Seed): Llama with q/k/v biases on by default
+    /// (`attention_bias`) and o_proj's bias under its own key (`attention_out_bias`), and a
+    /// head_dim of 128 unless config.json says otherwise.
+    SeedOss,
 }
 
 /// The activation of the gated MLP's gate (`hidden_act` / `hidden_activation`).
@@ -253,6 +257,8 @@ pub struct FamilySpec {
     /// leave out.
     pub default_rms_norm_eps: f32,
     pub default_max_positions: usize,
+    /// `head_dim` when absent; `None`: hidden_size / num_attention_heads.
+    pub default_head_dim: Option<usize>,
     /// A config.json key whose `true` is refused as loupe builds causal decoders only
     /// (Gemma's `use_bidirectional_attention`).
     pub causal_only_key: Option<&'static str>,
@@ -290,6 +296,7 @@ const LLAMA: FamilySpec = FamilySpec {
     moe: None,
     default_rms_norm_eps: 1e-6,
     default_max_positions: 2048,
+    default_head_dim: None,
     causal_only_key: None,
     reasoning_parser: "none",
 };
@@ -449,9 +456,23 @@ const PHI3: FamilySpec = FamilySpec {
     ..LLAMA
 };
 
+const SEED_OSS: FamilySpec = FamilySpec {
+    family: Family::SeedOss,
+    model_type: "seed_oss",
+    display: "Seed-OSS",
+    hf_archs: &["SeedOssForCausalLM"],
+    gguf: GgufSpec { archs: &[], permutes_qk: false, converted: false },
+    // `SeedOssConfig`'s defaults: q/k/v biases on, o_proj's off (`SeedOssAttention`).
+    qkv_bias: Bias::Config { key: "attention_bias", default: true },
+    o_bias: Bias::Config { key: "attention_out_bias", default: false },
+    default_max_positions: 524_288,
+    default_head_dim: Some(128),
+    ..LLAMA
+};
+
 impl Family {
     /// Every family, in declaration order (the order of "supported" lists in messages).
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Llama,
         Family::Qwen2,
         Family::Mistral,
@@ -462,6 +483,7 @@ impl Family {
         Family::Qwen3Moe,
         Family::Glm4Moe,
         Family::Phi3,
+        Family::SeedOss,
     ];
 
     /// The family's descriptor.
@@ -477,6 +499,7 @@ impl Family {
             Family::Qwen3Moe => &QWEN3_MOE,
             Family::Glm4Moe => &GLM4_MOE,
             Family::Phi3 => &PHI3,
+            Family::SeedOss => &SEED_OSS,
         }
     }
 
@@ -638,6 +661,7 @@ mod tests {
                 Family::Qwen3Moe => 7,
                 Family::Glm4Moe => 8,
                 Family::Phi3 => 9,
+                Family::SeedOss => 10,
             };
             assert_eq!(i, index, "{f:?} is out of place in Family::ALL");
             assert_eq!(f.spec().family, f);

@@ -166,7 +166,8 @@ impl DecoderConfig {
             Some(t) => t as f32,
             None => f32_field("rope_theta", default_theta)?,
         };
-        let head_dim = opt_usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+        let head_dim =
+            opt_usize("head_dim")?.unwrap_or(spec.default_head_dim.unwrap_or(hidden_size / num_attention_heads));
         let max_position_embeddings = opt_usize("max_position_embeddings")?.unwrap_or(spec.default_max_positions);
         let moe = hf_moe(v, family, layers).map_err(|(field, reason)| bad(&field, reason))?;
         if let PartialRotary::WholeOnly { default } = spec.rope.partial {

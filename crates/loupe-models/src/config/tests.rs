@@ -248,6 +248,19 @@ fn phi3_reads_partial_rotary_and_longrope() {
     }
 }
 
+/// Seed-OSS as `SeedOssConfig` reads config.json: q/k/v biases unless `attention_bias` is
+/// false, o_proj's only under `attention_out_bias`, head_dim 128 when absent.
+#[test]
+fn seed_oss_reads_its_bias_keys_and_head_dim() {
+    let s = hf(&format!(r#"{{"architectures": ["SeedOssForCausalLM"], {BASE}}}"#)).unwrap();
+    assert_eq!((s.family, s.qkv_bias, s.o_bias, s.head_dim), (Family::SeedOss, true, false, 128));
+    let s = hf(&format!(
+        r#"{{"model_type": "seed_oss", "attention_bias": false, "attention_out_bias": true, "head_dim": 16, {BASE}}}"#
+    ))
+    .unwrap();
+    assert_eq!((s.qkv_bias, s.o_bias, s.head_dim), (false, true, 16));
+}
+
 #[test]
 fn unsupported_features_are_refused_by_name() {
     let e = hf(&format!(r#"{{"architectures": ["GPTNeoXForCausalLM"], {BASE}}}"#)).unwrap_err().to_string();
