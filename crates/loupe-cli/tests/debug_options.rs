@@ -226,7 +226,7 @@ fn ir_output_dir_writes_one_file_per_pass_and_fuse_changes_the_ir() {
     let names: Vec<String> = passes.lines().map(|l| l.split_whitespace().nth(1).unwrap().to_string()).collect();
     assert_eq!(
         names,
-        ["build", "verify", "infer-shapes", "choose-precision", "fuse", "plan-memory", "select-kernels", "schedule"]
+        ["verify", "infer-shapes", "choose-precision", "fuse", "plan-memory", "select-kernels", "schedule"]
     );
     let mut files: Vec<String> =
         std::fs::read_dir(&ir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
@@ -237,12 +237,12 @@ fn ir_output_dir_writes_one_file_per_pass_and_fuse_changes_the_ir() {
     for f in &files {
         assert!(read(f).lines().count() > 15 * tiny_spec().layers, "{f} is (nearly) empty");
     }
-    let (built, fused, planned) = (read("00-build.ir"), read("04-fuse.ir"), read("05-plan-memory.ir"));
+    let (built, fused, planned) = (read("00-verify.ir"), read("03-fuse.ir"), read("04-plan-memory.ir"));
     assert!(built.contains("= silu(") && !built.contains("swiglu"));
     let last = tiny_spec().layers - 1;
     assert!(fused.contains(&format!("model.layers.{last}.mlp.act_mul = swiglu(")) && !fused.contains("= silu("));
     assert!(!fused.contains(" buf=") && planned.contains(" buf="));
-    assert!(read("06-select-kernels.ir").contains("kernel=matmul_wq(q4_1"));
+    assert!(read("05-select-kernels.ir").contains("kernel=matmul_wq(q4_1"));
 }
 
 #[test]
@@ -270,7 +270,7 @@ fn loupe_ir_prints_any_stage() {
     let h = tiny_spec().hidden;
     assert!(last.contains(&format!("%2 model.layers.0.self_attn.q_proj = linear(%1 model.layers.0.input_layernorm) w=model.layers.0.self_attn.q_proj.weight[{h}x{h} q4_1] : [T, {h}] f32 buf=")), "{last}");
     assert!(last.contains("# crates/loupe-models/src/decoder.rs:"));
-    let built = stdout(&ir(&["--pass", "build"]));
+    let built = stdout(&ir(&["--pass", "verify"]));
     assert!(built.contains("model.layers.0.mlp.act_fn = silu(") && !built.contains("buf="), "{built}");
     let o = ir(&["--pass", "nope"]);
     assert_eq!(o.status.code(), Some(2));

@@ -232,6 +232,36 @@ impl FromStr for Fault {
     }
 }
 
+/// What an [`crate::Op::Plant`] node does to its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// Element 0 becomes NaN and element 1 +Inf.
+    NanInf,
+    /// Only the first half of the elements is written.
+    HalfUnwritten,
+}
+
+impl Plant {
+    /// Runs the plant: `out` from its input `x` (the same length) with the defect.
+    pub(crate) fn apply(self, x: &[f32], out: &mut [f32]) {
+        match self {
+            Plant::NanInf => {
+                out.copy_from_slice(x);
+                if let Some(v) = out.get_mut(0) {
+                    *v = f32::NAN;
+                }
+                if let Some(v) = out.get_mut(1) {
+                    *v = f32::INFINITY;
+                }
+            }
+            Plant::HalfUnwritten => {
+                let half = out.len() / 2;
+                out[..half].copy_from_slice(&x[..half]);
+            }
+        }
+    }
+}
+
 /// The classes planted at `layer`, in the order given.
 pub fn at_layer(faults: &[Fault], layer: usize) -> impl Iterator<Item = FaultClass> + '_ {
     faults.iter().filter(move |f| f.layer == layer).map(|f| f.class)

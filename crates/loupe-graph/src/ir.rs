@@ -7,7 +7,8 @@ use loupe_tensor::linear::QMatrix;
 use loupe_tensor::ops::{AttentionShape, AttentionVariant, RopeMode, RopeTable, Router};
 use loupe_tensor::GgmlType;
 
-use crate::fault::FaultClass;
+use crate::fault::{FaultClass, Plant};
+use crate::kernel::{Kernel, LinearGroup, MatmulPrecision};
 use crate::kv::KvWrite;
 
 /// Index of a value in [`Graph::values`].
@@ -228,15 +229,6 @@ pub struct ExpertWeights {
     pub down: WeightId,
 }
 
-/// What an [`Op::Plant`] node does to its input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plant {
-    /// Element 0 becomes NaN and element 1 +Inf.
-    NanInf,
-    /// Only the first half of the elements is written.
-    HalfUnwritten,
-}
-
 impl Op {
     /// Short op name used in IR text, logs and errors.
     pub fn name(&self) -> &'static str {
@@ -326,7 +318,7 @@ pub struct Graph {
     pub quantize_activations: bool,
     /// `--precision fp8`: the inputs of the decoder layers' linear layers ([`is_fp8_linear`])
     /// are rounded to FP8 E4M3 per token (dynamic, guarded scale) before the matmul; their
-    /// weights were rounded per output row at load.
+    /// weights were rounded per output row at load. Read by `choose-precision` only.
     pub fp8_activations: bool,
     /// Element type of a single sequence's KV cache ([`crate::KvCache`]): f16 for graphs
     /// that keep quantized weights (half the bytes decode reads per cached position, as
@@ -336,8 +328,15 @@ pub struct Graph {
     /// Buffer slot of every value, set by the `plan-memory` pass (the executor plans one
     /// itself for a graph that was not lowered).
     pub memory_plan: Option<MemoryPlan>,
-    /// Per node, the kernel the `select-kernels` pass chose (empty before it ran).
-    pub kernels: Vec<String>,
+    /// Per weight id, the arithmetic of the matmuls that read it (`None` for weights no
+    /// matmul reads), set by the `choose-precision` pass (empty before it ran).
+    pub precision: Vec<Option<MatmulPrecision>>,
+    /// Per node, the kernel the `select-kernels` pass chose (empty before it ran). The
+    /// executor runs these (it selects them itself, the same way, for an unlowered graph).
+    pub kernels: Vec<Kernel>,
+    /// The runs of linears that share one grouped matmul, set by the `schedule` pass (`None`
+    /// before it ran).
+    pub groups: Option<Vec<LinearGroup>>,
 }
 
 impl Default for Graph {
@@ -356,14 +355,17 @@ impl Default for Graph {
             fp8_activations: false,
             kv_dtype: crate::KvDtype::F32,
             memory_plan: None,
+            precision: Vec::new(),
             kernels: Vec::new(),
+            groups: None,
         }
     }
 }
 
 /// Whether `--precision fp8` applies to the linear layer of weight `name`: the decoder
 /// layers' projections (`model.layers.*`), as FP8 checkpoints' recipes quantize them and keep
-/// the embedding and `lm_head` in 16 bits.
+/// the embedding and `lm_head` in 16 bits. The weight loader rounds these weights; the
+/// `choose-precision` pass records their matmuls' FP8 activations (nothing asks at run time).
 pub fn is_fp8_linear(weight_name: &str) -> bool {
     weight_name.starts_with("model.layers.")
 }

@@ -5,6 +5,8 @@
 //!   remembers the source location that built it.
 //! * [`verify`]: structural checks run after building (and between passes).
 //! * [`passes`]: lowering as a flat, named list of passes (fuse, plan-memory, ...).
+//! * [`kernel`]: the lowering's decisions as typed values (matmul precision, kernel, linear
+//!   groups): the printer shows them, the executor runs them.
 //! * [`debug`]: `LOUPE_DEBUG` options, read by lowering and the executor.
 //! * [`fault`]: named bugs a builder can plant in one layer, for testing the parity tools.
 //! * [`exec`]: runs the graph on CPU over a KV cache, calling an [`exec::Observer`] that can
@@ -17,6 +19,7 @@ pub mod error;
 pub mod exec;
 pub mod fault;
 pub mod ir;
+pub mod kernel;
 pub mod kv;
 pub mod paged;
 pub mod passes;
@@ -27,10 +30,10 @@ pub mod verify;
 pub use error::GraphError;
 pub use exec::BatchSpan;
 pub use exec::{Executor, Observer, RunOptions};
-pub use fault::{Fault, FaultClass, FaultParseError, Subsystem};
+pub use fault::{Fault, FaultClass, FaultParseError, Plant, Subsystem};
 pub use ir::{
-    is_fp8_linear, Dim, ExpertWeights, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, Plant, ValueId, ValueInfo,
-    Weight, WeightData, WeightId,
+    is_fp8_linear, Dim, ExpertWeights, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, ValueId, ValueInfo, Weight,
+    WeightData, WeightId,
 };
 pub use kv::{KvCache, KvWrite};
 pub use paged::{KvDtype, PagedKvCache};

@@ -1,7 +1,8 @@
 //! Readable text form of the IR, one node per line:
 //! `%12 model.layers.0.self_attn.q_proj = linear(%11 model.layers.0.input_layernorm) w=model.layers.0.self_attn.q_proj.weight[576x576 q4_1] : [T, 576] f32  # crates/loupe-models/src/decoder.rs:88`
-//! then, once the lowering passes have set them, ` kernel=NAME` and ` buf=N` (the buffer slot
-//! of `plan-memory`; `side=%N name buf=M` for a side output).
+//! then, once the lowering passes have set them, ` buf=N` (the buffer slot of `plan-memory`;
+//! `side=%N name buf=M` for a side output), ` kernel=NAME` (`select-kernels`' choice) and
+//! ` group=J/N` (member J of N linears that `schedule` runs as one grouped matmul).
 //!
 //! A node carrying a planted fault says so after its attributes: `... FAULT=rope-interleaved`.
 
@@ -164,7 +165,10 @@ pub fn to_text(graph: &Graph) -> String {
             let _ = write!(s, " side=%{} {}{}", side.0, graph.value(side).name, buf(side));
         }
         if let Some(k) = graph.kernels.get(i) {
-            let _ = write!(s, " kernel={k}");
+            let _ = write!(s, " kernel={}", k.label(node.op.name()));
+        }
+        if let Some(g) = graph.groups.iter().flatten().find(|g| (g.first..g.first + g.len).contains(&i)) {
+            let _ = write!(s, " group={}/{}", i - g.first + 1, g.len);
         }
         let _ = writeln!(s, "  # {}", v.location);
     }

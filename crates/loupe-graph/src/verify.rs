@@ -66,6 +66,7 @@ pub fn verify(graph: &Graph) -> Result<(), GraphError> {
     if let Some(plan) = &graph.memory_plan {
         verify_plan(graph, plan)?;
     }
+    verify_decisions(graph)?;
     match graph.logits {
         Some(l) if defined.get(l.0 as usize).copied().unwrap_or(false) => Ok(()),
         _ => Err(GraphError::Verify {
@@ -75,6 +76,40 @@ pub fn verify(graph: &Graph) -> Result<(), GraphError> {
             reason: "no logits value is computed".into(),
         }),
     }
+}
+
+/// The lowering's per-node and per-weight decisions line up with the graph: one kernel per
+/// node (or none yet), one precision per weight (or none yet), groups of linears in range.
+fn verify_decisions(graph: &Graph) -> Result<(), GraphError> {
+    let fail = |what: &str, reason: String| GraphError::Verify {
+        node: 0,
+        name: format!("<{what}>"),
+        location: "<graph>".into(),
+        reason,
+    };
+    if !graph.kernels.is_empty() && graph.kernels.len() != graph.nodes.len() {
+        return Err(fail("kernels", format!("{} kernels for {} nodes", graph.kernels.len(), graph.nodes.len())));
+    }
+    if !graph.precision.is_empty() && graph.precision.len() != graph.weights.len() {
+        let reason = format!("{} precisions for {} weights", graph.precision.len(), graph.weights.len());
+        return Err(fail("precision", reason));
+    }
+    for g in graph.groups.iter().flatten() {
+        let linears =
+            graph.nodes.get(g.first..g.first + g.len).filter(|n| n.iter().all(|n| matches!(n.op, Op::Linear { .. })));
+        if g.len < 2 || g.len > loupe_tensor::linear::MAX_GROUP || linears.is_none() {
+            return Err(fail(
+                "groups",
+                format!(
+                    "group of {} from node {} is not 2 to {} linears",
+                    g.len,
+                    g.first,
+                    loupe_tensor::linear::MAX_GROUP
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A memory plan never gives a value a slot that holds another value still to be read

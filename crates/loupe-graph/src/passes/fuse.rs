@@ -48,9 +48,15 @@ pub fn fuse_swiglu(graph: &mut Graph) -> Result<(), GraphError> {
             },
         ));
     }
+    if replaced.is_empty() {
+        return Ok(());
+    }
     for (i, node) in replaced {
         graph.nodes[i] = node;
     }
+    // Per-node decisions made before this pass no longer line up with the nodes.
+    graph.kernels.clear();
+    graph.groups = None;
     let mut k = 0;
     graph.nodes.retain(|_| {
         k += 1;

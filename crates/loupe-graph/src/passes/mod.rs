@@ -6,15 +6,21 @@
 //! verifier runs after every pass in debug builds, in tests, and with `verify-ir`.
 
 mod fuse;
+mod kernels;
 mod memory;
+mod precision;
+mod schedule;
 mod shapes;
 
 use std::path::{Path, PathBuf};
 
-use crate::ir::{Graph, Op, WeightData};
+use crate::ir::Graph;
 use crate::{print, verify, GraphError};
 
+pub use kernels::select_kernels;
 pub use memory::plan_memory;
+pub use precision::matmul_precisions;
+pub use schedule::linear_groups;
 
 /// One lowering pass.
 pub struct Pass {
@@ -24,23 +30,22 @@ pub struct Pass {
     pub run: fn(&mut Graph) -> Result<(), GraphError>,
 }
 
-/// The passes, in order.
+/// The passes, in order. The graph as the model builder made it is the input of the first.
 pub const PASSES: &[Pass] = &[
-    Pass { name: "build", about: "the graph as the model builder made it (identity: the builder ran before lowering)", run: identity },
     Pass { name: "verify", about: "structural checks: every value computed once before use, widths, weights, logits", run: verify_pass },
     Pass { name: "infer-shapes", about: "derives each node's output shape from its op and inputs; rejects a declared shape that disagrees", run: shapes::infer_shapes },
     Pass {
         name: "choose-precision",
-        about: "identity on this graph: weights are dequantized or kept in blocks while loading (--precision), so peak memory never holds both",
-        run: identity,
+        about: "records each matmul weight's arithmetic (f32, fp8 activations, 8-bit activations, native blocks) from its storage and the graph's precision",
+        run: precision::choose_precision,
     },
     Pass { name: "fuse", about: "mlp.act_fn (silu) + mlp.act_mul (mul) -> one swiglu node; the activation stays observable as its side output", run: fuse::fuse_swiglu },
     Pass { name: "plan-memory", about: "assigns every value a buffer slot, reusing slots whose values are dead (liveness over execution order)", run: plan_memory_pass },
-    Pass { name: "select-kernels", about: "records the kernel each node runs (per weight type, precision and ISA)", run: select_kernels },
+    Pass { name: "select-kernels", about: "chooses the kernel each node runs (per matmul precision, weight type and ISA); the executor runs it", run: kernels::select_kernels_pass },
     Pass {
         name: "schedule",
-        about: "identity on this graph: nodes run in the builder's order, which verify proved topological; one op at a time, each op multi-threaded",
-        run: identity,
+        about: "groups consecutive linears that share their input (q/k/v, gate/up) into one grouped matmul; the rest run one op at a time",
+        run: schedule::schedule_pass,
     },
 ];
 
@@ -48,59 +53,8 @@ fn verify_pass(graph: &mut Graph) -> Result<(), GraphError> {
     verify::verify(graph)
 }
 
-fn identity(_: &mut Graph) -> Result<(), GraphError> {
-    Ok(())
-}
-
 fn plan_memory_pass(graph: &mut Graph) -> Result<(), GraphError> {
     graph.memory_plan = Some(plan_memory(graph));
-    Ok(())
-}
-
-fn select_kernels(graph: &mut Graph) -> Result<(), GraphError> {
-    let isa = loupe_tensor::quant::Isa::active().name();
-    let kernels = graph
-        .nodes
-        .iter()
-        .map(|node| match &node.op {
-            Op::Linear { weight, .. } => match &graph.weight(*weight).data {
-                WeightData::F32(_) => "matmul_f32(gemm)".to_string(),
-                WeightData::Quant(q) if graph.quantize_activations => {
-                    format!("matmul_q({}x8-bit activations,{isa})", q.ty)
-                }
-                WeightData::Quant(q) => format!("matmul_wq({},{isa})", q.ty),
-            },
-            Op::Embedding { table, .. } => match &graph.weight(*table).data {
-                WeightData::F32(_) => "gather_f32".to_string(),
-                WeightData::Quant(q) => format!("gather_dequantize({})", q.ty),
-            },
-            Op::Attention { .. } => "attention_f32".to_string(),
-            Op::SwiGlu => "silu_mul".to_string(),
-            Op::PositionEmbedding { .. } | Op::ConstantEmbedding { .. } => "gather_f32".to_string(),
-            Op::Experts { experts, .. } => match experts.first().map(|e| &graph.weight(e.gate).data) {
-                Some(WeightData::Quant(q)) if graph.quantize_activations => {
-                    format!("experts(matmul_q({}x8-bit activations,{isa}))", q.ty)
-                }
-                Some(WeightData::Quant(q)) => format!("experts(matmul_wq({},{isa}))", q.ty),
-                _ => "experts(matmul_f32(gemm))".to_string(),
-            },
-            op @ (Op::RouterSelect { .. } | Op::RouterWeights { .. }) => op.name().to_string(),
-            op @ (Op::LayerNorm { .. }
-            | Op::RmsNorm { .. }
-            | Op::Rope { .. }
-            | Op::Silu
-            | Op::Gelu { .. }
-            | Op::Mul
-            | Op::Add
-            | Op::Copy
-            | Op::RoundBf16
-            | Op::Scale { .. }
-            | Op::SoftCap { .. }
-            | Op::Slice { .. }
-            | Op::Plant(_)) => op.name().to_string(),
-        })
-        .collect();
-    graph.kernels = kernels;
     Ok(())
 }
 

@@ -63,3 +63,15 @@ pub(crate) fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
         None
     }
 }
+
+/// The ISA whose arithmetic the f32-activation kernels (`matmul_wq`: the one-row dot, the
+/// GEMV, the batch-invariant rows) run for `ty` at `isa`: [`Isa::Avx2`] where
+/// `avx2_kernels_at` sends the type to the AVX2 Act16 kernels, else `isa`. What a kernel
+/// selection records, so its label names the arithmetic that runs.
+pub fn native_kernel_isa(isa: Isa, ty: GgmlType) -> Isa {
+    if isa >= Isa::Avx512 && avx2_kernels_at(isa, ty) {
+        Isa::Avx2
+    } else {
+        isa
+    }
+}

@@ -42,7 +42,7 @@ mod tiled;
 
 pub use act16::Act16;
 pub use decode::{dequantize_row_fast, dot_row, dot_row_act16, dot_row_act16_scalar, dot_row_scalar};
-pub use dispatch::can_group;
+pub use dispatch::{can_group, native_kernel_isa};
 pub use f32::matmul_f32;
 pub use invariant::{
     matmul_f32_invariant, matmul_f32_invariant_with, matmul_wq_group, matmul_wq_group_with, matmul_wq_invariant,

@@ -1,0 +1,226 @@
+//! The matmul kernels a node's [`Matmul`] names, run: linears and the routed experts.
+//!
+//! Each kernel has a single-sequence form and a batch-invariant one (a batched step's rows
+//! each computed alone, so a sequence's bits do not depend on the batch beside it); the
+//! selection says which arithmetic, the step says which form.
+
+use loupe_tensor::linear::{matmul_f32, matmul_f32_invariant, matmul_q, matmul_wq, matmul_wq_invariant, QMatrix};
+use loupe_tensor::ops::{add_in_place, expert_id, gelu, mul_in_place, silu};
+use loupe_tensor::TensorError;
+
+use crate::ir::{ExpertWeights, Graph, Weight, WeightData, WeightId};
+use crate::kernel::{Matmul, MatmulPrecision};
+
+/// What a matmul computes on: the selected kernel's weights as it takes them.
+enum Weights<'a> {
+    F32(&'a [f32]),
+    Q8(&'a QMatrix),
+    Native(&'a QMatrix),
+}
+
+/// The weights of `w` for kernel `m`; a kernel selected for another storage is an error
+/// (the graph's weights changed after `select-kernels`).
+fn weights<'a>(m: &Matmul, w: &'a Weight) -> Result<Weights<'a>, TensorError> {
+    match (m.precision, &w.data) {
+        (MatmulPrecision::F32 | MatmulPrecision::Fp8, WeightData::F32(d)) => Ok(Weights::F32(d)),
+        (MatmulPrecision::Q8, WeightData::Quant(q)) => Ok(Weights::Q8(q)),
+        (MatmulPrecision::Native, WeightData::Quant(q)) => Ok(Weights::Native(q)),
+        (_, data) => Err(TensorError::Shape {
+            op: "linear",
+            detail: format!(
+                "kernel {m} was selected for weight {}, stored as {}",
+                w.name,
+                match data {
+                    WeightData::F32(_) => "f32".to_string(),
+                    WeightData::Quant(q) => q.ty.to_string(),
+                }
+            ),
+        }),
+    }
+}
+
+/// `--precision fp8`'s input rounding for kernel `m` (rows of `k`), or `x` as it is.
+fn rounded<'a>(m: &Matmul, x: &'a [f32], k: usize, buf: &'a mut Vec<f32>) -> Result<&'a [f32], TensorError> {
+    if m.precision != MatmulPrecision::Fp8 {
+        return Ok(x);
+    }
+    *buf = loupe_tensor::fp8::round_trip_rows_e4m3(x, k)?;
+    Ok(buf)
+}
+
+/// `y[m, n] = x[m, k] W^T` with kernel `kernel`: row-local (batch-invariant) when `batch`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul(
+    kernel: &Matmul,
+    w: &Weight,
+    x: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    batch: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
+    let mut buf = Vec::new();
+    let x = rounded(kernel, x, k, &mut buf)?;
+    let w = weights(kernel, w)?;
+    if !batch {
+        return match w {
+            Weights::F32(d) => matmul_f32(x, d, y, m, k, n),
+            Weights::Q8(q) => matmul_q(x, q, y, m, scratch),
+            Weights::Native(q) => matmul_wq(x, q, y, m),
+        };
+    }
+    if x.len() != m * k || y.len() != m * n {
+        return Err(TensorError::Shape {
+            op: "linear",
+            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
+        });
+    }
+    match w {
+        Weights::F32(d) => matmul_f32_invariant(x, d, y, m, k, n),
+        // 8-bit activations run one row at a time: each row's bits are its own.
+        Weights::Q8(q) => {
+            for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+                matmul_q(xr, q, yr, 1, scratch)?;
+            }
+            Ok(())
+        }
+        Weights::Native(q) => matmul_wq_invariant(x, q, y, m),
+    }
+}
+
+/// A linear node: `x_all` is its input, every token's rows; it computes `rows` rows (the
+/// last `rows` of a single sequence's call, or with `gather` the given rows of a batched
+/// step), then adds the bias.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear(
+    graph: &Graph,
+    kernel: &Matmul,
+    weight: WeightId,
+    bias: Option<WeightId>,
+    x_all: &[f32],
+    out: &mut [f32],
+    rows: usize,
+    batch: Option<Option<&[usize]>>,
+    gathered: &mut Vec<f32>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
+    let w = graph.weight(weight);
+    let (n, k) = (w.shape[0], w.shape[1]);
+    match batch {
+        None => {
+            // The logits of generation need only the last token's row.
+            let start = x_all.len().checked_sub(rows * k).ok_or_else(|| TensorError::Shape {
+                op: "linear",
+                detail: format!("input of {} elements for {rows} rows of {k}", x_all.len()),
+            })?;
+            matmul(kernel, w, &x_all[start..], out, rows, k, n, false, scratch)?;
+        }
+        Some(gather) => {
+            let x = match gather {
+                Some(logit_rows) => {
+                    gathered.clear();
+                    for &r in logit_rows {
+                        let row = x_all.get(r * k..(r + 1) * k).ok_or_else(|| TensorError::Shape {
+                            op: "linear",
+                            detail: format!("row {r} of {k} is outside an input of {} elements", x_all.len()),
+                        })?;
+                        gathered.extend_from_slice(row);
+                    }
+                    &gathered[..]
+                }
+                None => x_all,
+            };
+            matmul(kernel, w, x, out, rows, k, n, true, scratch)?;
+        }
+    }
+    if let Some(b) = bias {
+        match &graph.weight(b).data {
+            WeightData::F32(b) => out.chunks_exact_mut(n).for_each(|row| add_in_place(row, b)),
+            WeightData::Quant(q) => return Err(TensorError::UnsupportedType { op: "linear bias", dtype: q.ty }),
+        }
+    }
+    Ok(())
+}
+
+/// The routed experts of [`crate::Op::Experts`]: for each expert in ascending id, the rows
+/// of the tokens that chose it are gathered and go through `gate`/`up`, the activation,
+/// their product and `down` (the selected kernels, row-local in batched steps); each result
+/// row, times the token's weight for that expert, is added to the token's output row, which
+/// starts at zero (`Qwen3MoeExperts.forward`: `zeros_like`, then `index_add_` expert by
+/// expert).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn experts(
+    graph: &Graph,
+    experts: &[ExpertWeights],
+    kernels: [&Matmul; 3],
+    gelu_tanh: bool,
+    x: &[f32],
+    ids: &[f32],
+    weights: &[f32],
+    out: &mut [f32],
+    batch: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
+    let shape_err = |detail: String| TensorError::Shape { op: "experts", detail };
+    let first = experts.first().ok_or_else(|| shape_err("no experts".into()))?;
+    let (inter, d) = match graph.weight(first.gate).shape[..] {
+        [inter, d] if d > 0 => (inter, d),
+        ref s => return Err(shape_err(format!("gate weight of shape {s:?}"))),
+    };
+    let tokens = x.len() / d;
+    if x.len() != tokens * d
+        || out.len() != x.len()
+        || tokens == 0
+        || !ids.len().is_multiple_of(tokens)
+        || weights.len() != ids.len()
+    {
+        return Err(shape_err(format!(
+            "hidden {} (width {d}), ids {}, weights {}, output {}",
+            x.len(),
+            ids.len(),
+            weights.len(),
+            out.len()
+        )));
+    }
+    let k = ids.len() / tokens;
+    let mut chosen: Vec<Vec<(usize, usize)>> = vec![Vec::new(); experts.len()];
+    for (t, row) in ids.chunks_exact(k).enumerate() {
+        for (j, &id) in row.iter().enumerate() {
+            chosen[expert_id(id, experts.len())?].push((t, j));
+        }
+    }
+    out.iter_mut().for_each(|o| *o = 0.0);
+    let [kg, ku, kd] = kernels;
+    let (mut xs, mut gate, mut up, mut y) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (e, rows) in experts.iter().zip(&chosen) {
+        if rows.is_empty() {
+            continue;
+        }
+        let m = rows.len();
+        xs.clear();
+        for &(t, _) in rows {
+            xs.extend_from_slice(&x[t * d..(t + 1) * d]);
+        }
+        gate.resize(m * inter, 0.0);
+        up.resize(m * inter, 0.0);
+        y.resize(m * d, 0.0);
+        matmul(kg, graph.weight(e.gate), &xs, &mut gate, m, d, inter, batch, scratch)?;
+        matmul(ku, graph.weight(e.up), &xs, &mut up, m, d, inter, batch, scratch)?;
+        if gelu_tanh {
+            gelu(&mut gate, true);
+        } else {
+            silu(&mut gate);
+        }
+        mul_in_place(&mut gate, &up);
+        matmul(kd, graph.weight(e.down), &gate, &mut y, m, inter, d, batch, scratch)?;
+        for (r, &(t, j)) in rows.iter().enumerate() {
+            let w = weights[t * k + j];
+            for (o, v) in out[t * d..(t + 1) * d].iter_mut().zip(&y[r * d..(r + 1) * d]) {
+                *o += v * w;
+            }
+        }
+    }
+    Ok(())
+}

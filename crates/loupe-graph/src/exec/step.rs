@@ -1,0 +1,29 @@
+//! What one run of the graph reads and writes keys and values through.
+
+use loupe_tensor::ops::PagedSpan;
+
+use crate::{KvCache, PagedKvCache};
+
+/// Where a run reads and writes keys and values.
+pub(crate) enum StepKv<'k, 's> {
+    /// One sequence, contiguous cache, `past` positions before the call.
+    Single { kv: &'k mut KvCache, past: usize },
+    /// Many sequences over a paged cache; `spans[i].rows` are span i's rows of the step,
+    /// `logit_rows` the rows whose logits the step returns.
+    Batch { kv: &'k mut PagedKvCache, spans: Vec<PagedSpan<'s>>, logit_rows: Vec<usize> },
+}
+
+impl StepKv<'_, '_> {
+    pub(crate) fn is_batch(&self) -> bool {
+        matches!(self, StepKv::Batch { .. })
+    }
+}
+
+/// Scratch buffers the kernels reuse between nodes and calls.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    /// 8-bit activation blocks (`matmul_q`).
+    pub(crate) quant: Vec<u8>,
+    /// The rows of the logits' input gathered for a batched step.
+    pub(crate) gathered: Vec<f32>,
+}
