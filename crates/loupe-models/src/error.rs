@@ -22,15 +22,8 @@ pub enum ModelError {
     WeightShape { path: PathBuf, name: String, found: Vec<usize>, expected: Vec<usize> },
     /// A checkpoint tensor whose shape differs from the model's, named with both dtypes (a
     /// dtype alone is cast; a shape is never guessed).
-    #[error("{path}: tensor '{name}' is {found_dtype} {found:?}, the model expects {expected_dtype} {expected:?}: the shapes differ, so it cannot be cast")]
-    WeightMismatch {
-        path: PathBuf,
-        name: String,
-        found: Vec<usize>,
-        found_dtype: String,
-        expected: Vec<usize>,
-        expected_dtype: String,
-    },
+    #[error("{path}: tensor '{name}' is {} {:?}, the model expects {} {:?}: the shapes differ, so it cannot be cast", .tensors.found_dtype, .tensors.found, .tensors.expected_dtype, .tensors.expected)]
+    WeightMismatch { path: PathBuf, name: String, tensors: Box<TensorMismatch> },
     #[error("{path}: tensor '{name}': {source}")]
     Tensor {
         path: PathBuf,
@@ -48,4 +41,14 @@ pub enum ModelError {
     Graph(#[from] loupe_graph::GraphError),
     #[error("{path}: {reason}")]
     NotAModel { path: PathBuf, reason: String },
+}
+
+/// The two sides of a [`ModelError::WeightMismatch`] (boxed: they would make every
+/// `Result<_, ModelError>` twice as large).
+#[derive(Debug)]
+pub struct TensorMismatch {
+    pub found: Vec<usize>,
+    pub found_dtype: String,
+    pub expected: Vec<usize>,
+    pub expected_dtype: String,
 }

@@ -20,7 +20,7 @@ use loupe_tensor::quant::dequantize_row;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use crate::error::ModelError;
+use crate::error::{ModelError, TensorMismatch};
 
 /// How weights are held and computed with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,10 +414,12 @@ impl WeightSource for SafetensorsSource<'_> {
             return Err(ModelError::WeightMismatch {
                 path: self.dir.clone(),
                 name: hf_name.to_string(),
-                found: info.shape.clone(),
-                found_dtype: format!("{:?}", info.dtype),
-                expected: shape.to_vec(),
-                expected_dtype: format!("{expected:?}"),
+                tensors: Box::new(TensorMismatch {
+                    found: info.shape.clone(),
+                    found_dtype: format!("{:?}", info.dtype),
+                    expected: shape.to_vec(),
+                    expected_dtype: format!("{expected:?}"),
+                }),
             });
         }
         let unsupported = |d: Dtype| ModelError::InvalidConfig {
