@@ -16,14 +16,11 @@
 //! is a near tie, reported but not a divergence. The first rung that diverges names the
 //! subsystem; for the graph it then runs the per-tensor comparison at that step.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use loupe_client::{ServeProcess, SpawnOptions};
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::Fault;
 use loupe_parity::report::{render, RenderOptions};
@@ -479,83 +476,15 @@ fn batched_rung(
     }
 }
 
-/// A `loupe serve` child on a free port; killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(model: &ModelArgs, faults: &[Fault]) -> anyhow::Result<Server> {
+/// A `loupe serve` of the same model, precision, threads, KV dtype and faults as the other
+/// rungs (the one rule of [`ModelArgs::serve_flags`], plus every `--inject`).
+fn start_server(model: &ModelArgs, faults: &[Fault]) -> anyhow::Result<ServeProcess> {
     let exe = std::env::current_exe().context("cannot find the loupe binary")?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("serve").arg("--model").arg(model.model.as_deref().unwrap_or(Path::new(""))).args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-    ]);
-    if let Some(p) = model.precision {
-        cmd.args(["--precision", precision_name(p.into())]);
-    }
-    if let Some(t) = model.threads {
-        cmd.args(["--threads", &t.to_string()]);
-    }
-    if let Some(d) = model.kv_dtype {
-        cmd.args(["--kv-dtype", d.name()]);
-    }
+    let mut flags = model.serve_flags();
     for f in faults {
-        cmd.arg("--inject").arg(f.to_string());
+        flags.extend(["--inject".into(), f.to_string().into()]);
     }
-    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().context("cannot start loupe serve")?;
-    let stderr = child.stderr.take().context("no stderr")?;
-    let mut addr = None;
-    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-        if let Some(rest) = line.split("listening on http://").nth(1) {
-            addr = rest.split_whitespace().next().map(str::to_string);
-        }
-        if line.contains(": ready in ") {
-            break;
-        }
-    }
-    let server = Server { child, addr: addr.unwrap_or_default() };
-    if server.addr.is_empty() {
-        anyhow::bail!("loupe serve did not start");
-    }
-    Ok(server)
-}
-
-/// One HTTP/1.1 request on a fresh connection; the body, de-chunked.
-fn http(addr: &str, method: &str, path: &str, body: Option<&serde_json::Value>) -> anyhow::Result<String> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}", payload.len())?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    if !head.starts_with("HTTP/1.1 200") {
-        anyhow::bail!("{method} {path}: {}", head.lines().next().unwrap_or(""));
-    }
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return Ok(body.to_string());
-    }
-    let (mut out, mut rest) = (String::new(), body);
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || n > tail.len() {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    Ok(out)
+    Ok(ServeProcess::spawn(&SpawnOptions::new(exe, flags))?)
 }
 
 /// The served rung: the same prompt ids through `/v1/completions`, plain and streamed; both
@@ -565,19 +494,18 @@ fn served_rung(model: &ModelArgs, faults: &[Fault], prompt: &[u32], k: usize, wa
     let result = (|| -> anyhow::Result<(String, String)> {
         eprintln!("loupe: rung served: starting loupe serve on 127.0.0.1");
         let server = start_server(model, faults)?;
-        let models: serde_json::Value = serde_json::from_str(&http(&server.addr, "GET", "/v1/models", None)?)?;
+        let http = server.client();
+        let models: serde_json::Value = serde_json::from_str(&http.ok("GET", "/v1/models", None)?)?;
         let id = models["data"][0]["id"].as_str().unwrap_or("").to_string();
         let req = |stream: bool| serde_json::json!({"model": id, "prompt": prompt, "max_tokens": k, "temperature": 0, "ignore_eos": true, "stream": stream});
-        let plain: serde_json::Value =
-            serde_json::from_str(&http(&server.addr, "POST", "/v1/completions", Some(&req(false)))?)?;
+        let plain: serde_json::Value = serde_json::from_str(&http.ok("POST", "/v1/completions", Some(&req(false)))?)?;
         let text = plain["choices"][0]["text"].as_str().unwrap_or("").to_string();
-        let events = http(&server.addr, "POST", "/v1/completions", Some(&req(true)))?;
+        let events =
+            loupe_client::Response { status: 200, body: http.ok("POST", "/v1/completions", Some(&req(true)))? };
         let mut streamed = String::new();
-        for line in events.lines() {
-            if let Some(data) = line.strip_prefix("data: ").filter(|d| *d != "[DONE]") {
-                let v: serde_json::Value = serde_json::from_str(data)?;
-                streamed.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
-            }
+        for data in events.sse_data().filter(|d| *d != "[DONE]") {
+            let v: serde_json::Value = serde_json::from_str(data)?;
+            streamed.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
         }
         Ok((text, streamed))
     })();

@@ -28,7 +28,6 @@
 
 mod answer;
 mod embeddings;
-pub mod bench;
 pub mod error;
 mod generate;
 pub mod metrics;
