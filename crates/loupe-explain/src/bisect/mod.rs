@@ -39,11 +39,12 @@ pub use served::served_rung;
 pub enum BisectError {
     #[error("nothing to bisect: {0}")]
     Input(&'static str),
+    /// Boxed: a runtime error is large and this is the cold path.
     #[error("rung {rung}: {source}")]
     Engine {
         rung: &'static str,
         #[source]
-        source: RuntimeError,
+        source: Box<RuntimeError>,
     },
 }
 
@@ -102,7 +103,7 @@ pub fn engine_runs(engine: &Engine, prompt: &[u32], steps: usize) -> Result<Engi
     }
     let k = steps;
     let vocab = engine.config().vocab_size;
-    let fail = |rung| move |source| BisectError::Engine { rung, source };
+    let fail = |rung| move |source| BisectError::Engine { rung, source: Box::new(source) };
     let mut session = engine.session(prompt.len() + k);
     let (mut g, mut greedy_margins, mut greedy_logprobs) =
         (Vec::with_capacity(k), Vec::with_capacity(k), Vec::with_capacity(k));

@@ -349,6 +349,17 @@ pub fn token_ids(values: &[Value]) -> Option<Vec<u32>> {
     values.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
 }
 
+/// The body of the `openai_request` fuzz target (`fuzz/`) and of its seeded smoke test:
+/// any bytes through both endpoints' parsers, which must answer, never panic.
+pub fn fuzz_request(data: &[u8]) {
+    let _ = chat(data, false, 0);
+    let _ = chat(data, true, 0);
+    let _ = completion(data, false, 0);
+    let _ = completion(data, true, 0);
+    let _ = embeddings(data, false);
+    let _ = embeddings(data, true);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,15 +516,4 @@ mod tests {
         assert!(completion(br#"{"prompt": [-1]}"#, false, 0).is_err());
         assert!(completion(br#"{"prompt": "a", "echo": true}"#, false, 0).is_err());
     }
-}
-
-/// The body of the `openai_request` fuzz target (`fuzz/`) and of its seeded smoke test:
-/// any bytes through both endpoints' parsers, which must answer, never panic.
-pub fn fuzz_request(data: &[u8]) {
-    let _ = chat(data, false, 0);
-    let _ = chat(data, true, 0);
-    let _ = completion(data, false, 0);
-    let _ = completion(data, true, 0);
-    let _ = embeddings(data, false);
-    let _ = embeddings(data, true);
 }
