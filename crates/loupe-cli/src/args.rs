@@ -72,6 +72,26 @@ impl ModelArgs {
     pub fn precision_or(&self, default: PrecisionArg) -> Precision {
         self.precision.unwrap_or(default).into()
     }
+
+    /// These flags as `loupe serve` takes them: the one rule for a command that starts its own
+    /// server (bisect's served rung, bench-serve). Every flag given is forwarded, none is
+    /// added, so the child loads what this command would load.
+    pub fn serve_flags(&self) -> Vec<std::ffi::OsString> {
+        let mut flags: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(m) = &self.model {
+            flags.extend(["--model".into(), m.clone().into_os_string()]);
+        }
+        if let Some(p) = self.precision {
+            flags.extend(["--precision".into(), precision_name(p.into()).into()]);
+        }
+        if let Some(t) = self.threads {
+            flags.extend(["--threads".into(), t.to_string().into()]);
+        }
+        if let Some(d) = self.kv_dtype {
+            flags.extend(["--kv-dtype".into(), d.name().into()]);
+        }
+        flags
+    }
 }
 
 /// The batched engine's flags (`loupe bench --batch`, and the server).

@@ -22,7 +22,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use loupe_runtime::{BatchEngine, Engine, SamplingParams, SeqRequest};
 
 use crate::args::precision_name;
-use crate::cmd_bench::{bench_tokens, model_size, peak_rss_bytes, write_table, BenchArgs, TOKEN_SEED};
+use crate::bench_common::{bench_tokens, model_size, peak_rss_bytes, write_table, BenchArgs, TOKEN_SEED};
 use crate::UsageError;
 
 /// One count of concurrent sequences, over the repetitions.

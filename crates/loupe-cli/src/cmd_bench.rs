@@ -12,66 +12,18 @@
 //!   repetitions, so buffers and the cache are allocated and pages are resident.
 
 use std::io::Write;
-use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use loupe_graph::debug::DebugOptions;
-use loupe_models::{Model, ModelFormat};
+use loupe_models::Model;
 
-use crate::args::{precision_name, ModelArgs, PrecisionArg};
+use crate::args::{precision_name, PrecisionArg};
+pub use crate::bench_common::BenchArgs;
+use crate::bench_common::{bench_tokens, model_size, peak_rss_bytes, write_table, ModelSize, TOKEN_SEED};
 use crate::load::{load, Load};
 use crate::UsageError;
-
-/// Seed of the benchmark token ids: fixed, so every run feeds the same sequence.
-pub(crate) const TOKEN_SEED: u64 = 0x6c6f_7570_655f_6265; // "loupe_be"
-
-#[derive(Args, Debug)]
-#[command(after_help = "Like llama-bench: pp<N> is one forward pass over N tokens (BOS, then seeded random ids) \
-from an empty cache; tg<N> is N single-token decode steps from an empty cache, each feeding a random id (no \
-sampling). Before the timed repetitions, each warm-up runs one full pp pass and one decode step. t/s is \
-the mean ± sample standard deviation over the repetitions. Peak RSS is the process's high-water mark \
-(VmHWM), model load included.")]
-pub struct BenchArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Prompt tokens of the prefill test (0 skips it).
-    #[arg(long = "n-prompt", short = 'p', default_value_t = 512)]
-    pub n_prompt: usize,
-    /// Decode steps of the generation test (0 skips it).
-    #[arg(long = "n-gen", short = 'n', default_value_t = 128)]
-    pub n_gen: usize,
-    /// Timed repetitions of each test.
-    #[arg(long, short = 'r', default_value_t = 5)]
-    pub repetitions: usize,
-    /// Untimed warm-up runs before the repetitions (0 for none).
-    #[arg(long, default_value_t = 1)]
-    pub warmup: usize,
-    /// Print one JSON object instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Batched mode, like llama.cpp's llama-batched-bench `-npl`: for each count of
-    /// concurrent sequences (e.g. 1,4,8,16,32), prefill that many prompts of --n-prompt
-    /// tokens in one engine step, then --n-gen decode steps of one token per sequence.
-    #[arg(long, value_parser = crate::args::parse_counts)]
-    pub batch: Option<crate::args::Counts>,
-    /// Skip measuring the machine's read bandwidth after the decode test (the ceiling
-    /// decode's GB/s is reported against; ~1-2 s and a 1 GiB buffer, after peak RSS is
-    /// taken).
-    #[arg(long)]
-    pub no_ceiling: bool,
-    #[command(flatten)]
-    pub engine: crate::args::BatchEngineArgs,
-    /// With a grammar (--json-schema, --regex, ...): two more decode tests, alternated run
-    /// by run, greedy decoding without and with the grammar's masks, and their ratio (what
-    /// constrained decoding costs at batch 1).
-    #[command(flatten)]
-    pub grammar: crate::cmd_generate::GrammarArgs,
-    #[command(flatten)]
-    pub profile: crate::args::ProfileArgs,
-}
 
 /// The timings of one test (`pp512`, `tg128`).
 #[derive(Clone)]
@@ -115,19 +67,8 @@ impl DecodeTraffic {
     }
 }
 
-/// Tensor bytes and parameter count of the checkpoint (what llama-bench calls size and params).
-pub(crate) struct ModelSize {
-    pub(crate) bytes: u64,
-    pub(crate) params: u64,
-}
-
 pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
-    if args.repetitions == 0 {
-        return Err(UsageError("--repetitions must be at least 1".into()).into());
-    }
-    if args.n_prompt == 0 && args.n_gen == 0 {
-        return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
-    }
+    check_args(&args)?;
     let profiler = args.profile.profiler()?;
     let engine = load(
         &args.model,
@@ -138,24 +79,66 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         crate::bench_batch::run(&engine, &args, &counts.0)?;
         return args.profile.report(profiler.as_ref());
     }
-    let (threads, load_s) = (engine.threads(), engine.load_time().as_secs_f64());
-    let model = engine.model();
-    let context = model.config.max_position_embeddings.min(model.graph.context_length);
-    for (flag, n) in [("--n-prompt", args.n_prompt), ("--n-gen", args.n_gen)] {
-        if n > context {
-            return Err(
-                UsageError(format!("{flag} {n}: more tokens than the context window of {context} tokens")).into()
-            );
-        }
+    let workload = Workload::of(&engine, &args)?;
+    let mut tests = time_tests(&engine, &args, &workload)?;
+    let grammar = match args.grammar.spec()? {
+        Some(spec) if args.n_gen > 0 => Some(grammar_tests(&engine, &spec, &args, workload.bos)?),
+        Some(_) => return Err(UsageError("a grammar benchmark needs decode steps (--n-gen > 0)".into()).into()),
+        None => None,
+    };
+    if let Some(g) = &grammar {
+        tests.extend([g.free.clone(), g.constrained.clone()]);
     }
-    let vocab = model.config.vocab_size;
-    if vocab == 0 {
-        return Err(UsageError(format!("{}: the model has an empty vocabulary", model.path.display())).into());
-    }
-    let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
-    let size = model_size(model);
-    let traffic = decode_traffic(model);
+    let report = Report::measure(&engine, &args, tests, grammar);
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json { report.write_json(&mut out) } else { report.write_text(&mut out) }
+        .and_then(|()| out.flush())
+        .context("writing stdout")?;
+    args.profile.report(profiler.as_ref())
+}
 
+/// Refuses flag values that would measure nothing.
+fn check_args(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.repetitions == 0 {
+        return Err(UsageError("--repetitions must be at least 1".into()).into());
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        return Err(UsageError("nothing to measure: --n-prompt and --n-gen are both 0".into()).into());
+    }
+    Ok(())
+}
+
+/// What the timed tests feed the model: checked against its context window and vocabulary.
+struct Workload {
+    vocab: usize,
+    /// BOS, when the model's tokenizer adds one (llama-bench's prompts start with it).
+    bos: Option<u32>,
+}
+
+impl Workload {
+    fn of(engine: &loupe_runtime::Engine, args: &BenchArgs) -> anyhow::Result<Workload> {
+        let model = engine.model();
+        let context = model.config.max_position_embeddings.min(model.graph.context_length);
+        for (flag, n) in [("--n-prompt", args.n_prompt), ("--n-gen", args.n_gen)] {
+            if n > context {
+                return Err(
+                    UsageError(format!("{flag} {n}: more tokens than the context window of {context} tokens")).into()
+                );
+            }
+        }
+        let vocab = model.config.vocab_size;
+        if vocab == 0 {
+            return Err(UsageError(format!("{}: the model has an empty vocabulary", model.path.display())).into());
+        }
+        let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
+        Ok(Workload { vocab, bos })
+    }
+}
+
+/// The `pp` and `tg` tests (those asked for), warm-up runs first, on one session, with a
+/// progress bar on stderr.
+fn time_tests(engine: &loupe_runtime::Engine, args: &BenchArgs, w: &Workload) -> anyhow::Result<Vec<TestResult>> {
     let needed = args.n_prompt.max(args.n_gen);
     let mut session = engine.session(needed);
     session.reserve(needed);
@@ -168,86 +151,160 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             .map(|s| s.progress_chars("=> "))
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-
     let mut tests = Vec::new();
     if args.n_prompt > 0 {
-        let tokens = bench_tokens(args.n_prompt, bos, vocab, TOKEN_SEED);
-        let name = format!("pp{}", args.n_prompt);
-        let mut runs = Vec::with_capacity(args.repetitions);
-        for i in 0..runs_per_test {
-            let warm = i < args.warmup;
-            bar.set_message(format!("{name} {}", if warm { "warm-up" } else { "run" }));
-            session.reset();
-            let start = Instant::now();
-            session.forward(&tokens, false, None).with_context(|| format!("{name}: forward pass"))?;
-            let seconds = start.elapsed().as_secs_f64();
-            if !warm {
-                runs.push(args.n_prompt as f64 / seconds);
-            }
-            bar.inc(1);
-        }
-        tests.push(TestResult { name, tokens: args.n_prompt, runs });
+        tests.push(time_prefill(&mut session, args, w, &bar)?);
     }
     if args.n_gen > 0 {
-        // A different seed from pp's, as llama-bench's rand() stream has moved on by then.
-        let tokens = bench_tokens(args.n_gen, bos, vocab, TOKEN_SEED ^ 0x7467);
-        let name = format!("tg{}", args.n_gen);
-        let mut runs = Vec::with_capacity(args.repetitions);
-        for i in 0..runs_per_test {
-            let warm = i < args.warmup;
-            bar.set_message(format!("{name} {}", if warm { "warm-up" } else { "run" }));
-            session.reset();
-            // llama-bench warms generation up with a single decode step.
-            let steps = if warm { &tokens[..1] } else { &tokens[..] };
-            let start = Instant::now();
-            for token in steps {
-                session
-                    .forward(std::slice::from_ref(token), false, None)
-                    .with_context(|| format!("{name}: decode step"))?;
-            }
-            let seconds = start.elapsed().as_secs_f64();
-            if !warm {
-                runs.push(args.n_gen as f64 / seconds);
-            }
-            bar.inc(1);
-        }
-        tests.push(TestResult { name, tokens: args.n_gen, runs });
+        tests.push(time_decode(&mut session, args, w, &bar)?);
     }
     bar.finish_and_clear();
-    let grammar_cost = match args.grammar.spec()? {
-        Some(spec) if args.n_gen > 0 => Some(grammar_tests(&engine, &spec, &args, bos)?),
-        Some(_) => return Err(UsageError("a grammar benchmark needs decode steps (--n-gen > 0)".into()).into()),
-        None => None,
-    };
-    if let Some(g) = &grammar_cost {
-        tests.extend([g.free.clone(), g.constrained.clone()]);
+    Ok(tests)
+}
+
+/// `pp<N>`: one forward pass over N tokens from an empty cache, per run.
+fn time_prefill(
+    session: &mut loupe_runtime::Session<'_>,
+    args: &BenchArgs,
+    w: &Workload,
+    bar: &ProgressBar,
+) -> anyhow::Result<TestResult> {
+    let tokens = bench_tokens(args.n_prompt, w.bos, w.vocab, TOKEN_SEED);
+    let name = format!("pp{}", args.n_prompt);
+    let mut runs = Vec::with_capacity(args.repetitions);
+    for i in 0..args.warmup + args.repetitions {
+        let warm = i < args.warmup;
+        bar.set_message(format!("{name} {}", if warm { "warm-up" } else { "run" }));
+        session.reset();
+        let start = Instant::now();
+        session.forward(&tokens, false, None).with_context(|| format!("{name}: forward pass"))?;
+        let seconds = start.elapsed().as_secs_f64();
+        if !warm {
+            runs.push(args.n_prompt as f64 / seconds);
+        }
+        bar.inc(1);
+    }
+    Ok(TestResult { name, tokens: args.n_prompt, runs })
+}
+
+/// `tg<N>`: N single-token decode steps from an empty cache, per run (a warm-up run takes one).
+fn time_decode(
+    session: &mut loupe_runtime::Session<'_>,
+    args: &BenchArgs,
+    w: &Workload,
+    bar: &ProgressBar,
+) -> anyhow::Result<TestResult> {
+    // A different seed from pp's, as llama-bench's rand() stream has moved on by then.
+    let tokens = bench_tokens(args.n_gen, w.bos, w.vocab, TOKEN_SEED ^ 0x7467);
+    let name = format!("tg{}", args.n_gen);
+    let mut runs = Vec::with_capacity(args.repetitions);
+    for i in 0..args.warmup + args.repetitions {
+        let warm = i < args.warmup;
+        bar.set_message(format!("{name} {}", if warm { "warm-up" } else { "run" }));
+        session.reset();
+        // llama-bench warms generation up with a single decode step.
+        let steps = if warm { &tokens[..1] } else { &tokens[..] };
+        let start = Instant::now();
+        for token in steps {
+            session
+                .forward(std::slice::from_ref(token), false, None)
+                .with_context(|| format!("{name}: decode step"))?;
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        if !warm {
+            runs.push(args.n_gen as f64 / seconds);
+        }
+        bar.inc(1);
+    }
+    Ok(TestResult { name, tokens: args.n_gen, runs })
+}
+
+/// Everything the report prints: the tests' timings and what is derived from them and the
+/// machine (peak RSS, decode traffic, the read-bandwidth ceiling).
+struct Report<'a> {
+    args: &'a BenchArgs,
+    model: &'a Model,
+    threads: usize,
+    load_s: f64,
+    size: Option<ModelSize>,
+    traffic: DecodeTraffic,
+    tests: Vec<TestResult>,
+    grammar: Option<GrammarCost>,
+    peak_rss: Option<u64>,
+    ceiling: Option<crate::bandwidth::ReadBandwidth>,
+    isa: &'static str,
+    isa_detected: &'static str,
+}
+
+impl<'a> Report<'a> {
+    /// Reads peak RSS first, then measures the read-bandwidth ceiling (its buffer would
+    /// dominate RSS) with the engine's thread count, only when there is a decode figure to set
+    /// against it.
+    fn measure(
+        engine: &'a loupe_runtime::Engine,
+        args: &'a BenchArgs,
+        tests: Vec<TestResult>,
+        grammar: Option<GrammarCost>,
+    ) -> Report<'a> {
+        let model = engine.model();
+        let peak_rss = peak_rss_bytes();
+        let has_tg = tests.iter().any(|t| t.name.starts_with("tg"));
+        let ceiling = (has_tg && !args.no_ceiling)
+            .then(|| {
+                crate::bandwidth::measure(
+                    engine.threads(),
+                    crate::bandwidth::DEFAULT_BUFFER_BYTES,
+                    crate::bandwidth::DEFAULT_PASSES,
+                )
+            })
+            .flatten();
+        Report {
+            args,
+            model,
+            threads: engine.threads(),
+            load_s: engine.load_time().as_secs_f64(),
+            size: model_size(model),
+            traffic: decode_traffic(model),
+            tests,
+            grammar,
+            peak_rss,
+            ceiling,
+            isa: loupe_tensor::quant::Isa::active().name(),
+            isa_detected: loupe_tensor::quant::Isa::detected().name(),
+        }
     }
 
-    let peak_rss = peak_rss_bytes();
-    let precision = precision_name(model.precision);
-    let isa = loupe_tensor::quant::Isa::active().name();
-    let model_name = model
-        .path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| model.path.display().to_string());
-    let pp = tests.iter().find(|t| t.name.starts_with("pp"));
-    let tg = tests.iter().find(|t| t.name.starts_with("tg"));
-    let tg_bytes_per_token = tg.map(|t| traffic.bytes_per_token(t.tokens));
-    let tg_read_gb_per_s = tg.zip(tg_bytes_per_token).map(|(t, b)| b * t.mean() / 1e9);
-    // Measured after peak RSS is read (the buffer would dominate it), with the engine's
-    // thread count, only when there is a decode figure to set against it.
-    let ceiling = (tg.is_some() && !args.no_ceiling)
-        .then(|| {
-            crate::bandwidth::measure(threads, crate::bandwidth::DEFAULT_BUFFER_BYTES, crate::bandwidth::DEFAULT_PASSES)
-        })
-        .flatten();
-    let share = tg_read_gb_per_s.zip(ceiling).map(|(gbs, c)| gbs / c.median_gb_per_s);
-    let isa_detected = loupe_tensor::quant::Isa::detected().name();
+    fn pp(&self) -> Option<&TestResult> {
+        self.tests.iter().find(|t| t.name.starts_with("pp"))
+    }
 
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    if args.json {
+    fn tg(&self) -> Option<&TestResult> {
+        self.tests.iter().find(|t| t.name.starts_with("tg"))
+    }
+
+    fn tg_bytes_per_token(&self) -> Option<f64> {
+        self.tg().map(|t| self.traffic.bytes_per_token(t.tokens))
+    }
+
+    /// The bandwidth decode draws: bytes per token x tokens/s.
+    fn tg_read_gb_per_s(&self) -> Option<f64> {
+        self.tg().zip(self.tg_bytes_per_token()).map(|(t, b)| b * t.mean() / 1e9)
+    }
+
+    /// Decode's bandwidth as a share of the machine's median read bandwidth.
+    fn share(&self) -> Option<f64> {
+        self.tg_read_gb_per_s().zip(self.ceiling).map(|(gbs, c)| gbs / c.median_gb_per_s)
+    }
+
+    /// One JSON object.
+    fn write_json(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let (args, model, size, ceiling, traffic) = (self.args, self.model, &self.size, self.ceiling, &self.traffic);
+        let (pp, tg, grammar_cost) = (self.pp(), self.tg(), &self.grammar);
+        let precision = precision_name(model.precision);
+        let (isa, isa_detected, threads, load_s, peak_rss) =
+            (self.isa, self.isa_detected, self.threads, self.load_s, self.peak_rss);
+        let (tg_bytes_per_token, tg_read_gb_per_s, share) =
+            (self.tg_bytes_per_token(), self.tg_read_gb_per_s(), self.share());
         let obj = serde_json::json!({
             "loupe_version": env!("CARGO_PKG_VERSION"),
             "model": model.path.display().to_string(),
@@ -289,8 +346,19 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
                 "mask_ms_mean": g.mask_ms,
             })),
         });
-        writeln!(out, "{obj}").context("writing stdout")?;
-    } else {
+        writeln!(out, "{obj}")
+    }
+
+    /// llama-bench's table, then one line each for the run, decode's traffic, the bandwidth
+    /// ceiling and the grammar's cost.
+    fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let (args, model, size, tests) = (self.args, self.model, &self.size, &self.tests);
+        let (precision, isa, threads) = (precision_name(model.precision), self.isa, self.threads);
+        let model_name = model
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| model.path.display().to_string());
         let size_cell = size
             .as_ref()
             .map(|s| format!("{:.2} MiB", s.bytes as f64 / (1024.0 * 1024.0)))
@@ -313,30 +381,31 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             })
             .collect();
         let header = ["model", "size", "params", "backend", "threads", "test", "t/s"];
-        write_table(&mut out, &header, &rows, &[1, 2, 4, 6]).context("writing stdout")?;
-        let rss =
-            peak_rss.map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))).unwrap_or_else(|| "unknown".into());
+        write_table(out, &header, &rows, &[1, 2, 4, 6])?;
+        let rss = self
+            .peak_rss
+            .map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)))
+            .unwrap_or_else(|| "unknown".into());
         writeln!(
             out,
-            "\nload {load_s:.2} s | peak RSS {rss} | KV cache {} | timed runs per test: {}, warm-up runs: {} | {}",
+            "\nload {:.2} s | peak RSS {rss} | KV cache {} | timed runs per test: {}, warm-up runs: {} | {}",
+            self.load_s,
             model.graph.kv_dtype,
             args.repetitions,
             args.warmup,
             tests.iter().map(|t| format!("{} {} tokens", t.name, t.tokens)).collect::<Vec<_>>().join(", ")
-        )
-        .context("writing stdout")?;
-        if let (Some(t), Some(bytes), Some(gbs)) = (tg, tg_bytes_per_token, tg_read_gb_per_s) {
+        )?;
+        if let (Some(t), Some(bytes), Some(gbs)) = (self.tg(), self.tg_bytes_per_token(), self.tg_read_gb_per_s()) {
             writeln!(
                 out,
                 "decode reads {:.1} MB per token ({:.1} MB of weights + KV cache, mean over {}): {gbs:.1} GB/s at {:.1} t/s",
                 bytes / 1e6,
-                traffic.weight_bytes as f64 / 1e6,
+                self.traffic.weight_bytes as f64 / 1e6,
                 t.name,
                 t.mean()
-            )
-            .context("writing stdout")?;
+            )?;
         }
-        if let (Some(c), Some(share)) = (ceiling, share) {
+        if let (Some(c), Some(share)) = (self.ceiling, self.share()) {
             writeln!(
                 out,
                 "read bandwidth ({} threads, {} MiB buffer on {} pages, {} passes): median {:.1} GB/s, best {:.1} GB/s; decode draws {:.0}% of the median",
@@ -347,10 +416,9 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
                 c.median_gb_per_s,
                 c.best_gb_per_s,
                 100.0 * share
-            )
-            .context("writing stdout")?;
+            )?;
         }
-        if let Some(g) = &grammar_cost {
+        if let Some(g) = &self.grammar {
             writeln!(
                 out,
                 "grammar ({}): greedy decode {:.2} t/s with masks vs {:.2} without, {:.3}x (medians of {} alternations); {} masks, {:.3} ms each, computed during the forward passes",
@@ -361,16 +429,13 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
                 g.free.runs.len(),
                 g.masks,
                 g.mask_ms
-            )
-            .context("writing stdout")?;
+            )?;
         }
-        if isa != isa_detected {
-            writeln!(out, "note: kernels forced to {isa} by LOUPE_ISA; this CPU supports {isa_detected}")
-                .context("writing stdout")?;
+        if isa != self.isa_detected {
+            writeln!(out, "note: kernels forced to {isa} by LOUPE_ISA; this CPU supports {}", self.isa_detected)?;
         }
+        Ok(())
     }
-    out.flush().context("writing stdout")?;
-    args.profile.report(profiler.as_ref())
 }
 
 /// The constrained-decoding figures of one bench run.
@@ -469,17 +534,6 @@ fn grammar_tests(
 
 /// `n` token ids: BOS first when given, then ids drawn uniformly from `0..vocab` by SplitMix64.
 /// Special ids may be drawn, as in llama-bench; a forward pass costs the same for any id.
-pub(crate) fn bench_tokens(n: usize, bos: Option<u32>, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = loupe_core::SplitMix64(seed);
-    let mut next = || rng.next_u64();
-    (0..n)
-        .map(|i| match (i, bos) {
-            (0, Some(b)) => b,
-            _ => (next() % vocab as u64) as u32,
-        })
-        .collect()
-}
-
 fn decode_traffic(model: &Model) -> DecodeTraffic {
     let graph = &model.graph;
     let stored = |w: &loupe_graph::Weight| match &w.data {
@@ -502,87 +556,9 @@ fn decode_traffic(model: &Model) -> DecodeTraffic {
     DecodeTraffic { weight_bytes, kv_bytes_per_position }
 }
 
-/// Size and parameters of the tensors in the file, as stored (GGUF only; `None` otherwise).
-pub(crate) fn model_size(model: &Model) -> Option<ModelSize> {
-    match model.format {
-        ModelFormat::Gguf => gguf_size(&model.path),
-        ModelFormat::HfDir(_) => None,
-    }
-}
-
-fn gguf_size(path: &Path) -> Option<ModelSize> {
-    let g = loupe_formats::GgufFile::open(path).ok()?;
-    Some(ModelSize {
-        bytes: g.tensors.iter().map(|t| t.size_bytes).sum(),
-        params: g.tensors.iter().map(|t| t.n_elements()).sum(),
-    })
-}
-
-/// The process's peak resident set (`VmHWM` in /proc/self/status), in bytes; `None` where
-/// /proc is not available.
-pub(crate) fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// A Markdown table with padded columns, as llama-bench prints.
-pub(crate) fn write_table<const N: usize>(
-    out: &mut impl Write,
-    header: &[&str; N],
-    rows: &[[String; N]],
-    right_aligned: &[usize],
-) -> std::io::Result<()> {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    // Numbers align right, text left, as in llama-bench's table.
-    let right = |col: usize| right_aligned.contains(&col);
-    let line = |cells: Vec<String>| -> String {
-        let padded: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let pad = widths[i] - c.chars().count();
-                if right(i) {
-                    format!("{}{c}", " ".repeat(pad))
-                } else {
-                    format!("{c}{}", " ".repeat(pad))
-                }
-            })
-            .collect();
-        format!("| {} |", padded.join(" | "))
-    };
-    writeln!(out, "{}", line(header.iter().map(|h| h.to_string()).collect()))?;
-    let rule: Vec<String> = widths
-        .iter()
-        .enumerate()
-        .map(|(i, w)| if right(i) { format!("{}:", "-".repeat(w + 1)) } else { "-".repeat(w + 2) })
-        .collect();
-    writeln!(out, "|{}|", rule.join("|"))?;
-    for row in rows {
-        writeln!(out, "{}", line(row.to_vec()))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_start_with_bos_and_stay_in_vocab() {
-        let t = bench_tokens(1000, Some(1), 49152, TOKEN_SEED);
-        assert_eq!(t[0], 1);
-        assert!(t.iter().all(|&id| id < 49152));
-        assert_eq!(t, bench_tokens(1000, Some(1), 49152, TOKEN_SEED), "deterministic");
-        let no_bos = bench_tokens(3, None, 10, TOKEN_SEED);
-        assert!(no_bos.iter().all(|&id| id < 10));
-    }
 
     #[test]
     fn stddev_is_sample_stddev() {

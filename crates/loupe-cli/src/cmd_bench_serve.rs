@@ -1,13 +1,11 @@
 //! `loupe bench-serve`: a fixed-seed client workload against a running OpenAI-compatible
 //! server (`--url`), or against a `loupe serve` it starts and stops itself
-//! ([`loupe_server::bench`] does the measuring).
+//! ([`loupe_client::bench`] does the measuring; [`loupe_client::spawn`] starts the server).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
-use clap::{Args, ValueEnum};
+use anyhow::Context;
+use clap::Args;
+use loupe_client::bench::{BenchConfig, BenchReport};
+use loupe_client::{ServeProcess, SpawnError, SpawnOptions};
 
 use crate::args::{parse_counts, Counts, ModelArgs};
 use crate::UsageError;
@@ -62,76 +60,20 @@ fn parse_counts_or_zero(s: &str) -> Result<Counts, String> {
     Ok(c)
 }
 
-/// A `loupe serve` started for the benchmark; SIGTERM on drop.
-struct OwnServer {
-    child: Child,
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid; no memory is touched.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server(args: &BenchServeArgs, max_seqs: usize) -> anyhow::Result<(OwnServer, String)> {
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--max-seqs",
-        &max_seqs.to_string(),
-        "--max-queue",
-        &args.requests.max(1).to_string(),
-    ]);
-    if let Some(m) = &args.model.model {
-        cmd.arg("--model").arg(m);
-    }
-    if let Some(t) = args.model.threads {
-        cmd.args(["--threads", &t.to_string()]);
-    }
-    if let Some(p) = args.model.precision.and_then(|p| p.to_possible_value()) {
-        cmd.args(["--precision", p.get_name()]);
-    }
-    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn()?;
-    let stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr from loupe serve"))?;
-    let server = OwnServer { child };
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut url = None;
-    loop {
-        match rx.recv_timeout(Duration::from_secs(300)) {
-            Ok(line) => {
-                if let Some(rest) = line.split("listening on ").nth(1) {
-                    url = rest.split_whitespace().next().map(str::to_string);
-                }
-                if line.contains(": ready in ") {
-                    break;
-                }
-                if line.starts_with("loupe: error") {
-                    return Err(UsageError(format!("loupe serve failed to start: {line}")).into());
-                }
-            }
-            Err(_) => return Err(anyhow::anyhow!("loupe serve did not become ready")),
-        }
-    }
-    // Keep draining its log so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in rx {});
-    let url = url.ok_or_else(|| anyhow::anyhow!("loupe serve did not print its address"))?;
-    eprintln!("bench-serve: started loupe serve at {url}");
-    Ok((server, url))
+/// A `loupe serve` of `--model` for the benchmark, room for `max_seqs` sequences at once and
+/// every request of a run queued; stopped (SIGTERM) when the returned process drops.
+fn start_server(args: &BenchServeArgs, max_seqs: usize) -> anyhow::Result<ServeProcess> {
+    let exe = std::env::current_exe().context("cannot find the loupe binary")?;
+    let mut flags = args.model.serve_flags();
+    flags.extend(["--max-seqs".into(), max_seqs.to_string().into()]);
+    flags.extend(["--max-queue".into(), args.requests.max(1).to_string().into()]);
+    let server = ServeProcess::spawn(&SpawnOptions::new(exe, flags)).map_err(|e| match e {
+        // loupe serve's own one-line error (a bad --model, say) is a usage error here too.
+        SpawnError::Failed { .. } => anyhow::Error::from(UsageError(e.to_string())),
+        other => other.into(),
+    })?;
+    eprintln!("bench-serve: started loupe serve at {}", server.url());
+    Ok(server)
 }
 
 pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
@@ -145,11 +87,12 @@ pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
     let (_own, url) = match &args.url {
         Some(u) => (None, u.clone()),
         None => {
-            let (s, u) = start_server(&args, max_concurrency)?;
-            (Some(s), u)
+            let server = start_server(&args, max_concurrency)?;
+            let url = server.url();
+            (Some(server), url)
         }
     };
-    let config = loupe_server::bench::BenchConfig {
+    let config = BenchConfig {
         url,
         model: args.served_model.clone(),
         api_key: args.api_key.clone(),
@@ -164,11 +107,11 @@ pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
             _ => None,
         },
     };
-    let report = loupe_server::bench::run(&config).map_err(|e| anyhow::anyhow!("bench-serve: {e}"))?;
+    let report: BenchReport = loupe_client::bench::run(&config).map_err(|e| anyhow::anyhow!("bench-serve: {e}"))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        loupe_server::bench::write_tables(&report, &mut std::io::stdout())?;
+        loupe_client::bench::write_tables(&report, &mut std::io::stdout())?;
     }
     Ok(())
 }

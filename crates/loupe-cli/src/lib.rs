@@ -13,6 +13,7 @@
 pub mod args;
 pub mod bandwidth;
 pub mod bench_batch;
+pub mod bench_common;
 pub mod cmd_bench;
 pub mod cmd_bench_serve;
 pub mod cmd_bisect;

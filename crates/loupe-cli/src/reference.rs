@@ -109,15 +109,8 @@ pub fn dump(model: &Path, input: &PromptArgs, req: &DumpRequest<'_>, out: &Path)
     run(cmd, "dump").map(|_| ())
 }
 
-/// The reference's logits along `prompt + tokens`, teacher-forced: for each position, the
-/// argmax and the gap between its top two logits.
-pub struct TeacherForced {
-    pub prompt_tokens: Vec<u32>,
-    pub argmax: Vec<u32>,
-    pub margins: Vec<f64>,
-    /// The top-1 logit of each position.
-    pub top1: Vec<f64>,
-}
+/// The reference's logits along `prompt + tokens`, teacher-forced (the bisect ladder's type).
+pub use loupe_explain::bisect::TeacherForced;
 
 /// `python -m loupe_reference teacher-force --tokens ... --top-logits 2`.
 pub fn teacher_force(model: &Path, input: &PromptArgs, tokens: &[u32]) -> anyhow::Result<TeacherForced> {

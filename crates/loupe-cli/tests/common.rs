@@ -89,7 +89,12 @@ pub fn make_tiny_checkpoint(dir: &Path) -> PathBuf {
 }
 
 pub fn loupe() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_loupe"))
+    Command::new(loupe_path())
+}
+
+/// The `loupe` binary under test.
+pub fn loupe_path() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_loupe"))
 }
 
 pub fn run(cmd: &mut Command) -> Output {

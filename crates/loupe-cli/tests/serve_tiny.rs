@@ -1,93 +1,42 @@
 //! `loupe serve` on the tiny random-weight model, under plain `cargo test` (no Python, no
-//! real model): the real binary on 127.0.0.1 with `--port 0`, spoken to over HTTP/1.1 from
-//! a std `TcpStream`. The `openai`-client suite in `tests/serve/` covers the same server on
-//! the real model; this one keeps the server honest where that suite cannot run.
+//! real model): the real binary on 127.0.0.1 with `--port 0`, started, spoken to over
+//! HTTP/1.1 and stopped by `loupe_client` (the helper the binary itself starts servers with).
+//! The `openai`-client suite in `tests/serve/` covers the same server on the real model; this
+//! one keeps the server honest where that suite cannot run.
 
 mod common;
 use common::*;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
+use loupe_client::{HttpClient, ServeProcess, SpawnOptions};
 use serde_json::{json, Value};
 
+/// `loupe serve` of the tiny model on two threads, started and stopped by the binary's own
+/// helper ([`loupe_client::spawn`]).
 struct Server {
-    child: Child,
-    addr: String,
-    log: mpsc::Receiver<String>,
+    process: ServeProcess,
+    http: HttpClient,
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let mut child = loupe()
-            .arg("serve")
-            .arg("--model")
-            .arg(tiny_model())
-            .args(["--port", "0", "--threads", "2"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot start loupe serve");
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut addr = None;
-        let mut seen = Vec::new();
-        loop {
-            let line = rx.recv_timeout(Duration::from_secs(60)).expect("loupe serve did not become ready");
-            seen.push(line.clone());
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                addr = rest.split_whitespace().next().map(str::to_string);
-            }
-            if line.contains(": ready in ") {
-                break;
-            }
-        }
-        // The start-up lines go back in front of the rest of the log.
-        let (tx2, log) = mpsc::channel();
-        for l in seen {
-            let _ = tx2.send(l);
-        }
-        std::thread::spawn(move || {
-            for l in rx {
-                if tx2.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Server { child, addr: addr.expect("no address in the log"), log }
+        let mut args = vec!["--model".into(), tiny_model().into_os_string(), "--threads".into(), "2".into()];
+        args.extend(extra.iter().map(Into::into));
+        let options = SpawnOptions { ready_timeout: Duration::from_secs(60), ..SpawnOptions::new(loupe_path(), args) };
+        let process = ServeProcess::spawn(&options).unwrap_or_else(|e| panic!("{e}"));
+        let http = process.client().with_timeout(Duration::from_secs(120));
+        Server { process, http }
     }
 
     /// One request on a fresh connection; returns the status and the body.
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        let payload = body.map(|b| b.to_string()).unwrap_or_default();
-        write!(stream, "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{payload}", self.addr, payload.len()).unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).expect("read response");
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status line");
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        (status, body)
+        let r = self.http.request(method, path, body).unwrap_or_else(|e| panic!("{e}"));
+        (r.status, r.body)
     }
 
     fn json(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let (status, text) = self.request(method, path, body);
-        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+        self.http.json(method, path, body).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// SIGTERM; the exit code.
@@ -95,34 +44,12 @@ impl Server {
         self.stop_with_log().0
     }
 
-    /// SIGTERM; the exit code and the whole log.
-    fn stop_with_log(mut self) -> (Option<i32>, Vec<String>) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let code = self.child.wait().expect("wait").code();
-        // The pipe closes with the process, which ends both forwarding threads.
-        let mut lines = Vec::new();
-        while let Ok(l) = self.log.recv_timeout(Duration::from_secs(10)) {
-            lines.push(l);
-        }
-        (code, lines)
+    /// SIGTERM; the exit code and the whole log. A server that needed SIGKILL fails the test.
+    fn stop_with_log(self) -> (Option<i32>, Vec<String>) {
+        let stopped = self.process.stop().expect("stopping loupe serve");
+        assert!(!stopped.killed, "loupe serve ignored SIGTERM: {:?}", stopped.log);
+        (stopped.code, stopped.log)
     }
-}
-
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 fn model_id() -> String {

@@ -11,7 +11,12 @@
 //! It sits above loupe-parity (dumps are read with its reader, [`loupe_parity::TensorSource`])
 //! and loupe-models (which op makes a value and from which inputs comes from the builder's
 //! own description, [`loupe_models::roles`]; weights and hyper-parameters from the model).
+//!
+//! [`bisect`] is step 5 of the same protocol, `loupe bisect`: which subsystem (graph, KV
+//! cache, batched engine, server) first diverges, over loupe-runtime's engines and a served
+//! rung spoken to through loupe-client.
 
+pub mod bisect;
 pub mod dump;
 mod error;
 pub mod ops;

@@ -4,10 +4,21 @@
 //! every range error names its parameter. Fields the server does not implement yet are
 //! refused with a 400 when they would change the output (never silently dropped).
 
+mod embeddings;
+mod fields;
+mod messages;
+mod tools;
+
 use loupe_runtime::{GrammarSpec, SamplingParams};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
+pub use embeddings::{embeddings, EmbeddingsRequest, EncodingFormat, MAX_EMBEDDING_INPUTS};
+use fields::kind_of;
+pub use fields::Fields;
+pub use messages::messages;
+use tools::tools;
+pub use tools::{ToolChoice, Tools};
 
 /// The most alternatives `top_logprobs` / `logprobs` may ask for (OpenAI's limit is 20).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -47,197 +58,6 @@ pub struct GenRequest {
     pub grammar: Option<GrammarSpec>,
     /// `tools` with a `tool_choice` other than `none`.
     pub tools: Option<Tools>,
-}
-
-/// Which tool calls a request asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ToolChoice {
-    /// The model may call tools or answer.
-    Auto,
-    /// The model must call at least one tool (constrained by a grammar).
-    Required,
-    /// The model must call this tool (constrained by a grammar).
-    Named(String),
-}
-
-/// A request's tools: the OpenAI tool objects (what the chat template renders), the
-/// choice, and whether several calls may come in one answer (`parallel_tool_calls`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tools {
-    pub list: Vec<Value>,
-    pub choice: ToolChoice,
-    pub parallel: bool,
-}
-
-impl Tools {
-    /// The function names, in order.
-    pub fn names(&self) -> Vec<&str> {
-        self.list.iter().filter_map(|t| t["function"]["name"].as_str()).collect()
-    }
-
-    /// The output grammar that `required` or a named choice imposes (`None` for `auto`):
-    /// [`loupe_runtime::constraint::tool_call_grammar`] over the chosen functions, with a
-    /// thinking block allowed before each call when the model reasons (`think`).
-    pub fn grammar(&self, think: bool) -> Option<GrammarSpec> {
-        let names: Vec<&str> = match &self.choice {
-            ToolChoice::Auto => return None,
-            ToolChoice::Required => self.names(),
-            ToolChoice::Named(n) => vec![n.as_str()],
-        };
-        let functions: Vec<(&str, Value)> = self
-            .list
-            .iter()
-            .filter_map(|t| {
-                let name = t["function"]["name"].as_str().filter(|n| names.contains(n))?;
-                Some((
-                    name,
-                    t["function"].get("parameters").cloned().unwrap_or_else(|| serde_json::json!({"type": "object"})),
-                ))
-            })
-            .collect();
-        Some(loupe_runtime::constraint::tool_call_grammar(&functions, self.parallel, think))
-    }
-}
-
-/// OpenAI's rule for function names.
-fn valid_function_name(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
-fn tools(f: &mut Fields) -> Result<Option<Tools>, ApiError> {
-    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
-    let bad = |param: &str, m: String| ApiError::invalid(param, m);
-    let list = match f.take("tools") {
-        None => Vec::new(),
-        Some(Value::Array(list)) => list,
-        Some(v) => return Err(bad("tools", format!("'tools' must be an array, got {}.", kind_of(&v)))),
-    };
-    for (i, t) in list.iter().enumerate() {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(bad("tools", format!("tools[{i}].type must be \"function\".")));
-        }
-        let func = t
-            .get("function")
-            .and_then(Value::as_object)
-            .ok_or_else(|| bad("tools", format!("tools[{i}].function must be an object.")))?;
-        match func.get("name").and_then(Value::as_str) {
-            Some(n) if valid_function_name(n) => {}
-            _ => {
-                return Err(bad("tools", format!("tools[{i}].function.name must be 1-64 letters, digits, '_' or '-'.")))
-            }
-        }
-        if func.get("parameters").is_some_and(|p| !p.is_object()) {
-            return Err(bad("tools", format!("tools[{i}].function.parameters must be a JSON schema object.")));
-        }
-    }
-    let names: Vec<&str> = list.iter().filter_map(|t| t["function"]["name"].as_str()).collect();
-    if let Some(dup) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| *n) {
-        return Err(bad("tools", format!("two tools are named '{dup}'.")));
-    }
-    let choice = match f.take("tool_choice") {
-        None => (!list.is_empty()).then_some(ToolChoice::Auto),
-        Some(Value::String(s)) if s == "none" => None,
-        Some(Value::String(s)) if s == "auto" => (!list.is_empty()).then_some(ToolChoice::Auto),
-        Some(Value::String(s)) if s == "required" => Some(ToolChoice::Required),
-        Some(v) => match v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
-            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => Some(ToolChoice::Named(name.to_string())),
-            _ => return Err(bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}.".into())),
-        },
-    };
-    let Some(choice) = choice else { return Ok(None) };
-    match &choice {
-        _ if list.is_empty() => return Err(bad("tool_choice", "'tool_choice' needs 'tools'.".into())),
-        ToolChoice::Named(n) if !names.contains(&n.as_str()) => {
-            return Err(bad(
-                "tool_choice",
-                format!("'tool_choice' names '{n}', which is not among the tools ({}).", names.join(", ")),
-            ))
-        }
-        _ => {}
-    }
-    Ok(Some(Tools { list, choice, parallel }))
-}
-
-/// A request body's fields, consumed as they are read; what is left is unknown.
-pub struct Fields(Map<String, Value>);
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-impl Fields {
-    /// The members of a JSON object body, nulls removed.
-    pub fn parse(body: &[u8]) -> Result<Fields, ApiError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
-        match value {
-            Value::Object(map) => Ok(Fields(map.into_iter().filter(|(_, v)| !v.is_null()).collect())),
-            other => {
-                Err(ApiError::bad_request(format!("The request body must be a JSON object, got {}.", kind_of(&other))))
-            }
-        }
-    }
-
-    pub fn take(&mut self, key: &str) -> Option<Value> {
-        self.0.remove(key)
-    }
-
-    pub fn f32_in(&mut self, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if (lo as f64..=hi as f64).contains(&x) => Ok(Some(x as f32)),
-                _ => Err(ApiError::invalid(key, format!("'{key}' must be a number in [{lo}, {hi}], got {v}."))),
-            },
-        }
-    }
-
-    pub fn int_in(&mut self, key: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(v) => match v.as_i64() {
-                Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
-                _ => Err(ApiError::invalid(key, format!("'{key}' must be an integer in [{lo}, {hi}], got {v}."))),
-            },
-        }
-    }
-
-    pub fn bool(&mut self, key: &str) -> Result<Option<bool>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(b)),
-            Some(v) => Err(ApiError::invalid(key, format!("'{key}' must be a boolean, got {}.", kind_of(&v)))),
-        }
-    }
-
-    pub fn string(&mut self, key: &str) -> Result<Option<String>, ApiError> {
-        match self.take(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(ApiError::invalid(key, format!("'{key}' must be a string, got {}.", kind_of(&v)))),
-        }
-    }
-
-    /// Unknown fields: a 400 naming the first, or (allowed) their names to log.
-    pub fn finish(self, allow_extra: bool) -> Result<Vec<String>, ApiError> {
-        let mut rest: Vec<String> = self.0.into_iter().map(|(k, _)| k).collect();
-        rest.sort();
-        match rest.first() {
-            Some(first) if !allow_extra => Err(ApiError::invalid(
-                first,
-                format!("Unrecognized request argument supplied: {first} (start the server with --allow-extra-request-fields to drop unknown fields with a warning)."),
-            )),
-            _ => Ok(rest),
-        }
-    }
 }
 
 /// What both endpoints read: sampling, limits, stop strings, streaming.
@@ -435,133 +255,6 @@ fn common(f: &mut Fields, fallback_seed: u64) -> Result<Common, ApiError> {
     Ok(Common { sampling: s, max_tokens, stop, stream, include_usage, ignore_eos, grammar })
 }
 
-/// The text of a message's `content`: a string, or an array of `{"type": "text"}` parts.
-fn content_text(v: Option<Value>, at: &str) -> Result<String, ApiError> {
-    match v {
-        None => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some(kind), _) if kind != "text" => {
-                        return Err(ApiError::invalid(
-                            "messages",
-                            format!("{at}.content[{j}] is of type '{kind}'; this model takes text parts only."),
-                        ));
-                    }
-                    _ => {
-                        return Err(ApiError::invalid(
-                            "messages",
-                            format!("{at}.content[{j}] must be {{\"type\": \"text\", \"text\": \"...\"}}."),
-                        ))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        Some(other) => Err(ApiError::invalid(
-            "messages",
-            format!("{at}.content must be a string or an array of text parts, got {}.", kind_of(&other)),
-        )),
-    }
-}
-
-/// An assistant message's `tool_calls`, for the template: `{"id", "type": "function",
-/// "function": {"name", "arguments"}}` with the arguments (a JSON string in OpenAI's API)
-/// parsed into an object, as transformers' templates expect them.
-fn tool_calls(v: Value, at: &str) -> Result<Value, ApiError> {
-    let bad = |m: String| ApiError::invalid("messages", format!("{at}.tool_calls{m}"));
-    let Value::Array(calls) = v else { return Err(bad(" must be an array.".into())) };
-    let mut out = Vec::with_capacity(calls.len());
-    for (j, call) in calls.into_iter().enumerate() {
-        let func = call.get("function").ok_or_else(|| bad(format!("[{j}].function is required.")))?;
-        let name = func
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad(format!("[{j}].function.name must be a string.")))?;
-        let arguments = match func.get("arguments") {
-            Some(Value::String(s)) => serde_json::from_str::<Value>(s)
-                .map_err(|e| bad(format!("[{j}].function.arguments is not JSON: {e}.")))?,
-            Some(v @ Value::Object(_)) => v.clone(),
-            None => serde_json::json!({}),
-            Some(v) => return Err(bad(format!("[{j}].function.arguments must be a JSON string, got {}.", kind_of(v)))),
-        };
-        let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
-        out.push(serde_json::json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
-    }
-    Ok(Value::Array(out))
-}
-
-/// The `messages` array of a chat request (also what `/tokenize` takes).
-pub fn messages(v: Option<Value>) -> Result<Vec<Value>, ApiError> {
-    let Some(Value::Array(items)) = v else {
-        return Err(ApiError::invalid(
-            "messages",
-            "'messages' is required: a non-empty array of {\"role\", \"content\"} objects.",
-        ));
-    };
-    if items.is_empty() {
-        return Err(ApiError::invalid("messages", "'messages' must not be empty."));
-    }
-    let mut out = Vec::with_capacity(items.len());
-    for (i, item) in items.into_iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let Value::Object(mut m) = item else {
-            return Err(ApiError::invalid("messages", format!("{at} must be an object.")));
-        };
-        m.retain(|_, v| !v.is_null());
-        let role = match m.remove("role") {
-            Some(Value::String(r)) => r,
-            _ => {
-                return Err(ApiError::invalid(
-                    "messages",
-                    format!("{at}.role is required: system, developer, user or assistant."),
-                ))
-            }
-        };
-        let role = match role.as_str() {
-            // Recent OpenAI SDKs send `developer` for what older ones called `system`.
-            "developer" | "system" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            "tool" => "tool",
-            other => {
-                return Err(ApiError::invalid(
-                    "messages",
-                    format!("{at}.role '{other}' is not one of system, developer, user, assistant, tool."),
-                ))
-            }
-        };
-        let content = content_text(m.remove("content"), &at)?;
-        m.remove("name");
-        let mut message = serde_json::json!({"role": role, "content": content});
-        if role == "assistant" {
-            if let Some(calls) = m.remove("tool_calls") {
-                message["tool_calls"] = tool_calls(calls, &at)?;
-            }
-        }
-        if role == "tool" {
-            match m.remove("tool_call_id") {
-                Some(Value::String(id)) => message["tool_call_id"] = Value::String(id),
-                _ => {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        format!("{at}.tool_call_id is required on a tool message: the id of the call it answers."),
-                    ))
-                }
-            }
-        }
-        if let Some(k) = m.keys().next() {
-            let what = if k == "function_call" { " (the deprecated function_call; use tool_calls)" } else { "" };
-            return Err(ApiError::invalid("messages", format!("{at} has an unsupported field '{k}'{what}.")));
-        }
-        out.push(message);
-    }
-    Ok(out)
-}
-
 /// `POST /v1/chat/completions`.
 pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenRequest, ApiError> {
     let mut f = Fields::parse(body)?;
@@ -594,78 +287,6 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
         grammar,
         tools,
     })
-}
-
-/// How `/v1/embeddings` returns each vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EncodingFormat {
-    /// A JSON array of numbers.
-    Float,
-    /// The little-endian f32 bytes, base64 (what the `openai` Python client asks for by
-    /// default and decodes itself).
-    Base64,
-}
-
-/// A parsed `POST /v1/embeddings` body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EmbeddingsRequest {
-    pub model: Option<String>,
-    pub input: Vec<String>,
-    pub encoding_format: EncodingFormat,
-    /// `dimensions`, which loupe accepts only as the model's own width.
-    pub dimensions: Option<usize>,
-    pub dropped: Vec<String>,
-}
-
-/// At most this many inputs per embeddings request (OpenAI's limit is 2048).
-pub const MAX_EMBEDDING_INPUTS: usize = 2048;
-
-/// `POST /v1/embeddings`: `input` is a string or an array of strings. Token-id inputs are
-/// refused (the text is what the checkpoint's pipeline tokenizes and cuts).
-pub fn embeddings(body: &[u8], allow_extra: bool) -> Result<EmbeddingsRequest, ApiError> {
-    let mut f = Fields::parse(body)?;
-    let model = f.string("model")?;
-    let bad = |m: &str| ApiError::invalid("input", m.to_string());
-    let input = match f.take("input") {
-        Some(Value::String(s)) => vec![s],
-        Some(Value::Array(items)) if items.is_empty() => return Err(bad("'input' is an empty array.")),
-        Some(Value::Array(items)) if items.len() > MAX_EMBEDDING_INPUTS => {
-            return Err(bad(&format!(
-                "'input' holds {} items; at most {MAX_EMBEDDING_INPUTS} per request.",
-                items.len()
-            )))
-        }
-        Some(Value::Array(items)) => items
-            .into_iter()
-            .map(|v| match v {
-                Value::String(s) => Ok(s),
-                Value::Number(_) | Value::Array(_) => Err(bad("token-id inputs are not supported; send text.")),
-                other => Err(bad(&format!("'input' items must be strings, got {}.", kind_of(&other)))),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(bad(&format!("'input' must be a string or an array of strings, got {}.", kind_of(&other))))
-        }
-        None => return Err(bad("'input' is required: a string or an array of strings.")),
-    };
-    if input.iter().any(|s| s.is_empty()) {
-        return Err(bad("'input' holds an empty string."));
-    }
-    let encoding_format = match f.string("encoding_format")?.as_deref() {
-        None | Some("float") => EncodingFormat::Float,
-        Some("base64") => EncodingFormat::Base64,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "encoding_format",
-                format!("'encoding_format' must be 'float' or 'base64', got '{other}'."),
-            ))
-        }
-    };
-    let dimensions = f.int_in("dimensions", 1, i64::from(u32::MAX))?.map(|d| d as usize);
-    // `user` is an end-user id for abuse monitoring; it changes nothing here.
-    let _ = f.take("user");
-    let dropped = f.finish(allow_extra)?;
-    Ok(EmbeddingsRequest { model, input, encoding_format, dimensions, dropped })
 }
 
 /// `POST /v1/completions`.
@@ -726,6 +347,17 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
 /// Token ids from JSON numbers; `None` if any is not a u32.
 pub fn token_ids(values: &[Value]) -> Option<Vec<u32>> {
     values.iter().map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok())).collect()
+}
+
+/// The body of the `openai_request` fuzz target (`fuzz/`) and of its seeded smoke test:
+/// any bytes through both endpoints' parsers, which must answer, never panic.
+pub fn fuzz_request(data: &[u8]) {
+    let _ = chat(data, false, 0);
+    let _ = chat(data, true, 0);
+    let _ = completion(data, false, 0);
+    let _ = completion(data, true, 0);
+    let _ = embeddings(data, false);
+    let _ = embeddings(data, true);
 }
 
 #[cfg(test)]
@@ -884,15 +516,4 @@ mod tests {
         assert!(completion(br#"{"prompt": [-1]}"#, false, 0).is_err());
         assert!(completion(br#"{"prompt": "a", "echo": true}"#, false, 0).is_err());
     }
-}
-
-/// The body of the `openai_request` fuzz target (`fuzz/`) and of its seeded smoke test:
-/// any bytes through both endpoints' parsers, which must answer, never panic.
-pub fn fuzz_request(data: &[u8]) {
-    let _ = chat(data, false, 0);
-    let _ = chat(data, true, 0);
-    let _ = completion(data, false, 0);
-    let _ = completion(data, true, 0);
-    let _ = embeddings(data, false);
-    let _ = embeddings(data, true);
 }

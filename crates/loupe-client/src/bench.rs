@@ -252,14 +252,19 @@ fn random_words(rng: &mut SplitMix64, n: usize) -> String {
     (0..n).map(|_| WORDS[rng.below(WORDS.len())]).collect::<Vec<_>>().join(" ")
 }
 
+/// Why a benchmark stopped: the request or set-up step that failed, as a sentence.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BenchError(String);
+
 /// Runs the whole benchmark against `config.url`, reporting progress on stderr.
-pub fn run(config: &BenchConfig) -> Result<BenchReport, String> {
+pub fn run(config: &BenchConfig) -> Result<BenchReport, BenchError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(run_async(config))
+        .map_err(|e| BenchError(format!("cannot start the client runtime: {e}")))?;
+    runtime.block_on(run_async(config)).map_err(BenchError)
 }
 
 async fn run_async(config: &BenchConfig) -> Result<BenchReport, String> {

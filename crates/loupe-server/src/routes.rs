@@ -1,0 +1,115 @@
+//! The route table ([`router`]) and the small handlers: the API-key check, `/health`,
+//! `/metrics`, `/v1/models`, `/tokenize`, `/detokenize`. Generation lives in [`crate::generate`],
+//! embeddings in [`crate::embeddings`].
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::embeddings::embeddings;
+use crate::error::ApiError;
+use crate::generate::{chat_completions, completions};
+use crate::request;
+use crate::state::{respond, AppState};
+use crate::validate::{chat_tokens, check_vocabulary, token_route_fields};
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    let limit = state.options.max_body_bytes;
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.") })
+        .method_not_allowed_fallback(|| async { ApiError { status: StatusCode::METHOD_NOT_ALLOWED, ..ApiError::bad_request("Method not allowed on this route.") } })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+pub(crate) async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.options.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            state.metrics.requests[1].add(1);
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+pub(crate) async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+}
+
+pub(crate) async fn models(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let r = state.ready()?;
+    Ok(Json(
+        json!({"object": "list", "data": [{"id": r.model_id, "object": "model", "created": r.created, "owned_by": "loupe", "max_model_len": r.context}]}),
+    ))
+}
+
+pub(crate) async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = (|| {
+        let (r, mut f) = token_route_fields(&state, body)?;
+        let tokens = if let Some(messages) = f.take("messages") {
+            let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+            chat_tokens(r, &request::messages(Some(messages))?, None, add_generation_prompt)?
+        } else {
+            let prompt = f
+                .string("prompt")?
+                .ok_or_else(|| ApiError::invalid("prompt", "'prompt' (a string) or 'messages' is required."))?;
+            let special = f.bool("add_special_tokens")?.unwrap_or(true);
+            r.engine
+                .tokenizer()
+                .encode(&prompt, special)
+                .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?
+        };
+        f.finish(state.options.allow_extra_request_fields)?;
+        Ok::<_, ApiError>(
+            Json(json!({"count": tokens.len(), "max_model_len": r.context, "tokens": tokens})).into_response(),
+        )
+    })();
+    respond(&state, result)
+}
+
+pub(crate) async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = (|| {
+        let (r, mut f) = token_route_fields(&state, body)?;
+        let bad = || ApiError::invalid("tokens", "'tokens' is required: an array of token ids.");
+        let ids = match f.take("tokens") {
+            Some(Value::Array(v)) => request::token_ids(&v).ok_or_else(bad)?,
+            _ => return Err(bad()),
+        };
+        f.finish(state.options.allow_extra_request_fields)?;
+        check_vocabulary(r, &ids, "tokens")?;
+        let text = r.engine.tokenizer().decode(&ids, false).map_err(|_| ApiError::internal())?;
+        Ok(Json(json!({"prompt": text})).into_response())
+    })();
+    respond(&state, result)
+}
