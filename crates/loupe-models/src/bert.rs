@@ -230,7 +230,7 @@ pub fn build_bert(
     for l in 0..n_layers {
         let p = format!("encoder.layer.{l}");
         let linear = |b: &mut GraphBuilder,
-                      load: &mut dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError>,
+                      load: &mut LoadWeight<'_>,
                       name: &str,
                       input: ValueId,
                       n: usize,
@@ -287,10 +287,13 @@ pub fn build_bert(
     Ok(graph)
 }
 
+/// Loads one named weight of the given shape (the builder's view of a weight source).
+type LoadWeight<'a> = dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError> + 'a;
+
 #[track_caller]
 fn layer_norm(
     b: &mut GraphBuilder,
-    load: &mut dyn FnMut(&str, &[usize]) -> Result<loupe_graph::Weight, ModelError>,
+    load: &mut LoadWeight<'_>,
     name: &str,
     input: ValueId,
     d: usize,

@@ -51,7 +51,7 @@ const NVFP4_TOP: f32 = 6.0 * 448.0;
 /// `amax / (6 * 448)`, kept a normal f32 (an all-zero tensor gets 1) so dividing by it is
 /// finite and exact to within rounding.
 pub fn nvfp4_tensor_scale_for(amax: f32) -> f32 {
-    if !(amax > 0.0) || !amax.is_finite() {
+    if !amax.is_finite() || amax <= 0.0 {
         return 1.0;
     }
     (amax / NVFP4_TOP).max(f32::MIN_POSITIVE)

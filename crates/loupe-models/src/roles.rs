@@ -1,6 +1,6 @@
 //! The values the decoder builder emits, as data: each value's role (which module of the
-//! decoder computes it), its name (the Hugging Face module path, ARCHITECTURE.md invariant
-//! 1) and the values it is computed from. [`crate::decoder`] names its values through
+//! decoder computes it), its name (the Hugging Face module path, ARCHITECTURE.md's first
+//! invariant) and the values it is computed from. [`crate::decoder`] names its values through
 //! [`Module::name`], so tools that reason about a model's values (`loupe explain`) ask here
 //! instead of spelling module paths themselves.
 

@@ -161,7 +161,7 @@ fn infer_shape(dims: &[i64], n: usize) -> Option<Vec<usize>> {
     }
     let known: usize = dims.iter().filter(|&&d| d >= 0).try_fold(1usize, |a, &d| a.checked_mul(d as usize))?;
     let fill = if unknown == 1 {
-        if known == 0 || n % known != 0 {
+        if known == 0 || !n.is_multiple_of(known) {
             return None;
         }
         n / known

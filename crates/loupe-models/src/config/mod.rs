@@ -129,13 +129,13 @@ impl DecoderConfig {
         let bad = |field: &str, reason: String| {
             Err(ModelError::InvalidConfig { source_file: path.to_path_buf(), field: field.into(), reason })
         };
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
+        if self.num_key_value_heads == 0 || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return bad(
                 "num_key_value_heads",
                 format!("{} kv heads do not divide {} heads", self.num_key_value_heads, self.num_attention_heads),
             );
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad("head_dim", format!("{} must be even and non-zero", self.head_dim));
         }
         for (field, v) in [
@@ -155,7 +155,7 @@ impl DecoderConfig {
                 format!("{} entries for {} layers", self.layer_windows.len(), self.num_hidden_layers),
             );
         }
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             return bad(
                 "partial_rotary_factor",
                 format!(

@@ -36,7 +36,7 @@ pub(super) fn rotary_dim_of(
         ));
     }
     let dim = (head_dim as f64 * f) as usize;
-    if dim == 0 || dim % 2 != 0 {
+    if dim == 0 || !dim.is_multiple_of(2) {
         return Err((
             key.into(),
             format!("head_dim {head_dim} x {f} gives {dim} rotary dims (must be even and non-zero)"),
