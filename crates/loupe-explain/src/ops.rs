@@ -337,7 +337,7 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
 }
 
 fn rows_of(t: &Tensor, width: usize, what: &str) -> Result<usize, ExplainError> {
-    if width == 0 || t.data.len() % width != 0 {
+    if width == 0 || !t.data.len().is_multiple_of(width) {
         return Err(ExplainError::Shape { what: format!("'{what}' has shape {:?}, not rows of {width}", t.shape) });
     }
     Ok(t.data.len() / width)

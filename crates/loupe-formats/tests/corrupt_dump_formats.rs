@@ -30,7 +30,7 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 fn npy_with_header(version: u8, header: &str, data: &[u8]) -> Vec<u8> {
     let len_size = if version == 1 { 2 } else { 4 };
     let mut h = header.to_string();
-    while (8 + len_size + h.len() + 1) % 64 != 0 {
+    while !(8 + len_size + h.len() + 1).is_multiple_of(64) {
         h.push(' ');
     }
     h.push('\n');

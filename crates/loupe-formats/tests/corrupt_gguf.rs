@@ -64,7 +64,7 @@ impl B {
         self.u32(ty).u64(offset)
     }
     fn pad(&mut self, alignment: usize) -> &mut B {
-        while self.0.len() % alignment != 0 {
+        while !self.0.len().is_multiple_of(alignment) {
             self.0.push(0);
         }
         self

@@ -269,7 +269,7 @@ fn choose_precision_records_each_matmul_weights_arithmetic() {
         let head = g.nodes.iter().find(|n| Some(n.output) == g.logits).unwrap();
         let Op::Linear { weight, .. } = head.op else { panic!("lm_head is a linear") };
         let head_precision = g.precision[weight.0 as usize];
-        assert_eq!(head_precision == Some(MatmulPrecision::Fp8), false, "{precision:?}");
+        assert_ne!(head_precision, Some(MatmulPrecision::Fp8), "{precision:?}");
     }
 }
 

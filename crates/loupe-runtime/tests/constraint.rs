@@ -39,9 +39,12 @@ fn request(e: &Engine, grammar: Option<GrammarSpec>, sampling: SamplingParams) -
     GenerateRequest { grammar, ..GenerateRequest::new(prompt(e), 160, sampling, e.tokenizer().eos_ids()) }
 }
 
+/// A hand-written check that an output is valid for its schema.
+type ValidOutput = fn(&Value) -> bool;
+
 /// Schemas a random model can only satisfy through the mask, and what a valid output must
 /// show (checked by hand: no validator crate in the workspace).
-fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
+fn schemas() -> Vec<(Value, ValidOutput)> {
     vec![
         (
             json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": false}),
@@ -158,7 +161,7 @@ fn batched_constrained_and_free_sequences_match_their_solo_runs() {
         Some(GrammarSpec::Regex("[a-c]{5,9}".into())),
     ];
     let sampling = |i: usize| SamplingParams {
-        temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+        temperature: if i.is_multiple_of(2) { 0.0 } else { 0.8 },
         seed: 40 + i as u64,
         ..Default::default()
     };
