@@ -5,7 +5,7 @@
 //! mapping after the container's header structures are dropped.
 
 use std::fmt;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -52,6 +52,36 @@ impl SharedBytes {
         matches!(*self.0, Backing::Mapped(_))
     }
 
+    /// Asks the kernel to read `range` of a mapped file ahead (`MADV_WILLNEED`), so that
+    /// copying it out takes a few large reads instead of a page fault per readahead window
+    /// on a cold page cache. Owned bytes, ranges out of bounds and non-Unix systems: nothing.
+    pub fn prefetch(&self, range: Range<usize>) {
+        #[cfg(unix)]
+        if let (Backing::Mapped(map), Some(r)) = (&*self.0, page_interior(range, self.len(), false)) {
+            // Advice only; a failure leaves the pages to be faulted in on demand.
+            let _ = map.advise_range(memmap2::Advice::WillNeed, r.start, r.len());
+        }
+    }
+
+    /// Drops the whole pages inside `range` of a mapped file from this process's resident
+    /// set (`MADV_DONTNEED`) once their bytes have been copied elsewhere, so a model whose
+    /// weights are copied into their own memory is not held twice (the file's pages stay in
+    /// the page cache, shared, reclaimable). Owned bytes, ranges out of bounds and non-Unix
+    /// systems: nothing.
+    ///
+    /// The bytes stay readable: the map is shared and read-only, so a later read faults the
+    /// same file contents back in.
+    pub fn release(&self, range: Range<usize>) {
+        #[cfg(unix)]
+        if let (Backing::Mapped(map), Some(r)) = (&*self.0, page_interior(range, self.len(), true)) {
+            // SAFETY: MADV_DONTNEED on a MAP_SHARED, PROT_READ file mapping discards only
+            // this process's page-table entries; a later access re-reads the unchanged file
+            // from the page cache, so every outstanding borrow still reads the same bytes.
+            // (memmap2 marks DontNeed unsafe for private writable maps, whose writes it drops.)
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, r.start, r.len()) };
+        }
+    }
+
     /// The bytes as a slice.
     pub fn as_slice(&self) -> &[u8] {
         match &*self.0 {
@@ -59,6 +89,23 @@ impl SharedBytes {
             Backing::Owned(v) => v,
         }
     }
+}
+
+/// `range` (checked against `len`) shrunk to whole pages when `inner` (pages shared with the
+/// neighbouring bytes are kept), or widened to them otherwise; `None` when nothing is left.
+#[cfg(unix)]
+fn page_interior(range: Range<usize>, len: usize, inner: bool) -> Option<Range<usize>> {
+    // The mapping starts page-aligned (mmap's contract), so offsets align as addresses do.
+    const PAGE: usize = 4096;
+    if range.start >= range.end || range.end > len {
+        return None;
+    }
+    let (start, end) = if inner {
+        (range.start.checked_next_multiple_of(PAGE)?, range.end / PAGE * PAGE)
+    } else {
+        (range.start / PAGE * PAGE, range.end)
+    };
+    (start < end).then_some(start..end)
 }
 
 impl Deref for SharedBytes {
@@ -78,5 +125,39 @@ impl fmt::Debug for SharedBytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = if self.is_mapped() { "mapped" } else { "owned" };
         write!(f, "SharedBytes({kind}, {} bytes)", self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn page_interior_keeps_shared_pages_and_checks_bounds() {
+        assert_eq!(page_interior(100..10_000, 20_000, true), Some(4096..8192));
+        assert_eq!(page_interior(100..8000, 20_000, true), None, "no whole page inside");
+        assert_eq!(page_interior(100..10_000, 20_000, false), Some(0..10_000));
+        assert_eq!(page_interior(100..30_000, 20_000, true), None, "past the end");
+        assert_eq!(page_interior(500..400, 20_000, false), None);
+    }
+
+    #[test]
+    fn released_mapped_bytes_read_the_same() {
+        let dir = std::env::temp_dir().join(format!("loupe-storage-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bytes.bin");
+        let data: Vec<u8> = (0..5 * 4096 + 123).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let bytes = SharedBytes::map_file(&path).unwrap();
+        assert_eq!(&bytes[..], &data[..]);
+        bytes.prefetch(10..data.len());
+        bytes.release(10..data.len() - 5);
+        bytes.release(0..data.len() + 1); // out of bounds: nothing
+        assert_eq!(&bytes[..], &data[..], "the pages fault back in with the file's bytes");
+        let owned = SharedBytes::from_vec(data.clone());
+        owned.release(0..data.len());
+        assert_eq!(&owned[..], &data[..], "owned bytes are never discarded");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

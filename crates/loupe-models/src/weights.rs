@@ -262,6 +262,7 @@ impl WeightSource for GgufSource<'_> {
                 expected: shape.to_vec(),
             });
         }
+        self.gguf.prefetch_tensor(info);
         let mut bytes = std::borrow::Cow::Borrowed(self.gguf.tensor_data(info));
         let heads = if !self.family.gguf_permutes_qk() {
             None
@@ -277,6 +278,10 @@ impl WeightSource for GgufSource<'_> {
         }
         let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(self.gguf, &gname)? } else { 1.0 };
         let mut w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale, &self.arena)?;
+        // The weight holds its own copy now (arena blocks or f32 values): drop the file's
+        // pages from the resident set so the weights are not held twice at any moment.
+        drop(bytes);
+        self.gguf.release_tensor(info);
         // llama.cpp's converter stores Gemma's norm weights plus one (it runs a plain RMSNorm);
         // subtract it in f32, as transformers' GGUF loader does (`Gemma2TensorProcessor`), so
         // the weight is in Hugging Face's convention and the builder forms `1 + w` as
@@ -428,6 +433,7 @@ impl WeightSource for SafetensorsSource<'_> {
             reason: format!("unsupported dtype {d:?} (loupe reads F32, F16 and BF16 checkpoints)"),
         };
         let stored_ty = ggml_type_of(info.dtype).ok_or_else(|| unsupported(info.dtype))?;
+        file.prefetch_tensor(info);
         let bytes = file.tensor_data(info);
         let w = if expected == info.dtype || expected == Dtype::F32 {
             // Same dtype, or a widening make_weight does exactly (f32 compute).
@@ -448,6 +454,8 @@ impl WeightSource for SafetensorsSource<'_> {
             self.converted.push((hf_name.to_string(), info.dtype));
         }
         self.done += bytes.len() as u64;
+        // The weight holds its own copy: the file's pages leave the resident set.
+        file.release_tensor(info);
         if let Some(p) = self.progress {
             p(self.done, self.total);
         }

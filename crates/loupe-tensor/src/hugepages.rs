@@ -48,10 +48,14 @@ fn advise(start: usize, len: usize) {
 #[cfg(not(target_os = "linux"))]
 fn advise(_start: usize, _len: usize) {}
 
-/// Size of an arena chunk: matrices smaller than a quarter of this share chunks, larger
-/// ones get a chunk of their own. 32 MiB holds a few layers of a small model (SmolLM2's
-/// layer is 2.2 MB) and wastes at most 8 MiB of address space per chunk.
-pub const CHUNK_BYTES: usize = 32 << 20;
+/// Least size of an arena chunk. Matrices are packed one after another; a matrix larger
+/// than this gets a chunk of its own size, whose tail then takes the next ones. What a
+/// chunk wastes when the next matrix does not fit: its untouched rest (address space, not
+/// resident) and the unused part of its last touched 2 MiB page (resident once touched, as
+/// a huge page is allocated whole), so at most 2 MiB per chunk: fewer, larger chunks waste
+/// less (Llama-3.2-1B-shaped Q4_K_M: 50 MB resident when each matrix over 8 MiB had its own
+/// chunk, measured in BENCHMARKS.md).
+pub const CHUNK_BYTES: usize = 64 << 20;
 
 /// Where a model's weight matrices live: 2 MiB-aligned chunks advised into huge pages
 /// whole, each matrix copied in once and never moved, so a model whose matrices are each
@@ -88,17 +92,12 @@ impl WeightArena {
         if bytes.is_empty() {
             return WeightBytes::from(Vec::new());
         }
-        if bytes.len() > CHUNK_BYTES / 4 {
-            return Chunk::new(bytes.len(), self.huge)
-                .append(bytes)
-                .expect("a chunk of the matrix's own size holds it");
-        }
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = current.as_ref().and_then(|c| c.append(bytes)) {
             return w;
         }
-        let chunk = Chunk::new(CHUNK_BYTES, self.huge);
-        let w = chunk.append(bytes).expect("a fresh chunk holds a quarter of its size");
+        let chunk = Chunk::new(bytes.len().max(CHUNK_BYTES), self.huge);
+        let w = chunk.append(bytes).expect("a fresh chunk of at least the matrix's size holds it");
         *current = Some(chunk);
         w
     }

@@ -141,12 +141,30 @@ impl GgufFile {
     /// open). An info that does not belong to this file yields an empty slice rather than
     /// a panic.
     pub fn tensor_data(&self, info: &GgufTensorInfo) -> &[u8] {
-        let range = self
-            .data_offset
-            .checked_add(info.offset)
-            .and_then(|start| Some((start, start.checked_add(info.size_bytes)?)))
-            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
-        range.and_then(|r| self.bytes.get(r)).unwrap_or_default()
+        self.tensor_range(info).and_then(|r| self.bytes.get(r)).unwrap_or_default()
+    }
+
+    /// Where `info`'s bytes lie in the file, checked against nothing but overflow
+    /// (`tensor_data` and the mapping's methods check the bounds).
+    fn tensor_range(&self, info: &GgufTensorInfo) -> Option<std::ops::Range<usize>> {
+        let start = self.data_offset.checked_add(info.offset)?;
+        let end = start.checked_add(info.size_bytes)?;
+        Some(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
+    }
+
+    /// Starts reading `info`'s bytes from disk ahead of their use ([`SharedBytes::prefetch`]).
+    pub fn prefetch_tensor(&self, info: &GgufTensorInfo) {
+        if let Some(r) = self.tensor_range(info) {
+            self.bytes.prefetch(r);
+        }
+    }
+
+    /// Drops `info`'s pages from the resident set once they have been copied elsewhere
+    /// ([`SharedBytes::release`]); the bytes stay readable.
+    pub fn release_tensor(&self, info: &GgufTensorInfo) {
+        if let Some(r) = self.tensor_range(info) {
+            self.bytes.release(r);
+        }
     }
 
     /// The bytes of the tensor named `name`.

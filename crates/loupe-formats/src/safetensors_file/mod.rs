@@ -166,12 +166,27 @@ impl SafetensorsFile {
     /// The raw little-endian bytes of a tensor of this file (a slice of the mapping). An
     /// info from another file yields an empty slice rather than a panic.
     pub fn tensor_data(&self, info: &SafetensorsTensorInfo) -> &[u8] {
+        self.tensor_range(info).and_then(|r| self.bytes.get(r)).unwrap_or_default()
+    }
+
+    /// Starts reading `info`'s bytes from disk ahead of their use ([`SharedBytes::prefetch`]).
+    pub fn prefetch_tensor(&self, info: &SafetensorsTensorInfo) {
+        if let Some(r) = self.tensor_range(info) {
+            self.bytes.prefetch(r);
+        }
+    }
+
+    /// Drops `info`'s pages from the resident set once they have been copied elsewhere
+    /// ([`SharedBytes::release`]); the bytes stay readable.
+    pub fn release_tensor(&self, info: &SafetensorsTensorInfo) {
+        if let Some(r) = self.tensor_range(info) {
+            self.bytes.release(r);
+        }
+    }
+
+    fn tensor_range(&self, info: &SafetensorsTensorInfo) -> Option<std::ops::Range<usize>> {
         let (s, e) = info.data_offsets;
-        self.data_offset
-            .checked_add(s)
-            .zip(self.data_offset.checked_add(e))
-            .and_then(|(s, e)| self.bytes.get(s..e))
-            .unwrap_or_default()
+        Some(self.data_offset.checked_add(s)?..self.data_offset.checked_add(e)?)
     }
 
     /// The raw bytes of the tensor named `name`.
