@@ -139,7 +139,9 @@ pub(crate) fn for_each_qk_row(rows: usize, n_heads: usize, mut f: impl FnMut(usi
 /// Turns raw tensor bytes of type `ty` and row-major `shape` into a weight.
 /// `tensor_scale` multiplies every element (NVFP4's per-tensor scale; 1 otherwise): kept
 /// beside the blocks at native precision, folded into the f32 values otherwise.
-/// Kept blocks are copied into `arena` (huge pages, see [`loupe_tensor::hugepages`]).
+/// Kept blocks are copied into `arena` (huge pages, see [`loupe_tensor::hugepages`]),
+/// `copied` told each range of `bytes` as it is in place (the caller releases the file's
+/// pages).
 #[allow(clippy::too_many_arguments)]
 fn make_weight(
     path: &Path,
@@ -150,6 +152,7 @@ fn make_weight(
     precision: Precision,
     tensor_scale: f32,
     arena: &WeightArena,
+    copied: &mut dyn FnMut(std::ops::Range<usize>),
 ) -> Result<Weight, ModelError> {
     let tensor_err = |e| ModelError::Tensor { path: path.to_path_buf(), name: name.to_string(), source: e };
     let cols = *shape.last().unwrap_or(&1);
@@ -157,7 +160,9 @@ fn make_weight(
     let keep_blocks = !matches!(precision, Precision::F32 | Precision::Fp8) && shape.len() == 2 && ty != GgmlType::F32;
     let data = if keep_blocks {
         WeightData::Quant(Arc::new(
-            QMatrix::new(ty, rows, cols, arena.copy(bytes)).map_err(tensor_err)?.with_tensor_scale(tensor_scale),
+            QMatrix::new(ty, rows, cols, arena.copy_in_pieces(bytes, copied))
+                .map_err(tensor_err)?
+                .with_tensor_scale(tensor_scale),
         ))
     } else {
         let row_bytes = bytes.len() / rows.max(1);
@@ -277,7 +282,24 @@ impl WeightSource for GgufSource<'_> {
             bytes = std::borrow::Cow::Owned(unpermute_rows(&bytes, n, bytes.len() / shape[0]));
         }
         let scale = if info.ggml_type == GgmlType::Nvfp4 { nvfp4_tensor_scale(self.gguf, &gname)? } else { 1.0 };
-        let mut w = make_weight(path, hf_name, info.ggml_type, shape, &bytes, self.precision, scale, &self.arena)?;
+        let gguf = self.gguf;
+        let mapped = matches!(bytes, std::borrow::Cow::Borrowed(_));
+        let mut release = |r: std::ops::Range<usize>| {
+            if mapped {
+                gguf.release_tensor_part(info, r);
+            }
+        };
+        let mut w = make_weight(
+            path,
+            hf_name,
+            info.ggml_type,
+            shape,
+            &bytes,
+            self.precision,
+            scale,
+            &self.arena,
+            &mut release,
+        )?;
         // The weight holds its own copy now (arena blocks or f32 values): drop the file's
         // pages from the resident set so the weights are not held twice at any moment.
         drop(bytes);
@@ -437,7 +459,9 @@ impl WeightSource for SafetensorsSource<'_> {
         let bytes = file.tensor_data(info);
         let w = if expected == info.dtype || expected == Dtype::F32 {
             // Same dtype, or a widening make_weight does exactly (f32 compute).
-            make_weight(&self.dir, hf_name, stored_ty, shape, bytes, self.precision, 1.0, &self.arena)?
+            make_weight(&self.dir, hf_name, stored_ty, shape, bytes, self.precision, 1.0, &self.arena, &mut |r| {
+                file.release_tensor_part(info, r)
+            })?
         } else {
             let ty = ggml_type_of(expected).ok_or_else(|| unsupported(expected))?;
             let tensor_err = |e| ModelError::Tensor { path: self.dir.clone(), name: hf_name.to_string(), source: e };
@@ -446,7 +470,7 @@ impl WeightSource for SafetensorsSource<'_> {
             dequantize_row(stored_ty, bytes, &mut wide).map_err(tensor_err)?;
             let mut narrow = vec![0u8; n * ty.type_size()];
             loupe_tensor::quant::quantize_row(ty, &wide, &mut narrow).map_err(tensor_err)?;
-            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0, &self.arena)?
+            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0, &self.arena, &mut |_| {})?
         };
         // Recorded: tensors stored unlike the checkpoint's own config (widening everything
         // to f32 at --precision f32 is the precision, not a cast worth reporting).

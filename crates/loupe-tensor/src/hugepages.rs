@@ -48,6 +48,10 @@ fn advise(start: usize, len: usize) {
 #[cfg(not(target_os = "linux"))]
 fn advise(_start: usize, _len: usize) {}
 
+/// The pieces [`WeightArena::copy_in_pieces`] copies a matrix in: large enough that the
+/// per-piece release costs nothing measurable, small enough to bound what is resident twice.
+pub const COPY_PIECE_BYTES: usize = 4 << 20;
+
 /// Least size of an arena chunk. Matrices are packed one after another; a matrix larger
 /// than this gets a chunk of its own size, whose tail then takes the next ones. What a
 /// chunk wastes when the next matrix does not fit: its untouched rest (address space, not
@@ -89,15 +93,23 @@ impl WeightArena {
 
     /// A copy of `bytes` in the arena (64-byte aligned).
     pub fn copy(&self, bytes: &[u8]) -> WeightBytes {
+        self.copy_in_pieces(bytes, &mut |_| {})
+    }
+
+    /// [`WeightArena::copy`], calling `copied(range)` after each piece of `bytes` (at most
+    /// [`COPY_PIECE_BYTES`]) is in place, so that a caller reading `bytes` from a mapped file
+    /// can release the pages it has copied as it goes: a 30 MB embedding is then never
+    /// resident twice.
+    pub fn copy_in_pieces(&self, bytes: &[u8], copied: &mut dyn FnMut(std::ops::Range<usize>)) -> WeightBytes {
         if bytes.is_empty() {
             return WeightBytes::from(Vec::new());
         }
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(w) = current.as_ref().and_then(|c| c.append(bytes)) {
+        if let Some(w) = current.as_ref().and_then(|c| c.append(bytes, copied)) {
             return w;
         }
         let chunk = Chunk::new(bytes.len().max(CHUNK_BYTES), self.huge);
-        let w = chunk.append(bytes).expect("a fresh chunk of at least the matrix's size holds it");
+        let w = chunk.append(bytes, copied).expect("a fresh chunk of at least the matrix's size holds it");
         *current = Some(chunk);
         w
     }
@@ -130,14 +142,24 @@ impl Chunk {
         std::sync::Arc::new(Chunk { ptr, layout, used: std::sync::Mutex::new(0) })
     }
 
-    /// Copies `bytes` in after the last range handed out, or `None` when they do not fit.
-    fn append(self: &std::sync::Arc<Self>, bytes: &[u8]) -> Option<WeightBytes> {
+    /// Copies `bytes` in after the last range handed out, piece by piece (`copied` after
+    /// each), or `None` when they do not fit.
+    fn append(
+        self: &std::sync::Arc<Self>,
+        bytes: &[u8],
+        copied: &mut dyn FnMut(std::ops::Range<usize>),
+    ) -> Option<WeightBytes> {
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         let start = used.next_multiple_of(64);
         let end = start.checked_add(bytes.len()).filter(|&e| e <= self.layout.size())?;
-        // SAFETY: start..end lies inside the allocation and past every range handed out, so
-        // no reference to these bytes exists; the source is a separate slice.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(start), bytes.len()) };
+        for (i, piece) in bytes.chunks(COPY_PIECE_BYTES).enumerate() {
+            let at = i * COPY_PIECE_BYTES;
+            // SAFETY: start + at .. start + at + piece.len() lies inside start..end, inside
+            // the allocation and past every range handed out, so no reference to these
+            // bytes exists; the source is a separate slice.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), self.ptr.as_ptr().add(start + at), piece.len()) };
+            copied(at..at + piece.len());
+        }
         *used = end;
         Some(WeightBytes(Storage::Arena { chunk: std::sync::Arc::clone(self), start, len: bytes.len() }))
     }

@@ -167,6 +167,17 @@ impl GgufFile {
         }
     }
 
+    /// [`Self::release_tensor`] for the bytes `part` of the tensor (offsets into its data).
+    pub fn release_tensor_part(&self, info: &GgufTensorInfo, part: std::ops::Range<usize>) {
+        if let Some(r) = self.tensor_range(info) {
+            if let (Some(start), Some(end)) = (r.start.checked_add(part.start), r.start.checked_add(part.end)) {
+                if end <= r.end {
+                    self.bytes.release(start..end);
+                }
+            }
+        }
+    }
+
     /// The bytes of the tensor named `name`.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], FormatError> {
         Ok(self.tensor_data(self.require_tensor(name)?))

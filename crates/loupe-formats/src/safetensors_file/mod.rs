@@ -184,6 +184,17 @@ impl SafetensorsFile {
         }
     }
 
+    /// [`Self::release_tensor`] for the bytes `part` of the tensor (offsets into its data).
+    pub fn release_tensor_part(&self, info: &SafetensorsTensorInfo, part: std::ops::Range<usize>) {
+        if let Some(r) = self.tensor_range(info) {
+            if let (Some(start), Some(end)) = (r.start.checked_add(part.start), r.start.checked_add(part.end)) {
+                if end <= r.end {
+                    self.bytes.release(start..end);
+                }
+            }
+        }
+    }
+
     fn tensor_range(&self, info: &SafetensorsTensorInfo) -> Option<std::ops::Range<usize>> {
         let (s, e) = info.data_offsets;
         Some(self.data_offset.checked_add(s)?..self.data_offset.checked_add(e)?)
