@@ -249,3 +249,41 @@ fn quantizers_identical_on_every_isa() {
         }
     }
 }
+
+/// `--precision q8`'s matmul gives every output the bits of `vec_dot` on its row, whatever
+/// the number of activation rows (the tiled kernels' shapes differ with it): decode and
+/// any batch agree. Every type, every ISA of this CPU; rows of random blocks.
+#[test]
+fn matmul_q_outputs_are_vec_dot_bits_for_any_row_count() {
+    use loupe_tensor::linear::{matmul_q_with, QMatrix};
+    let mut rng = Rng::new(11);
+    for wty in all_types() {
+        if wty == GgmlType::Q8K || vec_dot_type(wty) == GgmlType::F32 {
+            continue; // activation-only type / float weights (another driver)
+        }
+        let k = 2 * wty.block_size().max(256);
+        let rows = 9;
+        let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wty, k)).collect();
+        let qm = QMatrix::new(wty, rows, k, loupe_tensor::hugepages::WeightBytes::from(w.clone())).unwrap();
+        let row_bytes = w.len() / rows;
+        for isa in Isa::available() {
+            for m in [1usize, 2, 3, 5] {
+                let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..m).map(|_| random_act(&mut rng, wty, k)).collect();
+                let x: Vec<f32> = acts.iter().flat_map(|(x, _)| x.iter().copied()).collect();
+                let mut y = vec![0f32; m * rows];
+                matmul_q_with(isa, &x, &qm, &mut y, m, &mut Vec::new()).unwrap();
+                for (c, (_, act)) in acts.iter().enumerate() {
+                    for r in 0..rows {
+                        let want = quant::vec_dot_with(isa, wty, &w[r * row_bytes..(r + 1) * row_bytes], act, k);
+                        assert_eq!(
+                            y[c * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{wty} {isa} m={m} row {r} act {c}: {} vs vec_dot {want}",
+                            y[c * rows + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -322,7 +322,7 @@ unsafe fn dot_q5k(w: *const u8, a: *const u8, n: usize) -> f32 {
 unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let m2 = _mm256_set1_epi8(0x03);
-    let mut acc = _mm256_setzero_ps();
+    let mut sum = 0.0f32;
     let mut bias = 0.0f32;
     for i in 0..n / QK_K {
         let (x, y) = (w.add(i * 210), a.add(i * Q8K_SIZE));
@@ -354,8 +354,10 @@ unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
             }
         }
         let corr: i32 = (0..16).map(|g| scales[g] as i32 * q8k_bsum(y, g)).sum();
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d), acc);
+        // The super-block's exact integer sum, then f32: the AVX-512 tiles
+        // (`avx512_ktile`) repeat these operations, so both give a row the same bits.
+        sum += d * hsum_i32(isum) as f32;
         bias += d * (32 * corr) as f32;
     }
-    hsum(acc) - bias
+    sum - bias
 }

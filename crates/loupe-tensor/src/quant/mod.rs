@@ -38,6 +38,8 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_ftile;
 #[cfg(target_arch = "x86_64")]
+mod avx512_ktile;
+#[cfg(target_arch = "x86_64")]
 mod avx512_tile;
 
 #[cfg(target_endian = "big")]
@@ -260,6 +262,9 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
     assert!(isa.is_supported(), "tile_fn: this CPU does not support {isa}");
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
+        if let Some(f) = avx512_ktile::tile_fn(wty) {
+            return Some(Tile { f, max_rw: avx512_ktile::MAX_RW, max_ca: avx512_ktile::MAX_CA });
+        }
         if let Some(f) = avx512_tile::tile_fn(wty) {
             return Some(Tile { f, max_rw: avx512_tile::MAX_RW, max_ca: avx512_tile::MAX_CA });
         }
@@ -269,6 +274,22 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
     }
     let _ = wty;
     None
+}
+
+/// Whether `wty`'s tiled kernel is for two or more activation rows only: one row (decode)
+/// takes [`vec_dot_fn`], which gives it the same bits (the K-quants' AVX-512 tiles, whose
+/// 1 x 1 tile is slower than the AVX2 dot on a CPU that splits 512-bit operations, as
+/// Zen 4 does: BENCHMARKS.md, 2026-11-28, `--precision q8`).
+pub(crate) fn tile_needs_two_rows(wty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx512_ktile::tiles_from_two_rows(wty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = wty;
+        false
+    }
 }
 
 /// Checks the row lengths a dot kernel is about to read; the SIMD kernels read
