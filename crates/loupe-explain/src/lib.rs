@@ -15,12 +15,17 @@
 //! [`bisect`] is step 5 of the same protocol, `loupe bisect`: which subsystem (graph, KV
 //! cache, batched engine, server) first diverges, over loupe-runtime's engines and a served
 //! rung spoken to through loupe-client.
+//!
+//! [`taps`] runs a model under taps into a dump (`loupe dump`, loupe's side of `loupe parity`
+//! and of bisect's graph rung): it needs loupe-runtime's engine and loupe-parity's writer, and
+//! this is the crate above both.
 
 pub mod bisect;
 pub mod dump;
 mod error;
 pub mod ops;
 pub mod report;
+pub mod taps;
 
 use std::path::{Path, PathBuf};
 

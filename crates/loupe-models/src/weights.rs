@@ -42,6 +42,19 @@ pub enum Precision {
     Fp8,
 }
 
+impl Precision {
+    /// The name a precision is shown and written with (`f32`, `native`, `q8`, `fp8`): the
+    /// CLI's `--precision` values and a dump manifest's `precision`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Native => "native",
+            Precision::Q8 => "q8",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
 /// Where a model's weights come from.
 pub trait WeightSource {
     /// Loads the parameter `hf_name` (e.g. `model.layers.0.mlp.up_proj.weight`), checking
