@@ -258,7 +258,7 @@ fn drive(
     let mut next = argmax(
         session
             .forward(prompt, true, Some(obs as &mut dyn Observer))?
-            .rchunks(engine.config().vocab_size)
+            .rchunks(engine.config().vocab_size())
             .next()
             .unwrap_or(&[]),
     );

@@ -62,7 +62,7 @@ fn the_file_looks_like_smollm2_in_small() {
     assert!(f.get_str("tokenizer.chat_template").unwrap().contains("<|im_start|>"));
 
     let m = load_tiny(&path, Precision::F32);
-    let c = &m.config;
+    let c = m.config.decoder().expect("a decoder");
     assert_eq!(
         (
             c.num_hidden_layers,
@@ -110,7 +110,7 @@ fn tokenizer_round_trips_and_knows_its_specials() {
         "",
     ] {
         let ids = tok.encode(text, false).unwrap();
-        assert!(ids.iter().all(|&i| (i as usize) < m.config.vocab_size), "{text:?}: {ids:?}");
+        assert!(ids.iter().all(|&i| (i as usize) < m.config.vocab_size()), "{text:?}: {ids:?}");
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "{text:?} -> {ids:?}");
     }
     // Merges were learnt: common words take fewer tokens than bytes.
@@ -175,7 +175,7 @@ fn runs_in_every_precision_with_finite_distinct_logits_and_agreeing_argmax() {
     let f32_model = load_tiny(&path, Precision::F32);
     let tokens =
         f32_model.tokenizer.encode("The quick brown fox jumps over the lazy dog because it was tired", false).unwrap();
-    let vocab = f32_model.config.vocab_size;
+    let vocab = f32_model.config.vocab_size();
     let base = all_logits(&f32_model.graph, &tokens);
     assert_eq!(base.len(), tokens.len() * vocab);
     assert!(base.iter().all(|x| x.is_finite()));
@@ -255,7 +255,7 @@ fn a_tiny_gemma2_soft_caps_its_scores_and_logits() {
     let spec = TinyLlama { gemma2: Some(gemma), ..TinyLlama::default() };
     let (_dir, path) = write(&spec);
     let m = load_tiny(&path, Precision::F32);
-    let c = &m.config;
+    let c = m.config.decoder().expect("a decoder");
     assert_eq!(
         (c.family, c.attn_logit_softcap, c.final_logit_softcap),
         (Family::Gemma2, Some(gemma.attn_softcap), Some(gemma.final_softcap))
