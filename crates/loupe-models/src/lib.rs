@@ -279,7 +279,6 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
         }
     };
     model.graph.kv_dtype = default_kv_dtype(&model.graph, options.precision);
-    model.graph.fp8_activations = options.precision == Precision::Fp8;
     Ok(model)
 }
 

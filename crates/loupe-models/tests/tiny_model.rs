@@ -207,7 +207,7 @@ fn fp8_precision_rounds_layer_weights_per_row_and_keeps_the_embedding() {
     use loupe_core::fp8::Fp8Format;
     let (_dir, path) = write(&TinyLlama::default());
     let (wide, fp8) = (load_tiny(&path, Precision::F32), load_tiny(&path, Precision::Fp8));
-    assert!(fp8.graph.fp8_activations && !wide.graph.fp8_activations);
+    assert!(!wide.graph.weights.iter().any(|w| w.fp8), "f32 marks no weight fp8");
     let values = |m: &Model, name: &str| -> Vec<f32> {
         match &m.graph.weights.iter().find(|w| w.name == name).unwrap_or_else(|| panic!("no {name}")).data {
             WeightData::F32(v) => v.to_vec(),
@@ -217,7 +217,8 @@ fn fp8_precision_rounds_layer_weights_per_row_and_keeps_the_embedding() {
     let mut layer_matrices = 0;
     for w in fp8.graph.weights.iter().filter(|w| w.shape.len() == 2) {
         let (a, b) = (values(&wide, &w.name), values(&fp8, &w.name));
-        if !loupe_graph::is_fp8_linear(&w.name) {
+        assert_eq!(w.fp8, loupe_models::weights::is_fp8_linear(&w.name), "{}: marked by the loader's rule", w.name);
+        if !w.fp8 {
             assert_eq!(a, b, "{}: kept as it was", w.name);
             continue;
         }
