@@ -95,6 +95,9 @@ pub struct Model {
 /// config type, so an encoder's keys (`layer_norm_eps`, `type_vocab_size`) never pass
 /// through a decoder's (RoPE, windows, soft-caps, MoE) nor the reverse. What every model has
 /// (vocabulary, width, layers, positions, family) is asked through the methods.
+// One per loaded model: the bytes a decoder's config has over an encoder's cost nothing, and
+// boxing it would put an indirection on every read.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelConfig {
     Decoder(DecoderConfig),
