@@ -35,14 +35,9 @@ impl From<PrecisionArg> for Precision {
     }
 }
 
-/// The name a precision is shown and written with (`f32`, `native`, `q8`).
+/// The name a precision is shown and written with (`f32`, `native`, `q8`, `fp8`).
 pub fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::F32 => "f32",
-        Precision::Native => "native",
-        Precision::Q8 => "q8",
-        Precision::Fp8 => "fp8",
-    }
+    p.name()
 }
 
 /// The model flags of every command that loads a model.

@@ -52,7 +52,7 @@ fn median(v: &[f64]) -> f64 {
 fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::Result<(f64, f64, usize, usize)> {
     let model = engine.model();
     let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
-    let vocab = model.config.vocab_size;
+    let vocab = model.config.vocab_size();
     let mut config = args.engine.config(npl);
     config.prefix_cache = false;
     // All prompts in one step, so that decode steps are pure decode (llama-batched-bench

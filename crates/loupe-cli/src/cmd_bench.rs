@@ -119,7 +119,7 @@ struct Workload {
 impl Workload {
     fn of(engine: &loupe_runtime::Engine, args: &BenchArgs) -> anyhow::Result<Workload> {
         let model = engine.model();
-        let context = model.config.max_position_embeddings.min(model.graph.context_length);
+        let context = model.config.max_position_embeddings().min(model.graph.context_length);
         for (flag, n) in [("--n-prompt", args.n_prompt), ("--n-gen", args.n_gen)] {
             if n > context {
                 return Err(
@@ -127,7 +127,7 @@ impl Workload {
                 );
             }
         }
-        let vocab = model.config.vocab_size;
+        let vocab = model.config.vocab_size();
         if vocab == 0 {
             return Err(UsageError(format!("{}: the model has an empty vocabulary", model.path.display())).into());
         }
@@ -471,7 +471,7 @@ fn grammar_tests(
 ) -> anyhow::Result<GrammarCost> {
     let grammars = engine.grammars().map_err(|e| UsageError(e.to_string()))?;
     grammars.compile(spec).map_err(|e| UsageError(e.to_string()))?;
-    let prompt = bench_tokens(8, bos, engine.config().vocab_size, TOKEN_SEED);
+    let prompt = bench_tokens(8, bos, engine.config().vocab_size(), TOKEN_SEED);
     let mut session = engine.session(prompt.len() + args.n_gen + 1);
     session.reserve(prompt.len() + args.n_gen + 1);
     let (mut free, mut constrained) = (Vec::new(), Vec::new());
@@ -545,7 +545,7 @@ fn decode_traffic(model: &Model) -> DecodeTraffic {
         let bytes = stored(w);
         // An untied embedding table is only looked up (one row per token); a tied one is also
         // the lm_head and read whole.
-        if w.name == "model.embed_tokens.weight" && !model.config.tie_word_embeddings {
+        if w.name == "model.embed_tokens.weight" && !model.config.decoder().is_some_and(|c| c.tie_word_embeddings) {
             weight_bytes += bytes / w.shape.first().copied().unwrap_or(1).max(1) as u64;
         } else {
             weight_bytes += bytes;

@@ -1,6 +1,7 @@
 //! `loupe dump`: run the model and capture named values (taps) without touching model code,
 //! into the dump layout of docs/dump-format.md (manifest.json + one file per tensor) or printed in
-//! MAX's COMPACT / FULL styles. The work is in [`crate::taps`].
+//! MAX's COMPACT / FULL styles. The CLI side is [`crate::taps`]; the work is in
+//! `loupe_explain::taps`.
 
 use std::path::PathBuf;
 

@@ -86,7 +86,7 @@ pub fn run(args: EmbedArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         return Err(UsageError(format!(
             "{} is a {} decoder: loupe embed needs an encoder model (BERT, e.g. `loupe fetch-model {DEFAULT_EMBED_MODEL}`)",
             engine.path().display(),
-            engine.config().family.name()
+            engine.config().family().name()
         ))
         .into());
     }

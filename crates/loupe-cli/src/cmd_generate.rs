@@ -132,7 +132,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     )?;
     let prompt = Prompt { text: &args.prompt, chat: args.chat, system: args.system.as_deref() };
     let prompt_tokens = engine.prompt_tokens(&prompt).map_err(cli_error)?;
-    let context = engine.config().max_position_embeddings;
+    let context = engine.config().max_position_embeddings();
     if prompt_tokens.len() >= context {
         return Err(UsageError(format!(
             "prompt: {} tokens do not fit the context window of {context} tokens",

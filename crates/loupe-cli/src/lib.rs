@@ -32,7 +32,6 @@ pub mod load;
 pub mod output;
 pub mod reference;
 pub mod taps;
-pub mod tensor_print;
 
 use std::process::ExitCode;
 

@@ -1,24 +1,20 @@
-//! Running a model under taps into a dump: the work behind `loupe dump` and loupe's side of
-//! `loupe parity` (both build a [`DumpJob`]). Values are chosen by regex on their names and
-//! aliases, written through loupe-parity's `DumpWriter` (the dump layout of
-//! docs/dump-format.md: manifest.json + one file per tensor, staged and renamed into place)
-//! or printed in MAX's COMPACT / FULL styles.
+//! `loupe dump`'s driver on the command line: flags into a [`DumpJob`], the model loaded with
+//! its progress bar, and the run handed to [`loupe_explain::taps`] (which runs the model under
+//! the taps and writes the dump or prints the tensors). `loupe parity` and `loupe bisect`
+//! dump loupe's side through the same [`dump`].
 
-use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressStyle};
+use loupe_explain::taps::{self, DumpInput, Output, PrintStyle, TapFilter, TapsError};
 use loupe_graph::debug::DebugOptions;
-use loupe_graph::{Fault, Observer, ValueInfo};
-use loupe_parity::manifest::ModelInfo;
-use loupe_parity::{Capture, DumpStyle, DumpWriter};
-use loupe_runtime::{argmax, Engine};
-use regex::Regex;
+use loupe_graph::Fault;
+use loupe_parity::DumpStyle;
 
-use crate::args::{precision_name, ModelArgs, PrecisionArg, PromptArgs};
+use crate::args::{ModelArgs, PrecisionArg, PromptArgs};
 use crate::load::{cli_error, load, Load};
-use crate::{tensor_print, UsageError};
+use crate::UsageError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Style {
@@ -57,204 +53,98 @@ pub struct DumpJob {
     pub inject: Vec<Fault>,
 }
 
-/// Chooses values by regex.
-pub struct TapFilter(Vec<Regex>);
-
-impl TapFilter {
-    pub fn new(patterns: &[String]) -> anyhow::Result<TapFilter> {
-        let res = patterns
-            .iter()
-            .map(|p| Regex::new(p).map_err(|e| UsageError(format!("--taps '{p}': {e}")).into()))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(TapFilter(res))
-    }
-
-    pub fn selects(&self, v: &ValueInfo) -> bool {
-        self.0.is_empty() || std::iter::once(&v.name).chain(&v.aliases).any(|n| self.0.iter().any(|r| r.is_match(n)))
-    }
-}
-
-/// Where captured tensors go: the dump writer (files), or stdout.
-enum Sink {
-    Files(Box<DumpWriter>),
-    Print { style: Style, digits: usize },
-}
-
-/// The observer behind `loupe dump`: writes each selected value as the executor computes it.
-struct DumpObserver {
-    filter: TapFilter,
-    sink: Sink,
-    step: usize,
-    /// Calls per (step, name) for the printed styles (the writer counts its own).
-    seen: HashMap<(usize, String), usize>,
-    error: Option<anyhow::Error>,
-}
-
-impl DumpObserver {
-    fn write(&mut self, info: &ValueInfo, shape: &[usize], data: &[f32]) -> anyhow::Result<()> {
-        let (style, digits) = match &mut self.sink {
-            Sink::Files(w) => {
-                let c = Capture {
-                    name: &info.name,
-                    aliases: &info.aliases,
-                    step: self.step as u32,
-                    shape,
-                    axes: &info.axes,
-                    data,
-                };
-                w.capture(&c)?;
-                return Ok(());
-            }
-            Sink::Print { style: Style::None, .. } => return Ok(()),
-            Sink::Print { style, digits } => (*style, *digits),
-        };
-        let mut out = std::io::stdout().lock();
-        for name in std::iter::once(&info.name).chain(&info.aliases) {
-            // A name seen twice in one step is printed as `name(1)`, `name(2)`..., as the
-            // writer lists it.
-            let count = self.seen.entry((self.step, name.to_string())).or_insert(0);
-            let label = if *count == 0 { name.to_string() } else { format!("{name}({count})") };
-            *count += 1;
-            let line = match style {
-                Style::Full => tensor_print::full(&label, shape, data, digits),
-                _ => tensor_print::compact(&label, shape, data),
-            };
-            writeln!(out, "{line}")?;
-        }
-        Ok(())
-    }
-}
-
-impl Observer for DumpObserver {
-    fn wants(&mut self, value: &ValueInfo) -> bool {
-        self.error.is_none() && self.filter.selects(value)
-    }
-
-    fn observe(&mut self, value: &ValueInfo, shape: &[usize], data: &[f32]) {
-        if let Err(e) = self.write(value, shape, data) {
-            self.error.get_or_insert(e);
-        }
-    }
-}
-
 /// The style without `--style`: LOUPE_DEBUG's `print-style` when set, else npy files with
 /// `-o` and COMPACT prints without.
 fn default_style(to_files: bool, opts: &DebugOptions) -> Style {
-    use loupe_graph::debug::PrintStyle;
+    use loupe_graph::debug::PrintStyle as Debug;
     if !opts.sources.contains_key("print-style") {
         return if to_files { Style::Npy } else { Style::Compact };
     }
     match opts.print_style {
-        PrintStyle::Compact => Style::Compact,
-        PrintStyle::Full => Style::Full,
-        PrintStyle::Binary => Style::Binary,
-        PrintStyle::BinaryMaxCheckpoint => Style::Max,
-        PrintStyle::None => Style::None,
+        Debug::Compact => Style::Compact,
+        Debug::Full => Style::Full,
+        Debug::Binary => Style::Binary,
+        Debug::BinaryMaxCheckpoint => Style::Max,
+        Debug::None => Style::None,
     }
+}
+
+/// How the CLI reports a dump error: bad input is a usage error (exit 2 with one line); a
+/// failure while running keeps its type, so the graph error's source traceback still shows.
+fn dump_error(e: TapsError) -> anyhow::Error {
+    match e {
+        TapsError::Run(r) => r.into(),
+        TapsError::Dump(p) => p.into(),
+        TapsError::Print(io) => io.into(),
+        other => UsageError(other.to_string()).into(),
+    }
+}
+
+/// A bar over the steps on stderr, cleared when the dump ends (shown only on a terminal, as
+/// indicatif does, and only when there are decode steps to count).
+fn step_bar(steps: usize) -> ProgressBar {
+    if steps == 0 {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps as u64 + 1);
+    bar.set_style(
+        ProgressStyle::with_template("dumping step {pos}/{len} [{bar:30}]")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
 }
 
 /// Loads the model (f32 unless `--precision` says otherwise), runs the prompt and the decode
 /// steps under the taps, and writes or prints what they captured.
 pub fn dump(args: DumpJob, debug: &DebugOptions) -> anyhow::Result<()> {
-    let filter = TapFilter::new(&args.taps)?;
-    let forced = args.teacher_force.clone();
-    if let Some(f) = &forced {
-        if f.len() < args.steps {
-            return Err(UsageError(format!("--teacher-force gives {} ids for --steps {}", f.len(), args.steps)).into());
-        }
-    }
-    if let Some(f) = args.inject.iter().find(|f| f.class.subsystem() != loupe_graph::Subsystem::Graph) {
-        return Err(UsageError(format!(
-            "--inject {f}: that fault lives in the {}, which loupe dump does not run (loupe bisect and loupe serve plant it)",
-            if f.class.subsystem() == loupe_graph::Subsystem::Server { "server" } else { "batched engine" }
-        ))
-        .into());
-    }
-    let layers = args.layers;
+    // Flags first, then the model: a bad flag is reported before a long load.
+    let filter = TapFilter::new(&args.taps).map_err(dump_error)?;
+    taps::check(args.steps, args.teacher_force.as_deref(), &args.inject).map_err(dump_error)?;
     let style = args.style.unwrap_or_else(|| default_style(args.output.is_some(), debug));
-    let what = Load { layers, faults: args.inject.clone(), ..Load::new(args.model.precision_or(PrecisionArg::F32)) };
-    let engine = load(&args.model, what, debug)?;
-    let tokens = engine.prompt_tokens(&args.input.prompt()).map_err(cli_error)?;
-    if engine.is_encoder() && (args.steps > 0 || args.input.chat || args.input.system.is_some()) {
-        return Err(UsageError(format!(
-            "{} is an encoder: it runs its input once (no --steps, no chat template)",
-            engine.path().display()
-        ))
-        .into());
-    }
-
     let file_style = match style {
         Style::Npy => Some(DumpStyle::Npy),
         Style::Binary => Some(DumpStyle::Binary),
         Style::Max => Some(DumpStyle::Max),
         Style::Compact | Style::Full | Style::None => None,
     };
-    let sink = match (&args.output, file_style) {
-        // Tensors go into a staging directory beside `out`; only `finish` puts the dump in
-        // place, and dropping the writer on an error removes everything.
-        (Some(out), Some(fs)) => {
-            Sink::Files(Box::new(DumpWriter::create(out, "loupe", fs).map_err(|e| UsageError(e.to_string()))?))
-        }
-        (None, Some(_)) => return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into()),
-        (_, None) => Sink::Print { style, digits: args.digits },
-    };
-    let mut obs = DumpObserver { filter, sink, step: 0, seen: HashMap::new(), error: None };
-    let generated = drive(&engine, &tokens, args.steps, forced.as_deref(), &mut obs)?;
-    if let Some(e) = obs.error.take() {
-        return Err(e);
+    if args.output.is_none() && file_style.is_some() {
+        return Err(UsageError(format!("--style {style:?} writes files: give -o DIR")).into());
     }
-    if let (Sink::Files(mut w), Some(out)) = (obs.sink, &args.output) {
-        let m = &mut w.manifest;
-        m.model = Some(ModelInfo { path: Some(engine.path().display().to_string()), sha256: None });
-        m.prompt = Some(args.input.prompt.clone());
-        m.chat = Some(args.input.chat || args.input.system.is_some());
-        m.system = args.input.system.clone();
-        m.prompt_tokens = Some(tokens.iter().map(|&t| i64::from(t)).collect());
-        m.generated_tokens = Some(generated.iter().map(|&t| i64::from(t)).collect());
-        m.precision = Some(precision_name(engine.precision()).to_string());
-        m.layers = Some(engine.graph().kv_layers);
-        // Only a dump with planted faults says so: a normal manifest is unchanged.
-        if !args.inject.is_empty() {
-            m.faults = Some(args.inject.iter().map(|f| f.to_string()).collect());
+    let what = Load {
+        layers: args.layers,
+        faults: args.inject.clone(),
+        ..Load::new(args.model.precision_or(PrecisionArg::F32))
+    };
+    let engine = load(&args.model, what, debug)?;
+    let tokens = engine.prompt_tokens(&args.input.prompt()).map_err(cli_error)?;
+    let input = DumpInput {
+        prompt: &args.input.prompt,
+        chat: args.input.chat || args.input.system.is_some(),
+        system: args.input.system.as_deref(),
+        tokens: &tokens,
+        steps: args.steps,
+        teacher_force: args.teacher_force.as_deref(),
+        faults: &args.inject,
+    };
+    let mut stdout = std::io::stdout();
+    let output = match (&args.output, file_style) {
+        (Some(dir), Some(style)) => Output::Files { dir, style },
+        _ => {
+            let style = match style {
+                Style::Full => PrintStyle::Full { digits: args.digits },
+                Style::None => PrintStyle::None,
+                _ => PrintStyle::Compact,
+            };
+            Output::Print { style, out: &mut stdout }
         }
-        let n = m.tensors.len();
-        w.finish()?;
-        eprintln!("loupe: dumped {n} tensors ({} steps) to {}", args.steps + 1, out.display());
+    };
+    let bar = step_bar(args.steps);
+    let done = taps::dump(&engine, filter, &input, output, &mut |done, _total| bar.set_position(done as u64));
+    bar.finish_and_clear();
+    let summary = done.map_err(dump_error)?;
+    if let (Some(out), Some(_)) = (&args.output, file_style) {
+        eprintln!("loupe: dumped {} tensors ({} steps) to {}", summary.tensors, args.steps + 1, out.display());
     }
     Ok(())
-}
-
-/// Prefill (step 0), then `steps` decode steps; returns the tokens fed at the decode steps.
-fn drive(
-    engine: &Engine,
-    prompt: &[u32],
-    steps: usize,
-    forced: Option<&[u32]>,
-    obs: &mut DumpObserver,
-) -> anyhow::Result<Vec<u32>> {
-    let mut session = engine.session(prompt.len() + steps + 1);
-    if prompt.len() + steps >= session.capacity() {
-        return Err(UsageError(format!(
-            "prompt: {} tokens + {steps} steps do not fit the context window of {}",
-            prompt.len(),
-            session.capacity()
-        ))
-        .into());
-    }
-    obs.step = 0;
-    let mut next = argmax(
-        session
-            .forward(prompt, true, Some(obs as &mut dyn Observer))?
-            .rchunks(engine.config().vocab_size)
-            .next()
-            .unwrap_or(&[]),
-    );
-    let mut fed = Vec::new();
-    for k in 1..=steps {
-        let tok = forced.map(|f| f[k - 1]).unwrap_or(next);
-        fed.push(tok);
-        obs.step = k;
-        next = argmax(session.forward(&[tok], true, Some(obs as &mut dyn Observer))?);
-    }
-    Ok(fed)
 }

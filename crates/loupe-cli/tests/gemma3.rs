@@ -42,7 +42,7 @@ fn gemma_f32_greedy_matches_reference_goldens() {
 fn gemma_native_teacher_forced_argmax_agreement_at_least_99_percent() {
     let model = loupe_models::load(&gemma_model(), LoadOptions { precision: Precision::Native, ..Default::default() })
         .expect("load");
-    let c = &model.config;
+    let c = model.config.decoder().expect("a decoder");
     assert_eq!(
         (c.family, c.hidden_act, c.tie_word_embeddings, c.rope_local_theta),
         (Family::Gemma3, HiddenAct::GeluTanh, true, Some(10_000.0))

@@ -36,12 +36,9 @@ fn qwen_f32_greedy_matches_reference_goldens() {
 fn qwen_native_teacher_forced_argmax_agreement_at_least_99_percent() {
     let model = loupe_models::load(&qwen_model(), LoadOptions { precision: Precision::Native, ..Default::default() })
         .expect("load");
-    assert_eq!(model.config.family, Family::Qwen2);
-    assert!(
-        (model.config.qkv_bias, model.config.o_bias, model.config.tie_word_embeddings) == (true, false, false),
-        "{:?}",
-        model.config
-    );
+    assert_eq!(model.config.family(), Family::Qwen2);
+    let c = model.config.decoder().expect("a decoder");
+    assert!((c.qkv_bias, c.o_bias, c.tie_word_embeddings) == (true, false, false), "{c:?}");
     let (agree, total, _, _) = teacher_forced_agreement(&model.graph, &goldens_of(SET), "Qwen2.5 native");
     assert!(agree as f64 >= 0.99 * total as f64, "native agreement {agree}/{total} is below 99%");
 }

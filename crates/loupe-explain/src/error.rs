@@ -14,6 +14,8 @@ pub enum ExplainError {
     Dump(#[from] loupe_parity::ParityError),
     #[error("shape mismatch: {what}")]
     Shape { what: String },
+    #[error("--model {}: an encoder; explain rebuilds decoder ops", path.display())]
+    Encoder { path: PathBuf },
     #[error("--model: {0}")]
     Model(#[from] loupe_models::ModelError),
     #[error("{0}")]

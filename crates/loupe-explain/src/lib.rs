@@ -15,16 +15,21 @@
 //! [`bisect`] is step 5 of the same protocol, `loupe bisect`: which subsystem (graph, KV
 //! cache, batched engine, server) first diverges, over loupe-runtime's engines and a served
 //! rung spoken to through loupe-client.
+//!
+//! [`taps`] runs a model under taps into a dump (`loupe dump`, loupe's side of `loupe parity`
+//! and of bisect's graph rung): it needs loupe-runtime's engine and loupe-parity's writer, and
+//! this is the crate above both.
 
 pub mod bisect;
 pub mod dump;
 mod error;
 pub mod ops;
 pub mod report;
+pub mod taps;
 
 use std::path::{Path, PathBuf};
 
-use loupe_models::{DecoderConfig, LoadOptions, Model, Precision};
+use loupe_models::{DecoderConfig, HiddenAct, LoadOptions, Model, ModelConfig, Precision};
 
 use dump::Dump;
 pub use error::ExplainError;
@@ -123,6 +128,12 @@ pub const MARGIN: f64 = 100.0;
 /// upstream error.
 pub const INPUT_NMSE: f64 = 1e-4;
 
+/// The decoder config of `model`, or an error naming it as an encoder: the hypotheses that
+/// read heads, RoPE or RMSNorm epsilon are decoder ops.
+pub fn decoder_config(model: &Model) -> Result<&DecoderConfig, ExplainError> {
+    model.config.decoder().ok_or_else(|| ExplainError::Encoder { path: model.path.clone() })
+}
+
 /// Everything the hypotheses can draw on.
 pub struct Context<'a> {
     pub reference: &'a Dump,
@@ -152,8 +163,17 @@ impl<'a> Context<'a> {
             .ok_or_else(|| ExplainError::Manifest { path: self.model_path.clone(), reason: "model not loaded".into() })
     }
 
+    /// The decoder's config (the hypotheses rebuild decoder ops; an encoder has none).
     pub fn config(&mut self) -> Result<DecoderConfig, ExplainError> {
-        Ok(self.model(1)?.config.clone())
+        Ok(decoder_config(self.model(1)?)?.clone())
+    }
+
+    /// The activation the model's config names (decoder or encoder).
+    pub fn hidden_act(&mut self) -> Result<HiddenAct, ExplainError> {
+        Ok(match &self.model(1)?.config {
+            ModelConfig::Decoder(c) => c.hidden_act,
+            ModelConfig::Encoder(c) => c.hidden_act,
+        })
     }
 
     /// The reference's `name` at the explained step.

@@ -235,7 +235,7 @@ fn attn_block(ctx: &mut Context<'_>, layer: usize) -> Result<Plan, ExplainError>
     let v = ctx.reference.rows_through(&vn, ctx.step)?;
     let first = ctx.first_position()?;
     let model = ctx.model(layer + 1)?;
-    let cfg = model.config.clone();
+    let cfg = crate::decoder_config(model)?.clone();
     let (h, kvh, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     let tokens = rows_of(&q, h * hd, &qn)?;
     let context = rows_of(&k, kvh * hd, &kn)?;
@@ -347,7 +347,7 @@ fn rope(ctx: &mut Context<'_>, layer: usize, input: &str, kv: bool) -> Result<Pl
     let x = ctx.reference(input)?;
     let first = ctx.first_position()?;
     let model = ctx.model(layer + 1)?;
-    let cfg = &model.config;
+    let cfg = crate::decoder_config(model)?;
     let heads = if kv { cfg.num_key_value_heads } else { cfg.num_attention_heads };
     rows_of(&x, heads * cfg.head_dim, input)?;
     let table = rope_table(model, layer)?;
@@ -519,7 +519,7 @@ fn linear(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> 
 fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Result<Plan, ExplainError> {
     let x = ctx.reference(input)?;
     let model = ctx.model(layers)?;
-    let cfg_eps = model.config.rms_norm_eps;
+    let cfg_eps = crate::decoder_config(model)?.rms_norm_eps;
     let wname = module.param("weight");
     let (_, w) = weight(model, &wname)
         .ok_or_else(|| ExplainError::Shape { what: format!("the model has no weight '{wname}'") })?;
@@ -532,7 +532,7 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
     let mut candidates = vec![cand("correct", format!("RMSNorm eps = {cfg_eps:e} (config)"), "", run(&w, cfg_eps)?)];
     // The weight convention, a classic porting bug: Gemma's RMSNorm scales by `1 + weight`
     // (the graph's weight already holds `1 + w`), others by `weight`.
-    let (other_w, label, cause) = if model.config.family.norm_unit_offset() {
+    let (other_w, label, cause) = if model.config.family().norm_unit_offset() {
         (w.iter().map(|v| v - 1.0).collect::<Vec<f32>>(), "RMSNorm scaled by weight, not 1 + weight", "the norm multiplies by its stored weight where Gemma's RMSNorm multiplies by 1 + weight (the checkpoint's convention dropped, or a GGUF's stored weight + 1 undone twice)")
     } else {
         (w.iter().map(|v| v + 1.0).collect::<Vec<f32>>(), "RMSNorm scaled by 1 + weight", "the norm multiplies by 1 + weight (Gemma's convention) where this model's RMSNorm multiplies by its weight")
@@ -558,8 +558,8 @@ fn norm(ctx: &mut Context<'_>, module: Module, input: &str, layers: usize) -> Re
 fn act(ctx: &mut Context<'_>, input: &str) -> Result<Plan, ExplainError> {
     // The activation the config names; without a loadable model (dumps alone), SiLU, the
     // Llama family's, said so in the label.
-    let (configured, assumed) = match ctx.config() {
-        Ok(c) => (c.hidden_act, ""),
+    let (configured, assumed) = match ctx.hidden_act() {
+        Ok(a) => (a, ""),
         Err(_) => (HiddenAct::Silu, " (assumed: no model to read hidden_act from)"),
     };
     let x = ctx.reference(input)?;

@@ -95,6 +95,11 @@ pub struct Weight {
     pub data: WeightData,
     /// The element type it was stored as in the checkpoint.
     pub source_type: GgmlType,
+    /// `--precision fp8`: the loader rounded these f32 values to FP8 E4M3, one guarded scale
+    /// per output row (FP8 W8A8 emulated on f32 storage), so the matmuls that read it take
+    /// FP8-rounded activations. `choose-precision` records that from this flag; which
+    /// weights get it (the decoder layers' projections) is the loader's rule, by name.
+    pub fp8: bool,
 }
 
 impl Weight {
@@ -316,10 +321,6 @@ pub struct Graph {
     /// Quantize activations to 8-bit blocks for block-quantized weights (llama.cpp's
     /// scheme) instead of multiplying dequantized weights by f32 activations.
     pub quantize_activations: bool,
-    /// `--precision fp8`: the inputs of the decoder layers' linear layers ([`is_fp8_linear`])
-    /// are rounded to FP8 E4M3 per token (dynamic, guarded scale) before the matmul; their
-    /// weights were rounded per output row at load. Read by `choose-precision` only.
-    pub fp8_activations: bool,
     /// Element type of a single sequence's KV cache ([`crate::KvCache`]): f16 for graphs
     /// that keep quantized weights (half the bytes decode reads per cached position, as
     /// the batched engine's default), f32 for the f32 parity baseline. Set by the model
@@ -352,7 +353,6 @@ impl Default for Graph {
             kv_width: 0,
             context_length: 0,
             quantize_activations: false,
-            fp8_activations: false,
             kv_dtype: crate::KvDtype::F32,
             memory_plan: None,
             precision: Vec::new(),
@@ -360,14 +360,6 @@ impl Default for Graph {
             groups: None,
         }
     }
-}
-
-/// Whether `--precision fp8` applies to the linear layer of weight `name`: the decoder
-/// layers' projections (`model.layers.*`), as FP8 checkpoints' recipes quantize them and keep
-/// the embedding and `lm_head` in 16 bits. The weight loader rounds these weights; the
-/// `choose-precision` pass records their matmuls' FP8 activations (nothing asks at run time).
-pub fn is_fp8_linear(weight_name: &str) -> bool {
-    weight_name.starts_with("model.layers.")
 }
 
 /// Which buffer slot holds each value while it is live. Two values share a slot only if

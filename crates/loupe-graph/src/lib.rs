@@ -32,8 +32,8 @@ pub use exec::BatchSpan;
 pub use exec::{Executor, Observer, RunOptions};
 pub use fault::{Fault, FaultClass, FaultParseError, Plant, Subsystem};
 pub use ir::{
-    is_fp8_linear, Dim, ExpertWeights, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, ValueId, ValueInfo, Weight,
-    WeightData, WeightId,
+    Dim, ExpertWeights, Graph, GraphBuilder, MemoryPlan, Node, NodeId, Op, ValueId, ValueInfo, Weight, WeightData,
+    WeightId,
 };
 pub use kv::{KvCache, KvWrite};
 pub use paged::{KvDtype, PagedKvCache};

@@ -142,7 +142,7 @@ fn infer_shapes_agrees_with_the_builder_and_rejects_a_wrong_declaration() {
 #[test]
 fn fuse_replaces_every_silu_mul_pair_and_keeps_the_activation_observable() {
     let m = model(Precision::Native);
-    let layers = m.config.num_hidden_layers;
+    let layers = m.config.num_hidden_layers();
     let built = &m.graph;
     let mut g = built.clone();
     let (_, fuse) = passes::find("fuse").unwrap();

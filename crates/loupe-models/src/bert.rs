@@ -12,12 +12,12 @@
 use std::path::Path;
 
 use loupe_graph::{Dim, Fault, Graph, GraphBuilder, KvWrite, Op, ValueId};
-use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant, RopeScaling};
+use loupe_tensor::ops::{AttentionMask, AttentionShape, AttentionVariant};
 use serde_json::Value;
 
-use crate::config::{read_config_json, DecoderConfig};
+use crate::config::read_config_json;
 use crate::error::ModelError;
-use crate::family::{Family, HiddenAct};
+use crate::family::HiddenAct;
 use crate::weights::WeightSource;
 
 /// A BERT encoder's hyper-parameters (`BertConfig`'s keys loupe builds).
@@ -127,40 +127,6 @@ impl BertConfig {
     /// Reads `config.json` at `path`.
     pub fn from_hf_config(path: &Path) -> Result<BertConfig, ModelError> {
         BertConfig::from_json(&read_config_json(path)?, path)
-    }
-
-    /// The dimensions every model shares (vocabulary, widths, layers, heads, positions), as
-    /// the [`DecoderConfig`] that [`crate::Model::config`] holds for every family (what
-    /// the runtime and tools read of a loaded model); the decoder-only fields take their
-    /// neutral values (no RoPE scaling, windows, soft-caps, q/k norms or MoE) and
-    /// `rms_norm_eps` holds `layer_norm_eps`. The encoder is built from `self`.
-    pub fn common_shape(&self) -> DecoderConfig {
-        DecoderConfig {
-            family: Family::Bert,
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            intermediate_size: self.intermediate_size,
-            num_hidden_layers: self.num_hidden_layers,
-            num_attention_heads: self.num_attention_heads,
-            num_key_value_heads: self.num_attention_heads,
-            head_dim: self.head_dim,
-            rotary_dim: self.head_dim,
-            rms_norm_eps: self.layer_norm_eps,
-            rope_theta: 0.0,
-            rope_scaling: RopeScaling::None,
-            max_position_embeddings: self.max_position_embeddings,
-            tie_word_embeddings: false,
-            qkv_bias: true,
-            o_bias: true,
-            layer_windows: Vec::new(),
-            hidden_act: self.hidden_act,
-            attention_scale: self.attention_scale,
-            rope_local_theta: None,
-            attn_logit_softcap: None,
-            final_logit_softcap: None,
-            qk_norm: false,
-            moe: None,
-        }
     }
 }
 

@@ -506,7 +506,7 @@ fn transposed(w: Weight) -> Weight {
             t[c * rows + r] = src[r * cols + c];
         }
     }
-    Weight { name: w.name, shape: vec![cols, rows], data: WeightData::F32(Arc::new(t)), source_type: w.source_type }
+    Weight { name: w.name, shape: vec![cols, rows], data: WeightData::F32(Arc::new(t)), ..w }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //!
 //! * [`family`]: one descriptor per model family (names, norms, activation, RoPE, attention
 //!   variants, quirks, parser defaults), the table every family-dependent decision reads.
-//! * [`config`]: `DecoderConfig` from GGUF metadata or `config.json`.
+//! * [`config`]: `DecoderConfig` from GGUF metadata or `config.json`; a loaded [`Model`]
+//!   holds it, or an encoder's `BertConfig`, as a [`ModelConfig`].
 //! * [`weights`]: weight sources (GGUF, safetensors), the GGUF <-> HF name map, precision.
 //! * [`decoder`]: the decoder graph builder; values named by HF module paths.
 //! * [`bert`]: BERT encoders: their own config and graph builder.
@@ -35,6 +36,7 @@ use loupe_text::{ChatTemplate, Tokenizer};
 
 use family::Builder;
 
+pub use bert::BertConfig;
 pub use config::{DecoderConfig, MoeConfig};
 pub use error::ModelError;
 pub use family::{Family, FamilySpec, HiddenAct};
@@ -81,13 +83,79 @@ pub enum ModelFormat {
 pub struct Model {
     pub path: PathBuf,
     pub format: ModelFormat,
-    /// The decoder's config; for an encoder (BERT), the dimensions every model shares
-    /// ([`bert::BertConfig::common_shape`]).
-    pub config: DecoderConfig,
+    /// The hyper-parameters its builder read: a decoder's or an encoder's own config.
+    pub config: ModelConfig,
     pub graph: Graph,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub precision: Precision,
+}
+
+/// A loaded model's hyper-parameters, as its builder read them: each builder has its own
+/// config type, so an encoder's keys (`layer_norm_eps`, `type_vocab_size`) never pass
+/// through a decoder's (RoPE, windows, soft-caps, MoE) nor the reverse. What every model has
+/// (vocabulary, width, layers, positions, family) is asked through the methods.
+// One per loaded model: the bytes a decoder's config has over an encoder's cost nothing, and
+// boxing it would put an indirection on every read.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelConfig {
+    Decoder(DecoderConfig),
+    Encoder(bert::BertConfig),
+}
+
+impl ModelConfig {
+    pub fn family(&self) -> Family {
+        match self {
+            ModelConfig::Decoder(c) => c.family,
+            ModelConfig::Encoder(_) => Family::Bert,
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            ModelConfig::Decoder(c) => c.vocab_size,
+            ModelConfig::Encoder(c) => c.vocab_size,
+        }
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        match self {
+            ModelConfig::Decoder(c) => c.hidden_size,
+            ModelConfig::Encoder(c) => c.hidden_size,
+        }
+    }
+
+    pub fn num_hidden_layers(&self) -> usize {
+        match self {
+            ModelConfig::Decoder(c) => c.num_hidden_layers,
+            ModelConfig::Encoder(c) => c.num_hidden_layers,
+        }
+    }
+
+    /// Positions the model was trained for (an encoder's rows of absolute positions).
+    pub fn max_position_embeddings(&self) -> usize {
+        match self {
+            ModelConfig::Decoder(c) => c.max_position_embeddings,
+            ModelConfig::Encoder(c) => c.max_position_embeddings,
+        }
+    }
+
+    /// The decoder's config; `None` for an encoder.
+    pub fn decoder(&self) -> Option<&DecoderConfig> {
+        match self {
+            ModelConfig::Decoder(c) => Some(c),
+            ModelConfig::Encoder(_) => None,
+        }
+    }
+
+    /// The encoder's config; `None` for a decoder.
+    pub fn encoder(&self) -> Option<&bert::BertConfig> {
+        match self {
+            ModelConfig::Decoder(_) => None,
+            ModelConfig::Encoder(c) => Some(c),
+        }
+    }
 }
 
 /// Options for [`load`].
@@ -164,7 +232,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             Model {
                 path: path.to_path_buf(),
                 format,
-                config,
+                config: ModelConfig::Decoder(config),
                 graph,
                 tokenizer,
                 chat_template,
@@ -175,12 +243,9 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             let config_path = dir.join("config.json");
             let json = config::read_config_json(&config_path)?;
             // Each builder reads its own config: the family's descriptor says which.
-            let (config, encoder) = match config::hf_family(&json, &config_path)?.spec().builder {
-                Builder::Decoder => (DecoderConfig::from_hf_json(&json, &config_path)?, None),
-                Builder::BertEncoder => {
-                    let bert = bert::BertConfig::from_json(&json, &config_path)?;
-                    (bert.common_shape(), Some(bert))
-                }
+            let config = match config::hf_family(&json, &config_path)?.spec().builder {
+                Builder::Decoder => ModelConfig::Decoder(DecoderConfig::from_hf_json(&json, &config_path)?),
+                Builder::BertEncoder => ModelConfig::Encoder(bert::BertConfig::from_json(&json, &config_path)?),
             };
             let text_err = |e| ModelError::Tokenizer { path: dir.clone(), source: e };
             let tok_cfg = dir.join("tokenizer_config.json");
@@ -197,9 +262,9 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress)
                     .with_config_dtype(dtype);
             let q8 = options.precision == Precision::Q8;
-            let graph = match &encoder {
-                Some(bert) => bert::build_bert(bert, &mut source, options.layers, q8, &options.faults)?,
-                None => decoder::build_decoder(&config, &mut source, options.layers, q8, &options.faults)?,
+            let graph = match &config {
+                ModelConfig::Encoder(bert) => bert::build_bert(bert, &mut source, options.layers, q8, &options.faults)?,
+                ModelConfig::Decoder(c) => decoder::build_decoder(c, &mut source, options.layers, q8, &options.faults)?,
             };
             if let Some((first, from)) = source.converted.first() {
                 let to = source.expected_dtype(*from);
@@ -217,7 +282,6 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
         }
     };
     model.graph.kv_dtype = default_kv_dtype(&model.graph, options.precision);
-    model.graph.fp8_activations = options.precision == Precision::Fp8;
     Ok(model)
 }
 

@@ -42,6 +42,19 @@ pub enum Precision {
     Fp8,
 }
 
+impl Precision {
+    /// The name a precision is shown and written with (`f32`, `native`, `q8`, `fp8`): the
+    /// CLI's `--precision` values and a dump manifest's `precision`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Native => "native",
+            Precision::Q8 => "q8",
+            Precision::Fp8 => "fp8",
+        }
+    }
+}
+
 /// Where a model's weights come from.
 pub trait WeightSource {
     /// Loads the parameter `hf_name` (e.g. `model.layers.0.mlp.up_proj.weight`), checking
@@ -158,6 +171,9 @@ fn make_weight(
     let cols = *shape.last().unwrap_or(&1);
     let rows: usize = shape.iter().product::<usize>() / cols.max(1);
     let keep_blocks = !matches!(precision, Precision::F32 | Precision::Fp8) && shape.len() == 2 && ty != GgmlType::F32;
+    // Rounded here, and flagged so `choose-precision` gives its matmuls FP8 activations
+    // from the weight itself (the graph never matches names).
+    let fp8 = precision == Precision::Fp8 && shape.len() == 2 && is_fp8_linear(name);
     let data = if keep_blocks {
         WeightData::Quant(Arc::new(
             QMatrix::new(ty, rows, cols, arena.copy_in_pieces(bytes, copied))
@@ -174,12 +190,20 @@ fn make_weight(
         if tensor_scale != 1.0 {
             out.par_iter_mut().for_each(|v| *v *= tensor_scale);
         }
-        if precision == Precision::Fp8 && shape.len() == 2 && loupe_graph::is_fp8_linear(name) {
+        if fp8 {
             out = loupe_tensor::fp8::round_trip_rows_e4m3(&out, cols.max(1)).map_err(tensor_err)?;
         }
         WeightData::F32(Arc::new(out))
     };
-    Ok(Weight { name: name.to_string(), shape: shape.to_vec(), data, source_type: ty })
+    Ok(Weight { name: name.to_string(), shape: shape.to_vec(), data, source_type: ty, fp8 })
+}
+
+/// Whether `--precision fp8` applies to the linear layer of HF weight `name`: the decoder
+/// layers' projections (`model.layers.*`), as FP8 checkpoints' recipes quantize them and keep
+/// the embedding and `lm_head` in 16 bits. The loader rounds these weights and marks them
+/// ([`loupe_graph::Weight::fp8`]); nothing asks the name after loading.
+pub fn is_fp8_linear(name: &str) -> bool {
+    name.starts_with("model.layers.")
 }
 
 /// The name of the sidecar tensor holding the per-tensor scale of NVFP4 tensor `gguf_name`

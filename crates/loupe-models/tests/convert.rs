@@ -44,7 +44,7 @@ fn tiny_f32(dir: &Path) -> (PathBuf, Model) {
 /// their HF names, plus `extra` tensors), tied embeddings, SmolLM2-style tokenizer files.
 fn export(model: &Model, dir: &Path, architecture: &str, extra: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) {
     std::fs::create_dir_all(dir).unwrap();
-    let c = &model.config;
+    let c = model.config.decoder().expect("a decoder");
     let config = serde_json::json!({
         "architectures": [architecture],
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
@@ -187,7 +187,7 @@ fn a_llama_directory_converts_to_the_same_model() {
     let g = GgufFile::open(&q8).unwrap();
     assert!(g.tensors.iter().filter(|t| t.dims.len() == 2).all(|t| t.ggml_type == GgmlType::Q8_0));
     assert!(g.tensors.iter().filter(|t| t.dims.len() < 2).all(|t| t.ggml_type == GgmlType::F32));
-    let vocab = original.config.vocab_size;
+    let vocab = original.config.vocab_size();
     for precision in [Precision::F32, Precision::Native] {
         let got = all_logits(&load_at(&q8, precision).graph, &TOKENS);
         let (cos, agree) = (cosine(&want, &got), argmax_agreement(&want, &got, vocab));
@@ -227,7 +227,7 @@ fn a_llama_directory_converts_to_the_same_model() {
 fn a_qwen2_directory_with_biases_converts_to_the_same_model() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, original) = tiny_f32(tmp.path());
-    let c = &original.config;
+    let c = original.config.decoder().expect("a decoder");
     let mut rng = SplitMix64(7);
     let mut bias = |n: usize| {
         (0..n).map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.5).collect::<Vec<f32>>()
@@ -242,7 +242,7 @@ fn a_qwen2_directory_with_biases_converts_to_the_same_model() {
     let dir = tmp.path().join("hf-qwen2");
     export(&original, &dir, "Qwen2ForCausalLM", &extra, Dtype::BF16);
     let from_dir = load_at(&dir, Precision::F32);
-    assert_eq!(from_dir.config.family, loupe_models::Family::Qwen2);
+    assert_eq!(from_dir.config.family(), loupe_models::Family::Qwen2);
     let want = all_logits(&from_dir.graph, &TOKENS);
     assert_ne!(want, all_logits(&original.graph, &TOKENS), "the biases change the logits");
 
@@ -262,7 +262,7 @@ fn a_qwen2_directory_with_biases_converts_to_the_same_model() {
 fn a_qwen3_directory_with_qk_norms_converts_to_the_same_model() {
     let tmp = tempfile::tempdir().unwrap();
     let (_, original) = tiny_f32(tmp.path());
-    let c = &original.config;
+    let c = original.config.decoder().expect("a decoder");
     let mut rng = SplitMix64(11);
     let mut norm = |n: usize| {
         (0..n).map(|_| 1.0 + ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4).collect::<Vec<f32>>()
@@ -276,7 +276,7 @@ fn a_qwen3_directory_with_qk_norms_converts_to_the_same_model() {
     let dir = tmp.path().join("hf-qwen3");
     export(&original, &dir, "Qwen3ForCausalLM", &extra, Dtype::F32);
     let from_dir = load_at(&dir, Precision::F32);
-    assert_eq!(from_dir.config.family, loupe_models::Family::Qwen3);
+    assert_eq!(from_dir.config.family(), loupe_models::Family::Qwen3);
     let want = all_logits(&from_dir.graph, &TOKENS);
     let out = tmp.path().join("qwen3-f32.gguf");
     convert(&dir, &out, GgmlType::F32, true);

@@ -62,7 +62,7 @@ fn the_file_looks_like_smollm2_in_small() {
     assert!(f.get_str("tokenizer.chat_template").unwrap().contains("<|im_start|>"));
 
     let m = load_tiny(&path, Precision::F32);
-    let c = &m.config;
+    let c = m.config.decoder().expect("a decoder");
     assert_eq!(
         (
             c.num_hidden_layers,
@@ -110,7 +110,7 @@ fn tokenizer_round_trips_and_knows_its_specials() {
         "",
     ] {
         let ids = tok.encode(text, false).unwrap();
-        assert!(ids.iter().all(|&i| (i as usize) < m.config.vocab_size), "{text:?}: {ids:?}");
+        assert!(ids.iter().all(|&i| (i as usize) < m.config.vocab_size()), "{text:?}: {ids:?}");
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "{text:?} -> {ids:?}");
     }
     // Merges were learnt: common words take fewer tokens than bytes.
@@ -175,7 +175,7 @@ fn runs_in_every_precision_with_finite_distinct_logits_and_agreeing_argmax() {
     let f32_model = load_tiny(&path, Precision::F32);
     let tokens =
         f32_model.tokenizer.encode("The quick brown fox jumps over the lazy dog because it was tired", false).unwrap();
-    let vocab = f32_model.config.vocab_size;
+    let vocab = f32_model.config.vocab_size();
     let base = all_logits(&f32_model.graph, &tokens);
     assert_eq!(base.len(), tokens.len() * vocab);
     assert!(base.iter().all(|x| x.is_finite()));
@@ -207,7 +207,7 @@ fn fp8_precision_rounds_layer_weights_per_row_and_keeps_the_embedding() {
     use loupe_core::fp8::Fp8Format;
     let (_dir, path) = write(&TinyLlama::default());
     let (wide, fp8) = (load_tiny(&path, Precision::F32), load_tiny(&path, Precision::Fp8));
-    assert!(fp8.graph.fp8_activations && !wide.graph.fp8_activations);
+    assert!(!wide.graph.weights.iter().any(|w| w.fp8), "f32 marks no weight fp8");
     let values = |m: &Model, name: &str| -> Vec<f32> {
         match &m.graph.weights.iter().find(|w| w.name == name).unwrap_or_else(|| panic!("no {name}")).data {
             WeightData::F32(v) => v.to_vec(),
@@ -217,7 +217,8 @@ fn fp8_precision_rounds_layer_weights_per_row_and_keeps_the_embedding() {
     let mut layer_matrices = 0;
     for w in fp8.graph.weights.iter().filter(|w| w.shape.len() == 2) {
         let (a, b) = (values(&wide, &w.name), values(&fp8, &w.name));
-        if !loupe_graph::is_fp8_linear(&w.name) {
+        assert_eq!(w.fp8, loupe_models::weights::is_fp8_linear(&w.name), "{}: marked by the loader's rule", w.name);
+        if !w.fp8 {
             assert_eq!(a, b, "{}: kept as it was", w.name);
             continue;
         }
@@ -255,7 +256,7 @@ fn a_tiny_gemma2_soft_caps_its_scores_and_logits() {
     let spec = TinyLlama { gemma2: Some(gemma), ..TinyLlama::default() };
     let (_dir, path) = write(&spec);
     let m = load_tiny(&path, Precision::F32);
-    let c = &m.config;
+    let c = m.config.decoder().expect("a decoder");
     assert_eq!(
         (c.family, c.attn_logit_softcap, c.final_logit_softcap),
         (Family::Gemma2, Some(gemma.attn_softcap), Some(gemma.final_softcap))

@@ -20,7 +20,8 @@
 //! - [`compare`]: the driver; [`report`]: terminal table and JSON; [`html`]: the
 //!   self-contained HTML page.
 //! - [`manifest`]: the dump manifest; [`writer`]: the one writer of dumps (atomic);
-//!   [`source`] is the one reader.
+//!   [`source`] is the one reader; [`print`]: MAX's COMPACT / FULL prints of a tensor,
+//!   the dump styles that go to stdout instead of files.
 
 pub mod calibrate;
 pub mod compare;
@@ -33,6 +34,7 @@ pub mod mapping;
 pub mod metrics;
 pub mod names;
 pub mod pairing;
+pub mod print;
 pub mod progress;
 pub mod report;
 pub mod result;

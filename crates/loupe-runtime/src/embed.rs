@@ -184,7 +184,7 @@ impl Engine {
             return Err(RuntimeError::InvalidRequest(format!(
                 "{} is a {} decoder; embeddings need an encoder model (BERT)",
                 self.path().display(),
-                self.config().family.name()
+                self.config().family().name()
             )));
         }
         let dir = if self.path().is_dir() {
@@ -224,7 +224,7 @@ impl Engine {
         }
         session.reset();
         let states = session.forward(&ids, true, None)?;
-        let hidden = self.config().hidden_size;
+        let hidden = self.config().hidden_size();
         let mut vector = pool(states, hidden, config.pooling);
         if config.normalize {
             l2_normalize(&mut vector);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::passes::{self, LowerError, LowerOptions};
 use loupe_graph::{Fault, Graph, KvDtype, Profiler};
-use loupe_models::{DecoderConfig, Model, ModelError, Precision, Progress};
+use loupe_models::{Model, ModelConfig, ModelError, Precision, Progress};
 use loupe_text::{ChatMessage, Tokenizer};
 
 use crate::constraint::{ConstraintError, Grammars};
@@ -206,7 +206,7 @@ impl Engine {
         &self.model.graph
     }
 
-    pub fn config(&self) -> &DecoderConfig {
+    pub fn config(&self) -> &ModelConfig {
         &self.model.config
     }
 
@@ -318,7 +318,7 @@ impl Engine {
     pub fn grammars(&self) -> Result<&Grammars, ConstraintError> {
         self.grammars
             .get_or_init(|| {
-                Grammars::new(&self.model.tokenizer, self.model.config.vocab_size, &self.model.tokenizer.eos_ids())
+                Grammars::new(&self.model.tokenizer, self.model.config.vocab_size(), &self.model.tokenizer.eos_ids())
             })
             .as_ref()
             .map_err(Clone::clone)

@@ -113,7 +113,7 @@ fn tiny_gemma2_batched_tokens_equal_the_single_sequence_path() {
     let path = tiny_file(&TinyLlama { gemma2: Some(TinyGemma2::default()), ..TinyLlama::default() });
     let engine =
         Engine::load(path, LoadOptions { precision: loupe_models::Precision::F32, ..LoadOptions::default() }).unwrap();
-    assert_eq!(engine.config().family, loupe_models::Family::Gemma2);
+    assert_eq!(engine.config().family(), loupe_models::Family::Gemma2);
     assert!(engine.graph().nodes.iter().any(|n| matches!(n.op, loupe_graph::Op::SoftCap { .. })));
     for sampling in [SamplingParams::default(), seeded()] {
         let reqs = requests(8, 0, &sampling);

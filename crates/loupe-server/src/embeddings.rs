@@ -39,7 +39,7 @@ pub(crate) async fn embed_request(
     let Some(config) = r.embed.clone() else {
         return Err(ApiError::invalid("model", format!("The model `{}` is a decoder: /v1/embeddings needs an encoder model (BERT, e.g. `loupe serve --model` an all-MiniLM-L6-v2 directory).", r.model_id)));
     };
-    let hidden = r.engine.config().hidden_size;
+    let hidden = r.engine.config().hidden_size();
     if let Some(d) = req.dimensions.filter(|&d| d != hidden) {
         return Err(ApiError::invalid("dimensions", format!("This model's embeddings have {hidden} dimensions; {d} would need truncation the model was not trained for.")));
     }

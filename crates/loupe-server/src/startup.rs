@@ -115,7 +115,7 @@ pub(crate) async fn run(
                         .options
                         .reasoning_parser
                         .clone()
-                        .unwrap_or_else(|| engine.config().family.default_reasoning_parser().into());
+                        .unwrap_or_else(|| engine.config().family().default_reasoning_parser().into());
                     // Tool calls are not served yet, so only reasoning markers split the text.
                     let reasoning = SectionMarkers::for_reasoning_parser(&parser)
                         .filter(|m| m.reasoning.is_some())

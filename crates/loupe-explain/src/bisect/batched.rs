@@ -38,7 +38,7 @@ pub fn batched_rung(
         grammar: None,
         fast_forward: false,
     };
-    let vocab = engine.config().vocab_size as u64;
+    let vocab = engine.config().vocab_size() as u64;
     let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"
     let neighbours: Vec<Vec<u32>> =
         [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect();

@@ -102,7 +102,7 @@ pub fn engine_runs(engine: &Engine, prompt: &[u32], steps: usize) -> Result<Engi
         return Err(BisectError::Input("an empty prompt or no steps"));
     }
     let k = steps;
-    let vocab = engine.config().vocab_size;
+    let vocab = engine.config().vocab_size();
     let fail = |rung| move |source| BisectError::Engine { rung, source: Box::new(source) };
     let mut session = engine.session(prompt.len() + k);
     let (mut g, mut greedy_margins, mut greedy_logprobs) =

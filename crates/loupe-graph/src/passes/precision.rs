@@ -4,7 +4,7 @@
 //! and the graph's flags mean for each matmul's activations, so the executor never asks
 //! again (nor matches weight names at run time).
 
-use crate::ir::{is_fp8_linear, Graph, Op, WeightData, WeightId};
+use crate::ir::{Graph, Op, WeightData, WeightId};
 use crate::kernel::MatmulPrecision;
 use crate::GraphError;
 
@@ -47,15 +47,14 @@ pub fn matmul_precisions(graph: &Graph) -> Vec<Option<MatmulPrecision>> {
 }
 
 /// Block-quantized weights take 8-bit activations with `quantize_activations`, else f32
-/// ones; f32 weights take FP8-rounded activations where `--precision fp8` rounded the
-/// weight at load (the loader's rule, [`is_fp8_linear`]: the decoder layers' projections),
-/// else f32 ones.
+/// ones; f32 weights take FP8-rounded activations where the loader rounded the weight to
+/// FP8 ([`crate::Weight::fp8`]), else f32 ones. Nothing here reads a weight's name.
 fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
     let w = graph.weight(id);
     match &w.data {
         WeightData::Quant(_) if graph.quantize_activations => MatmulPrecision::Q8,
         WeightData::Quant(_) => MatmulPrecision::Native,
-        WeightData::F32(_) if graph.fp8_activations && is_fp8_linear(&w.name) => MatmulPrecision::Fp8,
+        WeightData::F32(_) if w.fp8 => MatmulPrecision::Fp8,
         WeightData::F32(_) => MatmulPrecision::F32,
     }
 }

@@ -31,6 +31,7 @@ impl WeightSource for FakeSource {
             shape: shape.to_vec(),
             data: WeightData::F32(Arc::new(data)),
             source_type: loupe_tensor::GgmlType::F32,
+            fp8: false,
         })
     }
     fn rope_freq_factors(&mut self) -> Result<Option<Vec<f32>>, ModelError> {
