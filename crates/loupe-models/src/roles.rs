@@ -510,7 +510,7 @@ impl Module {
 
     /// [`canonical`](Self::canonical) in a model wired as `wiring` says: in a sparse layer
     /// `mlp` is `mlp.experts` (no shared experts) or a value of its own (their sum with the
-    /// shared experts).
+    /// shared experts), and with [`MoeWiring::router_wg`] `mlp.gate` is `mlp.gate.wg`.
     pub fn canonical_in(&self, wiring: Wiring) -> Module {
         let moe = wiring.moe.unwrap_or_default();
         if self.role == Router && moe.router_wg && wiring.sparse(self.layer) {
@@ -570,7 +570,7 @@ impl Module {
     }
 
     /// [`inputs`](Self::inputs) in a family wired as `wiring` says: with q/k norms RoPE reads
-    /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
+    /// the normed q/k, with norms after RoPE attention reads those; with sandwich norms the residual adds read the normed block outputs
     /// and the MLP reads `pre_feedforward_layernorm`.
     pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
         let Wiring {

@@ -435,13 +435,14 @@ fn hunyuan_experts(v: &Value, layers: usize) -> Result<(usize, usize), (String, 
                     .get(..layers)
                     .ok_or_else(|| (key.to_string(), format!("{} entries for {layers} layers", a.len())))?;
                 let values = per_layer.iter().map(one).collect::<Result<Vec<_>, _>>()?;
-                match values.split_first() {
-                    Some((&k, rest)) if rest.iter().all(|&r| r == k) => Ok(k),
-                    _ => Err((
+                let k = values.first().copied().unwrap_or(1);
+                if values.iter().any(|&r| r != k) {
+                    return Err((
                         key.to_string(),
                         format!("{values:?}: a top-k that differs between layers is not supported"),
-                    )),
+                    ));
                 }
+                Ok(k)
             }
             Some(Value::Array(_)) => Err((
                 key.to_string(),
