@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
     mt.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     mt.add_argument("--tie", action="store_true", help="tie lm_head to embed_tokens")
-    mt.add_argument("--rope-scaling", choices=("none", "llama3", "longrope"), default="none",
-                    help="RoPE scaling (default none; longrope: phi3 only, original length 16)")
+    mt.add_argument("--rope-scaling", choices=("none", "llama3", "longrope", "dynamic"), default="none",
+                    help="RoPE scaling (default none; longrope: phi3 only, original length 16; "
+                         "dynamic: hunyuan_v1_moe only, NTK-alpha 1000)")
     mt.add_argument("--partial-rotary", type=float, default=None, metavar="F",
                     help="phi3: partial_rotary_factor (RoPE turns int(16 * F) of each head's 16 dims)")
     mt.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")

@@ -12,7 +12,8 @@ loupe names but PyTorch has no module for are captured under loupe's names:
 ``model.layers.N.self_attn.attn_output``   the input of ``o_proj`` (forward pre-hook), ``[T, H*hd]``
 ``model.layers.N.attn_residual``           the input of ``post_attention_layernorm`` (pre-hook; in layers with
                                            Gemma's sandwich norms, of ``pre_feedforward_layernorm``)
-``model.layers.N.mlp.act_mul``             the input of ``down_proj`` (pre-hook; also ``mlp.shared_experts.act_mul``)
+``model.layers.N.mlp.act_mul``             the input of ``down_proj`` (pre-hook; also ``mlp.shared_experts.act_mul``,
+                                           Hunyuan's ``mlp.shared_mlp.act_mul``)
 ``model.layers.N.mlp.gate.top_k_index``    a MoE router's chosen experts (element 2 of its output tuple), each
                                            token's ids in ascending order, as float32 (loupe's layout)
 ``model.layers.N.mlp.gate.top_k_weights``  their weights (element 1), in the same order
@@ -198,6 +199,9 @@ class Recorder:
             layout = squeeze_batch
             if leaf in ("q_norm", "k_norm") and type(self.model.get_submodule(parent)).__name__ in HEADS_FIRST_QK_NORM:
                 layout = heads_first_to_token_major
+            elif leaf in ("query_layernorm", "key_layernorm"):
+                # Hunyuan norms q and k after RoPE, heads first (HunYuanMoEV1Attention.forward).
+                layout = heads_first_to_token_major
             self._handles.append(module.register_forward_hook(self._output_hook(name, module, layout)))
             if leaf == "self" and parent.endswith(".attention"):
                 # BERT's `attention.self` (BertSelfAttention): its probabilities come from the
@@ -228,7 +232,7 @@ class Recorder:
                 self._handles.append(module.register_forward_hook(self._qkv_parts_hook(name, self.model.get_submodule(parent))))
             elif leaf == "gate_up_proj" and parent.endswith("mlp"):
                 self._handles.append(module.register_forward_hook(self._gate_up_parts_hook(name)))
-            elif leaf == "down_proj" and (parent.endswith("mlp") or parent.endswith("mlp.shared_experts")):
+            elif leaf == "down_proj" and parent.endswith(("mlp", "mlp.shared_experts", "mlp.shared_mlp")):
                 self._handles.append(module.register_forward_pre_hook(self._input_hook(parent + ".act_mul"), with_kwargs=True))
         return self
 

@@ -85,8 +85,9 @@ def cached_gguf_tokenizer(gguf: str) -> Any:
 
 
 # make-tiny --family: the transformers classes of each family built with the tiny shape.
-FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3", "seed_oss")
-MOE_FAMILIES = ("qwen3_moe", "glm4_moe")
+FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "gemma3", "gemma2", "qwen3_moe", "glm4_moe", "phi3", "seed_oss",
+            "hunyuan_v1_moe")
+MOE_FAMILIES = ("qwen3_moe", "glm4_moe", "hunyuan_v1_moe")
 GEMMA_FAMILIES = ("gemma3", "gemma2")
 # Gemma 3's tiny shape beyond TINY: query_pre_attn_scalar differs from head_dim (16) so the
 # attention scale is tested; the global RoPE base differs from the sliding layers' one.
@@ -108,6 +109,15 @@ MOE_EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 QWEN3_MOE = dict(num_experts=8, decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True)
 GLM4_MOE = dict(n_routed_experts=8, n_group=4, topk_group=2, first_k_dense_replace=1, n_shared_experts=1,
                 routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True)
+# Hunyuan-MoE's tiny shape beyond TINY: every layer sparse (HunYuanMoEV1DecoderLayer), 8 experts
+# and the shared MLP both intermediate_size (32) wide, top 2 given per layer as released
+# checkpoints give it (a list; HunYuanMoEV1Gate indexes it by layer). With --rope-scaling dynamic,
+# RoPE as Hunyuan-A13B's config has it: `dynamic` with alpha 1000 (a fixed base of
+# theta * alpha^(hd / (hd - 2)), HunYuanMoEV1RotaryEmbedding's ntk_alpha; the `factor` is unused
+# but required by transformers' validation of `dynamic`).
+HUNYUAN_MOE = dict(num_experts=8, intermediate_size=32)
+HUNYUAN_TOPK = 2
+HUNYUAN_ROPE = dict(rope_type="dynamic", alpha=1000.0, factor=1.0)
 # Router weights ~ N(0, 0.15^2) give logits of std ~1.2 over hidden 64 (spread, not one expert
 # always winning); the selection-only correction bias ~ N(0, 0.05^2) moves the choice of experts whose
 # sigmoid scores are close (dropping it changes tokens) without one expert taking every token.
@@ -163,6 +173,10 @@ def _family_classes(family: str) -> tuple[Any, Any]:
         from transformers import SeedOssConfig, SeedOssForCausalLM
 
         return SeedOssConfig, SeedOssForCausalLM
+    if family == "hunyuan_v1_moe":
+        from transformers import HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM
+
+        return HunYuanMoEV1Config, HunYuanMoEV1ForCausalLM
     raise InputError(f"--family must be one of {', '.join(FAMILIES)}, got {family!r}")
 
 
@@ -203,6 +217,13 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
         kw.update(rope_parameters={"rope_type": "default", "rope_theta": kw.pop("rope_theta"), "partial_rotary_factor": 1.0})
         if rope_scaling != "none":
             raise InputError("--rope-scaling does not apply to the glm4_moe family")
+    if family == "hunyuan_v1_moe":
+        kw.update(HUNYUAN_MOE, moe_topk=[HUNYUAN_TOPK] * int(layers))
+        if rope_scaling == "dynamic":
+            kw.update(rope_parameters=dict(HUNYUAN_ROPE, rope_theta=kw.pop("rope_theta")))
+            rope_scaling = "none"
+    elif rope_scaling == "dynamic":
+        raise InputError(f"--rope-scaling dynamic (NTK-alpha) applies to the hunyuan_v1_moe family only, not {family}")
     if family == "mistral":
         # MistralConfig defaults to a 4096 window; the tiny model's is given or none.
         kw.update(sliding_window=int(sliding_window) if sliding_window else None)
@@ -248,7 +269,7 @@ def tiny_config(vocab_size: int, tie: bool, rope_scaling: str, layers: int, bos:
     if rope_scaling == "llama3":
         kw["rope_scaling"] = dict(LLAMA3_ROPE)
     elif rope_scaling != "none":
-        raise InputError(f"--rope-scaling must be llama3 or none (longrope: phi3), got {rope_scaling!r}")
+        raise InputError(f"--rope-scaling must be llama3 or none (longrope: phi3; dynamic: hunyuan_v1_moe), got {rope_scaling!r}")
     return config_cls(**kw)
 
 

@@ -4,9 +4,9 @@
 //! transformers reference (`loupe_reference generate --hf-dir`); prompt ids and tokens must be
 //! identical, for a raw and a chat prompt, in two configurations:
 //! tied embeddings without RoPE scaling, and an untied lm_head with Llama-3 RoPE scaling.
-//! The other families (Qwen2, Qwen3, Mistral, Gemma 3, Gemma 2, Qwen3-MoE, GLM-4-MoE, Phi-3) are generated
-//! the same way and also pass `loupe parity` (every named value within tolerance of transformers'
-//! forward hooks).
+//! The other families (Qwen2, Qwen3, Mistral, Gemma 3, Gemma 2, Qwen3-MoE, GLM-4-MoE, Phi-3,
+//! Seed-OSS, Hunyuan-MoE) are generated the same way and also pass `loupe parity` (every named
+//! value within tolerance of transformers' forward hooks).
 //!
 //! Needs the Python reference stack and the SmolLM2 GGUF (which supplies the tokenizer): ignored
 //! by default; run with `--include-ignored` (scripts/test) it fails with one line when they are missing.
@@ -699,4 +699,53 @@ fn tiny_seed_oss_matches_reference() {
     assert_generation_changes_without(&dir, &tokens, "o_proj's bias does", |cfg| {
         cfg["attention_out_bias"] = serde_json::Value::Bool(false)
     });
+}
+
+/// HunYuanMoEV1ForCausalLM: Llama attention with per-head q/k norms after RoPE
+/// (`query_layernorm`, `key_layernorm`) and every layer sparse: a softmax router
+/// (`mlp.gate.wg`) over 8 experts, top 2 (`moe_topk`, one per layer) always renormalized, plus
+/// a shared MLP (`mlp.shared_mlp`), all `intermediate_size` wide; RoPE `dynamic` with `alpha`
+/// 1000, a fixed NTK base. Parity pairs q after RoPE and after its norm, the router, its choice
+/// and weights, the experts and the shared MLP, so the norms' order is checked there: no
+/// config key moves or removes them.
+#[test]
+#[ignore = "needs the real model and the Python reference stack (scripts/test installs both)"]
+fn tiny_hunyuan_moe_matches_reference() {
+    let (_guard, gguf) = setup();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-hunyuan-moe");
+    make_tiny_with(&dir, &gguf, false, "dynamic", &["--family", "hunyuan_v1_moe"]);
+    let cfg = config_of(&dir);
+    assert_eq!(
+        (cfg["architectures"][0].as_str(), cfg["num_experts"].as_u64(), cfg["rope_parameters"]["alpha"].as_f64()),
+        (Some("HunYuanMoEV1ForCausalLM"), Some(8), Some(1000.0)),
+        "{cfg}"
+    );
+    assert_eq!(cfg["moe_topk"], serde_json::json!([2, 2]), "{cfg}");
+    let tokens = compare(&dir, "hunyuan_v1_moe");
+    parity_matches(&dir, "hunyuan_v1_moe");
+    bisect_matches(&dir, "hunyuan_v1_moe");
+    assert_every_expert_routed(&dir, 0, 8);
+    assert_every_expert_routed(&dir, 1, 8);
+
+    assert_generation_changes_without(&dir, &tokens, "the NTK-alpha RoPE base does", |cfg| {
+        cfg["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 10000.0})
+    });
+    assert_generation_changes_without(&dir, &tokens, "moe_topk does", |cfg| {
+        cfg["moe_topk"] = serde_json::json!([1, 1])
+    });
+    let unshared = with_zeroed_tensor(&dir, "model.layers.1.mlp.shared_mlp.down_proj.weight", || {
+        PROMPTS.iter().map(|(p, chat)| ours(&dir, p, *chat).tokens).collect::<Vec<_>>()
+    });
+    assert_ne!(unshared, tokens, "the shared MLP changes nothing on these prompts; the test cannot detect its absence");
+
+    // A top-k that differs between layers is refused by name, never read as one value.
+    let original = std::fs::read(dir.join("config.json")).unwrap();
+    let mut edited = config_of(&dir);
+    edited["moe_topk"] = serde_json::json!([2, 1]);
+    std::fs::write(dir.join("config.json"), serde_json::to_string(&edited).unwrap()).unwrap();
+    let mut c = loupe();
+    let o = run(c.arg("generate").arg("--model").arg(&dir).args(["--precision", "f32", "--max-tokens", "1", "hi"]));
+    std::fs::write(dir.join("config.json"), original).unwrap();
+    assert_clean_failure(&o, "moe_topk");
 }

@@ -96,13 +96,18 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
     // The family's wiring, known from the reference's dump: RoPE reads the normed q/k in
     // families with q/k norms; Gemma's sandwich norms sit between blocks and residuals.
     let has = |role| ctx.reference.has(&Module::layer(m.layer, role).name(), ctx.step);
-    // A MoE layer shows its router; its shared experts show as `mlp.shared_experts`.
+    // A MoE layer shows its router; its shared experts show as `mlp.shared_experts` (Hunyuan:
+    // `mlp.shared_mlp`, and the router's linear as `mlp.gate.wg`).
+    let shared_mlp = has(R::SharedMlp) || has(R::SharedMlpDown);
     let moe = has(R::Router).then(|| MoeWiring {
         sparse_layers: if m.layer < MAX_MOE_LAYERS { 1u128 << m.layer } else { 0 },
-        shared_experts: has(R::SharedExperts) || has(R::SharedDown),
+        shared_experts: has(R::SharedExperts) || has(R::SharedDown) || shared_mlp,
+        shared_mlp,
+        router_wg: has(R::RouterWg),
     });
     let wiring = Wiring {
         qk_norm: has(R::QNorm),
+        qk_norm_after_rope: has(R::QLayerNorm),
         sandwich_norms: has(R::PreFfnNorm),
         final_softcap: has(R::Logits),
         moe,
@@ -117,7 +122,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         // not the dense `down_proj` it aliases elsewhere.
         R::Mlp if wiring.sparse(m.layer) => Site::Other,
         r if r.is_norm() => Site::Norm { module: m, input, layers },
-        r if r.is_linear() => Site::Linear { module: m.canonical(), input, layers },
+        r if r.is_linear() => Site::Linear { module: m.canonical_in(wiring), input, layers },
         R::QRope => Site::Rope { layer: m.layer, input, kv: false },
         R::KRope => Site::Rope { layer: m.layer, input, kv: true },
         R::AttnCore => Site::Attention { layer: m.layer, probs: false },
@@ -128,7 +133,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
             Site::Residual { skip: input, branch: inputs.get(1).copied().unwrap_or(input), what }
         }
         // The shared experts' activation reads their gate as the dense MLP's does.
-        R::SharedActFn => Site::Act { input },
+        R::SharedActFn | R::SharedMlpActFn => Site::Act { input },
         // Routing and the experts have no op model here (yet), nor the column slices of a
         // fused projection: value-level hypotheses only.
         R::Embedding
@@ -138,6 +143,7 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         | R::RouterWeights
         | R::Experts
         | R::SharedActMul
+        | R::SharedMlpActMul
         | R::QPart
         | R::KPart
         | R::VPart
@@ -147,6 +153,8 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         R::InputNorm
         | R::QNorm
         | R::KNorm
+        | R::QLayerNorm
+        | R::KLayerNorm
         | R::PostAttnNorm
         | R::PreFfnNorm
         | R::PostFfnNorm
@@ -164,10 +172,15 @@ fn site(ctx: &Context<'_>, name: &str) -> Site {
         | R::Mlp
         | R::LmHead
         | R::Router
+        | R::RouterWg
         | R::SharedGate
         | R::SharedUp
         | R::SharedDown
-        | R::SharedExperts => Site::Other,
+        | R::SharedExperts
+        | R::SharedMlpGate
+        | R::SharedMlpUp
+        | R::SharedMlpDown
+        | R::SharedMlp => Site::Other,
     }
 }
 

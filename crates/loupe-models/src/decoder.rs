@@ -85,6 +85,31 @@ pub fn build_decoder(
             let w = norm_weight(b, load, m, d)?;
             Ok(b.node(m.name(), Op::RmsNorm { weight: w, eps: cfg.rms_norm_eps }, &[input], hidden(d), axes()))
         };
+    // Per-head q/k RMSNorms (Qwen3's q_norm/k_norm before RoPE, Hunyuan's query_layernorm /
+    // key_layernorm after it): an RMSNorm over each head's head_dim values (a weight of
+    // head_dim normalizes each head_dim-wide slice of the row). Shaped [token, head,
+    // head_dim], as transformers' norms see (and their hooks return) q and k per head; the
+    // rows are the same floats.
+    let qk_norms = |b: &mut GraphBuilder,
+                    load: &mut Load<'_>,
+                    (mq, mk): (Module, Module),
+                    q: ValueId,
+                    k: ValueId|
+     -> Result<(ValueId, ValueId), ModelError> {
+        let (wq, wk) = (norm_weight(b, load, mq, hd)?, norm_weight(b, load, mk, hd)?);
+        let per_head = |n: usize| vec![Dim::Tokens, Dim::Fixed(n), Dim::Fixed(hd)];
+        let eps = cfg.rms_norm_eps;
+        let q =
+            b.node(mq.name(), Op::RmsNorm { weight: wq, eps }, &[q], per_head(h), vec!["token", "head", "head_dim"]);
+        let k = b.node(
+            mk.name(),
+            Op::RmsNorm { weight: wk, eps },
+            &[k],
+            per_head(kvh),
+            vec!["token", "kv_head", "head_dim"],
+        );
+        Ok((q, k))
+    };
 
     let embedding = Module::model(R::Embedding);
     let embed = b.weight(load(&embedding.param("weight"), &[cfg.vocab_size, d])?);
@@ -125,32 +150,8 @@ pub fn build_decoder(
             let v = linear(&mut b, &mut load, &m(R::VProj).name(), normed, kvh * hd, d, cfg.qkv_bias, false)?;
             (q, k, v)
         };
-        // Qwen3's q_norm/k_norm: an RMSNorm over each head's head_dim values (a weight of
-        // head_dim normalizes each head_dim-wide slice of the row).
-        let (q, k) = if wiring.qk_norm {
-            let wq = norm_weight(&mut b, &mut load, m(R::QNorm), hd)?;
-            let wk = norm_weight(&mut b, &mut load, m(R::KNorm), hd)?;
-            // Shaped [token, head, head_dim], as transformers' q_norm sees (and its hook
-            // returns) q_proj's output viewed per head; the rows are the same floats.
-            let per_head = |n: usize| vec![Dim::Tokens, Dim::Fixed(n), Dim::Fixed(hd)];
-            let q = b.node(
-                m(R::QNorm).name(),
-                Op::RmsNorm { weight: wq, eps: cfg.rms_norm_eps },
-                &[q],
-                per_head(h),
-                vec!["token", "head", "head_dim"],
-            );
-            let k = b.node(
-                m(R::KNorm).name(),
-                Op::RmsNorm { weight: wk, eps: cfg.rms_norm_eps },
-                &[k],
-                per_head(kvh),
-                vec!["token", "kv_head", "head_dim"],
-            );
-            (q, k)
-        } else {
-            (q, k)
-        };
+        let (q, k) =
+            if wiring.qk_norm { qk_norms(&mut b, &mut load, (m(R::QNorm), m(R::KNorm)), q, k)? } else { (q, k) };
 
         let interleaved = has(FaultClass::RopeInterleaved);
         let mode = if interleaved { RopeMode::Interleaved } else { RopeMode::SplitHalf };
@@ -174,6 +175,12 @@ pub fn build_decoder(
         );
         mark_if(&mut b, q, interleaved, FaultClass::RopeInterleaved);
         mark_if(&mut b, k, interleaved, FaultClass::RopeInterleaved);
+        // Hunyuan norms the rotated q and k (`HunYuanMoEV1Attention.forward`).
+        let (q, k) = if wiring.qk_norm_after_rope {
+            qk_norms(&mut b, &mut load, (m(R::QLayerNorm), m(R::KLayerNorm)), q, k)?
+        } else {
+            (q, k)
+        };
 
         // At most one class marks the node; several attention faults at one layer are all
         // applied, and the IR text shows each as an attribute anyway.
@@ -325,7 +332,8 @@ pub fn build_decoder(
 /// their weights (`mlp.gate.top_k_weights`), the two tensors the router's forward returns
 /// besides its logits; the routed experts' weighted sum is `mlp.experts`, and with shared
 /// experts (GLM) `mlp` adds their SwiGLU MLP (`mlp.shared_experts`), as `Glm4MoeMoE.forward`
-/// does (`experts(...) + shared_experts(residuals)`).
+/// does (`experts(...) + shared_experts(residuals)`). Hunyuan (`HunYuanMoEV1Moe`) names the
+/// router's linear `mlp.gate.wg` (`mlp.gate` its alias) and its shared expert `mlp.shared_mlp`.
 fn moe_mlp(
     b: &mut GraphBuilder,
     load: &mut Load<'_>,
@@ -338,7 +346,15 @@ fn moe_mlp(
     let d = cfg.hidden_size;
     let router = moe.router;
     let (e, k) = (router.n_experts, router.top_k);
-    let logits = linear(b, load, &m(R::Router).name(), normed, e, d, false, false)?;
+    let moe_wiring = cfg.wiring().moe.unwrap_or_default();
+    // Hunyuan's gate module holds the linear as `wg`; the gate's first output is its logits.
+    let logits = if moe_wiring.router_wg {
+        let wg = linear(b, load, &m(R::RouterWg).name(), normed, e, d, false, false)?;
+        b.alias(wg, m(R::Router).name());
+        wg
+    } else {
+        linear(b, load, &m(R::Router).name(), normed, e, d, false, false)?
+    };
     let bias = if moe.correction_bias {
         Some(b.weight(load(&m(R::Router).param("e_score_correction_bias"), &[e])?))
     } else {
@@ -388,13 +404,21 @@ fn moe_mlp(
         b.alias(routed, m(R::Mlp).name());
         return Ok(routed);
     };
-    let gate = linear(b, load, &m(R::SharedGate).name(), normed, f, d, false, false)?;
-    let up = linear(b, load, &m(R::SharedUp).name(), normed, f, d, false, false)?;
+    // GLM's `mlp.shared_experts`, or Hunyuan's `mlp.shared_mlp` (the same SwiGLU MLP).
+    let [r_gate, r_up, r_act, r_mul, r_down, r_out] = if moe_wiring.shared_mlp {
+        [R::SharedMlpGate, R::SharedMlpUp, R::SharedMlpActFn, R::SharedMlpActMul, R::SharedMlpDown, R::SharedMlp]
+    } else {
+        [R::SharedGate, R::SharedUp, R::SharedActFn, R::SharedActMul, R::SharedDown, R::SharedExperts]
+    };
+    let gate = linear(b, load, &m(r_gate).name(), normed, f, d, false, false)?;
+    let up = linear(b, load, &m(r_up).name(), normed, f, d, false, false)?;
     let act_op = if gelu_tanh { Op::Gelu { tanh: true } } else { Op::Silu };
-    let act = b.node(m(R::SharedActFn).name(), act_op, &[gate], per_token(f), vec!["token", "feature"]);
-    let prod = b.node(m(R::SharedActMul).name(), Op::Mul, &[act, up], per_token(f), vec!["token", "feature"]);
-    let shared = linear(b, load, &m(R::SharedDown).name(), prod, d, f, false, false)?;
-    b.alias(shared, m(R::SharedExperts).name());
+    let act = b.node(m(r_act).name(), act_op, &[gate], per_token(f), vec!["token", "feature"]);
+    let prod = b.node(m(r_mul).name(), Op::Mul, &[act, up], per_token(f), vec!["token", "feature"]);
+    let shared = linear(b, load, &m(r_down).name(), prod, d, f, false, false)?;
+    b.alias(shared, m(r_out).name());
+    // `experts(...) + shared_experts(residuals)` (GLM), `final_hidden_states +
+    // hidden_states_mlp` (Hunyuan): the routed output first.
     Ok(b.node(m(R::Mlp).name(), Op::Add, &[routed, shared], per_token(d), vec!["token", "hidden"]))
 }
 

@@ -56,6 +56,12 @@ pub enum Family {
     /// (`attention_bias`) and o_proj's bias under its own key (`attention_out_bias`), and a
     /// head_dim of 128 unless config.json says otherwise.
     SeedOss,
+    /// Hunyuan's MoE decoder (`modeling_hunyuan_v1_moe.py`, `HunYuanMoEV1ForCausalLM`): Llama
+    /// attention with per-head RMSNorms of q and k after RoPE (`query_layernorm`,
+    /// `key_layernorm`), and a sparse MLP on every layer: a softmax top-k router
+    /// (`mlp.gate.wg`) over `num_experts` experts plus a shared MLP (`mlp.shared_mlp`), all
+    /// of `intermediate_size`; RoPE may stretch its base by a fixed NTK `alpha`.
+    HunyuanMoe,
 }
 
 /// The activation of the gated MLP's gate (`hidden_act` / `hidden_activation`).
@@ -106,13 +112,16 @@ pub enum Bias {
 /// Llama's `attention_bias` (off by default), which most families read for their projections.
 pub const ATTENTION_BIAS: Bias = Bias::Config { key: "attention_bias", default: false };
 
-/// Whether q and k go through per-head RMSNorms before RoPE.
+/// Whether q and k go through per-head RMSNorms, before RoPE unless said otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QkNorm {
     Never,
     Always,
     /// When this config.json key is `true` (GLM-4-MoE's `use_qk_norm`).
     ConfigFlag(&'static str),
+    /// Always, after RoPE, as `self_attn.query_layernorm` / `key_layernorm`
+    /// (`HunYuanMoEV1Attention.forward` norms the rotated q and k).
+    AfterRope,
 }
 
 /// Which decoder layers attend through a sliding window, and how the sources say so.
@@ -174,6 +183,10 @@ pub enum RopeScalingRule {
     /// Phi-3's `default` or `longrope` (`su`, `yarn`: old names), switching at the top-level
     /// `original_max_position_embeddings` (`default_original` when absent).
     LongRope { default_original: usize },
+    /// Standard, plus Hunyuan's NTK-alpha: `dynamic` with an `alpha` stretches the base to
+    /// `rope_theta * alpha^(head_dim / (head_dim - 2))`, independent of the sequence length
+    /// (`HunYuanMoEV1RotaryEmbedding.compute_ntk_alpha_rope_parameters`).
+    NtkAlpha,
 }
 
 /// A family's RoPE.
@@ -198,6 +211,11 @@ pub enum MoeRouting {
     /// GLM-4-MoE (DeepSeek-V3's router): grouped sigmoid scores with a correction bias,
     /// `n_shared_experts` shared experts, sparse from `first_k_dense_replace` on.
     GroupedSigmoid,
+    /// Hunyuan (`HunYuanMoEV1Moe`): every layer sparse; a softmax top-k router, always
+    /// renormalized, over `num_experts` experts of `intermediate_size` (one number: the
+    /// experts module reads no list), top-k `moe_topk` (a number or one per layer), its linear
+    /// at `mlp.gate.wg`; plus a shared MLP of `intermediate_size` at `mlp.shared_mlp`.
+    SoftmaxSharedMlp,
 }
 
 /// How a family is stored in GGUF.
@@ -470,9 +488,23 @@ const SEED_OSS: FamilySpec = FamilySpec {
     ..LLAMA
 };
 
+const HUNYUAN_MOE: FamilySpec = FamilySpec {
+    family: Family::HunyuanMoe,
+    model_type: "hunyuan_v1_moe",
+    display: "Hunyuan-MoE",
+    hf_archs: &["HunYuanMoEV1ForCausalLM"],
+    gguf: GgufSpec { archs: &[], permutes_qk: false, converted: false },
+    qk_norm: QkNorm::AfterRope,
+    rope: RopeSpec { scaling: RopeScalingRule::NtkAlpha, ..LLAMA.rope },
+    moe: Some(MoeRouting::SoftmaxSharedMlp),
+    // `HunYuanMoEV1Config`'s defaults (attention_bias covers all four projections, as Llama's).
+    default_rms_norm_eps: 1e-5,
+    ..LLAMA
+};
+
 impl Family {
     /// Every family, in declaration order (the order of "supported" lists in messages).
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Llama,
         Family::Qwen2,
         Family::Mistral,
@@ -484,6 +516,7 @@ impl Family {
         Family::Glm4Moe,
         Family::Phi3,
         Family::SeedOss,
+        Family::HunyuanMoe,
     ];
 
     /// The family's descriptor.
@@ -500,6 +533,7 @@ impl Family {
             Family::Glm4Moe => &GLM4_MOE,
             Family::Phi3 => &PHI3,
             Family::SeedOss => &SEED_OSS,
+            Family::HunyuanMoe => &HUNYUAN_MOE,
         }
     }
 
@@ -626,6 +660,7 @@ impl Family {
     pub fn wiring(self) -> Wiring {
         Wiring {
             qk_norm: self.qk_norm(),
+            qk_norm_after_rope: self.spec().qk_norm == QkNorm::AfterRope,
             sandwich_norms: self.sandwich_norms(),
             final_softcap: false,
             moe: None,
@@ -662,6 +697,7 @@ mod tests {
                 Family::Glm4Moe => 8,
                 Family::Phi3 => 9,
                 Family::SeedOss => 10,
+                Family::HunyuanMoe => 11,
             };
             assert_eq!(i, index, "{f:?} is out of place in Family::ALL");
             assert_eq!(f.spec().family, f);

@@ -34,6 +34,11 @@ pub enum ModuleRole {
     /// q after the rotary embedding (`self_attn.q_rope`).
     QRope,
     KRope,
+    /// The per-head RMSNorm of q after RoPE (`self_attn.query_layernorm`; Hunyuan), which
+    /// attention reads. Only in families with post-RoPE q/k norms.
+    QLayerNorm,
+    /// The per-head RMSNorm of k after RoPE (`self_attn.key_layernorm`).
+    KLayerNorm,
     /// Attention's output before `o_proj` (`self_attn.attn_output`).
     AttnCore,
     /// Attention probabilities, a side output of [`AttnCore`](Self::AttnCore)'s node.
@@ -76,7 +81,10 @@ pub enum ModuleRole {
     LmHead,
     /// The MoE router's logits (`mlp.gate`, a linear without bias; its forward returns
     /// `(router_logits, weights, indices)` and hooks see the logits). MoE layers only.
+    /// Where the linear is a submodule of its own ([`RouterWg`](Self::RouterWg)), an alias of it.
     Router,
+    /// Hunyuan's router linear, `mlp.gate.wg`, inside the gate module `mlp.gate`.
+    RouterWg,
     /// The experts each token goes to, ascending ids as f32 (`mlp.gate.top_k_index`).
     RouterIndices,
     /// Their weights (`mlp.gate.top_k_weights`).
@@ -92,6 +100,15 @@ pub enum ModuleRole {
     SharedDown,
     /// The shared experts' output: an alias of [`SharedDown`](Self::SharedDown).
     SharedExperts,
+    /// Hunyuan's shared expert, `mlp.shared_mlp.*` (`HunYuanMoEV1MLP`): the same SwiGLU MLP
+    /// as [`SharedGate`](Self::SharedGate)..., under its own module name.
+    SharedMlpGate,
+    SharedMlpUp,
+    SharedMlpActFn,
+    SharedMlpActMul,
+    SharedMlpDown,
+    /// The shared MLP's output: an alias of [`SharedMlpDown`](Self::SharedMlpDown).
+    SharedMlp,
     /// `logits`: `lm_head`'s output soft-capped (`final_logit_softcapping`, Gemma 2), the
     /// model output's `logits` field. Only in models with a final soft-cap.
     Logits,
@@ -101,7 +118,7 @@ use ModuleRole::*;
 
 impl ModuleRole {
     /// Every role, in the order the builder emits them (per layer for the layer roles).
-    pub const ALL: [ModuleRole; 45] = [
+    pub const ALL: [ModuleRole; 54] = [
         Embedding,
         InputNorm,
         QProj,
@@ -115,6 +132,8 @@ impl ModuleRole {
         KNorm,
         QRope,
         KRope,
+        QLayerNorm,
+        KLayerNorm,
         AttnCore,
         AttnProbs,
         OProj,
@@ -131,6 +150,7 @@ impl ModuleRole {
         ActivationFn,
         ActMul,
         Down,
+        RouterWg,
         Router,
         RouterIndices,
         RouterWeights,
@@ -141,6 +161,12 @@ impl ModuleRole {
         SharedActMul,
         SharedDown,
         SharedExperts,
+        SharedMlpGate,
+        SharedMlpUp,
+        SharedMlpActFn,
+        SharedMlpActMul,
+        SharedMlpDown,
+        SharedMlp,
         Mlp,
         PostFfnNorm,
         LayerOutput,
@@ -171,6 +197,8 @@ impl ModuleRole {
             KNorm => "self_attn.k_norm",
             QRope => "self_attn.q_rope",
             KRope => "self_attn.k_rope",
+            QLayerNorm => "self_attn.query_layernorm",
+            KLayerNorm => "self_attn.key_layernorm",
             AttnCore => "self_attn.attn_output",
             AttnProbs => "self_attn.attn_probs",
             OProj => "self_attn.o_proj",
@@ -190,6 +218,7 @@ impl ModuleRole {
             Down => "mlp.down_proj",
             Mlp => "mlp",
             Router => "mlp.gate",
+            RouterWg => "mlp.gate.wg",
             RouterIndices => "mlp.gate.top_k_index",
             RouterWeights => "mlp.gate.top_k_weights",
             Experts => "mlp.experts",
@@ -199,6 +228,12 @@ impl ModuleRole {
             SharedActMul => "mlp.shared_experts.act_mul",
             SharedDown => "mlp.shared_experts.down_proj",
             SharedExperts => "mlp.shared_experts",
+            SharedMlpGate => "mlp.shared_mlp.gate_proj",
+            SharedMlpUp => "mlp.shared_mlp.up_proj",
+            SharedMlpActFn => "mlp.shared_mlp.act_fn",
+            SharedMlpActMul => "mlp.shared_mlp.act_mul",
+            SharedMlpDown => "mlp.shared_mlp.down_proj",
+            SharedMlp => "mlp.shared_mlp",
             LayerOutput => "",
             FinalNorm => "model.norm",
             LmHead => "lm_head",
@@ -213,6 +248,7 @@ impl ModuleRole {
             SelfAttn => Some(OProj),
             Mlp => Some(Down),
             SharedExperts => Some(SharedDown),
+            SharedMlp => Some(SharedMlpDown),
             _ => None,
         }
     }
@@ -223,6 +259,7 @@ impl ModuleRole {
             OProj => &[SelfAttn],
             Down => &[Mlp],
             SharedDown => &[SharedExperts],
+            SharedMlpDown => &[SharedMlp],
             _ => &[],
         }
     }
@@ -247,20 +284,32 @@ impl ModuleRole {
                 | Down
                 | LmHead
                 | Router
+                | RouterWg
                 | SharedGate
                 | SharedUp
                 | SharedDown
+                | SharedMlpGate
+                | SharedMlpUp
+                | SharedMlpDown
         )
     }
 
     /// Whether the value is an RMSNorm with the module's weight.
     pub fn is_norm(self) -> bool {
-        matches!(self, InputNorm | QNorm | KNorm | PostAttnNorm | PreFfnNorm | PostFfnNorm | FinalNorm)
+        matches!(
+            self,
+            InputNorm | QNorm | KNorm | QLayerNorm | KLayerNorm | PostAttnNorm | PreFfnNorm | PostFfnNorm | FinalNorm
+        )
     }
 
-    /// Whether only families with per-head q/k norms emit the role.
+    /// Whether only families with per-head q/k norms (before RoPE) emit the role.
     pub fn needs_qk_norm(self) -> bool {
         matches!(self, QNorm | KNorm)
+    }
+
+    /// Whether only families with per-head q/k norms after RoPE emit the role.
+    pub fn needs_qk_norm_after_rope(self) -> bool {
+        matches!(self, QLayerNorm | KLayerNorm)
     }
 
     /// Whether only families with sandwich norms emit the role.
@@ -291,12 +340,18 @@ impl ModuleRole {
 
     /// Whether only MoE layers emit the role.
     pub fn moe_only(self) -> bool {
-        matches!(self, Router | RouterIndices | RouterWeights | Experts) || self.shared_only()
+        matches!(self, Router | RouterWg | RouterIndices | RouterWeights | Experts) || self.shared_only()
     }
 
     /// Whether only MoE layers with shared experts emit the role.
     pub fn shared_only(self) -> bool {
         matches!(self, SharedGate | SharedUp | SharedActFn | SharedActMul | SharedDown | SharedExperts)
+            || self.shared_mlp_only()
+    }
+
+    /// Whether only MoE layers whose shared expert is Hunyuan's `mlp.shared_mlp` emit the role.
+    pub fn shared_mlp_only(self) -> bool {
+        matches!(self, SharedMlpGate | SharedMlpUp | SharedMlpActFn | SharedMlpActMul | SharedMlpDown | SharedMlp)
     }
 
     /// Whether only dense layers emit the role (the dense MLP's values).
@@ -314,9 +369,13 @@ pub const MAX_MOE_LAYERS: usize = 128;
 pub struct MoeWiring {
     /// Bit `l` set: layer `l`'s MLP is sparse (router, experts); the others are dense.
     pub sparse_layers: u128,
-    /// Sparse layers add shared experts to the routed output (GLM-4-MoE); `mlp` is then
-    /// their sum, otherwise an alias of `mlp.experts`.
+    /// Sparse layers add shared experts to the routed output (GLM-4-MoE, Hunyuan); `mlp` is
+    /// then their sum, otherwise an alias of `mlp.experts`.
     pub shared_experts: bool,
+    /// The shared expert is `mlp.shared_mlp` (Hunyuan), not `mlp.shared_experts`.
+    pub shared_mlp: bool,
+    /// The router's linear is `mlp.gate.wg` (Hunyuan), of which `mlp.gate` is an alias.
+    pub router_wg: bool,
 }
 
 impl MoeWiring {
@@ -332,6 +391,9 @@ impl MoeWiring {
 pub struct Wiring {
     /// Per-head RMSNorms of q and k before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// Per-head RMSNorms of q and k after RoPE, which attention reads (Hunyuan's
+    /// `query_layernorm` / `key_layernorm`).
+    pub qk_norm_after_rope: bool,
     /// Gemma's four norms per layer: attention's and the MLP's outputs are normalized
     /// before their residual adds, and the MLP reads `pre_feedforward_layernorm`.
     pub sandwich_norms: bool,
@@ -347,10 +409,15 @@ impl Wiring {
     /// Whether a model wired this way emits `role` (in a dense layer).
     pub fn emits(&self, role: ModuleRole) -> bool {
         self.projections_fit(role)
-            && (self.qk_norm || !role.needs_qk_norm())
+            && self.qk_norms_fit(role)
             && (self.sandwich_norms || !role.needs_sandwich_norms())
             && (self.final_softcap || !role.needs_final_softcap())
             && !role.moe_only()
+    }
+
+    /// Whether `role` belongs to this wiring's q/k norms (none, before or after RoPE).
+    fn qk_norms_fit(&self, role: ModuleRole) -> bool {
+        (self.qk_norm || !role.needs_qk_norm()) && (self.qk_norm_after_rope || !role.needs_qk_norm_after_rope())
     }
 
     /// Whether `role` belongs to this wiring's projections: separate q/k/v and gate/up, or
@@ -373,12 +440,16 @@ impl Wiring {
         if !role.in_layer() || !self.sparse(layer) {
             return self.emits(role);
         }
-        let shared = self.moe.is_some_and(|m| m.shared_experts);
+        let moe = self.moe.unwrap_or_default();
+        // The shared expert under one of its two module names.
+        let shared_fits =
+            if role.shared_only() { moe.shared_experts && moe.shared_mlp == role.shared_mlp_only() } else { true };
         self.projections_fit(role)
-            && (self.qk_norm || !role.needs_qk_norm())
+            && self.qk_norms_fit(role)
             && (self.sandwich_norms || !role.needs_sandwich_norms())
             && !role.dense_only()
-            && (shared || !role.shared_only())
+            && shared_fits
+            && (moe.router_wg || role != RouterWg)
     }
 }
 
@@ -439,8 +510,12 @@ impl Module {
 
     /// [`canonical`](Self::canonical) in a model wired as `wiring` says: in a sparse layer
     /// `mlp` is `mlp.experts` (no shared experts) or a value of its own (their sum with the
-    /// shared experts).
+    /// shared experts), and with [`MoeWiring::router_wg`] `mlp.gate` is `mlp.gate.wg`.
     pub fn canonical_in(&self, wiring: Wiring) -> Module {
+        let moe = wiring.moe.unwrap_or_default();
+        if self.role == Router && moe.router_wg && wiring.sparse(self.layer) {
+            return Module { role: RouterWg, layer: self.layer };
+        }
         if self.role == Mlp && wiring.sparse(self.layer) {
             let shared = wiring.moe.is_some_and(|m| m.shared_experts);
             return Module { role: if shared { Mlp } else { Experts }, layer: self.layer };
@@ -451,6 +526,9 @@ impl Module {
     /// [`names`](Self::names) in a model wired as `wiring` says.
     pub fn names_in(&self, wiring: Wiring) -> Vec<String> {
         let c = self.canonical_in(wiring);
+        if c.role == RouterWg {
+            return vec![c.name(), Module { role: Router, layer: c.layer }.name()];
+        }
         if wiring.sparse(self.layer) && matches!(c.role, Experts | Mlp | Down) {
             let shared = wiring.moe.is_some_and(|m| m.shared_experts);
             return match (c.role, shared) {
@@ -492,10 +570,17 @@ impl Module {
     }
 
     /// [`inputs`](Self::inputs) in a family wired as `wiring` says: with q/k norms RoPE reads
-    /// the normed q/k; with sandwich norms the residual adds read the normed block outputs
+    /// the normed q/k, with norms after RoPE attention reads those; with sandwich norms the residual adds read the normed block outputs
     /// and the MLP reads `pre_feedforward_layernorm`.
     pub fn inputs_in(&self, n_layers: usize, wiring: Wiring) -> Vec<Module> {
-        let Wiring { qk_norm, sandwich_norms: sandwich, final_softcap: _, moe, fused_projections: fused } = wiring;
+        let Wiring {
+            qk_norm,
+            qk_norm_after_rope: post_rope,
+            sandwich_norms: sandwich,
+            final_softcap: _,
+            moe,
+            fused_projections: fused,
+        } = wiring;
         let l = |role| Module::layer(self.layer, role);
         // q, k, v, gate and up: projections of their own, or parts of a fused one.
         let (q, k, v) = if fused { (QPart, KPart, VPart) } else { (QProj, KProj, VProj) };
@@ -503,6 +588,8 @@ impl Module {
         // The MLP's input norm, and the value that is the MLP block's output.
         let mlp_in = l(if sandwich { PreFfnNorm } else { PostAttnNorm });
         let shared = moe.is_some_and(|m| m.shared_experts);
+        let shared_down = if moe.is_some_and(|m| m.shared_mlp) { SharedMlpDown } else { SharedDown };
+        let router = if moe.is_some_and(|m| m.router_wg) { RouterWg } else { Router };
         let mlp_out = if wiring.sparse(self.layer) { l(if shared { Mlp } else { Experts }) } else { l(Down) };
         match self.role {
             Embedding => vec![],
@@ -513,6 +600,9 @@ impl Module {
             KNorm => vec![l(k)],
             QRope => vec![l(if qk_norm { QNorm } else { q })],
             KRope => vec![l(if qk_norm { KNorm } else { k })],
+            QLayerNorm => vec![l(QRope)],
+            KLayerNorm => vec![l(KRope)],
+            AttnCore | AttnProbs if post_rope => vec![l(QLayerNorm), l(KLayerNorm), l(v)],
             AttnCore | AttnProbs => vec![l(QRope), l(KRope), l(v)],
             OProj | SelfAttn => vec![l(AttnCore)],
             AttnResidual => vec![Module::layer_input(self.layer), l(if sandwich { PostAttnNorm } else { OProj })],
@@ -523,16 +613,19 @@ impl Module {
             ActFn | ActivationFn => vec![l(gate)],
             ActMul => vec![l(act), l(up)],
             Down => vec![l(ActMul)],
-            Mlp if wiring.sparse(self.layer) && shared => vec![l(Experts), l(SharedDown)],
+            Mlp if wiring.sparse(self.layer) && shared => vec![l(Experts), l(shared_down)],
             Mlp if wiring.sparse(self.layer) => vec![mlp_in, l(RouterIndices), l(RouterWeights)],
             Mlp => vec![l(ActMul)],
-            Router | SharedGate | SharedUp => vec![mlp_in],
-            RouterIndices => vec![l(Router)],
-            RouterWeights => vec![l(Router), l(RouterIndices)],
+            Router | RouterWg | SharedGate | SharedUp | SharedMlpGate | SharedMlpUp => vec![mlp_in],
+            RouterIndices => vec![l(router)],
+            RouterWeights => vec![l(router), l(RouterIndices)],
             Experts => vec![mlp_in, l(RouterIndices), l(RouterWeights)],
             SharedActFn => vec![l(SharedGate)],
             SharedActMul => vec![l(SharedActFn), l(SharedUp)],
             SharedDown | SharedExperts => vec![l(SharedActMul)],
+            SharedMlpActFn => vec![l(SharedMlpGate)],
+            SharedMlpActMul => vec![l(SharedMlpActFn), l(SharedMlpUp)],
+            SharedMlpDown | SharedMlp => vec![l(SharedMlpActMul)],
             PostFfnNorm => vec![mlp_out],
             LayerOutput => vec![l(AttnResidual), if sandwich { l(PostFfnNorm) } else { mlp_out }],
             FinalNorm => vec![Module::layer_input(n_layers)],

@@ -49,7 +49,10 @@ pub fn infer_shapes(graph: &mut Graph) -> Result<(), GraphError> {
             | Op::Plant(_) => input(0),
             Op::Mul | Op::Add | Op::SwiGlu => input(0),
             Op::Slice { len, .. } => with_last(input(0), *len),
-            Op::Attention { shape, .. } => with_last(input(0), shape.n_heads * shape.head_dim),
+            // Attention returns the flat row of its heads whatever view q comes in: RoPE's
+            // flat row, or (Hunyuan, whose q/k norms follow RoPE) a per-head norm's
+            // [token, head, head_dim].
+            Op::Attention { shape, .. } => vec![Dim::Tokens, Dim::Fixed(shape.n_heads * shape.head_dim)],
             Op::RouterSelect { router, .. } | Op::RouterWeights { router } => with_last(input(0), router.top_k),
             Op::Experts { .. } => input(0),
         };

@@ -7,7 +7,7 @@ use std::path::Path;
 use loupe_tensor::ops::{RopeScaling, Router, RouterScoring};
 use serde_json::Value;
 
-use super::rope::{longrope_scaling, rope_scaling_of, rotary_dim_of};
+use super::rope::{longrope_scaling, ntk_alpha_rope, rope_scaling_of, rotary_dim_of};
 use super::{pattern_windows, valid_softcap, DecoderConfig, HiddenAct, MoeConfig};
 use crate::error::ModelError;
 use crate::family::{
@@ -196,15 +196,23 @@ impl DecoderConfig {
             QkNorm::Never => false,
             QkNorm::Always => true,
             QkNorm::ConfigFlag(key) => v.get(key).and_then(Value::as_bool) == Some(true),
+            // Norms after RoPE are the family's wiring (`Family::wiring`), not these.
+            QkNorm::AfterRope => false,
         };
         let rotary_dim = rotary_dim_of(v, global_params, head_dim, family).map_err(|(k, reason)| bad(&k, reason))?;
-        let rope_scaling = match (global_params, spec.rope.scaling) {
-            (None, _) => RopeScaling::None,
-            (Some(p), RopeScalingRule::LongRope { default_original }) => {
+        let (rope_scaling, rope_theta) = match (global_params, spec.rope.scaling) {
+            (None, _) => (RopeScaling::None, rope_theta),
+            (Some(p), RopeScalingRule::LongRope { default_original }) => (
                 longrope_scaling(v, p, rotary_dim, max_position_embeddings, default_original)
-                    .map_err(|(k, reason)| bad(&k, reason))?
+                    .map_err(|(k, reason)| bad(&k, reason))?,
+                rope_theta,
+            ),
+            (Some(p), RopeScalingRule::Standard) => {
+                (rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))?, rope_theta)
             }
-            (Some(p), RopeScalingRule::Standard) => rope_scaling_of(p).map_err(|(k, reason)| bad(&k, reason))?,
+            (Some(p), RopeScalingRule::NtkAlpha) => {
+                ntk_alpha_rope(p, rope_theta, head_dim).map_err(|(k, reason)| bad(&k, reason))?
+            }
         };
         let rope_local_theta = if let Some(default_local) = spec.rope.local_theta {
             if let Some(p) = local_params {
@@ -259,8 +267,8 @@ impl DecoderConfig {
 }
 
 /// The MoE MLPs a config.json describes, as transformers reads it for the family's routing
-/// ([`MoeRouting`]: `Qwen3MoeConfig`, `Glm4MoeConfig` defaults for absent keys); errors name
-/// the key. `None` for dense families.
+/// ([`MoeRouting`]: `Qwen3MoeConfig`, `Glm4MoeConfig`, `HunYuanMoEV1Config` defaults for
+/// absent keys); errors name the key. `None` for dense families.
 fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>, (String, String)> {
     let Some(routing) = family.spec().moe else { return Ok(None) };
     let int = |k: &str, default: Option<u64>| -> Result<usize, (String, String)> {
@@ -280,13 +288,18 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
             Some(x) => x.as_bool().ok_or_else(|| (k.to_string(), format!("{x} is not a boolean"))),
         }
     };
-    let top_k = int("num_experts_per_tok", Some(8))?;
-    let moe_intermediate_size = int("moe_intermediate_size", None)?;
-    if moe_intermediate_size == 0 {
-        return Err(("moe_intermediate_size".into(), "must be non-zero".into()));
-    }
-    let (router, shared, bias, sparse_layers) = match routing {
+    // Qwen3-MoE's and GLM's top-k and expert width (Hunyuan reads neither key).
+    let top_k_and_width = || -> Result<(usize, usize), (String, String)> {
+        let inter = int("moe_intermediate_size", None)?;
+        if inter == 0 {
+            return Err(("moe_intermediate_size".into(), "must be non-zero".into()));
+        }
+        Ok((int("num_experts_per_tok", Some(8))?, inter))
+    };
+    let mut top_k_key = "num_experts_per_tok";
+    let (router, moe_intermediate_size, shared, bias, sparse_layers) = match routing {
         MoeRouting::SoftmaxTopK => {
+            let (top_k, inter) = top_k_and_width()?;
             // `num_experts` is the attribute; transformers 5 writes it as `num_local_experts`
             // (`Qwen3MoeConfig.attribute_map`), released checkpoints as `num_experts`.
             let key = if v.get("num_experts").is_some() { "num_experts" } else { "num_local_experts" };
@@ -319,9 +332,10 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
                 norm_topk_prob: flag("norm_topk_prob", false)?,
                 scaling: 1.0,
             };
-            (router, None, false, sparse)
+            (router, inter, None, false, sparse)
         }
         MoeRouting::GroupedSigmoid => {
+            let (top_k, moe_intermediate_size) = top_k_and_width()?;
             let key = if v.get("n_routed_experts").is_some() { "n_routed_experts" } else { "num_local_experts" };
             let n = int(key, Some(128))?;
             let scaling = match v.get("routed_scaling_factor") {
@@ -346,10 +360,30 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
             let first = int("first_k_dense_replace", Some(1))?;
             (
                 router,
+                moe_intermediate_size,
                 (shared > 0).then_some(moe_intermediate_size * shared),
                 true,
                 (0..layers).map(|l| l >= first).collect(),
             )
+        }
+        MoeRouting::SoftmaxSharedMlp => {
+            let (n, top_k) = hunyuan_experts(v, layers)?;
+            top_k_key = "moe_topk";
+            // `HunYuanMoEV1Experts` and `HunYuanMoEV1MLP` (the shared expert) are both
+            // `intermediate_size` wide; a `moe_intermediate_size` key is not read.
+            let inter = int("intermediate_size", None)?;
+            // `HunYuanMoEV1Gate.forward`: softmax, top-k, always renormalized.
+            let router = Router {
+                scoring: RouterScoring::Softmax,
+                n_experts: n,
+                top_k,
+                n_group: 1,
+                topk_group: 1,
+                norm_topk_prob: true,
+                scaling: 1.0,
+            };
+            // `HunYuanMoEV1DecoderLayer`: every layer's MLP is `HunYuanMoEV1Moe`.
+            (router, inter, Some(inter), false, vec![true; layers])
         }
     };
     if sparse_layers.len() > MAX_MOE_LAYERS {
@@ -367,7 +401,7 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
         } else if router.topk_group == 0 || router.topk_group > router.n_group {
             "topk_group"
         } else {
-            "num_experts_per_tok"
+            top_k_key
         };
         return Err((field.into(), e.to_string()));
     }
@@ -378,6 +412,46 @@ fn hf_moe(v: &Value, family: Family, layers: usize) -> Result<Option<MoeConfig>,
         correction_bias: bias,
         sparse_layers,
     }))
+}
+
+/// Hunyuan's expert count and top-k (`HunYuanMoEV1Config`: `num_experts` / `moe_topk`, or
+/// their attribute-map names `num_local_experts` / `num_experts_per_tok`; default 1 each).
+/// `HunYuanMoEV1Gate` reads a list as one value per layer, but `HunYuanMoEV1Experts` builds
+/// `num_experts` experts from a number only, so a list of expert counts is refused; a top-k
+/// list is read when its entries for the model's layers are one value (loupe's router is the
+/// same on every layer).
+fn hunyuan_experts(v: &Value, layers: usize) -> Result<(usize, usize), (String, String)> {
+    let read = |keys: [&str; 2], list_ok: bool| -> Result<usize, (String, String)> {
+        let key = if v.get(keys[0]).is_some() { keys[0] } else { keys[1] };
+        let one = |x: &Value| {
+            x.as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| (key.to_string(), format!("{x} is not a non-negative integer")))
+        };
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(1),
+            Some(Value::Array(a)) if list_ok => {
+                let per_layer = a
+                    .get(..layers)
+                    .ok_or_else(|| (key.to_string(), format!("{} entries for {layers} layers", a.len())))?;
+                let values = per_layer.iter().map(one).collect::<Result<Vec<_>, _>>()?;
+                let k = values.first().copied().unwrap_or(1);
+                if values.iter().any(|&r| r != k) {
+                    return Err((
+                        key.to_string(),
+                        format!("{values:?}: a top-k that differs between layers is not supported"),
+                    ));
+                }
+                Ok(k)
+            }
+            Some(Value::Array(_)) => Err((
+                key.to_string(),
+                "a per-layer list is not supported (HunYuanMoEV1Experts builds one number of experts)".into(),
+            )),
+            Some(x) => one(x),
+        }
+    };
+    Ok((read(["num_experts", "num_local_experts"], false)?, read(["moe_topk", "num_experts_per_tok"], true)?))
 }
 
 /// Each layer's attention window from a config.json, as transformers decides it for the

@@ -17,17 +17,18 @@ use std::path::Path;
 use loupe_tensor::ops::{AttentionShape, RopeScaling, Router};
 
 use crate::error::ModelError;
-use crate::family::{Family, HiddenAct};
+use crate::family::{Family, HiddenAct, MoeRouting};
 use crate::roles::{MoeWiring, Wiring, MAX_MOE_LAYERS};
 
-/// A Mixture-of-Experts MLP's configuration (Qwen3-MoE, GLM-4-MoE).
+/// A Mixture-of-Experts MLP's configuration (Qwen3-MoE, GLM-4-MoE, Hunyuan-MoE).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MoeConfig {
     /// The router's arithmetic (scoring, experts, top-k, groups, renormalization, scaling).
     pub router: Router,
-    /// Each routed expert's hidden width (`moe_intermediate_size`).
+    /// Each routed expert's hidden width (`moe_intermediate_size`; Hunyuan: `intermediate_size`).
     pub moe_intermediate_size: usize,
-    /// The shared experts' MLP width (`moe_intermediate_size * n_shared_experts`), run on
+    /// The shared experts' MLP width (`moe_intermediate_size * n_shared_experts`; Hunyuan's
+    /// shared MLP: `intermediate_size`), run on
     /// every token and added to the routed output; `None`: no shared experts.
     pub shared_intermediate_size: Option<usize>,
     /// Whether the router has an `e_score_correction_bias` (sigmoid routers).
@@ -91,6 +92,7 @@ impl DecoderConfig {
     /// What the builder emits: the family's layer wiring, and the final soft-cap's value
     /// when the config has one.
     pub fn wiring(&self) -> Wiring {
+        let hunyuan_modules = self.family.spec().moe == Some(MoeRouting::SoftmaxSharedMlp);
         let moe = self.moe.as_ref().map(|m| MoeWiring {
             sparse_layers: m
                 .sparse_layers
@@ -99,6 +101,10 @@ impl DecoderConfig {
                 .filter(|&(l, &s)| s && l < MAX_MOE_LAYERS)
                 .fold(0u128, |bits, (l, _)| bits | 1u128 << l),
             shared_experts: m.shared_intermediate_size.is_some(),
+            // Hunyuan's module names: the gate's linear `mlp.gate.wg`, the shared expert
+            // `mlp.shared_mlp` (`HunYuanMoEV1Gate`, `HunYuanMoEV1Moe`).
+            shared_mlp: hunyuan_modules,
+            router_wg: hunyuan_modules,
         });
         Wiring { final_softcap: self.final_logit_softcap.is_some(), qk_norm: self.qk_norm, moe, ..self.family.wiring() }
     }

@@ -140,3 +140,34 @@ pub(super) fn rope_scaling_of(p: &Value) -> Result<RopeScaling, (String, String)
         other => return Err(("rope_scaling.rope_type".into(), format!("unsupported rope type '{other}'"))),
     })
 }
+
+/// Hunyuan's RoPE entry ([`crate::family::RopeScalingRule::NtkAlpha`]) as
+/// `HunYuanMoEV1RotaryEmbedding` reads it: `dynamic` with an `alpha` is NTK-alpha, the default
+/// rotation with a base of `rope_theta * alpha^(head_dim / (head_dim - 2))`, formed in f64 as
+/// Python does (`compute_ntk_alpha_rope_parameters`); it does not depend on the sequence
+/// length (transformers calls it `ntk_alpha` so `dynamic_rope_update` leaves it alone), and
+/// the `factor` beside it is unused. Returns the scaling and the base. Any other entry is read
+/// as [`rope_scaling_of`] reads it (`dynamic` without `alpha`, transformers' length-dependent
+/// NTK, is refused there).
+pub(super) fn ntk_alpha_rope(p: &Value, theta: f32, head_dim: usize) -> Result<(RopeScaling, f32), (String, String)> {
+    let rope_type = p.get("rope_type").or_else(|| p.get("type")).and_then(Value::as_str);
+    // transformers tests `rope_parameters.get("alpha")` for truth: 0 and null are no alpha.
+    let alpha = p.get("alpha").filter(|x| !x.is_null() && x.as_f64() != Some(0.0));
+    let (Some("dynamic"), Some(x)) = (rope_type, alpha) else { return Ok((rope_scaling_of(p)?, theta)) };
+    let key = "rope_parameters.alpha".to_string();
+    let alpha = x
+        .as_f64()
+        .filter(|a| a.is_finite() && *a > 0.0)
+        .ok_or_else(|| (key.clone(), format!("{x} is not a positive number")))?;
+    if head_dim <= 2 {
+        return Err((key, format!("head_dim {head_dim}: the exponent head_dim / (head_dim - 2) needs head_dim > 2")));
+    }
+    let theta = p.get("rope_theta").and_then(Value::as_f64).unwrap_or(theta as f64);
+    let base = theta * alpha.powf(head_dim as f64 / (head_dim as f64 - 2.0));
+    // torch raises the f64 base to an f32 tensor's powers in f32.
+    let base32 = base as f32;
+    if !(base32.is_finite() && base32 > 0.0) {
+        return Err((key, format!("gives a RoPE base of {base}, not a positive f32")));
+    }
+    Ok((RopeScaling::None, base32))
+}

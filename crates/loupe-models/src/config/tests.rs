@@ -261,6 +261,52 @@ fn seed_oss_reads_its_bias_keys_and_head_dim() {
     assert_eq!((s.qkv_bias, s.o_bias, s.head_dim), (false, true, 16));
 }
 
+/// Hunyuan-MoE as `HunYuanMoEV1Config` and its modules read config.json: every layer sparse,
+/// one expert and top-1 by default, experts and the shared MLP `intermediate_size` wide, the
+/// router always renormalized; `moe_topk` may be one value per layer; q/k norms after RoPE
+/// (wiring, not `qk_norm`); `dynamic` RoPE with an `alpha` is a fixed base of
+/// `rope_theta * alpha^(hd / (hd - 2))`; what transformers cannot build is refused by name.
+#[test]
+fn hunyuan_moe_reads_its_expert_and_rope_keys() {
+    let hy = |extra: &str| {
+        hf(&format!(r#"{{"architectures": ["HunYuanMoEV1ForCausalLM"], {extra} "head_dim": 16, {BASE}}}"#))
+    };
+    let c = hy("").unwrap();
+    let moe = c.moe.clone().unwrap();
+    assert_eq!((c.family, c.qk_norm, c.rms_norm_eps, c.rope_theta), (Family::HunyuanMoe, false, 1e-5, 10000.0));
+    assert_eq!((moe.router.n_experts, moe.router.top_k, moe.router.norm_topk_prob), (1, 1, true));
+    assert_eq!(
+        (moe.moe_intermediate_size, moe.shared_intermediate_size, moe.sparse_layers),
+        (128, Some(128), vec![true, true])
+    );
+    let w = c.wiring();
+    assert!(
+        w.qk_norm_after_rope && !w.qk_norm && w.moe.is_some_and(|m| m.shared_mlp && m.router_wg && m.shared_experts)
+    );
+    let c = hy(r#""num_experts": 8, "moe_topk": [2, 2, 3], "moe_intermediate_size": [7, 7], "rope_parameters": {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0},"#).unwrap();
+    let moe = c.moe.clone().unwrap();
+    assert_eq!((moe.router.n_experts, moe.router.top_k, moe.router.scoring), (8, 2, RouterScoring::Softmax));
+    assert_eq!(c.rope_scaling, RopeScaling::None);
+    assert_eq!(c.rope_theta, (10000.0 * 1000f64.powf(16.0 / 14.0)) as f32);
+    // The attribute-map names, and Llama's RoPE types.
+    let c = hy(r#""num_local_experts": 4, "num_experts_per_tok": 2, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},"#).unwrap();
+    assert_eq!(
+        (c.moe.as_ref().unwrap().router.top_k, c.rope_scaling.clone()),
+        (2, RopeScaling::Linear { factor: 2.0 })
+    );
+    for (extra, field) in [
+        (r#""num_experts": [8, 8],"#, "num_experts"),
+        (r#""num_experts": 8, "moe_topk": [2, 1],"#, "moe_topk"),
+        (r#""num_experts": 8, "moe_topk": [2],"#, "moe_topk"),
+        (r#""num_experts": 2, "moe_topk": 3,"#, "moe_topk"),
+        (r#""rope_parameters": {"rope_type": "dynamic", "factor": 2.0},"#, "rope_scaling.rope_type"),
+        (r#""rope_parameters": {"rope_type": "dynamic", "alpha": -1.0},"#, "rope_parameters.alpha"),
+    ] {
+        let e = hy(extra).unwrap_err();
+        assert!(matches!(&e, ModelError::InvalidConfig { field: f, .. } if f == field), "{extra}: {e}");
+    }
+}
+
 #[test]
 fn unsupported_features_are_refused_by_name() {
     let e = hf(&format!(r#"{{"architectures": ["GPTNeoXForCausalLM"], {BASE}}}"#)).unwrap_err().to_string();

@@ -71,13 +71,14 @@ fn tiny() -> DecoderConfig {
     }
 }
 
-/// A tiny MoE model: Qwen3-MoE (softmax router, 4 experts, top 2, layers 0 and 2 sparse)
-/// or GLM-4-MoE (grouped sigmoid router with correction bias, a shared expert, layers 1
-/// and 2 sparse).
+/// A tiny MoE model: Qwen3-MoE (softmax router, 4 experts, top 2, layers 0 and 2 sparse),
+/// GLM-4-MoE (grouped sigmoid router with correction bias, a shared expert, layers 1
+/// and 2 sparse) or Hunyuan-MoE (Qwen3-MoE's router, a shared MLP, every layer sparse).
 fn tiny_moe(family: crate::family::Family) -> DecoderConfig {
     use crate::family::Family;
     use loupe_tensor::ops::{Router, RouterScoring};
     let glm = family == Family::Glm4Moe;
+    let hy = family == Family::HunyuanMoe;
     let router = if glm {
         Router {
             scoring: RouterScoring::Sigmoid,
@@ -102,11 +103,18 @@ fn tiny_moe(family: crate::family::Family) -> DecoderConfig {
     let moe = MoeConfig {
         router,
         moe_intermediate_size: 8,
-        shared_intermediate_size: glm.then_some(8),
+        shared_intermediate_size: (glm || hy).then_some(8),
         correction_bias: glm,
-        sparse_layers: if glm { vec![false, true, true] } else { vec![true, false, true] },
+        sparse_layers: if glm {
+            vec![false, true, true]
+        } else if hy {
+            vec![true; 3]
+        } else {
+            vec![true, false, true]
+        },
     };
-    DecoderConfig { family, qk_norm: !glm, tie_word_embeddings: false, moe: Some(moe), ..tiny() }
+    // Hunyuan's q/k norms come after RoPE, from its family's wiring.
+    DecoderConfig { family, qk_norm: !glm && !hy, tie_word_embeddings: false, moe: Some(moe), ..tiny() }
 }
 
 fn build(faults: &[Fault]) -> Graph {
@@ -325,12 +333,20 @@ fn roles_describe_the_built_graph() {
     use crate::roles::{Module, ModuleRole};
     // Every wiring: plain (Llama), q/k norms (Qwen3), q/k and sandwich norms (Gemma 3),
     // sandwich norms and the final soft-cap (Gemma 2), sparse and dense layers (Qwen3-MoE),
-    // with shared experts (GLM-4-MoE), fused projections (Phi-3, with partial rotary).
-    for family in
-        [Family::Llama, Family::Qwen3, Family::Gemma3, Family::Gemma2, Family::Qwen3Moe, Family::Glm4Moe, Family::Phi3]
-    {
+    // with shared experts (GLM-4-MoE), fused projections (Phi-3, with partial rotary), q/k
+    // norms after RoPE with Hunyuan's module names (`mlp.gate.wg`, `mlp.shared_mlp`).
+    for family in [
+        Family::Llama,
+        Family::Qwen3,
+        Family::Gemma3,
+        Family::Gemma2,
+        Family::Qwen3Moe,
+        Family::Glm4Moe,
+        Family::Phi3,
+        Family::HunyuanMoe,
+    ] {
         let cfg = match family {
-            Family::Qwen3Moe | Family::Glm4Moe => tiny_moe(family),
+            Family::Qwen3Moe | Family::Glm4Moe | Family::HunyuanMoe => tiny_moe(family),
             Family::Phi3 => DecoderConfig { family, rotary_dim: 2, ..tiny() },
             _ => DecoderConfig { family, qk_norm: family.qk_norm(), ..tiny() },
         };
@@ -374,7 +390,8 @@ fn roles_describe_the_built_graph() {
             // (a sparse layer's `mlp` is no linear: the experts' output or a sum)
             let moe_block = m.role == ModuleRole::Mlp && wiring.sparse(m.layer);
             if (m.role.is_linear() && !moe_block) || m.role.is_norm() || m.role == ModuleRole::Embedding {
-                let w = m.param("weight");
+                // (Hunyuan's `mlp.gate` is an alias of its linear `mlp.gate.wg`)
+                let w = m.canonical_in(wiring).param("weight");
                 // a tied lm_head reads the embedding table
                 assert!(g.weights.iter().any(|x| x.name == w) || m.role == ModuleRole::LmHead, "{w}");
             }
@@ -419,7 +436,10 @@ fn transposed_weight_is_the_transpose() {
 #[test]
 fn moe_layers_compute_their_formula() {
     use crate::family::Family;
-    for family in [Family::Qwen3Moe, Family::Glm4Moe] {
+    for family in [Family::Qwen3Moe, Family::Glm4Moe, Family::HunyuanMoe] {
+        // Hunyuan's router linear is `mlp.gate.wg`, its shared expert `mlp.shared_mlp`.
+        let (router, shared) =
+            if family == Family::HunyuanMoe { ("gate.wg", "shared_mlp") } else { ("gate", "shared_experts") };
         let cfg = tiny_moe(family);
         let mut src = FakeSource { path: "fake".into(), seed: 11 };
         let g = build_decoder(&cfg, &mut src, None, false, &[]).unwrap();
@@ -438,7 +458,7 @@ fn moe_layers_compute_their_formula() {
             let bias = moe.correction_bias.then(|| w(&format!("{p}.gate.e_score_correction_bias")));
             for step in ["@0", "@1"] {
                 let x = &vals[&format!("model.layers.{l}.post_attention_layernorm{step}")];
-                let logits = &vals[&format!("{p}.gate{step}")];
+                let logits = &vals[&format!("{p}.{router}{step}")];
                 let ids = &vals[&format!("{p}.gate.top_k_index{step}")];
                 let wts = &vals[&format!("{p}.gate.top_k_weights{step}")];
                 let out = &vals[&format!("{p}.experts{step}")];
@@ -518,11 +538,11 @@ fn moe_layers_compute_their_formula() {
                     }
                 }
             }
-            // GLM's block output adds the shared experts.
+            // GLM's and Hunyuan's block output adds the shared experts.
             if moe.shared_intermediate_size.is_some() {
                 let (a, b, m) = (
                     &vals[&format!("{p}.experts@0")],
-                    &vals[&format!("{p}.shared_experts.down_proj@0")],
+                    &vals[&format!("{p}.{shared}.down_proj@0")],
                     &vals[&format!("{p}@0")],
                 );
                 for i in 0..m.len() {
@@ -542,7 +562,7 @@ fn moe_layers_compute_their_formula() {
 fn moe_batched_step_equals_single_sequences_and_lowering_changes_nothing() {
     use crate::family::Family;
     use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
-    for family in [Family::Qwen3Moe, Family::Glm4Moe] {
+    for family in [Family::Qwen3Moe, Family::Glm4Moe, Family::HunyuanMoe] {
         let mut src = FakeSource { path: "fake".into(), seed: 11 };
         let g = build_decoder(&tiny_moe(family), &mut src, None, false, &[]).unwrap();
         let seqs: [&[u32]; 2] = [&[3, 14, 15, 9, 26, 5], &[7, 8, 2]];
