@@ -15,13 +15,18 @@ use crate::UsageError;
 pub enum PrecisionArg {
     /// Dequantize weights at load and compute in f32 (closest to PyTorch).
     F32,
-    /// Keep GGML blocks in memory; dequantize in registers against f32 activations (fast).
+    /// Keep GGML blocks in memory; dequantize in registers against f32 activations (16-bit
+    /// blocks): the exact-arithmetic mode, 100% teacher-forced agreement with f32.
     Native,
     /// Keep GGML blocks and quantize activations to 8-bit blocks, as llama.cpp does.
     Q8,
     /// FP8 E4M3 weights (per output row) and activations (per token) in the decoder layers,
     /// guarded scales, f32 accumulation: FP8 W8A8 numerics, emulated (speed of f32).
     Fp8,
+    /// The default of generate, bench, serve: blocks kept; 8-bit activation blocks for Q4_K
+    /// weights, native arithmetic for the other types (>= 99% teacher-forced agreement with
+    /// f32 on every model's goldens).
+    Auto,
 }
 
 impl From<PrecisionArg> for Precision {
@@ -31,11 +36,12 @@ impl From<PrecisionArg> for Precision {
             PrecisionArg::Native => Precision::Native,
             PrecisionArg::Q8 => Precision::Q8,
             PrecisionArg::Fp8 => Precision::Fp8,
+            PrecisionArg::Auto => Precision::Auto,
         }
     }
 }
 
-/// The name a precision is shown and written with (`f32`, `native`, `q8`, `fp8`).
+/// The name a precision is shown and written with (`f32`, `native`, `q8`, `fp8`, `auto`).
 pub fn precision_name(p: Precision) -> &'static str {
     p.name()
 }
@@ -46,7 +52,7 @@ pub struct ModelArgs {
     /// GGUF file or Hugging Face checkpoint directory [default: the cached SmolLM2-135M-Instruct Q4_1, fetched on first use]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// Weight precision [default: native; f32, the parity baseline, for dump, parity and bisect]
+    /// Weight precision [default: auto; f32, the parity baseline, for dump, parity and bisect]
     #[arg(long, value_enum, alias = "mode")]
     pub precision: Option<PrecisionArg>,
     /// Compute threads [default: all cores]

@@ -72,7 +72,7 @@ pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let profiler = args.profile.profiler()?;
     let engine = load(
         &args.model,
-        Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) },
+        Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Auto)) },
         debug,
     )?;
     if let Some(counts) = args.batch.clone() {

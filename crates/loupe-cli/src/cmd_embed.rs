@@ -81,7 +81,7 @@ pub fn run(args: EmbedArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         None => loupe_runtime::fetch_model(DEFAULT_EMBED_MODEL)?,
     };
     let model_args = ModelArgs { model: Some(model), precision: args.precision, threads: args.threads, kv_dtype: None };
-    let engine = load(&model_args, Load::new(model_args.precision_or(PrecisionArg::Native)), debug)?;
+    let engine = load(&model_args, Load::new(model_args.precision_or(PrecisionArg::Auto)), debug)?;
     if !engine.is_encoder() {
         return Err(UsageError(format!(
             "{} is a {} decoder: loupe embed needs an encoder model (BERT, e.g. `loupe fetch-model {DEFAULT_EMBED_MODEL}`)",

@@ -127,7 +127,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let profiler = args.profile.profiler()?;
     let engine = load(
         &args.model,
-        Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Native)) },
+        Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Auto)) },
         debug,
     )?;
     let prompt = Prompt { text: &args.prompt, chat: args.chat, system: args.system.as_deref() };

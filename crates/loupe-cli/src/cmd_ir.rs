@@ -35,7 +35,7 @@ pub fn run(args: IrArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     }
     let pass = args.pass.clone().unwrap_or_else(|| PASSES[PASSES.len() - 1].name.to_string());
     let what = Load {
-        precision: args.model.precision_or(PrecisionArg::Native),
+        precision: args.model.precision_or(PrecisionArg::Auto),
         layers: parse_layers(&args.layers)?,
         faults: args.inject.clone(),
         lowering: Lowering::Until(pass),

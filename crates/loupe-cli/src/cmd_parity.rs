@@ -93,7 +93,7 @@ impl CalibrationDtype {
         match p {
             PrecisionArg::F32 => CalibrationDtype::F64,
             PrecisionArg::Native => CalibrationDtype::F16,
-            PrecisionArg::Q8 | PrecisionArg::Fp8 => CalibrationDtype::Bf16,
+            PrecisionArg::Q8 | PrecisionArg::Fp8 | PrecisionArg::Auto => CalibrationDtype::Bf16,
         }
     }
 

@@ -115,7 +115,7 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         std::thread::sleep(delay);
         load(
             &model,
-            Load { profiler: load_profiler, faults, ..Load::new(model.precision_or(PrecisionArg::Native)) },
+            Load { profiler: load_profiler, faults, ..Load::new(model.precision_or(PrecisionArg::Auto)) },
             &debug,
         )
         .map_err(|e| crate::one_line(&e))

@@ -31,7 +31,7 @@ fn bench_json(model: &std::path::Path) -> serde_json::Value {
         assert!(runs.iter().all(|r| r.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)), "{test}_runs: {v}");
     }
     assert_eq!(v["threads"], 2);
-    assert_eq!(v["precision"], "native");
+    assert_eq!(v["precision"], "auto", "the default precision");
     assert_eq!(v["n_prompt"], 8);
     assert_eq!(v["n_gen"], 4);
     assert_eq!(v["repetitions"], 2);
@@ -138,7 +138,7 @@ fn table_and_single_test() {
     assert!(out.status.success(), "loupe bench --kv-dtype f32 failed: {}", stderr(&out));
     let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     let spec = tiny_spec();
-    assert_eq!((v["precision"].as_str(), v["kv_dtype"].as_str()), (Some("native"), Some("f32")), "{v}");
+    assert_eq!((v["precision"].as_str(), v["kv_dtype"].as_str()), (Some("auto"), Some("f32")), "{v}");
     assert_eq!(v["kv_bytes_per_position"].as_u64(), Some((spec.layers * 2 * spec.kv_width() * 4) as u64), "{v}");
 }
 

@@ -42,3 +42,14 @@ fn qwen_native_teacher_forced_argmax_agreement_at_least_99_percent() {
     let (agree, total, _, _) = teacher_forced_agreement(&model.graph, &goldens_of(SET), "Qwen2.5 native");
     assert!(agree as f64 >= 0.99 * total as f64, "native agreement {agree}/{total} is below 99%");
 }
+
+/// `--precision auto` (8-bit activations for its Q4_K matrices, native for the Q5_0, Q6_K
+/// and Q8_0 ones) keeps at least 99% teacher-forced agreement with the f32 reference.
+#[test]
+#[ignore = "needs Qwen2.5-Coder-0.5B (scripts/test fetches it)"]
+fn qwen_auto_teacher_forced_argmax_agreement_at_least_99_percent() {
+    let model = loupe_models::load(&qwen_model(), LoadOptions { precision: Precision::Auto, ..Default::default() })
+        .expect("load");
+    let (agree, total, _, _) = teacher_forced_agreement(&model.graph, &goldens_of(SET), "Qwen2.5-Coder auto");
+    assert!(agree as f64 >= 0.99 * total as f64, "auto agreement {agree}/{total} is below 99%");
+}

@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(page_interior(100..8000, 20_000, true), None, "no whole page inside");
         assert_eq!(page_interior(100..10_000, 20_000, false), Some(0..10_000));
         assert_eq!(page_interior(100..30_000, 20_000, true), None, "past the end");
-        assert_eq!(page_interior(500..400, 20_000, false), None);
+        assert_eq!(page_interior(500..500, 20_000, false), None, "empty");
     }
 
     #[test]

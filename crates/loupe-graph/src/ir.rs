@@ -321,6 +321,9 @@ pub struct Graph {
     /// Quantize activations to 8-bit blocks for block-quantized weights (llama.cpp's
     /// scheme) instead of multiplying dequantized weights by f32 activations.
     pub quantize_activations: bool,
+    /// `--precision auto`: 8-bit activation blocks for the weight types
+    /// `passes::precision::auto_takes_q8` names (Q4_K), 16-bit ones (native) for the others.
+    pub q8_k_quants: bool,
     /// Element type of a single sequence's KV cache ([`crate::KvCache`]): f16 for graphs
     /// that keep quantized weights (half the bytes decode reads per cached position, as
     /// the batched engine's default), f32 for the f32 parity baseline. Set by the model
@@ -353,6 +356,7 @@ impl Default for Graph {
             kv_width: 0,
             context_length: 0,
             quantize_activations: false,
+            q8_k_quants: false,
             kv_dtype: crate::KvDtype::F32,
             memory_plan: None,
             precision: Vec::new(),

@@ -4,7 +4,9 @@
 //! each computed alone, so a sequence's bits do not depend on the batch beside it); the
 //! selection says which arithmetic, the step says which form.
 
-use loupe_tensor::linear::{matmul_f32, matmul_f32_invariant, matmul_q, matmul_wq, matmul_wq_invariant, QMatrix};
+use loupe_tensor::linear::{
+    matmul_f32, matmul_f32_invariant, matmul_q, matmul_wq, matmul_wq_invariant, q8_rows_invariant, QMatrix,
+};
 use loupe_tensor::ops::{add_in_place, expert_id, gelu, mul_in_place, silu};
 use loupe_tensor::TensorError;
 
@@ -79,7 +81,11 @@ pub(crate) fn matmul(
     }
     match w {
         Weights::F32(d) => matmul_f32_invariant(x, d, y, m, k, n),
-        // 8-bit activations run one row at a time: each row's bits are its own.
+        // Block types: every output of matmul_q has its row's `vec_dot` bits whatever the
+        // number of rows (tested in loupe-tensor's `matmul_q_outputs_are_vec_dot_bits_...`),
+        // so the rows go through together and each weight tile is read once.
+        Weights::Q8(q) if q8_rows_invariant(q.ty) => matmul_q(x, q, y, m, scratch),
+        // Float weights (a GEMM from some row count on): one row at a time.
         Weights::Q8(q) => {
             for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
                 matmul_q(xr, q, yr, 1, scratch)?;

@@ -49,5 +49,5 @@ pub use invariant::{
     matmul_wq_invariant_with, MAX_GROUP,
 };
 pub use prefill::{can_group_prefill, matmul_wq, matmul_wq_prefill_group};
-pub use q8::{matmul_q, matmul_q_with};
+pub use q8::{matmul_q, matmul_q_with, q8_rows_invariant};
 pub use qmatrix::QMatrix;

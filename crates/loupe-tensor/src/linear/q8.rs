@@ -9,6 +9,14 @@ use crate::pool::OutPtr;
 use crate::quant::{self, Isa};
 use crate::{GgmlType, TensorError};
 
+/// Whether [`matmul_q`] gives each output the bits of `quant::vec_dot` on its row for any
+/// number of rows `m` (block-quantized types: per-row dots or tiles with the dot's
+/// arithmetic), so a batch of rows may go through in one call and stay batch-invariant.
+/// Float weights take a GEMM from [`GEMM_MIN_M`] rows on, whose sums differ.
+pub fn q8_rows_invariant(ty: GgmlType) -> bool {
+    quant::vec_dot_type(ty) != GgmlType::F32
+}
+
 /// y[m, n] = x[m, k] @ W^T for a [`QMatrix`] `W` (`n = w.rows`, `k = w.cols`).
 ///
 /// Activations are quantized to `vec_dot_type(w.ty)` (Q8_0 / Q8_1 / Q8_K) into

@@ -9,9 +9,9 @@
 //!   16128, no saturation), and `vpdpwssd` with the sub-block scales as i16 lanes
 //!   accumulates `scale * pair` into i32 lanes: the super-block's `sum_j sc_j * sum(q a)`
 //!   exactly, whatever the order;
-//! * Q4_K's mins (`dmin * m_j * sum(a)` over sub-block `j`) and Q6_K's bias (`32 * sc_g
-//!   * sum(a)` over sub-block `g`) come from the activations' 16-element sums (`bsums`),
-//!   also exactly in i32;
+//! * Q4_K's mins (`dmin * m_j * sum(a)` over sub-block `j`) and Q6_K's bias
+//!   (`32 * sc_g * sum(a)` over sub-block `g`) come from the activations' 16-element sums
+//!   (`bsums`), also exactly in i32;
 //! * both are summed to integers and combined in f32 with the super-block's `d_w * d_a`
 //!   (and `dmin_w * d_a`), super-block after super-block, by exactly the f32 operations
 //!   of the AVX2 `vec_dot` of these types (`quant::avx2::k4_block`, `dot_q6k`).
