@@ -268,3 +268,22 @@ def test_tokenize_and_detokenize(server):
     assert t["count"] == usage.prompt_tokens
     bad = httpx.post(server.base + "/detokenize", json={"tokens": [10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_reset_prefix_cache_makes_the_next_request_cold(server):
+    # `max benchmark` (and vLLM's clients) call this before a run so that nothing is cached.
+    client = server.client()
+    prompt = "Reset check: name three rivers of Europe, one word each."
+    first = chat(client, prompt, max_tokens=4)
+    warm = chat(client, prompt, max_tokens=4)
+    assert warm.usage.prompt_tokens_details.cached_tokens >= 16
+    r = httpx.post(server.base + "/reset_prefix_cache")
+    assert r.status_code == 200, r.text
+    assert r.json()["dropped_blocks"] >= 1
+    cold = chat(client, prompt, max_tokens=4)
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    # The cache changes the work, never the answer.
+    assert cold.choices[0].message.content == warm.choices[0].message.content == first.choices[0].message.content
+    # Nothing cached left to drop; still 200.
+    httpx.post(server.base + "/reset_prefix_cache").raise_for_status()
+    assert httpx.get(server.base + "/reset_prefix_cache").status_code == 405

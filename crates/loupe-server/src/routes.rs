@@ -30,12 +30,13 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .merge(api)
-        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize.") })
+        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize, POST /reset_prefix_cache.") })
         .method_not_allowed_fallback(|| async { ApiError { status: StatusCode::METHOD_NOT_ALLOWED, ..ApiError::bad_request("Method not allowed on this route.") } })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -60,6 +61,21 @@ pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
     match state.ready() {
         Ok(_) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /reset_prefix_cache` (vLLM's and MAX's name; `max benchmark` calls it before a
+/// run): empties the prefix cache of the blocks no running request holds, so a benchmark
+/// measures a cold cache. Answers 200 with how many blocks were dropped. Not counted as a
+/// request in the metrics (it serves no completion).
+pub(crate) async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Response {
+    let r = match state.ready() {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    match r.handle.reset_prefix_cache().await {
+        Some(dropped) => Json(json!({"status": "ok", "dropped_blocks": dropped})).into_response(),
+        None => ApiError::shutting_down().into_response(),
     }
 }
 

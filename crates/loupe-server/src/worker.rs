@@ -68,6 +68,8 @@ pub enum Command {
     Cancel(u64),
     /// Cancel everything in flight, answering each with [`Reply::ShuttingDown`].
     CancelAll,
+    /// Empty the prefix cache of unheld blocks; the count dropped goes back on the channel.
+    ResetPrefixCache(tokio::sync::oneshot::Sender<usize>),
     Stop,
 }
 
@@ -135,6 +137,14 @@ impl EngineHandle {
     pub fn cancel_all(&self) {
         let _ = self.commands.send(Command::CancelAll);
     }
+
+    /// Empties the engine's prefix cache of the blocks no request holds, between two steps;
+    /// the number of blocks dropped, or `None` if the engine thread has stopped.
+    pub async fn reset_prefix_cache(&self) -> Option<usize> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.commands.send(Command::ResetPrefixCache(tx)).ok()?;
+        rx.await.ok()
+    }
 }
 
 impl Drop for EngineHandle {
@@ -195,6 +205,9 @@ impl<'e> Worker<'e> {
                             let _ = route.replies.send(Reply::ShuttingDown);
                         }
                         self.keys.clear();
+                    }
+                    Command::ResetPrefixCache(reply) => {
+                        let _ = reply.send(self.batch.reset_prefix_cache());
                     }
                     Command::Stop => return,
                 }

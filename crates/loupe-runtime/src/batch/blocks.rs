@@ -186,6 +186,21 @@ impl BlockManager {
         (blocks, keys)
     }
 
+    /// Empties the prefix cache of the blocks no sequence holds (they become free; blocks in
+    /// use keep their registration, so running sequences and their sharers are unaffected);
+    /// returns how many were dropped. What `POST /reset_prefix_cache` does, so an outside
+    /// benchmark measures a cold cache.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        let dropped = std::mem::take(&mut self.lru);
+        for &b in dropped.values() {
+            if let Some(h) = self.hash_of[b as usize].take() {
+                self.cached.remove(&h);
+            }
+            self.free.push(b);
+        }
+        dropped.len()
+    }
+
     /// Registers a full, held block of `tokens` after the block keyed `parent`; returns its
     /// key (for chaining the next block). A key already cached keeps its first block.
     pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
@@ -255,5 +270,24 @@ mod tests {
         off.register(b, 0, &[1, 2]);
         assert!(off.claim_prefix(&[1, 2, 3], 1).0.is_empty());
         assert_eq!(off.cached(), 0);
+    }
+
+    #[test]
+    fn reset_drops_unheld_cached_blocks_only() {
+        let mut m = BlockManager::new(4, 2, 7, true);
+        let (a, b) = (m.allocate().unwrap(), m.allocate().unwrap());
+        let ka = m.register(a, 0, &[1, 2]);
+        m.register(b, ka, &[3, 4]);
+        m.release(b); // b: cached, unheld; a: held
+        assert_eq!((m.cached(), m.available()), (2, 3));
+        assert_eq!(m.reset_prefix_cache(), 1);
+        assert_eq!((m.cached(), m.available()), (1, 3), "a stays registered while held");
+        let (claimed, _) = m.claim_prefix(&[1, 2, 3, 4], 2);
+        assert_eq!(claimed, vec![a], "b's entry is gone, a's is still found");
+        m.release(a);
+        m.release(a);
+        assert_eq!(m.reset_prefix_cache(), 1);
+        assert_eq!((m.cached(), m.available()), (0, 4));
+        assert!(m.claim_prefix(&[1, 2], 1).0.is_empty());
     }
 }

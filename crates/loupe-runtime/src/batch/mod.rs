@@ -23,6 +23,7 @@
 //!   cache.
 
 pub mod blocks;
+mod reset;
 
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
