@@ -125,7 +125,10 @@ def run(args, script: Path, repo: Path, llama_bench: Path, loupe: Path, cpu: str
         with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
             cmd = [sys.executable, str(script), "--model", str(model), "-t", str(args.threads), "-k",
                    str(args.alternations), "-r", str(args.reps), "-p", str(p), "-n", str(n), "--precision",
-                   args.precision, "--wait-idle", "0", "--loupe", str(loupe), "--llama-bench", str(llama_bench),
+                   # Each model waits for the load average the previous one left (two busy
+                   # threads raise it to ~2; it falls below the busy limit in ~1.5 min).
+                   args.precision, "--wait-idle", str(max(args.wait_idle, 150)), "--loupe", str(loupe),
+                   "--llama-bench", str(llama_bench),
                    "--json-out", tmp.name]
             log(f"matrix: {label}: pp{p} / tg{n}, {args.alternations} alternations")
             r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)

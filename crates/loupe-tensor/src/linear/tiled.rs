@@ -50,7 +50,7 @@ impl Rows<'_> {
 /// and then served from L1/L2.
 pub(crate) fn run(isa: Isa, w: Rows<'_>, act: &[u8], act_row: usize, m: usize, y: &mut [f32]) {
     let n = w.n;
-    let tile = quant::tile_fn(isa, w.ty).filter(|_| m > 1 || !quant::tile_needs_two_rows(w.ty));
+    let tile = quant::tile_fn(isa, w.ty);
     let step = tile.map_or(1, |t| t.max_rw);
     let per_task = tile_rows(n, w.row_bytes).next_multiple_of(step);
     let tasks = n.div_ceil(per_task);

@@ -16,10 +16,8 @@
 //!   (and `dmin_w * d_a`), super-block after super-block, by exactly the f32 operations
 //!   of the AVX2 `vec_dot` of these types (`quant::avx2::k4_block`, `dot_q6k`).
 //!
-//! So each output has the bits of the AVX2 `vec_dot` on its row, whatever the tile shape:
-//! a one-row decode can take the AVX2 kernel (faster than a 1 x 1 tile on a CPU that
-//! splits 512-bit operations in two, as Zen 4 does) and any batch the tiles, and they
-//! agree.
+//! So each output has the bits of the AVX2 `vec_dot` on its row, whatever the tile shape
+//! (decode's 4 x 1 tiles, a batch's 4 x 2): every path that multiplies a row agrees.
 //!
 //! Activation vectors are assembled once per super-block and activation row, then reused
 //! by the tile's weight rows. Q4_K pairs `qs[64k..64k + 64]`'s low nibbles (elements
@@ -57,12 +55,6 @@ pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
         GgmlType::Q6K => dispatch::<Q6K>,
         _ => return None,
     })
-}
-
-/// Whether `ty`'s tiles pay only from two activation rows on: one row (decode) runs the
-/// AVX2 `vec_dot`, with the same bits (see the module docs).
-pub(super) fn tiles_from_two_rows(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
 }
 
 /// A K-quant weight format: its super-block and how it meets the activations.

@@ -276,22 +276,6 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
     None
 }
 
-/// Whether `wty`'s tiled kernel is for two or more activation rows only: one row (decode)
-/// takes [`vec_dot_fn`], which gives it the same bits (the K-quants' AVX-512 tiles, whose
-/// 1 x 1 tile is slower than the AVX2 dot on a CPU that splits 512-bit operations, as
-/// Zen 4 does: BENCHMARKS.md, 2026-11-28, `--precision q8`).
-pub(crate) fn tile_needs_two_rows(wty: GgmlType) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx512_ktile::tiles_from_two_rows(wty)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = wty;
-        false
-    }
-}
-
 /// Checks the row lengths a dot kernel is about to read; the SIMD kernels read
 /// through raw pointers after this.
 #[inline]
