@@ -86,54 +86,31 @@ impl Load for BF16 {
     }
 }
 
-type Args = (*const u8, usize, *const u8, usize, usize, *mut f32, usize);
-
-/// Picks the instantiation for an edge tile of `nw x na`.
-#[allow(clippy::too_many_arguments)] // the TileFn signature
-unsafe fn dispatch<W: Load>(
-    w: *const u8,
-    w_stride: usize,
-    nw: usize,
-    a: *const u8,
-    a_stride: usize,
-    na: usize,
-    n: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let args: Args = (w, w_stride, a, a_stride, n, out, out_stride);
-    macro_rules! arms {
-        ($(($r:literal, $c:literal)),*) => {
-            match (nw, na) {
-                $(($r, $c) => tile::<W, $r, $c>(args),)*
-                _ => unreachable!("tile {nw} x {na} exceeds {MAX_RW} x {MAX_CA} (checked by the caller)"),
-            }
-        };
-    }
-    arms!(
-        (4, 4),
-        (3, 4),
-        (2, 4),
-        (1, 4),
-        (4, 3),
-        (3, 3),
-        (2, 3),
-        (1, 3),
-        (4, 2),
-        (3, 2),
-        (2, 2),
-        (1, 2),
-        (4, 1),
-        (3, 1),
-        (2, 1),
-        (1, 1)
-    )
-}
+tile_dispatch!(
+    Load,
+    tile,
+    (4, 4),
+    (3, 4),
+    (2, 4),
+    (1, 4),
+    (4, 3),
+    (3, 3),
+    (2, 3),
+    (1, 3),
+    (4, 2),
+    (3, 2),
+    (2, 2),
+    (1, 2),
+    (4, 1),
+    (3, 1),
+    (2, 1),
+    (1, 1)
+);
 
 // Index loops over the const-size register arrays keep the tile shape explicit.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn tile<W: Load, const RW: usize, const CA: usize>(args: Args) {
+unsafe fn tile<W: Load, const RW: usize, const CA: usize>(args: super::TileArgs) {
     let (w, w_stride, a, a_stride, n, out, out_stride) = args;
     let mut acc = [[_mm512_setzero_ps(); CA]; RW];
     let mut i = 0;

@@ -218,39 +218,12 @@ impl Fmt for Q8_0 {
     }
 }
 
-/// Picks the instantiation for an edge tile of `nw x na`.
-#[allow(clippy::too_many_arguments)] // the TileFn signature
-unsafe fn dispatch<F: Fmt>(
-    w: *const u8,
-    w_stride: usize,
-    nw: usize,
-    a: *const u8,
-    a_stride: usize,
-    na: usize,
-    n: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    let args = (w, w_stride, a, a_stride, n, out, out_stride);
-    match (nw, na) {
-        (4, 2) => tile::<F, 4, 2>(args),
-        (3, 2) => tile::<F, 3, 2>(args),
-        (2, 2) => tile::<F, 2, 2>(args),
-        (1, 2) => tile::<F, 1, 2>(args),
-        (4, 1) => tile::<F, 4, 1>(args),
-        (3, 1) => tile::<F, 3, 1>(args),
-        (2, 1) => tile::<F, 2, 1>(args),
-        (1, 1) => tile::<F, 1, 1>(args),
-        _ => unreachable!("tile {nw} x {na} exceeds {MAX_RW} x {MAX_CA} (checked by the caller)"),
-    }
-}
-
-type Args = (*const u8, usize, *const u8, usize, usize, *mut f32, usize);
+tile_dispatch!(Fmt, tile, (4, 2), (3, 2), (2, 2), (1, 2), (4, 1), (3, 1), (2, 1), (1, 1));
 
 // Index loops over the const-size register arrays keep the tile shape explicit.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn tile<F: Fmt, const RW: usize, const CA: usize>(args: Args) {
+unsafe fn tile<F: Fmt, const RW: usize, const CA: usize>(args: super::TileArgs) {
     let (w, w_stride, a, a_stride, n, out, out_stride) = args;
     let nb = n / QK;
     let mut acc = [[_mm512_setzero_ps(); CA]; RW];

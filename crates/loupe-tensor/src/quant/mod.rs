@@ -31,6 +31,38 @@ mod isa;
 mod quantize;
 mod scalar;
 
+/// A tile instantiation's arguments: those of [`TileFn`] without the tile shape.
+#[cfg(target_arch = "x86_64")]
+type TileArgs = (*const u8, usize, *const u8, usize, usize, *mut f32, usize);
+
+/// Defines `dispatch::<F: $bound>`, the [`TileFn`] of a tile file: it runs `$tile::<F, RW,
+/// CA>(TileArgs)` for the edge tile `nw x na` among the `(RW, CA)` shapes listed (the
+/// callers never ask for more than the file's `MAX_RW x MAX_CA`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_dispatch {
+    ($bound:path, $tile:ident, $(($r:literal, $c:literal)),* $(,)?) => {
+        /// Picks the instantiation for an edge tile of `nw x na`.
+        #[allow(clippy::too_many_arguments)] // the TileFn signature
+        unsafe fn dispatch<F: $bound>(
+            w: *const u8,
+            w_stride: usize,
+            nw: usize,
+            a: *const u8,
+            a_stride: usize,
+            na: usize,
+            n: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            let args: super::TileArgs = (w, w_stride, a, a_stride, n, out, out_stride);
+            match (nw, na) {
+                $(($r, $c) => $tile::<F, $r, $c>(args),)*
+                _ => unreachable!("tile {nw} x {na} exceeds {MAX_RW} x {MAX_CA} (checked by the caller)"),
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
