@@ -133,6 +133,17 @@ impl Observer for Capture {
 }
 
 /// Every value of a prefill of 6 tokens and one decode step, by `name@step`.
+/// Every value of `want` is in `got` with the same bits (`label` prefixes the failing name).
+fn assert_same_bits(want: &HashMap<String, Vec<f32>>, got: &HashMap<String, Vec<f32>>, label: &str) {
+    for (k, v) in want {
+        assert_eq!(
+            got.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
+            Some(v.iter().map(|f| f.to_bits()).collect()),
+            "{label}{k}"
+        );
+    }
+}
+
 fn run(graph: &Graph) -> HashMap<String, Vec<f32>> {
     let mut exec = Executor::new(graph, &Default::default());
     let mut kv = KvCache::new(graph.kv_layers, graph.kv_width, 16);
@@ -276,13 +287,7 @@ fn faults_plant_into_the_fused_wiring_and_lowering_keeps_its_values() {
     .graph;
     assert!(lowered.nodes.iter().any(|n| matches!(n.op, Op::SwiGlu)), "silu(gate part) * up part fuses");
     let low = run(&lowered);
-    for (k, v) in &base {
-        assert_eq!(
-            low.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
-            Some(v.iter().map(|f| f.to_bits()).collect()),
-            "{k}"
-        );
-    }
+    assert_same_bits(&base, &low, "");
 }
 
 /// Lowering (fuse, plan-memory, ...) changes no number, and a tap on a fused-away value
@@ -309,13 +314,7 @@ fn lowered_graph_is_bit_identical_and_keeps_every_value_observable() {
     assert!(e.to_string().contains("which still holds live"), "{e}");
     let (a, b) = (run(&built), run(&lowered));
     assert_eq!(a.len(), b.len());
-    for (k, v) in &a {
-        assert_eq!(
-            b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
-            Some(v.iter().map(|f| f.to_bits()).collect()),
-            "{k}"
-        );
-    }
+    assert_same_bits(&a, &b, "");
     // Without observers the fused kernel takes its other path: same logits.
     let logits = |g: &Graph| {
         let mut exec = Executor::new(g, &Default::default());
@@ -596,13 +595,7 @@ fn moe_batched_step_equals_single_sequences_and_lowering_changes_nothing() {
         .graph;
         let (a, b) = (run(&g), run(&lowered));
         assert_eq!(a.len(), b.len());
-        for (k, v) in &a {
-            assert_eq!(
-                b.get(k).map(|x| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>()),
-                Some(v.iter().map(|f| f.to_bits()).collect()),
-                "{family:?} {k}"
-            );
-        }
+        assert_same_bits(&a, &b, &format!("{family:?} "));
     }
 }
 
