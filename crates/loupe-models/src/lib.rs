@@ -222,14 +222,13 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 None => None,
             };
             let mut source = weights::GgufSource::new(&gguf, options.precision, &config, options.progress);
-            let mut graph = decoder::build_decoder(
+            let graph = decoder::build_decoder(
                 &config,
                 &mut source,
                 options.layers,
                 options.precision == Precision::Q8,
                 &options.faults,
             )?;
-            graph.q8_k_quants = options.precision == Precision::Auto;
             Model {
                 path: path.to_path_buf(),
                 format,
@@ -263,11 +262,10 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 weights::SafetensorsSource::new(&checkpoint, dir.clone(), options.precision, options.progress)
                     .with_config_dtype(dtype);
             let q8 = options.precision == Precision::Q8;
-            let mut graph = match &config {
+            let graph = match &config {
                 ModelConfig::Encoder(bert) => bert::build_bert(bert, &mut source, options.layers, q8, &options.faults)?,
                 ModelConfig::Decoder(c) => decoder::build_decoder(c, &mut source, options.layers, q8, &options.faults)?,
             };
-            graph.q8_k_quants = options.precision == Precision::Auto;
             if let Some((first, from)) = source.converted.first() {
                 let to = source.expected_dtype(*from);
                 tracing::info!("{}: {} tensor(s) stored unlike the config's dtype, loaded as {to:?} (the first: {first}, stored as {from:?})", dir.display(), source.converted.len());
@@ -284,6 +282,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
         }
     };
     model.graph.kv_dtype = default_kv_dtype(&model.graph, options.precision);
+    model.graph.q8_k_quants = options.precision == Precision::Auto;
     Ok(model)
 }
 
