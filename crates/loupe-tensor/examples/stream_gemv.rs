@@ -5,11 +5,13 @@
 //! ```text
 //! cargo run --release -p loupe-tensor --example stream_gemv
 //! T=2 TY=q4_1 N=1536 K=576 COUNT=200 cargo run --release -p loupe-tensor --example stream_gemv
+//! TY=q4_k PREC=q8 N=8192 K=2048 COUNT=20 cargo run --release -p loupe-tensor --example stream_gemv
 //! LOUPE_HUGEPAGES=0 cargo run --release -p loupe-tensor --example stream_gemv   # 4 KiB pages
 //! ```
 //!
 //! `T` compute threads (default 1), `COUNT` matrices (default 1) of `N x K` (default
-//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, or `q4_1`), copied into
+//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_k`, `q6_k`;
+//! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels), copied into
 //! a `WeightArena` as the model loader does (`ARENAS=n`: spread round-robin over n arenas, so
 //! consecutive matrices are not neighbours in memory), deterministic random blocks with small
 //! finite scales. Prints the median and best of 15
@@ -18,8 +20,8 @@
 use std::time::Instant;
 
 use loupe_tensor::hugepages::WeightArena;
-use loupe_tensor::linear::matmul_wq;
 use loupe_tensor::linear::QMatrix;
+use loupe_tensor::linear::{matmul_q, matmul_wq};
 use loupe_tensor::GgmlType;
 
 fn env(name: &str, default: usize) -> usize {
@@ -33,12 +35,26 @@ fn main() {
     let (n, k, count, threads) = (env("N", 262_144), env("K", 640), env("COUNT", 1), env("T", 1));
     let ty = match std::env::var("TY").as_deref() {
         Ok("q4_1") => GgmlType::Q4_1,
+        Ok("q5_0") => GgmlType::Q5_0,
+        Ok("q4_k") => GgmlType::Q4K,
+        Ok("q6_k") => GgmlType::Q6K,
         Ok("q8_0") | Err(_) => GgmlType::Q8_0,
-        Ok(other) => panic!("TY={other}: q8_0 or q4_1"),
+        Ok(other) => panic!("TY={other}: q8_0, q4_1, q5_0, q4_k or q6_k"),
     };
-    assert!(k % 32 == 0, "K={k} is not a multiple of 32");
+    let q8 = match std::env::var("PREC").as_deref() {
+        Ok("q8") => true,
+        Ok("native") | Err(_) => false,
+        Ok(other) => panic!("PREC={other}: native or q8"),
+    };
+    assert!(k % ty.block_size() == 0, "K={k} is not a multiple of {}", ty.block_size());
     loupe_tensor::pool::init_global(threads).expect("compute pool");
-    let len = n * k / 32 * ty.type_size();
+    let len = n * k / ty.block_size() * ty.type_size();
+    // Where each block keeps its f16 scales (overwritten with a small finite one).
+    let scale_at: &[usize] = match ty {
+        GgmlType::Q4_1 | GgmlType::Q4K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => &[0],
+    };
     let mut state = 0x1234_5678u32;
     let scale = half::f16::from_f32(0.01).to_le_bytes();
     let arenas: Vec<WeightArena> = (0..env("ARENAS", 1).max(1)).map(|_| WeightArena::new()).collect();
@@ -53,9 +69,8 @@ fn main() {
                 })
                 .collect();
             for block in bytes.chunks_mut(ty.type_size()) {
-                block[..2].copy_from_slice(&scale);
-                if ty == GgmlType::Q4_1 {
-                    block[2..4].copy_from_slice(&scale);
+                for &at in scale_at {
+                    block[at..at + 2].copy_from_slice(&scale);
                 }
             }
             QMatrix::new(ty, n, k, arenas[i % arenas.len()].copy(&bytes)).expect("matrix")
@@ -63,11 +78,16 @@ fn main() {
         .collect();
     let x: Vec<f32> = (0..k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
     let mut y = vec![0f32; n];
+    let mut scratch = Vec::new();
     let mut rates: Vec<f64> = (0..15)
         .map(|_| {
             let t = Instant::now();
             for w in &matrices {
-                matmul_wq(&x, w, &mut y, 1).expect("matmul");
+                if q8 {
+                    matmul_q(&x, w, &mut y, 1, &mut scratch).expect("matmul");
+                } else {
+                    matmul_wq(&x, w, &mut y, 1).expect("matmul");
+                }
             }
             (len * count) as f64 / t.elapsed().as_secs_f64() / 1e9
         })

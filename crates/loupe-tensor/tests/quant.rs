@@ -287,3 +287,37 @@ fn matmul_q_outputs_are_vec_dot_bits_for_any_row_count() {
         }
     }
 }
+
+/// Q4_K and Q6_K against Q8_K keep one lane arithmetic on AVX2 and AVX-512 (`avx2_klanes`,
+/// `avx512_ktile`): a row's output has the same bits on either ISA, through `vec_dot` and
+/// through the tiled matmul, so a request decodes the same tokens on both kinds of CPU.
+#[test]
+fn k_quant_q8_dots_have_the_same_bits_on_avx2_and_avx512() {
+    use loupe_tensor::linear::{matmul_q_with, QMatrix};
+    let isas: Vec<Isa> = Isa::available().into_iter().filter(|&i| i >= Isa::Avx2).collect();
+    if isas.len() < 2 {
+        eprintln!("note: this CPU has {isas:?}; the cross-ISA comparison needs AVX2 and AVX-512");
+    }
+    let mut rng = Rng::new(12);
+    for wty in [GgmlType::Q4K, GgmlType::Q6K] {
+        let (k, rows, m) = (1024, 7, 3);
+        let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wty, k)).collect();
+        let qm = QMatrix::new(wty, rows, k, loupe_tensor::hugepages::WeightBytes::from(w.clone())).unwrap();
+        let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..m).map(|_| random_act(&mut rng, wty, k)).collect();
+        let x: Vec<f32> = acts.iter().flat_map(|(x, _)| x.iter().copied()).collect();
+        let outputs: Vec<Vec<u32>> = isas
+            .iter()
+            .map(|&isa| {
+                let mut y = vec![0f32; m * rows];
+                matmul_q_with(isa, &x, &qm, &mut y, m, &mut Vec::new()).unwrap();
+                let dots = acts.iter().flat_map(|(_, a)| {
+                    w.chunks(w.len() / rows).map(move |r| quant::vec_dot_with(isa, wty, r, a, k).to_bits())
+                });
+                y.iter().map(|v| v.to_bits()).chain(dots).collect()
+            })
+            .collect();
+        for (isa, out) in isas.iter().zip(&outputs).skip(1) {
+            assert_eq!(out, &outputs[0], "{wty}: {isa} differs from {}", isas[0]);
+        }
+    }
+}

@@ -16,6 +16,7 @@ use loupe_core::GgmlType;
 
 use crate::reduce::avx2::{hsum, hsum_i32};
 
+use super::avx2_klanes::{dot_q4k, dot_q6k};
 use super::blocks::{scale_min_k4, K_SCALE_SIZE, QK, QK_K};
 use super::VecDotFn;
 
@@ -248,14 +249,8 @@ unsafe fn q8k_bsum(y: *const u8, g: usize) -> i32 {
     read_unaligned(y.add(Q8K_BSUMS + 2 * g).cast::<i16>()) as i32
 }
 
-/// Two i16 scales as a madd multiplier: `lo` for the low 16 bytes, `hi` for the high.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_pair(lo: i16, hi: i16) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo))
-}
-
-/// Q4_K and Q5_K: 4 chunks of 64 elements per super-block; each chunk is 32 bytes of
+/// Q5_K (Q4_K's super-block with a fifth bit per code; Q4_K itself is `avx2_klanes`'s):
+/// 4 chunks of 64 elements per super-block; each chunk is 32 bytes of
 /// `qs` whose low nibbles are sub-block `2c` and high nibbles sub-block `2c + 1`.
 /// For Q5_K, `qh` holds the 5th bits: bit `j` of `qh[l]` belongs to sub-block `j`,
 /// element `l`. Returns `sum_scaled_products - mins_term` for the super-block.
@@ -294,16 +289,6 @@ unsafe fn k4_block(x: *const u8, qs: *const u8, qh: Option<__m256i>, y: *const u
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
-    let mut sum = 0.0f32;
-    for i in 0..n / QK_K {
-        let x = w.add(i * 144);
-        sum += k4_block(x, x.add(16), None, a.add(i * Q8K_SIZE));
-    }
-    sum
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5k(w: *const u8, a: *const u8, n: usize) -> f32 {
     let mut sum = 0.0f32;
     for i in 0..n / QK_K {
@@ -312,52 +297,4 @@ unsafe fn dot_q5k(w: *const u8, a: *const u8, n: usize) -> f32 {
         sum += k4_block(x, x.add(48), Some(qh), a.add(i * Q8K_SIZE));
     }
     sum
-}
-
-/// Q6_K: per half (128 elements), 64 bytes of `ql` and 32 of `qh`; chunk `c`
-/// (32 elements) takes nibble `c / 2` of `ql[32 (c % 2) ..]` and bits `2c` of `qh`.
-/// The -32 bias is applied through `bsums`: `sum s_g (q - 32) a = sum s_g q a -
-/// 32 sum s_g bsum_g`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let m2 = _mm256_set1_epi8(0x03);
-    let mut sum = 0.0f32;
-    let mut bias = 0.0f32;
-    for i in 0..n / QK_K {
-        let (x, y) = (w.add(i * 210), a.add(i * Q8K_SIZE));
-        let scales = read_unaligned(x.add(192).cast::<[i8; 16]>());
-        let d = q8k_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd_u16(x.add(208)) as i32)));
-        let mut isum = _mm256_setzero_si256();
-        for h in 0..2 {
-            let ql0 = _mm256_loadu_si256(x.add(64 * h).cast());
-            let ql1 = _mm256_loadu_si256(x.add(64 * h + 32).cast());
-            let qh = _mm256_loadu_si256(x.add(128 + 32 * h).cast());
-            let lows = [
-                _mm256_and_si256(ql0, m4),
-                _mm256_and_si256(ql1, m4),
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-            ];
-            let highs = [
-                _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4),
-            ];
-            for c in 0..4 {
-                let q = _mm256_or_si256(lows[c], highs[c]);
-                let av = _mm256_loadu_si256(y.add(Q8K_QS + 128 * h + 32 * c).cast());
-                let g = 8 * h + 2 * c;
-                let s = scale_pair(scales[g] as i16, scales[g + 1] as i16);
-                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
-            }
-        }
-        let corr: i32 = (0..16).map(|g| scales[g] as i32 * q8k_bsum(y, g)).sum();
-        // The super-block's exact integer sum, then f32: the AVX-512 tiles
-        // (`avx512_ktile`) repeat these operations, so both give a row the same bits.
-        sum += d * hsum_i32(isum) as f32;
-        bias += d * (32 * corr) as f32;
-    }
-    sum - bias
 }

@@ -1,29 +1,28 @@
 //! AVX-512 BW + VNNI register-tiled dot products of Q4_K and Q6_K weights against Q8_K
-//! activations (`--precision q8`'s arithmetic for the K-quants): up to 4 weight rows x 2
-//! activation rows per call, the same tile contract as `avx512_tile`.
+//! activations (the K-quants' arithmetic under `--precision q8` and `auto`): up to 4 weight
+//! rows x 2 activation rows per call, the same tile contract as `avx512_tile`.
 //!
-//! Per super-block of 256 weights and one (weight row, activation row) pair:
+//! The arithmetic is `avx2_klanes`'s lane contract, with its two 256-bit halves as one
+//! 512-bit register: per super-block and (weight row, activation row) pair,
 //! * the codes as unsigned bytes, 64 per vector (Q4_K: the low or high nibbles of 64
 //!   `qs` bytes; Q6_K: 4 low bits of `ql` or'ed with 2 bits of `qh`, 0..=63);
-//! * `vpmaddubsw` against the int8 activations gives i16 pairs (at most 2 * 63 * 128 =
-//!   16128, no saturation), and `vpdpwssd` with the sub-block scales as i16 lanes
-//!   accumulates `scale * pair` into i32 lanes: the super-block's `sum_j sc_j * sum(q a)`
-//!   exactly, whatever the order;
-//! * Q4_K's mins (`dmin * m_j * sum(a)` over sub-block `j`) and Q6_K's bias
-//!   (`32 * sc_g * sum(a)` over sub-block `g`) come from the activations' 16-element sums
-//!   (`bsums`), also exactly in i32;
-//! * both are summed to integers and combined in f32 with the super-block's `d_w * d_a`
-//!   (and `dmin_w * d_a`), super-block after super-block, by exactly the f32 operations
-//!   of the AVX2 `vec_dot` of these types (`quant::avx2::k4_block`, `dot_q6k`).
+//! * `vpmaddubsw` against the int8 activations gives i16 pairs, and `vpdpwssd` with the
+//!   sub-block scales as i16 lanes (spread by `vpshufb`) accumulates `scale * pair` into the
+//!   16 i32 lanes, exactly;
+//! * Q6_K's bias folded into lanes 0-7 in integers, one conversion and one FMA into the f32
+//!   accumulator; Q4_K's mins term an FMA on lanes 0-7 (a masked FMA);
+//! * one horizontal sum per output, when its row ends.
 //!
-//! So each output has the bits of the AVX2 `vec_dot` on its row, whatever the tile shape
-//! (decode's 4 x 1 tiles, a batch's 4 x 2): every path that multiplies a row agrees.
+//! So each output has the bits of the AVX2 `vec_dot` on its row (`avx2_klanes`), whatever
+//! the tile shape (decode's 4 x 1 tiles, a batch's 4 x 2): every path that multiplies a row
+//! agrees.
 //!
 //! Activation vectors are assembled once per super-block and activation row, then reused
-//! by the tile's weight rows. Q4_K pairs `qs[64k..64k + 64]`'s low nibbles (elements
-//! `128k + 0..32` and `128k + 64..96`) and high nibbles (`128k + 32..64`, `128k + 96..128`)
-//! with activation vectors gathered the same way; Q6_K's codes of one 128-element half
-//! come out in element order, so its activations load as they lie.
+//! by the tile's weight rows; a weight row's codes and scales once per super-block, then
+//! reused by the tile's activation rows. Q4_K pairs `qs[64k..64k + 64]`'s low nibbles
+//! (elements `128k + 0..32` and `128k + 64..96`) and high nibbles (`128k + 32..64`,
+//! `128k + 96..128`) with activation vectors gathered the same way; Q6_K's codes of one
+//! 128-element half come out in element order, so its activations load as they lie.
 //!
 //! Safety: every `unsafe fn` requires AVX-512 F/BW/VL + VNNI + AVX2/FMA/F16C and the
 //! pointer contract of [`TileFn`]; they are reachable only through [`super::tile_fn`],
@@ -34,20 +33,16 @@ use std::ptr::read_unaligned;
 
 use loupe_core::GgmlType;
 
-use super::blocks::{scale_min_k4, K_SCALE_SIZE, QK_K};
+use super::avx2_klanes::{f16_at, finish, pick16, q4k_mins_pairs, q4k_scales_mins, A_BSUMS, A_QS, A_SIZE};
+use super::blocks::QK_K;
 use super::TileFn;
 
 /// Largest tile: weight rows x activation rows (as `avx512_tile`).
 pub(super) const MAX_RW: usize = 4;
 pub(super) const MAX_CA: usize = 2;
 
-/// Weight rows ahead to prefetch, in tiles (see `avx512_tile::PREFETCH_TILES`).
+/// Weight rows ahead to prefetch into L2, in tiles (see `avx512_tile::PREFETCH_TILES`).
 const PREFETCH_TILES: usize = 2;
-
-// `block_q8_K { f32 d; i8 qs[256]; i16 bsums[16] }`.
-const A_SIZE: usize = 292;
-const A_QS: usize = 4;
-const A_BSUMS: usize = 4 + QK_K;
 
 pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
     Some(match ty {
@@ -57,30 +52,36 @@ pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
     })
 }
 
+/// One weight row's super-block, unpacked once for every activation row of the tile.
+struct WeightBlock {
+    /// The four 64-byte code vectors.
+    codes: [__m512i; 4],
+    /// Each code vector's sub-block scales, one per i16 lane pair.
+    scales: [__m512i; 4],
+    /// Q4_K: the mins as `vpmaddwd` pairs (`avx2_klanes::q4k_mins_pairs`); Q6_K: the 16
+    /// scales as i16, for the bias.
+    side: __m256i,
+    /// `d` (and Q4_K's `dmin`) of the super-block.
+    d: f32,
+    dmin: f32,
+}
+
 /// A K-quant weight format: its super-block and how it meets the activations.
 trait KFmt {
     /// Bytes per super-block.
     const WS: usize;
-    /// Whether each super-block's correction is subtracted from its own term (Q4_K, as
-    /// `quant::avx2::k4_block`) or summed apart and subtracted at the end (Q6_K, as
-    /// `quant::avx2::dot_q6k`).
-    const CORRECT_PER_BLOCK: bool;
-    /// The four activation vectors of a super-block in the order [`KFmt::block`] pairs
+    /// The four activation vectors of a super-block in the order [`KFmt::weights`] pairs
     /// them with codes.
     unsafe fn activations(y: *const u8) -> [__m512i; 4];
-    /// The super-block's exact `sum scale * q * a` (16 i32 lanes), its correction (Q4_K:
-    /// `sum_j m_j * sum(a)`; Q6_K: `32 * sum_g sc_g * sum(a)`, 8 i32 lanes), and the weight
-    /// scales of the two (Q4_K: `d`, `dmin`; Q6_K: `d` both).
-    unsafe fn block(x: *const u8, av: &[__m512i; 4], bsums: __m256i) -> (__m512i, __m256i, f32, f32);
+    /// The weight super-block at `x`.
+    unsafe fn weights(x: *const u8) -> WeightBlock;
+    /// `acc` plus the super-block's term for one activation row (`bsums`, `ad`: its
+    /// 16-element sums and scale).
+    unsafe fn accumulate(w: &WeightBlock, av: &[__m512i; 4], bsums: __m256i, ad: f32, acc: __m512) -> __m512;
 }
 
 struct Q4K;
 struct Q6K;
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(p.cast::<u16>()) as i32)))
-}
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -88,32 +89,27 @@ unsafe fn join(lo: *const u8, hi: *const u8) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(lo.cast())), _mm256_loadu_si256(hi.cast()), 1)
 }
 
-/// i16 lane `t` of the result is lane `idx[t]` of `v` (`vpermw`).
+/// `vpshufb` control for the 4 128-bit lanes: i16 lane `s[t]` of lane `t` in every i16 lane.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn spread16(v: __m256i, idx: __m512i) -> __m512i {
-    _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(v))
-}
-
-/// The i16 lane index vector whose 32 lanes read `[a; 16]` then `[b; 16]`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn halves(a: i16, b: i16) -> __m512i {
-    _mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1)
-}
-
-/// The i16 lane index vector whose 32 lanes read `base + t / 8`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn quarters(base: i16) -> __m512i {
-    let lo = _mm256_inserti128_si256(_mm256_set1_epi16(base), _mm_set1_epi16(base + 1), 1);
-    let hi = _mm256_inserti128_si256(_mm256_set1_epi16(base + 2), _mm_set1_epi16(base + 3), 1);
+unsafe fn pick16x4(s: [i16; 4]) -> __m512i {
+    let lo = _mm256_set_m128i(pick16(s[1]), pick16(s[0]));
+    let hi = _mm256_set_m128i(pick16(s[3]), pick16(s[2]));
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// The integer part shared by both formats: `sum_k scale_k * maddubs(code_k, av_k)`.
+#[inline(always)]
+unsafe fn isum(w: &WeightBlock, av: &[__m512i; 4]) -> __m512i {
+    let mut s = _mm512_setzero_si512();
+    for ((code, a), scale) in w.codes.iter().zip(av).zip(&w.scales) {
+        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(*code, *a), *scale);
+    }
+    s
 }
 
 impl KFmt for Q4K {
     const WS: usize = 144;
-    const CORRECT_PER_BLOCK: bool = true;
 
     #[inline(always)]
     unsafe fn activations(y: *const u8) -> [__m512i; 4] {
@@ -122,33 +118,38 @@ impl KFmt for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn block(x: *const u8, av: &[__m512i; 4], bsums: __m256i) -> (__m512i, __m256i, f32, f32) {
-        let (sc, mn) = scale_min_k4(&read_unaligned(x.add(4).cast::<[u8; K_SCALE_SIZE]>()));
-        let sc16 = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())));
+    unsafe fn weights(x: *const u8) -> WeightBlock {
+        let sm = q4k_scales_mins(x);
+        let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
         let m4 = _mm512_set1_epi8(0x0F);
-        let mut isum = _mm512_setzero_si512();
-        for k in 0..2 {
-            let v = _mm512_loadu_si512(x.add(16 + 64 * k).cast());
-            let lo = _mm512_and_si512(v, m4);
-            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-            // Low nibbles: sub-blocks 4k (bytes 0..32) and 4k + 2; high: 4k + 1, 4k + 3.
-            let j = 4 * k as i16;
-            let s_lo = spread16(sc16, halves(j, j + 2));
-            let s_hi = spread16(sc16, halves(j + 1, j + 3));
-            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(lo, av[2 * k]), s_lo);
-            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(hi, av[2 * k + 1]), s_hi);
-        }
-        // Sub-block j's activation sum is bsums[2j] + bsums[2j + 1] (lane j of the pairwise
-        // madd), times its min m_j.
-        let pair = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-        let mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr().cast()));
-        (isum, _mm256_mullo_epi32(pair, mins), f16_at(x), f16_at(x.add(2)))
+        let v0 = _mm512_loadu_si512(x.add(16).cast());
+        let v1 = _mm512_loadu_si512(x.add(80).cast());
+        // Low nibbles of qs[64k..]: sub-blocks 4k (bytes 0..32) and 4k + 2; high: 4k + 1, 4k + 3.
+        let codes = [
+            _mm512_and_si512(v0, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
+            _mm512_and_si512(v1, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
+        ];
+        let scales = [
+            _mm512_shuffle_epi8(sc, pick16x4([0, 0, 2, 2])),
+            _mm512_shuffle_epi8(sc, pick16x4([1, 1, 3, 3])),
+            _mm512_shuffle_epi8(sc, pick16x4([4, 4, 6, 6])),
+            _mm512_shuffle_epi8(sc, pick16x4([5, 5, 7, 7])),
+        ];
+        WeightBlock { codes, scales, side: q4k_mins_pairs(sm), d: f16_at(x), dmin: f16_at(x.add(2)) }
+    }
+
+    #[inline(always)]
+    unsafe fn accumulate(w: &WeightBlock, av: &[__m512i; 4], bsums: __m256i, ad: f32, acc: __m512) -> __m512 {
+        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum(w, av)), _mm512_set1_ps(ad * w.d), acc);
+        let corr = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(_mm256_madd_epi16(bsums, w.side)));
+        _mm512_mask3_fnmadd_ps(corr, _mm512_set1_ps(ad * w.dmin), acc, 0x00FF)
     }
 }
 
 impl KFmt for Q6K {
     const WS: usize = 210;
-    const CORRECT_PER_BLOCK: bool = false;
 
     #[inline(always)]
     unsafe fn activations(y: *const u8) -> [__m512i; 4] {
@@ -162,12 +163,12 @@ impl KFmt for Q6K {
     }
 
     #[inline(always)]
-    unsafe fn block(x: *const u8, av: &[__m512i; 4], bsums: __m256i) -> (__m512i, __m256i, f32, f32) {
-        let sc = _mm_loadu_si128(x.add(192).cast());
-        let sc16 = _mm256_cvtepi8_epi16(sc);
+    unsafe fn weights(x: *const u8) -> WeightBlock {
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192).cast()));
         let m4 = _mm512_set1_epi8(0x0F);
         let m3 = _mm512_set1_epi8(0x03);
-        let mut isum = _mm512_setzero_si512();
+        let mut codes = [_mm512_setzero_si512(); 4];
+        let mut scales = [_mm512_setzero_si512(); 4];
         for h in 0..2 {
             // ggml's dequantize_row_q6_K, one 128-element half: element l + 32s (l < 32)
             // takes nibble s / 2 of ql[l + 32 (s % 2)] and bits 2s..2s + 2 of qh[l].
@@ -177,17 +178,28 @@ impl KFmt for Q6K {
             // 64-bit shifts: the bits they pull across byte boundaries are masked off.
             let h01 = _mm512_and_si512(_mm512_srlv_epi64(qh2, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), m3);
             let h23 = _mm512_and_si512(_mm512_srlv_epi64(qh2, _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4)), m3);
-            let c01 = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16::<4>(h01));
-            let c23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4), _mm512_slli_epi16::<4>(h23));
-            let base = 8 * h as i16;
-            isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(c01, av[2 * h]), spread16(sc16, quarters(base)));
-            isum =
-                _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(c23, av[2 * h + 1]), spread16(sc16, quarters(base + 4)));
+            codes[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16::<4>(h01));
+            codes[2 * h + 1] =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4), _mm512_slli_epi16::<4>(h23));
+            // The half's 8 scales in every 128-bit lane; 16-element group t of a code vector.
+            let half = _mm512_broadcast_i32x4(if h == 0 {
+                _mm256_castsi256_si128(sc16)
+            } else {
+                _mm256_extracti128_si256::<1>(sc16)
+            });
+            scales[2 * h] = _mm512_shuffle_epi8(half, pick16x4([0, 1, 2, 3]));
+            scales[2 * h + 1] = _mm512_shuffle_epi8(half, pick16x4([4, 5, 6, 7]));
         }
-        // The -32 of every code: 32 * sum_g sc_g * bsums[g], exact in i32.
-        let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bsums));
         let d = f16_at(x.add(208));
-        (isum, bias, d, d)
+        WeightBlock { codes, scales, side: sc16, d, dmin: d }
+    }
+
+    #[inline(always)]
+    unsafe fn accumulate(w: &WeightBlock, av: &[__m512i; 4], bsums: __m256i, ad: f32, acc: __m512) -> __m512 {
+        // The -32 of every code: 32 * sum_g sc_g * bsums[g], exact in i32, on lanes 0-7.
+        let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(w.side, bsums));
+        let total = _mm512_sub_epi32(isum(w, av), _mm512_zextsi256_si512(bias));
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(ad * w.d), acc)
     }
 }
 
@@ -198,10 +210,8 @@ tile_dispatch!(KFmt, tile, (4, 2), (3, 2), (2, 2), (1, 2), (4, 1), (3, 1), (2, 1
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<F: KFmt, const RW: usize, const CA: usize>(args: super::TileArgs) {
     let (w, w_stride, a, a_stride, n, out, out_stride) = args;
-    let nb = n / QK_K;
-    let mut acc = [[0f32; CA]; RW];
-    let mut corr = [[0f32; CA]; RW];
-    for i in 0..nb {
+    let mut acc = [[_mm512_setzero_ps(); CA]; RW];
+    for i in 0..n / QK_K {
         let mut av = [[_mm512_setzero_si512(); 4]; CA];
         let mut bs = [_mm256_setzero_si256(); CA];
         let mut ad = [0f32; CA];
@@ -214,40 +224,23 @@ unsafe fn tile<F: KFmt, const RW: usize, const CA: usize>(args: super::TileArgs)
         for r in 0..RW {
             let x = w.add(r * w_stride + i * F::WS);
             let ahead = x.wrapping_add(PREFETCH_TILES * MAX_RW * w_stride);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128).cast());
+            _mm_prefetch::<_MM_HINT_T1>(ahead.cast());
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64).cast());
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(128).cast());
             if F::WS > 192 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(192).cast());
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(192).cast());
             }
+            let wb = F::weights(x);
             for c in 0..CA {
-                let (isum, icorr, d, dcorr) = F::block(x, &av[c], bs[c]);
-                // Exact integers, then the f32 operations of the AVX2 `vec_dot` of these
-                // types in their order (`quant::avx2::k4_block`, `dot_q6k`), so a row
-                // has the same bits through either kernel.
-                let s = _mm512_reduce_add_epi32(isum) as f32;
-                let k = hsum_i32_256(icorr) as f32;
-                if F::CORRECT_PER_BLOCK {
-                    acc[r][c] += ad[c] * d * s - ad[c] * dcorr * k;
-                } else {
-                    acc[r][c] += ad[c] * d * s;
-                    corr[r][c] += ad[c] * dcorr * k;
-                }
+                acc[r][c] = F::accumulate(&wb, &av[c], bs[c], ad[c], acc[r][c]);
             }
         }
     }
     for r in 0..RW {
         for c in 0..CA {
-            *out.add(c * out_stride + r) = acc[r][c] - corr[r][c];
+            let v = acc[r][c];
+            *out.add(c * out_stride + r) =
+                finish(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
         }
     }
-}
-
-/// The sum of the 8 i32 lanes (exact: callers' sums fit i32).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn hsum_i32_256(v: __m256i) -> i32 {
-    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
-    _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32::<1>(x)))
 }

@@ -29,12 +29,12 @@ use super::avx2;
 use super::blocks::QK;
 use super::TileFn;
 
-/// How many tiles of rows ahead to prefetch weights. Rows are short (360 bytes for
-/// Q4_1, 612 for Q8_0 at k = 576), and reading four of them side by side splits
-/// the sequential stream into short ones the hardware prefetcher barely trains
-/// on: streaming the 30 MB Q8_0 lm_head from DRAM ran 3x slower than one row at a
-/// time until this prefetch was added.
-const PREFETCH_TILES: usize = 2;
+/// How many tiles of rows ahead to prefetch weights, into L2 (`T1`; see
+/// `linear::gemv::x86::prefetch_pair` for why not L1). Rows are short (360 bytes for Q4_1,
+/// 612 for Q8_0 at k = 576), and reading four of them side by side splits the sequential
+/// stream into short ones the hardware prefetcher barely trains on. Eight tiles ahead
+/// (BENCHMARKS.md, "Prefetching weights into L2").
+const PREFETCH_TILES: usize = 8;
 
 /// Largest tile: weight rows x activation rows.
 pub(super) const MAX_RW: usize = 4;
@@ -253,9 +253,9 @@ unsafe fn tile<F: Fmt, const RW: usize, const CA: usize>(args: super::TileArgs) 
             // the module note. `wrapping_add`, as the address may lie past the matrix
             // (prefetches never fault).
             let ahead = x0.wrapping_add(PREFETCH_TILES * MAX_RW * w_stride);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            _mm_prefetch::<_MM_HINT_T1>(ahead.cast());
             if 2 * F::WS > 64 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64).cast());
             }
             let q = F::codes(x0, x1);
             let wh = head(x0, x1, F::HAS_MIN);

@@ -9,7 +9,7 @@
 //! Every dot kernel has a scalar reference (`scalar.rs`); AVX2 (`avx2.rs`) and
 //! AVX-512 VNNI (`avx512.rs`) versions are picked at run time by [`Isa::active`]
 //! and tested against the reference over every ISA this CPU has. Matmul uses
-//! register-tiled variants (`avx512_tile.rs`, `avx512_ftile.rs`: several weight
+//! register-tiled variants (`avx512_tile.rs`, `avx512_ftile.rs`, `avx512_ktile.rs`: several weight
 //! rows x several activation rows per call) where they exist.
 //!
 //! | weight | activations | scalar | AVX2 | AVX-512 | AVX-512 tile |
@@ -18,7 +18,8 @@
 //! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes (VNNI) | 4 x 2 |
 //! | Q4_1, Q5_1 | Q8_1 | yes | yes | yes (VNNI) | 4 x 2 |
 //! | Q8_1 | Q8_1 | yes | - | - | - |
-//! | Q4_K, Q5_K, Q6_K | Q8_K | yes | yes | (AVX2) | - |
+//! | Q4_K, Q6_K | Q8_K | yes | yes (lanes) | (AVX2) | 4 x 2 (lanes, same bits) |
+//! | Q5_K | Q8_K | yes | yes | (AVX2) | - |
 //! | Q2_K, Q3_K | Q8_K | yes | - | - | - |
 //! | Q8_K | Q8_K | yes | - | - | - |
 //!
@@ -65,6 +66,8 @@ macro_rules! tile_dispatch {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_klanes;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]

@@ -120,15 +120,16 @@ pub(crate) fn p_at<const R: usize, const KIND: u8>(b: usize, r: usize) -> usize 
 
 /// How many groups of rows ahead the weights are prefetched. The rows of a group are
 /// read side by side, [`ROWS`] short streams (360 bytes per Q4_1 row at k = 576) that
-/// the hardware prefetcher barely trains on; without this, one core drew 5 GB/s of
-/// the 10 it can read (SmolLM2 decode, Intel Xeon). 1, 2, 4 and 8 measured within the
-/// noise of each other there; 4 (~6 KiB ahead at k = 576) leaves room for slower memory.
+/// the hardware prefetcher barely trains on. 4 groups is ~6 KiB ahead at k = 576
+/// (BENCHMARKS.md, "Prefetching weights into L2").
 pub(crate) const PREFETCH_GROUPS: usize = 4;
 
 /// Prefetches, for each row of the group, the block pair `b, b + 1` of the row `ahead`
 /// bytes further on (spread through the loop, one line per row and step: a burst of
-/// prefetches per group stalled on the fill buffers). The address may lie past the
-/// matrix: prefetches never fault, and it is formed with `wrapping_add`.
+/// prefetches per group stalled on the fill buffers), into L2 (`T1`): prefetching the
+/// streams into L1 held a core to less than half of what it can read (BENCHMARKS.md,
+/// "Prefetching weights into L2"). The address may lie past the matrix: prefetches never
+/// fault, and it is formed with `wrapping_add`.
 #[inline(always)]
 pub(crate) unsafe fn prefetch_pair<const R: usize, const KIND: u8>(
     w: *const u8,
@@ -139,9 +140,9 @@ pub(crate) unsafe fn prefetch_pair<const R: usize, const KIND: u8>(
     let pair = 2 * block_bytes(KIND);
     for r in 0..R {
         let p = w.wrapping_add(r * row_bytes + block_at(KIND, b) + ahead);
-        _mm_prefetch::<_MM_HINT_T0>(p.cast());
+        _mm_prefetch::<_MM_HINT_T1>(p.cast());
         if pair > 64 {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64).cast());
+            _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64).cast());
         }
     }
 }

@@ -25,15 +25,16 @@ pub(crate) const CHUNK_ROWS: usize = 8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_ROWS: usize = 4;
 
-/// Prefetches weight row `j` of `w` into L1 if `j < end` (the task's rows end there).
+/// Prefetches weight row `j` of `w` into L2 if `j < end` (the task's rows end there); L2,
+/// not L1, as `linear::gemv::x86::prefetch_pair` explains.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_row(w: &QMatrix, j: usize, end: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
     if j < end {
         for line in w.row(j).chunks(64) {
             // SAFETY: a prefetch of an address inside the row; SSE is baseline on x86_64.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
         }
     }
 }

@@ -220,26 +220,17 @@ pub(crate) unsafe fn q4_k_dms(sb: *const u8) -> ([f32; 8], [f32; 8]) {
     (d, m)
 }
 
-/// The 8 six-bit scales and 8 mins of a Q4_K block as f32 lanes: [`scale_min_k4`] on
-/// four bytes at a time (ggml's `kmask` form, in its AVX2 `vec_dot_q4_K`); the byte-wise
-/// helper compiled to ~90 scalar instructions per super-block. Equal to it for every
-/// input (`q4k_scale_unpacking_matches_scale_min_k4`).
+/// The 8 six-bit scales and 8 mins of a Q4_K block as f32 lanes
+/// ([`scale_min_k4_words`](crate::quant::blocks::scale_min_k4_words), equal to the byte-wise
+/// `scale_min_k4` for every input: `q4k_scale_unpacking_matches_scale_min_k4`).
 ///
 /// # Safety
 /// AVX2; 12 readable bytes at `p`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scales_mins_q4k(p: *const u8) -> (__m256, __m256) {
-    pub(crate) const LOW6: u32 = 0x3F3F_3F3F;
-    pub(crate) const LOW4: u32 = 0x0F0F_0F0F;
-    pub(crate) const LOW2: u32 = 0x0303_0303;
-    let word = |i: usize| std::ptr::read_unaligned(p.add(4 * i).cast::<u32>());
-    let (a, b, c) = (word(0), word(1), word(2));
-    // Bytes 0-3 / 4-7: scales / mins 0-3 in their low 6 bits. Scales / mins 4-7: low 4 bits
-    // from the low / high nibbles of bytes 8-11, top 2 bits from the top of bytes 0-3 / 4-7.
-    let scales_hi = (c & LOW4) | (((a >> 6) & LOW2) << 4);
-    let mins_hi = ((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4);
-    let v = _mm_set_epi32(mins_hi as i32, (b & LOW6) as i32, scales_hi as i32, (a & LOW6) as i32);
+    let [s0, s1, m0, m1] = crate::quant::blocks::scale_min_k4_words(&std::ptr::read_unaligned(p.cast()));
+    let v = _mm_set_epi32(m1 as i32, m0 as i32, s1 as i32, s0 as i32);
     let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
     (widen(v), widen(_mm_srli_si128::<8>(v)))
 }

@@ -1,0 +1,155 @@
+//! AVX2 dots of Q4_K and Q6_K weight rows against Q8_K activations (the K-quants'
+//! arithmetic under `--precision q8` and `auto`), in the lane arithmetic that the AVX-512
+//! tiles (`avx512_ktile`) repeat bit for bit, so a row has the same bits on either ISA and
+//! in any tile shape.
+//!
+//! # The lane contract
+//! Each super-block of 256 weights gives 16 i32 lanes of exact integer sums. A super-block
+//! is read as 64-byte code vectors (Q4_K: the low or high nibbles of `qs[64k..64k + 64]`;
+//! Q6_K: one 64-element quarter-pair of a half, in element order); lanes 0-7 sum the first
+//! 32 bytes of every code vector, lanes 8-15 the second 32, each lane the products of its
+//! 4-byte column (`code * activation * sub-block scale`, as `vpmaddubsw` + `vpmaddwd`
+//! pair them). Here the two halves are two 256-bit registers.
+//! * Q6_K folds its `-32` bias into lanes 0-7 in integers: lane `j` minus
+//!   `32 * (sc_2j bsum_2j + sc_2j+1 bsum_2j+1)` (`bsums`: the activations' 16-element sums).
+//! * The f32 accumulator (16 lanes) takes, per super-block, `acc = fma(f32(isum), d_a * d_w,
+//!   acc)`; Q4_K then `acc = acc - f32(corr) * (d_a * dmin_w)` on lanes 0-7, where lane `j`
+//!   of `corr` is `m_j * (bsum_2j + bsum_2j+1)`, the sub-block min times its activation sum.
+//! * The row's value is `hsum(acc[0..8] + acc[8..16])` in `reduce::avx2::hsum`'s order.
+//!
+//! Integers are exact (no i16 step saturates: `2 * 63 * 128` at most; an i32 lane holds at
+//! most 16 products of 63 x 128 x 128 plus a bias of the same size). Only the f32 steps
+//! round, and they are the same operations in the same order on every path. Per super-block
+//! that is one conversion and one or two FMAs; no horizontal sum until the row ends.
+//!
+//! Safety: every `unsafe fn` requires AVX2, FMA and F16C and rows of the lengths
+//! [`super::check_dot`] verifies; they are reachable only through [`super::vec_dot_fn`].
+
+use std::arch::x86_64::*;
+use std::ptr::read_unaligned;
+
+use crate::reduce::avx2::hsum;
+
+use super::blocks::{scale_min_k4_words, QK_K};
+
+// `block_q8_K { f32 d; i8 qs[256]; i16 bsums[16] }`.
+pub(super) const A_SIZE: usize = 292;
+pub(super) const A_QS: usize = 4;
+pub(super) const A_BSUMS: usize = 4 + QK_K;
+
+/// The f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(p.cast::<u16>()) as i32)))
+}
+
+/// Q4_K's 8 scales (low 8 bytes) and 8 mins (high 8 bytes) of the super-block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4k_scales_mins(x: *const u8) -> __m128i {
+    let [s0, s1, m0, m1] = scale_min_k4_words(&read_unaligned(x.add(4).cast()));
+    _mm_set_epi32(m1 as i32, m0 as i32, s1 as i32, s0 as i32)
+}
+
+/// The 16 i16 lanes `[m0, m0, m1, m1, .., m7, m7]` of a `q4k_scales_mins` vector: a
+/// `vpmaddwd` multiplier that gives `m_j * (bsum_2j + bsum_2j+1)` in i32 lane `j`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4k_mins_pairs(sm: __m128i) -> __m256i {
+    let m = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
+    _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m))
+}
+
+/// A `vpshufb` control whose every i16 lane reads i16 lane `s` of its 128-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pick16(s: i16) -> __m128i {
+    _mm_set1_epi16(((2 * s + 1) << 8) | (2 * s))
+}
+
+/// The two halves' f32 accumulators summed in the contract's order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn finish(lo: __m256, hi: __m256) -> f32 {
+    hsum(_mm256_add_ps(lo, hi))
+}
+
+/// Dot of a Q4_K row with a Q8_K row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..n / QK_K {
+        let (x, y) = (w.add(i * 144), a.add(i * A_SIZE));
+        let sm = q4k_scales_mins(x);
+        let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        let mut isum = [_mm256_setzero_si256(); 2];
+        // Chunk c (`qs[32c..32c + 32]`): low nibbles are sub-block 2c, high 2c + 1; chunks
+        // 0 and 2 are the first 32 bytes of the contract's code vectors (lanes 0-7).
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(x.add(16 + 32 * c).cast());
+            let a0 = _mm256_loadu_si256(y.add(A_QS + 64 * c).cast());
+            let a1 = _mm256_loadu_si256(y.add(A_QS + 64 * c + 32).cast());
+            let s0 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16)));
+            let s1 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16 + 1)));
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, m4), a0), s0);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), a1), s1);
+            isum[c % 2] = _mm256_add_epi32(isum[c % 2], _mm256_add_epi32(p0, p1));
+        }
+        let corr = _mm256_madd_epi16(_mm256_loadu_si256(y.add(A_BSUMS).cast()), q4k_mins_pairs(sm));
+        let ad = read_unaligned(y.cast::<f32>());
+        let s = _mm256_set1_ps(ad * f16_at(x));
+        lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0]), s, lo);
+        hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]), s, hi);
+        lo = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(ad * f16_at(x.add(2))), lo);
+    }
+    finish(lo, hi)
+}
+
+/// Dot of a Q6_K row with a Q8_K row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m3 = _mm256_set1_epi8(0x03);
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for i in 0..n / QK_K {
+        let (x, y) = (w.add(i * 210), a.add(i * A_SIZE));
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192).cast()));
+        let mut isum = [_mm256_setzero_si256(); 2];
+        for h in 0..2 {
+            // ggml's dequantize_row_q6_K, one 128-element half: element l + 32s (l < 32)
+            // takes nibble s / 2 of ql[l + 32 (s % 2)] and bits 2s..2s + 2 of qh[l].
+            let ql0 = _mm256_loadu_si256(x.add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(x.add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(x.add(128 + 32 * h).cast());
+            let high =
+                |s: i32| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s)), m3));
+            // Quarters s = 0, 2 (first 32 bytes of the code vectors: lanes 0-7); 1, 3 (8-15).
+            let codes = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), high(1)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), high(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), high(3)),
+            ];
+            // The half's 8 scales in both 128-bit lanes; quarter s's 16-element groups are
+            // 2s and 2s + 1 of the half.
+            let half = if h == 0 {
+                _mm256_permute2x128_si256::<0x00>(sc16, sc16)
+            } else {
+                _mm256_permute2x128_si256::<0x11>(sc16, sc16)
+            };
+            for (s, code) in codes.iter().enumerate() {
+                let av = _mm256_loadu_si256(y.add(A_QS + 128 * h + 32 * s).cast());
+                let ctl = _mm256_set_m128i(pick16(2 * s as i16 + 1), pick16(2 * s as i16));
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*code, av), _mm256_shuffle_epi8(half, ctl));
+                isum[s % 2] = _mm256_add_epi32(isum[s % 2], p);
+            }
+        }
+        let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, _mm256_loadu_si256(y.add(A_BSUMS).cast())));
+        let s = _mm256_set1_ps(read_unaligned(y.cast::<f32>()) * f16_at(x.add(208)));
+        lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[0], bias)), s, lo);
+        hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]), s, hi);
+    }
+    finish(lo, hi)
+}
