@@ -81,6 +81,9 @@ pub fn matmul_q_with(
         } else {
             buf.chunks_mut(act_row).zip(x.chunks(k)).for_each(quantize);
         }
+        if let Some(arrange) = quant::tile_fn(isa, w.ty).and_then(|t| t.arrange) {
+            arrange(buf);
+        }
         buf
     };
     match w.layout {

@@ -13,9 +13,11 @@
 //! * Q6_K folds its `-32` bias into lanes 0-7 in integers: lane `j` minus
 //!   `32 * (sc_2j bsum_2j + sc_2j+1 bsum_2j+1)` (`bsums`: the activations' 16-element sums).
 //! * The f32 accumulator (16 lanes) takes, per super-block, `acc = fma(f32(isum), d_a * d_w,
-//!   acc)`; Q4_K then `acc = acc - f32(corr) * (d_a * dmin_w)` on lanes 0-7, where lane `j`
-//!   of `corr` is `m_j * (bsum_2j + bsum_2j+1)`, the sub-block min times its activation sum.
-//! * The row's value is `hsum(acc[0..8] + acc[8..16])` in `reduce::avx2::hsum`'s order.
+//!   acc)`; Q4_K's mins accumulator (8 lanes) `mins = fma(f32(corr), d_a * dmin_w, mins)`,
+//!   where lane `j` of `corr` is `m_j * (bsum_2j + bsum_2j+1)`, the sub-block min times its
+//!   activation sum (Q6_K's stays zero).
+//! * The row's value is `hsum((acc[0..8] + acc[8..16]) - mins)` in `reduce::avx2::hsum`'s
+//!   order.
 //!
 //! Integers are exact (no i16 step saturates: `2 * 63 * 128` at most; an i32 lane holds at
 //! most 16 products of 63 x 128 x 128 plus a bias of the same size). Only the f32 steps
@@ -68,18 +70,18 @@ pub(super) unsafe fn pick16(s: i16) -> __m128i {
     _mm_set1_epi16(((2 * s + 1) << 8) | (2 * s))
 }
 
-/// The two halves' f32 accumulators summed in the contract's order.
+/// The two halves' f32 accumulators and the mins accumulator summed in the contract's order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn finish(lo: __m256, hi: __m256) -> f32 {
-    hsum(_mm256_add_ps(lo, hi))
+pub(super) unsafe fn finish(lo: __m256, hi: __m256, mins: __m256) -> f32 {
+    hsum(_mm256_sub_ps(_mm256_add_ps(lo, hi), mins))
 }
 
 /// Dot of a Q4_K row with a Q8_K row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
-    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut lo, mut hi, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
     for i in 0..n / QK_K {
         let (x, y) = (w.add(i * 144), a.add(i * A_SIZE));
         let sm = q4k_scales_mins(x);
@@ -102,9 +104,9 @@ pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
         let s = _mm256_set1_ps(ad * f16_at(x));
         lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0]), s, lo);
         hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]), s, hi);
-        lo = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(ad * f16_at(x.add(2))), lo);
+        mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(ad * f16_at(x.add(2))), mins);
     }
-    finish(lo, hi)
+    finish(lo, hi, mins)
 }
 
 /// Dot of a Q6_K row with a Q8_K row.
@@ -151,5 +153,5 @@ pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
         lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[0], bias)), s, lo);
         hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]), s, hi);
     }
-    finish(lo, hi)
+    finish(lo, hi, _mm256_setzero_ps())
 }

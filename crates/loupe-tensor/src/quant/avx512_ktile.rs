@@ -1,6 +1,8 @@
 //! AVX-512 BW + VNNI register-tiled dot products of Q4_K and Q6_K weights against Q8_K
 //! activations (the K-quants' arithmetic under `--precision q8` and `auto`): up to 4 weight
-//! rows x 2 activation rows per call, the same tile contract as `avx512_tile`.
+//! rows x 2 activation rows per call, or 1 weight row x up to 8 activation rows (prefill: a
+//! weight row's codes unpacked once serve 8 activation rows), the tile contract of
+//! `avx512_tile`.
 //!
 //! The arithmetic is `avx2_klanes`'s lane contract, with its two 256-bit halves as one
 //! 512-bit register: per super-block and (weight row, activation row) pair,
@@ -10,19 +12,20 @@
 //!   sub-block scales as i16 lanes (spread by `vpshufb`) accumulates `scale * pair` into the
 //!   16 i32 lanes, exactly;
 //! * Q6_K's bias folded into lanes 0-7 in integers, one conversion and one FMA into the f32
-//!   accumulator; Q4_K's mins term an FMA on lanes 0-7 (a masked FMA);
+//!   accumulator; Q4_K's mins term an FMA into an 8-lane accumulator of its own;
 //! * one horizontal sum per output, when its row ends.
 //!
 //! So each output has the bits of the AVX2 `vec_dot` on its row (`avx2_klanes`), whatever
 //! the tile shape (decode's 4 x 1 tiles, a batch's 4 x 2): every path that multiplies a row
 //! agrees.
 //!
-//! Activation vectors are assembled once per super-block and activation row, then reused
-//! by the tile's weight rows; a weight row's codes and scales once per super-block, then
-//! reused by the tile's activation rows. Q4_K pairs `qs[64k..64k + 64]`'s low nibbles
-//! (elements `128k + 0..32` and `128k + 64..96`) and high nibbles (`128k + 32..64`,
-//! `128k + 96..128`) with activation vectors gathered the same way; Q6_K's codes of one
-//! 128-element half come out in element order, so its activations load as they lie.
+//! A weight row's codes and scales are unpacked once per super-block, then reused by the
+//! tile's activation rows; activation vectors are plain loads. Q4_K pairs
+//! `qs[64k..64k + 64]`'s low nibbles (elements `128k + 0..32` and `128k + 64..96`) and high
+//! nibbles (`128k + 32..64`, `128k + 96..128`) with activations in that order, which
+//! [`arrange_fn`]'s pass puts them in once per matmul (it swaps two 32-byte chunks of every
+//! 128); Q6_K's codes of one 128-element half come out in element order, so its activations
+//! load as they lie.
 //!
 //! Safety: every `unsafe fn` requires AVX-512 F/BW/VL + VNNI + AVX2/FMA/F16C and the
 //! pointer contract of [`TileFn`]; they are reachable only through [`super::tile_fn`],
@@ -37,9 +40,10 @@ use super::avx2_klanes::{f16_at, finish, pick16, q4k_mins_pairs, q4k_scales_mins
 use super::blocks::QK_K;
 use super::TileFn;
 
-/// Largest tile: weight rows x activation rows (as `avx512_tile`).
+/// Largest tiles: 4 weight rows x 2 activation rows, and 1 x 8. The driver asks for up to
+/// `MAX_RW x MAX_CA`; [`dispatch`] runs more than 2 activation rows one weight row at a time.
 pub(super) const MAX_RW: usize = 4;
-pub(super) const MAX_CA: usize = 2;
+pub(super) const MAX_CA: usize = 8;
 
 /// Weight rows ahead to prefetch into L2, in tiles (see `avx512_tile::PREFETCH_TILES`).
 const PREFETCH_TILES: usize = 2;
@@ -52,6 +56,22 @@ pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
     })
 }
 
+/// The activation pass the tiles of `ty` expect (see the module note).
+pub(super) fn arrange_fn(ty: GgmlType) -> Option<fn(&mut [u8])> {
+    (ty == GgmlType::Q4K).then_some(arrange_q4k as fn(&mut [u8]))
+}
+
+/// Q8_K rows into the order the Q4_K tiles read: in every 128 activations of a block,
+/// elements `32..64` and `64..96` trade places. `rows` is whole Q8_K blocks.
+fn arrange_q4k(rows: &mut [u8]) {
+    for block in rows.chunks_exact_mut(A_SIZE) {
+        for half in block[A_QS..A_QS + QK_K].chunks_exact_mut(128) {
+            let (a, b) = half[32..96].split_at_mut(32);
+            a.swap_with_slice(b);
+        }
+    }
+}
+
 /// One weight row's super-block, unpacked once for every activation row of the tile.
 struct WeightBlock {
     /// The four 64-byte code vectors.
@@ -61,32 +81,43 @@ struct WeightBlock {
     /// Q4_K: the mins as `vpmaddwd` pairs (`avx2_klanes::q4k_mins_pairs`); Q6_K: the 16
     /// scales as i16, for the bias.
     side: __m256i,
-    /// `d` (and Q4_K's `dmin`) of the super-block.
-    d: f32,
-    dmin: f32,
+    /// `d` (and Q4_K's `dmin`) of the super-block, in every lane.
+    d: __m512,
+    dmin: __m512,
 }
 
 /// A K-quant weight format: its super-block and how it meets the activations.
 trait KFmt {
     /// Bytes per super-block.
     const WS: usize;
-    /// The four activation vectors of a super-block in the order [`KFmt::weights`] pairs
-    /// them with codes.
-    unsafe fn activations(y: *const u8) -> [__m512i; 4];
     /// The weight super-block at `x`.
     unsafe fn weights(x: *const u8) -> WeightBlock;
     /// `acc` plus the super-block's term for one activation row (`bsums`, `ad`: its
-    /// 16-element sums and scale).
-    unsafe fn accumulate(w: &WeightBlock, av: &[__m512i; 4], bsums: __m256i, ad: f32, acc: __m512) -> __m512;
+    /// 16-element sums and its scale in every lane), and `mins` plus Q4_K's mins term.
+    unsafe fn accumulate(
+        w: &WeightBlock,
+        av: &[__m512i; 4],
+        bsums: __m256i,
+        ad: __m512,
+        acc: __m512,
+        mins: __m256,
+    ) -> (__m512, __m256);
 }
 
 struct Q4K;
 struct Q6K;
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn join(lo: *const u8, hi: *const u8) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(lo.cast())), _mm256_loadu_si256(hi.cast()), 1)
+/// The four activation vectors of the Q8_K block at `y`, in the order the codes pair with
+/// them (Q4_K's after [`arrange_q4k`]).
+#[inline(always)]
+unsafe fn activations(y: *const u8) -> [__m512i; 4] {
+    let q = y.add(A_QS);
+    [
+        _mm512_loadu_si512(q.cast()),
+        _mm512_loadu_si512(q.add(64).cast()),
+        _mm512_loadu_si512(q.add(128).cast()),
+        _mm512_loadu_si512(q.add(192).cast()),
+    ]
 }
 
 /// `vpshufb` control for the 4 128-bit lanes: i16 lane `s[t]` of lane `t` in every i16 lane.
@@ -112,12 +143,6 @@ impl KFmt for Q4K {
     const WS: usize = 144;
 
     #[inline(always)]
-    unsafe fn activations(y: *const u8) -> [__m512i; 4] {
-        let q = y.add(A_QS);
-        [join(q, q.add(64)), join(q.add(32), q.add(96)), join(q.add(128), q.add(192)), join(q.add(160), q.add(224))]
-    }
-
-    #[inline(always)]
     unsafe fn weights(x: *const u8) -> WeightBlock {
         let sm = q4k_scales_mins(x);
         let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
@@ -137,30 +162,27 @@ impl KFmt for Q4K {
             _mm512_shuffle_epi8(sc, pick16x4([4, 4, 6, 6])),
             _mm512_shuffle_epi8(sc, pick16x4([5, 5, 7, 7])),
         ];
-        WeightBlock { codes, scales, side: q4k_mins_pairs(sm), d: f16_at(x), dmin: f16_at(x.add(2)) }
+        let (d, dmin) = (_mm512_set1_ps(f16_at(x)), _mm512_set1_ps(f16_at(x.add(2))));
+        WeightBlock { codes, scales, side: q4k_mins_pairs(sm), d, dmin }
     }
 
     #[inline(always)]
-    unsafe fn accumulate(w: &WeightBlock, av: &[__m512i; 4], bsums: __m256i, ad: f32, acc: __m512) -> __m512 {
-        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum(w, av)), _mm512_set1_ps(ad * w.d), acc);
-        let corr = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(_mm256_madd_epi16(bsums, w.side)));
-        _mm512_mask3_fnmadd_ps(corr, _mm512_set1_ps(ad * w.dmin), acc, 0x00FF)
+    unsafe fn accumulate(
+        w: &WeightBlock,
+        av: &[__m512i; 4],
+        bsums: __m256i,
+        ad: __m512,
+        acc: __m512,
+        mins: __m256,
+    ) -> (__m512, __m256) {
+        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum(w, av)), _mm512_mul_ps(ad, w.d), acc);
+        let corr = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, w.side));
+        (acc, _mm256_fmadd_ps(corr, _mm512_castps512_ps256(_mm512_mul_ps(ad, w.dmin)), mins))
     }
 }
 
 impl KFmt for Q6K {
     const WS: usize = 210;
-
-    #[inline(always)]
-    unsafe fn activations(y: *const u8) -> [__m512i; 4] {
-        let q = y.add(A_QS);
-        [
-            _mm512_loadu_si512(q.cast()),
-            _mm512_loadu_si512(q.add(64).cast()),
-            _mm512_loadu_si512(q.add(128).cast()),
-            _mm512_loadu_si512(q.add(192).cast()),
-        ]
-    }
 
     #[inline(always)]
     unsafe fn weights(x: *const u8) -> WeightBlock {
@@ -190,20 +212,66 @@ impl KFmt for Q6K {
             scales[2 * h] = _mm512_shuffle_epi8(half, pick16x4([0, 1, 2, 3]));
             scales[2 * h + 1] = _mm512_shuffle_epi8(half, pick16x4([4, 5, 6, 7]));
         }
-        let d = f16_at(x.add(208));
+        let d = _mm512_set1_ps(f16_at(x.add(208)));
         WeightBlock { codes, scales, side: sc16, d, dmin: d }
     }
 
     #[inline(always)]
-    unsafe fn accumulate(w: &WeightBlock, av: &[__m512i; 4], bsums: __m256i, ad: f32, acc: __m512) -> __m512 {
+    unsafe fn accumulate(
+        w: &WeightBlock,
+        av: &[__m512i; 4],
+        bsums: __m256i,
+        ad: __m512,
+        acc: __m512,
+        mins: __m256,
+    ) -> (__m512, __m256) {
         // The -32 of every code: 32 * sum_g sc_g * bsums[g], exact in i32, on lanes 0-7.
         let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(w.side, bsums));
         let total = _mm512_sub_epi32(isum(w, av), _mm512_zextsi256_si512(bias));
-        _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(ad * w.d), acc)
+        (_mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(ad, w.d), acc), mins)
     }
 }
 
-tile_dispatch!(KFmt, tile, (4, 2), (3, 2), (2, 2), (1, 2), (4, 1), (3, 1), (2, 1), (1, 1));
+/// Picks the instantiation for an edge tile of `nw x na` (the [`TileFn`] of this file):
+/// `4..1 x 2..1` as one call, wider activation blocks one weight row at a time.
+#[allow(clippy::too_many_arguments)] // the TileFn signature
+unsafe fn dispatch<F: KFmt>(
+    w: *const u8,
+    w_stride: usize,
+    nw: usize,
+    a: *const u8,
+    a_stride: usize,
+    na: usize,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let args =
+        |r: usize| -> super::TileArgs { (w.add(r * w_stride), w_stride, a, a_stride, n, out.add(r), out_stride) };
+    match (nw, na) {
+        (4, 2) => tile::<F, 4, 2>(args(0)),
+        (3, 2) => tile::<F, 3, 2>(args(0)),
+        (2, 2) => tile::<F, 2, 2>(args(0)),
+        (1, 2) => tile::<F, 1, 2>(args(0)),
+        (4, 1) => tile::<F, 4, 1>(args(0)),
+        (3, 1) => tile::<F, 3, 1>(args(0)),
+        (2, 1) => tile::<F, 2, 1>(args(0)),
+        (1, 1) => tile::<F, 1, 1>(args(0)),
+        _ => {
+            for r in 0..nw {
+                match na {
+                    3 => tile::<F, 1, 3>(args(r)),
+                    4 => tile::<F, 1, 4>(args(r)),
+                    5 => tile::<F, 1, 5>(args(r)),
+                    6 => tile::<F, 1, 6>(args(r)),
+                    7 => tile::<F, 1, 7>(args(r)),
+                    8 => tile::<F, 1, 8>(args(r)),
+                    _ => unreachable!("tile {nw} x {na} exceeds {MAX_RW} x {MAX_CA} (checked by the caller)"),
+                }
+            }
+        }
+    }
+}
 
 // Index loops over the const-size register arrays keep the tile shape explicit.
 #[allow(clippy::needless_range_loop)]
@@ -211,16 +279,8 @@ tile_dispatch!(KFmt, tile, (4, 2), (3, 2), (2, 2), (1, 2), (4, 1), (3, 1), (2, 1
 unsafe fn tile<F: KFmt, const RW: usize, const CA: usize>(args: super::TileArgs) {
     let (w, w_stride, a, a_stride, n, out, out_stride) = args;
     let mut acc = [[_mm512_setzero_ps(); CA]; RW];
+    let mut mins = [[_mm256_setzero_ps(); CA]; RW];
     for i in 0..n / QK_K {
-        let mut av = [[_mm512_setzero_si512(); 4]; CA];
-        let mut bs = [_mm256_setzero_si256(); CA];
-        let mut ad = [0f32; CA];
-        for c in 0..CA {
-            let y = a.add(c * a_stride + i * A_SIZE);
-            av[c] = F::activations(y);
-            bs[c] = _mm256_loadu_si256(y.add(A_BSUMS).cast());
-            ad[c] = read_unaligned(y.cast::<f32>());
-        }
         for r in 0..RW {
             let x = w.add(r * w_stride + i * F::WS);
             let ahead = x.wrapping_add(PREFETCH_TILES * MAX_RW * w_stride);
@@ -231,16 +291,21 @@ unsafe fn tile<F: KFmt, const RW: usize, const CA: usize>(args: super::TileArgs)
                 _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(192).cast());
             }
             let wb = F::weights(x);
+            // The activations are re-read per weight row, from L1: loads, not registers held
+            // across the rows.
             for c in 0..CA {
-                acc[r][c] = F::accumulate(&wb, &av[c], bs[c], ad[c], acc[r][c]);
+                let y = a.add(c * a_stride + i * A_SIZE);
+                let bsums = _mm256_loadu_si256(y.add(A_BSUMS).cast());
+                let ad = _mm512_set1_ps(read_unaligned(y.cast::<f32>()));
+                (acc[r][c], mins[r][c]) = F::accumulate(&wb, &activations(y), bsums, ad, acc[r][c], mins[r][c]);
             }
         }
     }
     for r in 0..RW {
         for c in 0..CA {
             let v = acc[r][c];
-            *out.add(c * out_stride + r) =
-                finish(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))));
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            *out.add(c * out_stride + r) = finish(_mm512_castps512_ps256(v), hi, mins[r][c]);
         }
     }
 }

@@ -285,6 +285,10 @@ pub(crate) struct Tile {
     pub f: TileFn,
     pub max_rw: usize,
     pub max_ca: usize,
+    /// Rearranges activation rows (quantized to `vec_dot_type`, whole rows) into the order
+    /// the kernel reads, in place, once per matmul before any tile runs; `None` when it
+    /// reads them as quantized.
+    pub arrange: Option<fn(&mut [u8])>,
 }
 
 /// The tiled kernel for weights of type `wty` at ISA level `isa`, where one exists
@@ -298,13 +302,14 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         if let Some(f) = avx512_ktile::tile_fn(wty) {
-            return Some(Tile { f, max_rw: avx512_ktile::MAX_RW, max_ca: avx512_ktile::MAX_CA });
+            let arrange = avx512_ktile::arrange_fn(wty);
+            return Some(Tile { f, max_rw: avx512_ktile::MAX_RW, max_ca: avx512_ktile::MAX_CA, arrange });
         }
         if let Some(f) = avx512_tile::tile_fn(wty) {
-            return Some(Tile { f, max_rw: avx512_tile::MAX_RW, max_ca: avx512_tile::MAX_CA });
+            return Some(Tile { f, max_rw: avx512_tile::MAX_RW, max_ca: avx512_tile::MAX_CA, arrange: None });
         }
         if let Some(f) = avx512_ftile::tile_fn(wty) {
-            return Some(Tile { f, max_rw: avx512_ftile::MAX_RW, max_ca: avx512_ftile::MAX_CA });
+            return Some(Tile { f, max_rw: avx512_ftile::MAX_RW, max_ca: avx512_ftile::MAX_CA, arrange: None });
         }
     }
     let _ = wty;
