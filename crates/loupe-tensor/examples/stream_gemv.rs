@@ -6,6 +6,7 @@
 //! cargo run --release -p loupe-tensor --example stream_gemv
 //! T=2 TY=q4_1 N=1536 K=576 COUNT=200 cargo run --release -p loupe-tensor --example stream_gemv
 //! TY=q4_k PREC=q8 N=8192 K=2048 COUNT=20 cargo run --release -p loupe-tensor --example stream_gemv
+//! TY=q4_k PREC=q8 N=512 K=2048 M=64 cargo run --release -p loupe-tensor --example stream_gemv  # prefill
 //! LOUPE_HUGEPAGES=0 cargo run --release -p loupe-tensor --example stream_gemv   # 4 KiB pages
 //! ```
 //!
@@ -14,8 +15,9 @@
 //! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels), copied into
 //! a `WeightArena` as the model loader does (`ARENAS=n`: spread round-robin over n arenas, so
 //! consecutive matrices are not neighbours in memory), deterministic random blocks with small
-//! finite scales. Prints the median and best of 15
-//! passes and the process's `AnonHugePages`.
+//! finite scales; `M` activation rows (default 1: decode; more, with a matrix that fits in
+//! L2, measures the prefill kernels' arithmetic). Prints the median and best of 15 passes
+//! (and the median's GFLOP/s) and the process's `AnonHugePages`.
 
 use std::time::Instant;
 
@@ -76,17 +78,19 @@ fn main() {
             QMatrix::new(ty, n, k, arenas[i % arenas.len()].copy(&bytes)).expect("matrix")
         })
         .collect();
-    let x: Vec<f32> = (0..k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
-    let mut y = vec![0f32; n];
+    // `M` activation rows (default 1, decode; more measures the prefill kernels).
+    let m = env("M", 1).max(1);
+    let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let mut y = vec![0f32; m * n];
     let mut scratch = Vec::new();
     let mut rates: Vec<f64> = (0..15)
         .map(|_| {
             let t = Instant::now();
             for w in &matrices {
                 if q8 {
-                    matmul_q(&x, w, &mut y, 1, &mut scratch).expect("matmul");
+                    matmul_q(&x, w, &mut y, m, &mut scratch).expect("matmul");
                 } else {
-                    matmul_wq(&x, w, &mut y, 1).expect("matmul");
+                    matmul_wq(&x, w, &mut y, m).expect("matmul");
                 }
             }
             (len * count) as f64 / t.elapsed().as_secs_f64() / 1e9
@@ -96,8 +100,10 @@ fn main() {
     let huge = std::fs::read_to_string("/proc/self/smaps_rollup").ok().and_then(|s| {
         s.lines().find(|l| l.starts_with("AnonHugePages")).map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
     });
+    // Multiply-adds times 2 per second, at the median rate.
+    let gflops = rates[7] / (len * count) as f64 * (2 * m * n * k * count) as f64;
     println!(
-        "{ty} {count} x {n}x{k} ({:.0} MB), {threads} threads: median {:.2} GB/s, best {:.2} ({})",
+        "{ty} {count} x {n}x{k}, m = {m} ({:.0} MB), {threads} threads: median {:.2} GB/s ({gflops:.0} GFLOP/s), best {:.2} ({})",
         (len * count) as f64 / 1e6,
         rates[7],
         rates[14],

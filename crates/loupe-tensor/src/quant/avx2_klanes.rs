@@ -4,25 +4,26 @@
 //! in any tile shape.
 //!
 //! # The lane contract
-//! Each super-block of 256 weights gives 16 i32 lanes of exact integer sums. A super-block
+//! Each super-block of 256 weights gives 8 i32 lanes of exact integer sums. A super-block
 //! is read as 64-byte code vectors (Q4_K: the low or high nibbles of `qs[64k..64k + 64]`;
-//! Q6_K: one 64-element quarter-pair of a half, in element order); lanes 0-7 sum the first
-//! 32 bytes of every code vector, lanes 8-15 the second 32, each lane the products of its
-//! 4-byte column (`code * activation * sub-block scale`, as `vpmaddubsw` + `vpmaddwd`
-//! pair them). Here the two halves are two 256-bit registers.
-//! * Q6_K folds its `-32` bias into lanes 0-7 in integers: lane `j` minus
+//! Q6_K: one 64-element quarter-pair of a half, in element order); lane `j` sums byte
+//! columns `4j..4j + 4` of both 32-byte halves of every code vector, the products
+//! `code * activation * sub-block scale` as `vpmaddubsw` + `vpmaddwd` pair them. (Here the
+//! two halves are two 256-bit registers added at the end; the AVX-512 tiles hold them in
+//! one register and fold it.)
+//! * Q6_K subtracts its `-32` bias in integers: lane `j` minus
 //!   `32 * (sc_2j bsum_2j + sc_2j+1 bsum_2j+1)` (`bsums`: the activations' 16-element sums).
-//! * The f32 accumulator (16 lanes) takes, per super-block, `acc = fma(f32(isum), d_a * d_w,
+//! * The f32 accumulator (8 lanes) takes, per super-block, `acc = fma(f32(isum), d_a * d_w,
 //!   acc)`; Q4_K's mins accumulator (8 lanes) `mins = fma(f32(corr), d_a * dmin_w, mins)`,
 //!   where lane `j` of `corr` is `m_j * (bsum_2j + bsum_2j+1)`, the sub-block min times its
 //!   activation sum (Q6_K's stays zero).
-//! * The row's value is `hsum((acc[0..8] + acc[8..16]) - mins)` in `reduce::avx2::hsum`'s
-//!   order.
+//! * The row's value is `hsum(acc - mins)` in `reduce::avx2::hsum`'s order.
 //!
 //! Integers are exact (no i16 step saturates: `2 * 63 * 128` at most; an i32 lane holds at
 //! most 16 products of 63 x 128 x 128 plus a bias of the same size). Only the f32 steps
 //! round, and they are the same operations in the same order on every path. Per super-block
-//! that is one conversion and one or two FMAs; no horizontal sum until the row ends.
+//! that is one conversion and one FMA (two for Q4_K) on 8 lanes; no horizontal sum until
+//! the row ends.
 //!
 //! Safety: every `unsafe fn` requires AVX2, FMA and F16C and rows of the lengths
 //! [`super::check_dot`] verifies; they are reachable only through [`super::vec_dot_fn`].
@@ -70,18 +71,18 @@ pub(super) unsafe fn pick16(s: i16) -> __m128i {
     _mm_set1_epi16(((2 * s + 1) << 8) | (2 * s))
 }
 
-/// The two halves' f32 accumulators and the mins accumulator summed in the contract's order.
+/// The f32 accumulator less the mins accumulator, summed in the contract's order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn finish(lo: __m256, hi: __m256, mins: __m256) -> f32 {
-    hsum(_mm256_sub_ps(_mm256_add_ps(lo, hi), mins))
+pub(super) unsafe fn finish(acc: __m256, mins: __m256) -> f32 {
+    hsum(_mm256_sub_ps(acc, mins))
 }
 
 /// Dot of a Q4_K row with a Q8_K row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
-    let (mut lo, mut hi, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut acc, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for i in 0..n / QK_K {
         let (x, y) = (w.add(i * 144), a.add(i * A_SIZE));
         let sm = q4k_scales_mins(x);
@@ -101,12 +102,11 @@ pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
         }
         let corr = _mm256_madd_epi16(_mm256_loadu_si256(y.add(A_BSUMS).cast()), q4k_mins_pairs(sm));
         let ad = read_unaligned(y.cast::<f32>());
-        let s = _mm256_set1_ps(ad * f16_at(x));
-        lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0]), s, lo);
-        hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]), s, hi);
+        let total = _mm256_add_epi32(isum[0], isum[1]);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(ad * f16_at(x)), acc);
         mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(ad * f16_at(x.add(2))), mins);
     }
-    finish(lo, hi, mins)
+    finish(acc, mins)
 }
 
 /// Dot of a Q6_K row with a Q8_K row.
@@ -114,7 +114,7 @@ pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
 pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(0x03);
-    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc = _mm256_setzero_ps();
     for i in 0..n / QK_K {
         let (x, y) = (w.add(i * 210), a.add(i * A_SIZE));
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192).cast()));
@@ -149,9 +149,9 @@ pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
             }
         }
         let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, _mm256_loadu_si256(y.add(A_BSUMS).cast())));
+        let total = _mm256_sub_epi32(_mm256_add_epi32(isum[0], isum[1]), bias);
         let s = _mm256_set1_ps(read_unaligned(y.cast::<f32>()) * f16_at(x.add(208)));
-        lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[0], bias)), s, lo);
-        hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]), s, hi);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), s, acc);
     }
-    finish(lo, hi, _mm256_setzero_ps())
+    finish(acc, _mm256_setzero_ps())
 }

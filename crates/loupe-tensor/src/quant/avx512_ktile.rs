@@ -4,14 +4,14 @@
 //! weight row's codes unpacked once serve 8 activation rows), the tile contract of
 //! `avx512_tile`.
 //!
-//! The arithmetic is `avx2_klanes`'s lane contract, with its two 256-bit halves as one
+//! The arithmetic is `avx2_klanes`'s lane contract, its two 256-bit halves of codes as one
 //! 512-bit register: per super-block and (weight row, activation row) pair,
 //! * the codes as unsigned bytes, 64 per vector (Q4_K: the low or high nibbles of 64
 //!   `qs` bytes; Q6_K: 4 low bits of `ql` or'ed with 2 bits of `qh`, 0..=63);
 //! * `vpmaddubsw` against the int8 activations gives i16 pairs, and `vpdpwssd` with the
-//!   sub-block scales as i16 lanes (spread by `vpshufb`) accumulates `scale * pair` into the
-//!   16 i32 lanes, exactly;
-//! * Q6_K's bias folded into lanes 0-7 in integers, one conversion and one FMA into the f32
+//!   sub-block scales as i16 lanes (spread by `vpshufb`) accumulates `scale * pair` into
+//!   16 i32 lanes, exactly, folded to 8 (lane `j` plus lane `j + 8`);
+//! * Q6_K's bias subtracted in integers, one conversion and one FMA into the 8-lane f32
 //!   accumulator; Q4_K's mins term an FMA into an 8-lane accumulator of its own;
 //! * one horizontal sum per output, when its row ends.
 //!
@@ -82,8 +82,8 @@ struct WeightBlock {
     /// scales as i16, for the bias.
     side: __m256i,
     /// `d` (and Q4_K's `dmin`) of the super-block, in every lane.
-    d: __m512,
-    dmin: __m512,
+    d: __m256,
+    dmin: __m256,
 }
 
 /// A K-quant weight format: its super-block and how it meets the activations.
@@ -98,10 +98,10 @@ trait KFmt {
         w: &WeightBlock,
         av: &[__m512i; 4],
         bsums: __m256i,
-        ad: __m512,
-        acc: __m512,
+        ad: __m256,
+        acc: __m256,
         mins: __m256,
-    ) -> (__m512, __m256);
+    ) -> (__m256, __m256);
 }
 
 struct Q4K;
@@ -129,14 +129,15 @@ unsafe fn pick16x4(s: [i16; 4]) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
-/// The integer part shared by both formats: `sum_k scale_k * maddubs(code_k, av_k)`.
+/// The integer part shared by both formats: `sum_k scale_k * maddubs(code_k, av_k)`, its 16
+/// lanes folded to the contract's 8 (lane `j` plus lane `j + 8`).
 #[inline(always)]
-unsafe fn isum(w: &WeightBlock, av: &[__m512i; 4]) -> __m512i {
+unsafe fn isum(w: &WeightBlock, av: &[__m512i; 4]) -> __m256i {
     let mut s = _mm512_setzero_si512();
     for ((code, a), scale) in w.codes.iter().zip(av).zip(&w.scales) {
         s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(*code, *a), *scale);
     }
-    s
+    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
 }
 
 impl KFmt for Q4K {
@@ -162,7 +163,7 @@ impl KFmt for Q4K {
             _mm512_shuffle_epi8(sc, pick16x4([4, 4, 6, 6])),
             _mm512_shuffle_epi8(sc, pick16x4([5, 5, 7, 7])),
         ];
-        let (d, dmin) = (_mm512_set1_ps(f16_at(x)), _mm512_set1_ps(f16_at(x.add(2))));
+        let (d, dmin) = (_mm256_set1_ps(f16_at(x)), _mm256_set1_ps(f16_at(x.add(2))));
         WeightBlock { codes, scales, side: q4k_mins_pairs(sm), d, dmin }
     }
 
@@ -171,13 +172,13 @@ impl KFmt for Q4K {
         w: &WeightBlock,
         av: &[__m512i; 4],
         bsums: __m256i,
-        ad: __m512,
-        acc: __m512,
+        ad: __m256,
+        acc: __m256,
         mins: __m256,
-    ) -> (__m512, __m256) {
-        let acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum(w, av)), _mm512_mul_ps(ad, w.d), acc);
+    ) -> (__m256, __m256) {
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum(w, av)), _mm256_mul_ps(ad, w.d), acc);
         let corr = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, w.side));
-        (acc, _mm256_fmadd_ps(corr, _mm512_castps512_ps256(_mm512_mul_ps(ad, w.dmin)), mins))
+        (acc, _mm256_fmadd_ps(corr, _mm256_mul_ps(ad, w.dmin), mins))
     }
 }
 
@@ -212,7 +213,7 @@ impl KFmt for Q6K {
             scales[2 * h] = _mm512_shuffle_epi8(half, pick16x4([0, 1, 2, 3]));
             scales[2 * h + 1] = _mm512_shuffle_epi8(half, pick16x4([4, 5, 6, 7]));
         }
-        let d = _mm512_set1_ps(f16_at(x.add(208)));
+        let d = _mm256_set1_ps(f16_at(x.add(208)));
         WeightBlock { codes, scales, side: sc16, d, dmin: d }
     }
 
@@ -221,14 +222,14 @@ impl KFmt for Q6K {
         w: &WeightBlock,
         av: &[__m512i; 4],
         bsums: __m256i,
-        ad: __m512,
-        acc: __m512,
+        ad: __m256,
+        acc: __m256,
         mins: __m256,
-    ) -> (__m512, __m256) {
+    ) -> (__m256, __m256) {
         // The -32 of every code: 32 * sum_g sc_g * bsums[g], exact in i32, on lanes 0-7.
         let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(w.side, bsums));
-        let total = _mm512_sub_epi32(isum(w, av), _mm512_zextsi256_si512(bias));
-        (_mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(ad, w.d), acc), mins)
+        let total = _mm256_sub_epi32(isum(w, av), bias);
+        (_mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(ad, w.d), acc), mins)
     }
 }
 
@@ -278,7 +279,7 @@ unsafe fn dispatch<F: KFmt>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn tile<F: KFmt, const RW: usize, const CA: usize>(args: super::TileArgs) {
     let (w, w_stride, a, a_stride, n, out, out_stride) = args;
-    let mut acc = [[_mm512_setzero_ps(); CA]; RW];
+    let mut acc = [[_mm256_setzero_ps(); CA]; RW];
     let mut mins = [[_mm256_setzero_ps(); CA]; RW];
     for i in 0..n / QK_K {
         for r in 0..RW {
@@ -296,16 +297,14 @@ unsafe fn tile<F: KFmt, const RW: usize, const CA: usize>(args: super::TileArgs)
             for c in 0..CA {
                 let y = a.add(c * a_stride + i * A_SIZE);
                 let bsums = _mm256_loadu_si256(y.add(A_BSUMS).cast());
-                let ad = _mm512_set1_ps(read_unaligned(y.cast::<f32>()));
+                let ad = _mm256_set1_ps(read_unaligned(y.cast::<f32>()));
                 (acc[r][c], mins[r][c]) = F::accumulate(&wb, &activations(y), bsums, ad, acc[r][c], mins[r][c]);
             }
         }
     }
     for r in 0..RW {
         for c in 0..CA {
-            let v = acc[r][c];
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-            *out.add(c * out_stride + r) = finish(_mm512_castps512_ps256(v), hi, mins[r][c]);
+            *out.add(c * out_stride + r) = finish(acc[r][c], mins[r][c]);
         }
     }
 }
