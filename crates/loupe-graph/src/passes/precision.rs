@@ -65,11 +65,9 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
 /// llama.cpp does) instead of native's 16-bit ones: Q4_K, the bulk of a Q4_K_M file. Its
 /// 8-bit dot (AVX2, and AVX-512 VNNI tiles for several rows) decodes and prefills faster
 /// than the 16-bit kernels on 2 cores, and the teacher-forced argmax agreement with f32
-/// stays at or above 99% on every model's goldens (tested per model in loupe-cli). Measured
-/// on the goldens (2026-11-28, BENCHMARKS.md): 8-bit activations for Q4_K alone keep Gemma 3
-/// 270M at 99.18% and Qwen2.5-Coder-0.5B at 99.64%, for Q6_K alone at 99.27% / 99.64%, for
-/// both only 98.54% on Gemma; for every type SmolLM2 Q4_1 drops to 96.44%. So Q6_K, Q4_0,
-/// Q4_1, Q5_0 and Q8_0 keep native arithmetic.
+/// stays at or above 99% on every model's goldens (tested per model in loupe-cli; figures in
+/// README.md): for Q6_K as well Gemma 3 270M falls under 99%, and for every type SmolLM2
+/// Q4_1 does (BENCHMARKS.md). So Q6_K, Q4_0, Q4_1, Q5_0 and Q8_0 keep native arithmetic.
 pub fn auto_takes_q8(ty: loupe_tensor::GgmlType) -> bool {
     ty == loupe_tensor::GgmlType::Q4K
 }
