@@ -25,15 +25,23 @@
 //! that is one conversion and one FMA (two for Q4_K) on 8 lanes; no horizontal sum until
 //! the row ends.
 //!
+//! The multi-row forms (`q4k_rows`, `q6k_rows`) unpack a weight row once per super-block for
+//! up to 4 activation rows, each dot the single-row arithmetic: the AVX2 tile kernel of
+//! `--precision q8`'s matmul (prefill, batches).
+//!
 //! Safety: every `unsafe fn` requires AVX2, FMA and F16C and rows of the lengths
-//! [`super::check_dot`] verifies; they are reachable only through [`super::vec_dot_fn`].
+//! [`super::check_dot`] verifies (the tile, the [`TileFn`] contract); they are reachable
+//! only through [`super::vec_dot_fn`] and [`super::tile_fn`], which check the CPU.
 
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
 use crate::reduce::avx2::hsum;
 
+use loupe_core::GgmlType;
+
 use super::blocks::{scale_min_k4_words, QK_K};
+use super::TileFn;
 
 // `block_q8_K { f32 d; i8 qs[256]; i16 bsums[16] }`.
 pub(super) const A_SIZE: usize = 292;
@@ -81,44 +89,68 @@ pub(super) unsafe fn finish(acc: __m256, mins: __m256) -> f32 {
 /// Dot of a Q4_K row with a Q8_K row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
-    let m4 = _mm256_set1_epi8(0x0F);
-    let (mut acc, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for i in 0..n / QK_K {
-        let (x, y) = (w.add(i * 144), a.add(i * A_SIZE));
-        let sm = q4k_scales_mins(x);
-        let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        let mut isum = [_mm256_setzero_si256(); 2];
-        // Chunk c (`qs[32c..32c + 32]`): low nibbles are sub-block 2c, high 2c + 1; chunks
-        // 0 and 2 are the first 32 bytes of the contract's code vectors (lanes 0-7).
-        for c in 0..4 {
-            let q = _mm256_loadu_si256(x.add(16 + 32 * c).cast());
-            let a0 = _mm256_loadu_si256(y.add(A_QS + 64 * c).cast());
-            let a1 = _mm256_loadu_si256(y.add(A_QS + 64 * c + 32).cast());
-            let s0 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16)));
-            let s1 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16 + 1)));
-            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, m4), a0), s0);
-            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), a1), s1);
-            isum[c % 2] = _mm256_add_epi32(isum[c % 2], _mm256_add_epi32(p0, p1));
-        }
-        let corr = _mm256_madd_epi16(_mm256_loadu_si256(y.add(A_BSUMS).cast()), q4k_mins_pairs(sm));
-        let ad = read_unaligned(y.cast::<f32>());
-        let total = _mm256_add_epi32(isum[0], isum[1]);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(ad * f16_at(x)), acc);
-        mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(ad * f16_at(x.add(2))), mins);
-    }
-    finish(acc, mins)
+    q4k_rows::<1>(w, a, 0, n)[0]
 }
 
 /// Dot of a Q6_K row with a Q8_K row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    q6k_rows::<1>(w, a, 0, n)[0]
+}
+
+/// Dots of one Q4_K row with `CA` Q8_K rows (`a_stride` bytes apart): the weight row's codes
+/// and scales unpacked once per super-block for all of them, each dot the single-row
+/// arithmetic (the contract above), so each has [`dot_q4k`]'s bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4k_rows<const CA: usize>(w: *const u8, a: *const u8, a_stride: usize, n: usize) -> [f32; CA] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let mut acc = [_mm256_setzero_ps(); CA];
+    let mut mins = [_mm256_setzero_ps(); CA];
+    for i in 0..n / QK_K {
+        let x = w.add(i * 144);
+        let y = |r: usize| a.add(r * a_stride + i * A_SIZE);
+        let sm = q4k_scales_mins(x);
+        let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+        let mut isum = [[_mm256_setzero_si256(); 2]; CA];
+        // Chunk c (`qs[32c..32c + 32]`): low nibbles are sub-block 2c, high 2c + 1; chunks
+        // 0 and 2 are the first 32 bytes of the contract's code vectors.
+        for c in 0..4 {
+            let q = _mm256_loadu_si256(x.add(16 + 32 * c).cast());
+            let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+            let s0 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16)));
+            let s1 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16 + 1)));
+            for (r, sums) in isum.iter_mut().enumerate() {
+                let a0 = _mm256_loadu_si256(y(r).add(A_QS + 64 * c).cast());
+                let a1 = _mm256_loadu_si256(y(r).add(A_QS + 64 * c + 32).cast());
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), s0);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), s1);
+                sums[c % 2] = _mm256_add_epi32(sums[c % 2], _mm256_add_epi32(p0, p1));
+            }
+        }
+        let pairs = q4k_mins_pairs(sm);
+        let (d, dmin) = (f16_at(x), f16_at(x.add(2)));
+        for r in 0..CA {
+            let corr = _mm256_madd_epi16(_mm256_loadu_si256(y(r).add(A_BSUMS).cast()), pairs);
+            let ad = read_unaligned(y(r).cast::<f32>());
+            let total = _mm256_add_epi32(isum[r][0], isum[r][1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(ad * d), acc[r]);
+            mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), _mm256_set1_ps(ad * dmin), mins[r]);
+        }
+    }
+    std::array::from_fn(|r| finish(acc[r], mins[r]))
+}
+
+/// [`q4k_rows`] for Q6_K: each dot has [`dot_q6k`]'s bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6k_rows<const CA: usize>(w: *const u8, a: *const u8, a_stride: usize, n: usize) -> [f32; CA] {
     let m4 = _mm256_set1_epi8(0x0F);
     let m3 = _mm256_set1_epi8(0x03);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); CA];
     for i in 0..n / QK_K {
-        let (x, y) = (w.add(i * 210), a.add(i * A_SIZE));
+        let x = w.add(i * 210);
+        let y = |r: usize| a.add(r * a_stride + i * A_SIZE);
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192).cast()));
-        let mut isum = [_mm256_setzero_si256(); 2];
+        let mut isum = [[_mm256_setzero_si256(); 2]; CA];
         for h in 0..2 {
             // ggml's dequantize_row_q6_K, one 128-element half: element l + 32s (l < 32)
             // takes nibble s / 2 of ql[l + 32 (s % 2)] and bits 2s..2s + 2 of qh[l].
@@ -127,7 +159,7 @@ pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
             let qh = _mm256_loadu_si256(x.add(128 + 32 * h).cast());
             let high =
                 |s: i32| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s)), m3));
-            // Quarters s = 0, 2 (first 32 bytes of the code vectors: lanes 0-7); 1, 3 (8-15).
+            // Quarters s = 0, 2 (first 32 bytes of the code vectors); 1, 3 (second 32).
             let codes = [
                 _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
                 _mm256_or_si256(_mm256_and_si256(ql1, m4), high(1)),
@@ -142,16 +174,71 @@ pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
                 _mm256_permute2x128_si256::<0x11>(sc16, sc16)
             };
             for (s, code) in codes.iter().enumerate() {
-                let av = _mm256_loadu_si256(y.add(A_QS + 128 * h + 32 * s).cast());
                 let ctl = _mm256_set_m128i(pick16(2 * s as i16 + 1), pick16(2 * s as i16));
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*code, av), _mm256_shuffle_epi8(half, ctl));
-                isum[s % 2] = _mm256_add_epi32(isum[s % 2], p);
+                let scale = _mm256_shuffle_epi8(half, ctl);
+                for (r, sums) in isum.iter_mut().enumerate() {
+                    let av = _mm256_loadu_si256(y(r).add(A_QS + 128 * h + 32 * s).cast());
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(*code, av), scale);
+                    sums[s % 2] = _mm256_add_epi32(sums[s % 2], p);
+                }
             }
         }
-        let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, _mm256_loadu_si256(y.add(A_BSUMS).cast())));
-        let total = _mm256_sub_epi32(_mm256_add_epi32(isum[0], isum[1]), bias);
-        let s = _mm256_set1_ps(read_unaligned(y.cast::<f32>()) * f16_at(x.add(208)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), s, acc);
+        let d = f16_at(x.add(208));
+        for r in 0..CA {
+            let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, _mm256_loadu_si256(y(r).add(A_BSUMS).cast())));
+            let total = _mm256_sub_epi32(_mm256_add_epi32(isum[r][0], isum[r][1]), bias);
+            let s = _mm256_set1_ps(read_unaligned(y(r).cast::<f32>()) * d);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), s, acc[r]);
+        }
     }
-    finish(acc, _mm256_setzero_ps())
+    std::array::from_fn(|r| finish(acc[r], _mm256_setzero_ps()))
+}
+
+/// Largest tile of [`tile_fn`]'s kernels: weight rows (one at a time) x activation rows.
+pub(super) const MAX_RW: usize = 4;
+pub(super) const MAX_CA: usize = 4;
+
+/// The AVX2 tile kernel of `ty` (Q4_K, Q6_K): each weight row unpacked once per
+/// super-block for up to [`MAX_CA`] activation rows.
+pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
+    Some(match ty {
+        GgmlType::Q4K => tile::<false>,
+        GgmlType::Q6K => tile::<true>,
+        _ => return None,
+    })
+}
+
+/// The [`TileFn`] over [`q4k_rows`] / [`q6k_rows`]: `nw` weight rows one after the other.
+#[allow(clippy::too_many_arguments)] // the TileFn signature
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<const Q6: bool>(
+    w: *const u8,
+    w_stride: usize,
+    nw: usize,
+    a: *const u8,
+    a_stride: usize,
+    na: usize,
+    n: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    for r in 0..nw {
+        let x = w.add(r * w_stride);
+        let put = |vals: &[f32]| {
+            for (c, v) in vals.iter().enumerate() {
+                *out.add(c * out_stride + r) = *v;
+            }
+        };
+        match (Q6, na) {
+            (false, 1) => put(&q4k_rows::<1>(x, a, a_stride, n)),
+            (false, 2) => put(&q4k_rows::<2>(x, a, a_stride, n)),
+            (false, 3) => put(&q4k_rows::<3>(x, a, a_stride, n)),
+            (false, 4) => put(&q4k_rows::<4>(x, a, a_stride, n)),
+            (true, 1) => put(&q6k_rows::<1>(x, a, a_stride, n)),
+            (true, 2) => put(&q6k_rows::<2>(x, a, a_stride, n)),
+            (true, 3) => put(&q6k_rows::<3>(x, a, a_stride, n)),
+            (true, 4) => put(&q6k_rows::<4>(x, a, a_stride, n)),
+            _ => unreachable!("tile {nw} x {na} exceeds {MAX_RW} x {MAX_CA} (checked by the caller)"),
+        }
+    }
 }

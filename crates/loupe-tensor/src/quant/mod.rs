@@ -18,7 +18,7 @@
 //! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes (VNNI) | 4 x 2 |
 //! | Q4_1, Q5_1 | Q8_1 | yes | yes | yes (VNNI) | 4 x 2 |
 //! | Q8_1 | Q8_1 | yes | - | - | - |
-//! | Q4_K, Q6_K | Q8_K | yes | yes (lanes) | (AVX2) | 4 x 2 (lanes, same bits) |
+//! | Q4_K, Q6_K | Q8_K | yes | yes (lanes; 1 x 4 tiles) | (AVX2) | 4 x 2, 1 x 8 (lanes, same bits) |
 //! | Q5_K | Q8_K | yes | yes | (AVX2) | - |
 //! | Q2_K, Q3_K | Q8_K | yes | - | - | - |
 //! | Q8_K | Q8_K | yes | - | - | - |
@@ -292,7 +292,8 @@ pub(crate) struct Tile {
 }
 
 /// The tiled kernel for weights of type `wty` at ISA level `isa`, where one exists
-/// (AVX-512: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F32, F16, BF16); otherwise matmul calls
+/// (AVX-512: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, F32, F16, BF16; AVX2: Q4_K, Q6_K);
+/// otherwise matmul calls
 /// [`vec_dot_fn`] per output.
 ///
 /// # Panics
@@ -310,6 +311,12 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
         }
         if let Some(f) = avx512_ftile::tile_fn(wty) {
             return Some(Tile { f, max_rw: avx512_ftile::MAX_RW, max_ca: avx512_ftile::MAX_CA, arrange: None });
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        if let Some(f) = avx2_klanes::tile_fn(wty) {
+            return Some(Tile { f, max_rw: avx2_klanes::MAX_RW, max_ca: avx2_klanes::MAX_CA, arrange: None });
         }
     }
     let _ = wty;
