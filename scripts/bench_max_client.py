@@ -8,8 +8,10 @@ time; never in CI). It needs a Hugging Face tokenizer directory for the model, w
 one `max benchmark` run (random dataset, `--random-input-len -p`, `--random-output-len -n`,
 `--num-prompts --requests`, `--max-concurrency C`, seeded by the alternation); its saved result
 is read into the shape `loupe bench-serve --json` reports, so one table serves both clients:
-output throughput is its `mean_output_throughput` (the first column of its "Output throughput"
-table), TTFT / TPOT / ITL its medians and p99s, errors its `failures`.
+output throughput is its total generated tokens over the benchmark's duration, TTFT / TPOT / ITL
+its medians and p99s, errors its `failures`. Every request is measured (`--skip-first-n-requests`
+and `--skip-last-n-requests` 0; by default it drops `max_concurrency` requests at each end, which
+at 32 prompts and concurrency 32 leaves none).
 `max benchmark` calls `POST /reset_prefix_cache` before it starts (loupe and llama-server both
 answer it), so each level is measured with a cold prefix cache.
 """
@@ -80,7 +82,7 @@ def run_level(max_bin, url, model_id, tokenizer, input_len, output_len, prompts,
                "--tokenizer-local-files-only", "--dataset-name", "random", "--random-input-len", str(input_len),
                "--random-output-len", str(output_len), "--num-prompts", str(prompts),
                "--max-concurrency", str(concurrency), "--no-collect-gpu-stats", "--no-collect-server-stats",
-               "--seed", str(seed),
+               "--seed", str(seed), "--skip-first-n-requests", "0", "--skip-last-n-requests", "0",
                "--result-filename", str(result_path), "--always-save-result"]
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         # It also writes a sweep directory into its working directory: the temporary one.
@@ -95,9 +97,10 @@ def run_level(max_bin, url, model_id, tokenizer, input_len, output_len, prompts,
     failed = _number(result, "failures", "failed")
     if failed is None:
         failed = max(0.0, float(prompts) - completed)
-    throughput = _number(result, "mean_output_throughput", "output_throughput")
-    if throughput is None and _number(result, "duration"):
-        throughput = (_number(result, "total_output_tokens") or 0.0) / _number(result, "duration")
+    # The whole run's output tokens per second (its "Total generated tokens" over "Benchmark
+    # duration"); `mean_output_throughput` is a per-request mean, a concurrency-th of it.
+    duration = _number(result, "duration")
+    throughput = (_number(result, "total_output_tokens") or 0.0) / duration if duration else None
     entry = {
         "concurrency": concurrency,
         "completed": completed,
