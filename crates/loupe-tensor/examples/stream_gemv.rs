@@ -12,7 +12,8 @@
 //!
 //! `T` compute threads (default 1), `COUNT` matrices (default 1) of `N x K` (default
 //! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_k`, `q6_k`;
-//! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels), copied into
+//! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels, `PREC=batch` through
+//! `matmul_wq_invariant`, the batched engine's native kernels), copied into
 //! a `WeightArena` as the model loader does (`ARENAS=n`: spread round-robin over n arenas, so
 //! consecutive matrices are not neighbours in memory), deterministic random blocks with small
 //! finite scales; `M` activation rows (default 1: decode; more, with a matrix that fits in
@@ -23,7 +24,7 @@ use std::time::Instant;
 
 use loupe_tensor::hugepages::WeightArena;
 use loupe_tensor::linear::QMatrix;
-use loupe_tensor::linear::{matmul_q, matmul_wq};
+use loupe_tensor::linear::{matmul_q, matmul_wq, matmul_wq_invariant};
 use loupe_tensor::GgmlType;
 
 fn env(name: &str, default: usize) -> usize {
@@ -43,10 +44,12 @@ fn main() {
         Ok("q8_0") | Err(_) => GgmlType::Q8_0,
         Ok(other) => panic!("TY={other}: q8_0, q4_1, q5_0, q4_k or q6_k"),
     };
-    let q8 = match std::env::var("PREC").as_deref() {
-        Ok("q8") => true,
-        Ok("native") | Err(_) => false,
-        Ok(other) => panic!("PREC={other}: native or q8"),
+    // `batch`: the batch-invariant native kernels (`matmul_wq_invariant`, what the batched
+    // engine runs at `--precision native`).
+    let prec = match std::env::var("PREC").as_deref() {
+        Ok(p @ ("q8" | "batch")) => p.to_string(),
+        Ok("native") | Err(_) => "native".to_string(),
+        Ok(other) => panic!("PREC={other}: native, batch or q8"),
     };
     assert!(k % ty.block_size() == 0, "K={k} is not a multiple of {}", ty.block_size());
     loupe_tensor::pool::init_global(threads).expect("compute pool");
@@ -87,10 +90,10 @@ fn main() {
         .map(|_| {
             let t = Instant::now();
             for w in &matrices {
-                if q8 {
-                    matmul_q(&x, w, &mut y, m, &mut scratch).expect("matmul");
-                } else {
-                    matmul_wq(&x, w, &mut y, m).expect("matmul");
+                match prec.as_str() {
+                    "q8" => matmul_q(&x, w, &mut y, m, &mut scratch).expect("matmul"),
+                    "batch" => matmul_wq_invariant(&x, w, &mut y, m).expect("matmul"),
+                    _ => matmul_wq(&x, w, &mut y, m).expect("matmul"),
                 }
             }
             (len * count) as f64 / t.elapsed().as_secs_f64() / 1e9

@@ -23,56 +23,64 @@ pub(crate) unsafe fn act16_rows(
     off: &mut [f32],
     out: OutPtr,
 ) {
-    let (m, mp, blocks, k, n) = (act.m, act.mp, act.blocks, act.k, w.rows);
+    let (m, blocks, k, n) = (act.m, act.blocks, act.k, w.rows);
     let kind = kind(w.ty);
     let offset = has_offset(kind);
-    for j in rows.clone() {
-        let row = w.row(j).as_ptr();
-        prefetch_row(w, j + PREFETCH_ROWS, rows.end);
-        prepare(row, kind, act, p.as_mut_ptr(), off.as_mut_ptr());
-        let (pp, y) = (p.as_ptr(), out.get().add(j));
-        let mut i = 0;
-        while i < m {
-            let na = (m - i).min(4);
-            let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
-            let r: &[f32] = match (kind, na) {
-                (Q4_1, 4) => &tile::<4, Q4_1>(row, blocks, q, k, pi, mp),
-                (Q4_1, 3) => &tile::<3, Q4_1>(row, blocks, q, k, pi, mp),
-                (Q4_1, 2) => &tile::<2, Q4_1>(row, blocks, q, k, pi, mp),
-                (Q4_1, _) => &tile::<1, Q4_1>(row, blocks, q, k, pi, mp),
-                (Q5_0, 4) => &tile::<4, Q5_0>(row, blocks, q, k, pi, mp),
-                (Q5_0, 3) => &tile::<3, Q5_0>(row, blocks, q, k, pi, mp),
-                (Q5_0, 2) => &tile::<2, Q5_0>(row, blocks, q, k, pi, mp),
-                (Q5_0, _) => &tile::<1, Q5_0>(row, blocks, q, k, pi, mp),
-                (Q6_K, 4) => &tile::<4, Q6_K>(row, blocks, q, k, pi, mp),
-                (Q6_K, 3) => &tile::<3, Q6_K>(row, blocks, q, k, pi, mp),
-                (Q6_K, 2) => &tile::<2, Q6_K>(row, blocks, q, k, pi, mp),
-                (Q6_K, _) => &tile::<1, Q6_K>(row, blocks, q, k, pi, mp),
-                (Q4_K, 4) => &tile::<4, Q4_K>(row, blocks, q, k, pi, mp),
-                (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi, mp),
-                (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi, mp),
-                (Q4_K, _) => &tile::<1, Q4_K>(row, blocks, q, k, pi, mp),
-                (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi, mp),
-                (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi, mp),
-                (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi, mp),
-                (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi, mp),
-            };
-            for (a, &v) in r.iter().enumerate() {
-                // Q8_0 / Q5_0 / Q6_K add no offset (adding 0.0 would turn -0.0 into +0.0).
-                let v = if offset { v + off[i + a] } else { v };
-                yi.add(a * n).write(v);
+    // As the AVX-512 kernels: rows that do not fit in L1 together are taken CHUNK_ROWS at a
+    // time, and the band's weight rows (in L2) pass over each chunk.
+    let chunk = if m * k * 2 <= ACT_L1_BYTES { m } else { CHUNK_ROWS };
+    for c0 in (0..m).step_by(chunk) {
+        let c1 = (c0 + chunk).min(m);
+        for j in rows.clone() {
+            let row = w.row(j).as_ptr();
+            prefetch_row(w, j + PREFETCH_ROWS, rows.end);
+            prepare(row, kind, act, c0..c1, p.as_mut_ptr(), off.as_mut_ptr());
+            let (pp, y) = (p.as_ptr(), out.get().add(j));
+            let mut i = c0;
+            while i < c1 {
+                let na = (c1 - i).min(4);
+                let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(lane_at(i, 0, blocks)), y.add(i * n));
+                let r: &[f32] = match (kind, na) {
+                    (Q4_1, 4) => &tile::<4, Q4_1>(row, blocks, q, k, pi, LANES),
+                    (Q4_1, 3) => &tile::<3, Q4_1>(row, blocks, q, k, pi, LANES),
+                    (Q4_1, 2) => &tile::<2, Q4_1>(row, blocks, q, k, pi, LANES),
+                    (Q4_1, _) => &tile::<1, Q4_1>(row, blocks, q, k, pi, LANES),
+                    (Q5_0, 4) => &tile::<4, Q5_0>(row, blocks, q, k, pi, LANES),
+                    (Q5_0, 3) => &tile::<3, Q5_0>(row, blocks, q, k, pi, LANES),
+                    (Q5_0, 2) => &tile::<2, Q5_0>(row, blocks, q, k, pi, LANES),
+                    (Q5_0, _) => &tile::<1, Q5_0>(row, blocks, q, k, pi, LANES),
+                    (Q6_K, 4) => &tile::<4, Q6_K>(row, blocks, q, k, pi, LANES),
+                    (Q6_K, 3) => &tile::<3, Q6_K>(row, blocks, q, k, pi, LANES),
+                    (Q6_K, 2) => &tile::<2, Q6_K>(row, blocks, q, k, pi, LANES),
+                    (Q6_K, _) => &tile::<1, Q6_K>(row, blocks, q, k, pi, LANES),
+                    (Q4_K, 4) => &tile::<4, Q4_K>(row, blocks, q, k, pi, LANES),
+                    (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi, LANES),
+                    (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi, LANES),
+                    (Q4_K, _) => &tile::<1, Q4_K>(row, blocks, q, k, pi, LANES),
+                    (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi, LANES),
+                    (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi, LANES),
+                    (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi, LANES),
+                    (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi, LANES),
+                };
+                for (a, &v) in r.iter().enumerate() {
+                    // Q8_0 / Q5_0 / Q6_K add no offset (adding 0.0 would turn -0.0 into +0.0).
+                    let v = if offset { v + off[i + a] } else { v };
+                    yi.add(a * n).write(v);
+                }
+                i += na;
             }
-            i += na;
         }
     }
 }
 
-/// `p[b * mp + i] = d_b * scale_{i,b}`, `off[i] = sum_b m_b * sum_{i,b}` (Q4_1), 8
-/// activation rows per vector; the same f32 operations as the single-row kernels.
+/// `p[lane_at(i, b)] = d_b * scale_{i,b}`, `off[i] = sum_b m_b * sum_{i,b}` (Q4_1) for
+/// the rows `i_rows` (starting at a multiple of 8), 8 activation rows per vector (the last
+/// may run past `i_rows` within its group of [`LANES`]: rows of zero scales); the same f32
+/// operations as the single-row kernels.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, p: *mut f32, off: *mut f32) {
-    let (mp, blocks) = (act.mp, act.blocks);
+unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
+    let blocks = act.blocks;
     let offset = has_offset(kind);
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
     // Q4_K: every block's (d', m') decoded once per weight row.
@@ -82,10 +90,10 @@ unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, p: *mut f32, off
             (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * 144));
         }
     }
-    for c in (0..mp).step_by(8) {
+    for c in i_rows.step_by(8) {
         let mut o = _mm256_setzero_ps();
         for b in 0..blocks {
-            let at = b * mp + c;
+            let at = lane_at(c, b, blocks);
             let (dv, mv) = match kind {
                 Q4_1 => dm_at::<Q4_1>(row, b),
                 Q4_K => (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]),

@@ -132,7 +132,7 @@ unsafe fn chunk_rows<const PAIRS: bool>(
     off: &mut [f32],
     out: OutPtr,
 ) {
-    let (mp, blocks, k, n) = (act.mp, act.blocks, act.k, w.rows);
+    let (blocks, k, n) = (act.blocks, act.k, w.rows);
     let q4_1 = w.ty == GgmlType::Q4_1;
     let row = w.row(j).as_ptr();
     // Q5_0's and Q8_0's d are their first two bytes.
@@ -141,20 +141,20 @@ unsafe fn chunk_rows<const PAIRS: bool>(
     let (mut i, m) = (i_rows.start, i_rows.end);
     while i < m {
         let na = (m - i).min(8);
-        let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(i), y.add(i * n));
+        let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(lane_at(i, 0, blocks)), y.add(i * n));
         // Q8_0 and Q5_0 add no offset (a null `off`, see `store`).
         let o = if q4_1 { off.as_ptr().add(i) } else { std::ptr::null() };
         macro_rules! run {
             ($tile:ident $(, $kind:ident)?) => {
                 match na {
-                    8 => store($tile::<8 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    7 => store($tile::<7 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    6 => store($tile::<6 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    5 => store($tile::<5 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    4 => store($tile::<4 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    3 => store($tile::<3 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    2 => store($tile::<2 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
-                    _ => store($tile::<1 $(, $kind)?>(row, blocks, q, k, pi, mp), yi, n, o),
+                    8 => store($tile::<8 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    7 => store($tile::<7 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    6 => store($tile::<6 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    5 => store($tile::<5 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    4 => store($tile::<4 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    3 => store($tile::<3 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    2 => store($tile::<2 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    _ => store($tile::<1 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
                 }
             };
         }
@@ -181,8 +181,10 @@ unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *cons
 /// For one weight row: `p[b * mp + i] = d_b * scale_{i,b}` and (Q4_1)
 /// `off[i] = sum_b m_b * sum_{i,b}` accumulated block by block from +0.0, 16
 /// activation rows per vector, for `i` in `i_rows` (which starts at a multiple of 8;
-/// the last vector may spill up to 15 lanes past it, into the slack of `st`, `su`,
-/// `p`, `off` or into lanes of the next block that this chunk does not use). These
+/// `p[x]` is at [`lane_at`]; a vector that starts half-way into a group of rows spills 8
+/// lanes into the next block's first lanes, rows this chunk does not use, which the next
+/// block's vector does not overwrite; the last spills into the slack of `st`, `su`, `p`
+/// and `off`). These
 /// are the exact f32 operations the single-row kernel performs per block
 /// (`[d, m] * [scale, sum]`, then `off += m * sum`).
 #[inline]
@@ -196,13 +198,13 @@ unsafe fn prepare(
     p: *mut f32,
     off: *mut f32,
 ) {
-    let (mp, blocks) = (act.mp, act.blocks);
+    let blocks = act.blocks;
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
     for c in i_rows.step_by(16) {
         let mut o = _mm512_setzero_ps();
         for b in 0..blocks {
             let blk = row.add(b * bytes);
-            let at = b * mp + c;
+            let at = lane_at(c, b, blocks);
             if q4_1 {
                 let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
                 let d = _mm512_broadcastss_ps(dm);
@@ -221,7 +223,7 @@ unsafe fn prepare(
 }
 
 /// One Q4_1 weight row (`blocks` blocks at `w`) against `NA` activation rows at `q`
-/// (row stride `k`), with the block products at `p[b * mp + a]`. Per row: the same
+/// (row stride `k`), with the block products at `p[b * mp + a]` (`mp`: their stride, [`LANES`]). Per row: the same
 /// `vpmaddwd`, conversion and FMA into the even/odd-block accumulator as
 /// `decode::avx512::dot_q4_1_act16`, then the same horizontal sum.
 #[inline]

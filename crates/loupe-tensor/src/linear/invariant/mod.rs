@@ -230,8 +230,8 @@ fn batch_act16_in(
     let mp = m.next_multiple_of(LANES);
     s.q.resize(m * k, 0);
     s.ss.resize(m * 2 * blocks, 0.0);
-    // Transposed scales and block sums: st[b * mp + i] is row i's scale of block b;
-    // lanes past m stay zero.
+    // Transposed scales and block sums: st[lane_at(i, b, blocks)] is row i's scale of
+    // block b; lanes past m stay zero.
     // (LANES of slack: a chunk starting at a multiple of CHUNK_ROWS reads a whole vector.)
     s.st.clear();
     s.st.resize(blocks * mp + LANES, 0.0);
@@ -245,20 +245,20 @@ fn batch_act16_in(
         for i in t * QUANTIZE_ROWS_PER_TASK..((t + 1) * QUANTIZE_ROWS_PER_TASK).min(m) {
             // SAFETY: q holds m x k and ss m x 2*blocks elements (resized above), st and su
             // blocks x mp (+ slack) with i < m <= mp; row i's slices of q and ss and the
-            // entries b * mp + i of st and su are written by this task alone.
+            // entries lane_at(i, b, blocks) of st and su are written by this task alone.
             unsafe {
                 let q = std::slice::from_raw_parts_mut(qp.get().add(i * k), k);
                 let ss = std::slice::from_raw_parts_mut(ssp.get().add(i * 2 * blocks), 2 * blocks);
                 Act16::quantize(&x[i * k..(i + 1) * k], q, ss);
                 for b in 0..blocks {
-                    *stp.get().add(b * mp + i) = ss[2 * b];
-                    *sup.get().add(b * mp + i) = ss[2 * b + 1];
+                    *stp.get().add(lane_at(i, b, blocks)) = ss[2 * b];
+                    *sup.get().add(lane_at(i, b, blocks)) = ss[2 * b + 1];
                 }
             }
         }
     });
     let s = &*s;
-    let act = ActBatch { q: &s.q, st: &s.st, su: &s.su, m, mp, k, blocks };
+    let act = ActBatch { q: &s.q, st: &s.st, su: &s.su, m, k, blocks };
     let out = OutPtr(y.as_mut_ptr());
     bands(n, m, &|rows| {
         #[cfg(target_arch = "x86_64")]

@@ -44,18 +44,30 @@ pub(crate) fn prefetch_row(w: &QMatrix, j: usize, end: usize) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) const GEMV_CHUNK_ROWS: usize = 64;
 
+/// Where row `i`'s value for block `b` lies in the transposed block scales and sums
+/// ([`ActBatch::st`], [`ActBatch::su`]) and in the kernels' per-weight-row products: rows
+/// in groups of [`LANES`], a group's blocks one after another (`[mp / LANES][blocks][LANES]`),
+/// so the values of a chunk of rows for every block lie together in `blocks * 64` bytes.
+/// (A `[blocks][mp]` layout put consecutive blocks `4 * mp` bytes apart: at m = 1024 every
+/// block of a chunk fell in the same L1 set, and batched prefill ran at half speed.)
+/// A tile of rows that starts at a multiple of its width (4 or 8) stays in one group, and
+/// reads its rows' products at `lane_at(i, 0, blocks) + b * LANES + a`.
+#[inline(always)]
+pub(crate) fn lane_at(i: usize, b: usize, blocks: usize) -> usize {
+    (i / LANES) * blocks * LANES + b * LANES + i % LANES
+}
+
 /// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K call.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct ActBatch<'a> {
     /// Row `i` at `q[i * k..]`.
     pub(crate) q: &'a [i16],
-    /// Block scales / block sums transposed: `[blocks][mp]`.
+    /// Block scales / block sums transposed, lanes = rows, at [`lane_at`] (`mp * blocks`
+    /// values and [`LANES`] of slack).
     pub(crate) st: &'a [f32],
     pub(crate) su: &'a [f32],
     pub(crate) m: usize,
-    /// `m` rounded up to [`LANES`].
-    pub(crate) mp: usize,
     pub(crate) k: usize,
     pub(crate) blocks: usize,
 }
