@@ -9,20 +9,19 @@ use crate::linear::kinds::*;
 use crate::linear::qmatrix::QMatrix;
 use crate::linear::simd::avx512::{hsum, unpack_pair};
 use crate::pool::OutPtr;
-use crate::GgmlType;
 
 /// Q4_1 / Q8_0 weight rows `rows` against every activation row of `act`; writes
 /// `y[i, j]` through `out` (`y` is `act.m x w.rows`). `p` holds `blocks * mp` and
 /// `off` `mp` floats of scratch.
 ///
 /// `pairs`: the types that take the AVX2 arithmetic at AVX-512 (`super::avx2_kernels_at`),
-/// Q4_1 on AMX CPUs and Q5_0, bit for bit `super::avx2::act16_rows` (and so the decode
+/// Q4_1 on AMX CPUs, Q5_0 and Q6_K, bit for bit `super::avx2::act16_rows` (and so the decode
 /// dot) with half its vector instructions per block and 8 activation rows per weight row
 /// instead of 4 ([`tile_pairs`]). [`prepare`] computes the same f32 products and
 /// block-ordered offset sums as the AVX2 one.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1 or Q5_0)
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1, Q5_0 or Q6_K)
 /// with `w.cols == act.k`; the caller owns columns `rows` of `y`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
 pub(crate) unsafe fn act16_rows(
@@ -50,7 +49,7 @@ pub(crate) unsafe fn act16_rows(
     }
 }
 
-/// One Q4_1 or Q5_0 weight row against `NA` activation rows (see [`tile_q4_1`] for the
+/// One Q4_1, Q5_0 or Q6_K weight row against `NA` activation rows (see [`tile_q4_1`] for the
 /// arguments), bit for bit `super::avx2::tile`: blocks `b` (even) and `b + 1` share one
 /// 512-bit vector, `b` in the low 256 bits and `b + 1` in the high ones. One
 /// `vpmaddwd` pair then gives in lanes 0..8 block `b`'s eight i32 lanes of the AVX2
@@ -76,14 +75,22 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
     let mut acc = [_mm512_setzero_ps(); NA];
     let mut b = 0;
     while b + 2 <= blocks {
-        let (wlo, whi) = unpack_pair::<KIND>(w.add(b * block_bytes(KIND)));
+        let (wlo, whi) = if KIND == Q6_K {
+            // Blocks b and b + 1 lie in one super-block (b is even, 8 blocks to one).
+            let ((l0, h0), (l1, h1)) = (avx2::q6_k(w, b), avx2::q6_k(w, b + 1));
+            (
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l0), l1),
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h0), h1),
+            )
+        } else {
+            unpack_pair::<KIND>(w.add(b * block_bytes(KIND)))
+        };
         for a in 0..NA {
-            // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
-            let (xa, xb) = (
+            // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32] (`arrange_pairs`).
+            let (xlo, xhi) = (
                 _mm512_loadu_si512(q.add(a * k + b * 32) as *const _),
                 _mm512_loadu_si512(q.add(a * k + b * 32 + 32) as *const _),
             );
-            let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
             let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
             let scale = _mm512_mask_broadcastss_ps(
                 _mm512_set1_ps(*p.add(b * mp + a)),
@@ -133,10 +140,10 @@ unsafe fn chunk_rows<const PAIRS: bool>(
     out: OutPtr,
 ) {
     let (blocks, k, n) = (act.blocks, act.k, w.rows);
-    let q4_1 = w.ty == GgmlType::Q4_1;
+    let kind = kind(w.ty);
+    let q4_1 = kind == Q4_1;
     let row = w.row(j).as_ptr();
-    // Q5_0's and Q8_0's d are their first two bytes.
-    prepare(row, w.ty.type_size(), q4_1, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
+    prepare(row, kind, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
     let (pp, y) = (p.as_ptr(), out.get().add(j));
     let (mut i, m) = (i_rows.start, i_rows.end);
     while i < m {
@@ -158,11 +165,12 @@ unsafe fn chunk_rows<const PAIRS: bool>(
                 }
             };
         }
-        match (PAIRS, q4_1) {
-            (true, true) => run!(tile_pairs, Q4_1),
-            (true, false) => run!(tile_pairs, Q5_0),
-            (false, true) => run!(tile_q4_1),
-            (false, false) => run!(tile_q8_0),
+        match (PAIRS, kind) {
+            (true, Q4_1) => run!(tile_pairs, Q4_1),
+            (true, Q6_K) => run!(tile_pairs, Q6_K),
+            (true, _) => run!(tile_pairs, Q5_0),
+            (false, Q4_1) => run!(tile_q4_1),
+            (false, _) => run!(tile_q8_0),
         }
         i += na;
     }
@@ -191,8 +199,7 @@ unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *cons
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
 unsafe fn prepare(
     row: *const u8,
-    bytes: usize,
-    q4_1: bool,
+    kind: u8,
     act: &ActBatch<'_>,
     i_rows: Range<usize>,
     p: *mut f32,
@@ -203,9 +210,9 @@ unsafe fn prepare(
     for c in i_rows.step_by(16) {
         let mut o = _mm512_setzero_ps();
         for b in 0..blocks {
-            let blk = row.add(b * bytes);
+            let blk = row.add(d_at(kind, b));
             let at = lane_at(c, b, blocks);
-            if q4_1 {
+            if kind == Q4_1 {
                 let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(blk as *const i32)));
                 let d = _mm512_broadcastss_ps(dm);
                 let mm = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));

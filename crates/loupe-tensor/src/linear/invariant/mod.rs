@@ -15,8 +15,8 @@
 //! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types), Q5_0 (most of
 //! Qwen2.5-0.5B's), Q6_K and Q4_K each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
-//! up to 8 (AVX-512; Q5_0, Q6_K and Q4_K have AVX2 kernels only, which AVX-512 machines run in every path)
-//! or 4 (AVX2) activation rows, each row keeping its own accumulators
+//! up to 8 (AVX-512; Q5_0, Q6_K and Q4_K take the AVX2 arithmetic in every path on
+//! AVX-512 machines, Q5_0 and Q6_K two blocks per 512-bit vector) or 4 (AVX2) activation rows, each row keeping its own accumulators
 //! in exactly the order of the single-row kernel ([`crate::linear::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
 //! are computed vectorized across activation rows (lanes = rows, so each lane does the
@@ -241,6 +241,11 @@ fn batch_act16_in(
     // thread does it cannot change a bit).
     let (qp, ssp, stp, sup) =
         (OutPtr(s.q.as_mut_ptr()), OutPtr(s.ss.as_mut_ptr()), OutPtr(s.st.as_mut_ptr()), OutPtr(s.su.as_mut_ptr()));
+    // The pairs kernels read each pair of blocks as they lie after `arrange_pairs`.
+    #[cfg(target_arch = "x86_64")]
+    let arrange = isa >= Isa::Avx2 && m > gemv_max_rows(isa, w.ty) && avx512_rows_kernel(isa, w.ty) == Some(true);
+    #[cfg(not(target_arch = "x86_64"))]
+    let arrange = false;
     pool::run(m.div_ceil(QUANTIZE_ROWS_PER_TASK), &|t| {
         for i in t * QUANTIZE_ROWS_PER_TASK..((t + 1) * QUANTIZE_ROWS_PER_TASK).min(m) {
             // SAFETY: q holds m x k and ss m x 2*blocks elements (resized above), st and su
@@ -250,6 +255,9 @@ fn batch_act16_in(
                 let q = std::slice::from_raw_parts_mut(qp.get().add(i * k), k);
                 let ss = std::slice::from_raw_parts_mut(ssp.get().add(i * 2 * blocks), 2 * blocks);
                 Act16::quantize(&x[i * k..(i + 1) * k], q, ss);
+                if arrange {
+                    arrange_pairs(q);
+                }
                 for b in 0..blocks {
                     *stp.get().add(lane_at(i, b, blocks)) = ss[2 * b];
                     *sup.get().add(lane_at(i, b, blocks)) = ss[2 * b + 1];
@@ -297,7 +305,7 @@ fn batch_act16_in(
                 // Types that run the AVX2 kernels at AVX-512 (`avx2_kernels_at`: Q5_0, Q6_K
                 // and Q4_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
                 // gemv, here), so decode and batch agree there too.
-                // At AVX-512, Q4_1 and Q5_0 compute that AVX2 arithmetic two blocks per
+                // At AVX-512, Q4_1, Q5_0 and Q6_K compute that AVX2 arithmetic two blocks per
                 // 512-bit vector (`avx512::act16_rows` with `pairs`, the same bits).
                 unsafe {
                     match avx512_rows_kernel(isa, w.ty) {

@@ -57,11 +57,25 @@ pub(crate) fn lane_at(i: usize, b: usize, blocks: usize) -> usize {
     (i / LANES) * blocks * LANES + b * LANES + i % LANES
 }
 
+/// Rearranges one quantized activation row for the AVX-512 pairs kernels
+/// (`avx512::tile_pairs`): in every whole pair of blocks `(b, b + 1)` (64 values) the
+/// middle two 16-value quarters swap, so that `[x_b 0..16 | x_b+1 0..16]` and
+/// `[x_b 16..32 | x_b+1 16..32]` are the two 512-bit loads the kernel multiplies (it
+/// shuffled them into place per activation row and weight row before). An odd last block
+/// stays as it is. A permutation of the inputs of exact integer sums: the bits do not
+/// change.
+pub(crate) fn arrange_pairs(q: &mut [i16]) {
+    for pair in q.chunks_exact_mut(64) {
+        let (a, b) = pair[16..48].split_at_mut(16);
+        a.swap_with_slice(b);
+    }
+}
+
 /// The activation side of a multi-row Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K call.
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct ActBatch<'a> {
-    /// Row `i` at `q[i * k..]`.
+    /// Row `i` at `q[i * k..]` (for the pairs kernels after [`arrange_pairs`]).
     pub(crate) q: &'a [i16],
     /// Block scales / block sums transposed, lanes = rows, at [`lane_at`] (`mp * blocks`
     /// values and [`LANES`] of slack).
