@@ -197,14 +197,7 @@ unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *cons
 /// (`[d, m] * [scale, sum]`, then `off += m * sum`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn prepare(
-    row: *const u8,
-    kind: u8,
-    act: &ActBatch<'_>,
-    i_rows: Range<usize>,
-    p: *mut f32,
-    off: *mut f32,
-) {
+unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
     let blocks = act.blocks;
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
     for c in i_rows.step_by(16) {
