@@ -47,8 +47,9 @@ fn main() {
     // `batch`: the batch-invariant native kernels (`matmul_wq_invariant`, what the batched
     // engine runs at `--precision native`).
     let prec = match std::env::var("PREC").as_deref() {
-        Ok(p @ ("q8" | "batch")) => p.to_string(),
-        Ok("native") | Err(_) => "native".to_string(),
+        Ok("q8") => "q8",
+        Ok("batch") => "batch",
+        Ok("native") | Err(_) => "native",
         Ok(other) => panic!("PREC={other}: native, batch or q8"),
     };
     assert!(k % ty.block_size() == 0, "K={k} is not a multiple of {}", ty.block_size());
@@ -90,7 +91,7 @@ fn main() {
         .map(|_| {
             let t = Instant::now();
             for w in &matrices {
-                match prec.as_str() {
+                match prec {
                     "q8" => matmul_q(&x, w, &mut y, m, &mut scratch).expect("matmul"),
                     "batch" => matmul_wq_invariant(&x, w, &mut y, m).expect("matmul"),
                     _ => matmul_wq(&x, w, &mut y, m).expect("matmul"),

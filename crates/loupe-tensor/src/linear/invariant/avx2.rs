@@ -41,26 +41,26 @@ pub(crate) unsafe fn act16_rows(
                 let na = (c1 - i).min(4);
                 let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(lane_at(i, 0, blocks)), y.add(i * n));
                 let r: &[f32] = match (kind, na) {
-                    (Q4_1, 4) => &tile::<4, Q4_1>(row, blocks, q, k, pi, LANES),
-                    (Q4_1, 3) => &tile::<3, Q4_1>(row, blocks, q, k, pi, LANES),
-                    (Q4_1, 2) => &tile::<2, Q4_1>(row, blocks, q, k, pi, LANES),
-                    (Q4_1, _) => &tile::<1, Q4_1>(row, blocks, q, k, pi, LANES),
-                    (Q5_0, 4) => &tile::<4, Q5_0>(row, blocks, q, k, pi, LANES),
-                    (Q5_0, 3) => &tile::<3, Q5_0>(row, blocks, q, k, pi, LANES),
-                    (Q5_0, 2) => &tile::<2, Q5_0>(row, blocks, q, k, pi, LANES),
-                    (Q5_0, _) => &tile::<1, Q5_0>(row, blocks, q, k, pi, LANES),
-                    (Q6_K, 4) => &tile::<4, Q6_K>(row, blocks, q, k, pi, LANES),
-                    (Q6_K, 3) => &tile::<3, Q6_K>(row, blocks, q, k, pi, LANES),
-                    (Q6_K, 2) => &tile::<2, Q6_K>(row, blocks, q, k, pi, LANES),
-                    (Q6_K, _) => &tile::<1, Q6_K>(row, blocks, q, k, pi, LANES),
-                    (Q4_K, 4) => &tile::<4, Q4_K>(row, blocks, q, k, pi, LANES),
-                    (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi, LANES),
-                    (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi, LANES),
-                    (Q4_K, _) => &tile::<1, Q4_K>(row, blocks, q, k, pi, LANES),
-                    (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi, LANES),
-                    (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi, LANES),
-                    (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi, LANES),
-                    (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi, LANES),
+                    (Q4_1, 4) => &tile::<4, Q4_1>(row, blocks, q, k, pi),
+                    (Q4_1, 3) => &tile::<3, Q4_1>(row, blocks, q, k, pi),
+                    (Q4_1, 2) => &tile::<2, Q4_1>(row, blocks, q, k, pi),
+                    (Q4_1, _) => &tile::<1, Q4_1>(row, blocks, q, k, pi),
+                    (Q5_0, 4) => &tile::<4, Q5_0>(row, blocks, q, k, pi),
+                    (Q5_0, 3) => &tile::<3, Q5_0>(row, blocks, q, k, pi),
+                    (Q5_0, 2) => &tile::<2, Q5_0>(row, blocks, q, k, pi),
+                    (Q5_0, _) => &tile::<1, Q5_0>(row, blocks, q, k, pi),
+                    (Q6_K, 4) => &tile::<4, Q6_K>(row, blocks, q, k, pi),
+                    (Q6_K, 3) => &tile::<3, Q6_K>(row, blocks, q, k, pi),
+                    (Q6_K, 2) => &tile::<2, Q6_K>(row, blocks, q, k, pi),
+                    (Q6_K, _) => &tile::<1, Q6_K>(row, blocks, q, k, pi),
+                    (Q4_K, 4) => &tile::<4, Q4_K>(row, blocks, q, k, pi),
+                    (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi),
+                    (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi),
+                    (Q4_K, _) => &tile::<1, Q4_K>(row, blocks, q, k, pi),
+                    (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi),
+                    (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi),
+                    (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi),
+                    (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi),
                 };
                 for (a, &v) in r.iter().enumerate() {
                     // Q8_0 / Q5_0 / Q6_K add no offset (adding 0.0 would turn -0.0 into +0.0).
@@ -120,7 +120,6 @@ unsafe fn tile<const NA: usize, const KIND: u8>(
     q: *const i16,
     k: usize,
     p: *const f32,
-    mp: usize,
 ) -> [f32; NA] {
     let (mut acc0, mut acc1) = ([_mm256_setzero_ps(); NA], [_mm256_setzero_ps(); NA]);
     macro_rules! step {
@@ -129,7 +128,7 @@ unsafe fn tile<const NA: usize, const KIND: u8>(
             let wv = unpack::<KIND>(w, b);
             for a in 0..NA {
                 let dot = block_dot(wv, q.add(a * k + b * 32));
-                $acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * mp + a)), dot, $acc[a]);
+                $acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(*p.add(b * LANES + a)), dot, $acc[a]);
             }
         }};
     }

@@ -12,7 +12,7 @@ use crate::pool::OutPtr;
 
 /// Q4_1 / Q8_0 weight rows `rows` against every activation row of `act`; writes
 /// `y[i, j]` through `out` (`y` is `act.m x w.rows`). `p` holds `blocks * mp` and
-/// `off` `mp` floats of scratch.
+/// `off` `mp` floats of scratch (`mp`: `act.m` rounded up to [`LANES`]).
 ///
 /// `pairs`: the types that take the AVX2 arithmetic at AVX-512 (`super::avx2_kernels_at`),
 /// Q4_1 on AMX CPUs, Q5_0 and Q6_K, bit for bit `super::avx2::act16_rows` (and so the decode
@@ -69,7 +69,6 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
     q: *const i16,
     k: usize,
     p: *const f32,
-    mp: usize,
 ) -> [f32; NA] {
     use crate::linear::simd::avx2;
     let mut acc = [_mm512_setzero_ps(); NA];
@@ -93,9 +92,9 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
             );
             let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
             let scale = _mm512_mask_broadcastss_ps(
-                _mm512_set1_ps(*p.add(b * mp + a)),
+                _mm512_set1_ps(*p.add(b * LANES + a)),
                 0xFF00,
-                _mm_load_ss(p.add((b + 1) * mp + a)),
+                _mm_load_ss(p.add((b + 1) * LANES + a)),
             );
             acc[a] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[a]);
         }
@@ -111,7 +110,7 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
                 _mm256_madd_epi16(whi, _mm256_loadu_si256(xq.add(16) as *const __m256i)),
             );
             let lo = _mm256_fmadd_ps(
-                _mm256_set1_ps(*p.add(b * mp + a)),
+                _mm256_set1_ps(*p.add(b * LANES + a)),
                 _mm256_cvtepi32_ps(dot),
                 _mm512_castps512_ps256(acc[a]),
             );
@@ -154,14 +153,14 @@ unsafe fn chunk_rows<const PAIRS: bool>(
         macro_rules! run {
             ($tile:ident $(, $kind:ident)?) => {
                 match na {
-                    8 => store($tile::<8 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    7 => store($tile::<7 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    6 => store($tile::<6 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    5 => store($tile::<5 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    4 => store($tile::<4 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    3 => store($tile::<3 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    2 => store($tile::<2 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
-                    _ => store($tile::<1 $(, $kind)?>(row, blocks, q, k, pi, LANES), yi, n, o),
+                    8 => store($tile::<8 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    7 => store($tile::<7 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    6 => store($tile::<6 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    5 => store($tile::<5 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    4 => store($tile::<4 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    3 => store($tile::<3 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    2 => store($tile::<2 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    _ => store($tile::<1 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
                 }
             };
         }
@@ -186,7 +185,7 @@ unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *cons
     }
 }
 
-/// For one weight row: `p[b * mp + i] = d_b * scale_{i,b}` and (Q4_1)
+/// For one weight row: `p[lane_at(i, b)] = d_b * scale_{i,b}` and (Q4_1)
 /// `off[i] = sum_b m_b * sum_{i,b}` accumulated block by block from +0.0, 16
 /// activation rows per vector, for `i` in `i_rows` (which starts at a multiple of 8;
 /// `p[x]` is at [`lane_at`]; a vector that starts half-way into a group of rows spills 8
@@ -223,19 +222,12 @@ unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<us
 }
 
 /// One Q4_1 weight row (`blocks` blocks at `w`) against `NA` activation rows at `q`
-/// (row stride `k`), with the block products at `p[b * mp + a]` (`mp`: their stride, [`LANES`]). Per row: the same
+/// (row stride `k`), with the block products at `p[b * LANES + a]` (`p` at the tile's first row's [`lane_at`]). Per row: the same
 /// `vpmaddwd`, conversion and FMA into the even/odd-block accumulator as
 /// `decode::avx512::dot_q4_1_act16`, then the same horizontal sum.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn tile_q4_1<const NA: usize>(
-    w: *const u8,
-    blocks: usize,
-    q: *const i16,
-    k: usize,
-    p: *const f32,
-    mp: usize,
-) -> [f32; NA] {
+unsafe fn tile_q4_1<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32) -> [f32; NA] {
     let mask = _mm256_set1_epi8(0x0F);
     let shifts = _mm256_set_epi16(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
     // Even blocks into acc0, odd into acc1, as the single-row kernel; two named
@@ -249,7 +241,7 @@ unsafe fn tile_q4_1<const NA: usize>(
             let w16 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srlv_epi16(both, shifts), mask));
             for a in 0..NA {
                 let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
-                $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
+                $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * LANES + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
             }
         }};
     }
@@ -272,14 +264,7 @@ unsafe fn tile_q4_1<const NA: usize>(
 /// [`tile_q4_1`] for Q8_0 (`decode::avx512::dot_q8_0_act16`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
-unsafe fn tile_q8_0<const NA: usize>(
-    w: *const u8,
-    blocks: usize,
-    q: *const i16,
-    k: usize,
-    p: *const f32,
-    mp: usize,
-) -> [f32; NA] {
+unsafe fn tile_q8_0<const NA: usize>(w: *const u8, blocks: usize, q: *const i16, k: usize, p: *const f32) -> [f32; NA] {
     let (mut acc0, mut acc1) = ([_mm512_setzero_ps(); NA], [_mm512_setzero_ps(); NA]);
     macro_rules! step {
         ($b:expr, $acc:ident) => {{
@@ -287,7 +272,7 @@ unsafe fn tile_q8_0<const NA: usize>(
             let w16 = _mm512_cvtepi8_epi16(_mm256_loadu_si256(w.add(b * 34 + 2) as *const __m256i));
             for a in 0..NA {
                 let dot = _mm512_madd_epi16(w16, _mm512_loadu_si512(q.add(a * k + b * 32) as *const _));
-                $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * mp + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
+                $acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(b * LANES + a)), _mm512_cvtepi32_ps(dot), $acc[a]);
             }
         }};
     }

@@ -241,9 +241,13 @@ fn batch_act16_in(
     // thread does it cannot change a bit).
     let (qp, ssp, stp, sup) =
         (OutPtr(s.q.as_mut_ptr()), OutPtr(s.ss.as_mut_ptr()), OutPtr(s.st.as_mut_ptr()), OutPtr(s.su.as_mut_ptr()));
-    // The pairs kernels read each pair of blocks as they lie after `arrange_pairs`.
+    // Which kernels this call runs, decided once: few rows go through the decode GEMV, more
+    // through the multi-row kernels (`Some(pairs)`: the 512-bit ones). The pairs kernels read
+    // each pair of blocks as it lies after `arrange_pairs`, the others as quantized.
     #[cfg(target_arch = "x86_64")]
-    let arrange = isa >= Isa::Avx2 && m > gemv_max_rows(isa, w.ty) && avx512_rows_kernel(isa, w.ty) == Some(true);
+    let (gemv, rows_kernel) = (isa >= Isa::Avx2 && m <= gemv_max_rows(isa, w.ty), avx512_rows_kernel(isa, w.ty));
+    #[cfg(target_arch = "x86_64")]
+    let arrange = !gemv && rows_kernel == Some(true);
     #[cfg(not(target_arch = "x86_64"))]
     let arrange = false;
     pool::run(m.div_ceil(QUANTIZE_ROWS_PER_TASK), &|t| {
@@ -270,7 +274,7 @@ fn batch_act16_in(
     let out = OutPtr(y.as_mut_ptr());
     bands(n, m, &|rows| {
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx2 && m <= gemv_max_rows(isa, w.ty) {
+        if gemv {
             // Few rows: each through the decode GEMV (the one-row kernel's bits by
             // construction, as the multi-row kernels give them), a chunk of weight rows at a
             // time so the next activation row finds the chunk in cache.
@@ -308,7 +312,7 @@ fn batch_act16_in(
                 // At AVX-512, Q4_1, Q5_0 and Q6_K compute that AVX2 arithmetic two blocks per
                 // 512-bit vector (`avx512::act16_rows` with `pairs`, the same bits).
                 unsafe {
-                    match avx512_rows_kernel(isa, w.ty) {
+                    match rows_kernel {
                         Some(pairs) => avx512::act16_rows(w, rows, &act, p, off, out, pairs),
                         None => avx2::act16_rows(w, rows, &act, p, off, out),
                     }
