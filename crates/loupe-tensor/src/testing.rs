@@ -2,7 +2,11 @@
 //! generator of the workspace's tests, sampling and fuzz corpora), so every kernel test
 //! draws from the same reproducible stream and no test carries its own generator.
 
+use loupe_core::GgmlType;
 pub(crate) use loupe_core::SplitMix64;
+
+use crate::linear::QMatrix;
+use crate::quant::{can_quantize, dequantize_row};
 
 /// `n` values uniform in `[lo, hi)` from `seed`'s stream.
 pub(crate) fn uniform(n: usize, seed: u64, lo: f32, hi: f32) -> Vec<f32> {
@@ -30,4 +34,33 @@ pub(crate) fn activations(n: usize, seed: u32) -> Vec<f32> {
             }
         })
         .collect()
+}
+
+/// A `rows x cols` matrix of `ty` and its dequantized f32 values. Types without a
+/// quantizer (the K types) get random bytes whose trailing f16 scale is small and
+/// finite (Q6_K's layout; the other K types are not used here).
+pub(crate) fn quant_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
+    let w = signed(rows * cols, seed);
+    let q = if can_quantize(ty) {
+        QMatrix::quantize(ty, rows, cols, &w).unwrap()
+    } else {
+        let row_bytes = cols / ty.block_size() * ty.type_size();
+        let mut bytes: Vec<u8> = signed(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
+        for blk in bytes.chunks_mut(ty.type_size()) {
+            let n = blk.len();
+            if ty == GgmlType::Q4K {
+                // Q4_K's d and dmin lead the block.
+                blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+            } else {
+                blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+        QMatrix::new(ty, rows, cols, bytes).unwrap()
+    };
+    let mut deq = vec![0f32; rows * cols];
+    for (r, d) in deq.chunks_mut(cols).enumerate() {
+        dequantize_row(ty, q.row(r), d).unwrap();
+    }
+    (q, deq)
 }

@@ -5,7 +5,8 @@
 //! selection says which arithmetic, the step says which form.
 
 use loupe_tensor::linear::{
-    matmul_f32, matmul_f32_invariant, matmul_q, matmul_wq, matmul_wq_invariant, q8_rows_invariant, QMatrix,
+    matmul_f32, matmul_f32_invariant, matmul_q, matmul_wq, matmul_wq_chain, matmul_wq_invariant, q8_rows_invariant,
+    QMatrix,
 };
 use loupe_tensor::ops::{add_in_place, expert_id, gelu, mul_in_place, silu};
 use loupe_tensor::TensorError;
@@ -96,9 +97,17 @@ pub(crate) fn matmul(
     }
 }
 
+/// The rows of a batched step a linear computes: with `gather`, those rows of its input
+/// (the logits' rows), else all of them; `prompt[r]` says whether step row `r` is a prompt
+/// token.
+pub(crate) struct BatchRows<'a> {
+    pub(crate) gather: Option<&'a [usize]>,
+    pub(crate) prompt: &'a [bool],
+}
+
 /// A linear node: `x_all` is its input, every token's rows; it computes `rows` rows (the
-/// last `rows` of a single sequence's call, or with `gather` the given rows of a batched
-/// step), then adds the bias.
+/// last `rows` of a single sequence's call, or the rows `batch` names of a batched step),
+/// then adds the bias.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear(
     graph: &Graph,
@@ -108,7 +117,7 @@ pub(crate) fn linear(
     x_all: &[f32],
     out: &mut [f32],
     rows: usize,
-    batch: Option<Option<&[usize]>>,
+    batch: Option<BatchRows<'_>>,
     gathered: &mut Vec<f32>,
     scratch: &mut Vec<u8>,
 ) -> Result<(), TensorError> {
@@ -123,28 +132,86 @@ pub(crate) fn linear(
             })?;
             matmul(kernel, w, &x_all[start..], out, rows, k, n, false, scratch)?;
         }
-        Some(gather) => {
-            let x = match gather {
+        Some(BatchRows { gather, prompt }) => {
+            let shape_err = |r: usize| TensorError::Shape {
+                op: "linear",
+                detail: format!("row {r} of {k} is outside an input of {} elements", x_all.len()),
+            };
+            let (x, classes): (&[f32], Vec<bool>) = match gather {
                 Some(logit_rows) => {
                     gathered.clear();
                     for &r in logit_rows {
-                        let row = x_all.get(r * k..(r + 1) * k).ok_or_else(|| TensorError::Shape {
-                            op: "linear",
-                            detail: format!("row {r} of {k} is outside an input of {} elements", x_all.len()),
-                        })?;
-                        gathered.extend_from_slice(row);
+                        gathered.extend_from_slice(x_all.get(r * k..(r + 1) * k).ok_or_else(|| shape_err(r))?);
                     }
-                    &gathered[..]
+                    let classes = logit_rows.iter().map(|&r| prompt.get(r).copied().ok_or_else(|| shape_err(r)));
+                    (&gathered[..], classes.collect::<Result<_, _>>()?)
                 }
-                None => x_all,
+                None => (x_all, prompt.to_vec()),
             };
-            matmul(kernel, w, x, out, rows, k, n, true, scratch)?;
+            matmul_rows(kernel, w, x, out, rows, k, n, &classes, scratch)?;
         }
     }
     if let Some(b) = bias {
         match &graph.weight(b).data {
             WeightData::F32(b) => out.chunks_exact_mut(n).for_each(|row| add_in_place(row, b)),
             WeightData::Quant(q) => return Err(TensorError::UnsupportedType { op: "linear bias", dtype: q.ty }),
+        }
+    }
+    Ok(())
+}
+
+/// A batched step's matmul whose row `i` is a prompt token where `prompt[i]`. At `--precision
+/// native` (block-quantized weights, 16-bit activations) prompt rows take the f32 chains of
+/// [`matmul_wq_chain`], which reuse each dequantized weight panel across all of them (1.4-1.7x
+/// the 16-bit multi-row kernels at 128 rows); decode rows keep decode's arithmetic, so a
+/// sequence's generated tokens have one set of bits alone, batched, or recomputed after
+/// preemption. Both are row-local, so each row's bits still do not depend on the batch. Other
+/// precisions run every row alike.
+#[allow(clippy::too_many_arguments)]
+fn matmul_rows(
+    kernel: &Matmul,
+    w: &Weight,
+    x: &[f32],
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    prompt: &[bool],
+    scratch: &mut Vec<u8>,
+) -> Result<(), TensorError> {
+    let Weights::Native(q) = weights(kernel, w)? else {
+        return matmul(kernel, w, x, y, m, k, n, true, scratch);
+    };
+    if prompt.len() != m || x.len() != m * k || y.len() != m * n {
+        return Err(TensorError::Shape {
+            op: "linear",
+            detail: format!(
+                "{} row classes, x {} and y {} elements for {m}x{k} and {m}x{n}",
+                prompt.len(),
+                x.len(),
+                y.len()
+            ),
+        });
+    }
+    let prompt_count = prompt.iter().filter(|&&p| p).count();
+    if prompt_count == 0 {
+        return matmul_wq_invariant(x, q, y, m);
+    }
+    if prompt_count == m {
+        return matmul_wq_chain(x, q, y, m);
+    }
+    // A step mixing prompt and decode rows: each class gathered, computed, put back.
+    for class in [true, false] {
+        let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == class).collect();
+        let xs: Vec<f32> = rows.iter().flat_map(|&i| &x[i * k..(i + 1) * k]).copied().collect();
+        let mut ys = vec![0f32; rows.len() * n];
+        if class {
+            matmul_wq_chain(&xs, q, &mut ys, rows.len())?;
+        } else {
+            matmul_wq_invariant(&xs, q, &mut ys, rows.len())?;
+        }
+        for (&i, row) in rows.iter().zip(ys.chunks_exact(n)) {
+            y[i * n..(i + 1) * n].copy_from_slice(row);
         }
     }
     Ok(())

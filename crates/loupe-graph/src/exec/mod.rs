@@ -70,6 +70,12 @@ pub struct BatchSpan<'a> {
     pub blocks: &'a [u32],
     /// Whether the step returns logits for this sequence's last token.
     pub logits: bool,
+    /// How many of the span's rows, from its first, are prompt tokens: their linears run
+    /// through the prompt rows' arithmetic (f32 chains for block-quantized weights at
+    /// `--precision native`, `loupe_tensor::linear::matmul_wq_chain`), the rest through
+    /// decode's. A position's arithmetic then depends only on whether it is in its own
+    /// sequence's prompt, never on the batch.
+    pub prompt_rows: usize,
 }
 
 /// Reusable execution state for one graph.
@@ -229,6 +235,7 @@ impl Executor {
         }
         let mut paged = Vec::with_capacity(spans.len());
         let mut logit_rows = Vec::new();
+        let mut prompt_rows = Vec::with_capacity(tokens.len());
         let mut attn = AttnWork::default();
         let mut row = 0;
         let mut context = 0;
@@ -244,6 +251,7 @@ impl Executor {
                 )));
             }
             paged.push(PagedSpan { rows: row..row + span.len, past: span.past, blocks: span.blocks });
+            prompt_rows.extend((0..span.len).map(|r| r < span.prompt_rows));
             attn = attn.plus(AttnWork::causal(span.past, span.len));
             row += span.len;
             context = context.max(end);
@@ -252,7 +260,7 @@ impl Executor {
             }
         }
         let n_logits = logit_rows.len();
-        let mut step = StepKv::Batch { kv, spans: paged, logit_rows };
+        let mut step = StepKv::Batch { kv, spans: paged, logit_rows, prompt_rows };
         self.run_step(graph, tokens, &mut step, context, n_logits, attn, observer)?;
         Ok(&self.logits)
     }

@@ -105,7 +105,9 @@ pub(crate) fn exec_node(
             let Some(Kernel::Linear(matmul)) = kernel else { return Err(unselected(node, kernel)) };
             let batch = match &*step {
                 StepKv::Single { .. } => None,
-                StepKv::Batch { logit_rows, .. } => Some(gathers.then_some(&logit_rows[..])),
+                StepKv::Batch { logit_rows, prompt_rows, .. } => {
+                    Some(linear::BatchRows { gather: gathers.then_some(&logit_rows[..]), prompt: prompt_rows })
+                }
             };
             let (gathered, quant) = (&mut scratch.gathered, &mut scratch.quant);
             linear::linear(graph, matmul, *weight, *bias, slots.input(node, 0), out, rows, batch, gathered, quant)

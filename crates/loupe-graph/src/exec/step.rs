@@ -9,8 +9,9 @@ pub(crate) enum StepKv<'k, 's> {
     /// One sequence, contiguous cache, `past` positions before the call.
     Single { kv: &'k mut KvCache, past: usize },
     /// Many sequences over a paged cache; `spans[i].rows` are span i's rows of the step,
-    /// `logit_rows` the rows whose logits the step returns.
-    Batch { kv: &'k mut PagedKvCache, spans: Vec<PagedSpan<'s>>, logit_rows: Vec<usize> },
+    /// `logit_rows` the rows whose logits the step returns, `prompt_rows[r]` whether row `r`
+    /// is a prompt token (see `BatchSpan::prompt_rows`).
+    Batch { kv: &'k mut PagedKvCache, spans: Vec<PagedSpan<'s>>, logit_rows: Vec<usize>, prompt_rows: Vec<bool> },
 }
 
 impl StepKv<'_, '_> {

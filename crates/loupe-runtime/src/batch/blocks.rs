@@ -8,9 +8,13 @@
 //! of a model with several), so allocation, sharing and eviction act on all of them together.
 //!
 //! Prefix-cache keys form a hash chain: a full block's key hashes its parent block's key,
-//! its token ids and a salt naming everything else that changes the stored values (model
-//! file, weight precision, KV dtype, block size). Two sequences whose first `n` blocks have
-//! the same tokens share those blocks. Lookups compare the stored tokens and parent key
+//! its token ids, how many of its positions are prompt tokens of the sequence that computed
+//! it (prompt rows and generated rows run different arithmetic, see `BatchSpan::prompt_rows`),
+//! and a salt naming everything else that changes the stored values (model file, weight
+//! precision, KV dtype, block size). Two sequences whose first `n` blocks have the same
+//! tokens, in the prompt alike, share those blocks; a block holding a sequence's generated
+//! tokens serves that sequence's recomputation after preemption, not another request whose
+//! prompt repeats them. Lookups compare the stored tokens, prompt positions and parent key
 //! too, so a 64-bit collision cannot hand a sequence someone else's keys.
 
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +36,7 @@ struct CachedBlock {
     block: u32,
     parent: u64,
     tokens: Box<[u32]>,
+    prompt_positions: usize,
 }
 
 /// Allocation, reference counts and the prefix cache of `n_blocks` blocks.
@@ -105,13 +110,20 @@ impl BlockManager {
         positions.div_ceil(self.block_size)
     }
 
-    /// The key of a full block of `tokens` after the block keyed `parent` (0 for the first).
-    pub fn chain_hash(&self, parent: u64, tokens: &[u32]) -> u64 {
+    /// The key of a full block of `tokens` after the block keyed `parent` (0 for the first),
+    /// whose first `prompt_positions` positions are prompt tokens.
+    pub fn chain_hash(&self, parent: u64, tokens: &[u32], prompt_positions: usize) -> u64 {
         let mut h = DefaultHasher::new();
         self.salt.hash(&mut h);
         parent.hash(&mut h);
         tokens.hash(&mut h);
+        prompt_positions.hash(&mut h);
         h.finish()
+    }
+
+    /// How many positions of block `i` of a sequence are in its prompt of `prompt_len`.
+    pub fn prompt_positions(&self, i: usize, prompt_len: usize) -> usize {
+        prompt_len.saturating_sub(i * self.block_size).min(self.block_size)
     }
 
     /// A block for one sequence: a free one, else the least recently released cached one
@@ -156,10 +168,10 @@ impl BlockManager {
         self.stats.miss_blocks += miss_blocks as u64;
     }
 
-    /// Claims the cached blocks of the longest cached prefix of `tokens`, at most
-    /// `max_blocks` full blocks; returns them with their chain keys. Counters are left to
-    /// [`BlockManager::record_lookup`].
-    pub fn claim_prefix(&mut self, tokens: &[u32], max_blocks: usize) -> (Vec<u32>, Vec<u64>) {
+    /// Claims the cached blocks of the longest cached prefix of `tokens` (of which the first
+    /// `prompt_len` are the prompt), at most `max_blocks` full blocks; returns them with their
+    /// chain keys. Counters are left to [`BlockManager::record_lookup`].
+    pub fn claim_prefix(&mut self, tokens: &[u32], prompt_len: usize, max_blocks: usize) -> (Vec<u32>, Vec<u64>) {
         let (mut blocks, mut keys) = (Vec::new(), Vec::new());
         if !self.prefix_cache {
             return (blocks, keys);
@@ -168,9 +180,12 @@ impl BlockManager {
         let mut parent = 0u64;
         for i in 0..full {
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            let key = self.chain_hash(parent, chunk);
+            let prompt_positions = self.prompt_positions(i, prompt_len);
+            let key = self.chain_hash(parent, chunk, prompt_positions);
             let hit = match self.cached.get(&key) {
-                Some(c) if c.parent == parent && *c.tokens == *chunk => Some(c.block),
+                Some(c) if c.parent == parent && *c.tokens == *chunk && c.prompt_positions == prompt_positions => {
+                    Some(c.block)
+                }
                 _ => None,
             };
             let Some(block) = hit else { break };
@@ -201,12 +216,13 @@ impl BlockManager {
         dropped.len()
     }
 
-    /// Registers a full, held block of `tokens` after the block keyed `parent`; returns its
-    /// key (for chaining the next block). A key already cached keeps its first block.
-    pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32]) -> u64 {
-        let key = self.chain_hash(parent, tokens);
+    /// Registers a full, held block of `tokens` after the block keyed `parent`, whose first
+    /// `prompt_positions` positions are prompt tokens; returns its key (for chaining the next
+    /// block). A key already cached keeps its first block.
+    pub fn register(&mut self, block: u32, parent: u64, tokens: &[u32], prompt_positions: usize) -> u64 {
+        let key = self.chain_hash(parent, tokens, prompt_positions);
         if self.prefix_cache && self.hash_of[block as usize].is_none() && !self.cached.contains_key(&key) {
-            self.cached.insert(key, CachedBlock { block, parent, tokens: tokens.into() });
+            self.cached.insert(key, CachedBlock { block, parent, tokens: tokens.into(), prompt_positions });
             self.hash_of[block as usize] = Some(key);
         }
         key
@@ -236,13 +252,13 @@ mod tests {
         let mut m = BlockManager::new(4, 2, 7, true);
         let prompt = [1, 2, 3, 4, 5];
         let (b0, b1) = (m.allocate().unwrap(), m.allocate().unwrap());
-        let k0 = m.register(b0, 0, &prompt[0..2]);
-        m.register(b1, k0, &prompt[2..4]);
+        let k0 = m.register(b0, 0, &prompt[0..2], 2);
+        m.register(b1, k0, &prompt[2..4], 2);
         // A second sequence with the same first 4 tokens shares both blocks.
-        let (blocks, _) = m.claim_prefix(&[1, 2, 3, 4, 9], 2);
+        let (blocks, _) = m.claim_prefix(&[1, 2, 3, 4, 9], 5, 2);
         assert_eq!(blocks, vec![b0, b1]);
         // A different second block: only the first is shared.
-        let (blocks, _) = m.claim_prefix(&[1, 2, 8, 8], 2);
+        let (blocks, _) = m.claim_prefix(&[1, 2, 8, 8], 4, 2);
         assert_eq!(blocks, vec![b0]);
         for b in [b0, b1, b0, b1, b0] {
             m.release(b);
@@ -255,20 +271,20 @@ mod tests {
         assert_eq!(m.cached(), 1);
         assert_eq!(m.stats().evictions, 1);
         // b1 is gone: a lookup finds b0 only.
-        assert_eq!(m.claim_prefix(&prompt, 2).0, vec![b0]);
+        assert_eq!(m.claim_prefix(&prompt, prompt.len(), 2).0, vec![b0]);
     }
 
     #[test]
     fn salt_separates_caches_and_disabled_cache_never_hits() {
         let mut m = BlockManager::new(2, 2, 1, true);
         let other = BlockManager::new(2, 2, 2, true);
-        assert_ne!(m.chain_hash(0, &[1, 2]), other.chain_hash(0, &[1, 2]));
+        assert_ne!(m.chain_hash(0, &[1, 2], 2), other.chain_hash(0, &[1, 2], 2));
         let b = m.allocate().unwrap();
-        m.register(b, 0, &[1, 2]);
+        m.register(b, 0, &[1, 2], 2);
         let mut off = BlockManager::new(2, 2, 1, false);
         let b = off.allocate().unwrap();
-        off.register(b, 0, &[1, 2]);
-        assert!(off.claim_prefix(&[1, 2, 3], 1).0.is_empty());
+        off.register(b, 0, &[1, 2], 2);
+        assert!(off.claim_prefix(&[1, 2, 3], 3, 1).0.is_empty());
         assert_eq!(off.cached(), 0);
     }
 
@@ -276,18 +292,34 @@ mod tests {
     fn reset_drops_unheld_cached_blocks_only() {
         let mut m = BlockManager::new(4, 2, 7, true);
         let (a, b) = (m.allocate().unwrap(), m.allocate().unwrap());
-        let ka = m.register(a, 0, &[1, 2]);
-        m.register(b, ka, &[3, 4]);
+        let ka = m.register(a, 0, &[1, 2], 2);
+        m.register(b, ka, &[3, 4], 2);
         m.release(b); // b: cached, unheld; a: held
         assert_eq!((m.cached(), m.available()), (2, 3));
         assert_eq!(m.reset_prefix_cache(), 1);
         assert_eq!((m.cached(), m.available()), (1, 3), "a stays registered while held");
-        let (claimed, _) = m.claim_prefix(&[1, 2, 3, 4], 2);
+        let (claimed, _) = m.claim_prefix(&[1, 2, 3, 4], 4, 2);
         assert_eq!(claimed, vec![a], "b's entry is gone, a's is still found");
         m.release(a);
         m.release(a);
         assert_eq!(m.reset_prefix_cache(), 1);
         assert_eq!((m.cached(), m.available()), (0, 4));
-        assert!(m.claim_prefix(&[1, 2], 1).0.is_empty());
+        assert!(m.claim_prefix(&[1, 2], 2, 1).0.is_empty());
+    }
+
+    #[test]
+    fn a_block_of_generated_tokens_does_not_serve_a_prompt_that_repeats_them() {
+        let mut m = BlockManager::new(4, 2, 0, true);
+        // A sequence with a 3-token prompt generated token 4: block 1 holds one prompt
+        // position and one generated one.
+        let (a, b) = (m.allocate().unwrap(), m.allocate().unwrap());
+        let ka = m.register(a, 0, &[1, 2], m.prompt_positions(0, 3));
+        m.register(b, ka, &[3, 4], m.prompt_positions(1, 3));
+        m.release(a);
+        m.release(b);
+        // A new request whose prompt is 1 2 3 4 5 reuses the all-prompt block only.
+        assert_eq!(m.claim_prefix(&[1, 2, 3, 4, 5], 5, 2).0, vec![a]);
+        // The same sequence recomputed after preemption (prompt 3 long) gets both.
+        assert_eq!(m.claim_prefix(&[1, 2, 3, 4, 5], 3, 2).0, vec![a, b]);
     }
 }

@@ -502,7 +502,7 @@ impl<'e> BatchEngine<'e> {
             if seq.blocks.is_empty() && seq.computed == 0 {
                 // At least the last token is computed, for its logits.
                 let max_blocks = (seq.tokens.len() - 1) / self.config.block_size;
-                let (claimed, keys) = self.blocks.claim_prefix(&seq.tokens, max_blocks);
+                let (claimed, keys) = self.blocks.claim_prefix(&seq.tokens, seq.prompt_len, max_blocks);
                 seq.computed = claimed.len() * self.config.block_size;
                 seq.blocks = claimed;
                 seq.keys = keys;
@@ -567,7 +567,8 @@ impl<'e> BatchEngine<'e> {
             let logits = seq.computed + n == seq.tokens.len();
             layout.push((seq.id, tokens.len()..tokens.len() + n, logits.then_some(logit_seqs.len())));
             tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + n]);
-            spans.push(BatchSpan { len: n, past: seq.computed, blocks: &seq.blocks, logits });
+            let prompt_rows = seq.prompt_len.saturating_sub(seq.computed).min(n);
+            spans.push(BatchSpan { len: n, past: seq.computed, blocks: &seq.blocks, logits, prompt_rows });
             if logits {
                 logit_seqs.push(i);
             }
@@ -629,14 +630,12 @@ impl<'e> BatchEngine<'e> {
             let seq = &mut self.running[i];
             seq.computed += n;
             // Register blocks that this step filled.
-            while (seq.keys.len() + 1) * self.config.block_size <= seq.computed {
+            let bs = self.config.block_size;
+            while (seq.keys.len() + 1) * bs <= seq.computed {
                 let j = seq.keys.len();
                 let parent = seq.keys.last().copied().unwrap_or(0);
-                let key = self.blocks.register(
-                    seq.blocks[j],
-                    parent,
-                    &seq.tokens[j * self.config.block_size..(j + 1) * self.config.block_size],
-                );
+                let prompt = self.blocks.prompt_positions(j, seq.prompt_len);
+                let key = self.blocks.register(seq.blocks[j], parent, &seq.tokens[j * bs..(j + 1) * bs], prompt);
                 seq.keys.push(key);
             }
         }

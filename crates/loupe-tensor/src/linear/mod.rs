@@ -11,6 +11,7 @@
 //! | one row | `decode/` | one activation row against one weight row: Act16 and f32 dots, scalar references |
 //! | GEMV | `gemv/` | one activation row against 4 weight rows at a time (decode's hot loop) |
 //! | batch-invariant | `invariant/` | many activation rows, each row's bits independent of the batch (batched engine) |
+//! | f32 chains | `chain/` | [`matmul_wq_chain`]: dequantized 16-row panels, f32 activations, each output one FMA chain over `k` (the batched engine's prompt rows; same bits on every ISA) |
 //! | prefill | `prefill` | [`matmul_wq`]: dequantized tiles through `gemm`, or AMX tiles |
 //! | AMX | `amx` | prefill of Q4_1 / Q8_0 / Q5_0 on AMX int8 tiles, bit-identical to the Act16 reference |
 //! | f32 | `f32` | [`matmul_f32`] through the `gemm` crate |
@@ -28,6 +29,7 @@
 
 pub mod act16;
 pub mod amx;
+pub mod chain;
 pub mod decode;
 pub(crate) mod dispatch;
 pub mod f32;
@@ -41,6 +43,7 @@ pub(crate) mod simd;
 mod tiled;
 
 pub use act16::Act16;
+pub use chain::{matmul_wq_chain, matmul_wq_chain_with};
 pub use decode::{dequantize_row_fast, dot_row, dot_row_act16, dot_row_act16_scalar, dot_row_scalar};
 pub use dispatch::{can_group, native_kernel_isa};
 pub use f32::matmul_f32;

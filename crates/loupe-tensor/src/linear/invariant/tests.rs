@@ -1,37 +1,7 @@
 use super::*;
 use crate::linear::decode::dot_row_act16;
 use crate::linear::prefill::matmul_wq;
-use crate::quant::{can_quantize, dequantize_row};
-use crate::testing::signed;
-
-/// A `rows x cols` matrix of `ty` and its dequantized f32 values. Types without a
-/// quantizer (the K types) get random bytes whose trailing f16 scale is small and
-/// finite (Q6_K's layout; the other K types are not used here).
-fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
-    let w = signed(rows * cols, seed);
-    let q = if can_quantize(ty) {
-        QMatrix::quantize(ty, rows, cols, &w).unwrap()
-    } else {
-        let row_bytes = cols / ty.block_size() * ty.type_size();
-        let mut bytes: Vec<u8> = signed(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
-        for blk in bytes.chunks_mut(ty.type_size()) {
-            let n = blk.len();
-            if ty == GgmlType::Q4K {
-                // Q4_K's d and dmin lead the block.
-                blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-                blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
-            } else {
-                blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-            }
-        }
-        QMatrix::new(ty, rows, cols, bytes).unwrap()
-    };
-    let mut deq = vec![0f32; rows * cols];
-    for (r, d) in deq.chunks_mut(cols).enumerate() {
-        dequantize_row(ty, q.row(r), d).unwrap();
-    }
-    (q, deq)
-}
+use crate::testing::{quant_matrix as matrix, signed};
 
 /// Activations with a spread of magnitudes across rows and blocks (and an all-zero
 /// row), so block scales differ and the offset terms matter.
