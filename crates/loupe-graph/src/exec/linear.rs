@@ -162,8 +162,9 @@ pub(crate) fn linear(
 
 /// A batched step's matmul whose row `i` is a prompt token where `prompt[i]`. At `--precision
 /// native` (block-quantized weights, 16-bit activations) prompt rows take the f32 chains of
-/// [`matmul_wq_chain`], which reuse each dequantized weight panel across all of them (1.4-1.7x
-/// the 16-bit multi-row kernels at 128 rows); decode rows keep decode's arithmetic, so a
+/// [`matmul_wq_chain`], which reuse each dequantized weight panel across all of them (faster
+/// than the 16-bit multi-row kernels from a few dozen rows, BENCHMARKS.md); decode rows keep
+/// decode's arithmetic, so a
 /// sequence's generated tokens have one set of bits alone, batched, or recomputed after
 /// preemption. Both are row-local, so each row's bits still do not depend on the batch. Other
 /// precisions run every row alike.

@@ -12,7 +12,7 @@
 //! | GEMV | `gemv/` | one activation row against 4 weight rows at a time (decode's hot loop) |
 //! | batch-invariant | `invariant/` | many activation rows, each row's bits independent of the batch (batched engine) |
 //! | f32 chains | `chain/` | [`matmul_wq_chain`]: dequantized 16-row panels, f32 activations, each output one FMA chain over `k` (the batched engine's prompt rows; same bits on every ISA) |
-//! | prefill | `prefill` | [`matmul_wq`]: dequantized tiles through `gemm`, or AMX tiles |
+//! | prefill | `prefill` | [`matmul_wq`]: one row through `invariant`, more through `chain`, or AMX tiles |
 //! | AMX | `amx` | prefill of Q4_1 / Q8_0 / Q5_0 on AMX int8 tiles, bit-identical to the Act16 reference |
 //! | f32 | `f32` | [`matmul_f32`] through the `gemm` crate |
 //! | 8-bit | `q8` | [`matmul_q`]: 8-bit activations, llama.cpp's scheme (`--precision q8`) |
@@ -23,8 +23,8 @@
 //! kernel), so a sequence decodes to the same tokens alone or in any batch.
 //!
 //! Dependencies run one way: layers use `kinds`, `simd`, `act16`, `qmatrix` and
-//! `dispatch`; `invariant` uses `gemv` and `decode`; `prefill` uses `invariant`, `decode`,
-//! `f32` and `amx`. An ISA file may use its twin of another ISA (AVX-512 kernels that run
+//! `dispatch`; `invariant` uses `gemv` and `decode`; `chain` uses `decode`'s dequantizers;
+//! `prefill` uses `invariant`, `chain` and `amx`. An ISA file may use its twin of another ISA (AVX-512 kernels that run
 //! the AVX2 arithmetic).
 
 pub mod act16;

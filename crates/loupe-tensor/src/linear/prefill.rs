@@ -12,31 +12,18 @@
 //!   exact integer products with error under 2^-16 of each block's largest activation
 //!   (100% argmax agreement on the goldens through the decode path, see
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;
-//! * prefill (`m > 1`): each task dequantizes a tile of weight rows into an L2-sized f32
-//!   buffer and multiplies it with all of `x` through `gemm`.
-//!   Not batch invariant (gemm's reduction order depends on `m`): a continuous-batching
-//!   decode step uses [`matmul_wq_invariant`] (`crate::linear::invariant`), whose `m == 1` path is the
-//!   decode path here, and whose rows are bit-identical to it for any `m`.
+//! * prefill (`m > 1`): AMX tiles where the CPU has them and the type is one they take;
+//!   otherwise [`matmul_wq_chain`]: 16 weight rows dequantized into an f32 panel once, each
+//!   output one FMA chain over `k`. That is also the batched engine's arithmetic for prompt
+//!   rows, so a prompt's matmuls give the same bits alone and in a batch. It replaced
+//!   dequantized tiles through `gemm`, which it outran on every shape measured, most on
+//!   long rows (BENCHMARKS.md, "Batched engine", 2026-11-28 night).
 
-use std::cell::RefCell;
-
-use super::decode::dequantize_row_fast;
-use super::f32::gemm_x_wt;
+use super::chain::matmul_wq_chain;
 use super::invariant::matmul_wq_invariant_with;
 use super::qmatrix::QMatrix;
-use crate::pool;
-use crate::pool::OutPtr;
 use crate::quant::Isa;
 use crate::TensorError;
-
-/// Weight rows per prefill task: 64 rows x 1536 columns of f32 is 384 KiB, inside a
-/// 1-2 MiB L2 (Zen 4: 1 MiB, Sapphire Rapids: 2 MiB), next to the activations it is
-/// multiplied with.
-const PREFILL_TILE_ROWS: usize = 64;
-
-thread_local! {
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
 
 /// y[m, n] = x[m, k] @ W^T for a block-quantized `W` (`n = w.rows`, `k = w.cols`), with f32
 /// activations.
@@ -61,25 +48,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
         // dot_row_act16_scalar (crate::linear::amx).
         return matmul_wq_prefill_group(x, &[w], &mut [y], m);
     }
-    let tiles = n.div_ceil(PREFILL_TILE_ROWS);
-    let out = OutPtr(y.as_mut_ptr());
-    pool::try_run(tiles, &|t| {
-        let j0 = t * PREFILL_TILE_ROWS;
-        let rows = PREFILL_TILE_ROWS.min(n - j0);
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            s.resize(PREFILL_TILE_ROWS * k, 0.0);
-            for r in 0..rows {
-                dequantize_row_fast(w.ty, w.row(j0 + r), &mut s[r * k..(r + 1) * k])?;
-            }
-            // SAFETY: x is m x k; the tile holds `rows` dequantized rows of k; the
-            // destination is columns j0..j0+rows of y (m x n), disjoint between tasks.
-            unsafe { gemm_x_wt(m, rows, k, out.get().add(j0), n, x.as_ptr(), k, s.as_ptr(), k) };
-            Ok(())
-        })
-    })?;
-    w.apply_tensor_scale(y);
-    Ok(())
+    matmul_wq_chain(x, w, y, m)
 }
 
 /// Whether prefill of `m` rows through `w` (against `k` activations) can join a grouped

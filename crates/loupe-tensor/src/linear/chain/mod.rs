@@ -35,9 +35,9 @@ pub const PANEL: usize = 16;
 
 /// Elements of `k` each pass of the kernels takes over all rows before the next (their
 /// partial sums wait in `y`), so a pass's slice of the panel (64 KiB) and of a 12-row tile
-/// (48 KiB) fit a 512 KiB L2 beside each other (Zen 3's) at any `k`. On a Zen 4 (1 MiB
-/// L2) unblocked chains ran as fast at 128 and 512 rows and `k = 4864`, and 256-long passes
-/// ~10% slower (the tiles' partial sums go through memory 4 times as often); BENCHMARKS.md.
+/// (48 KiB) fit a 512 KiB L2 beside each other (Zen 3's) at any `k`; shorter passes cost
+/// more than they save, their partial sums going through memory more often (BENCHMARKS.md,
+/// "Batched engine", 2026-11-28 night).
 const DEPTH: usize = 1024;
 
 /// Tasks per compute thread: enough that a thread finishing early takes another panel run.
@@ -80,7 +80,7 @@ pub fn matmul_wq_chain_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: 
     let height = tile_rows(isa);
     TILES.with(|tiles| {
         let tiles = &mut *tiles.borrow_mut();
-        pack_rows(x, m, k, height, tiles);
+        pack_rows(x, m, k, height, tiles)?;
         pool::try_run(tasks, &|t| {
             PANELS.with(|bufs| {
                 let (panel, dequantized) = &mut *bufs.borrow_mut();
@@ -118,19 +118,25 @@ fn tile_rows(isa: Isa) -> usize {
 /// `x` (`m` rows of `k`) in tiles of `height` rows, each element-major: tile `t` (rows
 /// `height t..`, `h` of them, fewer in the last) starts at `height t k` and holds row `r`'s
 /// element `kk` at `kk h + r`, so a tile's `h` elements at `kk` are adjacent and the
-/// kernel addresses them from one pointer.
-fn pack_rows(x: &[f32], m: usize, k: usize, height: usize, tiles: &mut Vec<f32>) {
-    tiles.clear();
-    tiles.resize(m * k, 0.0);
-    for (t, rows) in x.chunks(height * k).enumerate() {
-        let h = rows.len() / k;
-        let tile = &mut tiles[t * height * k..][..h * k];
-        for (r, row) in rows.chunks_exact(k).enumerate() {
+/// kernel addresses them from one pointer. The tiles are spread over the pool (every
+/// element is written, so the buffer is only grown, never cleared).
+fn pack_rows(x: &[f32], m: usize, k: usize, height: usize, tiles: &mut Vec<f32>) -> Result<(), TensorError> {
+    if tiles.len() < m * k {
+        tiles.resize(m * k, 0.0);
+    }
+    let out = OutPtr(tiles.as_mut_ptr());
+    pool::try_run(m.div_ceil(height), &|t| {
+        let (i0, h) = (t * height, height.min(m - t * height));
+        // SAFETY: tile t is elements i0 k .. (i0 + h) k of the buffer (grown to m k above),
+        // written by this task alone.
+        let tile = unsafe { std::slice::from_raw_parts_mut(out.get().add(i0 * k), h * k) };
+        for (r, row) in x[i0 * k..(i0 + h) * k].chunks_exact(k).enumerate() {
             for (kk, &v) in row.iter().enumerate() {
                 tile[kk * h + r] = v;
             }
         }
-    }
+        Ok(())
+    })
 }
 
 /// Dequantizes weight rows `j0..j0 + cols` of `w` into `panel` transposed (`panel[kk *
