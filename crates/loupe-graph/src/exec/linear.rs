@@ -138,13 +138,17 @@ pub(crate) fn linear(
                 detail: format!("row {r} of {k} is outside an input of {} elements", x_all.len()),
             };
             let (x, classes): (&[f32], Vec<bool>) = match gather {
+                // The logits' rows (one per sequence) take decode's arithmetic whatever their
+                // class: a prefill's last row through the f32 chains would dequantize the
+                // whole output matrix for one row (7x the GEMV's time on Qwen2.5's lm_head,
+                // BENCHMARKS.md). This is a rule of the node, so no row's bits depend on its
+                // batch, and it is what a single sequence's prefill does (one row).
                 Some(logit_rows) => {
                     gathered.clear();
                     for &r in logit_rows {
                         gathered.extend_from_slice(x_all.get(r * k..(r + 1) * k).ok_or_else(|| shape_err(r))?);
                     }
-                    let classes = logit_rows.iter().map(|&r| prompt.get(r).copied().ok_or_else(|| shape_err(r)));
-                    (&gathered[..], classes.collect::<Result<_, _>>()?)
+                    (&gathered[..], vec![false; logit_rows.len()])
                 }
                 None => (x_all, prompt.to_vec()),
             };
