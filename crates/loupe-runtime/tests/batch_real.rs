@@ -124,6 +124,30 @@ fn golden_prompts_give_identical_tokens_in_any_batch() {
     }
 }
 
+/// A prompt sent again is served from the cache down to its last token, which is then
+/// computed alone in its step: it must still take the prompt rows' arithmetic (a step of one
+/// row once ran decode's grouped kernels on it, and the answer changed).
+#[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
+fn a_repeated_prompt_gives_the_same_tokens_from_the_cache() {
+    let engine = real_engine();
+    let mut b = BatchEngine::new(&engine, BatchConfig::default()).unwrap();
+    for g in goldens() {
+        // A whole number of blocks and one token, so the repeat computes exactly one row.
+        let len = (g.prompt_tokens.len() - 1) / 16 * 16 + 1;
+        if len < 17 {
+            continue;
+        }
+        let req = request(g.prompt_tokens[..len].to_vec(), &g, &SamplingParams::default());
+        let want = alone(&engine, std::slice::from_ref(&req));
+        let first = b.run_all(vec![req.clone()]).unwrap();
+        let again = b.run_all(vec![req]).unwrap();
+        assert_eq!(again[0].usage.cached_tokens, len - 1, "{}: all but the last token cached", g.name);
+        assert_eq!(first[0].tokens, want[0], "{}: first run", g.name);
+        assert_eq!(again[0].tokens, want[0], "{}: from the cache", g.name);
+    }
+}
+
 #[test]
 #[ignore = "needs the real model (scripts/test fetches it)"]
 fn shared_system_prompt_is_served_from_the_prefix_cache() {

@@ -422,11 +422,17 @@ impl Executor {
     /// alone). The `schedule` pass chose the groups; what depends on the call is checked
     /// here: never with a debug option on (those check node by node), nor in a batched
     /// step's prefill (the prefill group's AMX bits are not the multi-row kernels', and a
-    /// row's bits must not depend on its batch); in prefill, only the members the AMX
-    /// kernel takes at this row count.
+    /// row's bits must not depend on its batch), nor for a batched step's one row when it is
+    /// a prompt token (a prompt left one row by the prefix cache: the grouped kernel is
+    /// decode's, and prompt rows take the prompt arithmetic); in prefill, only the members
+    /// the AMX kernel takes at this row count.
     fn group_now(&self, graph: &Graph, i: usize, n_tokens: usize, step: &StepKv<'_, '_>) -> usize {
         let members = usize::from(self.group_rest[i]);
-        if members < 2 || self.debug.any || n_tokens == 0 || (step.is_batch() && n_tokens > 1) {
+        if members < 2
+            || self.debug.any
+            || n_tokens == 0
+            || (step.is_batch() && (n_tokens > 1 || step.has_prompt_rows()))
+        {
             return 1;
         }
         group::runnable(graph, i, members, n_tokens)

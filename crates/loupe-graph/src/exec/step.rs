@@ -18,6 +18,11 @@ impl StepKv<'_, '_> {
     pub(crate) fn is_batch(&self) -> bool {
         matches!(self, StepKv::Batch { .. })
     }
+
+    /// Whether a batched step has prompt rows (they take the prompt rows' arithmetic).
+    pub(crate) fn has_prompt_rows(&self) -> bool {
+        matches!(self, StepKv::Batch { prompt_rows, .. } if prompt_rows.contains(&true))
+    }
 }
 
 /// Scratch buffers the kernels reuse between nodes and calls.

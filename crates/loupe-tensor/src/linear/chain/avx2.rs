@@ -83,3 +83,41 @@ unsafe fn tile<const R: usize>(
         }
     }
 }
+
+/// `src` (`PANEL` rows of `k`, a multiple of 8) transposed into `dst` (`k` rows of `PANEL`),
+/// as two 8-row halves, 8 x 8 at a time: pairs of rows interleaved, 4 x 4 blocks within
+/// 128-bit lanes, then the lanes.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `PANEL * k` f32; `k` a multiple of 8; AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transpose(src: *const f32, k: usize, dst: *mut f32) {
+    for half in 0..2 {
+        let (src, dst) = (src.add(half * 8 * k), dst.add(half * 8));
+        for kk in (0..k).step_by(8) {
+            let r: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(src.add(j * k + kk)));
+            let t: [__m256; 8] = std::array::from_fn(|j| {
+                let (a, b) = (r[j & !1], r[j | 1]);
+                if j % 2 == 0 {
+                    _mm256_unpacklo_ps(a, b)
+                } else {
+                    _mm256_unpackhi_ps(a, b)
+                }
+            });
+            // u[4g + q]: in lane l, column 4l + q of rows 4g..4g + 4.
+            let u: [__m256; 8] = std::array::from_fn(|j| {
+                let (g, q) = (j / 4, j % 4);
+                let (a, b) = (t[4 * g + q / 2], t[4 * g + 2 + q / 2]);
+                if q % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm256_shuffle_ps::<0xEE>(a, b)
+                }
+            });
+            for q in 0..4 {
+                _mm256_storeu_ps(dst.add((kk + q) * PANEL), _mm256_permute2f128_ps::<0x20>(u[q], u[4 + q]));
+                _mm256_storeu_ps(dst.add((kk + 4 + q) * PANEL), _mm256_permute2f128_ps::<0x31>(u[q], u[4 + q]));
+            }
+        }
+    }
+}

@@ -163,6 +163,10 @@ fn pack(
         // SAFETY: AVX-512 is available; both buffers hold PANEL x k f32 (sized by the caller).
         unsafe { avx512::transpose(dequantized.as_ptr(), k, panel.as_mut_ptr()) };
         return Ok(());
+    } else if isa >= Isa::Avx2 && k.is_multiple_of(8) {
+        // SAFETY: AVX2 is available; both buffers hold PANEL x k f32 (sized by the caller).
+        unsafe { avx2::transpose(dequantized.as_ptr(), k, panel.as_mut_ptr()) };
+        return Ok(());
     }
     let _ = isa;
     for (j, row) in dequantized.chunks_exact(k).enumerate() {
