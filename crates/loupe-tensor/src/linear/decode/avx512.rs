@@ -174,15 +174,23 @@ pub unsafe fn dot_q8_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
     hsum(_mm512_add_ps(acc0, acc1))
 }
 
-/// Dequantizes a Q4_1 or Q8_0 row; lengths checked by the caller. The value is formed
-/// as a separate multiply and add (`d * q + m`, no FMA), as gguf-py's numpy code does,
-/// so the f32 weights equal those the PyTorch reference computes with.
-#[target_feature(enable = "avx512f,avx512bw")]
+/// Dequantizes a Q4_1, Q5_0 or Q8_0 row; lengths checked by the caller. The value is
+/// formed as a separate multiply and add (`d * q + m`, no FMA), as gguf-py's numpy code
+/// does, so the f32 weights equal those the PyTorch reference computes with.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub unsafe fn dequant(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let blocks = dst.len() / 32;
     for b in 0..blocks {
         let out = dst.as_mut_ptr().add(b * 32);
         match ty {
+            GgmlType::Q5_0 => {
+                // The codes `q - 16` as i16 (the Act16 kernels' unpacking), then `d * (q - 16)`.
+                let blk = src.as_ptr().add(b * 22);
+                let (lo, hi) = crate::linear::simd::avx2::q5_0(blk);
+                let d = _mm512_set1_ps(f16_at(&src[b * 22..b * 22 + 2], 0));
+                _mm512_storeu_ps(out, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(lo))));
+                _mm512_storeu_ps(out.add(16), _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(hi))));
+            }
             GgmlType::Q4_1 => {
                 let blk = &src[b * 20..b * 20 + 20];
                 let (lo, hi) = nibbles(blk.as_ptr().add(4));

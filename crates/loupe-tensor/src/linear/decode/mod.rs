@@ -133,12 +133,12 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
     dot_row_scalar(ty, w_row, x)
 }
 
-/// Dequantizes one row, with AVX-512 for the types SmolLM2 uses and AVX2 for Q4_K/Q6_K;
+/// Dequantizes one row, with AVX-512 for Q4_1 / Q5_0 / Q8_0 and AVX2 for Q4_K/Q6_K;
 /// bit-identical to [`dequantize_row`].
 pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
     if Isa::active() >= Isa::Avx512
-        && matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0)
+        && matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
         && whole_blocks(ty, src.len(), dst.len()).is_ok()
     {
         // SAFETY: AVX-512 is available; lengths were checked just above.

@@ -21,7 +21,7 @@ fn qmatrix(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
 
 #[test]
 fn simd_dequant_equals_reference_bit_for_bit() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0] {
         let (q, deq) = qmatrix(ty, 3, 128);
         let mut fast = vec![0f32; 128];
         for r in 0..3 {
