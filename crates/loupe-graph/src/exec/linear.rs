@@ -133,11 +133,7 @@ pub(crate) fn linear(
             matmul(kernel, w, &x_all[start..], out, rows, k, n, false, scratch)?;
         }
         Some(BatchRows { gather, prompt }) => {
-            let shape_err = |r: usize| TensorError::Shape {
-                op: "linear",
-                detail: format!("row {r} of {k} is outside an input of {} elements", x_all.len()),
-            };
-            let (x, classes): (&[f32], Vec<bool>) = match gather {
+            match gather {
                 // The logits' rows (one per sequence) take decode's arithmetic whatever their
                 // class: a prefill's last row through the f32 chains would dequantize the
                 // whole output matrix for one row (7x the GEMV's time on Qwen2.5's lm_head,
@@ -146,13 +142,16 @@ pub(crate) fn linear(
                 Some(logit_rows) => {
                     gathered.clear();
                     for &r in logit_rows {
-                        gathered.extend_from_slice(x_all.get(r * k..(r + 1) * k).ok_or_else(|| shape_err(r))?);
+                        let row = x_all.get(r * k..(r + 1) * k).ok_or_else(|| TensorError::Shape {
+                            op: "linear",
+                            detail: format!("row {r} of {k} is outside an input of {} elements", x_all.len()),
+                        })?;
+                        gathered.extend_from_slice(row);
                     }
-                    (&gathered[..], vec![false; logit_rows.len()])
+                    matmul(kernel, w, gathered, out, rows, k, n, true, scratch)?;
                 }
-                None => (x_all, prompt.to_vec()),
-            };
-            matmul_rows(kernel, w, x, out, rows, k, n, &classes, scratch)?;
+                None => matmul_rows(kernel, w, x_all, out, rows, k, n, prompt, scratch)?,
+            }
         }
     }
     if let Some(b) = bias {
