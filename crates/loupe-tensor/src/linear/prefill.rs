@@ -28,13 +28,8 @@ use crate::TensorError;
 /// y[m, n] = x[m, k] @ W^T for a block-quantized `W` (`n = w.rows`, `k = w.cols`), with f32
 /// activations.
 pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
-    let (n, k) = (w.rows, w.cols);
-    if x.len() != m * k || y.len() != m * n {
-        return Err(TensorError::Shape {
-            op: "matmul_wq",
-            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
-        });
-    }
+    let n = w.rows;
+    w.check_io("matmul_wq", x, y, m)?;
     if m == 0 || n == 0 {
         return Ok(());
     }

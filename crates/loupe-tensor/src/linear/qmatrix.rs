@@ -75,6 +75,19 @@ impl QMatrix {
         self
     }
 
+    /// Checks that `x` holds `m` activation rows of `cols` and `y` `m` output rows of `rows`
+    /// (`op` names the matmul in the error).
+    pub(crate) fn check_io(&self, op: &'static str, x: &[f32], y: &[f32], m: usize) -> Result<(), TensorError> {
+        let (n, k) = (self.rows, self.cols);
+        if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(y.len()) {
+            return Err(TensorError::Shape {
+                op,
+                detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
+            });
+        }
+        Ok(())
+    }
+
     /// Multiplies outputs computed from the blocks alone by the per-tensor scale (nothing to
     /// do, and bit-identical, when it is 1).
     pub fn apply_tensor_scale(&self, y: &mut [f32]) {

@@ -64,12 +64,7 @@ pub fn matmul_wq_chain(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Resul
 pub fn matmul_wq_chain_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     assert!(isa.is_supported(), "matmul_wq_chain_with: this CPU does not support {isa}");
     let (n, k) = (w.rows, w.cols);
-    if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(y.len()) {
-        return Err(TensorError::Shape {
-            op: "matmul_wq_chain",
-            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
-        });
-    }
+    w.check_io("matmul_wq_chain", x, y, m)?;
     if m == 0 || n == 0 {
         return Ok(());
     }

@@ -93,12 +93,7 @@ pub fn matmul_wq_invariant(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> R
 pub fn matmul_wq_invariant_with(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     assert!(isa.is_supported(), "matmul_wq_invariant_with: this CPU does not support {isa}");
     let (n, k) = (w.rows, w.cols);
-    if m.checked_mul(k) != Some(x.len()) || m.checked_mul(n) != Some(y.len()) {
-        return Err(TensorError::Shape {
-            op: "matmul_wq_invariant",
-            detail: format!("x has {} elements and y {}, expected {m}x{k} and {m}x{n}", x.len(), y.len()),
-        });
-    }
+    w.check_io("matmul_wq_invariant", x, y, m)?;
     if m == 0 || n == 0 {
         return Ok(());
     }
