@@ -51,6 +51,11 @@ pub struct ServeArgs {
     /// Qwen3, none otherwise]
     #[arg(long, value_name = "NAME", value_parser = clap::builder::PossibleValuesParser::new(loupe_text::REASONING_PARSERS))]
     pub reasoning_parser: Option<String>,
+    /// Shape of GET /get_load, for the router's load-based policy (power_of_two): sglang
+    /// (sglang-router's smg sums `num_tokens` of `[{"num_reqs", "num_tokens", ...}]`) or vllm
+    /// (vllm-router reads `{"load": requests in flight}`)
+    #[arg(long, value_enum, default_value_t = LoadFormatArg::Sglang)]
+    pub load_format: LoadFormatArg,
     #[command(flatten)]
     pub engine: BatchEngineArgs,
     #[command(flatten)]
@@ -63,6 +68,12 @@ pub struct ServeArgs {
     /// Sleep this long before loading (tests observe /health's 503 with it)
     #[arg(long, hide = true, default_value_t = 0)]
     pub load_delay_ms: u64,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum LoadFormatArg {
+    Sglang,
+    Vllm,
 }
 
 fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
@@ -97,6 +108,10 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         batch: args.engine.config(args.max_seqs),
         drop_last_stream_delta: args.inject.iter().any(|f| f.class == loupe_graph::FaultClass::StreamDropLast),
         reasoning_parser: args.reasoning_parser,
+        load_format: match args.load_format {
+            LoadFormatArg::Sglang => loupe_server::LoadFormat::Sglang,
+            LoadFormatArg::Vllm => loupe_server::LoadFormat::Vllm,
+        },
     };
     let faults: Vec<loupe_graph::Fault> =
         args.inject.iter().filter(|f| f.class.subsystem() != loupe_graph::Subsystem::Server).copied().collect();

@@ -60,6 +60,8 @@ pub(crate) struct Answer {
     /// Chat answers of a reasoning model or with tools: splits streamed text into
     /// `content`, `reasoning` and tool calls (docs/serving.md).
     pub(crate) sections: Option<SectionSplitter>,
+    /// Whether a chat answer's thinking is sent (`include_reasoning`, default true).
+    pub(crate) include_reasoning: bool,
     /// Tool calls sent so far (their `index` in streamed deltas).
     pub(crate) tool_calls: usize,
 }

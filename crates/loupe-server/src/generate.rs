@@ -17,11 +17,11 @@ use serde_json::{json, Value};
 
 use crate::answer::{chat_logprob, failure, Admission, Answer, CompletionLogprobs, Endpoint, Received};
 use crate::error::ApiError;
-use crate::request::{self, GenRequest, Input};
+use crate::request::{self, GenRequest};
 use crate::sections::message;
 use crate::state::{count_outcome, log, respond, unix_now, AppState};
 use crate::stream::stream_response;
-use crate::validate::{body_bytes, chat_tokens, check_grammar, check_model, check_vocabulary};
+use crate::validate::{body_bytes, check_grammar, check_model, request_prompt};
 use crate::worker::{Job, Reply};
 
 pub(crate) async fn chat_completions(
@@ -100,21 +100,7 @@ pub(crate) fn admit(
     if let Some(m) = &req.model {
         check_model(m, r)?;
     }
-    let (prompt, param) = match &req.input {
-        Input::Chat(messages) => (chat_tokens(r, messages, req.tools.as_ref(), true)?, "messages"),
-        Input::Text(text) => (
-            r.engine
-                .tokenizer()
-                .encode(text, true)
-                .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?,
-            "prompt",
-        ),
-        Input::Tokens(ids) => (ids.clone(), "prompt"),
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(param, "The prompt is empty (no tokens)."));
-    }
-    check_vocabulary(r, &prompt, "prompt")?;
+    let (prompt, param) = request_prompt(r, &req)?;
     if prompt.len() >= r.context {
         return Err(ApiError::prompt_too_long(prompt.len(), r.context, param));
     }
@@ -129,6 +115,9 @@ pub(crate) fn admit(
             }
         })?;
     }
+    // `separate_reasoning: false` (SGLang's) leaves the thinking in `content`.
+    let reasoning = r.reasoning.filter(|_| req.ext.separate_reasoning);
+    req.ext.check_reasoning(req.stream, reasoning.is_some())?;
     let room = r.context - prompt.len();
     let max_tokens = req.max_tokens.map_or(room, |m| m.min(room));
     // Admission: a bounded number in flight.
@@ -148,6 +137,7 @@ pub(crate) fn admit(
         stop: req.stop,
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
+        skip_special_tokens: req.ext.skip_special_tokens,
         grammar,
         arrived,
         replies: tx,
@@ -173,13 +163,14 @@ pub(crate) fn admit(
             held: state.options.drop_last_stream_delta.then_some(None),
             sections: match (&req.tools, endpoint) {
                 // Tool calls are split out whenever tools are offered, with the reasoning
-                // markers if the model reasons.
+                // markers if the model reasons (and the request did not turn that off).
                 (Some(_), Endpoint::Chat) => {
-                    Some(SectionSplitter::new(r.reasoning.unwrap_or(SectionMarkers::PLAIN).with_tool_calls()))
+                    Some(SectionSplitter::new(reasoning.unwrap_or(SectionMarkers::PLAIN).with_tool_calls()))
                 }
-                (None, Endpoint::Chat) => r.reasoning.map(SectionSplitter::new),
+                (None, Endpoint::Chat) => reasoning.map(SectionSplitter::new),
                 _ => None,
             },
+            include_reasoning: req.ext.include_reasoning,
             tool_calls: 0,
         },
         req.stream,
@@ -203,7 +194,8 @@ pub(crate) async fn collect(answer: &mut Answer) -> Result<Response, ApiError> {
             Received::Reply(Reply::Done { finish, usage, .. }) => {
                 answer.admission.finished = true;
                 let usage_json = answer.usage(&usage);
-                let (chat_message, has_calls) = message(answer.sections.take(), &text, &answer.id);
+                let (chat_message, has_calls) =
+                    message(answer.sections.take(), &text, &answer.id, answer.include_reasoning);
                 let finish = if has_calls && finish == "stop" { "tool_calls" } else { finish };
                 let body = match answer.endpoint {
                     Endpoint::Chat => json!({

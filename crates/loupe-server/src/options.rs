@@ -30,6 +30,20 @@ pub struct ServeOptions {
     /// `--reasoning-parser`: one of [`loupe_text::REASONING_PARSERS`]; `None`: the model
     /// family's default (`loupe_models::FamilySpec::reasoning_parser`).
     pub reasoning_parser: Option<String>,
+    /// The shape of `GET /get_load`, for the router in front (`--load-format`).
+    pub load_format: LoadFormat,
+}
+
+/// The shape of `GET /get_load`: each router parses its own and nothing in their requests
+/// tells them apart (docs/deploy.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadFormat {
+    /// SGLang's engine's: `[{"dp_rank": 0, "num_reqs", "num_waiting_reqs", "num_tokens"}]`;
+    /// sglang-router's `smg` sums `num_tokens`.
+    #[default]
+    Sglang,
+    /// vllm-router's: `{"load": N}`, requests in flight.
+    Vllm,
 }
 
 /// Why the server could not run.

@@ -17,9 +17,10 @@ use serde_json::{json, Value};
 use crate::embeddings::embeddings;
 use crate::error::ApiError;
 use crate::generate::{chat_completions, completions};
+use crate::replica;
 use crate::request;
-use crate::state::{respond, AppState};
-use crate::validate::{chat_tokens, check_vocabulary, token_route_fields};
+use crate::state::AppState;
+use crate::validate::{chat_tokens, check_vocabulary, token_route_fields, ChatEnd};
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     let limit = state.options.max_body_bytes;
@@ -31,12 +32,20 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/flush_cache", post(reset_prefix_cache).get(reset_prefix_cache))
+        .route("/v1/chat/completions/render", post(replica::chat_render))
+        .route("/v1/completions/render", post(replica::completion_render))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/server_info", get(replica::server_info))
+        .route("/get_server_info", get(replica::server_info))
+        .route("/model_info", get(replica::model_info))
+        .route("/get_model_info", get(replica::model_info))
+        .route("/get_load", get(replica::get_load))
         .merge(api)
-        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize, POST /reset_prefix_cache.") })
+        .fallback(|| async { ApiError::not_found("No such route. Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics, POST /tokenize, POST /detokenize, POST /reset_prefix_cache, POST /flush_cache; for routers: GET /server_info, GET /model_info, GET /get_load, POST /v1/chat/completions/render, POST /v1/completions/render.") })
         .method_not_allowed_fallback(|| async { ApiError { status: StatusCode::METHOD_NOT_ALLOWED, ..ApiError::bad_request("Method not allowed on this route.") } })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
@@ -65,7 +74,7 @@ pub(crate) async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// `POST /reset_prefix_cache` (vLLM's and MAX's name; `max benchmark` calls it before a
-/// run): empties the prefix cache of the blocks no running request holds, so a benchmark
+/// run) and `/flush_cache` (SGLang's, which routers fan out to every worker): empties the prefix cache of the blocks no running request holds, so a benchmark
 /// measures a cold cache. Answers 200 with how many blocks were dropped. Not counted as a
 /// request in the metrics (it serves no completion).
 pub(crate) async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Response {
@@ -94,8 +103,14 @@ pub(crate) async fn tokenize(State(state): State<Arc<AppState>>, body: Result<By
     let result = (|| {
         let (r, mut f) = token_route_fields(&state, body)?;
         let tokens = if let Some(messages) = f.take("messages") {
-            let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-            chat_tokens(r, &request::messages(Some(messages))?, None, add_generation_prompt)?
+            let continue_final_message = f.bool("continue_final_message")?.unwrap_or(false);
+            let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(!continue_final_message);
+            chat_tokens(
+                r,
+                &request::messages(Some(messages))?,
+                None,
+                ChatEnd::of(add_generation_prompt, continue_final_message),
+            )?
         } else {
             let prompt = f
                 .string("prompt")?
@@ -111,7 +126,9 @@ pub(crate) async fn tokenize(State(state): State<Arc<AppState>>, body: Result<By
             Json(json!({"count": tokens.len(), "max_model_len": r.context, "tokens": tokens})).into_response(),
         )
     })();
-    respond(&state, result)
+    // Not counted in loupe_requests_total: it serves no completion (vllm-router calls it on
+    // every worker for every request it routes by prefix).
+    result.unwrap_or_else(|e| e.into_response())
 }
 
 pub(crate) async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -127,5 +144,5 @@ pub(crate) async fn detokenize(State(state): State<Arc<AppState>>, body: Result<
         let text = r.engine.tokenizer().decode(&ids, false).map_err(|_| ApiError::internal())?;
         Ok(Json(json!({"prompt": text})).into_response())
     })();
-    respond(&state, result)
+    result.unwrap_or_else(|e| e.into_response())
 }

@@ -31,16 +31,21 @@ pub(crate) fn split_answer(parts: Vec<Section>, request_id: &str, first: usize) 
 }
 
 /// A chat answer's `message`: with a splitter, the thinking goes to `reasoning` (present
-/// only when the model thought), tool calls to `tool_calls` (content null when the answer
+/// only when the model thought and `include_reasoning`), tool calls to `tool_calls` (content null when the answer
 /// is only calls, as OpenAI's), the rest to `content`. Also says whether it holds calls.
-pub(crate) fn message(sections: Option<SectionSplitter>, text: &str, request_id: &str) -> (Value, bool) {
+pub(crate) fn message(
+    sections: Option<SectionSplitter>,
+    text: &str,
+    request_id: &str,
+    include_reasoning: bool,
+) -> (Value, bool) {
     let Some(mut s) = sections else { return (json!({"role": "assistant", "content": text}), false) };
     let mut parts = s.push(text);
     parts.extend(s.finish());
     let (content, reasoning, calls) = split_answer(parts, request_id, 0);
     let has_calls = !calls.is_empty();
     let mut m = json!({"role": "assistant", "content": if has_calls && content.trim().is_empty() { Value::Null } else { json!(content) }});
-    if !reasoning.is_empty() {
+    if include_reasoning && !reasoning.is_empty() {
         m["reasoning"] = json!(reasoning);
     }
     if has_calls {
@@ -49,13 +54,18 @@ pub(crate) fn message(sections: Option<SectionSplitter>, text: &str, request_id:
     (m, has_calls)
 }
 
-/// A streamed delta from the sections one piece of text completed: `reasoning`,
-/// `content` and/or whole `tool_calls` (each with its `index`); `None` when the splitter
-/// holds everything back. `calls` counts the calls sent so far.
-pub(crate) fn section_delta(parts: Vec<Section>, request_id: &str, calls: &mut usize) -> Option<Value> {
+/// A streamed delta from the sections one piece of text completed: `reasoning` (when
+/// `include_reasoning`), `content` and/or whole `tool_calls` (each with its `index`); `None`
+/// when the splitter holds everything back. `calls` counts the calls sent so far.
+pub(crate) fn section_delta(
+    parts: Vec<Section>,
+    request_id: &str,
+    calls: &mut usize,
+    include_reasoning: bool,
+) -> Option<Value> {
     let (content, reasoning, new_calls) = split_answer(parts, request_id, *calls);
     let mut d = serde_json::Map::new();
-    if !reasoning.is_empty() {
+    if include_reasoning && !reasoning.is_empty() {
         d.insert("reasoning".into(), json!(reasoning));
     }
     if !content.is_empty() {

@@ -48,11 +48,13 @@ pub(crate) fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<I
                         };
                         let next_offset = offset + text.len();
                         let delta = match a.sections.as_mut() {
-                            Some(s) => match section_delta(s.push(&text), &a.id, &mut a.tool_calls) {
-                                Some(d) => d,
-                                None if lp.is_null() => continue,
-                                None => json!({"content": ""}),
-                            },
+                            Some(s) => {
+                                match section_delta(s.push(&text), &a.id, &mut a.tool_calls, a.include_reasoning) {
+                                    Some(d) => d,
+                                    None if lp.is_null() => continue,
+                                    None => json!({"content": ""}),
+                                }
+                            }
                             None => json!({"content": text}),
                         };
                         let mut body = match a.endpoint {
@@ -72,7 +74,10 @@ pub(crate) fn stream_response(answer: Answer) -> Sse<impl futures_util::Stream<I
                         a.admission.finished = true;
                         // What the section splitter still held goes out with the last chunk.
                         let mut calls = a.tool_calls;
-                        let held_back = a.sections.take().and_then(|s| section_delta(s.finish(), &a.id, &mut calls));
+                        let held_back = a
+                            .sections
+                            .take()
+                            .and_then(|s| section_delta(s.finish(), &a.id, &mut calls, a.include_reasoning));
                         let finish = if calls > 0 && finish == "stop" { "tool_calls" } else { finish };
                         let empty = if a.endpoint == Endpoint::Chat {
                             held_back.unwrap_or_else(|| json!({}))

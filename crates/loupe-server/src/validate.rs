@@ -75,12 +75,72 @@ pub(crate) fn check_model(model: &str, r: &Ready) -> Result<(), ApiError> {
     }
 }
 
+/// How a chat is rendered: with a generation prompt (a new assistant turn, the default), or
+/// neither (`add_generation_prompt: false`), or with the final message left open for the
+/// model to continue (`continue_final_message`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChatEnd {
+    GenerationPrompt,
+    Closed,
+    ContinueFinal,
+}
+
+impl ChatEnd {
+    pub(crate) fn of(add_generation_prompt: bool, continue_final_message: bool) -> ChatEnd {
+        match (continue_final_message, add_generation_prompt) {
+            (true, _) => ChatEnd::ContinueFinal,
+            (false, true) => ChatEnd::GenerationPrompt,
+            (false, false) => ChatEnd::Closed,
+        }
+    }
+}
+
+/// Cuts a chat rendered without a generation prompt right after the final message's
+/// content, so the model continues that message. transformers' rule
+/// (`apply_chat_template(continue_final_message=True)`, which vLLM and SGLang call): the
+/// last occurrence of the stripped content; its leading-stripped length kept when the
+/// template kept the message's trailing spaces, else its stripped length.
+pub(crate) fn continue_final(rendered: &str, final_content: &str) -> Option<String> {
+    let stripped = final_content.trim();
+    let at = rendered.rfind(stripped)?;
+    let lead_stripped = final_content.trim_start();
+    let end = if rendered[at..].starts_with(lead_stripped) { at + lead_stripped.len() } else { at + stripped.len() };
+    Some(rendered[..end].to_string())
+}
+
+/// A generation request's prompt as token ids, and the request field it came from: the chat
+/// rendered through the template (tools and the chat's end as the request says), a text
+/// encoded with the tokenizer's special tokens, or ids as given; never empty, every id in
+/// the vocabulary. What `/v1/*/completions` run and what `/v1/*/completions/render` return.
+pub(crate) fn request_prompt(r: &Ready, req: &request::GenRequest) -> Result<(Vec<u32>, &'static str), ApiError> {
+    let (prompt, param) = match &req.input {
+        request::Input::Chat(messages) => {
+            let end = ChatEnd::of(req.ext.add_generation_prompt, req.ext.continue_final_message);
+            (chat_tokens(r, messages, req.tools.as_ref(), end)?, "messages")
+        }
+        request::Input::Text(text) => (
+            r.engine
+                .tokenizer()
+                .encode(text, true)
+                .map_err(|e| ApiError::invalid("prompt", format!("could not tokenize the prompt: {e}")))?,
+            "prompt",
+        ),
+        request::Input::Tokens(ids) => (ids.clone(), "prompt"),
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(param, "The prompt is empty (no tokens)."));
+    }
+    check_vocabulary(r, &prompt, "prompt")?;
+    Ok((prompt, param))
+}
+
 pub(crate) fn chat_tokens(
     r: &Ready,
     messages: &[Value],
     tools: Option<&request::Tools>,
-    add_generation_prompt: bool,
+    end: ChatEnd,
 ) -> Result<Vec<u32>, ApiError> {
+    let add_generation_prompt = end == ChatEnd::GenerationPrompt;
     let template = r.engine.model().chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("messages", "This model has no chat template; use /v1/completions with a raw prompt.")
     })?;
@@ -99,11 +159,43 @@ pub(crate) fn chat_tokens(
             )
         }
     };
-    let text = rendered.map_err(|e| {
+    let mut text = rendered.map_err(|e| {
         ApiError::invalid("messages", format!("The chat template could not render these messages: {e}"))
     })?;
+    if end == ChatEnd::ContinueFinal {
+        let last = messages.last().and_then(|m| m.get("content")).and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid(
+                "continue_final_message",
+                "'continue_final_message' needs a final message with text content to continue.",
+            )
+        })?;
+        text = continue_final(&text, last).ok_or_else(|| {
+            ApiError::invalid("continue_final_message", "'continue_final_message' is set but the chat template does not render the final message's content verbatim, so it cannot be continued.")
+        })?;
+    }
     r.engine.tokenizer().encode(&text, false).map_err(|e| {
         log(format!("error: encoding a rendered chat failed: {e}"));
         ApiError::internal()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::continue_final;
+
+    #[test]
+    fn continuing_the_final_message_cuts_after_its_content() {
+        let chatml = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nThe answer is<|im_end|>\n";
+        assert_eq!(
+            continue_final(chatml, "The answer is").as_deref(),
+            Some("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nThe answer is")
+        );
+        // A template that strips the message keeps the stripped length; one that keeps
+        // the trailing space keeps it.
+        assert_eq!(continue_final("<a>x y</a>", " x y  ").as_deref(), Some("<a>x y"));
+        assert_eq!(continue_final("<a> x y  </a>", " x y  ").as_deref(), Some("<a> x y  "));
+        // The last occurrence: the same words earlier in the chat are not the cut.
+        assert_eq!(continue_final("<u>ok</u><a>ok</a>", "ok").as_deref(), Some("<u>ok</u><a>ok"));
+        assert_eq!(continue_final("<a>other</a>", "missing"), None);
+    }
 }

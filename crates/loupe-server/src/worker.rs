@@ -57,6 +57,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Generate past the end-of-sequence token, up to `max_tokens`.
     pub ignore_eos: bool,
+    /// Leave special tokens out of the text (`skip_special_tokens`, default true).
+    pub skip_special_tokens: bool,
     /// What the output must match (validated by the handler).
     pub grammar: Option<loupe_runtime::GrammarSpec>,
     pub arrived: Instant,
@@ -236,7 +238,7 @@ impl<'e> Worker<'e> {
                     Route {
                         key: job.key,
                         replies: job.replies,
-                        decoder: self.tokenizer.stream_decoder(true),
+                        decoder: self.tokenizer.stream_decoder(job.skip_special_tokens),
                         stops: StopMatcher::new(job.stop),
                         stop_ids,
                         arrived: job.arrived,
@@ -308,7 +310,10 @@ impl<'e> Worker<'e> {
         }
         route.generated += 1;
         self.metrics.generated_tokens.add(1);
-        let chunk = route.decoder.push(token).unwrap_or_default();
+        // The token that ends the sequence is not part of the answer, even when special
+        // tokens are kept (vLLM's rule); with them skipped it decodes to nothing anyway.
+        let chunk =
+            if route.stop_ids.contains(&token) { String::new() } else { route.decoder.push(token).unwrap_or_default() };
         let (text, hit) = route.stops.push(&chunk);
         // The stop token (EOS) is not part of the content, so it gets no log-probability.
         let logprobs = logprobs.filter(|_| !route.stop_ids.contains(&token)).map(|lp| TokenInfo {

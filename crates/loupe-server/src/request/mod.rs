@@ -5,6 +5,7 @@
 //! refused with a 400 when they would change the output (never silently dropped).
 
 mod embeddings;
+mod extensions;
 mod fields;
 mod messages;
 mod tools;
@@ -14,6 +15,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 pub use embeddings::{embeddings, EmbeddingsRequest, EncodingFormat, MAX_EMBEDDING_INPUTS};
+pub use extensions::{Extensions, ExtensionsOf};
 use fields::kind_of;
 pub use fields::Fields;
 pub use messages::messages;
@@ -58,6 +60,8 @@ pub struct GenRequest {
     pub grammar: Option<GrammarSpec>,
     /// `tools` with a `tool_choice` other than `none`.
     pub tools: Option<Tools>,
+    /// vLLM's and SGLang's extension fields (what routers add to every body).
+    pub ext: Extensions,
 }
 
 /// What both endpoints read: sampling, limits, stop strings, streaming.
@@ -272,6 +276,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
     if tools.as_ref().is_some_and(|t| t.choice != ToolChoice::Auto) && grammar.is_some() {
         return Err(ApiError::invalid("response_format", "'response_format' cannot be combined with a 'tool_choice' that forces tool calls: both would constrain the output."));
     }
+    let ext = Extensions::read(&mut f, ExtensionsOf::Chat)?;
     let dropped = f.finish(allow_extra)?;
     Ok(GenRequest {
         model,
@@ -286,6 +291,7 @@ pub fn chat(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<GenReq
         dropped,
         grammar,
         tools,
+        ext,
     })
 }
 
@@ -326,6 +332,7 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
         return Err(ApiError::invalid("suffix", "'suffix' (fill-in-the-middle) is not supported by this server."));
     }
     f.take("parallel_tool_calls");
+    let ext = Extensions::read(&mut f, ExtensionsOf::Completion)?;
     let dropped = f.finish(allow_extra)?;
     // OpenAI's default for the completions endpoint is 16 tokens.
     Ok(GenRequest {
@@ -341,6 +348,7 @@ pub fn completion(body: &[u8], allow_extra: bool, fallback_seed: u64) -> Result<
         dropped,
         grammar,
         tools: None,
+        ext,
     })
 }
 
