@@ -125,6 +125,7 @@ impl BatchEngineArgs {
             max_batch_tokens: self.max_batch_tokens,
             max_seqs,
             prefix_cache: !self.no_prefix_cache,
+            prefix_cache_disk: None,
         }
     }
 }
