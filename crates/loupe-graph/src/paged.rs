@@ -211,14 +211,23 @@ impl PagedKvCache {
     /// [`PagedKvCache::block_bytes`] bytes in all.
     pub fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<(), TensorError> {
         let (s, n) = self.block_range(block)?;
-        out.reserve(self.block_bytes());
+        let mut at = out.len();
+        out.resize(at + self.block_bytes(), 0);
+        // Element by element into fixed-size chunks: a plain copy on little-endian machines.
+        fn put<const W: usize, T: Copy>(out: &mut [u8], src: &[T], bytes: impl Fn(T) -> [u8; W]) -> usize {
+            for (d, &x) in out.chunks_exact_mut(W).zip(src) {
+                d.copy_from_slice(&bytes(x));
+            }
+            W * src.len()
+        }
         for store in self.keys.iter().zip(&self.values).flat_map(|(k, v)| [k, v]) {
             match store {
-                Store::F32(v) => v[s..s + n].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-                Store::F16(v) => v[s..s + n].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+                Store::F32(v) => at += put(&mut out[at..], &v[s..s + n], f32::to_le_bytes),
+                Store::F16(v) => at += put(&mut out[at..], &v[s..s + n], u16::to_le_bytes),
                 Store::Fp8 { codes, scales, group } => {
-                    out.extend_from_slice(&codes[s..s + n]);
-                    scales[s / *group..(s + n) / *group].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+                    out[at..at + n].copy_from_slice(&codes[s..s + n]);
+                    at += n;
+                    at += put(&mut out[at..], &scales[s / *group..(s + n) / *group], f32::to_le_bytes);
                 }
             }
         }

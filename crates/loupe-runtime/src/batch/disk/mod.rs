@@ -103,6 +103,15 @@ fn key_of(name: &str) -> Option<u64> {
         .flatten()
 }
 
+/// Creates `dir` if needed and checks that files can be written and deleted there (what a
+/// command line checks before loading a model).
+pub fn prepare_dir(dir: &Path) -> Result<(), DiskError> {
+    std::fs::create_dir_all(dir).map_err(io(dir, "create"))?;
+    let probe = dir.join(format!(".loupe-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(io(&probe, "write to"))?;
+    std::fs::remove_file(&probe).map_err(io(&probe, "delete"))
+}
+
 impl DiskTier {
     /// Opens (creating it if needed) `config.dir` for a cache of `identity`: checks it is
     /// writable, indexes the block files already there (by modification time: the oldest are
@@ -112,10 +121,7 @@ impl DiskTier {
         if config.max_bytes < identity.file_bytes() {
             return Err(DiskError::Budget { max: config.max_bytes, file: identity.file_bytes() });
         }
-        std::fs::create_dir_all(&dir).map_err(io(&dir, "create"))?;
-        let probe = dir.join(format!(".loupe-probe-{}", std::process::id()));
-        std::fs::write(&probe, b"").map_err(io(&probe, "write to"))?;
-        std::fs::remove_file(&probe).map_err(io(&probe, "delete"))?;
+        prepare_dir(&dir)?;
         let mut found = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(io(&dir, "list"))? {
             let entry = entry.map_err(io(&dir, "list"))?;
