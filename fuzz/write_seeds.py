@@ -19,6 +19,7 @@ readers accept instead of having to discover magic numbers and layouts itself:
                         STACK_GLOBAL); nothing is unpickled here
     max_parse           Modular MAX .max tensors of several dtypes and ranks
     openai_request      /v1/chat/completions, /v1/completions and /v1/embeddings bodies
+    kv_block_parse      the prefix cache's disk-tier block files (f16, f32, FP8 payloads)
 
 Python standard library only; the output is the same bytes on every run. Every layout
 follows the reader in crates/loupe-formats (or loupe-server's request.rs) it seeds; a
@@ -501,6 +502,39 @@ def openai_seeds():
     return seeds
 
 
+# ---------------------------------------------------------------------------------------
+# Prefix-cache block files (crates/loupe-runtime/src/batch/disk/format.rs)
+
+
+def kv_block(dtype, layers, width, block, seed):
+    """One block file: header, token ids, payload (per layer keys then values), CRC-32."""
+    import zlib
+    rng = random.Random(seed)
+    if dtype == 2:  # fp8_e4m3: codes, then one f32 scale per group of 32/16/8 (else the row)
+        group = next((g for g in (32, 16, 8) if width % g == 0), width)
+        row = width + 4 * (width // group)
+    else:
+        row = width * (2 if dtype == 0 else 4)
+    payload_len = layers * 2 * block * row
+    head = b"LOUPEKVB" + struct.pack("<IB3x", 1, dtype)
+    head += struct.pack("<QQ", rng.getrandbits(64), rng.getrandbits(64))
+    prompt = rng.randrange(block + 1)
+    head += struct.pack("<IIII", layers, width, block, prompt)
+    head += struct.pack("<QQQ", rng.getrandbits(64), rng.getrandbits(64), payload_len)
+    tokens = b"".join(struct.pack("<I", rng.randrange(1 << 17)) for _ in range(block))
+    body = head + tokens + bytes(rng.randrange(256) for _ in range(payload_len))
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def kv_block_seeds():
+    return {
+        "f16_2x8x4.kvb": kv_block(0, 2, 8, 4, 1),
+        "f32_1x4x2.kvb": kv_block(1, 1, 4, 2, 2),
+        "fp8_3x32x2.kvb": kv_block(2, 3, 32, 2, 3),
+        "fp8_odd_width.kvb": kv_block(2, 1, 12, 1, 4),
+    }
+
+
 SEEDS = {
     "gguf_parse": gguf_parse_seeds,
     "gguf_roundtrip": gguf_roundtrip_seeds,
@@ -510,6 +544,7 @@ SEEDS = {
     "pt_parse": pt_seeds,
     "max_parse": max_seeds,
     "openai_request": openai_seeds,
+    "kv_block_parse": kv_block_seeds,
 }
 
 

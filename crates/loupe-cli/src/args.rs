@@ -113,9 +113,51 @@ pub struct BatchEngineArgs {
     pub no_prefix_cache: bool,
 }
 
+/// The prefix cache's disk tier (`loupe serve`, forwarded by `loupe bench-serve`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct PrefixDiskArgs {
+    /// Keep prefix-cache blocks evicted from memory as files in DIR (created if missing) and
+    /// read them back when a later prompt starts with the same tokens (KV offloading; one
+    /// server per directory; files of another model or precision are never used) [default: off]
+    #[arg(long, value_name = "DIR")]
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// Disk budget of --prefix-cache-dir in MiB: beyond it the least recently used block
+    /// files are deleted
+    #[arg(long, value_name = "MIB", default_value_t = 4096, requires = "prefix_cache_dir")]
+    pub prefix_cache_disk_mb: u64,
+}
+
+impl PrefixDiskArgs {
+    /// The disk tier asked for, its directory created and checked writable now, so a bad
+    /// one is one line before any model is loaded.
+    pub fn config(&self) -> anyhow::Result<Option<loupe_runtime::DiskCacheConfig>> {
+        let Some(dir) = &self.prefix_cache_dir else { return Ok(None) };
+        if self.prefix_cache_disk_mb == 0 {
+            return Err(UsageError("--prefix-cache-disk-mb must be at least 1".into()).into());
+        }
+        loupe_runtime::batch::disk::prepare_dir(dir).map_err(|e| UsageError(format!("--prefix-cache-dir: {e}")))?;
+        Ok(Some(loupe_runtime::DiskCacheConfig {
+            dir: dir.clone(),
+            max_bytes: self.prefix_cache_disk_mb.saturating_mul(1 << 20),
+        }))
+    }
+
+    /// These flags as `loupe serve` takes them (for a command that starts its own server).
+    pub fn serve_flags(&self) -> Vec<std::ffi::OsString> {
+        let Some(dir) = &self.prefix_cache_dir else { return Vec::new() };
+        vec![
+            "--prefix-cache-dir".into(),
+            dir.clone().into_os_string(),
+            "--prefix-cache-disk-mb".into(),
+            self.prefix_cache_disk_mb.to_string().into(),
+        ]
+    }
+}
+
 impl BatchEngineArgs {
     /// The engine configuration for at most `max_seqs` sequences at once. Its KV cache
-    /// holds the loaded graph's element type (`--kv-dtype` sets it, see [`ModelArgs`]).
+    /// holds the loaded graph's element type (`--kv-dtype` sets it, see [`ModelArgs`]). The
+    /// server adds the disk tier ([`PrefixDiskArgs::config`]).
     pub fn config(&self, max_seqs: usize) -> loupe_runtime::BatchConfig {
         loupe_runtime::BatchConfig {
             kv_cache_mb: self.kv_cache_mb,
@@ -125,6 +167,7 @@ impl BatchEngineArgs {
             max_batch_tokens: self.max_batch_tokens,
             max_seqs,
             prefix_cache: !self.no_prefix_cache,
+            prefix_cache_disk: None,
         }
     }
 }

@@ -7,7 +7,7 @@ use clap::Args;
 use loupe_client::bench::{BenchConfig, BenchReport};
 use loupe_client::{ServeProcess, SpawnError, SpawnOptions};
 
-use crate::args::{parse_counts, Counts, ModelArgs};
+use crate::args::{parse_counts, Counts, ModelArgs, PrefixDiskArgs};
 use crate::UsageError;
 
 #[derive(Args, Debug)]
@@ -47,6 +47,13 @@ pub struct BenchServeArgs {
     pub json: bool,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// KV cache budget in MiB of the server it starts (a small one forces prefix-cache
+    /// evictions; with --prefix-cache-dir the multi-turn table then shows what came back
+    /// from disk) [default: loupe serve's]
+    #[arg(long)]
+    pub kv_cache_mb: Option<usize>,
+    #[command(flatten)]
+    pub prefix_disk: PrefixDiskArgs,
 }
 
 fn parse_counts_or_zero(s: &str) -> Result<Counts, String> {
@@ -67,6 +74,10 @@ fn start_server(args: &BenchServeArgs, max_seqs: usize) -> anyhow::Result<ServeP
     let mut flags = args.model.serve_flags();
     flags.extend(["--max-seqs".into(), max_seqs.to_string().into()]);
     flags.extend(["--max-queue".into(), args.requests.max(1).to_string().into()]);
+    if let Some(mb) = args.kv_cache_mb {
+        flags.extend(["--kv-cache-mb".into(), mb.to_string().into()]);
+    }
+    flags.extend(args.prefix_disk.serve_flags());
     let server = ServeProcess::spawn(&SpawnOptions::new(exe, flags)).map_err(|e| match e {
         // loupe serve's own one-line error (a bad --model, say) is a usage error here too.
         SpawnError::Failed { .. } => anyhow::Error::from(UsageError(e.to_string())),
@@ -82,6 +93,17 @@ pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
     }
     if args.request_rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
         return Err(UsageError("--request-rate must be a positive number of requests per second".into()).into());
+    }
+    if args.url.is_some() && (args.kv_cache_mb.is_some() || args.prefix_disk.prefix_cache_dir.is_some()) {
+        return Err(UsageError(
+            "--kv-cache-mb and --prefix-cache-dir configure the server bench-serve starts; with --url, pass them to that server"
+                .into(),
+        )
+        .into());
+    }
+    if args.url.is_none() {
+        // A bad directory is one line here, not a server that fails to start.
+        args.prefix_disk.config()?;
     }
     let max_concurrency = args.concurrency.0.iter().copied().max().unwrap_or(1);
     let (_own, url) = match &args.url {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 use loupe_graph::debug::DebugOptions;
 
-use crate::args::{BatchEngineArgs, ModelArgs, PrecisionArg};
+use crate::args::{BatchEngineArgs, ModelArgs, PrecisionArg, PrefixDiskArgs};
 use crate::load::{load, Load};
 use crate::UsageError;
 
@@ -59,6 +59,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub engine: BatchEngineArgs,
     #[command(flatten)]
+    pub prefix_disk: PrefixDiskArgs,
+    #[command(flatten)]
     pub profile: crate::args::ProfileArgs,
     /// Plant a fault, for testing the parity tools on a server that is wrong on purpose:
     /// graph and batched-engine faults as `loupe dump --inject` and `loupe bisect --inject`
@@ -93,6 +95,11 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     if args.engine.block_size == 0 || args.engine.max_batch_tokens == 0 {
         return Err(UsageError("--block-size and --max-batch-tokens must be at least 1".into()).into());
     }
+    if args.engine.no_prefix_cache && args.prefix_disk.prefix_cache_dir.is_some() {
+        return Err(UsageError("--prefix-cache-dir needs the prefix cache (drop --no-prefix-cache)".into()).into());
+    }
+    let mut batch = args.engine.config(args.max_seqs);
+    batch.prefix_cache_disk = args.prefix_disk.config()?;
     let request_timeout = seconds("--request-timeout", args.request_timeout)?;
     let options = loupe_server::ServeOptions {
         host: args.host,
@@ -105,7 +112,7 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         shutdown_timeout: seconds("--shutdown-timeout", args.shutdown_timeout)?,
         max_context: args.max_context,
         served_model_name: args.served_model_name,
-        batch: args.engine.config(args.max_seqs),
+        batch,
         drop_last_stream_delta: args.inject.iter().any(|f| f.class == loupe_graph::FaultClass::StreamDropLast),
         reasoning_parser: args.reasoning_parser,
         load_format: match args.load_format {

@@ -200,6 +200,95 @@ impl PagedKvCache {
         Some((self.keys.get(layer)?.view(), self.values.get(layer)?.view()))
     }
 
+    /// Bytes [`PagedKvCache::read_block`] writes for one block: every layer's keys and values.
+    pub fn block_bytes(&self) -> usize {
+        PagedKvCache::bytes_per_block(self.layers(), self.width, self.block_size, self.dtype)
+    }
+
+    /// Appends block `block` of every layer to `out` (the batched engine's disk tier):
+    /// per layer its keys then its values, each as the store holds them, little-endian
+    /// (f32 or f16 bits per element; FP8: the codes, then the block's scales as f32).
+    /// [`PagedKvCache::block_bytes`] bytes in all.
+    pub fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<(), TensorError> {
+        let (s, n) = self.block_range(block)?;
+        let mut at = out.len();
+        out.resize(at + self.block_bytes(), 0);
+        // Element by element into fixed-size chunks: a plain copy on little-endian machines.
+        fn put<const W: usize, T: Copy>(out: &mut [u8], src: &[T], bytes: impl Fn(T) -> [u8; W]) -> usize {
+            for (d, &x) in out.chunks_exact_mut(W).zip(src) {
+                d.copy_from_slice(&bytes(x));
+            }
+            W * src.len()
+        }
+        for store in self.keys.iter().zip(&self.values).flat_map(|(k, v)| [k, v]) {
+            match store {
+                Store::F32(v) => at += put(&mut out[at..], &v[s..s + n], f32::to_le_bytes),
+                Store::F16(v) => at += put(&mut out[at..], &v[s..s + n], u16::to_le_bytes),
+                Store::Fp8 { codes, scales, group } => {
+                    out[at..at + n].copy_from_slice(&codes[s..s + n]);
+                    at += n;
+                    at += put(&mut out[at..], &scales[s / *group..(s + n) / *group], f32::to_le_bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites block `block` of every layer with `bytes` as [`PagedKvCache::read_block`]
+    /// wrote them; refused (nothing written) unless `bytes` is exactly one block long.
+    pub fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), TensorError> {
+        let (s, n) = self.block_range(block)?;
+        if bytes.len() != self.block_bytes() {
+            return Err(TensorError::Shape {
+                op: "kv block write",
+                detail: format!("{} bytes for a block of {}", bytes.len(), self.block_bytes()),
+            });
+        }
+        let mut at = 0;
+        let mut take = |len: usize| {
+            let part = &bytes[at..at + len];
+            at += len;
+            part
+        };
+        let layers = self.keys.len();
+        for layer in 0..layers {
+            for store in [&mut self.keys[layer], &mut self.values[layer]] {
+                match store {
+                    Store::F32(v) => {
+                        for (x, b) in v[s..s + n].iter_mut().zip(take(4 * n).chunks_exact(4)) {
+                            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        }
+                    }
+                    Store::F16(v) => {
+                        for (x, b) in v[s..s + n].iter_mut().zip(take(2 * n).chunks_exact(2)) {
+                            *x = u16::from_le_bytes([b[0], b[1]]);
+                        }
+                    }
+                    Store::Fp8 { codes, scales, group } => {
+                        codes[s..s + n].copy_from_slice(take(n));
+                        let g = *group;
+                        for (x, b) in scales[s / g..(s + n) / g].iter_mut().zip(take(4 * (n / g)).chunks_exact(4)) {
+                            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The element range of block `block` in every store.
+    fn block_range(&self, block: u32) -> Result<(usize, usize), TensorError> {
+        if block as usize >= self.n_blocks {
+            return Err(TensorError::Shape {
+                op: "kv block copy",
+                detail: format!("block {block} of a {}-block cache", self.n_blocks),
+            });
+        }
+        let n = self.block_size * self.width;
+        Ok((block as usize * n, n))
+    }
+
     /// Copies block `src` over block `dst` in every layer (copy-on-write of a shared block).
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let n = self.block_size * self.width;
@@ -213,6 +302,39 @@ impl PagedKvCache {
                     scales.copy_within(s / *group..(s + n) / *group, d / *group);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_read_out_and_written_back_is_the_same_block_in_every_dtype() {
+        for dtype in [KvDtype::F16, KvDtype::F32, KvDtype::Fp8E4M3] {
+            let (layers, width, bs) = (3, 64, 4);
+            let mut kv = PagedKvCache::new(layers, width, bs, 3, dtype);
+            let rows: Vec<f32> = (0..bs * width).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+            for layer in 0..layers {
+                let v: Vec<f32> = rows.iter().map(|x| x * (layer + 2) as f32).collect();
+                kv.write(layer, &[1], 0, &rows, &v).unwrap();
+            }
+            let mut a = Vec::new();
+            kv.read_block(1, &mut a).unwrap();
+            assert_eq!(a.len(), kv.block_bytes(), "{dtype}");
+            assert!(a.iter().any(|&b| b != 0));
+            kv.write_block(2, &a).unwrap();
+            let mut b = Vec::new();
+            kv.read_block(2, &mut b).unwrap();
+            assert_eq!(a, b, "{dtype}");
+            // The same bytes as copying the block in memory.
+            kv.copy_block(1, 0);
+            let mut c = Vec::new();
+            kv.read_block(0, &mut c).unwrap();
+            assert_eq!(a, c, "{dtype}");
+            assert!(kv.write_block(0, &a[1..]).is_err(), "a short block is refused");
+            assert!(kv.write_block(3, &a).is_err() && kv.read_block(3, &mut b).is_err(), "no block 3");
         }
     }
 }

@@ -28,7 +28,8 @@ use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{
-    BatchConfig, BatchEngine, BatchStats, Completion, SeqEvent, SeqId, SeqRequest, SequenceTap, StepShape, Usage,
+    BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, SeqEvent, SeqId, SeqRequest,
+    SequenceTap, StepShape, Usage,
 };
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};
@@ -51,6 +52,8 @@ pub enum RuntimeError {
     InvalidRequest(String),
     #[error(transparent)]
     Constraint(#[from] crate::constraint::ConstraintError),
+    #[error(transparent)]
+    Disk(#[from] crate::batch::disk::DiskError),
 }
 
 /// One sequence being run through a model graph.

@@ -132,6 +132,12 @@ pub struct Metrics {
     pub prefix_cache_queries: Gauge,
     pub prefix_cache_hits: Gauge,
     pub preemptions: Gauge,
+    /// The prefix cache's disk tier ([`Metrics::sample_disk`]): blocks written, blocks
+    /// restored, files refused, and the bytes of its files now.
+    pub disk_blocks_written: Gauge,
+    pub disk_blocks_restored: Gauge,
+    pub disk_files_invalid: Gauge,
+    pub disk_bytes: Gauge,
 }
 
 impl Default for Metrics {
@@ -158,6 +164,10 @@ impl Default for Metrics {
             prefix_cache_queries: Gauge::default(),
             prefix_cache_hits: Gauge::default(),
             preemptions: Gauge::default(),
+            disk_blocks_written: Gauge::default(),
+            disk_blocks_restored: Gauge::default(),
+            disk_files_invalid: Gauge::default(),
+            disk_bytes: Gauge::default(),
         }
     }
 }
@@ -168,6 +178,15 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 impl Metrics {
+    /// Copies the disk tier's counters (the engine thread calls it with its other gauges).
+    pub fn sample_disk(&self, d: &loupe_runtime::DiskStats) {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.disk_blocks_written.set(n(d.written_blocks));
+        self.disk_blocks_restored.set(n(d.restored_blocks));
+        self.disk_files_invalid.set(n(d.invalid_files));
+        self.disk_bytes.set(n(d.bytes));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -233,6 +252,11 @@ impl Metrics {
             ),
             (&self.kv_blocks_used, "loupe_kv_cache_blocks_used", "KV cache blocks held by sequences."),
             (&self.kv_blocks_total, "loupe_kv_cache_blocks_total", "KV cache blocks in all."),
+            (
+                &self.disk_bytes,
+                "loupe_prefix_cache_disk_bytes",
+                "Bytes of the prefix cache's block files on disk (--prefix-cache-dir).",
+            ),
         ] {
             header(&mut out, name, "gauge", help);
             let _ = writeln!(out, "{name} {}", g.get());
@@ -260,6 +284,21 @@ impl Metrics {
                 self.preemptions.get().max(0) as u64,
                 "loupe_preemptions_total",
                 "Sequences preempted for lack of KV blocks (recomputed later).",
+            ),
+            (
+                self.disk_blocks_written.get().max(0) as u64,
+                "loupe_prefix_cache_disk_blocks_written_total",
+                "Prefix-cache blocks evicted from memory and written to disk.",
+            ),
+            (
+                self.disk_blocks_restored.get().max(0) as u64,
+                "loupe_prefix_cache_disk_blocks_restored_total",
+                "Prefix-cache blocks read back from disk on a prefix hit.",
+            ),
+            (
+                self.disk_files_invalid.get().max(0) as u64,
+                "loupe_prefix_cache_disk_files_invalid_total",
+                "Prefix-cache block files refused (corrupt, truncated, another model's) and deleted.",
             ),
         ] {
             header(&mut out, name, "counter", help);
@@ -319,5 +358,26 @@ mod tests {
         assert_eq!(types, helps);
         assert!(types >= 20, "{types} metrics");
         assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("loupe_")));
+    }
+
+    #[test]
+    fn disk_tier_counters_are_exported() {
+        let m = Metrics::default();
+        m.sample_disk(&loupe_runtime::DiskStats {
+            written_blocks: 7,
+            restored_blocks: 3,
+            invalid_files: 1,
+            bytes: 4096,
+            ..Default::default()
+        });
+        let text = m.render();
+        for line in [
+            "loupe_prefix_cache_disk_blocks_written_total 7",
+            "loupe_prefix_cache_disk_blocks_restored_total 3",
+            "loupe_prefix_cache_disk_files_invalid_total 1",
+            "loupe_prefix_cache_disk_bytes 4096",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}");
+        }
     }
 }

@@ -374,6 +374,7 @@ impl<'e> Worker<'e> {
         m.prefix_cache_queries.set((s.prefix.hit_blocks + s.prefix.miss_blocks) as i64);
         m.prefix_cache_hits.set(s.prefix.hit_blocks as i64);
         m.preemptions.set(s.preemptions as i64);
+        m.sample_disk(&s.disk);
     }
 }
 

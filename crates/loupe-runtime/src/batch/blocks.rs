@@ -39,6 +39,17 @@ struct CachedBlock {
     prompt_positions: usize,
 }
 
+/// A cached block [`BlockManager::allocate`] took back, as the disk tier needs it: its
+/// contents are still in the KV cache until its new owner writes there.
+#[derive(Debug)]
+pub struct Evicted {
+    pub block: u32,
+    pub key: u64,
+    pub parent: u64,
+    pub tokens: Box<[u32]>,
+    pub prompt_positions: usize,
+}
+
 /// Allocation, reference counts and the prefix cache of `n_blocks` blocks.
 #[derive(Debug)]
 pub struct BlockManager {
@@ -57,6 +68,10 @@ pub struct BlockManager {
     salt: u64,
     prefix_cache: bool,
     stats: PrefixStats,
+    /// Evictions since the last [`BlockManager::take_evicted`], kept only when asked
+    /// ([`BlockManager::keep_evicted`]; the disk tier).
+    evicted: Vec<Evicted>,
+    keep_evicted: bool,
 }
 
 impl BlockManager {
@@ -75,7 +90,19 @@ impl BlockManager {
             salt,
             prefix_cache,
             stats: PrefixStats::default(),
+            evicted: Vec::new(),
+            keep_evicted: false,
         }
+    }
+
+    /// Keeps what each eviction took, for [`BlockManager::take_evicted`].
+    pub fn keep_evicted(&mut self) {
+        self.keep_evicted = true;
+    }
+
+    /// The blocks evicted since the last call, oldest first.
+    pub fn take_evicted(&mut self) -> Vec<Evicted> {
+        std::mem::take(&mut self.evicted)
     }
 
     pub fn block_size(&self) -> usize {
@@ -134,7 +161,12 @@ impl BlockManager {
             None => {
                 let (_, b) = self.lru.pop_first()?;
                 if let Some(h) = self.hash_of[b as usize].take() {
-                    self.cached.remove(&h);
+                    if let Some(c) = self.cached.remove(&h) {
+                        if self.keep_evicted {
+                            let CachedBlock { block, parent, tokens, prompt_positions } = c;
+                            self.evicted.push(Evicted { block, key: h, parent, tokens, prompt_positions });
+                        }
+                    }
                 }
                 self.stats.evictions += 1;
                 b
@@ -182,23 +214,30 @@ impl BlockManager {
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
             let prompt_positions = self.prompt_positions(i, prompt_len);
             let key = self.chain_hash(parent, chunk, prompt_positions);
-            let hit = match self.cached.get(&key) {
-                Some(c) if c.parent == parent && *c.tokens == *chunk && c.prompt_positions == prompt_positions => {
-                    Some(c.block)
-                }
-                _ => None,
-            };
-            let Some(block) = hit else { break };
-            let b = block as usize;
-            if self.refcount[b] == 0 {
-                self.lru.remove(&self.released_at[b]);
-            }
-            self.refcount[b] += 1;
+            let Some(block) = self.claim(key, parent, chunk, prompt_positions) else { break };
             blocks.push(block);
             keys.push(key);
             parent = key;
         }
         (blocks, keys)
+    }
+
+    /// Claims the cached block registered under `key`, if it holds `tokens` after `parent`
+    /// with `prompt_positions` prompt positions. Counters are left to the caller.
+    pub fn claim(&mut self, key: u64, parent: u64, tokens: &[u32], prompt_positions: usize) -> Option<u32> {
+        if !self.prefix_cache {
+            return None;
+        }
+        let block = match self.cached.get(&key) {
+            Some(c) if c.parent == parent && *c.tokens == *tokens && c.prompt_positions == prompt_positions => c.block,
+            _ => return None,
+        };
+        let b = block as usize;
+        if self.refcount[b] == 0 {
+            self.lru.remove(&self.released_at[b]);
+        }
+        self.refcount[b] += 1;
+        Some(block)
     }
 
     /// Empties the prefix cache of the blocks no sequence holds (they become free; blocks in

@@ -23,16 +23,21 @@
 //!   cache.
 
 pub mod blocks;
+pub mod disk;
+mod offload;
 mod reset;
+mod tap;
 
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, Observer, PagedKvCache, ValueInfo};
+use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, PagedKvCache};
 
 use crate::constraint::{Constraint, GrammarSpec};
 use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams, TokenLogprobs};
 pub use blocks::{BlockManager, PrefixStats};
+pub use disk::{DiskCacheConfig, DiskStats};
+pub use tap::{SequenceTap, StepObserver, WholeStep};
 
 /// Identifies a sequence of a [`BatchEngine`].
 pub type SeqId = u64;
@@ -55,6 +60,9 @@ pub struct BatchConfig {
     /// Sequences running at once.
     pub max_seqs: usize,
     pub prefix_cache: bool,
+    /// The prefix cache's disk tier: evicted blocks go to this directory and come back on a
+    /// later hit ([`disk`]); `None` (the default): off. Needs `prefix_cache`.
+    pub prefix_cache_disk: Option<DiskCacheConfig>,
 }
 
 impl Default for BatchConfig {
@@ -67,6 +75,7 @@ impl Default for BatchConfig {
             max_batch_tokens: 512,
             max_seqs: 32,
             prefix_cache: true,
+            prefix_cache_disk: None,
         }
     }
 }
@@ -133,6 +142,8 @@ pub struct BatchStats {
     /// Blocks registered in the prefix cache.
     pub blocks_cached: usize,
     pub prefix: PrefixStats,
+    /// The prefix cache's disk tier (all zero when it is off).
+    pub disk: DiskStats,
     pub preemptions: u64,
     pub running: usize,
     pub waiting: usize,
@@ -202,6 +213,7 @@ pub struct BatchEngine<'e> {
     executor: Executor,
     kv: PagedKvCache,
     blocks: BlockManager,
+    disk: Option<disk::DiskTier>,
     config: BatchConfig,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
@@ -260,8 +272,13 @@ impl<'e> BatchEngine<'e> {
         format!("{:?}", engine.precision()).hash(&mut salt);
         kv_dtype.hash(&mut salt);
         config.block_size.hash(&mut salt);
+        let salt = salt.finish();
+        let disk = offload::open_disk(engine, &config, salt, kv_dtype)?;
         let kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, config.block_size, n_blocks, kv_dtype);
-        let blocks = BlockManager::new(n_blocks, config.block_size, salt.finish(), config.prefix_cache);
+        let mut blocks = BlockManager::new(n_blocks, config.block_size, salt, config.prefix_cache);
+        if disk.is_some() {
+            blocks.keep_evicted();
+        }
         Ok(BatchEngine {
             engine,
             graph,
@@ -272,6 +289,7 @@ impl<'e> BatchEngine<'e> {
             },
             kv,
             blocks,
+            disk,
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -393,6 +411,7 @@ impl<'e> BatchEngine<'e> {
             blocks_in_use: self.blocks.in_use(),
             blocks_cached: self.blocks.cached(),
             prefix: self.blocks.stats(),
+            disk: self.disk.as_ref().map(|d| d.stats()).unwrap_or_default(),
             running: self.running.len(),
             waiting: self.waiting.len(),
             ..self.stats
@@ -502,10 +521,7 @@ impl<'e> BatchEngine<'e> {
             if seq.blocks.is_empty() && seq.computed == 0 {
                 // At least the last token is computed, for its logits.
                 let max_blocks = (seq.tokens.len() - 1) / self.config.block_size;
-                let (claimed, keys) = self.blocks.claim_prefix(&seq.tokens, seq.prompt_len, max_blocks);
-                seq.computed = claimed.len() * self.config.block_size;
-                seq.blocks = claimed;
-                seq.keys = keys;
+                self.claim_cached_prefix(&mut seq, max_blocks);
             }
             let n = (seq.tokens.len() - seq.computed).min(budget);
             let positions = seq.computed + n;
@@ -543,6 +559,8 @@ impl<'e> BatchEngine<'e> {
     ) -> Result<Vec<SeqEvent>, RuntimeError> {
         let mut events = Vec::new();
         let plan = self.schedule(&mut events);
+        // Blocks the schedule evicted go to the disk tier before this step overwrites them.
+        self.spill_evicted();
         self.last_step = StepShape::default();
         // Grammar masks of the sequences that sample this step, computed on a helper
         // thread while the forward pass runs (they depend only on the tokens so far).
@@ -704,96 +722,5 @@ impl<'e> BatchEngine<'e> {
             }
         }
         Ok(out.into_iter().flatten().collect())
-    }
-}
-
-/// An observer of batched steps: told which rows belong to which sequence before each step.
-pub trait StepObserver {
-    /// `(sequence, its rows of the step, its row among the step's logits)` for every
-    /// sequence the coming step runs.
-    fn begin_step(&mut self, layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]);
-    fn as_observer(&mut self) -> &mut dyn Observer;
-}
-
-/// Shows every value of a step whole (`[step tokens, ...]`) to an [`Observer`].
-pub struct WholeStep<'o>(pub &'o mut dyn Observer);
-
-impl StepObserver for WholeStep<'_> {
-    fn begin_step(&mut self, _layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]) {}
-
-    fn as_observer(&mut self) -> &mut dyn Observer {
-        self.0
-    }
-}
-
-/// Shows one sequence's rows of every value of a batched step to an [`Observer`], shaped
-/// as a single-sequence run would show them (`[its tokens, ...]`; attention probabilities
-/// `[heads, its tokens, longest context of the step]`; logits `[1, vocab]` when it has a row).
-pub struct SequenceTap<'o> {
-    seq: SeqId,
-    inner: &'o mut dyn Observer,
-    rows: Option<std::ops::Range<usize>>,
-    logit_row: Option<usize>,
-    step_tokens: usize,
-    n_logits: usize,
-    buf: Vec<f32>,
-}
-
-impl<'o> SequenceTap<'o> {
-    pub fn new(seq: SeqId, inner: &'o mut dyn Observer) -> SequenceTap<'o> {
-        SequenceTap { seq, inner, rows: None, logit_row: None, step_tokens: 0, n_logits: 0, buf: Vec::new() }
-    }
-}
-
-impl StepObserver for SequenceTap<'_> {
-    fn begin_step(&mut self, layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]) {
-        self.rows = None;
-        self.logit_row = None;
-        self.step_tokens = layout.iter().map(|l| l.1.len()).sum();
-        self.n_logits = layout.iter().filter(|l| l.2.is_some()).count();
-        if let Some((_, rows, logit)) = layout.iter().find(|l| l.0 == self.seq) {
-            self.rows = Some(rows.clone());
-            self.logit_row = *logit;
-        }
-    }
-
-    fn as_observer(&mut self) -> &mut dyn Observer {
-        self
-    }
-}
-
-impl Observer for SequenceTap<'_> {
-    fn wants(&mut self, value: &ValueInfo) -> bool {
-        self.rows.is_some() && self.inner.wants(value)
-    }
-
-    fn observe(&mut self, value: &ValueInfo, shape: &[usize], data: &[f32]) {
-        let Some(rows) = self.rows.clone() else { return };
-        let mut shape = shape.to_vec();
-        self.buf.clear();
-        if shape.len() == 3 && shape[1] == self.step_tokens && shape[0] * shape[1] * shape[2] == data.len() {
-            // [heads, tokens, context]
-            let (heads, ctx) = (shape[0], shape[2]);
-            for h in 0..heads {
-                self.buf.extend_from_slice(
-                    &data[(h * self.step_tokens + rows.start) * ctx..(h * self.step_tokens + rows.end) * ctx],
-                );
-            }
-            shape[1] = rows.len();
-        } else if shape.first() == Some(&self.step_tokens) && shape[0] > 0 {
-            let width = data.len() / shape[0];
-            self.buf.extend_from_slice(&data[rows.start * width..rows.end * width]);
-            shape[0] = rows.len();
-        } else if shape.first() == Some(&self.n_logits) && shape[0] > 0 {
-            let Some(r) = self.logit_row else { return };
-            let width = data.len() / shape[0];
-            self.buf.extend_from_slice(&data[r * width..(r + 1) * width]);
-            shape[0] = 1;
-        } else {
-            self.buf.extend_from_slice(data);
-        }
-        let buf = std::mem::take(&mut self.buf);
-        self.inner.observe(value, &shape, &buf);
-        self.buf = buf;
     }
 }
