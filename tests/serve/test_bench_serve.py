@@ -41,3 +41,16 @@ def test_bench_serve_starts_its_own_server():
     check(report, [2], 4, 6)
     assert report["multi_turn"] == []
     assert report["url"].startswith("http://127.0.0.1:")
+
+
+def test_multi_turn_retention_survives_a_forced_eviction_through_the_disk_tier(tmp_path):
+    # A 16 MiB KV budget (44 blocks of SmolLM2) cannot hold 8 conversations between their
+    # turns: without the disk tier turn 2 finds none of turn 1 cached (docs/batching.md,
+    # "Disk tier"); with it, the evicted blocks come back from disk.
+    tier = tmp_path / "kv"
+    report = bench("-c", "2", "--requests", "8", "--input-len", "200", "--output-len", "16", "--multi-turn", "8,3",
+                   "--kv-cache-mb", "16", "--prefix-cache-dir", str(tier))
+    assert any(tier.glob("*.kvb")), "no block was evicted to disk: the budget did not force an eviction"
+    turns = report["multi_turn"]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    assert all(t["retention"] > 0.5 for t in turns[1:]), turns
