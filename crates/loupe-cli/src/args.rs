@@ -111,6 +111,62 @@ pub struct BatchEngineArgs {
     /// Turn the prefix cache off
     #[arg(long)]
     pub no_prefix_cache: bool,
+    #[command(flatten)]
+    pub speculation: SpeculationArgs,
+}
+
+/// Speculative decoding's flags (the batched engine's; `loupe generate` takes them too).
+#[derive(Args, Debug, Clone, Default)]
+pub struct SpeculationArgs {
+    /// Speculative decoding: ngram (prompt lookup: draft the tokens that followed an earlier
+    /// occurrence of the last 2-4 tokens, in the prompt or the output, and verify them in one
+    /// step; greedy output is identical bit for bit, sampled output has the same
+    /// distribution), or off
+    #[arg(long, value_enum, default_value_t = SpeculateArg::Off)]
+    pub speculate: SpeculateArg,
+    /// The most draft tokens one step verifies (the number adapts to what is accepted)
+    #[arg(long, value_name = "K", default_value_t = 5)]
+    pub draft_tokens: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SpeculateArg {
+    #[default]
+    Off,
+    Ngram,
+}
+
+impl SpeculationArgs {
+    /// The engine's speculation settings; `None` when off.
+    pub fn config(&self) -> anyhow::Result<Option<loupe_runtime::SpeculationConfig>> {
+        match self.speculate {
+            SpeculateArg::Off => Ok(None),
+            SpeculateArg::Ngram => {
+                if self.draft_tokens == 0 {
+                    return Err(UsageError("--draft-tokens must be at least 1".into()).into());
+                }
+                Ok(Some(loupe_runtime::SpeculationConfig {
+                    max_draft: self.draft_tokens,
+                    ..loupe_runtime::SpeculationConfig::default()
+                }))
+            }
+        }
+    }
+
+    /// These flags as `loupe serve` takes them (for a command that starts its own server).
+    pub fn serve_flags(&self) -> Vec<std::ffi::OsString> {
+        match self.speculate {
+            SpeculateArg::Off => Vec::new(),
+            SpeculateArg::Ngram => {
+                vec![
+                    "--speculate".into(),
+                    "ngram".into(),
+                    "--draft-tokens".into(),
+                    self.draft_tokens.to_string().into(),
+                ]
+            }
+        }
+    }
 }
 
 /// The prefix cache's disk tier (`loupe serve`, forwarded by `loupe bench-serve`).
@@ -158,8 +214,8 @@ impl BatchEngineArgs {
     /// The engine configuration for at most `max_seqs` sequences at once. Its KV cache
     /// holds the loaded graph's element type (`--kv-dtype` sets it, see [`ModelArgs`]). The
     /// server adds the disk tier ([`PrefixDiskArgs::config`]).
-    pub fn config(&self, max_seqs: usize) -> loupe_runtime::BatchConfig {
-        loupe_runtime::BatchConfig {
+    pub fn config(&self, max_seqs: usize) -> anyhow::Result<loupe_runtime::BatchConfig> {
+        Ok(loupe_runtime::BatchConfig {
             kv_cache_mb: self.kv_cache_mb,
             kv_blocks: None,
             kv_dtype: None,
@@ -168,7 +224,8 @@ impl BatchEngineArgs {
             max_seqs,
             prefix_cache: !self.no_prefix_cache,
             prefix_cache_disk: None,
-        }
+            speculation: self.speculation.config()?,
+        })
     }
 }
 

@@ -53,7 +53,7 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
     let model = engine.model();
     let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
     let vocab = model.config.vocab_size();
-    let mut config = args.engine.config(npl);
+    let mut config = args.engine.config(npl)?;
     config.prefix_cache = false;
     // All prompts in one step, so that decode steps are pure decode (llama-batched-bench
     // also processes every prompt before the first decode step).
@@ -70,6 +70,7 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
             logprobs: None,
             grammar: None,
             fast_forward: false,
+            speculate: true,
         })?;
     }
     let start = Instant::now();
@@ -143,7 +144,7 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
     let isa = loupe_tensor::quant::Isa::active().name();
     let peak_rss = peak_rss_bytes();
     let size = model_size(model);
-    let config = args.engine.config(counts.iter().copied().max().unwrap_or(1));
+    let config = args.engine.config(counts.iter().copied().max().unwrap_or(1))?;
     let kv_dtype = engine.graph().kv_dtype;
     let one = points.iter().find(|p| p.npl == 1).map(|p| median(&p.decode));
     let stdout = std::io::stdout();

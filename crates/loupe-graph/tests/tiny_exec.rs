@@ -490,8 +490,8 @@ fn a_soft_cap_after_lm_head_runs_on_the_logits_rows_only() {
         let batched = |graph: &Graph| {
             let mut kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, 4, 8, KvDtype::F32);
             let spans = [
-                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true, prompt_rows: 6 },
-                BatchSpan { len: 3, past: 0, blocks: &[2], logits: true, prompt_rows: 3 },
+                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 },
+                BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
             ];
             executor(graph).run_batch(graph, &PROMPT, &spans, &mut kv, None).unwrap().to_vec()
         };

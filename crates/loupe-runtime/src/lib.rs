@@ -29,7 +29,7 @@ use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{
     BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, SeqEvent, SeqId, SeqRequest,
-    SequenceTap, StepShape, Usage,
+    SequenceTap, SpecStats, SpeculationConfig, StepShape, Usage,
 };
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};

@@ -171,7 +171,26 @@ impl Sampler {
         token
     }
 
+    /// Speculative verification of a draft token `draft` proposed with certainty (prompt
+    /// lookup): returns `draft` if it is accepted, else another token, so that the token
+    /// returned has exactly the distribution [`Sampler::sample`] would draw from. Greedy:
+    /// the argmax, accepted when it is the draft (no random state is used). Sampled: the
+    /// draft is accepted with its probability p(draft) under the processed distribution
+    /// (penalties, temperature, top-k, top-p, min-p); on rejection the token is drawn from
+    /// that distribution without the draft, renormalized: P(t) = (1 - p(d)) p(t) / (1 - p(d)).
+    pub fn sample_or_accept(&mut self, logits: &mut [f32], context: &[u32], draft: u32) -> u32 {
+        let token = self.choose_with_draft(logits, context, Some(draft));
+        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
+            *self.produced.entry(token).or_insert(0) += 1;
+        }
+        token
+    }
+
     fn choose(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {
+        self.choose_with_draft(logits, context, None)
+    }
+
+    fn choose_with_draft(&mut self, logits: &mut [f32], context: &[u32], draft: Option<u32>) -> u32 {
         let p = &self.params;
         for (&t, &count) in &self.produced {
             if let Some(l) = logits.get_mut(t as usize) {
@@ -215,7 +234,21 @@ impl Sampler {
             let floor = probs[0] * p.min_p as f64;
             keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
         }
-        let total: f64 = probs[..keep].iter().sum();
+        let mut total: f64 = probs[..keep].iter().sum();
+        if let Some(d) = draft {
+            let q = c[..keep].iter().position(|&(t, _)| t == d).map_or(0.0, |i| probs[i]);
+            if self.rng.next_f64() * total < q {
+                return d;
+            }
+            // Rejected: the residual max(0, p - 1[d]) is p without the draft.
+            if let Some(i) = c[..keep].iter().position(|&(t, _)| t == d) {
+                total -= probs[i];
+                probs[i] = 0.0;
+            }
+            if total <= 0.0 {
+                return d;
+            }
+        }
         let mut r = self.rng.next_f64() * total;
         for (i, q) in probs[..keep].iter().enumerate() {
             if r < *q {
@@ -283,6 +316,35 @@ mod tests {
         assert_eq!(a, draw(&params));
         assert!(a.iter().all(|&t| t < 2));
         assert!(a.contains(&0) && a.contains(&1));
+    }
+
+    #[test]
+    fn verifying_a_draft_keeps_the_distribution() {
+        // Greedy: the argmax, whatever the draft.
+        let mut g = Sampler::new(SamplingParams::default());
+        assert_eq!(g.sample_or_accept(&mut [0.0, 2.0, 1.0], &[], 1), 1);
+        assert_eq!(g.sample_or_accept(&mut [0.0, 2.0, 1.0], &[], 2), 1);
+        // Sampled: the frequencies of accept-or-resample equal the target distribution,
+        // for a likely draft, an unlikely one and one top-k cut away.
+        let logits = [1.0f32, 0.0, -1.0, -3.0];
+        let target: Vec<f64> = {
+            let e: Vec<f64> = logits[..3].iter().map(|&l| (l as f64).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|x| x / z).collect()
+        };
+        for draft in [0u32, 2, 3] {
+            let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 3, seed: 7, ..Default::default() });
+            let n = 200_000;
+            let mut counts = [0usize; 4];
+            for _ in 0..n {
+                counts[s.sample_or_accept(&mut logits.clone(), &[], draft) as usize] += 1;
+            }
+            assert_eq!(counts[3], 0, "draft {draft}: a token outside top-k was returned");
+            for t in 0..3 {
+                let f = counts[t] as f64 / n as f64;
+                assert!((f - target[t]).abs() < 0.005, "draft {draft}: token {t} drawn {f}, target {}", target[t]);
+            }
+        }
     }
 
     #[test]

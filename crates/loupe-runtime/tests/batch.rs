@@ -53,6 +53,7 @@ fn requests(n: usize, shared: usize, sampling: &SamplingParams) -> Vec<SeqReques
                 logprobs: None,
                 grammar: None,
                 fast_forward: false,
+                speculate: true,
             }
         })
         .collect()
@@ -238,6 +239,7 @@ fn limits_and_bad_requests() {
         logprobs: None,
         grammar: None,
         fast_forward: false,
+        speculate: true,
     };
     assert!(b.add(empty).is_err());
     let long = SeqRequest {
@@ -248,6 +250,7 @@ fn limits_and_bad_requests() {
         logprobs: None,
         grammar: None,
         fast_forward: false,
+        speculate: true,
     };
     let err = b.add(long).unwrap_err().to_string();
     assert!(err.contains("KV blocks"), "{err}");
@@ -259,6 +262,7 @@ fn limits_and_bad_requests() {
         logprobs: None,
         grammar: None,
         fast_forward: false,
+        speculate: true,
     };
     assert!(b.add(too_long).is_err());
     let bad_id = SeqRequest {
@@ -269,6 +273,7 @@ fn limits_and_bad_requests() {
         logprobs: None,
         grammar: None,
         fast_forward: false,
+        speculate: true,
     };
     assert!(b.add(bad_id).is_err());
     assert!(BatchEngine::new(&engine, BatchConfig { kv_blocks: Some(0), ..config() }).is_err());
@@ -367,4 +372,75 @@ fn debug_checks_run_on_batched_steps() {
     b.add(requests(1, 0, &SamplingParams::default()).remove(0)).unwrap();
     let err = b.step().unwrap_err().to_string();
     assert!(err.contains("kv-write"), "{err}");
+}
+
+/// Speculative decoding (prompt lookup) changes no token: greedy bit for bit (each verified
+/// row is what a one-token step computes), seeded sampling by exact rejection sampling (the
+/// same distribution, not the same draws, so only greedy is compared token for token).
+/// Prompts repeat a pattern so the drafter has something to propose; the tiny model's own
+/// loops give accepted drafts.
+#[test]
+fn speculation_keeps_greedy_tokens_alone_and_batched() {
+    let engine = engine();
+    let mut reqs = requests(10, 0, &SamplingParams::default());
+    for (i, r) in reqs.iter_mut().enumerate() {
+        let pattern: Vec<u32> = (0..3 + i % 4).map(|j| 5 + (7 * i + 3 * j) as u32 % 300).collect();
+        r.prompt = pattern.iter().copied().cycle().take(12 + 5 * i).collect();
+        r.max_tokens = 40;
+    }
+    let want = alone(&engine, &reqs, &config());
+    for max_draft in [1, 3, 8] {
+        for max_batch_tokens in [2048, 6] {
+            let spec = BatchConfig {
+                speculation: Some(loupe_runtime::SpeculationConfig {
+                    max_draft,
+                    ..loupe_runtime::SpeculationConfig::default()
+                }),
+                max_batch_tokens,
+                ..config()
+            };
+            let mut b = BatchEngine::new(&engine, spec.clone()).unwrap();
+            let got = b.run_all(reqs.clone()).unwrap();
+            assert_eq!(tokens(&got), want, "max_draft {max_draft}, max_batch_tokens {max_batch_tokens}");
+            let s = b.stats().spec;
+            assert!(s.verify_steps > 0 && s.draft_tokens >= s.verify_steps, "{s:?}");
+            assert!(s.accepted_tokens > 0, "no draft was ever accepted: {s:?}");
+            assert_eq!(b.stats().blocks_in_use, 0, "rejected drafts' blocks came back");
+            // Alone, too (and a request that opts out runs without drafts).
+            assert_eq!(alone(&engine, &reqs[..3], &spec), want[..3]);
+            let mut b = BatchEngine::new(&engine, spec).unwrap();
+            let out: Vec<SeqRequest> = reqs.iter().map(|r| SeqRequest { speculate: false, ..r.clone() }).collect();
+            assert_eq!(tokens(&b.run_all(out).unwrap()), want);
+            assert_eq!(b.stats().spec.verify_steps, 0);
+        }
+    }
+    // With the prefix cache on (blocks filled by accepted drafts are registered) and a tiny
+    // KV budget (preemption recomputes a sequence whose drafts were accepted).
+    for cfg in [BatchConfig { prefix_cache: true, ..config() }, BatchConfig { kv_blocks: Some(12), ..config() }] {
+        let spec = BatchConfig { speculation: Some(loupe_runtime::SpeculationConfig::default()), ..cfg };
+        let mut b = BatchEngine::new(&engine, spec).unwrap();
+        let mut twice = reqs.clone();
+        twice.extend(reqs.iter().cloned());
+        let got = b.run_all(twice).unwrap();
+        assert_eq!(tokens(&got)[..reqs.len()], want[..]);
+        assert_eq!(tokens(&got)[reqs.len()..], want[..]);
+    }
+}
+
+#[test]
+fn speculation_with_seeded_sampling_is_reproducible_and_respects_limits() {
+    let engine = engine();
+    let mut reqs = requests(6, 0, &seeded());
+    for (i, r) in reqs.iter_mut().enumerate() {
+        r.prompt = [9u32, 10, 11, 12].iter().copied().cycle().take(10 + i).collect();
+        r.max_tokens = 7 + i;
+        r.stop_ids = vec![];
+    }
+    let spec = BatchConfig { speculation: Some(loupe_runtime::SpeculationConfig::default()), ..config() };
+    let run = || BatchEngine::new(&engine, spec.clone()).unwrap().run_all(reqs.clone()).unwrap();
+    let (a, b) = (run(), run());
+    assert_eq!(tokens(&a), tokens(&b));
+    for (c, r) in a.iter().zip(&reqs) {
+        assert_eq!(c.tokens.len(), r.max_tokens, "max_tokens holds with drafts");
+    }
 }

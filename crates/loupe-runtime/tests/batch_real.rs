@@ -62,6 +62,7 @@ fn request(prompt: Vec<u32>, g: &Golden, sampling: &SamplingParams) -> SeqReques
         logprobs: None,
         grammar: None,
         fast_forward: false,
+        speculate: true,
     }
 }
 

@@ -37,6 +37,7 @@ pub fn batched_rung(
         logprobs: Some(0),
         grammar: None,
         fast_forward: false,
+        speculate: true,
     };
     let vocab = engine.config().vocab_size() as u64;
     let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"

@@ -68,8 +68,11 @@ pub struct BatchSpan<'a> {
     pub past: usize,
     /// The sequence's block table in the paged cache; it covers `past + len` positions.
     pub blocks: &'a [u32],
-    /// Whether the step returns logits for this sequence's last token.
-    pub logits: bool,
+    /// How many of the span's last rows return logits: 0 (a prefill chunk before the
+    /// prompt's end), 1 (the last token, as generation), or more (speculative
+    /// verification: the last token and the drafts after it, each row's logits computed as
+    /// a one-token decode would compute them).
+    pub logits: usize,
     /// How many of the span's rows, from its first, are prompt tokens: their linears run
     /// through the prompt rows' arithmetic (f32 chains for block-quantized weights at
     /// `--precision native`, `loupe_tensor::linear::matmul_wq_chain`), the rest through
@@ -187,7 +190,7 @@ impl Executor {
     /// rows follow span `i - 1`'s). Keys and values go into each span's blocks of `kv`;
     /// every op computes each row with arithmetic that does not depend on the other rows
     /// (row-local kernels, paged attention per row), so a sequence's numbers are the same
-    /// in any batch. Returns one row of logits per span with `logits`, in span order.
+    /// in any batch. Returns `span.logits` rows of logits per span, in span and row order.
     ///
     /// Observers see each value for the whole step (`[tokens, ...]`; attention
     /// probabilities `[heads, tokens, longest context]`).
@@ -255,9 +258,13 @@ impl Executor {
             attn = attn.plus(AttnWork::causal(span.past, span.len));
             row += span.len;
             context = context.max(end);
-            if span.logits {
-                logit_rows.push(row - 1);
+            if span.logits > span.len {
+                return Err(GraphError::Input(format!(
+                    "a span of {} rows cannot return logits for {} of them",
+                    span.len, span.logits
+                )));
             }
+            logit_rows.extend(row - span.logits..row);
         }
         let n_logits = logit_rows.len();
         let mut step = StepKv::Batch { kv, spans: paged, logit_rows, prompt_rows };

@@ -190,8 +190,8 @@ fn batched_engine_faults_show_only_in_batched_steps() {
         let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
         let tokens = [3u32, 14, 15, 9, 26, 5, 7, 8, 2];
         let spans = [
-            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true, prompt_rows: 6 },
-            BatchSpan { len: 3, past: 0, blocks: &[2], logits: true, prompt_rows: 3 },
+            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
         ];
         exec.run_batch(g, &tokens, &spans, &mut kv, None).unwrap().to_vec()
     };
@@ -577,8 +577,8 @@ fn moe_batched_step_equals_single_sequences_and_lowering_changes_nothing() {
         let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
         let tokens: Vec<u32> = seqs.concat();
         let spans = [
-            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true, prompt_rows: 6 },
-            BatchSpan { len: 3, past: 0, blocks: &[2], logits: true, prompt_rows: 3 },
+            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
         ];
         let batched = exec.run_batch(&g, &tokens, &spans, &mut kv, None).unwrap().to_vec();
         let vocab = batched.len() / 2;
@@ -673,7 +673,7 @@ fn moe_experts_run_quantized_weights() {
                 .run_batch(
                     &g,
                     &tokens,
-                    &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: true, prompt_rows: 6 }],
+                    &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 }],
                     &mut kv,
                     None,
                 )

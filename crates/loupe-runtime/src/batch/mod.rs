@@ -26,6 +26,8 @@ pub mod blocks;
 pub mod disk;
 mod offload;
 mod reset;
+mod schedule;
+mod speculate;
 mod tap;
 
 use std::collections::VecDeque;
@@ -37,7 +39,9 @@ use crate::constraint::{Constraint, GrammarSpec};
 use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams, TokenLogprobs};
 pub use blocks::{BlockManager, PrefixStats};
 pub use disk::{DiskCacheConfig, DiskStats};
-pub use tap::{SequenceTap, StepObserver, WholeStep};
+use speculate::SpecState;
+pub use speculate::{ngram_draft, Drafter, SpecStats, SpeculationConfig};
+pub use tap::{SequenceTap, StepLayout, StepObserver, WholeStep};
 
 /// Identifies a sequence of a [`BatchEngine`].
 pub type SeqId = u64;
@@ -63,6 +67,9 @@ pub struct BatchConfig {
     /// The prefix cache's disk tier: evicted blocks go to this directory and come back on a
     /// later hit ([`disk`]); `None` (the default): off. Needs `prefix_cache`.
     pub prefix_cache_disk: Option<DiskCacheConfig>,
+    /// Speculative decoding ([`speculate`]); `None` (the default): off. A request may opt
+    /// out ([`SeqRequest::speculate`]).
+    pub speculation: Option<SpeculationConfig>,
 }
 
 impl Default for BatchConfig {
@@ -76,6 +83,7 @@ impl Default for BatchConfig {
             max_seqs: 32,
             prefix_cache: true,
             prefix_cache_disk: None,
+            speculation: None,
         }
     }
 }
@@ -97,12 +105,24 @@ pub struct SeqRequest {
     /// With a grammar: append the tokens it forces without sampling them (they come
     /// without log-probabilities).
     pub fast_forward: bool,
+    /// Speculate for this request when the engine speculates (default true); its tokens are
+    /// the same either way.
+    pub speculate: bool,
 }
 
 impl SeqRequest {
     /// An unconstrained request without log-probabilities.
     pub fn new(prompt: Vec<u32>, max_tokens: usize, sampling: SamplingParams, stop_ids: Vec<u32>) -> SeqRequest {
-        SeqRequest { prompt, max_tokens, sampling, stop_ids, logprobs: None, grammar: None, fast_forward: false }
+        SeqRequest {
+            prompt,
+            max_tokens,
+            sampling,
+            stop_ids,
+            logprobs: None,
+            grammar: None,
+            fast_forward: false,
+            speculate: true,
+        }
     }
 }
 
@@ -151,6 +171,8 @@ pub struct BatchStats {
     /// tokens (everything but the one decode token of a generating sequence).
     pub tokens_computed: u64,
     pub prefill_tokens_computed: u64,
+    /// Speculative decoding's counters (all zero when it is off).
+    pub spec: SpecStats,
 }
 
 /// The shape of the last step, by MAX's batch types: context encoding (CE: prompt chunks,
@@ -190,6 +212,11 @@ struct Sequence {
     computed: usize,
     /// Set at first admission; a recompute after preemption does not change it.
     cached_tokens: Option<usize>,
+    /// Whether it may speculate, how many tokens it may draft, and the draft this step
+    /// verifies (after its last token).
+    speculate: bool,
+    spec: SpecState,
+    draft: Vec<u32>,
 }
 
 impl Sequence {
@@ -380,6 +407,9 @@ impl<'e> BatchEngine<'e> {
             keys: Vec::new(),
             computed: 0,
             cached_tokens: None,
+            speculate: request.speculate && self.config.speculation.is_some(),
+            spec: SpecState::new(&self.config.speculation.unwrap_or_default()),
+            draft: Vec::new(),
         });
         Ok(id)
     }
@@ -445,6 +475,7 @@ impl<'e> BatchEngine<'e> {
         }
         seq.keys.clear();
         seq.computed = 0;
+        seq.draft.clear();
     }
 
     /// Preempts the newest running sequence (after index `keep`): its blocks go back and it
@@ -476,76 +507,6 @@ impl<'e> BatchEngine<'e> {
         true
     }
 
-    /// Plans one step: which sequences run how many tokens. Running sequences go first
-    /// (oldest first), preempting the newest when blocks run out; then queued ones join in
-    /// order while the token budget, `max_seqs` and the blocks allow.
-    fn schedule(&mut self, events: &mut Vec<SeqEvent>) -> Vec<usize> {
-        let mut budget = self.config.max_batch_tokens;
-        let mut plan: Vec<usize> = Vec::new(); // tokens per running sequence, by index
-        let mut i = 0;
-        while i < self.running.len() {
-            let want = self.running[i].tokens.len() - self.running[i].computed;
-            let n = want.min(budget);
-            if n == 0 {
-                plan.push(0);
-                i += 1;
-                continue;
-            }
-            let positions = self.running[i].computed + n;
-            loop {
-                if Self::grow(&mut self.blocks, &mut self.running[i], positions) {
-                    plan.push(n);
-                    budget -= n;
-                    i += 1;
-                    break;
-                }
-                if self.preempt_newest(i) {
-                    continue;
-                }
-                if i > 0 {
-                    // It is the newest itself: older sequences keep their blocks, it waits.
-                    self.preempt_newest(i - 1);
-                    break;
-                }
-                {
-                    // Alone and still too big: the cache is full for this sequence.
-                    let seq = self.running.remove(i);
-                    events.push(SeqEvent::Finished { id: seq.id, reason: FinishReason::Length, usage: seq.usage() });
-                    self.release(seq);
-                    break;
-                }
-            }
-        }
-        while budget > 0 && self.running.len() < self.config.max_seqs {
-            let Some(mut seq) = self.waiting.pop_front() else { break };
-            if seq.blocks.is_empty() && seq.computed == 0 {
-                // At least the last token is computed, for its logits.
-                let max_blocks = (seq.tokens.len() - 1) / self.config.block_size;
-                self.claim_cached_prefix(&mut seq, max_blocks);
-            }
-            let n = (seq.tokens.len() - seq.computed).min(budget);
-            let positions = seq.computed + n;
-            if !Self::grow(&mut self.blocks, &mut seq, positions) {
-                // FIFO: nobody overtakes it. It gives back what it claimed (the blocks stay
-                // cached) so the running sequences can use the room, and waits.
-                Self::give_back(&mut self.blocks, &mut seq);
-                self.waiting.push_front(seq);
-                break;
-            }
-            if seq.cached_tokens.is_none() {
-                let hits = seq.computed / self.config.block_size;
-                let looked_up =
-                    if self.config.prefix_cache { (seq.tokens.len() - 1) / self.config.block_size } else { 0 };
-                self.blocks.record_lookup(hits, looked_up - hits.min(looked_up));
-                seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
-            }
-            budget -= n;
-            self.running.push(seq);
-            plan.push(n);
-        }
-        plan
-    }
-
     /// Runs one step; returns the tokens it produced and the sequences it finished.
     pub fn step(&mut self) -> Result<Vec<SeqEvent>, RuntimeError> {
         self.step_observed(None)
@@ -567,7 +528,7 @@ impl<'e> BatchEngine<'e> {
         let mut constraints: Vec<(usize, Constraint)> = Vec::new();
         for (i, &n) in plan.iter().enumerate() {
             let seq = &mut self.running[i];
-            if n > 0 && seq.computed + n == seq.tokens.len() {
+            if n > 0 && seq.computed + n - seq.draft.len() == seq.tokens.len() {
                 if let Some(c) = seq.constraint.take() {
                     constraints.push((i, c));
                 }
@@ -575,20 +536,30 @@ impl<'e> BatchEngine<'e> {
         }
         let mut tokens = Vec::new();
         let mut spans = Vec::new();
-        let mut logit_seqs = Vec::new();
+        // (running index, logits rows) of the sequences that sample this step.
+        let mut logit_seqs: Vec<(usize, usize)> = Vec::new();
+        let mut logit_rows = 0;
         let mut layout = Vec::new();
         for (i, &n) in plan.iter().enumerate() {
             if n == 0 {
                 continue;
             }
             let seq = &self.running[i];
-            let logits = seq.computed + n == seq.tokens.len();
-            layout.push((seq.id, tokens.len()..tokens.len() + n, logits.then_some(logit_seqs.len())));
-            tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + n]);
+            // Its own tokens, then the drafts (which only follow a sequence's last token).
+            let own = n - seq.draft.len();
+            let logits = if seq.computed + own == seq.tokens.len() { 1 + seq.draft.len() } else { 0 };
+            layout.push(StepLayout {
+                seq: seq.id,
+                rows: tokens.len()..tokens.len() + n,
+                logit_rows: logit_rows..logit_rows + logits,
+            });
+            tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + own]);
+            tokens.extend_from_slice(&seq.draft);
             let prompt_rows = seq.prompt_len.saturating_sub(seq.computed).min(n);
             spans.push(BatchSpan { len: n, past: seq.computed, blocks: &seq.blocks, logits, prompt_rows });
-            if logits {
-                logit_seqs.push(i);
+            if logits > 0 {
+                logit_seqs.push((i, logits));
+                logit_rows += logits;
             }
         }
         if tokens.is_empty() {
@@ -613,61 +584,71 @@ impl<'e> BatchEngine<'e> {
             masks.map_err(|_| RuntimeError::InvalidRequest("the grammar engine panicked".into()))??;
         }
         let logits = logits?;
-        let vocab = if logit_seqs.is_empty() { 0 } else { logits.len() / logit_seqs.len() };
+        let vocab = logits.len().checked_div(logit_rows).unwrap_or(0);
         self.stats.steps += 1;
         self.stats.tokens_computed += tokens.len() as u64;
         let decode_tokens = plan
             .iter()
             .enumerate()
             .filter(|&(i, &n)| {
-                n == 1
-                    && self.running[i].computed + 1 == self.running[i].tokens.len()
-                    && self.running[i].generated() > 0
+                let seq = &self.running[i];
+                n == 1 + seq.draft.len() && seq.computed + 1 == seq.tokens.len() && seq.generated() > 0
             })
-            .count();
-        self.stats.prefill_tokens_computed += (tokens.len() - decode_tokens) as u64;
-        self.last_step = StepShape {
-            ce_seqs: n_spans - decode_tokens,
-            ce_tokens: tokens.len() - decode_tokens,
-            tg_seqs: decode_tokens,
-        };
-        // Sample in plan order; logits rows follow the spans that asked for them.
+            .map(|(_, &n)| n)
+            .collect::<Vec<_>>();
+        // A generating sequence's token and its drafts are token generation (TG).
+        let (tg_seqs, tg_tokens) = (decode_tokens.len(), decode_tokens.iter().sum::<usize>());
+        self.stats.prefill_tokens_computed += (tokens.len() - tg_tokens) as u64;
+        self.last_step = StepShape { ce_seqs: n_spans - tg_seqs, ce_tokens: tokens.len() - tg_tokens, tg_seqs };
+        // Sample in plan order; logits rows follow the spans that asked for them. A sequence
+        // with drafts verifies them row by row: each accepted draft is its token, the first
+        // row that disagrees gives the token in its place, and a fully accepted draft gets
+        // the next token from its last row.
         let mut sampled = Vec::with_capacity(logit_seqs.len());
-        for (row, &i) in logit_seqs.iter().enumerate() {
-            self.logits_row.clear();
-            self.logits_row.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+        let mut row = 0;
+        for &(i, rows) in &logit_seqs {
             let seq = &mut self.running[i];
-            let raw = &logits[row * vocab..(row + 1) * vocab];
-            if let Some(c) = seq.constraint.as_mut() {
-                c.apply(&mut self.logits_row)?;
+            let draft = std::mem::take(&mut seq.draft);
+            let verifier = speculate::Verifier {
+                tokens: &seq.tokens,
+                constraint: seq.constraint.as_mut(),
+                sampler: &mut seq.sampler,
+                stop_ids: &seq.stop_ids,
+                logprobs: seq.logprobs,
+            };
+            let rows_logits = &logits[row * vocab..(row + rows) * vocab];
+            let (new, accepted) = speculate::verify(verifier, &draft, rows_logits, vocab, &mut self.logits_row)?;
+            row += rows;
+            if !draft.is_empty() {
+                let spec = &mut self.stats.spec;
+                spec.verify_steps += 1;
+                spec.draft_tokens += draft.len() as u64;
+                spec.accepted_tokens += accepted as u64;
+                let max = self.config.speculation.map_or(1, |c| c.max_draft);
+                seq.spec.update(draft.len(), accepted, max);
             }
-            let token = seq.sampler.sample(&mut self.logits_row, &seq.tokens);
-            sampled.push((i, token, seq.logprobs.map(|n| TokenLogprobs::from_logits(raw, token, n))));
+            sampled.push((i, new, draft.len() - accepted));
+        }
+        // Positions whose keys and values this step computed and kept: a rejected draft's
+        // are overwritten later.
+        let mut rejected = vec![0; plan.len()];
+        for &(i, _, r) in &sampled {
+            rejected[i] = r;
         }
         for (i, &n) in plan.iter().enumerate() {
-            let seq = &mut self.running[i];
-            seq.computed += n;
-            // Register blocks that this step filled.
-            let bs = self.config.block_size;
-            while (seq.keys.len() + 1) * bs <= seq.computed {
-                let j = seq.keys.len();
-                let parent = seq.keys.last().copied().unwrap_or(0);
-                let prompt = self.blocks.prompt_positions(j, seq.prompt_len);
-                let key = self.blocks.register(seq.blocks[j], parent, &seq.tokens[j * bs..(j + 1) * bs], prompt);
-                seq.keys.push(key);
-            }
+            self.running[i].computed += n - rejected[i];
         }
         let mut finished = Vec::new();
-        for (i, token, logprobs) in sampled {
+        for (i, new, _) in sampled {
             let seq = &mut self.running[i];
-            // The sampled token, then any the grammar forces after it.
-            let mut new = vec![(token, logprobs)];
+            // The sampled tokens, then any the grammar forces after the last.
+            let mut new: Vec<(u32, Option<TokenLogprobs>)> = new;
             let room = seq
                 .max_tokens
-                .saturating_sub(seq.generated() + 1)
-                .min(self.graph.context_length.saturating_sub(seq.tokens.len() + 1));
-            if let Some(c) = seq.constraint.as_mut() {
-                new.extend(c.advance(token, seq.fast_forward)?.into_iter().take(room).map(|t| (t, None)));
+                .saturating_sub(seq.generated() + new.len())
+                .min(self.graph.context_length.saturating_sub(seq.tokens.len() + new.len()));
+            if let (Some(c), Some(&(last, _))) = (seq.constraint.as_mut(), new.last()) {
+                new.extend(c.advance(last, seq.fast_forward)?.into_iter().take(room).map(|t| (t, None)));
             }
             let mut reason = None;
             for (token, logprobs) in new {
@@ -689,6 +670,28 @@ impl<'e> BatchEngine<'e> {
             if let Some(reason) = reason {
                 events.push(SeqEvent::Finished { id: seq.id, reason, usage: seq.usage() });
                 finished.push(i);
+            }
+        }
+        // Register the blocks this step filled (after the accepted drafts joined the tokens
+        // they are positions of), and give back the blocks only rejected drafts used.
+        let bs = self.config.block_size;
+        for (i, &n) in plan.iter().enumerate() {
+            let seq = &mut self.running[i];
+            if n == 0 {
+                continue;
+            }
+            while (seq.keys.len() + 1) * bs <= seq.computed {
+                let j = seq.keys.len();
+                let parent = seq.keys.last().copied().unwrap_or(0);
+                let prompt = self.blocks.prompt_positions(j, seq.prompt_len);
+                let key = self.blocks.register(seq.blocks[j], parent, &seq.tokens[j * bs..(j + 1) * bs], prompt);
+                seq.keys.push(key);
+            }
+            let keep = self.blocks.blocks_for(seq.tokens.len()).max(seq.keys.len());
+            while seq.blocks.len() > keep {
+                if let Some(b) = seq.blocks.pop() {
+                    self.blocks.release(b);
+                }
             }
         }
         for i in finished.into_iter().rev() {

@@ -5,11 +5,21 @@ use loupe_graph::{Observer, ValueInfo};
 
 use super::SeqId;
 
+/// Where one sequence is in a batched step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepLayout {
+    pub seq: SeqId,
+    /// Its rows of the step's values.
+    pub rows: std::ops::Range<usize>,
+    /// Its rows among the step's logits (empty: none; more than one: speculative
+    /// verification).
+    pub logit_rows: std::ops::Range<usize>,
+}
+
 /// An observer of batched steps: told which rows belong to which sequence before each step.
 pub trait StepObserver {
-    /// `(sequence, its rows of the step, its row among the step's logits)` for every
-    /// sequence the coming step runs.
-    fn begin_step(&mut self, layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]);
+    /// The layout of every sequence the coming step runs.
+    fn begin_step(&mut self, layout: &[StepLayout]);
     fn as_observer(&mut self) -> &mut dyn Observer;
 }
 
@@ -17,7 +27,7 @@ pub trait StepObserver {
 pub struct WholeStep<'o>(pub &'o mut dyn Observer);
 
 impl StepObserver for WholeStep<'_> {
-    fn begin_step(&mut self, _layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]) {}
+    fn begin_step(&mut self, _layout: &[StepLayout]) {}
 
     fn as_observer(&mut self) -> &mut dyn Observer {
         self.0
@@ -26,12 +36,13 @@ impl StepObserver for WholeStep<'_> {
 
 /// Shows one sequence's rows of every value of a batched step to an [`Observer`], shaped
 /// as a single-sequence run would show them (`[its tokens, ...]`; attention probabilities
-/// `[heads, its tokens, longest context of the step]`; logits `[1, vocab]` when it has a row).
+/// `[heads, its tokens, longest context of the step]`; logits `[rows, vocab]` when it has
+/// rows: 1, or the verified rows of a speculative step).
 pub struct SequenceTap<'o> {
     seq: SeqId,
     inner: &'o mut dyn Observer,
     rows: Option<std::ops::Range<usize>>,
-    logit_row: Option<usize>,
+    logit_rows: Option<std::ops::Range<usize>>,
     step_tokens: usize,
     n_logits: usize,
     buf: Vec<f32>,
@@ -39,19 +50,19 @@ pub struct SequenceTap<'o> {
 
 impl<'o> SequenceTap<'o> {
     pub fn new(seq: SeqId, inner: &'o mut dyn Observer) -> SequenceTap<'o> {
-        SequenceTap { seq, inner, rows: None, logit_row: None, step_tokens: 0, n_logits: 0, buf: Vec::new() }
+        SequenceTap { seq, inner, rows: None, logit_rows: None, step_tokens: 0, n_logits: 0, buf: Vec::new() }
     }
 }
 
 impl StepObserver for SequenceTap<'_> {
-    fn begin_step(&mut self, layout: &[(SeqId, std::ops::Range<usize>, Option<usize>)]) {
+    fn begin_step(&mut self, layout: &[StepLayout]) {
         self.rows = None;
-        self.logit_row = None;
-        self.step_tokens = layout.iter().map(|l| l.1.len()).sum();
-        self.n_logits = layout.iter().filter(|l| l.2.is_some()).count();
-        if let Some((_, rows, logit)) = layout.iter().find(|l| l.0 == self.seq) {
-            self.rows = Some(rows.clone());
-            self.logit_row = *logit;
+        self.logit_rows = None;
+        self.step_tokens = layout.iter().map(|l| l.rows.len()).sum();
+        self.n_logits = layout.iter().map(|l| l.logit_rows.len()).sum();
+        if let Some(l) = layout.iter().find(|l| l.seq == self.seq) {
+            self.rows = Some(l.rows.clone());
+            self.logit_rows = (!l.logit_rows.is_empty()).then(|| l.logit_rows.clone());
         }
     }
 
@@ -83,10 +94,10 @@ impl Observer for SequenceTap<'_> {
             self.buf.extend_from_slice(&data[rows.start * width..rows.end * width]);
             shape[0] = rows.len();
         } else if shape.first() == Some(&self.n_logits) && shape[0] > 0 {
-            let Some(r) = self.logit_row else { return };
+            let Some(r) = self.logit_rows.clone() else { return };
             let width = data.len() / shape[0];
-            self.buf.extend_from_slice(&data[r * width..(r + 1) * width]);
-            shape[0] = 1;
+            self.buf.extend_from_slice(&data[r.start * width..r.end * width]);
+            shape[0] = r.len();
         } else {
             self.buf.extend_from_slice(data);
         }

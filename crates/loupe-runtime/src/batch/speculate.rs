@@ -1,0 +1,222 @@
+//! Speculative decoding in the batched engine: a drafter proposes the next tokens of a
+//! generating sequence, and one step of the target verifies them all ([`BatchSpan::logits`]
+//! rows of logits, each computed with a one-token decode's arithmetic). The tokens a
+//! sequence gets are the ones it would get without speculation: greedy, bit for bit (every
+//! verified row is the row a one-token step would have computed, from the same keys and
+//! values); sampled, by exact rejection sampling ([`crate::Sampler::sample_or_accept`]).
+//!
+//! Drafter: prompt lookup ([`ngram_draft`]): the continuation of the most recent earlier
+//! occurrence of the sequence's last n tokens (n from `max_ngram` down to `min_ngram`), in
+//! the prompt or the output so far. No second model; it pays off when the answer copies the
+//! prompt (code edits, retrieval answers, reformatting). How many tokens it may propose
+//! adapts to what was accepted ([`SpecState`]).
+//!
+//! [`BatchSpan::logits`]: loupe_graph::BatchSpan::logits
+
+use crate::{Constraint, RuntimeError, Sampler, TokenLogprobs};
+
+/// What proposes draft tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drafter {
+    /// Prompt lookup: n-grams of `min_ngram..=max_ngram` tokens.
+    Ngram { min_ngram: usize, max_ngram: usize },
+}
+
+/// Speculative decoding's settings ([`crate::BatchConfig::speculation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculationConfig {
+    pub drafter: Drafter,
+    /// The most draft tokens a sequence verifies in one step (vLLM's
+    /// `num_speculative_tokens`); the number used adapts below it.
+    pub max_draft: usize,
+}
+
+impl Default for SpeculationConfig {
+    fn default() -> Self {
+        // Prompt lookup as vLLM's `ngram` method sets it up by default (lookup of 1..=5
+        // tokens would match single common tokens everywhere; 2..=4 keeps the drafts that
+        // continue a real copy).
+        SpeculationConfig { drafter: Drafter::Ngram { min_ngram: 2, max_ngram: 4 }, max_draft: 5 }
+    }
+}
+
+/// Counters of speculation over a batched engine's life ([`crate::BatchStats::spec`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Steps of a sequence that verified at least one draft token.
+    pub verify_steps: u64,
+    /// Draft tokens proposed and verified.
+    pub draft_tokens: u64,
+    /// Draft tokens accepted (tokens produced without a step of their own).
+    pub accepted_tokens: u64,
+}
+
+impl SpecStats {
+    /// Accepted draft tokens per draft token (0 before any).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.draft_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.draft_tokens as f64
+        }
+    }
+
+    /// Tokens produced per verification step: the accepted drafts plus the one token every
+    /// step produces.
+    pub fn tokens_per_verify_step(&self) -> f64 {
+        if self.verify_steps == 0 {
+            0.0
+        } else {
+            (self.accepted_tokens + self.verify_steps) as f64 / self.verify_steps as f64
+        }
+    }
+}
+
+/// A sequence's speculation: how many tokens it may draft next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SpecState {
+    pub(crate) limit: usize,
+}
+
+impl SpecState {
+    pub(crate) fn new(config: &SpeculationConfig) -> SpecState {
+        SpecState { limit: config.max_draft.clamp(1, 2) }
+    }
+
+    /// After a verification of `drafted` tokens of which `accepted` were: one more next
+    /// time when all were, else as many as were accepted plus one (at least 1).
+    pub(crate) fn update(&mut self, drafted: usize, accepted: usize, max: usize) {
+        self.limit = if accepted == drafted { (self.limit + 1).min(max) } else { (accepted + 1).min(max) }.max(1);
+    }
+}
+
+/// The draft a generating sequence verifies next: up to `k` tokens (the caller's bound:
+/// its adaptive limit, what `max_tokens`, the context and the step's budget leave).
+pub(crate) fn draft(config: &SpeculationConfig, tokens: &[u32], k: usize) -> Vec<u32> {
+    match config.drafter {
+        Drafter::Ngram { min_ngram, max_ngram } => ngram_draft(tokens, min_ngram, max_ngram, k),
+    }
+}
+
+/// What [`verify`] samples with: a sequence's tokens so far, its grammar, sampler, stop
+/// ids, and how many log-probabilities it reports.
+pub(crate) struct Verifier<'s> {
+    pub(crate) tokens: &'s [u32],
+    pub(crate) constraint: Option<&'s mut Constraint>,
+    pub(crate) sampler: &'s mut Sampler,
+    pub(crate) stop_ids: &'s [u32],
+    pub(crate) logprobs: Option<usize>,
+}
+
+/// Samples a sequence's tokens from its rows of logits (`draft.len() + 1` rows of
+/// `vocab`): one per row while the drafts are accepted, so the accepted drafts and then the
+/// token of the first row that did not accept (or, all accepted, of the last row). Stops
+/// after a stop token. Returns the tokens (with log-probabilities when asked) and how many
+/// drafts were accepted.
+#[allow(clippy::type_complexity)]
+pub(crate) fn verify(
+    v: Verifier<'_>,
+    draft: &[u32],
+    logits: &[f32],
+    vocab: usize,
+    row: &mut Vec<f32>,
+) -> Result<(Vec<(u32, Option<TokenLogprobs>)>, usize), RuntimeError> {
+    let Verifier { tokens, mut constraint, sampler, stop_ids, logprobs } = v;
+    let mut out = Vec::with_capacity(draft.len() + 1);
+    // The context the sampler's penalties see: the tokens so far and the accepted drafts.
+    let mut context = if draft.is_empty() { Vec::new() } else { tokens.to_vec() };
+    for (j, raw) in logits.chunks_exact(vocab.max(1)).enumerate().take(draft.len() + 1) {
+        row.clear();
+        row.extend_from_slice(raw);
+        if let Some(c) = constraint.as_deref_mut() {
+            c.apply(row)?;
+        }
+        let ctx: &[u32] = if draft.is_empty() { tokens } else { &context };
+        let token = match draft.get(j) {
+            Some(&d) => sampler.sample_or_accept(row, ctx, d),
+            None => sampler.sample(row, ctx),
+        };
+        out.push((token, logprobs.map(|n| TokenLogprobs::from_logits(raw, token, n))));
+        if draft.get(j) != Some(&token) || stop_ids.contains(&token) {
+            break;
+        }
+        context.push(token);
+    }
+    let accepted = out.iter().zip(draft).take_while(|((t, _), d)| t == *d).count();
+    Ok((out, accepted))
+}
+
+/// Prompt lookup: the `k` tokens that followed the most recent earlier occurrence of the
+/// last `n` tokens of `tokens` (copied on past the end, so a repetition continues), trying
+/// `n` from `max_ngram` down to `min_ngram`; empty when none occurs.
+pub fn ngram_draft(tokens: &[u32], min_ngram: usize, max_ngram: usize, k: usize) -> Vec<u32> {
+    let len = tokens.len();
+    if k == 0 || min_ngram == 0 {
+        return Vec::new();
+    }
+    for n in (min_ngram..=max_ngram).rev() {
+        if len < n + 1 {
+            continue;
+        }
+        let suffix = &tokens[len - n..];
+        // The most recent occurrence that ends before the suffix starts to repeat itself.
+        let found = (0..len - n).rev().find(|&s| &tokens[s..s + n] == suffix);
+        if let Some(s) = found {
+            // Copy what followed, overlapping past the end as LZ77 does: a match one
+            // period back in a repeating stretch drafts the repetition further.
+            let from = s + n;
+            let mut draft = Vec::with_capacity(k);
+            for j in 0..k {
+                let at = from + j;
+                draft.push(if at < len { tokens[at] } else { draft[at - len] });
+            }
+            return draft;
+        }
+    }
+    Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_lookup_continues_the_latest_match_of_the_longest_ngram() {
+        // "a b c d e ... a b c" -> "d e"
+        let t = [1, 2, 3, 4, 5, 9, 1, 2, 3];
+        assert_eq!(ngram_draft(&t, 2, 4, 2), [4, 5]);
+        // Past the end the copy overlaps itself: "... a b c" continues "d e 9 a b c d e".
+        assert_eq!(ngram_draft(&t, 2, 4, 10), [4, 5, 9, 1, 2, 3, 4, 5, 9, 1]);
+        // The most recent occurrence wins.
+        let t = [7, 8, 1, 7, 8, 2, 7, 8];
+        assert_eq!(ngram_draft(&t, 2, 2, 1), [2]);
+        // A longer n-gram beats a more recent shorter one.
+        let t = [5, 7, 8, 1, 6, 7, 8, 2, 5, 7, 8];
+        assert_eq!(ngram_draft(&t, 2, 3, 1), [1]);
+        // Nothing to continue.
+        assert!(ngram_draft(&[1, 2, 3, 4], 2, 4, 3).is_empty());
+        assert!(ngram_draft(&[1, 1], 2, 4, 3).is_empty());
+        assert!(ngram_draft(&[], 2, 4, 3).is_empty());
+        assert_eq!(ngram_draft(&[1, 1, 1], 2, 2, 3), [1, 1, 1]);
+        assert_eq!(ngram_draft(&[4, 1, 2, 1, 2], 2, 2, 5), [1, 2, 1, 2, 1]);
+        assert!(ngram_draft(&[1, 2, 1, 2], 2, 4, 0).is_empty());
+    }
+
+    #[test]
+    fn the_draft_limit_follows_acceptance() {
+        let config = SpeculationConfig { max_draft: 4, ..SpeculationConfig::default() };
+        let mut s = SpecState::new(&config);
+        assert_eq!(s.limit, 2);
+        s.update(2, 2, 4);
+        assert_eq!(s.limit, 3);
+        s.update(3, 3, 4);
+        s.update(4, 4, 4);
+        assert_eq!(s.limit, 4);
+        s.update(4, 1, 4);
+        assert_eq!(s.limit, 2);
+        s.update(2, 0, 4);
+        assert_eq!(s.limit, 1);
+        let stats = SpecStats { verify_steps: 4, draft_tokens: 10, accepted_tokens: 6 };
+        assert!((stats.acceptance_rate() - 0.6).abs() < 1e-12 && (stats.tokens_per_verify_step() - 2.5).abs() < 1e-12);
+    }
+}
