@@ -192,3 +192,42 @@ fn shared_system_prompt_is_served_from_the_prefix_cache() {
         assert!(stats.prefix.hit_blocks >= 9 * (shared / 16) as u64, "{stats:?}");
     }
 }
+
+/// Speculative decoding (prompt lookup) on the real model: every golden's greedy tokens are
+/// the same with and without it, each alone and all nine among 16-way concurrency (the nine
+/// and seven repeats), and the drafter has prompts to copy from (a request that repeats its
+/// prompt back).
+#[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
+fn speculation_keeps_every_goldens_greedy_tokens() {
+    let engine = real_engine();
+    let goldens = goldens();
+    let greedy = SamplingParams::default();
+    let mut reqs: Vec<SeqRequest> = goldens.iter().map(|g| request(g.prompt_tokens.clone(), g, &greedy)).collect();
+    // A copying request: the model is asked to repeat a passage.
+    let passage = "The lighthouse keeper climbed the stairs at dusk, lit the lamp, wound the clockwork, and watched the beam sweep across the dark water until dawn.";
+    let copy = engine
+        .prompt_tokens(&Prompt::chat(&format!("Repeat this sentence exactly, word for word:\n\n{passage}")))
+        .unwrap();
+    reqs.push(request(copy, &goldens[0], &greedy));
+    reqs.last_mut().unwrap().max_tokens = 48;
+    let want = alone(&engine, &reqs);
+    let spec = BatchConfig { speculation: Some(loupe_runtime::SpeculationConfig::default()), ..BatchConfig::default() };
+    for (r, w) in reqs.iter().zip(&want) {
+        let mut b = BatchEngine::new(&engine, BatchConfig { prefix_cache: false, ..spec.clone() }).unwrap();
+        assert_eq!(&b.run_all(vec![r.clone()]).unwrap()[0].tokens, w, "alone, with speculation");
+    }
+    let mut b = BatchEngine::new(&engine, spec).unwrap();
+    let sixteen: Vec<SeqRequest> = (0..16).map(|k| reqs[k % reqs.len()].clone()).collect();
+    let got = b.run_all(sixteen).unwrap();
+    for (k, c) in got.iter().enumerate() {
+        assert_eq!(c.tokens, want[k % reqs.len()], "request {k} among 16, with speculation");
+    }
+    let s = b.stats().spec;
+    eprintln!(
+        "speculation among 16: {s:?}, acceptance {:.2}, {:.2} tokens per verification",
+        s.acceptance_rate(),
+        s.tokens_per_verify_step()
+    );
+    assert!(s.accepted_tokens > 0, "no draft was accepted: {s:?}");
+}
