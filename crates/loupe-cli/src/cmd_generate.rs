@@ -59,6 +59,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub grammar: GrammarArgs,
     #[command(flatten)]
+    pub speculation: crate::args::SpeculationArgs,
+    #[command(flatten)]
     pub profile: crate::args::ProfileArgs,
 }
 
@@ -124,6 +126,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     };
     sampling.validate().map_err(UsageError)?;
     let grammar = args.grammar.spec()?;
+    let speculation = args.speculation.config()?;
     let profiler = args.profile.profiler()?;
     let engine = load(
         &args.model,
@@ -158,12 +161,22 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
             let _ = out.flush();
         }
     };
-    let result = engine.generate_tokens(&request, &mut on_text).map_err(|e| match e {
+    let usage_error = |e: RuntimeError| match e {
         RuntimeError::PromptTooLong { .. }
         | RuntimeError::InvalidRequest(_)
         | RuntimeError::Constraint(ConstraintError::Invalid { .. }) => anyhow::Error::from(UsageError(e.to_string())),
         other => anyhow::Error::from(other),
-    })?;
+    };
+    // With --speculate: one sequence through the batched engine, whose tokens are these
+    // (batch invariance; speculation changes no greedy token).
+    let (result, spec) = match speculation {
+        None => (engine.generate_tokens(&request, &mut on_text).map_err(usage_error)?, None),
+        Some(s) => {
+            let (g, stats) =
+                loupe_runtime::generate_speculative(&engine, &request, s, &mut on_text).map_err(usage_error)?;
+            (g, Some(stats))
+        }
+    };
     if json {
         let obj = serde_json::json!({ "prompt_tokens": prompt_tokens, "tokens": result.tokens, "text": result.text });
         println!("{obj}");
@@ -182,6 +195,17 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         engine.threads(),
         result.finish_reason.as_str()
     );
+    if let Some(s) = spec {
+        eprintln!(
+            "loupe: speculation (ngram, up to {} drafts): {} verification steps, {} of {} drafts accepted ({:.0}%), {:.2} tokens per verification",
+            args.speculation.draft_tokens,
+            s.verify_steps,
+            s.accepted_tokens,
+            s.draft_tokens,
+            100.0 * s.acceptance_rate(),
+            s.tokens_per_verify_step()
+        );
+    }
     if let Some((n, t)) = result.masks {
         eprintln!(
             "loupe: grammar masks {n}, {:.3} ms each (computed during the forward passes)",

@@ -97,7 +97,7 @@ impl Generation {
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
-    text: String,
+    pub(crate) text: String,
     emitted: usize,
 }
 

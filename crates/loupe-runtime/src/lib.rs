@@ -22,6 +22,7 @@ pub mod embed;
 pub mod engine;
 pub mod generate;
 pub mod sampling;
+pub mod speculative;
 
 use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
@@ -37,6 +38,7 @@ pub use embed::{EmbedConfig, Embedding, Pooling};
 pub use engine::{Engine, EngineError, LoadOptions, Lowering, Prompt};
 pub use generate::{generate, FinishReason, GenerateRequest, Generation, StopMatcher};
 pub use sampling::{argmax, Sampler, SamplingParams, TokenLogprobs};
+pub use speculative::generate_speculative;
 
 /// Errors of the runtime layer.
 #[derive(Debug, thiserror::Error)]

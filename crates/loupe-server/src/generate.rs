@@ -138,6 +138,7 @@ pub(crate) fn admit(
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
         skip_special_tokens: req.ext.skip_special_tokens,
+        speculate: req.ext.speculate,
         grammar,
         arrived,
         replies: tx,

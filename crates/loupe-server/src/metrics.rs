@@ -138,6 +138,11 @@ pub struct Metrics {
     pub disk_blocks_restored: Gauge,
     pub disk_files_invalid: Gauge,
     pub disk_bytes: Gauge,
+    /// Speculative decoding ([`Metrics::sample_spec`]): verification steps with drafts,
+    /// draft tokens, accepted draft tokens (vLLM's `spec_decode_*` meanings).
+    pub spec_drafts: Gauge,
+    pub spec_draft_tokens: Gauge,
+    pub spec_accepted_tokens: Gauge,
 }
 
 impl Default for Metrics {
@@ -168,6 +173,9 @@ impl Default for Metrics {
             disk_blocks_restored: Gauge::default(),
             disk_files_invalid: Gauge::default(),
             disk_bytes: Gauge::default(),
+            spec_drafts: Gauge::default(),
+            spec_draft_tokens: Gauge::default(),
+            spec_accepted_tokens: Gauge::default(),
         }
     }
 }
@@ -185,6 +193,14 @@ impl Metrics {
         self.disk_blocks_restored.set(n(d.restored_blocks));
         self.disk_files_invalid.set(n(d.invalid_files));
         self.disk_bytes.set(n(d.bytes));
+    }
+
+    /// Copies speculation's counters (the engine thread calls it with its other gauges).
+    pub fn sample_spec(&self, s: &loupe_runtime::SpecStats) {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.spec_drafts.set(n(s.verify_steps));
+        self.spec_draft_tokens.set(n(s.draft_tokens));
+        self.spec_accepted_tokens.set(n(s.accepted_tokens));
     }
 
     /// The Prometheus text exposition of every metric.
@@ -299,6 +315,21 @@ impl Metrics {
                 self.disk_files_invalid.get().max(0) as u64,
                 "loupe_prefix_cache_disk_files_invalid_total",
                 "Prefix-cache block files refused (corrupt, truncated, another model's) and deleted.",
+            ),
+            (
+                self.spec_drafts.get().max(0) as u64,
+                "loupe_spec_decode_num_drafts_total",
+                "Speculative decoding: steps of a sequence that verified drafts.",
+            ),
+            (
+                self.spec_draft_tokens.get().max(0) as u64,
+                "loupe_spec_decode_num_draft_tokens_total",
+                "Speculative decoding: draft tokens proposed and verified.",
+            ),
+            (
+                self.spec_accepted_tokens.get().max(0) as u64,
+                "loupe_spec_decode_num_accepted_tokens_total",
+                "Speculative decoding: draft tokens accepted (produced without a step of their own).",
             ),
         ] {
             header(&mut out, name, "counter", help);

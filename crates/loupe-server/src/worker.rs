@@ -59,6 +59,8 @@ pub struct Job {
     pub ignore_eos: bool,
     /// Leave special tokens out of the text (`skip_special_tokens`, default true).
     pub skip_special_tokens: bool,
+    /// Speculate when the server does (`speculate`, default true; tokens are the same).
+    pub speculate: bool,
     /// What the output must match (validated by the handler).
     pub grammar: Option<loupe_runtime::GrammarSpec>,
     pub arrived: Instant,
@@ -227,6 +229,7 @@ impl<'e> Worker<'e> {
         let request = SeqRequest {
             logprobs: job.logprobs,
             grammar: job.grammar,
+            speculate: job.speculate,
             ..SeqRequest::new(job.prompt, job.max_tokens, job.sampling, stop_ids.clone())
         };
         match self.batch.add(request) {
@@ -375,6 +378,7 @@ impl<'e> Worker<'e> {
         m.prefix_cache_hits.set(s.prefix.hit_blocks as i64);
         m.preemptions.set(s.preemptions as i64);
         m.sample_disk(&s.disk);
+        m.sample_spec(&s.spec);
     }
 }
 

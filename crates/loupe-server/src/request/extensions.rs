@@ -32,6 +32,9 @@ pub struct Extensions {
     /// generated, which is what loupe does). False is refused where it would matter (a
     /// streamed answer of a reasoning model): see [`Extensions::check_reasoning`].
     pub stream_reasoning: bool,
+    /// loupe's `speculate` (default true): false opts the request out of the server's
+    /// speculative decoding (`--speculate`); its tokens are the same either way.
+    pub speculate: bool,
 }
 
 impl Default for Extensions {
@@ -43,6 +46,7 @@ impl Default for Extensions {
             separate_reasoning: true,
             include_reasoning: true,
             stream_reasoning: true,
+            speculate: true,
         }
     }
 }
@@ -67,8 +71,11 @@ fn only(f: &mut Fields, key: &str, accepted: bool, why: &str) -> Result<(), ApiE
 impl Extensions {
     /// Reads the extension fields `endpoint` knows from `f`, leaving the others (unknown).
     pub fn read(f: &mut Fields, endpoint: ExtensionsOf) -> Result<Extensions, ApiError> {
-        let mut x =
-            Extensions { skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true), ..Extensions::default() };
+        let mut x = Extensions {
+            skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true),
+            speculate: f.bool("speculate")?.unwrap_or(true),
+            ..Extensions::default()
+        };
         only(
             f,
             "return_hidden_states",

@@ -1,0 +1,95 @@
+"""Speculative decoding (`--speculate ngram`, issue 39) never changes an answer: every chat
+golden's greedy tokens come back through a speculating server, alone and under 16-way
+concurrency, streamed and not, and `loupe generate --speculate ngram` gives the golden tokens
+too; the counters say drafts were verified and accepted; a request can opt out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import loupe_bin, model_path
+from test_openai_api import MODEL, golden_messages, goldens
+
+COPY = ("Repeat this sentence exactly, word for word: The lighthouse keeper climbed the stairs at dusk, "
+        "lit the lamp, wound the clockwork, and watched the beam sweep across the dark water until dawn.")
+
+
+@pytest.fixture(scope="module")
+def spec_server(request):
+    from conftest import Server
+
+    s = Server("--max-context", "2048", "--speculate", "ngram", "--draft-tokens", "5")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def counters(server) -> dict[str, float]:
+    m = server.metrics()
+    return {k: m[k] for k in ("loupe_spec_decode_num_drafts_total", "loupe_spec_decode_num_draft_tokens_total",
+                              "loupe_spec_decode_num_accepted_tokens_total")}
+
+
+def answer(server, messages, max_tokens, stream=False, **extra):
+    client = server.client()
+    kwargs = dict(model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens)
+    if extra:
+        kwargs["extra_body"] = extra
+    if not stream:
+        r = client.chat.completions.create(**kwargs)
+        return r.choices[0].message.content, r.usage.completion_tokens
+    text, usage = "", None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs):
+        for c in chunk.choices:
+            text += c.delta.content or ""
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+    return text, usage
+
+
+def test_goldens_alone_and_under_16_way_concurrency(spec_server):
+    gs = [p.values[0] for p in goldens()]
+    copy = {"prompt": COPY, "max_tokens": 48}
+    # The copy request's answer without speculation, from the same server (opted out).
+    want_copy = answer(spec_server, [{"role": "user", "content": COPY}], 48, speculate=False)
+    before = counters(spec_server)
+    for g in gs:
+        for stream in (False, True):
+            text, n = answer(spec_server, golden_messages(g), g["max_tokens"], stream=stream)
+            assert (text, n) == (g["text"], len(g["tokens"])), f"{g['name']} (stream={stream})"
+    jobs = [(golden_messages(g), g["max_tokens"], (g["text"], len(g["tokens"]))) for g in gs]
+    jobs.append(([{"role": "user", "content": copy["prompt"]}], copy["max_tokens"], want_copy))
+    sixteen = [jobs[k % len(jobs)] for k in range(16)]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda j: answer(spec_server, j[0], j[1], stream=len(j[0][-1]["content"]) % 2 == 0), sixteen))
+    for k, (job, g) in enumerate(zip(sixteen, got)):
+        assert g == job[2], f"request {k} among 16"
+    after = counters(spec_server)
+    assert after["loupe_spec_decode_num_drafts_total"] > before["loupe_spec_decode_num_drafts_total"]
+    assert after["loupe_spec_decode_num_accepted_tokens_total"] > before["loupe_spec_decode_num_accepted_tokens_total"]
+
+
+def test_a_request_can_opt_out(spec_server):
+    messages = [{"role": "user", "content": COPY}]
+    before = counters(spec_server)
+    assert answer(spec_server, messages, 32, speculate=False) == answer(spec_server, messages, 32)
+    # Only the second request drafted.
+    mid = counters(spec_server)
+    assert mid["loupe_spec_decode_num_drafts_total"] > before["loupe_spec_decode_num_drafts_total"]
+    answer(spec_server, messages, 32, speculate=False)
+    assert counters(spec_server) == mid
+
+
+@pytest.mark.parametrize("g", goldens()[:3])
+def test_loupe_generate_speculate_gives_the_golden_tokens(g):
+    cmd = [str(loupe_bin()), "generate", "--model", str(model_path()), "--chat", "--temperature", "0",
+           "--max-tokens", str(g["max_tokens"]), "--json", "--speculate", "ngram", g["prompt"]]
+    if g.get("system"):
+        cmd += ["--system", g["system"]]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["tokens"] == g["tokens"]
+    assert "loupe: speculation (ngram" in done.stderr
