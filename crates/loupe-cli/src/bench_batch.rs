@@ -83,17 +83,27 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
         }
     }
     let prefill_s = start.elapsed().as_secs_f64();
-    let before = batch.stats().tokens_computed;
     let start = Instant::now();
     let mut peak = 0;
+    // Tokens produced (with --speculate a step may produce several per sequence).
+    let mut decoded = 0u64;
     while batch.has_work() {
-        batch.step()?;
+        decoded += batch.step()?.iter().filter(|e| matches!(e, loupe_runtime::SeqEvent::Token { .. })).count() as u64;
         peak = peak.max(batch.stats().blocks_in_use);
     }
     let decode_s = start.elapsed().as_secs_f64();
-    let decoded = batch.stats().tokens_computed - before;
     if decoded != (npl * args.n_gen) as u64 {
-        anyhow::bail!("expected {} decode tokens, the engine computed {decoded}", npl * args.n_gen);
+        anyhow::bail!("expected {} decode tokens, the engine produced {decoded}", npl * args.n_gen);
+    }
+    let spec = batch.stats().spec;
+    if spec.draft_tokens > 0 {
+        eprintln!(
+            "loupe bench: {npl} sequences: speculation verified {} drafts in {} steps, {:.0}% accepted, {:.2} tokens per verification (random prompts give prompt lookup little to copy)",
+            spec.draft_tokens,
+            spec.verify_steps,
+            100.0 * spec.acceptance_rate(),
+            spec.tokens_per_verify_step()
+        );
     }
     Ok(((npl * args.n_prompt) as f64 / prefill_s, decoded as f64 / decode_s, peak, batch.stats().blocks_total))
 }
