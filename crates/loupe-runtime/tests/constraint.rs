@@ -281,3 +281,74 @@ fn tool_call_grammar_admits_calls_with_valid_arguments_and_optional_thinking() {
     assert!(refused_at(&one, "Sure! <tool_call>").is_some(), "text before a forced call");
     assert!(refused_at(&one, "<tool_call>\n{\"name\": \"sub\"").is_some(), "an undeclared function");
 }
+
+/// Speculation under grammars: each draft row is masked by the grammar's state after the
+/// tokens before it, so a draft the grammar forbids is never accepted and the output still
+/// matches; greedy tokens equal the run without speculation. Three drafters: prompt lookup,
+/// one that proposes forbidden tokens on purpose (token 0 and the last vocabulary id
+/// repeated), and one that proposes the right continuation (so drafts are accepted).
+#[test]
+fn speculation_under_grammars_keeps_tokens_and_validity() {
+    use loupe_runtime::batch::{Drafter, SpeculationConfig};
+    use std::sync::Mutex;
+    static RIGHT: Mutex<Vec<Vec<u32>>> = Mutex::new(Vec::new());
+    fn forbidden(_: &[u32], k: usize) -> Vec<u32> {
+        (0..k).map(|j| if j % 2 == 0 { 0 } else { 511 }).collect()
+    }
+    fn right(tokens: &[u32], k: usize) -> Vec<u32> {
+        // The continuation of whichever expected answer the tokens so far end a prefix of.
+        for answer in RIGHT.lock().unwrap().iter() {
+            for cut in 0..answer.len() {
+                if tokens.ends_with(&answer[..cut]) && (cut > 0 || answer.is_empty()) {
+                    return answer[cut..].iter().take(k).copied().collect();
+                }
+            }
+        }
+        Vec::new()
+    }
+    let e = engine();
+    let specs = [
+        GrammarSpec::JsonSchema(schemas()[0].0.clone()),
+        GrammarSpec::JsonObject,
+        GrammarSpec::Regex("[a-c]{5,9}".into()),
+        GrammarSpec::Regex("(ab|ba){3,6}".into()),
+    ];
+    let reqs: Vec<SeqRequest> = specs
+        .iter()
+        .map(|g| SeqRequest {
+            grammar: Some(g.clone()),
+            ..SeqRequest::new(prompt(e), 60, SamplingParams::default(), e.tokenizer().eos_ids())
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = BatchEngine::new(e, BatchConfig::default())
+        .unwrap()
+        .run_all(reqs.clone())
+        .unwrap()
+        .into_iter()
+        .map(|c| c.tokens)
+        .collect();
+    *RIGHT.lock().unwrap() = want.clone();
+    let drafters = [
+        ("ngram", SpeculationConfig::default().drafter),
+        ("forbidden", Drafter::Custom(forbidden)),
+        ("right", Drafter::Custom(right)),
+    ];
+    for (name, drafter) in drafters {
+        let config =
+            BatchConfig { speculation: Some(SpeculationConfig { drafter, max_draft: 4 }), ..BatchConfig::default() };
+        let mut b = BatchEngine::new(e, config).unwrap();
+        let got: Vec<Vec<u32>> = b.run_all(reqs.clone()).unwrap().into_iter().map(|c| c.tokens).collect();
+        assert_eq!(got, want, "drafter {name}");
+        let s = b.stats().spec;
+        match name {
+            "forbidden" => assert!(s.draft_tokens > 0 && s.accepted_tokens < s.draft_tokens, "{name}: {s:?}"),
+            "right" => assert!(s.accepted_tokens > 0, "{name}: {s:?}"),
+            _ => {}
+        }
+        let text = |i: usize| e.tokenizer().decode(&got[i], true).unwrap();
+        assert!(serde_json::from_str::<Value>(&text(0)).is_ok_and(|v| schemas()[0].1(&v)), "{name}: {}", text(0));
+        assert!(serde_json::from_str::<Value>(&text(1)).is_ok_and(|v| v.is_object()), "{name}: {}", text(1));
+        assert!(regex::Regex::new("^[a-c]{5,9}$").unwrap().is_match(&text(2)), "{name}: {}", text(2));
+        assert!(regex::Regex::new("^(ab|ba){3,6}$").unwrap().is_match(&text(3)), "{name}: {}", text(3));
+    }
+}

@@ -627,38 +627,42 @@ impl<'e> BatchEngine<'e> {
                 let max = self.config.speculation.map_or(1, |c| c.max_draft);
                 seq.spec.update(draft.len(), accepted, max);
             }
-            sampled.push((i, new, draft.len() - accepted));
+            sampled.push((i, new, draft.len() - accepted, accepted));
         }
         // Positions whose keys and values this step computed and kept: a rejected draft's
         // are overwritten later.
         let mut rejected = vec![0; plan.len()];
-        for &(i, _, r) in &sampled {
+        for &(i, _, r, _) in &sampled {
             rejected[i] = r;
         }
         for (i, &n) in plan.iter().enumerate() {
             self.running[i].computed += n - rejected[i];
         }
         let mut finished = Vec::new();
-        for (i, new, _) in sampled {
+        for (i, new, _, accepted) in sampled {
             let seq = &mut self.running[i];
-            // The sampled tokens, then any the grammar forces after the last.
+            // The sampled tokens, then any the grammar forces after the last (a grammar has
+            // consumed the accepted drafts already; when they are all there is, nothing more).
+            let consumed = accepted == new.len();
             let mut new: Vec<(u32, Option<TokenLogprobs>)> = new;
             let room = seq
                 .max_tokens
                 .saturating_sub(seq.generated() + new.len())
                 .min(self.graph.context_length.saturating_sub(seq.tokens.len() + new.len()));
-            if let (Some(c), Some(&(last, _))) = (seq.constraint.as_mut(), new.last()) {
+            if let (Some(c), Some(&(last, _)), false) = (seq.constraint.as_mut(), new.last(), consumed) {
                 new.extend(c.advance(last, seq.fast_forward)?.into_iter().take(room).map(|t| (t, None)));
             }
             let mut reason = None;
-            for (token, logprobs) in new {
+            let n_new = new.len();
+            for (k, (token, logprobs)) in new.into_iter().enumerate() {
                 seq.tokens.push(token);
                 events.push(SeqEvent::Token { id: seq.id, token, logprobs });
                 reason = if seq.stop_ids.contains(&token) {
                     Some(FinishReason::Eos)
                 } else if seq.generated() >= seq.max_tokens || seq.tokens.len() >= self.graph.context_length {
                     Some(FinishReason::Length)
-                } else if seq.constraint.as_ref().is_some_and(Constraint::is_finished) {
+                } else if k + 1 == n_new && seq.constraint.as_ref().is_some_and(Constraint::is_finished) {
+                    // The grammar's state is after all of `new`: complete only at its end.
                     Some(FinishReason::Grammar)
                 } else {
                     None

@@ -8,10 +8,12 @@ use crate::FinishReason;
 impl BatchEngine<'_> {
     /// The draft running sequence `i` verifies this step, within `budget` step tokens: none
     /// unless speculation is on and the sequence generates (its last token is not a prompt
-    /// token) without a grammar; every step produces one token, drafts are the ones beyond.
+    /// token); every step produces one token, drafts are the ones beyond.
     fn draft_for(&self, i: usize, budget: usize) -> Vec<u32> {
         let (Some(config), seq) = (self.config.speculation, &self.running[i]) else { return Vec::new() };
-        if !seq.speculate || seq.constraint.is_some() || seq.generated() == 0 {
+        // A grammar that fast-forwards appends forced tokens after the sampled one, which a
+        // draft's rows cannot know of: no drafts there.
+        if !seq.speculate || (seq.constraint.is_some() && seq.fast_forward) || seq.generated() == 0 {
             return Vec::new();
         }
         let k = seq

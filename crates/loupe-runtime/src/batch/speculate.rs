@@ -16,14 +16,17 @@
 use crate::{Constraint, RuntimeError, Sampler, TokenLogprobs};
 
 /// What proposes draft tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Drafter {
     /// Prompt lookup: n-grams of `min_ngram..=max_ngram` tokens.
     Ngram { min_ngram: usize, max_ngram: usize },
+    /// Any function of the tokens so far and the most it may propose (tests use one that
+    /// proposes tokens a grammar forbids).
+    Custom(fn(&[u32], usize) -> Vec<u32>),
 }
 
 /// Speculative decoding's settings ([`crate::BatchConfig::speculation`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct SpeculationConfig {
     pub drafter: Drafter,
     /// The most draft tokens a sequence verifies in one step (vLLM's
@@ -95,6 +98,11 @@ impl SpecState {
 pub(crate) fn draft(config: &SpeculationConfig, tokens: &[u32], k: usize) -> Vec<u32> {
     match config.drafter {
         Drafter::Ngram { min_ngram, max_ngram } => ngram_draft(tokens, min_ngram, max_ngram, k),
+        Drafter::Custom(f) => {
+            let mut d = f(tokens, k);
+            d.truncate(k);
+            d
+        }
     }
 }
 
@@ -111,8 +119,11 @@ pub(crate) struct Verifier<'s> {
 /// Samples a sequence's tokens from its rows of logits (`draft.len() + 1` rows of
 /// `vocab`): one per row while the drafts are accepted, so the accepted drafts and then the
 /// token of the first row that did not accept (or, all accepted, of the last row). Stops
-/// after a stop token. Returns the tokens (with log-probabilities when asked) and how many
-/// drafts were accepted.
+/// after a stop token. With a grammar, each row is masked by the grammar's state after the
+/// tokens before it (the grammar consumes each accepted draft here, so a draft it forbids
+/// is never accepted, and it stops when the grammar is complete); the last token, unless it
+/// is an accepted draft, is left for the caller to consume. Returns the tokens (with
+/// log-probabilities when asked) and how many drafts were accepted.
 #[allow(clippy::type_complexity)]
 pub(crate) fn verify(
     v: Verifier<'_>,
@@ -139,6 +150,12 @@ pub(crate) fn verify(
         out.push((token, logprobs.map(|n| TokenLogprobs::from_logits(raw, token, n))));
         if draft.get(j) != Some(&token) || stop_ids.contains(&token) {
             break;
+        }
+        if let Some(c) = constraint.as_deref_mut() {
+            c.advance(token, false)?;
+            if c.is_finished() {
+                break;
+            }
         }
         context.push(token);
     }
