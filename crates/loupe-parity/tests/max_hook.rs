@@ -84,3 +84,37 @@ fn a_fused_qkv_whose_widths_do_not_add_up_stays_unpaired_with_the_reason() {
     assert_eq!(r.pairs.len(), 3, "{:?}", r.unpaired_b);
     assert_eq!(r.verdict.verdict, "match");
 }
+
+/// MAX's own Llama pipeline (max.pipelines llama3, float32 on the CPU) with `PrintHook` on a
+/// tiny 2-layer checkpoint, against transformers' dump of the same checkpoint and prompt
+/// (tests/fixtures/max-26.7/pipeline, both made by scripts/max-fixtures).
+#[test]
+fn maxs_llama_pipeline_dump_pairs_with_transformers_without_a_map() {
+    let dir = hook().join("../pipeline");
+    let r = run(&dir.join("reference"), &dir.join("max"));
+    let names: Vec<&str> = r.pairs.iter().map(|p| p.name.as_str()).collect();
+    // The embedding, 10 values per layer (q, k, v from the fused qkv_proj; attn_output and
+    // act_mul from the -input_0 of o_proj and down_proj) and model.norm (last token only).
+    assert_eq!(r.pairs.len(), 22, "{names:?}");
+    assert!(r.unpaired_a.is_empty(), "{:?}", r.unpaired_a);
+    assert_eq!(r.verdict.verdict, "match", "{:?}", r.verdict);
+    let norm = r.pairs.iter().find(|p| p.name == "model.norm").expect("model.norm");
+    assert!(norm.note.as_deref().is_some_and(|n| n.contains("last token")), "{:?}", norm.note);
+    for n in ["model.layers.1.self_attn.v_proj", "model.layers.0.self_attn.attn_output", "model.layers.1.mlp.act_mul"] {
+        assert!(names.contains(&n), "{n}: {names:?}");
+    }
+    // MAX's names, as its hook listed them: the LayerList path, the fused projection, no
+    // gate_proj / up_proj (they run inside mlp), the head, graph inputs and the sampler.
+    let listed = std::fs::read_to_string(dir.join("tensor_names.txt")).expect("tensor_names.txt");
+    for label in [
+        "model.layers.layers.1.self_attn.qkv_proj-output",
+        "model.layers.layers.0.mlp.down_proj-input_0",
+        "model.lm_head-output",
+        "model-input_0",
+        "TopKSampler-output_0",
+    ] {
+        assert!(listed.lines().any(|l| l == label), "{label}");
+    }
+    assert!(!listed.contains("gate_proj") && !listed.contains("up_proj"));
+    assert!(!r.unpaired_b.iter().any(|u| u.name.starts_with("model-input") || u.name.starts_with("TopKSampler")));
+}
