@@ -117,7 +117,8 @@ pub struct DebugOptions {
     pub assert_level: AssertLevel,
     pub print_style: PrintStyle,
     pub ir_output_dir: Option<PathBuf>,
-    /// Stop lowering after this pass (MAX's `pre-jit` stops after emitting kernels).
+    /// Stop lowering after this pass (MAX 26.7's `pre-jit` stops once the graph's Mojo is
+    /// emitted: tests/fixtures/max-26.7/probes.json).
     pub stop_after: Option<String>,
     /// Run the IR verifier between every two lowering passes (always on in debug builds).
     pub verify_ir: bool,
@@ -129,6 +130,8 @@ impl Default for DebugOptions {
     fn default() -> Self {
         DebugOptions {
             nan_check: false,
+            // MAX's documented default. MAX 26.7 does not take the option in MODULAR_DEBUG and
+            // does not report it (tests/fixtures/max-26.7/options.json).
             nan_check_stride: 20,
             uninitialized_read_check: false,
             uninitialized_read_mode: UninitMode::Abort,

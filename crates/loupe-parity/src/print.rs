@@ -8,7 +8,7 @@
 //! matrices by `",\n\n"`. A row of 7 or more elements shows its first and last 3 around
 //! `..., `; 7 or more rows (or matrices) show their first and last 3 with `"\n ..., \n"`
 //! between (after the row's comma, before the matrix's). Floats in 4 fixed decimals, cut at
-//! 31 characters as MAX's buffer cuts them; `nan`, `INF`, `-INF`; integers in full; booleans
+//! 31 characters as MAX cuts them (f32's largest value prints as 31 digits, no point); `nan`, `INF`, `-INF`; integers in full; booleans
 //! `True` / `False`. An empty tensor's body is `[]`.
 //!
 //! FULL: `label = tensor<2x3xf32> [a, b, ...]`, every element in one flat list, floats in C's
@@ -105,7 +105,8 @@ pub fn c_exponent(v: f64, digits: usize) -> String {
     format!("{mantissa}e{sign}{digits_part:0>2}")
 }
 
-/// MAX's name for a loupe element type in prints (`si8`, `ui8`, `bf16`, ...).
+/// MAX's name for a loupe element type in prints (`si8`, `ui8`, `bf16`, ...). The FP8 names
+/// are loupe's guess: MAX 26.7 refused an FP8 print on the CPU, so no fixture shows one.
 pub fn max_dtype_name(elem: loupe_formats::elem::ElemType) -> &'static str {
     use loupe_formats::elem::ElemType as E;
     match elem {
