@@ -5,7 +5,9 @@
 //! pickle code), `.safetensors`, `.gguf` (dequantized, printed as f32), a dump directory or a
 //! directory of tensor files, in the source's order. Each tensor prints in its own element
 //! type (`dtype=bf16`, `si8`, ...). A `.max` file is labelled by the key inside it (MAX's
-//! sanitized label), other tensors by their name in the source.
+//! sanitized label), other tensors by their name in the source. `--only REGEX` picks tensors
+//! by name (one tensor of a safetensors checkpoint, one layer of a dump). A dump's steps follow
+//! one another with no header line, as MAX prints none.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,6 +15,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use loupe_parity::print::{compact_of, full_of, max_dtype_name, PrintData, Printable, Values};
+use loupe_parity::regex::Regex;
 use loupe_parity::source::Loaded;
 use loupe_parity::TensorSource;
 
@@ -40,6 +43,9 @@ pub struct PrintArgs {
     /// Digits after the point in FULL style (MAX's `precision`).
     #[arg(long, default_value_t = 6, value_name = "N")]
     pub digits: usize,
+    /// Print only the tensors whose name matches this regex.
+    #[arg(long, value_name = "REGEX")]
+    pub only: Option<String>,
 }
 
 pub fn run(args: PrintArgs) -> anyhow::Result<()> {
@@ -49,11 +55,18 @@ pub fn run(args: PrintArgs) -> anyhow::Result<()> {
     if args.digits != 6 && args.style == Style::Compact {
         return Err(UsageError("--digits applies to --style full (COMPACT always shows 4 decimals)".into()).into());
     }
+    let only = match &args.only {
+        Some(re) => Some(Regex::new(re).map_err(|e| UsageError(format!("--only '{re}': {e}")))?),
+        None => None,
+    };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for path in &args.files {
         let src = TensorSource::open(path)?;
         for (i, e) in src.entries.iter().enumerate() {
+            if only.as_ref().is_some_and(|re| !re.is_match(&e.name)) {
+                continue;
+            }
             let (dtype, shape, values) = match src.load_stored(i)? {
                 Loaded::Stored(t) => {
                     let values = Values::of(&t).with_context(|| format!("{}: {}", path.display(), e.name))?;

@@ -79,6 +79,10 @@ fn print_reads_npy_and_directories() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).lines().count(), 46, "one line per tensor of MAX's PrintHook dump");
     assert!(stdout(&o).contains("model.lm_head-output = tensor<1x11xf32> ["), "{}", stdout(&o));
+    let o = run(loupe().args(["print", "--only", r"^model\.norm-"]).arg(&hook));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).matches(" = tensor(").count(), 2, "{}", stdout(&o));
+    assert!(stdout(&o).contains("model.norm-output = tensor([["), "{}", stdout(&o));
 }
 
 #[test]
@@ -103,6 +107,7 @@ fn bad_input_is_one_line_and_exit_2() {
             ],
             "--digits",
         ),
+        (vec!["print".into(), "--only".into(), "(".into(), bad.display().to_string()], "--only"),
     ] {
         let o = run(loupe().args(&args));
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
