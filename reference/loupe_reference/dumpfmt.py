@@ -341,75 +341,111 @@ def write_dump(out_dir: str, header: dict[str, Any], entries: Sequence[Entry], s
 
 COMPACT_MAX = 7  # a dimension of 7 or more shows its first and last 3 entries
 COMPACT_SIDE = COMPACT_MAX // 2
-FILLER = "..., "
+ROW_FILLER = "\n ..., \n"  # between the kept rows / matrices of an elided run
+MAX_FLOAT_CHARS = 31  # MAX formats a COMPACT float into a 32-byte buffer
+# loupe dump dtype names -> MAX's names in prints (tests/fixtures/max-26.7/prints).
+MAX_DTYPES = {"i8": "si8", "i16": "si16", "i32": "si32", "i64": "si64",
+              "u8": "ui8", "u16": "ui16", "u32": "ui32", "u64": "ui64"}
+
+
+def _special(x: float) -> str | None:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "INF" if x > 0 else "-INF"
+    return None
+
+
+def _element(x, fmt) -> str:
+    if isinstance(x, (bool, np.bool_)):
+        return "True" if x else "False"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    return fmt(float(x))
 
 
 def _fmt_compact(x: float) -> str:
-    return f"{x:.4f}"
+    return _special(x) or f"{x:.4f}"[:MAX_FLOAT_CHARS]
 
 
 def _fmt_full(precision: int):
     def fmt(x: float) -> str:
-        return f"{x:.{precision}e}"
+        return _special(x) or f"{x:.{precision}e}"
 
     return fmt
 
 
-def _elements(row: np.ndarray, fmt, compact: bool) -> str:
+def _row(row: np.ndarray) -> str:
     n = row.shape[0]
-    if compact and n >= COMPACT_MAX:
-        head = ", ".join(fmt(float(x)) for x in row[:COMPACT_SIDE])
-        tail = ", ".join(fmt(float(x)) for x in row[n - COMPACT_SIDE :])
-        return "[" + head + ", " + FILLER + tail + "]"
-    return "[" + ", ".join(fmt(float(x)) for x in row) + "]"
+    el = [_element(x, _fmt_compact) for x in (row if n < COMPACT_MAX else
+                                            list(row[:COMPACT_SIDE]) + list(row[n - COMPACT_SIDE:]))]
+    if n >= COMPACT_MAX:
+        return "[" + ", ".join(el[:COMPACT_SIDE]) + ", ..., " + ", ".join(el[COMPACT_SIDE:]) + "]"
+    return "[" + ", ".join(el) + "]"
 
 
-def serialize(values: np.ndarray, compact: bool = True, precision: int = 6) -> str:
-    """MAX's tensor serialization (its ``_serialize``): the tensor as a series of 2-D matrices
-    (all leading dims flattened), each ``[`` rows ``]``, rows ``[a, b, c, ..., x, y, z]`` joined by
-    ``",\\n"``; one extra ``[`` ``]`` per dimension beyond 2; a rank-1 tensor is one row, so it
-    prints as ``[[...]]``. Compact: 4 decimals, and any run of 7 or more rows / matrices / elements
-    shows the first and last 3 around ``...,``. Full: every value as ``%.{precision}e``."""
+def _shown(n: int) -> list[int | None]:
+    if n >= COMPACT_MAX:
+        return list(range(COMPACT_SIDE)) + [None] + list(range(n - COMPACT_SIDE, n))
+    return list(range(n))
+
+
+def serialize(values: np.ndarray) -> str:
+    """MAX 26.7's COMPACT body, byte for byte (tests/fixtures/max-26.7/prints/compact.txt): the
+    tensor as a series of 2-D matrices (leading dims flattened; rank 0 and 1 are one row), each
+    ``[`` rows ``]``, rows joined by ``",\n"``, matrices by ``",\n\n"``, one extra ``[`` ``]``
+    per dimension beyond 2. A row of 7 or more shows its first and last 3 around ``..., ``; 7
+    or more rows / matrices show their first and last 3 with ``"\n ..., \n"`` between. Floats
+    in 4 decimals (cut at 31 characters), ``nan``, ``INF``, ``-INF``; an empty tensor is ``[]``."""
     a = np.asarray(values)
+    if a.size == 0:
+        return "[]"
     rank = a.ndim
-    if rank == 0:
-        a = a.reshape(1)
-        rank = 1
-    fmt = _fmt_compact if compact else _fmt_full(precision)
-    cols = a.shape[-1]
+    cols = a.shape[-1] if rank else 1
     rows = 1 if rank < 2 else a.shape[-2]
     mats = int(np.prod(a.shape[:-2])) if rank > 2 else 1
     m3 = a.reshape(mats, rows, cols)
     out: list[str] = ["[" * max(rank - 2, 0)]
-    mi = 0
-    while mi < mats:
-        if mi > 0:
-            out.append(",\n")
+    first_mat = True
+    for mi in _shown(mats):
+        if mi is None:
+            out.append(ROW_FILLER)
+            continue
+        if not first_mat:
+            out.append(",\n\n")
+        first_mat = False
         out.append("[")
-        ri = 0
-        while ri < rows:
-            if ri > 0:
+        first_row = True
+        for ri in _shown(rows):
+            if ri is None:
+                out.append(ROW_FILLER)
+                continue
+            if not first_row:
+                if out[-1] != ROW_FILLER:
+                    out.append(",")
                 out.append("\n")
-            out.append(_elements(m3[mi, ri], fmt, compact))
-            ri += 1
-            if ri != rows:
+            first_row = False
+            out.append(_row(m3[mi, ri]))
+            if rows >= COMPACT_MAX and ri == COMPACT_SIDE - 1:
                 out.append(",")
-            if compact and rows >= COMPACT_MAX and ri == COMPACT_SIDE:
-                out.append("\n" + FILLER)
-                ri = rows - COMPACT_SIDE
         out.append("]")
-        mi += 1
-        if compact and mats >= COMPACT_MAX and mi == COMPACT_SIDE:
-            out.append("\n" + FILLER)
-            mi = mats - COMPACT_SIDE
     out.append("]" * max(rank - 2, 0))
     return "".join(out)
 
 
 def format_tensor(label: str, values: np.ndarray, dtype: str, compact: bool = True, precision: int = 6) -> str:
-    """``label = tensor([[1.1235, ..., 1.1235]], dtype=f32, shape=[20])`` (one tensor, no newline)."""
-    shape = ", ".join(str(int(d)) for d in np.shape(values))
-    return f"{label} = tensor({serialize(values, compact, precision)}, dtype={dtype}, shape=[{shape}])"
+    """One tensor as MAX 26.7 prints it (no newline). COMPACT:
+    ``label = tensor([[1.1235, ..., 1.1235]], dtype=f32, shape=[2,20])``; FULL:
+    ``label = tensor<2x20xf32> [1.123450e+00, ...]``, every element in one flat list."""
+    dtype = MAX_DTYPES.get(dtype, dtype)
+    shape = np.shape(values)
+    if compact:
+        dims = ",".join(str(int(d)) for d in shape)
+        return f"{label} = tensor({serialize(values)}, dtype={dtype}, shape=[{dims}])"
+    ty = "".join(f"{int(d)}x" for d in shape) + dtype
+    fmt = _fmt_full(precision)
+    flat = ", ".join(_element(x, fmt) for x in np.asarray(values).ravel())
+    return f"{label} = tensor<{ty}> [{flat}]"
 
 
 class Printer:

@@ -25,6 +25,7 @@ pub mod cmd_generate;
 pub mod cmd_inspect;
 pub mod cmd_ir;
 pub mod cmd_parity;
+pub mod cmd_print;
 pub mod cmd_quantize;
 pub mod cmd_serve;
 pub mod debug_setup;
@@ -58,6 +59,9 @@ enum Command {
     Dump(cmd_dump::DumpArgs),
     /// Compare two dumps (or tensor files): metrics per tensor, first divergence, likely cause.
     Compare(cmd_compare::CompareArgs),
+    /// Print tensor files (.max .npy .npz .pt .safetensors .gguf, dump directories) as MAX
+    /// prints them (COMPACT or FULL), to diff against MAX's own stdout.
+    Print(cmd_print::PrintArgs),
     /// Dump loupe and the PyTorch reference on one prompt, compare, and give one verdict.
     Parity(cmd_parity::ParityArgs),
     /// The bisect ladder: reference, teacher-forced, incremental, batched and served rungs on
@@ -125,6 +129,7 @@ pub fn main() -> ExitCode {
         Command::Quantize(args) => cmd_quantize::run(args).map(|()| 0),
         Command::Dump(args) => cmd_dump::run(args, &debug).map(|()| 0),
         Command::Compare(args) => cmd_compare::run(args),
+        Command::Print(args) => cmd_print::run(args).map(|()| 0),
         Command::Parity(args) => cmd_parity::run(args, &debug),
         Command::Bisect(args) => cmd_bisect::run(args, &debug),
         Command::Explain(args) => cmd_explain::run(args),

@@ -14,7 +14,7 @@ use common::*;
 fn clean() -> Command {
     let mut c = loupe();
     for (k, _) in std::env::vars() {
-        if k.starts_with("LOUPE_DEBUG") {
+        if k.starts_with("LOUPE_DEBUG") || k.starts_with("MODULAR_DEBUG") || k.starts_with("MODULAR_MAX_DEBUG") {
             c.env_remove(k);
         }
     }
@@ -197,7 +197,7 @@ fn print_style_is_the_default_style_of_dump() {
     assert!(compact.starts_with("model.norm = tensor([[") && compact.contains("..."), "{compact}");
     let o = dump(&m, "1", &[&taps[..], &["--debug", "print-style=full"]].concat());
     assert!(
-        stdout(&o).starts_with("model.norm = tensor([[") && stdout(&o).contains("e-1") && !stdout(&o).contains("..."),
+        stdout(&o).starts_with("model.norm = tensor<") && stdout(&o).contains("e-01") && !stdout(&o).contains("..."),
         "{}",
         stdout(&o)
     );
@@ -311,8 +311,24 @@ fn four_sources_with_precedence_api_flag_env_file() {
     let (o, _) = opts(&[("LOUPE_DEBUG", "nan-check-stride=3,print-style=compact")], &[]);
     assert_eq!(line(&o, "nan-check-stride"), "3 (LOUPE_DEBUG)");
     assert_eq!(line(&o, "op-log-level"), "info (loupe.toml)");
+    // The list beats a per-key variable, as MAX 26.7's MODULAR_DEBUG beats MODULAR_MAX_DEBUG_<KEY>.
     let (o, _) = opts(&[("LOUPE_DEBUG", "nan-check-stride=3"), ("LOUPE_DEBUG_NAN_CHECK_STRIDE", "4")], &[]);
+    assert_eq!(line(&o, "nan-check-stride"), "3 (LOUPE_DEBUG)");
+    let (o, _) = opts(&[("LOUPE_DEBUG_NAN_CHECK_STRIDE", "4")], &[]);
     assert_eq!(line(&o, "nan-check-stride"), "4 (LOUPE_DEBUG_<KEY>)");
+    // A MAX user's environment carries over when loupe's variables are not set.
+    let (o, e) =
+        opts(&[("MODULAR_DEBUG", "nan-check,assert-level=warn"), ("MODULAR_MAX_DEBUG_OP_LOG_LEVEL", "debug")], &[]);
+    assert_eq!(line(&o, "nan-check"), "true (MODULAR_DEBUG)");
+    assert_eq!(line(&o, "assert-level"), "warn (MODULAR_DEBUG)");
+    assert_eq!(line(&o, "op-log-level"), "debug (MODULAR_MAX_DEBUG_<KEY>)");
+    assert!(e.trim().is_empty(), "{e}");
+    let (o, _) = opts(&[("MODULAR_DEBUG", "nan-check"), ("LOUPE_DEBUG", "verify-ir")], &[]);
+    assert_eq!(line(&o, "nan-check"), "false (default)");
+    // A token MAX would ignore is accepted with a warning saying so.
+    let (o, e) = opts(&[("LOUPE_DEBUG", "nan-check=1")], &[]);
+    assert_eq!(line(&o, "nan-check"), "true (LOUPE_DEBUG)");
+    assert!(e.contains("'nan-check=1'") && e.contains("MAX 26.7"), "{e}");
     let (o, _) = opts(&[("LOUPE_DEBUG_NAN_CHECK_STRIDE", "4")], &["nan-check-stride=5"]);
     assert_eq!(line(&o, "nan-check-stride"), "5 (--debug)");
     let (o, e) = opts(&[("LOUPE_DEBUG", "sensible,frobnicate")], &[]);

@@ -179,6 +179,6 @@ fn compact_print_without_output_dir() {
     let text = stdout(&out);
     assert!(text.starts_with("model.norm = tensor([["), "{text}");
     // One row per prompt token ("Hi" is 2 tokens in the tiny vocabulary).
-    assert!(text.trim_end().ends_with(&format!("dtype=f32, shape=[2, {}])", tiny_spec().hidden)), "{text}");
+    assert!(text.trim_end().ends_with(&format!("dtype=f32, shape=[2,{}])", tiny_spec().hidden)), "{text}");
     assert_eq!(text.trim_end().lines().count(), 2, "{text}");
 }

@@ -17,8 +17,14 @@ use std::path::PathBuf;
 pub enum Source {
     Default,
     File,
-    EnvList,
+    /// `LOUPE_DEBUG_<KEY>`.
     EnvKey,
+    /// `MODULAR_MAX_DEBUG_<KEY>`, read for a key whose `LOUPE_DEBUG_<KEY>` is not set.
+    ModularKey,
+    /// `LOUPE_DEBUG`: beats the per-key variables, as MAX's list beats its per-key variables.
+    EnvList,
+    /// `MODULAR_DEBUG`, read when `LOUPE_DEBUG` is not set.
+    ModularList,
     Flag,
     Api,
 }
@@ -30,6 +36,8 @@ impl fmt::Display for Source {
             Source::File => "loupe.toml",
             Source::EnvList => "LOUPE_DEBUG",
             Source::EnvKey => "LOUPE_DEBUG_<KEY>",
+            Source::ModularList => "MODULAR_DEBUG",
+            Source::ModularKey => "MODULAR_MAX_DEBUG_<KEY>",
             Source::Flag => "--debug",
             Source::Api => "API",
         })
@@ -109,7 +117,8 @@ pub struct DebugOptions {
     pub assert_level: AssertLevel,
     pub print_style: PrintStyle,
     pub ir_output_dir: Option<PathBuf>,
-    /// Stop lowering after this pass (MAX's `pre-jit` stops after emitting kernels).
+    /// Stop lowering after this pass (MAX 26.7's `pre-jit` stops once the graph's Mojo is
+    /// emitted: tests/fixtures/max-26.7/probes.json).
     pub stop_after: Option<String>,
     /// Run the IR verifier between every two lowering passes (always on in debug builds).
     pub verify_ir: bool,
@@ -121,6 +130,8 @@ impl Default for DebugOptions {
     fn default() -> Self {
         DebugOptions {
             nan_check: false,
+            // MAX's documented default. MAX 26.7 does not take the option in MODULAR_DEBUG and
+            // does not report it (tests/fixtures/max-26.7/options.json).
             nan_check_stride: 20,
             uninitialized_read_check: false,
             uninitialized_read_mode: UninitMode::Abort,
@@ -158,6 +169,85 @@ pub const KEYS: &[&str] = &[
     "pre-jit",
     "verify-ir",
 ];
+
+/// MAX 26.7's options in `MODULAR_DEBUG` (tests/fixtures/max-26.7/options.json): the names it
+/// accepts, exactly as written. `nan-check-stride`, `stop-after` and `verify-ir` are refused
+/// there as unknown options.
+pub const MAX_KEYS: &[&str] = &[
+    "sensible",
+    "nan-check",
+    "uninitialized-read-check",
+    "uninitialized-read-mode",
+    "device-sync-mode",
+    "stack-trace-on-error",
+    "stack-trace-on-crash",
+    "source-tracebacks",
+    "op-log-level",
+    "assert-level",
+    "print-style",
+    "ir-output-dir",
+    "pre-jit",
+];
+
+/// The boolean options (a bare name means on).
+const BOOL_KEYS: &[&str] = &[
+    "sensible",
+    "nan-check",
+    "uninitialized-read-check",
+    "device-sync-mode",
+    "stack-trace-on-error",
+    "stack-trace-on-crash",
+    "source-tracebacks",
+    "pre-jit",
+    "verify-ir",
+];
+
+/// loupe's own options, which MAX has no name for.
+const LOUPE_ONLY: &[&str] = &["stop-after", "verify-ir"];
+
+/// How MAX 26.7 would read a token that loupe accepts differently, for the warning loupe
+/// prints (`None`: MAX reads it as loupe does, or it is loupe's own option). `per_key`: the
+/// token came from a per-key variable (`LOUPE_DEBUG_<KEY>`), not a comma list. Every case is
+/// one MAX was seen to take in tests/fixtures/max-26.7/options.json.
+pub fn max_reading(key: &str, value: Option<&str>, per_key: bool) -> Option<String> {
+    let norm = key.trim().to_ascii_lowercase().replace('_', "-");
+    if LOUPE_ONLY.contains(&norm.as_str()) || !KEYS.contains(&norm.as_str()) {
+        return None;
+    }
+    let is_bool = BOOL_KEYS.contains(&norm.as_str());
+    if per_key {
+        return match (norm.as_str(), value.map(|v| v.trim().to_ascii_lowercase())) {
+            ("sensible", _) => Some("MAX 26.7 ignores MODULAR_MAX_DEBUG_SENSIBLE (it reads _SENSIBLE_MODE, and that does not turn the set on)".into()),
+            (_, Some(v)) if is_bool && v == "on" => Some(format!("MAX 26.7 reads '{v}' as false (it takes 1, true or yes)")),
+            _ => None,
+        };
+    }
+    if !MAX_KEYS.contains(&norm.as_str()) {
+        return Some(format!("MAX 26.7 ignores '{norm}' in MODULAR_DEBUG as an unknown option"));
+    }
+    if key != norm {
+        return Some(format!(
+            "MAX 26.7 reads option names as written (lower case, '-') and ignores '{key}' as an unknown option"
+        ));
+    }
+    match value {
+        Some(v) if is_bool => Some(format!(
+            "MAX 26.7 takes a boolean option as its bare name and ignores '{key}={v}' as an unknown option"
+        )),
+        Some(v)
+            if key == "print-style" && !["compact", "full", "binary", "binary_max_checkpoint", "none"].contains(&v) =>
+        {
+            Some(format!("MAX 26.7 reads print-style '{v}' as no style (NONE)"))
+        }
+        Some(v)
+            if ["assert-level", "op-log-level", "uninitialized-read-mode"].contains(&key)
+                && v.chars().any(|c| c.is_ascii_uppercase()) =>
+        {
+            Some(format!("MAX 26.7 keeps '{v}' as written, while loupe reads it in lower case"))
+        }
+        _ => None,
+    }
+}
 
 /// A value an option cannot take.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

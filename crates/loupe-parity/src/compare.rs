@@ -71,6 +71,10 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationInfo>,
     pub layer_shifts: Vec<LayerShift>,
+    /// MAX's built-in naming rules that applied (crate::max_names) and how many tensors each
+    /// touched; empty when none did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub naming_rules: Vec<(String, usize)>,
 }
 
 impl Report {
@@ -262,10 +266,18 @@ pub fn compare_sources(
     progress.start(pairing.pairs.len(), bytes);
     let mut reports = Vec::with_capacity(pairing.pairs.len());
     for (ca, cb) in &pairing.pairs {
-        let ta = load(sa, Side::A, ca, &opts.mapping)?;
-        let tb = load(sb, Side::B, cb, &opts.mapping)?;
+        let mut ta = load(sa, Side::A, ca, &opts.mapping)?;
+        let mut tb = load(sb, Side::B, cb, &opts.mapping)?;
+        let last = if ca.max.last_token || cb.max.last_token { last_token_only(&mut ta, &mut tb) } else { None };
         let key = PairKey { name: &ca.name, step: ca.step, name_a: &ca.raw, name_b: &cb.raw };
-        reports.push(evaluate(key, ta, tb, opts, vocab));
+        let mut r = evaluate(key, ta, tb, opts, vocab);
+        if let Some(n) = last {
+            r.note = Some(match r.note.take() {
+                Some(other) => format!("{n}; {other}"),
+                None => n,
+            });
+        }
+        reports.push(r);
         progress.tick(&ca.name, sa.entries[ca.entry].bytes + sb.entries[cb.entry].bytes);
     }
     progress.finish();
@@ -295,7 +307,31 @@ pub fn compare_sources(
         thresholds: opts.thresholds.clone(),
         calibration: opts.calibration.as_ref().and_then(|c| c.info.clone()),
         layer_shifts,
+        naming_rules: pairing.rules,
     })
+}
+
+/// MAX's Llama runs `model.norm` and the head on the last token only: when one side of such
+/// a pair holds one row and the other `T` rows of the same width, the longer side is cut to
+/// its last row. The note says so.
+fn last_token_only(ta: &mut Tensor, tb: &mut Tensor) -> Option<String> {
+    ta.squeeze_leading();
+    tb.squeeze_leading();
+    let one_row = |t: &Tensor| t.shape.len() == 1;
+    let (long, short, long_side, short_side) = match (one_row(ta), one_row(tb)) {
+        (false, true) => (ta, &*tb, "reference", "target"),
+        (true, false) => (tb, &*ta, "target", "reference"),
+        _ => return None,
+    };
+    let (rows, cols) = (long.rows(), long.cols());
+    if long.shape.len() != 2 || cols != short.data.len() || rows < 2 {
+        return None;
+    }
+    let last = long.data[(rows - 1) * cols..].to_vec();
+    *long = Tensor::new(short.shape.clone(), last);
+    Some(format!(
+        "the {short_side} holds the last token only (MAX): compared with the {long_side}'s last of {rows} rows"
+    ))
 }
 
 /// For the first few diverged layer outputs: cosine of the target against the

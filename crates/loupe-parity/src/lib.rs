@@ -31,6 +31,7 @@ pub mod html;
 pub mod logits;
 pub mod manifest;
 pub mod mapping;
+pub mod max_names;
 pub mod metrics;
 pub mod names;
 pub mod pairing;

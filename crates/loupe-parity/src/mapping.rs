@@ -29,6 +29,9 @@
 //! - `split`: consecutive `size`s (or explicit `start`/`end`) along `axis`; at load, the
 //!   parts must cover the axis exactly, or the pair reports an error.
 //! - `preset`: `"llama.cpp"` adds llama.cpp eval-callback names (`names::llama_cpp_name`).
+//! - Names no rule matches then get MAX's `PrintHook` naming (`max_names`: `layers.layers.N`,
+//!   `model.lm_head`, fused `qkv_proj`, the `-input_0` of `o_proj` / `down_proj`), then the
+//!   built-in canonical form.
 //!   `--map llama.cpp` alone selects the preset without a file.
 
 use std::path::{Path, PathBuf};
@@ -37,6 +40,7 @@ use regex::{Regex, RegexBuilder};
 use serde::Deserialize;
 
 use crate::error::ParityError;
+use crate::max_names::{self, MaxLabel};
 use crate::names;
 use crate::tensor::Op;
 
@@ -151,6 +155,26 @@ pub struct Derived {
     pub exact: bool,
     /// Transforms to apply after loading, in order.
     pub ops: Vec<Op>,
+    /// MAX's naming (crate::max_names): the built-in rules that made `name`, whether the
+    /// tensor holds the last token only, which part of a fused q/k/v output it is (the
+    /// pairing finds its extent), and whether it is no model value at all.
+    pub max: MaxDerived,
+}
+
+/// What MAX's built-in naming rules did to one raw name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MaxDerived {
+    pub rules: Vec<&'static str>,
+    pub last_token: bool,
+    /// (attention module path, 0 q / 1 k / 2 v).
+    pub qkv_part: Option<(String, usize)>,
+    pub ignored: bool,
+}
+
+impl Derived {
+    fn plain(name: String, exact: bool, ops: Vec<Op>) -> Derived {
+        Derived { name, exact, ops, max: MaxDerived::default() }
+    }
 }
 
 /// A compiled mapping: rules plus presets.
@@ -264,24 +288,51 @@ impl Mapping {
                 out
             };
             return match &rule.split {
-                None => vec![Derived { name: expand(&rule.rename), exact: false, ops: rule.ops.clone() }],
+                None => vec![Derived::plain(expand(&rule.rename), false, rule.ops.clone())],
                 Some((axis, parts)) => parts
                     .iter()
                     .map(|(rename, start, end)| {
                         let mut ops = rule.ops.clone();
                         ops.push(Op::Slice { axis: *axis, start: *start, end: *end });
-                        Derived { name: expand(rename), exact: false, ops }
+                        Derived::plain(expand(rename), false, ops)
                     })
                     .collect(),
             };
         }
         if self.llama_cpp {
             if let Some(n) = names::llama_cpp_name(raw) {
-                return vec![Derived { name: n, exact: false, ops: Vec::new() }];
+                return vec![Derived::plain(n, false, Vec::new())];
+            }
+        }
+        match max_names::classify(raw) {
+            None => {}
+            Some(MaxLabel::Ignored(rule)) => {
+                let max = MaxDerived { rules: vec![rule], ignored: true, ..MaxDerived::default() };
+                return vec![Derived { name: raw.to_string(), exact: false, ops: Vec::new(), max }];
+            }
+            Some(MaxLabel::Renamed { name, last_token, rules }) => {
+                let max = MaxDerived { rules, last_token, ..MaxDerived::default() };
+                return vec![Derived { name: names::canonical(&name).name, exact: false, ops: Vec::new(), max }];
+            }
+            Some(MaxLabel::FusedQkv { attn, rules }) => {
+                return ["q_proj", "k_proj", "v_proj"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| Derived {
+                        name: format!("{attn}.{p}"),
+                        exact: false,
+                        ops: Vec::new(),
+                        max: MaxDerived {
+                            rules: rules.clone(),
+                            qkv_part: Some((attn.clone(), i)),
+                            ..MaxDerived::default()
+                        },
+                    })
+                    .collect();
             }
         }
         let c = names::canonical(raw);
-        vec![Derived { name: c.name, exact: c.exact, ops: Vec::new() }]
+        vec![Derived::plain(c.name, c.exact, Vec::new())]
     }
 
     /// For a split rule matching `raw`: the axis and the extent the parts cover, so the

@@ -33,7 +33,8 @@
 //!   "unpaired_a": [{"name", "step", "raw"?, "reason"?}], "unpaired_b": [...],
 //!   "thresholds": {"cos", "nmse", "norm_ratio_tol", "rtol", "atol", "mismatches_fail", "top_k"},
 //!   "calibration"?: {"high", "low", "factor", "floors"},
-//!   "layer_shifts": [{"layer", "step", "own_cosine", "vs_next", "vs_prev"}]
+//!   "layer_shifts": [{"layer", "step", "own_cosine", "vs_next", "vs_prev"}],
+//!   "naming_rules"?: [["rule", tensors], ...]   // MAX's PrintHook names recognized (max_names)
 //! }
 //! ```
 //! Non-finite numbers (an infinite SQNR for identical tensors, an infinite NMSE against an
@@ -239,6 +240,9 @@ pub fn render(r: &Report, o: RenderOptions) -> String {
     }
     if let Some(n) = &v.next_step {
         let _ = writeln!(out, "next: {n}");
+    }
+    for (rule, n) in &r.naming_rules {
+        let _ = writeln!(out, "MAX naming ({n} tensors): {rule}");
     }
     for (side, list) in [("A", &r.unpaired_a), ("B", &r.unpaired_b)] {
         if !list.is_empty() {

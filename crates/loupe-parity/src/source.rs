@@ -263,8 +263,16 @@ impl TensorSource {
                 .unwrap_or(0);
             let stem = stem_of(&rel);
             let named: Vec<(String, Loc, Option<Vec<usize>>)> = match ext_of(&rel).as_str() {
-                "npy" => vec![(stem.clone(), Loc::Npy { path: path.clone(), dtype: None, shape: None }, None)],
-                "max" => vec![(stem.clone(), Loc::Max { path: path.clone(), shape: None }, None)],
+                // Headers only (the files are memory-mapped): shapes let the pairing split a
+                // fused projection by the other side's widths.
+                "npy" => {
+                    let shape = NpyFile::open(&path)?.shape;
+                    vec![(stem.clone(), Loc::Npy { path: path.clone(), dtype: None, shape: None }, Some(shape))]
+                }
+                "max" => {
+                    let shape = MaxFile::open(&path)?.tensor.shape;
+                    vec![(stem.clone(), Loc::Max { path: path.clone(), shape: None }, Some(shape))]
+                }
                 "pt" => {
                     let f = PtFile::open(&path)?;
                     members(
@@ -440,6 +448,14 @@ impl TensorSource {
 
     /// Loads entry `i` as f32 (row-major).
     pub fn load(&self, i: usize) -> Result<Tensor, ParityError> {
+        match self.load_stored(i)? {
+            Loaded::Stored(stored) => Ok(Tensor::new(stored.shape.clone(), stored.to_f32()?)),
+            Loaded::F32(t) => Ok(t),
+        }
+    }
+
+    /// Loads entry `i` in its stored element type (a GGUF tensor comes dequantized, as f32).
+    pub fn load_stored(&self, i: usize) -> Result<Loaded, ParityError> {
         let e = self.entries.get(i).ok_or_else(|| ParityError::input(&self.path, format!("no entry {i}")))?;
         let stored = match &e.loc {
             Loc::Npy { path, dtype, shape } => {
@@ -475,12 +491,19 @@ impl TensorSource {
                     .map(|(_, t)| t.clone())
                     .ok_or_else(|| ParityError::input(&self.path, format!("no tensor '{key}'")))?,
                 Some(Container::Safetensors(f)) => safetensors_tensor(f, key)?,
-                Some(Container::Gguf(f)) => return gguf_tensor(f, key),
+                Some(Container::Gguf(f)) => return Ok(Loaded::F32(gguf_tensor(f, key)?)),
                 None => return Err(ParityError::input(&self.path, "source has no container")),
             },
         };
-        Ok(Tensor::new(stored.shape.clone(), stored.to_f32()?))
+        Ok(Loaded::Stored(stored))
     }
+}
+
+/// A tensor as stored, or already converted to f32 (a dequantized GGUF tensor).
+#[derive(Debug, Clone)]
+pub enum Loaded {
+    Stored(StoredTensor),
+    F32(Tensor),
 }
 
 /// Names for the tensors of a container file in a directory: the stem for a lone tensor,
