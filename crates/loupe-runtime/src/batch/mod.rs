@@ -587,17 +587,15 @@ impl<'e> BatchEngine<'e> {
         let vocab = logits.len().checked_div(logit_rows).unwrap_or(0);
         self.stats.steps += 1;
         self.stats.tokens_computed += tokens.len() as u64;
-        let decode_tokens = plan
+        // A generating sequence's token and its drafts are token generation (TG).
+        let (tg_seqs, tg_tokens) = plan
             .iter()
             .enumerate()
             .filter(|&(i, &n)| {
                 let seq = &self.running[i];
                 n == 1 + seq.draft.len() && seq.computed + 1 == seq.tokens.len() && seq.generated() > 0
             })
-            .map(|(_, &n)| n)
-            .collect::<Vec<_>>();
-        // A generating sequence's token and its drafts are token generation (TG).
-        let (tg_seqs, tg_tokens) = (decode_tokens.len(), decode_tokens.iter().sum::<usize>());
+            .fold((0, 0), |(seqs, tokens), (_, &n)| (seqs + 1, tokens + n));
         self.stats.prefill_tokens_computed += (tokens.len() - tg_tokens) as u64;
         self.last_step = StepShape { ce_seqs: n_spans - tg_seqs, ce_tokens: tokens.len() - tg_tokens, tg_seqs };
         // Sample in plan order; logits rows follow the spans that asked for them. A sequence
@@ -631,12 +629,11 @@ impl<'e> BatchEngine<'e> {
         }
         // Positions whose keys and values this step computed and kept: a rejected draft's
         // are overwritten later.
-        let mut rejected = vec![0; plan.len()];
-        for &(i, _, r, _) in &sampled {
-            rejected[i] = r;
-        }
         for (i, &n) in plan.iter().enumerate() {
-            self.running[i].computed += n - rejected[i];
+            self.running[i].computed += n;
+        }
+        for &(i, _, rejected, _) in &sampled {
+            self.running[i].computed -= rejected;
         }
         let mut finished = Vec::new();
         for (i, new, _, accepted) in sampled {
