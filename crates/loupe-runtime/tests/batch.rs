@@ -1,6 +1,9 @@
 //! The batched engine on the tiny random-weight Llama: batch-, chunk-, cache- and
 //! preemption-invariant output, prefix-cache accounting, cancellation, limits, taps.
 
+mod common;
+use common::tiny_file;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -14,21 +17,6 @@ use loupe_runtime::{
 fn tiny_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| tiny_file(&loupe_models::tiny::TinyLlama::default())).clone()
-}
-
-/// The tiny model of `spec` under the target's temporary folder, named by its bytes' hash
-/// (written once, atomically, shared by concurrent test binaries).
-fn tiny_file(spec: &loupe_models::tiny::TinyLlama) -> PathBuf {
-    let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(spec).expect("building the tiny model");
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
-    if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
-        std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-        std::fs::write(&tmp, &bytes).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
 }
 
 fn engine() -> Engine {

@@ -3,25 +3,14 @@
 //! budget are written out and restored on a later hit, in the same engine and in a new one
 //! over the same directory, and the tokens are those of a run that never evicted anything.
 
+mod common;
+use common::tiny_file;
+
 use std::path::PathBuf;
 
 use loupe_core::SplitMix64;
 use loupe_models::tiny::{TinyGemma2, TinyLlama};
 use loupe_runtime::{BatchConfig, BatchEngine, DiskCacheConfig, Engine, LoadOptions, SamplingParams, SeqRequest};
-
-/// The tiny model of `spec` under the target's temporary folder, named by its bytes' hash.
-fn tiny_file(spec: &TinyLlama) -> PathBuf {
-    let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(spec).expect("building the tiny model");
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
-    if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
-        std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-        std::fs::write(&tmp, &bytes).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    }
-    path
-}
 
 fn prompt(seed: u64, len: usize) -> Vec<u32> {
     let mut rng = SplitMix64::new(seed);
