@@ -14,7 +14,8 @@
 //! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_k`, `q6_k`;
 //! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels, `PREC=batch` through
 //! `matmul_wq_invariant`, the batched engine's native kernels, `PREC=chain` through
-//! `matmul_wq_chain`, its prompt rows' f32 chains), copied into
+//! `matmul_wq_chain`, its prompt rows' f32 chains, `PREC=prompt` through `matmul_q_prompt`, the
+//! 8-bit prompt panels), copied into
 //! a `WeightArena` as the model loader does (`ARENAS=n`: spread round-robin over n arenas, so
 //! consecutive matrices are not neighbours in memory), deterministic random blocks with small
 //! finite scales; `M` activation rows (default 1: decode; more, with a matrix that fits in
@@ -25,7 +26,7 @@ use std::time::Instant;
 
 use loupe_tensor::hugepages::WeightArena;
 use loupe_tensor::linear::QMatrix;
-use loupe_tensor::linear::{matmul_q, matmul_wq, matmul_wq_chain, matmul_wq_invariant};
+use loupe_tensor::linear::{matmul_q, matmul_q_prompt, matmul_wq, matmul_wq_chain, matmul_wq_invariant};
 use loupe_tensor::GgmlType;
 
 fn env(name: &str, default: usize) -> usize {
@@ -51,8 +52,9 @@ fn main() {
         Ok("q8") => "q8",
         Ok("batch") => "batch",
         Ok("chain") => "chain",
+        Ok("prompt") => "prompt",
         Ok("native") | Err(_) => "native",
-        Ok(other) => panic!("PREC={other}: native, batch, chain or q8"),
+        Ok(other) => panic!("PREC={other}: native, batch, chain, q8 or prompt"),
     };
     assert!(k % ty.block_size() == 0, "K={k} is not a multiple of {}", ty.block_size());
     loupe_tensor::pool::init_global(threads).expect("compute pool");
@@ -95,6 +97,7 @@ fn main() {
             for w in &matrices {
                 match prec {
                     "q8" => matmul_q(&x, w, &mut y, m, &mut scratch).expect("matmul"),
+                    "prompt" => matmul_q_prompt(&x, w, &mut y, m, &mut scratch).expect("matmul"),
                     "batch" => matmul_wq_invariant(&x, w, &mut y, m).expect("matmul"),
                     "chain" => matmul_wq_chain(&x, w, &mut y, m).expect("matmul"),
                     _ => matmul_wq(&x, w, &mut y, m).expect("matmul"),

@@ -5,8 +5,8 @@
 //! selection says which arithmetic, the step says which form.
 
 use loupe_tensor::linear::{
-    matmul_f32, matmul_f32_invariant, matmul_q, matmul_wq, matmul_wq_chain, matmul_wq_invariant, q8_rows_invariant,
-    QMatrix,
+    matmul_f32, matmul_f32_invariant, matmul_q, matmul_q_prompt, matmul_wq, matmul_wq_chain, matmul_wq_invariant,
+    q8_rows_invariant, QMatrix,
 };
 use loupe_tensor::ops::{add_in_place, expert_id, gelu, mul_in_place, silu};
 use loupe_tensor::TensorError;
@@ -70,6 +70,9 @@ pub(crate) fn matmul(
     if !batch {
         return match w {
             Weights::F32(d) => matmul_f32(x, d, y, m, k, n),
+            // Prefill (two rows or more) through the 8-bit prompt panels where the type has
+            // them, the arithmetic of the batched engine's prompt rows; decode keeps the dot's.
+            Weights::Q8(q) if m >= 2 => matmul_q_prompt(x, q, y, m, scratch),
             Weights::Q8(q) => matmul_q(x, q, y, m, scratch),
             Weights::Native(q) => matmul_wq(x, q, y, m),
         };
@@ -166,11 +169,11 @@ pub(crate) fn linear(
 /// A batched step's matmul whose row `i` is a prompt token where `prompt[i]`. At `--precision
 /// native` (block-quantized weights, 16-bit activations) prompt rows take the f32 chains of
 /// [`matmul_wq_chain`], which reuse each dequantized weight panel across all of them (faster
-/// than the 16-bit multi-row kernels from a few dozen rows, BENCHMARKS.md); decode rows keep
-/// decode's arithmetic, so a
-/// sequence's generated tokens have one set of bits alone, batched, or recomputed after
-/// preemption. Both are row-local, so each row's bits still do not depend on the batch. Other
-/// precisions run every row alike.
+/// than the 16-bit multi-row kernels from a few dozen rows, BENCHMARKS.md); with 8-bit
+/// activations they take [`matmul_q_prompt`] (the 8-bit panels where the type has them).
+/// Decode rows keep decode's arithmetic, so a sequence's generated tokens have one set of
+/// bits alone, batched, or recomputed after preemption. Both are row-local, so each row's bits
+/// still do not depend on the batch. Float weights run every row alike.
 #[allow(clippy::too_many_arguments)]
 fn matmul_rows(
     kernel: &Matmul,
@@ -183,8 +186,13 @@ fn matmul_rows(
     prompt: &[bool],
     scratch: &mut Vec<u8>,
 ) -> Result<(), TensorError> {
-    let Weights::Native(q) = weights(kernel, w)? else {
-        return matmul(kernel, w, x, y, m, k, n, true, scratch);
+    type Kernel = fn(&[f32], &QMatrix, &mut [f32], usize, &mut Vec<u8>) -> Result<(), TensorError>;
+    let (q, for_prompt, for_decode): (&QMatrix, Kernel, Kernel) = match weights(kernel, w)? {
+        Weights::Native(q) => {
+            (q, |x, q, y, m, _| matmul_wq_chain(x, q, y, m), |x, q, y, m, _| matmul_wq_invariant(x, q, y, m))
+        }
+        Weights::Q8(q) if q8_rows_invariant(q.ty) => (q, matmul_q_prompt, matmul_q),
+        _ => return matmul(kernel, w, x, y, m, k, n, true, scratch),
     };
     if prompt.len() != m || x.len() != m * k || y.len() != m * n {
         return Err(TensorError::Shape {
@@ -199,21 +207,17 @@ fn matmul_rows(
     }
     let prompt_count = prompt.iter().filter(|&&p| p).count();
     if prompt_count == 0 {
-        return matmul_wq_invariant(x, q, y, m);
+        return for_decode(x, q, y, m, scratch);
     }
     if prompt_count == m {
-        return matmul_wq_chain(x, q, y, m);
+        return for_prompt(x, q, y, m, scratch);
     }
     // A step mixing prompt and decode rows: each class gathered, computed, put back.
     for class in [true, false] {
         let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == class).collect();
         let xs: Vec<f32> = rows.iter().flat_map(|&i| &x[i * k..(i + 1) * k]).copied().collect();
         let mut ys = vec![0f32; rows.len() * n];
-        if class {
-            matmul_wq_chain(&xs, q, &mut ys, rows.len())?;
-        } else {
-            matmul_wq_invariant(&xs, q, &mut ys, rows.len())?;
-        }
+        (if class { for_prompt } else { for_decode })(&xs, q, &mut ys, rows.len(), scratch)?;
         for (&i, row) in rows.iter().zip(ys.chunks_exact(n)) {
             y[i * n..(i + 1) * n].copy_from_slice(row);
         }

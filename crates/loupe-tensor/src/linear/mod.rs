@@ -16,6 +16,7 @@
 //! | AMX | `amx` | prefill of Q4_1 / Q8_0 / Q5_0 on AMX int8 tiles, bit-identical to the Act16 reference |
 //! | f32 | `f32` | [`matmul_f32`] through the `gemm` crate |
 //! | 8-bit | `q8` | [`matmul_q`]: 8-bit activations, llama.cpp's scheme (`--precision q8`) |
+//! | 8-bit prompt panels | `qpanel/` | [`matmul_q_prompt`]: prompt rows of Q4_K at 8-bit activations, 16 weight rows in the lanes of one vector (`vpdpbusd`), each output row-local |
 //! | row tiles | `tiled` | the cache-tiled driver of the `quant` room's tile kernels (f32 below gemm's threshold, `q8`) |
 //!
 //! Bit-identity contract: for a type and an ISA, the one-row dot, the GEMV and the
@@ -39,6 +40,7 @@ pub(crate) mod kinds;
 pub mod prefill;
 pub mod q8;
 pub mod qmatrix;
+pub mod qpanel;
 pub(crate) mod simd;
 mod tiled;
 
@@ -54,3 +56,4 @@ pub use invariant::{
 pub use prefill::{can_group_prefill, matmul_wq, matmul_wq_prefill_group};
 pub use q8::{matmul_q, matmul_q_with, q8_rows_invariant};
 pub use qmatrix::QMatrix;
+pub use qpanel::{has_q8_panels, matmul_q_prompt, matmul_q_prompt_scalar, matmul_q_prompt_with};
