@@ -24,6 +24,11 @@ pub enum MatmulPrecision {
     /// f32 activations (as 16-bit blocks, Act16, for the types that have them) times
     /// block-quantized weights.
     Native,
+    /// `--precision auto`'s Q6_K where the CPU has its 8-bit prompt panels: decode rows
+    /// [`MatmulPrecision::Native`]'s arithmetic, prompt rows (a single sequence's prefill, a
+    /// batched step's prompt tokens) 8-bit activations through
+    /// `loupe_tensor::linear::matmul_q_prompt`.
+    NativeQ8Prompt,
 }
 
 /// A matmul kernel: its arithmetic, the weight type it reads and the ISA whose arithmetic
@@ -43,6 +48,7 @@ impl fmt::Display for Matmul {
             MatmulPrecision::Fp8 => f.write_str("matmul_f32(gemm,fp8-e4m3 activations)"),
             MatmulPrecision::Q8 => write!(f, "matmul_q({ty}x8-bit activations,{isa})"),
             MatmulPrecision::Native => write!(f, "matmul_wq({ty},{isa})"),
+            MatmulPrecision::NativeQ8Prompt => write!(f, "matmul_wq({ty},{isa};prompt rows x8-bit activations)"),
         }
     }
 }

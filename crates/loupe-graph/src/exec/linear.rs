@@ -19,6 +19,8 @@ enum Weights<'a> {
     F32(&'a [f32]),
     Q8(&'a QMatrix),
     Native(&'a QMatrix),
+    /// Native decode rows, 8-bit prompt rows ([`MatmulPrecision::NativeQ8Prompt`]).
+    NativeQ8Prompt(&'a QMatrix),
 }
 
 /// The weights of `w` for kernel `m`; a kernel selected for another storage is an error
@@ -28,6 +30,7 @@ fn weights<'a>(m: &Matmul, w: &'a Weight) -> Result<Weights<'a>, TensorError> {
         (MatmulPrecision::F32 | MatmulPrecision::Fp8, WeightData::F32(d)) => Ok(Weights::F32(d)),
         (MatmulPrecision::Q8, WeightData::Quant(q)) => Ok(Weights::Q8(q)),
         (MatmulPrecision::Native, WeightData::Quant(q)) => Ok(Weights::Native(q)),
+        (MatmulPrecision::NativeQ8Prompt, WeightData::Quant(q)) => Ok(Weights::NativeQ8Prompt(q)),
         (_, data) => Err(TensorError::Shape {
             op: "linear",
             detail: format!(
@@ -72,9 +75,9 @@ pub(crate) fn matmul(
             Weights::F32(d) => matmul_f32(x, d, y, m, k, n),
             // Prefill (two rows or more) through the 8-bit prompt panels where the type has
             // them, the arithmetic of the batched engine's prompt rows; decode keeps the dot's.
-            Weights::Q8(q) if m >= 2 => matmul_q_prompt(x, q, y, m, scratch),
+            Weights::Q8(q) | Weights::NativeQ8Prompt(q) if m >= 2 => matmul_q_prompt(x, q, y, m, scratch),
             Weights::Q8(q) => matmul_q(x, q, y, m, scratch),
-            Weights::Native(q) => matmul_wq(x, q, y, m),
+            Weights::Native(q) | Weights::NativeQ8Prompt(q) => matmul_wq(x, q, y, m),
         };
     }
     if x.len() != m * k || y.len() != m * n {
@@ -96,7 +99,7 @@ pub(crate) fn matmul(
             }
             Ok(())
         }
-        Weights::Native(q) => matmul_wq_invariant(x, q, y, m),
+        Weights::Native(q) | Weights::NativeQ8Prompt(q) => matmul_wq_invariant(x, q, y, m),
     }
 }
 
@@ -192,6 +195,7 @@ fn matmul_rows(
             (q, |x, q, y, m, _| matmul_wq_chain(x, q, y, m), |x, q, y, m, _| matmul_wq_invariant(x, q, y, m))
         }
         Weights::Q8(q) if q8_rows_invariant(q.ty) => (q, matmul_q_prompt, matmul_q),
+        Weights::NativeQ8Prompt(q) => (q, matmul_q_prompt, |x, q, y, m, _| matmul_wq_invariant(x, q, y, m)),
         _ => return matmul(kernel, w, x, y, m, k, n, true, scratch),
     };
     if prompt.len() != m || x.len() != m * k || y.len() != m * n {

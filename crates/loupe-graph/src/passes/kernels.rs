@@ -34,7 +34,7 @@ pub fn select_kernels(
             }
         })?;
         let isa = match precision {
-            MatmulPrecision::Native => native_kernel_isa(isa, ty),
+            MatmulPrecision::Native | MatmulPrecision::NativeQ8Prompt => native_kernel_isa(isa, ty),
             MatmulPrecision::F32 | MatmulPrecision::Fp8 | MatmulPrecision::Q8 => isa,
         };
         Ok(Matmul { precision, ty, isa })

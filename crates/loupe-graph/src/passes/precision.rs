@@ -55,6 +55,7 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
     match &w.data {
         WeightData::Quant(_) if graph.quantize_activations => MatmulPrecision::Q8,
         WeightData::Quant(q) if graph.q8_k_quants && auto_takes_q8(q.ty) => MatmulPrecision::Q8,
+        WeightData::Quant(q) if graph.q8_k_quants && auto_prompt_q8(q.ty) => MatmulPrecision::NativeQ8Prompt,
         WeightData::Quant(_) => MatmulPrecision::Native,
         WeightData::F32(_) if w.fp8 => MatmulPrecision::Fp8,
         WeightData::F32(_) => MatmulPrecision::F32,
@@ -70,4 +71,13 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
 /// Q4_1 does (BENCHMARKS.md). So Q6_K, Q4_0, Q4_1, Q5_0 and Q8_0 keep native arithmetic.
 pub fn auto_takes_q8(ty: loupe_tensor::GgmlType) -> bool {
     ty == loupe_tensor::GgmlType::Q4K
+}
+
+/// The weight types whose prompt rows `--precision auto` multiplies with 8-bit activations
+/// while decode keeps native arithmetic: Q6_K, where the CPU has its 8-bit prompt panels
+/// (`loupe_tensor::linear::has_q8_panels`, AVX-512 VNNI). Their activations carry a scale
+/// per 32 values, finer than decode's Q8_K (256), which is what keeps Gemma 3 270M over 99%
+/// where Q8_K for Q6_K did not; prefill through them is ~2x native's f32 chains.
+pub fn auto_prompt_q8(ty: loupe_tensor::GgmlType) -> bool {
+    ty == loupe_tensor::GgmlType::Q6K && loupe_tensor::linear::has_q8_panels(loupe_tensor::quant::Isa::active(), ty)
 }

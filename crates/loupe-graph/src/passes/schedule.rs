@@ -32,7 +32,9 @@ pub fn linear_groups(graph: &Graph, kernels: &[Kernel], plan: &MemoryPlan) -> Ve
     let logit_rows = graph.logit_rows_values();
     let eligible = |i: usize, node: &Node, input| {
         let Op::Linear { weight, bias: None } = &node.op else { return false };
-        let native = matches!(kernels.get(i), Some(Kernel::Linear(m)) if m.precision == MatmulPrecision::Native);
+        // Groups run decode rows (and AMX prefill, which takes no Q6_K): native arithmetic.
+        let native = matches!(kernels.get(i), Some(Kernel::Linear(m))
+            if matches!(m.precision, MatmulPrecision::Native | MatmulPrecision::NativeQ8Prompt));
         let k = row_width(graph.value(input));
         native
             && matches!((&graph.weight(*weight).data, k), (WeightData::Quant(q), Some(k)) if can_group(q, k))
