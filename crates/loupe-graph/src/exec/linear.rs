@@ -5,7 +5,7 @@
 //! selection says which arithmetic, the step says which form.
 
 use loupe_tensor::linear::{
-    matmul_f32, matmul_f32_invariant, matmul_q, matmul_q_prompt, matmul_wq, matmul_wq_chain, matmul_wq_invariant,
+    matmul_f32, matmul_f32_invariant, matmul_q, matmul_q_prompt, matmul_wq, matmul_wq_invariant, matmul_wq_prompt,
     q8_rows_invariant, QMatrix,
 };
 use loupe_tensor::ops::{add_in_place, expert_id, gelu, mul_in_place, silu};
@@ -170,9 +170,9 @@ pub(crate) fn linear(
 }
 
 /// A batched step's matmul whose row `i` is a prompt token where `prompt[i]`. At `--precision
-/// native` (block-quantized weights, 16-bit activations) prompt rows take the f32 chains of
-/// [`matmul_wq_chain`], which reuse each dequantized weight panel across all of them (faster
-/// than the 16-bit multi-row kernels from a few dozen rows, BENCHMARKS.md); with 8-bit
+/// native` (block-quantized weights, 16-bit activations) prompt rows take [`matmul_wq_prompt`]
+/// (16-bit panels on AVX-512, else the f32 chains), which reuse each packed weight panel
+/// across all of them (faster than the multi-row decode kernels from a few rows); with 8-bit
 /// activations they take [`matmul_q_prompt`] (the 8-bit panels where the type has them).
 /// Decode rows keep decode's arithmetic, so a sequence's generated tokens have one set of
 /// bits alone, batched, or recomputed after preemption. Both are row-local, so each row's bits
@@ -192,7 +192,7 @@ fn matmul_rows(
     type Kernel = fn(&[f32], &QMatrix, &mut [f32], usize, &mut Vec<u8>) -> Result<(), TensorError>;
     let (q, for_prompt, for_decode): (&QMatrix, Kernel, Kernel) = match weights(kernel, w)? {
         Weights::Native(q) => {
-            (q, |x, q, y, m, _| matmul_wq_chain(x, q, y, m), |x, q, y, m, _| matmul_wq_invariant(x, q, y, m))
+            (q, |x, q, y, m, _| matmul_wq_prompt(x, q, y, m), |x, q, y, m, _| matmul_wq_invariant(x, q, y, m))
         }
         Weights::Q8(q) if q8_rows_invariant(q.ty) => (q, matmul_q_prompt, matmul_q),
         Weights::NativeQ8Prompt(q) => (q, matmul_q_prompt, |x, q, y, m, _| matmul_wq_invariant(x, q, y, m)),

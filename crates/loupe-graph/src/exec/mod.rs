@@ -74,8 +74,9 @@ pub struct BatchSpan<'a> {
     /// a one-token decode would compute them).
     pub logits: usize,
     /// How many of the span's rows, from its first, are prompt tokens: their linears run
-    /// through the prompt rows' arithmetic (f32 chains for block-quantized weights at
-    /// `--precision native`, `loupe_tensor::linear::matmul_wq_chain`), the rest through
+    /// through the prompt rows' arithmetic (`loupe_tensor::linear::matmul_wq_prompt` for
+    /// block-quantized weights at `--precision native`, `matmul_q_prompt` at 8-bit
+    /// activations), the rest through
     /// decode's. A position's arithmetic then depends only on whether it is in its own
     /// sequence's prompt, never on the batch.
     pub prompt_rows: usize,

@@ -12,10 +12,12 @@
 //! | GEMV | `gemv/` | one activation row against 4 weight rows at a time (decode's hot loop) |
 //! | batch-invariant | `invariant/` | many activation rows, each row's bits independent of the batch (batched engine) |
 //! | f32 chains | `chain/` | [`matmul_wq_chain`]: dequantized 16-row panels, f32 activations, each output one FMA chain over `k` (the batched engine's prompt rows; same bits on every ISA) |
-//! | prefill | `prefill` | [`matmul_wq`]: one row through `invariant`, more through `chain`, or AMX tiles |
+//! | 16-bit prompt panels | `prompt16/` | [`matmul_wq_prompt`]: native prompt rows of Q4_0/Q4_1/Q5_0/Q8_0 on AVX-512, 16 weight rows in the lanes of one vector (`vpdpwssd` on Act16 codes), each output row-local; other types and ISAs: `chain` |
+//! | prefill | `prefill` | [`matmul_wq`]: one row through `invariant`, more through `prompt16` (or `chain`), or AMX tiles |
 //! | AMX | `amx` | prefill of Q4_1 / Q8_0 / Q5_0 on AMX int8 tiles, bit-identical to the Act16 reference |
 //! | f32 | `f32` | [`matmul_f32`] through the `gemm` crate |
 //! | 8-bit | `q8` | [`matmul_q`]: 8-bit activations, llama.cpp's scheme (`--precision q8`) |
+//! | panel tasks | `panel_tasks` | the task split and aligned per-thread buffers of the two panel kernels below |
 //! | 8-bit prompt panels | `qpanel/` | [`matmul_q_prompt`]: prompt rows of Q4_K at 8-bit activations, 16 weight rows in the lanes of one vector (`vpdpbusd`), each output row-local |
 //! | row tiles | `tiled` | the cache-tiled driver of the `quant` room's tile kernels (f32 below gemm's threshold, `q8`) |
 //!
@@ -25,7 +27,7 @@
 //!
 //! Dependencies run one way: layers use `kinds`, `simd`, `act16`, `qmatrix` and
 //! `dispatch`; `invariant` uses `gemv` and `decode`; `chain` uses `decode`'s dequantizers;
-//! `prefill` uses `invariant`, `chain` and `amx`. An ISA file may use its twin of another ISA (AVX-512 kernels that run
+//! `prompt16` uses `chain` (its fallback) and `act16`; `qpanel` uses `q8` (its fallback); `prefill` uses `invariant`, `prompt16` and `amx`. An ISA file may use its twin of another ISA (AVX-512 kernels that run
 //! the AVX2 arithmetic).
 
 pub mod act16;
@@ -37,7 +39,9 @@ pub mod f32;
 mod gemv;
 pub mod invariant;
 pub(crate) mod kinds;
+mod panel_tasks;
 pub mod prefill;
+pub mod prompt16;
 pub mod q8;
 pub mod qmatrix;
 pub mod qpanel;
@@ -54,6 +58,7 @@ pub use invariant::{
     matmul_wq_invariant_with, MAX_GROUP,
 };
 pub use prefill::{can_group_prefill, matmul_wq, matmul_wq_prefill_group};
+pub use prompt16::{has_act16_panels, matmul_wq_prompt, matmul_wq_prompt_scalar, matmul_wq_prompt_with};
 pub use q8::{matmul_q, matmul_q_with, q8_rows_invariant};
 pub use qmatrix::QMatrix;
 pub use qpanel::{has_q8_panels, matmul_q_prompt, matmul_q_prompt_scalar, matmul_q_prompt_with};

@@ -13,14 +13,14 @@
 //!   (100% argmax agreement on the goldens through the decode path, see
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;
 //! * prefill (`m > 1`): AMX tiles where the CPU has them and the type is one they take;
-//!   otherwise [`matmul_wq_chain`]: 16 weight rows dequantized into an f32 panel once, each
-//!   output one FMA chain over `k`. That is also the batched engine's arithmetic for prompt
-//!   rows, so a prompt's matmuls give the same bits alone and in a batch. It replaced
-//!   dequantized tiles through `gemm`, which it outran on every shape measured, most on
-//!   long rows (BENCHMARKS.md, "Batched engine", 2026-11-28 night).
+//!   otherwise [`matmul_wq_prompt`]: on AVX-512, Q4_0 / Q4_1 / Q5_0 / Q8_0 through 16-bit
+//!   activation panels (`vpdpwssd`, 16 output lanes per vector), every other case through
+//!   [`crate::linear::matmul_wq_chain`] (16 weight rows dequantized into an f32 panel once,
+//!   each output one FMA chain over `k`). That is also the batched engine's arithmetic for
+//!   prompt rows, so a prompt's matmuls give the same bits alone and in a batch.
 
-use super::chain::matmul_wq_chain;
 use super::invariant::matmul_wq_invariant_with;
+use super::prompt16::matmul_wq_prompt;
 use super::qmatrix::QMatrix;
 use crate::quant::Isa;
 use crate::TensorError;
@@ -43,7 +43,7 @@ pub fn matmul_wq(x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), 
         // dot_row_act16_scalar (crate::linear::amx).
         return matmul_wq_prefill_group(x, &[w], &mut [y], m);
     }
-    matmul_wq_chain(x, w, y, m)
+    matmul_wq_prompt(x, w, y, m)
 }
 
 /// Whether prefill of `m` rows through `w` (against `k` activations) can join a grouped

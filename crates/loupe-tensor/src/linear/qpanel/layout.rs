@@ -4,8 +4,7 @@
 use crate::quant::blocks::QK_K;
 use crate::GgmlType;
 
-/// Weight rows per panel: the 16 i32 lanes of an AVX-512 vector.
-pub const PANEL: usize = 16;
+pub(crate) use crate::linear::panel_tasks::PANEL;
 
 /// Bytes of a Q4_K super-block (`d`, `dmin`, 12 bytes of scales, 128 of codes).
 pub(crate) const Q4K_BYTES: usize = 144;

@@ -45,11 +45,10 @@ mod pack;
 #[cfg(test)]
 mod tests;
 
-pub use layout::PANEL;
+use super::panel_tasks::for_each_panel;
+pub use super::panel_tasks::PANEL;
 use layout::{Format, Rows, Q8_0_BYTES, SIDE_BYTES};
 use pack::pack;
-
-use std::cell::RefCell;
 
 use super::q8::matmul_q_with;
 use super::qmatrix::QMatrix;
@@ -57,19 +56,6 @@ use crate::pool::{self, OutPtr};
 use crate::quant::blocks::QK_K;
 use crate::quant::{self, Isa};
 use crate::{GgmlType, TensorError};
-
-/// Tasks per compute thread: enough that a thread finishing early takes another panel run.
-const TASKS_PER_THREAD: usize = 4;
-
-/// A 64-byte line, so a panel buffer is aligned for its vector loads.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-thread_local! {
-    /// The calling thread's packed panel.
-    static PANELS: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
-}
 
 /// Whether prompt rows of `ty` take the panels at `isa` (else [`matmul_q_prompt`] is
 /// `matmul_q`): Q4_K and Q6_K on AVX-512 VNNI.
@@ -178,27 +164,13 @@ fn panels(
         Ok(())
     })?;
     let (act, side) = (&*act, &*side);
-    let panels = n.div_ceil(PANEL);
-    let tasks = (pool::threads() * TASKS_PER_THREAD).min(panels).max(1);
-    let per = panels.div_ceil(tasks);
     let out = OutPtr(y.as_mut_ptr());
-    pool::run(tasks, &|t| {
-        PANELS.with(|buf| {
-            let buf = &mut *buf.borrow_mut();
-            let bytes = sbs * fmt.sb_bytes();
-            buf.resize(bytes / 64, Line([0; 64]));
-            // SAFETY: a Vec of 64-byte lines is its bytes, contiguous.
-            let panel = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), bytes) };
-            for p in (t * per).min(panels)..((t + 1) * per).min(panels) {
-                let j0 = p * PANEL;
-                let cols = PANEL.min(n - j0);
-                pack(isa, scalar, fmt, w, j0, cols, panel);
-                let run = Rows { fmt, panel, sbs, act, act_row, side, m };
-                // SAFETY: the outputs are columns j0..j0 + cols of y (m x n), written by this
-                // task alone; the panel, activations and side table were sized above.
-                unsafe { run.compute(isa, scalar, out.get().add(j0), n, cols) };
-            }
-        })
+    for_each_panel(n, sbs * fmt.sb_bytes(), &|panel, j0, cols| {
+        pack(isa, scalar, fmt, w, j0, cols, panel);
+        let run = Rows { fmt, panel, sbs, act, act_row, side, m };
+        // SAFETY: the outputs are columns j0..j0 + cols of y (m x n), written by this task
+        // alone; the panel, activations and side table were sized above.
+        unsafe { run.compute(isa, scalar, out.get().add(j0), n, cols) };
     });
     w.apply_tensor_scale(y);
     Ok(())

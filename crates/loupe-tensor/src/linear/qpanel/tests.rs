@@ -1,5 +1,6 @@
 use super::*;
 use crate::linear::matmul_q_with;
+use crate::linear::panel_tasks::{line_bytes, Line};
 use crate::quant::blocks::QK_K;
 use crate::testing::{activations, quant_matrix as matrix};
 
@@ -127,8 +128,7 @@ fn simd_packing_gives_the_reference_bytes() {
                 let bytes = sbs * fmt.sb_bytes();
                 let (mut want, mut got) = (vec![0xAAu8; bytes], vec![Line([0x55; 64]); bytes / 64]);
                 pack(Isa::Scalar, true, fmt, &w, j0, cols, &mut want);
-                // SAFETY: a Vec of 64-byte lines is its bytes, contiguous.
-                let got = unsafe { std::slice::from_raw_parts_mut(got.as_mut_ptr().cast::<u8>(), bytes) };
+                let got = line_bytes(&mut got);
                 pack(isa, false, fmt, &w, j0, cols, got);
                 assert!(got == want.as_slice(), "{ty} at {isa}: panel at row {j0} of {cols} rows differs");
             }
