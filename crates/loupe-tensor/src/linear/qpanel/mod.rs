@@ -64,8 +64,9 @@ pub fn has_q8_panels(isa: Isa, ty: GgmlType) -> bool {
 }
 
 /// `y[m, n] = x[m, k] @ W^T` for prompt rows at 8-bit activations: the panels where
-/// [`has_q8_panels`], else `matmul_q` (the dot's bits). Activations are quantized to Q8_K in
-/// `scratch` (grown as needed, reused). Runs the kernels of [`Isa::active`].
+/// [`has_q8_panels`], else `matmul_q` (the dot's bits). Activations are quantized to Q8_0,
+/// with their side table, in `scratch` (grown as needed, reused). Runs the kernels of
+/// [`Isa::active`].
 pub fn matmul_q_prompt(
     x: &[f32],
     w: &QMatrix,
