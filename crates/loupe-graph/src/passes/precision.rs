@@ -62,13 +62,14 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
     }
 }
 
-/// The weight types `--precision auto` multiplies with 8-bit activation blocks (Q8_K, as
-/// llama.cpp does) instead of native's 16-bit ones: Q4_K, the bulk of a Q4_K_M file. Its
-/// 8-bit dot (AVX2, and AVX-512 VNNI tiles for several rows) decodes and prefills faster
-/// than the 16-bit kernels on 2 cores, and the teacher-forced argmax agreement with f32
-/// stays at or above 99% on every model's goldens (tested per model in loupe-cli; figures in
-/// README.md): for Q6_K as well Gemma 3 270M falls under 99%, and for every type SmolLM2
-/// Q4_1 does (BENCHMARKS.md). So Q6_K, Q4_0, Q4_1, Q5_0 and Q8_0 keep native arithmetic.
+/// The weight types `--precision auto` multiplies with 8-bit activation blocks instead of
+/// native's 16-bit ones: Q4_K, the bulk of a Q4_K_M file. Its 8-bit kernels (decode: the
+/// Q8_K dot, llama.cpp's scheme; prefill on AVX-512: `matmul_q_prompt`'s panels, Q8_0
+/// activations) run faster than the 16-bit ones on 2 cores, and the teacher-forced argmax
+/// agreement with f32 stays at or above 99% on every model's goldens (tested per model in
+/// loupe-cli; figures in README.md). Q8_K decode for Q6_K as well put Gemma 3 270M under
+/// 99%, and 8-bit activations for every type put SmolLM2 Q4_1 under it (BENCHMARKS.md), so
+/// the other types decode natively (Q6_K's prompt rows: [`auto_prompt_q8`]).
 pub fn auto_takes_q8(ty: loupe_tensor::GgmlType) -> bool {
     ty == loupe_tensor::GgmlType::Q4K
 }
