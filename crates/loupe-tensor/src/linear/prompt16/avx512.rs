@@ -7,6 +7,7 @@
 use std::arch::x86_64::*;
 
 use super::layout::{Rows, D, M, RECORD_BYTES};
+use crate::linear::simd::avx512::RowGather;
 use crate::GgmlType;
 
 /// Activation rows per tile: 8 independent `vpdpwssd` chains and 8 accumulators leave room
@@ -112,25 +113,25 @@ unsafe fn pairs_of_bytes(x: __m512i, signed: bool) -> (__m512i, __m512i) {
         let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(x));
         let odd = _mm512_srai_epi16::<8>(x);
         // even: (c0, c2) in i16 lanes 0, 1 of each dword; odd: (c1, c3).
-        (_mm512_unpacklo_epi16_dw(even, odd), _mm512_unpackhi_epi16_dw(even, odd))
+        (low_halves(even, odd), high_halves(even, odd))
     } else {
         let even = _mm512_and_si512(x, _mm512_set1_epi16(0x00FF));
         let odd = _mm512_srli_epi16::<8>(x);
-        (_mm512_unpacklo_epi16_dw(even, odd), _mm512_unpackhi_epi16_dw(even, odd))
+        (low_halves(even, odd), high_halves(even, odd))
     }
 }
 
 /// Per dword lane: the low i16 of `a` and of `b` as `(a_lo, b_lo)`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn _mm512_unpacklo_epi16_dw(a: __m512i, b: __m512i) -> __m512i {
+unsafe fn low_halves(a: __m512i, b: __m512i) -> __m512i {
     _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32::<16>(b))
 }
 
 /// Per dword lane: the high i16 of `a` and of `b` as `(a_hi, b_hi)`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn _mm512_unpackhi_epi16_dw(a: __m512i, b: __m512i) -> __m512i {
+unsafe fn high_halves(a: __m512i, b: __m512i) -> __m512i {
     _mm512_or_si512(_mm512_srli_epi32::<16>(a), _mm512_and_si512(b, _mm512_set1_epi32(0xFFFF_0000u32 as i32)))
 }
 
@@ -142,12 +143,8 @@ unsafe fn _mm512_unpackhi_epi16_dw(a: __m512i, b: __m512i) -> __m512i {
 /// the CPU has AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 pub(super) unsafe fn pack(ty: GgmlType, w: *const u8, row_bytes: usize, cols: usize, blocks: usize, panel: *mut u8) {
-    let mask = ((1u32 << cols) - 1) as __mmask16;
-    let rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(row_bytes as i32),
-    );
-    let gather = |at: *const u8| _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, rows, at.cast());
+    let rows = RowGather::new(row_bytes, cols);
+    let (mask, gather) = (rows.mask, |at: *const u8| rows.at(at));
     let nib = _mm512_set1_epi32(0x0F0F_0F0F);
     let size = ty.type_size();
     for b in 0..blocks {

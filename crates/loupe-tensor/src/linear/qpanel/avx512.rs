@@ -8,6 +8,7 @@ use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
 use super::layout::{Format, Rows, CODES, Q4K_BYTES, Q6K_BYTES, Q8_0_BYTES, SIDE_BYTES};
+use crate::linear::simd::avx512::RowGather;
 use crate::GgmlType;
 
 /// Activation rows per tile: 6 independent `vpdpbusd` chains cover its latency, and the
@@ -88,16 +89,6 @@ unsafe fn tile<const G: usize, const R: usize>(run: &Rows<'_>, i0: usize, y: *mu
     }
 }
 
-/// Row `r`'s offset (`r * row_bytes`) in lane `r`: the gathers' index vector.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_offsets(row_bytes: usize) -> __m512i {
-    _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(row_bytes as i32),
-    )
-}
-
 /// The Q4_K packer (`pack::pack`'s bytes).
 ///
 /// # Safety
@@ -106,8 +97,8 @@ unsafe fn row_offsets(row_bytes: usize) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 pub(super) unsafe fn pack_q4k(w: *const u8, row_bytes: usize, cols: usize, sbs: usize, panel: *mut u8) {
     let fmt = Format::of(GgmlType::Q4K).expect("Q4_K has panels");
-    let (mask, rows) = (((1u32 << cols) - 1) as __mmask16, row_offsets(row_bytes));
-    let gather = |at: *const u8| _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, rows, at.cast());
+    let rows = RowGather::new(row_bytes, cols);
+    let gather = |at: *const u8| rows.at(at);
     let nib = _mm512_set1_epi32(0x0F0F_0F0F);
     let byte = _mm512_set1_epi32(0xFF);
     for s in 0..sbs {
@@ -152,8 +143,8 @@ pub(super) unsafe fn pack_q4k(w: *const u8, row_bytes: usize, cols: usize, sbs: 
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 pub(super) unsafe fn pack_q6k(w: *const u8, row_bytes: usize, cols: usize, sbs: usize, panel: *mut u8) {
     let fmt = Format::of(GgmlType::Q6K).expect("Q6_K has panels");
-    let (mask, rows) = (((1u32 << cols) - 1) as __mmask16, row_offsets(row_bytes));
-    let gather = |at: *const u8| _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), mask, rows, at.cast());
+    let rows = RowGather::new(row_bytes, cols);
+    let gather = |at: *const u8| rows.at(at);
     let nib = _mm512_set1_epi32(0x0F0F_0F0F);
     let two = _mm512_set1_epi32(0x0303_0303);
     for s in 0..sbs {

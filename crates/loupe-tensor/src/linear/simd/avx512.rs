@@ -1,6 +1,7 @@
 //! What the AVX-512 kernels of every layer share: the 16-lane horizontal sum in a fixed
-//! order, and two Act16 blocks unpacked into one 512-bit vector pair with the AVX2
-//! arithmetic's bits (Q4_1 on AMX CPUs, Q5_0).
+//! order, two Act16 blocks unpacked into one 512-bit vector pair with the AVX2
+//! arithmetic's bits (Q4_1 on AMX CPUs, Q5_0), and the panel packers' gather of one dword
+//! from each of 16 weight rows.
 
 use std::arch::x86_64::*;
 
@@ -35,4 +36,38 @@ pub(crate) unsafe fn unpack_pair<const KIND: u8>(blk: *const u8) -> (__m512i, __
     let clear_hi: __mmask32 = !((h0 >> 16) | (h1 & 0xFFFF_0000));
     let sixteen = _mm512_set1_epi16(16);
     (_mm512_mask_sub_epi16(lo, clear_lo, lo, sixteen), _mm512_mask_sub_epi16(hi, clear_hi, hi, sixteen))
+}
+
+/// The panel packers' gather (`qpanel`, `prompt16`): the dword at the same offset of each of
+/// up to 16 weight rows `row_bytes` apart, row `r` in lane `r`; lanes of missing rows are 0
+/// and their addresses are not read.
+#[derive(Clone, Copy)]
+pub(crate) struct RowGather {
+    /// One bit per row present.
+    pub(crate) mask: __mmask16,
+    /// Row `r`'s offset (`r * row_bytes`) in lane `r`.
+    offsets: __m512i,
+}
+
+impl RowGather {
+    /// For `cols <= 16` rows of `row_bytes` each; `16 * row_bytes` must fit an i32.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn new(row_bytes: usize, cols: usize) -> RowGather {
+        let offsets = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(row_bytes as i32),
+        );
+        RowGather { mask: ((1u32 << cols) - 1) as __mmask16, offsets }
+    }
+
+    /// The dword at `at` in the first row and at the same offset in the others.
+    ///
+    /// # Safety
+    /// Each present row's 4 bytes at that offset are readable; the CPU has AVX-512 F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn at(self, at: *const u8) -> __m512i {
+        _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), self.mask, self.offsets, at.cast())
+    }
 }
