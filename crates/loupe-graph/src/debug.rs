@@ -170,24 +170,10 @@ pub const KEYS: &[&str] = &[
     "verify-ir",
 ];
 
-/// MAX 26.7's options in `MODULAR_DEBUG` (tests/fixtures/max-26.7/options.json): the names it
-/// accepts, exactly as written. `nan-check-stride`, `stop-after` and `verify-ir` are refused
-/// there as unknown options.
-pub const MAX_KEYS: &[&str] = &[
-    "sensible",
-    "nan-check",
-    "uninitialized-read-check",
-    "uninitialized-read-mode",
-    "device-sync-mode",
-    "stack-trace-on-error",
-    "stack-trace-on-crash",
-    "source-tracebacks",
-    "op-log-level",
-    "assert-level",
-    "print-style",
-    "ir-output-dir",
-    "pre-jit",
-];
+/// loupe's options that MAX 26.7 refuses in `MODULAR_DEBUG` as unknown
+/// (tests/fixtures/max-26.7/options.json); it accepts every other name of [`KEYS`], exactly as
+/// written.
+const LOUPE_ONLY_KEYS: &[&str] = &["nan-check-stride", "stop-after", "verify-ir"];
 
 /// The boolean options (a bare name means on).
 const BOOL_KEYS: &[&str] = &[
@@ -222,7 +208,7 @@ pub fn max_reading(key: &str, value: Option<&str>, per_key: bool) -> Option<Stri
             _ => None,
         };
     }
-    if !MAX_KEYS.contains(&norm.as_str()) {
+    if !KEYS.contains(&norm.as_str()) || LOUPE_ONLY_KEYS.contains(&norm.as_str()) {
         return Some(format!("MAX 26.7 ignores '{norm}' in MODULAR_DEBUG as an unknown option"));
     }
     if key != norm {
