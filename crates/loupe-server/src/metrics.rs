@@ -180,6 +180,12 @@ impl Default for Metrics {
     }
 }
 
+/// An engine counter as a gauge's i64, saturating (a count past i64::MAX is not reachable,
+/// but the conversion must not panic or wrap).
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -188,19 +194,17 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 impl Metrics {
     /// Copies the disk tier's counters (the engine thread calls it with its other gauges).
     pub fn sample_disk(&self, d: &loupe_runtime::DiskStats) {
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.disk_blocks_written.set(n(d.written_blocks));
-        self.disk_blocks_restored.set(n(d.restored_blocks));
-        self.disk_files_invalid.set(n(d.invalid_files));
-        self.disk_bytes.set(n(d.bytes));
+        self.disk_blocks_written.set(gauge_value(d.written_blocks));
+        self.disk_blocks_restored.set(gauge_value(d.restored_blocks));
+        self.disk_files_invalid.set(gauge_value(d.invalid_files));
+        self.disk_bytes.set(gauge_value(d.bytes));
     }
 
     /// Copies speculation's counters (the engine thread calls it with its other gauges).
     pub fn sample_spec(&self, s: &loupe_runtime::SpecStats) {
-        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.spec_drafts.set(n(s.verify_steps));
-        self.spec_draft_tokens.set(n(s.draft_tokens));
-        self.spec_accepted_tokens.set(n(s.accepted_tokens));
+        self.spec_drafts.set(gauge_value(s.verify_steps));
+        self.spec_draft_tokens.set(gauge_value(s.draft_tokens));
+        self.spec_accepted_tokens.set(gauge_value(s.accepted_tokens));
     }
 
     /// The Prometheus text exposition of every metric.
