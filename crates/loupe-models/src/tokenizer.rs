@@ -6,29 +6,25 @@ use loupe_text::TokenizerSpec;
 
 use crate::error::ModelError;
 
-/// Collects the `tokenizer.*` keys of a GGUF file into a [`TokenizerSpec`].
-pub fn spec_from_gguf(gguf: &GgufFile) -> Result<TokenizerSpec, ModelError> {
-    let strings = |k: &str| -> Result<Option<Vec<String>>, ModelError> {
-        Ok(match gguf.get(k) {
-            None => None,
-            Some(_) => Some(gguf.get_str_array(k)?.into_iter().map(str::to_string).collect()),
-        })
-    };
+/// Collects the `tokenizer.*` keys of a GGUF file into a [`TokenizerSpec`]. The vocabulary,
+/// scores, token types and merges are moved out of `gguf`'s metadata (`take_*`), so they are
+/// held once: read the file's tokenizer once, before anything else needs them.
+pub fn spec_from_gguf(gguf: &mut GgufFile) -> Result<TokenizerSpec, ModelError> {
+    // The large arrays are moved out of the parsed metadata, so the weights load without them.
+    let tokens = gguf.take_str_array("tokenizer.ggml.tokens")?.unwrap_or_default();
+    let scores = gguf.take_f32_array("tokenizer.ggml.scores")?;
+    let token_types = gguf.take_i32_array("tokenizer.ggml.token_type")?;
+    let merges = gguf.take_str_array("tokenizer.ggml.merges")?.unwrap_or_default();
+    let gguf = &*gguf;
     let id = |k: &str| -> Result<Option<u32>, ModelError> { Ok(gguf.opt_u32(k)?) };
     let flag = |k: &str| -> Result<Option<bool>, ModelError> { Ok(gguf.opt_bool(k)?) };
     Ok(TokenizerSpec {
         model: gguf.get_str("tokenizer.ggml.model")?.to_string(),
         pre: gguf.opt_str("tokenizer.ggml.pre")?.map(str::to_string),
-        tokens: strings("tokenizer.ggml.tokens")?.unwrap_or_default(),
-        scores: match gguf.get("tokenizer.ggml.scores") {
-            None => None,
-            Some(_) => Some(gguf.get_f32_array("tokenizer.ggml.scores")?),
-        },
-        token_types: match gguf.get("tokenizer.ggml.token_type") {
-            None => None,
-            Some(_) => Some(gguf.get_i32_array("tokenizer.ggml.token_type")?),
-        },
-        merges: strings("tokenizer.ggml.merges")?.unwrap_or_default(),
+        tokens,
+        scores,
+        token_types,
+        merges,
         bos_id: id("tokenizer.ggml.bos_token_id")?,
         eos_id: id("tokenizer.ggml.eos_token_id")?,
         unk_id: id("tokenizer.ggml.unknown_token_id")?,

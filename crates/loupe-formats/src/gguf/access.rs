@@ -100,6 +100,42 @@ impl GgufFile {
         (get_array, opt_array, &[GgufValue], array, "array"),
     }
 
+    /// [`Self::opt_str_array`], moved out of the metadata ([`Self::take_metadata`]): the
+    /// strings are not copied, and the file no longer holds the entry. On a value of another
+    /// type it fails as `opt_str_array` does and leaves the entry in place.
+    pub fn take_str_array(&mut self, key: &str) -> Result<Option<Vec<String>>, FormatError> {
+        if self.opt_str_array(key)?.is_none() {
+            return Ok(None);
+        }
+        match self.take_metadata(key) {
+            // Checked just above: an array whose elements are all strings.
+            Some(GgufValue::Array(_, items)) => Ok(Some(
+                items
+                    .into_iter()
+                    .filter_map(|v| match v {
+                        GgufValue::String(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect(),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// [`Self::opt_f32_array`], removing the entry from the metadata once converted.
+    pub fn take_f32_array(&mut self, key: &str) -> Result<Option<Vec<f32>>, FormatError> {
+        let values = self.opt_f32_array(key)?;
+        self.take_metadata(key);
+        Ok(values)
+    }
+
+    /// [`Self::opt_i32_array`], removing the entry from the metadata once converted.
+    pub fn take_i32_array(&mut self, key: &str) -> Result<Option<Vec<i32>>, FormatError> {
+        let values = self.opt_i32_array(key)?;
+        self.take_metadata(key);
+        Ok(values)
+    }
+
     /// The model architecture (`general.architecture`, required by the GGUF spec).
     pub fn architecture(&self) -> Result<&str, FormatError> {
         self.get_str("general.architecture")
@@ -200,6 +236,25 @@ mod tests {
         let err = f.get_str_array("scores").unwrap_err().to_string();
         assert!(err.contains("expected array of string, found array of f32"), "{err}");
         assert_eq!(f.get_array("toks").map(|a| a.len()).ok(), Some(2));
+    }
+
+    #[test]
+    fn take_moves_arrays_out_and_keeps_the_rest_reachable() {
+        let mut f = file();
+        let keys = f.metadata.len();
+        // A value of another type is an error and stays in place.
+        assert!(f.take_str_array("scores").is_err());
+        assert_eq!(f.take_str_array("toks").ok(), Some(Some(vec!["a".to_string(), "b".to_string()])));
+        assert_eq!(f.take_f32_array("scores").ok(), Some(Some(vec![0.5, -1.0])));
+        assert_eq!(f.take_i32_array("types").ok(), Some(Some(vec![1, 3])));
+        assert_eq!(f.take_str_array("toks").ok(), Some(None));
+        assert!(f.get("toks").is_none() && f.get("scores").is_none() && f.get("types").is_none());
+        assert_eq!(f.metadata.len(), keys - 3);
+        // The index of the entries after the removed ones still points at their values.
+        assert_eq!(f.get_u64("big").ok(), Some(u64::from(u32::MAX) + 1));
+        assert!(matches!(f.get("wide"), Some(GgufValue::Array(GgufValueType::U64, _))));
+        assert_eq!(f.architecture().ok(), Some("llama"));
+        assert!(f.take_metadata("nope").is_none());
     }
 
     #[test]

@@ -122,6 +122,21 @@ impl GgufFile {
         self.metadata.get(i).map(|(_, v)| v)
     }
 
+    /// Removes the metadata entry `key` and returns its value (`None` when absent): `get` no
+    /// longer finds it and `metadata` no longer lists it. A loader that has converted a large
+    /// array (a 262k-token vocabulary parses to ~30 MB of values) frees the parsed copy before
+    /// it reads the tensors, so peak memory does not hold both.
+    pub fn take_metadata(&mut self, key: &str) -> Option<GgufValue> {
+        let i = self.key_index.remove(key)?;
+        let (_, value) = self.metadata.remove(i);
+        for at in self.key_index.values_mut() {
+            if *at > i {
+                *at -= 1;
+            }
+        }
+        Some(value)
+    }
+
     /// The tensor info named `name`.
     pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
         let &i = self.tensor_index.get(name)?;
