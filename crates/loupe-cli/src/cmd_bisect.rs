@@ -38,7 +38,7 @@ pub struct BisectArgs {
     #[arg(long, default_value_t = 1e-3)]
     pub tie: f64,
     /// Plant a fault on every rung that runs its subsystem: graph faults (as `loupe dump
-    /// --inject`), batched-engine faults (`block-table@L`, `batch-reduction@L`) and the
+    /// --inject`), batched-engine faults (`block-table@L`, `batch-reduction@L`, `spec-mask@L`) and the
     /// server's `stream-drop-last`; the served rung's `loupe serve` gets the same list.
     #[arg(long = "inject", value_name = "CLASS[@LAYER]")]
     pub inject: Vec<Fault>,
@@ -87,6 +87,8 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
     // Batched: neighbours, chunked prefill, then the same prompt again (prefix-cache hit).
     let batched =
         bisect::batched_rung(&engine, &prompt, g, &runs.greedy_margins, &runs.greedy_logprobs, path_noise, args.tie);
+    eprintln!("loupe: rung speculative: the batched engine without and with speculation");
+    let speculative = bisect::speculative_rung(&engine, &prompt, k, &runs.greedy_margins);
     // Served: compared with the batched engine (the server runs it), or with G without it.
     let above = batched.tokens.as_deref().filter(|_| batched.status != "skipped").unwrap_or(g);
     let text = engine.tokenizer().decode(above, true).unwrap_or_default();
@@ -100,7 +102,7 @@ pub fn run(args: BisectArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
                 .skipped(format!("the server did not answer: {e:#}")),
         }
     };
-    let rungs = vec![reference, tf, inc, batched, served];
+    let rungs = vec![reference, tf, inc, batched, speculative, served];
     let mut ladder = Ladder::new(&engine, &prompt, k, precision_name(precision.into()), rungs);
 
     // The graph rung: the per-tensor comparison at the divergent step.

@@ -44,8 +44,8 @@ pub struct DumpArgs {
     /// parity tools against a known answer. CLASS: rope-interleaved, transposed-weight,
     /// norm-eps, norm-eps-subtle, o-proj-scale, gelu-tanh, softmax-scale, gqa-mapping,
     /// missing-residual, bf16, kv-write, kv-write-decode, mask. (block-table@L,
-    /// batch-reduction@L and stream-drop-last live in the batched engine and the server:
-    /// loupe bisect and loupe serve plant them.)
+    /// batch-reduction@L, spec-mask@L and stream-drop-last live in the batched engine and the
+    /// server: loupe bisect and loupe serve plant them.)
     #[arg(long = "inject", value_name = "CLASS@LAYER")]
     pub inject: Vec<loupe_models::Fault>,
 }

@@ -2,8 +2,9 @@
 //! localized to its subsystem's rung: a graph fault (`gelu-tanh`) to the teacher-forced rung,
 //! with the per-tensor comparison naming the planted node; a decode-only KV-cache fault
 //! (`kv-write-decode`) to the incremental rung; batched-engine faults (a block table read
-//! one entry late, a norm reduced over the batch's rows) to the batched rung; a streaming
-//! fault (the last delta dropped) to the served rung.
+//! one entry late, a norm reduced over the batch's rows) to the batched rung; a verify-step
+//! fault (draft rows that see later drafts) to the speculative rung; a streaming fault (the
+//! last delta dropped) to the served rung.
 
 mod common;
 use common::*;
@@ -24,14 +25,17 @@ fn bisect(model: &Path, extra: &[&str]) -> (i32, Value) {
     (code, serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("bisect JSON: {e}\n{}", stdout(&o))))
 }
 
-fn status<'a>(ladder: &'a Value, rung: &str) -> &'a str {
+fn rung<'a>(ladder: &'a Value, name: &str) -> &'a Value {
     ladder["rungs"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["name"] == rung)
-        .and_then(|r| r["status"].as_str())
-        .unwrap_or_else(|| panic!("no rung {rung}: {ladder}"))
+        .find(|r| r["name"] == name)
+        .unwrap_or_else(|| panic!("no rung {name}: {ladder}"))
+}
+
+fn status<'a>(ladder: &'a Value, name: &str) -> &'a str {
+    rung(ladder, name)["status"].as_str().unwrap_or_else(|| panic!("rung {name} has no status: {ladder}"))
 }
 
 #[test]
@@ -46,10 +50,14 @@ fn without_the_reference_the_loupe_rungs_run_and_agree() {
         ("teacher-forced", "match"),
         ("incremental", "match"),
         ("batched", "match"),
+        ("speculative", "match"),
         ("served", "skipped"),
     ] {
         assert_eq!(status(&clean, rung), want, "{rung}: {clean}");
     }
+    // The tiny model repeats one token: prompt lookup drafts, and steps verify drafts.
+    let spec = rung(&clean, "speculative");
+    assert!(spec["detail"].as_str().unwrap().contains("bit-identical with speculation on"), "{spec}");
     assert_eq!(clean["rungs"][2]["tokens"].as_array().unwrap().len(), 8);
     // A cache fault the batched engine refuses to plant: that rung says why it did not run.
     let (_, faulty) = bisect(&tiny_model(), &["--reference", "none", "--no-serve", "--inject", "kv-write-decode@1"]);
@@ -62,13 +70,17 @@ fn without_the_reference_the_loupe_rungs_run_and_agree() {
         assert_eq!((code, batched["first_divergent_rung"].as_str()), (1, Some("batched")), "{fault}: {batched}");
         assert_eq!(status(&batched, "incremental"), "match", "{fault}: {batched}");
     }
+    // A verify-step fault: the batched engine is right until speculation is on.
+    let (code, spec) = bisect(&tiny_model(), &["--reference", "none", "--no-serve", "--inject", "spec-mask@1"]);
+    assert_eq!((code, spec["first_divergent_rung"].as_str()), (1, Some("speculative")), "{spec}");
+    assert_eq!(status(&spec, "batched"), "match", "{spec}");
     // The server's own fault: the engine rungs agree, the streamed text loses its tail.
     let (code, stream) = bisect(&tiny_model(), &["--reference", "none", "--inject", "stream-drop-last"]);
     assert_eq!((code, stream["first_divergent_rung"].as_str()), (1, Some("served")), "{stream}");
     for rung in ["teacher-forced", "incremental", "batched"] {
         assert_eq!(status(&stream, rung), "match", "{rung}: {stream}");
     }
-    let detail = stream["rungs"][4]["detail"].as_str().unwrap();
+    let detail = rung(&stream, "served")["detail"].as_str().unwrap();
     assert!(detail.contains("streamed text differs from the plain response"), "{detail}");
 }
 
@@ -91,7 +103,7 @@ fn the_ladder_against_transformers_names_each_planted_subsystem() {
 
     let (code, clean) = bisect(&model, &[]);
     assert_eq!(code, 0, "{clean}");
-    for rung in ["reference", "teacher-forced", "incremental", "batched", "served"] {
+    for rung in ["reference", "teacher-forced", "incremental", "batched", "speculative", "served"] {
         assert_eq!(status(&clean, rung), "match", "{rung}: {clean}");
     }
 
@@ -127,10 +139,18 @@ fn the_ladder_against_transformers_names_each_planted_subsystem() {
         );
     }
 
+    // The verify step's fault: every rung before agrees, speculation changes the numbers.
+    let (code, spec) = bisect(&model, &["--inject", "spec-mask@1"]);
+    assert_eq!(code, 1, "{spec}");
+    for rung in ["reference", "teacher-forced", "incremental", "batched"] {
+        assert_eq!(status(&spec, rung), "match", "spec-mask: {rung}: {spec}");
+    }
+    assert_eq!(spec["first_divergent_rung"], "speculative", "{spec}");
+
     // The serving layer's fault: every engine rung agrees, the stream loses its last delta.
     let (code, served) = bisect(&model, &["--inject", "stream-drop-last"]);
     assert_eq!(code, 1, "{served}");
-    for rung in ["reference", "teacher-forced", "incremental", "batched"] {
+    for rung in ["reference", "teacher-forced", "incremental", "batched", "speculative"] {
         assert_eq!(status(&served, rung), "match", "stream-drop-last: {rung}: {served}");
     }
     assert_eq!(served["first_divergent_rung"], "served", "{served}");

@@ -55,6 +55,11 @@ pub enum FaultClass {
     /// row's features: a reduction over the wrong axis, so a sequence's numbers depend on
     /// the rows batched beside it.
     BatchReduction,
+    /// Batched engine, speculative verify steps only: layer `L`'s attention lets every row of
+    /// a sequence that verifies drafts see all of that step's rows (its later drafts too), a
+    /// verify mask that is not causal. Steps without drafts are untouched, so the batched
+    /// engine is right until speculation is on.
+    SpecMask,
     /// Server only: a streamed response drops its last text delta before the finish chunk
     /// (text held back, for stop strings, and never flushed). Plain responses are right.
     StreamDropLast,
@@ -84,8 +89,8 @@ impl FaultClass {
 
     /// Faults planted outside the graph's single-sequence arithmetic, each in the subsystem
     /// that [`FaultClass::subsystem`] names: `loupe bisect` localizes them to its rungs.
-    pub const SUBSYSTEM: [FaultClass; 3] =
-        [FaultClass::BlockTable, FaultClass::BatchReduction, FaultClass::StreamDropLast];
+    pub const SUBSYSTEM: [FaultClass; 4] =
+        [FaultClass::BlockTable, FaultClass::BatchReduction, FaultClass::SpecMask, FaultClass::StreamDropLast];
 
     /// Classes that exist to test the debugging options, not the parity tools; accepted by
     /// `--inject` but not listed in its help nor in [`FaultClass::ALL`].
@@ -109,6 +114,7 @@ impl FaultClass {
             FaultClass::Mask => "mask",
             FaultClass::BlockTable => "block-table",
             FaultClass::BatchReduction => "batch-reduction",
+            FaultClass::SpecMask => "spec-mask",
             FaultClass::StreamDropLast => "stream-drop-last",
             FaultClass::Nan => "nan",
             FaultClass::Uninit => "uninit",
@@ -143,6 +149,7 @@ impl FaultClass {
             FaultClass::BatchReduction => {
                 "batched engine: input_layernorm's mean square over the step's rows, not each row"
             }
+            FaultClass::SpecMask => "batched engine: a verify step's draft rows see the later drafts (no causal mask)",
             FaultClass::StreamDropLast => "server: a stream drops its last text delta",
             FaultClass::Nan => "o_proj's output holds one NaN and one +Inf (tests nan-check)",
             FaultClass::Uninit => "o_proj's output is half unwritten (tests uninitialized-read-check)",
@@ -165,7 +172,7 @@ impl FaultClass {
     /// Which subsystem plants this class.
     pub fn subsystem(self) -> Subsystem {
         match self {
-            FaultClass::BlockTable | FaultClass::BatchReduction => Subsystem::BatchedEngine,
+            FaultClass::BlockTable | FaultClass::BatchReduction | FaultClass::SpecMask => Subsystem::BatchedEngine,
             FaultClass::StreamDropLast => Subsystem::Server,
             _ => Subsystem::Graph,
         }

@@ -215,6 +215,10 @@ pub fn build_decoder(
             // The executor plants it in batched steps, where there is a block table.
             attn_fault = Some(FaultClass::BlockTable);
         }
+        if has(FaultClass::SpecMask) {
+            // The executor plants it in batched steps that verify drafts.
+            attn_fault = Some(FaultClass::SpecMask);
+        }
         let attn = b.node(
             m(R::AttnCore).name(),
             Op::Attention { layer: l, shape: layer_shape, variant, kv_write },

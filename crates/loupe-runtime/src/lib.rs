@@ -29,8 +29,8 @@ use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{
-    BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, SeqEvent, SeqId, SeqRequest,
-    SequenceTap, SpecStats, SpeculationConfig, StepShape, Usage,
+    ngram_draft, BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, Drafter, SeqEvent,
+    SeqId, SeqRequest, SequenceTap, SpecStats, SpeculationConfig, StepShape, Usage,
 };
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};

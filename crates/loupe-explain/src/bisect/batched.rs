@@ -17,6 +17,47 @@ pub const BATCHED_NOISE_FACTOR: f64 = 100.0;
 /// that happen to agree to the bit do not make the rule demand bit-equality.
 pub const MIN_PATH_NOISE: f64 = 1e-6;
 
+/// A greedy request for `n` tokens with their log-probabilities.
+pub(super) fn greedy(prompt: Vec<u32>, n: usize) -> SeqRequest {
+    SeqRequest {
+        prompt,
+        max_tokens: n,
+        sampling: SamplingParams::default(),
+        stop_ids: Vec::new(),
+        logprobs: Some(0),
+        grammar: None,
+        fast_forward: false,
+        speculate: true,
+    }
+}
+
+/// The three prompts (5, 23 and 41 seeded random tokens) the rung's prompt runs beside.
+pub(super) fn neighbours(engine: &Engine) -> Vec<Vec<u32>> {
+    let vocab = engine.config().vocab_size() as u64;
+    let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"
+    [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect()
+}
+
+/// Steps `be` until every request of `reqs` is done: the first request's tokens, their
+/// log-probs, and its prompt tokens served from the prefix cache.
+pub(super) fn run_first(be: &mut BatchEngine, reqs: Vec<SeqRequest>) -> Result<(Vec<u32>, Vec<f64>, usize), String> {
+    let ids = reqs.into_iter().map(|r| be.add(r)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+    let (mut tokens, mut logprobs, mut cached) = (Vec::new(), Vec::new(), 0);
+    while be.has_work() {
+        for event in be.step().map_err(|e| e.to_string())? {
+            match event {
+                SeqEvent::Token { id, token, logprobs: lp } if id == ids[0] => {
+                    tokens.push(token);
+                    logprobs.push(lp.map_or(f64::NAN, |l| f64::from(l.logprob)));
+                }
+                SeqEvent::Finished { id, usage, .. } if id == ids[0] => cached = usage.cached_tokens,
+                _ => {}
+            }
+        }
+    }
+    Ok((tokens, logprobs, cached))
+}
+
 /// The batched rung: the prompt among three neighbours with a small token budget per step
 /// (so prefill is chunked), then once more alone, when its prompt blocks are cached.
 pub fn batched_rung(
@@ -29,42 +70,10 @@ pub fn batched_rung(
     tie: f64,
 ) -> Rung {
     let mut rung = Rung::new("batched", "batching / scheduler (neighbours, chunked prefill, prefix cache)");
-    let greedy = |p: Vec<u32>, n: usize| SeqRequest {
-        prompt: p,
-        max_tokens: n,
-        sampling: SamplingParams::default(),
-        stop_ids: Vec::new(),
-        logprobs: Some(0),
-        grammar: None,
-        fast_forward: false,
-        speculate: true,
-    };
-    let vocab = engine.config().vocab_size() as u64;
-    let mut rng = loupe_core::SplitMix64::new(0x6269_7365_6374); // "bisect"
-    let neighbours: Vec<Vec<u32>> =
-        [5usize, 23, 41].iter().map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect()).collect();
+    let neighbours = neighbours(engine);
     // Blocks of 4 positions: even a short prompt leaves whole blocks for the prefix cache.
     let config =
         BatchConfig { max_batch_tokens: 24, max_seqs: 8, block_size: 4, prefix_cache: true, ..BatchConfig::default() };
-    // Steps until every request is done; the first request's tokens, their log-probs, and
-    // its prompt tokens served from the prefix cache.
-    let run_first = |be: &mut BatchEngine, reqs: Vec<SeqRequest>| -> Result<(Vec<u32>, Vec<f64>, usize), String> {
-        let ids = reqs.into_iter().map(|r| be.add(r)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
-        let (mut tokens, mut logprobs, mut cached) = (Vec::new(), Vec::new(), 0);
-        while be.has_work() {
-            for event in be.step().map_err(|e| e.to_string())? {
-                match event {
-                    SeqEvent::Token { id, token, logprobs: lp } if id == ids[0] => {
-                        tokens.push(token);
-                        logprobs.push(lp.map_or(f64::NAN, |l| f64::from(l.logprob)));
-                    }
-                    SeqEvent::Finished { id, usage, .. } if id == ids[0] => cached = usage.cached_tokens,
-                    _ => {}
-                }
-            }
-        }
-        Ok((tokens, logprobs, cached))
-    };
     // (tokens beside neighbours, their log-probs), tokens again from the prefix cache, hits.
     type Runs = ((Vec<u32>, Vec<f64>), Vec<u32>, usize);
     let run = || -> Result<Runs, String> {

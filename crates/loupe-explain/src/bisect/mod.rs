@@ -1,5 +1,5 @@
 //! `loupe bisect`: the bisect ladder of docs/parity-protocol.md (step 5) as library code. The
-//! same prompt runs on five rungs, each a subsystem more than the one before:
+//! same prompt runs on six rungs, each a subsystem more than the one before:
 //!
 //! | rung | what runs | a divergence from the rung above means |
 //! | --- | --- | --- |
@@ -7,24 +7,27 @@
 //! | teacher-forced | loupe, one forward pass over prompt + tokens | kernels / graph |
 //! | incremental | loupe, prefill then one decode step per token (KV cache) | KV cache / positions |
 //! | batched | loupe's batched engine, with neighbours, chunked prefill, a prefix-cache hit | batching / scheduler |
+//! | speculative | the batched engine without and with speculative decoding (eager prompt lookup) | speculative decoding |
 //! | served | `loupe serve` over HTTP, plain and streamed | serving layer (detokenizer, stream) |
 //!
 //! The tokens compared are loupe's own greedy continuation G (the incremental rung). The
 //! reference and teacher-forced rungs are evaluated along G, so a mismatch at one step does
 //! not cascade; the batched and served rungs generate greedily and must reproduce G (and
-//! its text). A mismatch where the deciding side's top-1/top-2 logit gap is below the tie
+//! its text); the speculative rung must reproduce its own run without speculation bit for
+//! bit (tokens and log-probs). A mismatch where the deciding side's top-1/top-2 logit gap is below the tie
 //! threshold is a near tie, reported but not a divergence. The first rung that diverges
 //! names the subsystem ([`Ladder::conclude`]).
 //!
 //! What runs outside this process is the caller's: the Python reference
 //! ([`TeacherForced`] is its answer), the `loupe serve` child (the served rung gets an
 //! [`loupe_client::HttpClient`] of it), and the per-tensor comparison at the divergent step.
-//! Module order: [`rung`] is the leaf; [`batched`] and [`served`] read it; this module reads
-//! all three.
+//! Module order: [`rung`] is the leaf; [`batched`] and [`served`] read it; [`speculative`]
+//! reads both `rung` and `batched`; this module reads all four.
 
 pub mod batched;
 pub mod rung;
 pub mod served;
+pub mod speculative;
 
 use loupe_runtime::{Engine, RuntimeError};
 use serde::Serialize;
@@ -33,6 +36,7 @@ pub use batched::batched_rung;
 pub use rung::Rung;
 use rung::{argmax_margins, judge, logprobs_of};
 pub use served::served_rung;
+pub use speculative::speculative_rung;
 
 /// Why the engine rungs could not run.
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +220,7 @@ impl Ladder {
             "teacher-forced" => format!("the per-tensor comparison at decode step {step} is above (first divergent tensor, likely cause); loupe explain REF TARGET --tensor NAME --step {step} on it tests fix hypotheses"),
             "incremental" => format!("the graph is right on one pass but not step by step: compare loupe dump --steps {} against one teacher-forced pass (KV-cache writes, positions, decode-only kernels)", step + 1),
             "batched" => "the batched engine disagrees with the single-sequence one: bench it alone (--max-seqs 1), without the prefix cache (--no-prefix-cache) and without chunking (a larger --max-batch-tokens) to find which one changes the tokens".into(),
+            "speculative" => format!("the batched engine is right without speculation and wrong with it, from step {step}: the verify step is the suspect (the draft rows' attention mask, their positions, the KV cache after a rejected draft); loupe generate --speculate ngram against plain loupe generate reproduces it on a single sequence"),
             _ => "the engine is right and the server is not: compare the served token ids with the batched ones (detokenization, stop handling, stream framing)".into(),
         });
     }

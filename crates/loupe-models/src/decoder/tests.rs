@@ -172,7 +172,7 @@ fn planted_value(c: FaultClass) -> &'static str {
         | FaultClass::KvWriteDecode
         | FaultClass::Mask => "model.layers.1.self_attn.attn_output",
         FaultClass::MissingResidual => "model.layers.1.attn_residual",
-        FaultClass::BlockTable | FaultClass::BatchReduction | FaultClass::StreamDropLast => {
+        FaultClass::BlockTable | FaultClass::BatchReduction | FaultClass::SpecMask | FaultClass::StreamDropLast => {
             unreachable!("{c} is not in FaultClass::ALL")
         }
     }
@@ -205,6 +205,31 @@ fn batched_engine_faults_show_only_in_batched_steps() {
         let vocab = base.len() / 2;
         assert_ne!(faulty[..vocab], base[..vocab], "{class}: the two-block sequence's logits did not change");
     }
+}
+
+/// `spec-mask` leaves a batched step without drafts bit-identical and changes the logits of a
+/// step that verifies drafts (a span with a logits row per position).
+#[test]
+fn the_spec_mask_fault_shows_only_in_verify_steps() {
+    use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+    let clean = build(&[]);
+    let faulty = build(&[Fault { class: FaultClass::SpecMask, layer: 1 }]);
+    assert_eq!(run(&faulty), run(&clean), "the single-sequence path changed");
+    // A prompt of 5, then a step verifying 3 rows (the last token and 2 drafts).
+    let steps = |g: &Graph, verify: usize| {
+        let mut exec = Executor::new(g, &Default::default());
+        let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
+        let prompt = [3u32, 14, 15, 9, 26];
+        let span = BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 5 };
+        exec.run_batch(g, &prompt, &[span], &mut kv, None).unwrap();
+        let next = [5u32, 7, 8];
+        let span = BatchSpan { len: 3, past: 5, blocks: &[0, 1], logits: verify, prompt_rows: 0 };
+        exec.run_batch(g, &next, &[span], &mut kv, None).unwrap().to_vec()
+    };
+    assert_eq!(steps(&faulty, 1), steps(&clean, 1), "a step without drafts changed");
+    let (base, spec) = (steps(&clean, 3), steps(&faulty, 3));
+    let vocab = base.len() / 3;
+    assert_ne!(spec[..vocab], base[..vocab], "the first verified row did not see the later drafts");
 }
 
 #[test]
