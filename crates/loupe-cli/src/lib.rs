@@ -64,8 +64,8 @@ enum Command {
     Print(cmd_print::PrintArgs),
     /// Dump loupe and the PyTorch reference on one prompt, compare, and give one verdict.
     Parity(cmd_parity::ParityArgs),
-    /// The bisect ladder: reference, teacher-forced, incremental, batched and served rungs on
-    /// one prompt; names the first subsystem that diverges.
+    /// The bisect ladder: reference, teacher-forced, incremental, batched, speculative and
+    /// served rungs on one prompt; names the first subsystem that diverges.
     Bisect(cmd_bisect::BisectArgs),
     /// Test fix hypotheses for one divergent tensor on the reference's inputs of its op.
     Explain(cmd_explain::ExplainArgs),

@@ -143,10 +143,11 @@ fn the_bisect_page_renders_its_ladder() {
     let dom = rendered_dom(&page);
     assert!(dom.contains("DIVERGENCE at rung 'served'"), "verdict");
     assert!(dom.contains("serving layer (detokenizer, stream)"), "the subsystem");
-    assert_eq!(dom.matches("data-rung=").count(), 5, "one row per rung");
-    // Tokens rung by rung: teacher-forced, incremental, batched (no reference with --reference none).
+    assert_eq!(dom.matches("data-rung=").count(), 6, "one row per rung");
+    // Tokens rung by rung: teacher-forced, incremental, batched, speculative (no reference with
+    // --reference none).
     let grid = &dom[dom.find("id=\"tokgrid\"").expect("token grid")..];
-    assert!(grid.matches("title=\"token ").count() >= 3 * 6, "a cell per rung and step");
+    assert!(grid.matches("title=\"token ").count() >= 4 * 6, "a cell per rung and step");
     assert!(!dom.contains("class=\"mono tok-diff\""), "the engine rungs agree token for token");
     screenshot(&page, "bisect-report.png");
 }

@@ -1,11 +1,12 @@
 //! The speculative rung: the batched rung's setup (the prompt beside three neighbours, chunked
 //! prefill) run twice through the batched engine, without speculation and with a drafter that
 //! drafts at every step ([`eager_draft`]: prompt lookup from one token, else the last token
-//! again), so that steps verify drafts, accept some and reject others. Speculation changes when tokens come, never which: a
-//! verified row is computed with a one-token step's arithmetic, so the greedy tokens and their
-//! log-probs must be identical bit for bit. Any difference, even at a near tie, is a
-//! divergence here (the verify step: its attention mask, the drafts' positions, the KV cache
-//! after a rejection).
+//! again), so that steps verify drafts, accept some and reject others.
+//!
+//! Speculation changes when tokens come, never which: a verified row is computed with a
+//! one-token step's arithmetic, so the greedy tokens and their log-probs must be identical bit
+//! for bit. Any difference, even at a near tie, is a divergence here (the verify step: its
+//! attention mask, the drafts' positions, the KV cache after a rejection).
 
 use loupe_runtime::{ngram_draft, BatchConfig, BatchEngine, Drafter, Engine, SpecStats, SpeculationConfig};
 
@@ -55,8 +56,11 @@ pub fn speculative_rung(engine: &Engine, prompt: &[u32], steps: usize, margins: 
     judge(&mut rung, &base, &tokens, margins, 0.0, true);
     rung.logit_diff("log-prob of the step's token", (&tokens, &base), (&logprobs, &base_lp));
     let drafted = format!(
-        "{} verify steps, {} drafts, {} accepted over the 4 sequences",
-        stats.verify_steps, stats.draft_tokens, stats.accepted_tokens
+        "{} verify steps, {} drafts, {} accepted over the {} sequences",
+        stats.verify_steps,
+        stats.draft_tokens,
+        stats.accepted_tokens,
+        neighbours.len() + 1
     );
     if rung.status == "match" {
         let differs = |(a, b): (&f64, &f64)| a.to_bits() != b.to_bits();

@@ -14,7 +14,8 @@ use crate::fault::{rms_norm_over_step, stale_block_tables};
 use crate::ir::{Graph, Node, Op, WeightData};
 use crate::FaultClass;
 
-/// The fault node runs with in this step: a batched-engine class, in a batched step.
+/// The fault node runs with in this step: a batched-engine class, in a batched step
+/// (`spec-mask`: in a batched step that verifies drafts).
 pub(crate) fn batched_fault(node: &Node, step: &StepKv<'_, '_>) -> Option<FaultClass> {
     match (node.fault, step) {
         (Some(f @ (FaultClass::BatchReduction | FaultClass::BlockTable)), _) if step.is_batch() => Some(f),
