@@ -38,8 +38,9 @@ pub struct BisectArgs {
     #[arg(long, default_value_t = 1e-3)]
     pub tie: f64,
     /// Plant a fault on every rung that runs its subsystem: graph faults (as `loupe dump
-    /// --inject`), batched-engine faults (`block-table@L`, `batch-reduction@L`, `spec-mask@L`) and the
-    /// server's `stream-drop-last`; the served rung's `loupe serve` gets the same list.
+    /// --inject`), batched-engine faults (`block-table@L`, `batch-reduction@L`,
+    /// `spec-mask@L`) and the server's `stream-drop-last`; the served rung's `loupe serve`
+    /// gets the same list.
     #[arg(long = "inject", value_name = "CLASS[@LAYER]")]
     pub inject: Vec<Fault>,
     /// Skip the served rung (no server is started).

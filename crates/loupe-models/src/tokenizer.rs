@@ -10,7 +10,6 @@ use crate::error::ModelError;
 /// scores, token types and merges are moved out of `gguf`'s metadata (`take_*`), so they are
 /// held once: read the file's tokenizer once, before anything else needs them.
 pub fn spec_from_gguf(gguf: &mut GgufFile) -> Result<TokenizerSpec, ModelError> {
-    // The large arrays are moved out of the parsed metadata, so the weights load without them.
     let tokens = gguf.take_str_array("tokenizer.ggml.tokens")?.unwrap_or_default();
     let scores = gguf.take_f32_array("tokenizer.ggml.scores")?;
     let token_types = gguf.take_i32_array("tokenizer.ggml.token_type")?;
