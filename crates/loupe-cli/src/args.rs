@@ -127,6 +127,10 @@ pub struct SpeculationArgs {
     /// The most draft tokens one step verifies (the number adapts to what is accepted)
     #[arg(long, value_name = "K", default_value_t = 5)]
     pub draft_tokens: usize,
+    /// With --speculate: write every step's proposals, how many were accepted and the tokens
+    /// produced (ids and text), one JSON object per sequence and step, to FILE
+    #[arg(long, value_name = "FILE")]
+    pub speculation_log: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -139,6 +143,12 @@ pub enum SpeculateArg {
 impl SpeculationArgs {
     /// The engine's speculation settings; `None` when off.
     pub fn config(&self) -> anyhow::Result<Option<loupe_runtime::SpeculationConfig>> {
+        if let Some(path) = &self.speculation_log {
+            if self.speculate == SpeculateArg::Off {
+                return Err(UsageError("--speculation-log needs --speculate".into()).into());
+            }
+            crate::output::check_output_file("--speculation-log", path)?;
+        }
         match self.speculate {
             SpeculateArg::Off => Ok(None),
             SpeculateArg::Ngram => {
@@ -158,12 +168,16 @@ impl SpeculationArgs {
         match self.speculate {
             SpeculateArg::Off => Vec::new(),
             SpeculateArg::Ngram => {
-                vec![
+                let mut flags: Vec<std::ffi::OsString> = vec![
                     "--speculate".into(),
                     "ngram".into(),
                     "--draft-tokens".into(),
                     self.draft_tokens.to_string().into(),
-                ]
+                ];
+                if let Some(path) = &self.speculation_log {
+                    flags.extend(["--speculation-log".into(), path.clone().into_os_string()]);
+                }
+                flags
             }
         }
     }
@@ -225,6 +239,7 @@ impl BatchEngineArgs {
             prefix_cache: !self.no_prefix_cache,
             prefix_cache_disk: None,
             speculation: self.speculation.config()?,
+            speculation_log: self.speculation.speculation_log.clone(),
         })
     }
 }

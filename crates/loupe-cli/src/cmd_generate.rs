@@ -172,8 +172,14 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let (result, spec) = match speculation {
         None => (engine.generate_tokens(&request, &mut on_text).map_err(usage_error)?, None),
         Some(s) => {
-            let (g, stats) =
-                loupe_runtime::generate_speculative(&engine, &request, s, &mut on_text).map_err(usage_error)?;
+            let (g, stats) = loupe_runtime::generate_speculative(
+                &engine,
+                &request,
+                s,
+                args.speculation.speculation_log.as_deref(),
+                &mut on_text,
+            )
+            .map_err(usage_error)?;
             (g, Some(stats))
         }
     };

@@ -82,6 +82,17 @@ pub struct ProfileData {
     pub dropped_events: u64,
     /// Compute threads seen (the graph's thread and the workers that took part).
     pub threads: u32,
+    /// Time the caller attributes to phases of its own, around the graph's steps (the
+    /// batched engine's drafting and verification under speculation), in first-seen order.
+    pub phases: Vec<PhaseStats>,
+}
+
+/// A caller's phase ([`Profiler::add_phase`]): how often it ran and for how long.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PhaseStats {
+    pub name: &'static str,
+    pub calls: u64,
+    pub nanos: u64,
 }
 
 /// A shared handle: clone it into every executor to profile, read it when done.
@@ -96,6 +107,19 @@ impl Profiler {
     /// A copy of the data so far.
     pub fn snapshot(&self) -> ProfileData {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Adds `calls` runs taking `nanos` in all to the caller's phase `name` (listed under
+    /// "by phase" in [`ProfileData::table`]; phases may overlap the graph's nodes).
+    pub fn add_phase(&self, name: &'static str, calls: u64, nanos: u64) {
+        let mut d = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match d.phases.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                p.calls += calls;
+                p.nanos += nanos;
+            }
+            None => d.phases.push(PhaseStats { name, calls, nanos }),
+        }
     }
 
     /// Adds one step's counts and events, and clears them (keeping the node names).
@@ -323,6 +347,15 @@ impl ProfileData {
         for s in self.by_op() {
             row(&mut out, &s, &s.name);
         }
+        if !self.phases.is_empty() {
+            let _ = writeln!(out);
+            let _ = writeln!(out, "  {:<56} {:>8} {:>10} {:>12}", "by phase", "calls", "ms", "ms per call");
+            for p in &self.phases {
+                let ms = p.nanos as f64 / 1e6;
+                let _ =
+                    writeln!(out, "  {:<56} {:>8} {:>10.2} {:>12.4}", p.name, p.calls, ms, ms / p.calls.max(1) as f64);
+            }
+        }
         let _ = writeln!(out);
         head(&mut out, &format!("slowest {top} nodes"));
         for s in self.ranked().into_iter().take(top) {
@@ -384,4 +417,31 @@ fn json_escape(s: &str) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_accumulate_by_name_in_first_seen_order_and_print_under_their_own_heading() {
+        let p = Profiler::new();
+        assert!(!p.snapshot().table(5).contains("by phase"), "no phase, no section");
+        p.add_phase("verify", 1, 3_000_000);
+        p.add_phase("draft", 2, 1_000);
+        p.add_phase("verify", 1, 5_000_000);
+        let data = p.snapshot();
+        assert_eq!(
+            data.phases,
+            [
+                PhaseStats { name: "verify", calls: 2, nanos: 8_000_000 },
+                PhaseStats { name: "draft", calls: 2, nanos: 1_000 }
+            ]
+        );
+        let table = data.table(5);
+        let verify = table.lines().find(|l| l.trim_start().starts_with("verify")).expect("a verify row");
+        let cols: Vec<&str> = verify.split_whitespace().collect();
+        assert_eq!(cols, ["verify", "2", "8.00", "4.0000"], "{verify}");
+        assert!(table.find("by phase") < table.find("slowest 5 nodes"));
+    }
 }

@@ -30,7 +30,8 @@ use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{
     ngram_draft, BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, Drafter, SeqEvent,
-    SeqId, SeqRequest, SequenceTap, SpecStats, SpeculationConfig, StepShape, Usage,
+    SeqId, SeqRequest, SequenceTap, SpecRecord, SpecStats, SpeculationConfig, StepShape, Usage, PHASE_DECODE,
+    PHASE_DRAFT, PHASE_PROMPT, PHASE_VERIFY,
 };
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
 pub use default_model::{default_model, default_model_path, fetch_model, FETCHABLE_MODELS};
@@ -56,6 +57,8 @@ pub enum RuntimeError {
     Constraint(#[from] crate::constraint::ConstraintError),
     #[error(transparent)]
     Disk(#[from] crate::batch::disk::DiskError),
+    #[error("speculation log {}: {source}", path.display())]
+    SpeculationLog { path: std::path::PathBuf, source: std::io::Error },
 }
 
 /// One sequence being run through a model graph.

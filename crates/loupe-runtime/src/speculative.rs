@@ -3,6 +3,7 @@
 //! computes them (batch invariance), and speculation changes no token of a greedy answer, so
 //! the output is `Engine::generate_tokens`'s; only the time differs.
 
+use std::path::Path;
 use std::time::Instant;
 
 use crate::batch::{BatchConfig, BatchEngine, SeqEvent, SeqRequest, SpecStats, SpeculationConfig};
@@ -11,11 +12,14 @@ use crate::{Engine, RuntimeError};
 
 /// Generates `request` as [`Engine::generate_tokens`] does, one sequence in a batched
 /// engine that speculates with `speculation`; returns the generation and what speculation
-/// did. Text goes to `on_text` as it becomes final (stop strings held back as there).
+/// did. Text goes to `on_text` as it becomes final (stop strings held back as there). With
+/// `log`, each step's proposals and what was accepted go to that file as JSON lines
+/// ([`crate::SpecRecord`]).
 pub fn generate_speculative(
     engine: &Engine,
     request: &GenerateRequest,
     speculation: SpeculationConfig,
+    log: Option<&Path>,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generation, SpecStats), RuntimeError> {
     let context = engine.graph().context_length;
@@ -31,6 +35,7 @@ pub fn generate_speculative(
         // One sequence: its whole context, and no more.
         kv_blocks: Some(context.div_ceil(BatchConfig::default().block_size) + 1),
         speculation: Some(speculation),
+        speculation_log: log.map(Path::to_path_buf),
         ..BatchConfig::default()
     };
     let mut batch = BatchEngine::new(engine, config)?;

@@ -27,18 +27,22 @@ pub mod disk;
 mod offload;
 mod reset;
 mod schedule;
+mod spec_log;
 mod speculate;
 mod tap;
 
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
 
-use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, PagedKvCache};
+use loupe_graph::{BatchSpan, Executor, Graph, KvDtype, PagedKvCache, Profiler};
 
 use crate::constraint::{Constraint, GrammarSpec};
 use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams, TokenLogprobs};
 pub use blocks::{BlockManager, PrefixStats};
 pub use disk::{DiskCacheConfig, DiskStats};
+use spec_log::{SpecLog, StepClock};
+pub use spec_log::{SpecRecord, PHASE_DECODE, PHASE_DRAFT, PHASE_PROMPT, PHASE_VERIFY};
 use speculate::SpecState;
 pub use speculate::{ngram_draft, Drafter, SpecStats, SpeculationConfig};
 pub use tap::{SequenceTap, StepLayout, StepObserver, WholeStep};
@@ -70,6 +74,10 @@ pub struct BatchConfig {
     /// Speculative decoding ([`speculate`]); `None` (the default): off. A request may opt
     /// out ([`SeqRequest::speculate`]).
     pub speculation: Option<SpeculationConfig>,
+    /// With speculation: write each speculating sequence's proposals, accepted count and
+    /// produced tokens, step by step, to this file as JSON lines ([`SpecRecord`]); created
+    /// (truncated) by [`BatchEngine::new`]. `None` (the default): no log.
+    pub speculation_log: Option<PathBuf>,
 }
 
 impl Default for BatchConfig {
@@ -84,6 +92,7 @@ impl Default for BatchConfig {
             prefix_cache: true,
             prefix_cache_disk: None,
             speculation: None,
+            speculation_log: None,
         }
     }
 }
@@ -250,6 +259,11 @@ pub struct BatchEngine<'e> {
     last_step: StepShape,
     /// Rows of the embedding table: the token ids a prompt may hold.
     vocab: usize,
+    /// [`BatchConfig::speculation_log`], open.
+    spec_log: Option<SpecLog>,
+    /// The engine's profiler, and this step's clock under it when speculation is on.
+    profiler: Option<Profiler>,
+    clock: Option<StepClock>,
 }
 
 /// Bytes of memory the machine has (`/proc/meminfo` MemTotal), if known.
@@ -300,6 +314,13 @@ impl<'e> BatchEngine<'e> {
         kv_dtype.hash(&mut salt);
         config.block_size.hash(&mut salt);
         let salt = salt.finish();
+        let spec_log = match (&config.speculation_log, config.speculation) {
+            (None, _) => None,
+            (Some(path), Some(_)) => Some(SpecLog::create(path)?),
+            (Some(_), None) => {
+                return Err(RuntimeError::InvalidRequest("a speculation log needs speculation on".into()))
+            }
+        };
         let disk = offload::open_disk(engine, &config, salt, kv_dtype)?;
         let kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, config.block_size, n_blocks, kv_dtype);
         let mut blocks = BlockManager::new(n_blocks, config.block_size, salt, config.prefix_cache);
@@ -335,6 +356,9 @@ impl<'e> BatchEngine<'e> {
                     }
                 })
                 .unwrap_or(usize::MAX),
+            spec_log,
+            profiler: engine.profiler().cloned(),
+            clock: None,
         })
     }
 
@@ -519,7 +543,11 @@ impl<'e> BatchEngine<'e> {
         mut observer: Option<&mut dyn StepObserver>,
     ) -> Result<Vec<SeqEvent>, RuntimeError> {
         let mut events = Vec::new();
+        if self.config.speculation.is_some() && self.profiler.is_some() {
+            self.clock = Some(StepClock::start());
+        }
         let plan = self.schedule(&mut events);
+        let verifies = self.running.iter().any(|s| !s.draft.is_empty());
         // Blocks the schedule evicted go to the disk tier before this step overwrites them.
         self.spill_evicted();
         self.last_step = StepShape::default();
@@ -604,6 +632,7 @@ impl<'e> BatchEngine<'e> {
         // the next token from its last row.
         let mut sampled = Vec::with_capacity(logit_seqs.len());
         let mut row = 0;
+        let mut logged = Ok(());
         for &(i, rows) in &logit_seqs {
             let seq = &mut self.running[i];
             let draft = std::mem::take(&mut seq.draft);
@@ -625,8 +654,21 @@ impl<'e> BatchEngine<'e> {
                 let max = self.config.speculation.map_or(1, |c| c.max_draft);
                 seq.spec.update(draft.len(), accepted, max);
             }
+            if let Some(log) = self.spec_log.as_mut().filter(|_| seq.speculate) {
+                let produced: Vec<u32> = new.iter().map(|&(t, _)| t).collect();
+                let record = SpecRecord {
+                    step: self.stats.steps,
+                    seq: seq.id,
+                    position: seq.tokens.len(),
+                    proposed: &draft,
+                    accepted,
+                    produced: &produced,
+                };
+                logged = logged.and_then(|()| log.write(&record, self.engine.tokenizer()));
+            }
             sampled.push((i, new, draft.len() - accepted, accepted));
         }
+        SpecLog::flush_or_close(&mut self.spec_log, logged);
         // Positions whose keys and values this step computed and kept: a rejected draft's
         // are overwritten later.
         for (i, &n) in plan.iter().enumerate() {
@@ -700,6 +742,9 @@ impl<'e> BatchEngine<'e> {
             self.release(seq);
         }
         self.stats.peak_blocks_in_use = self.stats.peak_blocks_in_use.max(self.blocks.in_use());
+        if let (Some(clock), Some(profiler)) = (self.clock.take(), &self.profiler) {
+            clock.finish(profiler, verifies, self.last_step.ce_tokens > 0);
+        }
         Ok(events)
     }
 

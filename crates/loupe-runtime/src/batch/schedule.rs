@@ -2,19 +2,32 @@
 //! (prefill chunks under the token budget, a generating sequence's token and its drafts),
 //! preempting the newest when blocks run out, admitting queued requests in order.
 
+use std::time::Instant;
+
 use super::{speculate, BatchEngine, SeqEvent};
 use crate::FinishReason;
 
 impl BatchEngine<'_> {
     /// The draft running sequence `i` verifies this step, within `budget` step tokens: none
     /// unless speculation is on and the sequence generates (its last token is not a prompt
-    /// token); every step produces one token, drafts are the ones beyond.
-    fn draft_for(&self, i: usize, budget: usize) -> Vec<u32> {
-        let (Some(config), seq) = (self.config.speculation, &self.running[i]) else { return Vec::new() };
+    /// token); every step produces one token, drafts are the ones beyond. The drafter's
+    /// time goes on the step's clock when there is one.
+    fn draft_for(&mut self, i: usize, budget: usize) -> Vec<u32> {
+        let since = Instant::now();
+        let Some(draft) = self.consult_drafter(i, budget) else { return Vec::new() };
+        if let Some(clock) = self.clock.as_mut() {
+            clock.drafted(since);
+        }
+        draft
+    }
+
+    /// [`Self::draft_for`]'s draft, `None` where the drafter is not asked.
+    fn consult_drafter(&self, i: usize, budget: usize) -> Option<Vec<u32>> {
+        let (Some(config), seq) = (self.config.speculation, &self.running[i]) else { return None };
         // A grammar that fast-forwards appends forced tokens after the sampled one, which a
         // draft's rows cannot know of: no drafts there.
         if !seq.speculate || (seq.constraint.is_some() && seq.fast_forward) || seq.generated() == 0 {
-            return Vec::new();
+            return None;
         }
         let k = seq
             .spec
@@ -22,7 +35,7 @@ impl BatchEngine<'_> {
             .min(seq.max_tokens.saturating_sub(seq.generated() + 1))
             .min(self.graph.context_length.saturating_sub(seq.tokens.len() + 1))
             .min(budget.saturating_sub(1));
-        speculate::draft(&config, &seq.tokens, k)
+        Some(speculate::draft(&config, &seq.tokens, k))
     }
 
     /// Plans one step: which sequences run how many tokens. Running sequences go first
