@@ -1,12 +1,14 @@
 """Speculative decoding (`--speculate ngram`, issue 39) never changes an answer: every chat
 golden's greedy tokens come back through a speculating server, alone and under 16-way
 concurrency, streamed and not, and `loupe generate --speculate ngram` gives the golden tokens
-too; the counters say drafts were verified and accepted; a request can opt out.
+too; the counters say drafts were verified and accepted; a request can opt out. The
+speculation log (`--speculation-log`) and `--profile`'s phases account for what happened.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,10 +22,12 @@ COPY = ("Repeat this sentence exactly, word for word: The lighthouse keeper clim
 
 
 @pytest.fixture(scope="module")
-def spec_server(request):
+def spec_server(request, tmp_path_factory):
     from conftest import Server
 
-    s = Server("--max-context", "2048", "--speculate", "ngram", "--draft-tokens", "5")
+    log = tmp_path_factory.mktemp("spec") / "spec.jsonl"
+    s = Server("--max-context", "2048", "--speculate", "ngram", "--draft-tokens", "5", "--speculation-log", str(log))
+    s.spec_log = log
     yield s
     assert s.stop() == 0, "".join(s.log)
 
@@ -93,3 +97,47 @@ def test_loupe_generate_speculate_gives_the_golden_tokens(g):
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["tokens"] == g["tokens"]
     assert "loupe: speculation (ngram" in done.stderr
+
+
+def read_records(path, offset=0):
+    with open(path, encoding="utf-8") as f:
+        f.seek(offset)
+        return [json.loads(line) for line in f.read().splitlines()]
+
+
+def test_the_servers_speculation_log_accounts_for_a_requests_tokens(spec_server):
+    # Requests run one at a time here, so the lines written after `offset` are this one's.
+    offset = spec_server.spec_log.stat().st_size
+    _, n = answer(spec_server, [{"role": "user", "content": COPY}], 40)
+    records = read_records(spec_server.spec_log, offset)
+    assert len({r["seq"] for r in records}) == 1, records
+    assert sum(len(r["produced"]) for r in records) == n
+    assert any(r["accepted"] > 0 for r in records), "the copy prompt has drafts accepted"
+    for r in records:
+        assert r["produced"][: r["accepted"]] == r["proposed"][: r["accepted"]], r
+
+
+def test_loupe_generate_logs_each_step_and_profiles_draft_and_verify_time(tmp_path):
+    log = tmp_path / "spec.jsonl"
+    cmd = [str(loupe_bin()), "generate", "--model", str(model_path()), "--chat", "--temperature", "0",
+           "--max-tokens", "40", "--json", "--speculate", "ngram", "--speculation-log", str(log), "--profile", COPY]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    tokens = json.loads(done.stdout)["tokens"]
+    records = read_records(log)
+    assert [t for r in records for t in r["produced"]] == tokens
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps), "one record per step for one sequence"
+    m = re.search(r"(\d+) of (\d+) drafts accepted", done.stderr)
+    assert m, done.stderr
+    assert int(m.group(1)) == sum(r["accepted"] for r in records)
+    assert int(m.group(2)) == sum(len(r["proposed"]) for r in records)
+    for phase in ("speculation: drafting", "speculation: steps that verify drafts", "speculation: steps with prompt rows"):
+        assert re.search(rf"^  {re.escape(phase)} +\d+ +[0-9.]+ +[0-9.]+$", done.stderr, re.M), (phase, done.stderr)
+
+
+def test_a_speculation_log_without_speculation_is_one_clear_error(tmp_path):
+    cmd = [str(loupe_bin()), "generate", "--model", str(model_path()), "--max-tokens", "2",
+           "--speculation-log", str(tmp_path / "x.jsonl"), "Hello"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == ["loupe: error: --speculation-log needs --speculate"], done.stderr

@@ -11,7 +11,6 @@ use std::time::Instant;
 use loupe_graph::Profiler;
 use loupe_text::Tokenizer;
 
-use super::SeqId;
 use crate::RuntimeError;
 
 /// The drafter's calls (one per generating sequence and step that may draft).
@@ -28,7 +27,8 @@ pub const PHASE_PROMPT: &str = "speculation: steps with prompt rows";
 pub struct SpecRecord<'a> {
     /// The engine's step count, from 1.
     pub step: u64,
-    pub seq: SeqId,
+    /// The sequence's id (a `SeqId`).
+    pub seq: u64,
     /// Tokens (prompt and output) before this step's: the position of the first produced one.
     pub position: usize,
     /// What the drafter proposed (empty: nothing, e.g. no n-gram matched).
