@@ -157,12 +157,40 @@ impl Chunk {
             // SAFETY: start + at .. start + at + piece.len() lies inside start..end, inside
             // the allocation and past every range handed out, so no reference to these
             // bytes exists; the source is a separate slice.
-            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), self.ptr.as_ptr().add(start + at), piece.len()) };
+            unsafe { copy_on_the_pool(piece, self.ptr.as_ptr().add(start + at)) };
             copied(at..at + piece.len());
         }
         *used = end;
         Some(WeightBytes(Storage::Arena { chunk: std::sync::Arc::clone(self), start, len: bytes.len() }))
     }
+}
+
+/// Below this a piece is copied on the calling thread (a pool job costs microseconds).
+const PARALLEL_COPY_BYTES: usize = 256 << 10;
+
+/// Copies `src` to `dst` split over the compute pool's threads. A chunk's first write to
+/// each page faults it in, and the kernel zeroes it there (2 MiB at a time on huge pages);
+/// spread over the threads, those faults and the copy proceed in parallel, which is most of
+/// a model's load time once its file is in the page cache.
+///
+/// # Safety
+/// `dst..dst + src.len()` is writable, referenced by nothing else, and does not overlap `src`.
+unsafe fn copy_on_the_pool(src: &[u8], dst: *mut u8) {
+    let threads = crate::pool::threads();
+    if threads < 2 || src.len() < PARALLEL_COPY_BYTES {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        return;
+    }
+    // Page-sized parts, one per thread.
+    let part = src.len().div_ceil(threads).next_multiple_of(4096);
+    let out = crate::pool::OutPtr(dst);
+    crate::pool::run(src.len().div_ceil(part), &|j| {
+        let from = j * part;
+        let piece = &src[from..(from + part).min(src.len())];
+        // SAFETY: the tasks' ranges are disjoint parts of the caller's destination.
+        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), out.get().add(from), piece.len()) };
+    });
 }
 
 impl Drop for Chunk {

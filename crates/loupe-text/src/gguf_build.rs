@@ -17,7 +17,7 @@
 //!
 //! Known, deliberate non-mirroring: `tokenizer.ggml.add_space_prefix` is ignored, as in HF.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -259,36 +259,57 @@ fn merges_of(spec: &TokenizerSpec, tokens: &[String], vocab_scores: Option<&[f32
 /// `generate_merges(vocab, vocab_scores)` of transformers: every split of every token into two
 /// tokens of the vocabulary, best score first. Python dict semantics are kept: a duplicate token
 /// keeps its first position in iteration but its last id and score.
+///
+/// Built for large vocabularies (Gemma 3's 262,144 tokens, derived on every load): one hash
+/// lookup per half, with a fast hasher, and sort keys computed once per merge (ids, score,
+/// lengths in code points) rather than in the comparators.
 pub(crate) fn generate_merges(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
-    let mut id_of: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
-    let mut score_of: HashMap<&str, f32> = HashMap::with_capacity(tokens.len());
+    let mut id_of: ahash::AHashMap<&str, (u32, f32)> = ahash::AHashMap::with_capacity(tokens.len());
     let mut order: Vec<&str> = Vec::with_capacity(tokens.len());
     for (id, token) in tokens.iter().enumerate() {
-        if id_of.insert(token, id).is_none() {
+        if id_of.insert(token, (id as u32, scores[id])).is_none() {
             order.push(token);
         }
-        score_of.insert(token, scores[id]);
     }
-    // (left, right, score); Python slices by code point, so split at char boundaries.
-    let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+    struct Merge<'t> {
+        left: &'t str,
+        right: &'t str,
+        score: f32,
+        left_chars: u32,
+        right_chars: u32,
+    }
+    let mut merges: Vec<Merge<'_>> = Vec::new();
+    // (left id, right id, split byte offset, left length in code points) of one piece.
+    let mut local: Vec<(u32, u32, usize, u32)> = Vec::new();
     for &piece in &order {
-        let score = score_of[piece];
-        let mut local: Vec<(&str, &str, f32)> = piece
-            .char_indices()
-            .skip(1)
-            .map(|(at, _)| piece.split_at(at))
-            .filter(|(l, r)| id_of.contains_key(l) && id_of.contains_key(r))
-            .map(|(l, r)| (l, r, score))
-            .collect();
-        local.sort_by_key(|(l, r, _)| (id_of[l], id_of[r]));
-        merges.extend(local);
+        let score = id_of[piece].1;
+        local.clear();
+        // Python slices by code point, so split at char boundaries.
+        for (chars, (at, _)) in piece.char_indices().enumerate().skip(1) {
+            let (l, r) = piece.split_at(at);
+            if let (Some(&(li, _)), Some(&(ri, _))) = (id_of.get(l), id_of.get(r)) {
+                local.push((li, ri, at, chars as u32));
+            }
+        }
+        if local.is_empty() {
+            continue;
+        }
+        let total_chars = piece.chars().count() as u32;
+        // Stable, by (id of left, id of right): Python's sorted(key=...) on the pairs.
+        local.sort_by_key(|&(li, ri, _, _)| (li, ri));
+        merges.extend(local.iter().map(|&(_, _, at, lc)| Merge {
+            left: &piece[..at],
+            right: &piece[at..],
+            score,
+            left_chars: lc,
+            right_chars: total_chars - lc,
+        }));
     }
     // sorted(key=(score, len(l), len(r)), reverse=True) is stable: ties keep their order.
     merges.sort_by(|a, b| {
-        let key = |m: &(&str, &str, f32)| (m.0.chars().count(), m.1.chars().count());
-        b.2.total_cmp(&a.2).then_with(|| key(b).cmp(&key(a)))
+        b.score.total_cmp(&a.score).then_with(|| (b.left_chars, b.right_chars).cmp(&(a.left_chars, a.right_chars)))
     });
-    merges.into_iter().map(|(l, r, _)| (l.to_owned(), r.to_owned())).collect()
+    merges.into_iter().map(|m| (m.left.to_owned(), m.right.to_owned())).collect()
 }
 
 /// `add_gguf_special_tokens`: CONTROL tokens become special added tokens (in a byte-level vocab
@@ -433,6 +454,7 @@ fn build_err(component: &'static str, e: impl std::fmt::Display) -> TextError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     #[test]
     fn byte_table_matches_gpt2() {
@@ -444,6 +466,62 @@ mod tests {
         assert_eq!(t[0xAD], '\u{0143}');
         let distinct: HashSet<char> = t.iter().copied().collect();
         assert_eq!(distinct.len(), 256);
+    }
+
+    /// The direct transcription of transformers' `generate_merges`: every split of every token into two
+    /// tokens of the vocabulary, best score first. Python dict semantics are kept: a duplicate token
+    /// keeps its first position in iteration but its last id and score.
+    fn generate_merges_reference(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
+        let mut id_of: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
+        let mut score_of: HashMap<&str, f32> = HashMap::with_capacity(tokens.len());
+        let mut order: Vec<&str> = Vec::with_capacity(tokens.len());
+        for (id, token) in tokens.iter().enumerate() {
+            if id_of.insert(token, id).is_none() {
+                order.push(token);
+            }
+            score_of.insert(token, scores[id]);
+        }
+        // (left, right, score); Python slices by code point, so split at char boundaries.
+        let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+        for &piece in &order {
+            let score = score_of[piece];
+            let mut local: Vec<(&str, &str, f32)> = piece
+                .char_indices()
+                .skip(1)
+                .map(|(at, _)| piece.split_at(at))
+                .filter(|(l, r)| id_of.contains_key(l) && id_of.contains_key(r))
+                .map(|(l, r)| (l, r, score))
+                .collect();
+            local.sort_by_key(|(l, r, _)| (id_of[l], id_of[r]));
+            merges.extend(local);
+        }
+        // sorted(key=(score, len(l), len(r)), reverse=True) is stable: ties keep their order.
+        merges.sort_by(|a, b| {
+            let key = |m: &(&str, &str, f32)| (m.0.chars().count(), m.1.chars().count());
+            b.2.total_cmp(&a.2).then_with(|| key(b).cmp(&key(a)))
+        });
+        merges.into_iter().map(|(l, r, _)| (l.to_owned(), r.to_owned())).collect()
+    }
+
+    /// The fast derivation against the direct transcription, on random vocabularies with
+    /// duplicates, multi-byte characters and tied scores.
+    #[test]
+    fn derived_merges_match_the_direct_transcription() {
+        let alphabet = ["a", "b", "\u{2581}", "é", "字", "c"];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for round in 0..20 {
+            let tokens: Vec<String> =
+                (0..300).map(|_| (0..1 + next(5)).map(|_| alphabet[next(alphabet.len())]).collect()).collect();
+            let scores: Vec<f32> =
+                (0..tokens.len()).map(|i| if round % 2 == 0 { -(i as f32) } else { -((next(4)) as f32) }).collect();
+            assert_eq!(generate_merges(&tokens, &scores), generate_merges_reference(&tokens, &scores), "round {round}");
+        }
     }
 
     #[test]
