@@ -6,8 +6,6 @@ mod common;
 use common::tiny_file;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use loupe_graph::Profiler;
 use loupe_runtime::{
@@ -16,10 +14,7 @@ use loupe_runtime::{
 };
 
 fn engine(profiler: Option<Profiler>) -> Engine {
-    // Once per process: the tests of this binary run in parallel, and the file is written
-    // under a per-process temporary name.
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    let path = PATH.get_or_init(|| tiny_file(&loupe_models::tiny::TinyLlama::default())).clone();
+    let path = tiny_file(&loupe_models::tiny::TinyLlama::default());
     Engine::load(path, LoadOptions { profiler, ..LoadOptions::default() }).expect("loading the tiny model")
 }
 

@@ -13,9 +13,9 @@ impl BatchEngine<'_> {
     /// token); every step produces one token, drafts are the ones beyond. The drafter's
     /// time goes on the step's clock when there is one.
     fn draft_for(&mut self, i: usize, budget: usize) -> Vec<u32> {
-        let since = Instant::now();
+        let since = self.clock.is_some().then(Instant::now);
         let Some(draft) = self.consult_drafter(i, budget) else { return Vec::new() };
-        if let Some(clock) = self.clock.as_mut() {
+        if let (Some(clock), Some(since)) = (self.clock.as_mut(), since) {
             clock.drafted(since);
         }
         draft

@@ -74,8 +74,8 @@ impl SpecLog {
         writeln!(self.out, "{}", record.to_json(tokenizer))
     }
 
-    /// Writes out what the step logged; on failure warns once and turns the log off (a
-    /// debug aid must not stop a server), which is why it consumes `log`.
+    /// Writes out what the step logged; on failure warns once and turns the log off by
+    /// setting `log` to `None` (a debug aid must not stop a server).
     pub(crate) fn flush_or_close(log: &mut Option<SpecLog>, result: std::io::Result<()>) {
         let Some(l) = log.as_mut() else { return };
         if let Err(e) = result.and_then(|()| l.out.flush()) {

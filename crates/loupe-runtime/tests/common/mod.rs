@@ -3,14 +3,17 @@
 use std::path::PathBuf;
 
 /// The tiny model of `spec` under the target's temporary folder, named by its bytes' hash
-/// (written once, atomically, shared by concurrent test binaries).
+/// (written once, atomically, shared by concurrent test binaries and by the tests of one
+/// binary, which run on parallel threads: each writer has a temporary name of its own).
 pub fn tiny_file(spec: &loupe_models::tiny::TinyLlama) -> PathBuf {
     let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(spec).expect("building the tiny model");
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("loupe-tiny-llama-{hash:016x}.gguf"));
     if std::fs::read(&path).ok().as_deref() != Some(&bytes[..]) {
         std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("{}.{writer}.tmp", std::process::id()));
         std::fs::write(&tmp, &bytes).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
     }
