@@ -62,6 +62,31 @@ pub struct ModelArgs {
     /// for quantized weights, f32 at --precision f32]
     #[arg(long, value_parser = parse_kv_dtype)]
     pub kv_dtype: Option<KvDtype>,
+    /// Where a GGUF's weights live: mapped (read in place from the file's memory map, in the
+    /// page cache: nothing copied, loads in the time it takes to map the pages), copied (into
+    /// huge pages of loupe's own), or auto: mapped when the mapping gets 2 MiB pages or huge
+    /// pages are off, copied otherwise. See docs/performance.md
+    #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
+    pub weights: WeightsArg,
+}
+
+/// `--weights`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightsArg {
+    #[default]
+    Auto,
+    Mapped,
+    Copied,
+}
+
+impl From<WeightsArg> for loupe_models::WeightPlacement {
+    fn from(w: WeightsArg) -> Self {
+        match w {
+            WeightsArg::Auto => loupe_models::WeightPlacement::Auto,
+            WeightsArg::Mapped => loupe_models::WeightPlacement::Mapped,
+            WeightsArg::Copied => loupe_models::WeightPlacement::Copied,
+        }
+    }
 }
 
 fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
@@ -90,6 +115,10 @@ impl ModelArgs {
         }
         if let Some(d) = self.kv_dtype {
             flags.extend(["--kv-dtype".into(), d.name().into()]);
+        }
+        if self.weights != WeightsArg::Auto {
+            let name = clap::ValueEnum::to_possible_value(&self.weights).map(|v| v.get_name().to_string());
+            flags.extend(["--weights".into(), name.unwrap_or_default().into()]);
         }
         flags
     }
@@ -302,6 +331,16 @@ pub fn parse_ids(flag: &str, s: &str) -> anyhow::Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weights_are_forwarded_to_a_child_server_only_when_given() {
+        let auto = ModelArgs::default();
+        assert!(!auto.serve_flags().iter().any(|f| f == "--weights"));
+        let copied = ModelArgs { weights: WeightsArg::Copied, ..Default::default() };
+        let flags: Vec<String> = copied.serve_flags().iter().map(|f| f.to_string_lossy().into_owned()).collect();
+        assert_eq!(flags, ["--weights", "copied"]);
+        assert_eq!(loupe_models::WeightPlacement::from(WeightsArg::Mapped), loupe_models::WeightPlacement::Mapped);
+    }
 
     #[test]
     fn layers_and_ids() {

@@ -320,6 +320,7 @@ impl<'a> Report<'a> {
             "repetitions": args.repetitions,
             "warmup": args.warmup,
             "load_s": load_s,
+            "weights": if model.weights_in_place { "mapped" } else { "copied" },
             "pp_tokens_per_s": pp.map(TestResult::mean),
             "pp_stddev": pp.map(TestResult::stddev),
             "pp_runs": pp.map(|t| t.runs.clone()),
@@ -388,8 +389,9 @@ impl<'a> Report<'a> {
             .unwrap_or_else(|| "unknown".into());
         writeln!(
             out,
-            "\nload {:.2} s | peak RSS {rss} | KV cache {} | timed runs per test: {}, warm-up runs: {} | {}",
+            "\nload {:.2} s (weights {}) | peak RSS {rss} | KV cache {} | timed runs per test: {}, warm-up runs: {} | {}",
             self.load_s,
+            if model.weights_in_place { "mapped" } else { "copied" },
             model.graph.kv_dtype,
             args.repetitions,
             args.warmup,

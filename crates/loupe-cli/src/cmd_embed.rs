@@ -80,7 +80,8 @@ pub fn run(args: EmbedArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => loupe_runtime::fetch_model(DEFAULT_EMBED_MODEL)?,
     };
-    let model_args = ModelArgs { model: Some(model), precision: args.precision, threads: args.threads, kv_dtype: None };
+    let model_args =
+        ModelArgs { model: Some(model), precision: args.precision, threads: args.threads, ..Default::default() };
     let engine = load(&model_args, Load::new(model_args.precision_or(PrecisionArg::Auto)), debug)?;
     if !engine.is_encoder() {
         return Err(UsageError(format!(

@@ -166,6 +166,7 @@ pub fn run(args: ParityArgs, debug: &DebugOptions) -> anyhow::Result<u8> {
             precision: Some(args.model.precision.unwrap_or(PrecisionArg::F32)),
             threads: args.model.threads,
             kv_dtype: args.model.kv_dtype,
+            weights: args.model.weights,
         },
         input: args.input.clone(),
         layers: parse_layers(&args.layers)?,

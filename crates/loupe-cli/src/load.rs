@@ -76,6 +76,7 @@ pub fn load(args: &ModelArgs, what: Load, debug: &DebugOptions) -> anyhow::Resul
         progress: Some(&progress),
         kv_dtype: args.kv_dtype,
         profiler: what.profiler,
+        weights: args.weights.into(),
     };
     let engine = Engine::load(&path, options);
     bar.finish_and_clear();

@@ -39,6 +39,8 @@ fn bench_json(model: &std::path::Path) -> serde_json::Value {
     assert!(v["loupe_version"].is_string());
     assert!(v["model"].as_str().expect("model").ends_with(".gguf"));
     positive_finite(&v, "peak_rss_bytes");
+    // Where the weights lie depends on the page cache (auto); the field says which.
+    assert!(["mapped", "copied"].contains(&v["weights"].as_str().expect("weights")), "{v}");
     positive_finite(&v, "tg_read_gb_per_s");
     // A decode step reads every weight (native keeps the blocks; the tied embedding is also
     // the lm_head) plus, on average over tg, the K and V rows of 2.5 cached positions.
@@ -106,6 +108,8 @@ fn table_and_single_test() {
     assert!(text.contains("| tg2 ") && !text.contains("pp0"), "{text}");
     assert!(text.contains("CPU f32"), "{text}");
     assert!(text.contains("peak RSS"), "{text}");
+    // f32 computes from values the loader makes: nothing of the file is kept.
+    assert!(text.contains("(weights copied)"), "{text}");
     // The f32 baseline caches f32 rows.
     assert!(text.contains("KV cache f32"), "{text}");
     assert!(text.contains("read bandwidth (1 threads, 1024 MiB buffer") && text.contains("% of the median"), "{text}");

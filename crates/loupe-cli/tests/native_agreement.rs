@@ -13,9 +13,11 @@ fn agreement(precision: Precision) -> (usize, usize, usize, usize) {
 /// [`agreement`] with the KV cache stored as `kv` (the graph's default when `None`).
 fn agreement_with_kv(precision: Precision, kv: Option<loupe_graph::KvDtype>) -> (usize, usize, usize, usize) {
     let model_path = real_model();
-    let mut model =
-        loupe_models::load(&model_path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() })
-            .expect("load");
+    let mut model = loupe_models::load(
+        &model_path,
+        LoadOptions { precision, layers: None, progress: None, faults: Vec::new(), ..Default::default() },
+    )
+    .expect("load");
     if let Some(kv) = kv {
         model.graph.kv_dtype = kv;
     }
@@ -72,7 +74,13 @@ fn native_decode_path_argmax_agreement_at_least_99_percent() {
     let model_path = real_model();
     let model = loupe_models::load(
         &model_path,
-        LoadOptions { precision: Precision::Native, layers: None, progress: None, faults: Vec::new() },
+        LoadOptions {
+            precision: Precision::Native,
+            layers: None,
+            progress: None,
+            faults: Vec::new(),
+            ..Default::default()
+        },
     )
     .expect("load");
     let (mut agree, mut total) = (0, 0);

@@ -37,9 +37,11 @@ fn logits_are_bit_identical_with_every_tap_on_and_with_none_on_the_real_model() 
 
 fn taps_change_nothing(path: &std::path::Path, layers: usize) {
     for precision in [Precision::F32, Precision::Native] {
-        let model =
-            loupe_models::load(path, LoadOptions { precision, layers: None, progress: None, faults: Vec::new() })
-                .unwrap();
+        let model = loupe_models::load(
+            path,
+            LoadOptions { precision, layers: None, progress: None, faults: Vec::new(), ..Default::default() },
+        )
+        .unwrap();
         // The graph as built and as lowered (fused, memory-planned): taps must not change
         // either, and lowering must not change the numbers.
         let lowered = loupe_graph::passes::lower(

@@ -19,6 +19,7 @@ pub mod convert;
 pub mod decoder;
 pub mod error;
 pub mod family;
+pub mod placement;
 pub mod quantize;
 pub mod roles;
 pub mod tiny;
@@ -41,6 +42,7 @@ pub use config::{DecoderConfig, MoeConfig};
 pub use error::ModelError;
 pub use family::{Family, FamilySpec, HiddenAct};
 pub use loupe_graph::{Fault, FaultClass};
+pub use placement::WeightPlacement;
 pub use roles::{Module, ModuleRole, Wiring};
 pub use weights::{Precision, Progress};
 
@@ -89,6 +91,9 @@ pub struct Model {
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub precision: Precision,
+    /// Whether the weight blocks are read in place from the file's mapping rather than
+    /// copied ([`placement`]).
+    pub weights_in_place: bool,
 }
 
 /// A loaded model's hyper-parameters, as its builder read them: each builder has its own
@@ -168,12 +173,20 @@ pub struct LoadOptions<'a> {
     /// Bugs to plant in the graph (`loupe dump --inject`), to test the parity tools against
     /// a known answer; empty in normal use.
     pub faults: Vec<Fault>,
+    /// Where a GGUF's weight blocks live ([`placement`]; `--weights`).
+    pub weights: WeightPlacement,
 }
 
 impl Default for LoadOptions<'_> {
     /// f32 weights (the parity baseline), every layer, no progress, no faults.
     fn default() -> Self {
-        LoadOptions { precision: Precision::F32, layers: None, progress: None, faults: Vec::new() }
+        LoadOptions {
+            precision: Precision::F32,
+            layers: None,
+            progress: None,
+            faults: Vec::new(),
+            weights: WeightPlacement::Auto,
+        }
     }
 }
 
@@ -225,7 +238,8 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
             // the weights are read, so peak memory does not hold it beside them.
             drop(spec);
             release_freed_heap();
-            let mut source = weights::GgufSource::new(&gguf, options.precision, &config, options.progress);
+            let in_place = placement::in_place(&gguf, options.weights, options.precision);
+            let mut source = weights::GgufSource::new(&gguf, options.precision, &config, options.progress, in_place);
             let graph = decoder::build_decoder(
                 &config,
                 &mut source,
@@ -241,6 +255,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 tokenizer,
                 chat_template,
                 precision: options.precision,
+                weights_in_place: source.weights_in_place(),
             }
         }
         ModelFormat::HfDir(dir) => {
@@ -283,6 +298,7 @@ pub fn load(path: &Path, options: LoadOptions<'_>) -> Result<Model, ModelError> 
                 tokenizer,
                 chat_template,
                 precision: options.precision,
+                weights_in_place: false,
             }
         }
     };

@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use loupe_formats::safetensors_file::SafetensorsCheckpoint;
+use loupe_formats::storage::SharedBytes;
 use loupe_formats::{GgmlType, GgufFile};
 use loupe_graph::{Weight, WeightData};
-use loupe_tensor::hugepages::WeightArena;
+use loupe_tensor::hugepages::{WeightArena, WeightBytes};
 use loupe_tensor::linear::QMatrix;
 use loupe_tensor::quant::dequantize_row;
 use rayon::prelude::*;
@@ -159,9 +160,10 @@ pub(crate) fn for_each_qk_row(rows: usize, n_heads: usize, mut f: impl FnMut(usi
 /// Turns raw tensor bytes of type `ty` and row-major `shape` into a weight.
 /// `tensor_scale` multiplies every element (NVFP4's per-tensor scale; 1 otherwise): kept
 /// beside the blocks at native precision, folded into the f32 values otherwise.
-/// Kept blocks are copied into `arena` (huge pages, see [`loupe_tensor::hugepages`]),
-/// `copied` told each range of `bytes` as it is in place (the caller releases the file's
-/// pages).
+/// Kept blocks are used where they lie when `in_place` is the mapping `bytes` lie in (the
+/// placement module decides); otherwise they are copied into `arena` (huge pages, see
+/// [`loupe_tensor::hugepages`]), `copied` told each range of `bytes` as it is in place (the
+/// caller releases the file's pages).
 #[allow(clippy::too_many_arguments)]
 fn make_weight(
     path: &Path,
@@ -171,6 +173,7 @@ fn make_weight(
     bytes: &[u8],
     precision: Precision,
     tensor_scale: f32,
+    in_place: Option<&Arc<SharedBytes>>,
     arena: &WeightArena,
     copied: &mut dyn FnMut(std::ops::Range<usize>),
 ) -> Result<Weight, ModelError> {
@@ -182,10 +185,14 @@ fn make_weight(
     // from the weight itself (the graph never matches names).
     let fp8 = precision == Precision::Fp8 && shape.len() == 2 && is_fp8_linear(name);
     let data = if keep_blocks {
+        let kept = match in_place.filter(|m| lies_within(bytes, m)) {
+            // SAFETY: `bytes` lies inside the mapping (checked just above), a read-only map
+            // of the file that the Arc keeps mapped and nothing writes.
+            Some(map) => unsafe { WeightBytes::in_place(Arc::clone(map) as _, bytes) },
+            None => arena.copy_in_pieces(bytes, copied),
+        };
         WeightData::Quant(Arc::new(
-            QMatrix::new(ty, rows, cols, arena.copy_in_pieces(bytes, copied))
-                .map_err(tensor_err)?
-                .with_tensor_scale(tensor_scale),
+            QMatrix::new(ty, rows, cols, kept).map_err(tensor_err)?.with_tensor_scale(tensor_scale),
         ))
     } else {
         let row_bytes = bytes.len() / rows.max(1);
@@ -203,6 +210,13 @@ fn make_weight(
         WeightData::F32(Arc::new(out))
     };
     Ok(Weight { name: name.to_string(), shape: shape.to_vec(), data, source_type: ty, fp8 })
+}
+
+/// Whether the slice `inner` lies inside `outer`'s bytes (by address).
+fn lies_within(inner: &[u8], outer: &SharedBytes) -> bool {
+    let (start, end) = (outer.address(), outer.address() + outer.len());
+    let at = inner.as_ptr() as usize;
+    at >= start && at.checked_add(inner.len()).is_some_and(|e| e <= end)
 }
 
 /// Whether `--precision fp8` applies to the linear layer of HF weight `name`: the decoder
@@ -252,8 +266,11 @@ pub struct GgufSource<'a> {
     /// ([`crate::family::Family::gguf_permutes_qk`], see the module docs) and Gemma's norm offset.
     pub family: crate::family::Family,
     pub progress: Option<Progress<'a>>,
-    /// Where the kept blocks go (one per model load).
+    /// Where the kept blocks go (one per model load) unless `in_place`.
     arena: WeightArena,
+    /// The file's mapping, when its kept blocks are read in place (the placement module's
+    /// decision, `new`'s `in_place`).
+    in_place: Option<Arc<SharedBytes>>,
     done: u64,
     total: u64,
 }
@@ -264,9 +281,11 @@ impl<'a> GgufSource<'a> {
         precision: Precision,
         config: &crate::config::DecoderConfig,
         progress: Option<Progress<'a>>,
+        in_place: bool,
     ) -> Self {
         let total = gguf.tensors.iter().map(|t| t.size_bytes).sum();
         let (n_heads, n_kv_heads) = (config.num_attention_heads, config.num_key_value_heads);
+        let in_place = in_place.then(|| Arc::new(gguf.shared_bytes()));
         GgufSource {
             gguf,
             precision,
@@ -275,9 +294,15 @@ impl<'a> GgufSource<'a> {
             family: config.family,
             progress,
             arena: WeightArena::new(),
+            in_place,
             done: 0,
             total,
         }
+    }
+
+    /// Whether the kept blocks are read in place from the file's mapping.
+    pub fn weights_in_place(&self) -> bool {
+        self.in_place.is_some()
     }
 }
 
@@ -298,7 +323,13 @@ impl WeightSource for GgufSource<'_> {
                 expected: shape.to_vec(),
             });
         }
-        self.gguf.prefetch_tensor(info);
+        match (&self.in_place, self.gguf.tensor_bytes_range(info)) {
+            // Read where it lies: its pages mapped now, so the first token takes no faults.
+            (Some(map), Some(range)) => {
+                map.populate(range);
+            }
+            _ => self.gguf.prefetch_tensor(info),
+        }
         let mut bytes = std::borrow::Cow::Borrowed(self.gguf.tensor_data(info));
         let heads = if !self.family.gguf_permutes_qk() {
             None
@@ -320,6 +351,7 @@ impl WeightSource for GgufSource<'_> {
                 gguf.release_tensor_part(info, r);
             }
         };
+        let in_place = if mapped { self.in_place.as_ref() } else { None };
         let mut w = make_weight(
             path,
             hf_name,
@@ -328,13 +360,17 @@ impl WeightSource for GgufSource<'_> {
             &bytes,
             self.precision,
             scale,
+            in_place,
             &self.arena,
             &mut release,
         )?;
-        // The weight holds its own copy now (arena blocks or f32 values): drop the file's
-        // pages from the resident set so the weights are not held twice at any moment.
+        // Unless it reads the file in place, the weight holds its own copy now (arena blocks
+        // or f32 values): drop the file's pages from the resident set so the weights are not
+        // held twice at any moment.
         drop(bytes);
-        self.gguf.release_tensor(info);
+        if !matches!(&w.data, WeightData::Quant(q) if q.data.is_in_place()) {
+            self.gguf.release_tensor(info);
+        }
         // llama.cpp's converter stores Gemma's norm weights plus one (it runs a plain RMSNorm);
         // subtract it in f32, as transformers' GGUF loader does (`Gemma2TensorProcessor`), so
         // the weight is in Hugging Face's convention and the builder forms `1 + w` as
@@ -490,9 +526,18 @@ impl WeightSource for SafetensorsSource<'_> {
         let bytes = file.tensor_data(info);
         let w = if expected == info.dtype || expected == Dtype::F32 {
             // Same dtype, or a widening make_weight does exactly (f32 compute).
-            make_weight(&self.dir, hf_name, stored_ty, shape, bytes, self.precision, 1.0, &self.arena, &mut |r| {
-                file.release_tensor_part(info, r)
-            })?
+            make_weight(
+                &self.dir,
+                hf_name,
+                stored_ty,
+                shape,
+                bytes,
+                self.precision,
+                1.0,
+                None,
+                &self.arena,
+                &mut |r| file.release_tensor_part(info, r),
+            )?
         } else {
             let ty = ggml_type_of(expected).ok_or_else(|| unsupported(expected))?;
             let tensor_err = |e| ModelError::Tensor { path: self.dir.clone(), name: hf_name.to_string(), source: e };
@@ -501,7 +546,7 @@ impl WeightSource for SafetensorsSource<'_> {
             dequantize_row(stored_ty, bytes, &mut wide).map_err(tensor_err)?;
             let mut narrow = vec![0u8; n * ty.type_size()];
             loupe_tensor::quant::quantize_row(ty, &wide, &mut narrow).map_err(tensor_err)?;
-            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0, &self.arena, &mut |_| {})?
+            make_weight(&self.dir, hf_name, ty, shape, &narrow, self.precision, 1.0, None, &self.arena, &mut |_| {})?
         };
         // Recorded: tensors stored unlike the checkpoint's own config (widening everything
         // to f32 at --precision f32 is the precision, not a cast worth reporting).

@@ -58,6 +58,8 @@ pub struct LoadOptions<'a> {
     pub kv_dtype: Option<KvDtype>,
     /// `--profile`: every session and batched engine of this engine profiles its steps here.
     pub profiler: Option<Profiler>,
+    /// `--weights`: where a GGUF's weight blocks live ([`loupe_models::placement`]).
+    pub weights: loupe_models::WeightPlacement,
 }
 
 impl Default for LoadOptions<'_> {
@@ -72,6 +74,7 @@ impl Default for LoadOptions<'_> {
             progress: None,
             kv_dtype: None,
             profiler: None,
+            weights: loupe_models::WeightPlacement::Auto,
         }
     }
 }
@@ -156,6 +159,7 @@ impl Engine {
                 layers: options.layers,
                 progress: options.progress,
                 faults: options.faults,
+                weights: options.weights,
             },
         )?;
         if let Some(dtype) = options.kv_dtype {

@@ -14,6 +14,10 @@
 //!
 //! `LOUPE_HUGEPAGES=0` turns the advice off (to measure its effect); elsewhere than Linux
 //! the chunks are plain allocations.
+//!
+//! The other way to huge pages is no copy at all: a GGUF's blocks read in place from the
+//! file's mapping, where the page cache holds the file in 2 MiB folios
+//! ([`WeightBytes::in_place`]; loupe-models' `placement` decides which way a load takes).
 
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -201,15 +205,43 @@ impl Drop for Chunk {
     }
 }
 
-/// The bytes of a weight matrix: its own vector, or a range of a [`WeightArena`] chunk.
-/// Reads as a `[u8]`.
+/// The bytes of a weight matrix: its own vector, a range of a [`WeightArena`] chunk, or bytes
+/// used where they lie (a model file's mapping, [`WeightBytes::in_place`]). Reads as a `[u8]`.
 #[derive(Clone)]
 pub struct WeightBytes(Storage);
 
 #[derive(Clone)]
 enum Storage {
     Owned(Vec<u8>),
-    Arena { chunk: std::sync::Arc<Chunk>, start: usize, len: usize },
+    Arena {
+        chunk: std::sync::Arc<Chunk>,
+        start: usize,
+        len: usize,
+    },
+    /// `len` bytes at address `ptr`, valid while `_owner` (held for that alone) lives.
+    InPlace {
+        _owner: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+        ptr: usize,
+        len: usize,
+    },
+}
+
+impl WeightBytes {
+    /// `bytes` used where they lie, nothing copied: a weight matrix read in place from a
+    /// model file's read-only mapping, which `owner` keeps mapped.
+    ///
+    /// # Safety
+    /// `bytes` must stay valid and unchanged for as long as `owner` (or any clone of the
+    /// result) lives: memory that `owner` owns and never writes, such as a read-only file
+    /// mapping it holds.
+    pub unsafe fn in_place(owner: std::sync::Arc<dyn std::any::Any + Send + Sync>, bytes: &[u8]) -> WeightBytes {
+        WeightBytes(Storage::InPlace { _owner: owner, ptr: bytes.as_ptr() as usize, len: bytes.len() })
+    }
+
+    /// Whether the bytes are used in place ([`WeightBytes::in_place`]) rather than copied.
+    pub fn is_in_place(&self) -> bool {
+        matches!(self.0, Storage::InPlace { .. })
+    }
 }
 
 impl std::ops::Deref for WeightBytes {
@@ -222,6 +254,9 @@ impl std::ops::Deref for WeightBytes {
             Storage::Arena { chunk, start, len } => unsafe {
                 std::slice::from_raw_parts(chunk.ptr.as_ptr().add(*start), *len)
             },
+            // SAFETY: `in_place`'s contract: ptr..ptr + len stays valid and unchanged while
+            // `owner`, held here, lives.
+            Storage::InPlace { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr as *const u8, *len) },
         }
     }
 }
@@ -234,7 +269,11 @@ impl From<Vec<u8>> for WeightBytes {
 
 impl std::fmt::Debug for WeightBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let place = if matches!(self.0, Storage::Owned(_)) { "owned" } else { "arena" };
+        let place = match self.0 {
+            Storage::Owned(_) => "owned",
+            Storage::Arena { .. } => "arena",
+            Storage::InPlace { .. } => "in place",
+        };
         write!(f, "WeightBytes({} bytes, {place})", self.len())
     }
 }
@@ -295,6 +334,20 @@ mod tests {
     }
 
     /// Matrices appended from several threads while earlier ones are read.
+    #[test]
+    fn in_place_bytes_read_as_their_owner_holds_them() {
+        let owner: std::sync::Arc<Vec<u8>> = std::sync::Arc::new((0..1000u32).map(|i| (i % 251) as u8).collect());
+        // SAFETY: the Vec is never written and the Arc keeps it alive.
+        let w = unsafe { WeightBytes::in_place(owner.clone(), &owner[100..900]) };
+        let copy = w.clone();
+        drop(w);
+        assert!(copy.is_in_place());
+        assert_eq!(&copy[..], &owner[100..900]);
+        assert_eq!(copy.as_ptr(), owner[100..].as_ptr(), "no copy");
+        assert_eq!(format!("{copy:?}"), "WeightBytes(800 bytes, in place)");
+        assert!(!WeightArena::new().copy(&owner).is_in_place());
+    }
+
     #[test]
     fn appends_race_with_reads() {
         let arena = WeightArena::new();

@@ -159,6 +159,12 @@ impl GgufFile {
         self.tensor_range(info).and_then(|r| self.bytes.get(r)).unwrap_or_default()
     }
 
+    /// Where `info`'s bytes lie in [`Self::shared_bytes`]: `None` for an info that does not
+    /// belong to this file.
+    pub fn tensor_bytes_range(&self, info: &GgufTensorInfo) -> Option<std::ops::Range<usize>> {
+        self.tensor_range(info).filter(|r| r.end <= self.bytes.len())
+    }
+
     /// Where `info`'s bytes lie in the file, checked against nothing but overflow
     /// (`tensor_data` and the mapping's methods check the bounds).
     fn tensor_range(&self, info: &GgufTensorInfo) -> Option<std::ops::Range<usize>> {
