@@ -141,3 +141,33 @@ def test_a_speculation_log_without_speculation_is_one_clear_error(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == ["loupe: error: --speculation-log needs --speculate"], done.stderr
+
+
+@pytest.mark.parametrize("g", goldens()[:2])
+def test_a_draft_model_gives_the_golden_tokens(g):
+    """`--speculate draft` with the target's own file as the draft model: the tokens are the
+    golden ones, and nearly every draft is accepted (the draft's multi-token catch-up passes
+    use prefill arithmetic, which can tip a near-tie the other way)."""
+    cmd = [str(loupe_bin()), "generate", "--model", str(model_path()), "--chat", "--temperature", "0",
+           "--max-tokens", str(g["max_tokens"]), "--json", "--speculate", "draft", "--draft-model", str(model_path()),
+           g["prompt"]]
+    if g.get("system"):
+        cmd += ["--system", g["system"]]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["tokens"] == g["tokens"]
+    m = re.search(r"speculation \(draft, up to 5 drafts\): \d+ verification steps, (\d+) of (\d+) drafts accepted",
+                  done.stderr)
+    assert m and int(m.group(2)) > 0 and int(m.group(1)) >= 0.8 * int(m.group(2)), done.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--draft-model", "x.gguf"], "--draft-model needs --speculate draft"),
+    (["--speculate", "draft"], "--speculate draft needs --draft-model PATH"),
+    (["--speculate", "draft", "--draft-model", "/nonexistent/draft.gguf"],
+     "--draft-model /nonexistent/draft.gguf: no such file or directory"),
+])
+def test_draft_model_flags_are_one_clear_error(flags, message):
+    cmd = [str(loupe_bin()), "generate", "--model", str(model_path()), "--max-tokens", "2", *flags, "Hello"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [f"loupe: error: {message}"], done.stderr

@@ -148,11 +148,17 @@ pub struct BatchEngineArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct SpeculationArgs {
     /// Speculative decoding: ngram (prompt lookup: draft the tokens that followed an earlier
-    /// occurrence of the last 2-4 tokens, in the prompt or the output, and verify them in one
-    /// step; greedy output is identical bit for bit, sampled output has the same
-    /// distribution), or off
+    /// occurrence of the last 2-4 tokens, in the prompt or the output), draft (a smaller
+    /// model with the same tokenizer, --draft-model, drafts greedily), or off. One step
+    /// verifies the drafts; greedy output is identical bit for bit, sampled output has the
+    /// same distribution
     #[arg(long, value_enum, default_value_t = SpeculateArg::Off)]
     pub speculate: SpeculateArg,
+    /// With --speculate draft: the draft model, a GGUF file or checkpoint directory with the
+    /// target's tokenizer (loaded with the target's --precision, --threads, --kv-dtype and
+    /// --weights)
+    #[arg(long, value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
     /// The most draft tokens one step verifies (the number adapts to what is accepted)
     #[arg(long, value_name = "K", default_value_t = 5)]
     pub draft_tokens: usize,
@@ -167,48 +173,63 @@ pub enum SpeculateArg {
     #[default]
     Off,
     Ngram,
+    Draft,
 }
 
 impl SpeculationArgs {
-    /// The engine's speculation settings; `None` when off.
-    pub fn config(&self) -> anyhow::Result<Option<loupe_runtime::SpeculationConfig>> {
+    /// Checks the flags together: one usage error for a combination that means nothing.
+    pub fn check(&self) -> anyhow::Result<()> {
         if let Some(path) = &self.speculation_log {
             if self.speculate == SpeculateArg::Off {
                 return Err(UsageError("--speculation-log needs --speculate".into()).into());
             }
             crate::output::check_output_file("--speculation-log", path)?;
         }
-        match self.speculate {
-            SpeculateArg::Off => Ok(None),
-            SpeculateArg::Ngram => {
-                if self.draft_tokens == 0 {
-                    return Err(UsageError("--draft-tokens must be at least 1".into()).into());
-                }
-                Ok(Some(loupe_runtime::SpeculationConfig {
-                    max_draft: self.draft_tokens,
-                    ..loupe_runtime::SpeculationConfig::default()
-                }))
-            }
+        if self.draft_model.is_some() && self.speculate != SpeculateArg::Draft {
+            return Err(UsageError("--draft-model needs --speculate draft".into()).into());
         }
+        if self.speculate == SpeculateArg::Draft && self.draft_model.is_none() {
+            return Err(UsageError("--speculate draft needs --draft-model PATH".into()).into());
+        }
+        if self.speculate != SpeculateArg::Off && self.draft_tokens == 0 {
+            return Err(UsageError("--draft-tokens must be at least 1".into()).into());
+        }
+        Ok(())
+    }
+
+    /// The engine's speculation settings; `None` when off. `draft` is the loaded draft model
+    /// of `--speculate draft` (`crate::load::draft_model`; whether it fits the target is
+    /// checked when the batched engine starts).
+    pub fn config(
+        &self,
+        draft: Option<loupe_runtime::DraftModel>,
+    ) -> anyhow::Result<Option<loupe_runtime::SpeculationConfig>> {
+        self.check()?;
+        let drafter = match (self.speculate, draft) {
+            (SpeculateArg::Off, _) => return Ok(None),
+            (SpeculateArg::Ngram, _) => loupe_runtime::SpeculationConfig::default().drafter,
+            (SpeculateArg::Draft, Some(model)) => loupe_runtime::Drafter::Model(model),
+            (SpeculateArg::Draft, None) => anyhow::bail!("--speculate draft: the draft model was not loaded"),
+        };
+        Ok(Some(loupe_runtime::SpeculationConfig { drafter, max_draft: self.draft_tokens }))
     }
 
     /// These flags as `loupe serve` takes them (for a command that starts its own server).
     pub fn serve_flags(&self) -> Vec<std::ffi::OsString> {
-        match self.speculate {
-            SpeculateArg::Off => Vec::new(),
-            SpeculateArg::Ngram => {
-                let mut flags: Vec<std::ffi::OsString> = vec![
-                    "--speculate".into(),
-                    "ngram".into(),
-                    "--draft-tokens".into(),
-                    self.draft_tokens.to_string().into(),
-                ];
-                if let Some(path) = &self.speculation_log {
-                    flags.extend(["--speculation-log".into(), path.clone().into_os_string()]);
-                }
-                flags
-            }
+        let name = match self.speculate {
+            SpeculateArg::Off => return Vec::new(),
+            SpeculateArg::Ngram => "ngram",
+            SpeculateArg::Draft => "draft",
+        };
+        let mut flags: Vec<std::ffi::OsString> =
+            vec!["--speculate".into(), name.into(), "--draft-tokens".into(), self.draft_tokens.to_string().into()];
+        if let Some(path) = &self.draft_model {
+            flags.extend(["--draft-model".into(), path.clone().into_os_string()]);
         }
+        if let Some(path) = &self.speculation_log {
+            flags.extend(["--speculation-log".into(), path.clone().into_os_string()]);
+        }
+        flags
     }
 }
 
@@ -257,7 +278,11 @@ impl BatchEngineArgs {
     /// The engine configuration for at most `max_seqs` sequences at once. Its KV cache
     /// holds the loaded graph's element type (`--kv-dtype` sets it, see [`ModelArgs`]). The
     /// server adds the disk tier ([`PrefixDiskArgs::config`]).
-    pub fn config(&self, max_seqs: usize) -> anyhow::Result<loupe_runtime::BatchConfig> {
+    pub fn config(
+        &self,
+        max_seqs: usize,
+        draft: Option<loupe_runtime::DraftModel>,
+    ) -> anyhow::Result<loupe_runtime::BatchConfig> {
         Ok(loupe_runtime::BatchConfig {
             kv_cache_mb: self.kv_cache_mb,
             kv_blocks: None,
@@ -267,7 +292,7 @@ impl BatchEngineArgs {
             max_seqs,
             prefix_cache: !self.no_prefix_cache,
             prefix_cache_disk: None,
-            speculation: self.speculation.config()?,
+            speculation: self.speculation.config(draft)?,
             speculation_log: self.speculation.speculation_log.clone(),
         })
     }

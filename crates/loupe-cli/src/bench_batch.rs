@@ -53,7 +53,7 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
     let model = engine.model();
     let bos = if model.tokenizer.add_bos_token() { model.tokenizer.bos_id() } else { None };
     let vocab = model.config.vocab_size();
-    let mut config = args.engine.config(npl)?;
+    let mut config = args.engine.config(npl, crate::load::draft_model(&args.engine.speculation, &args.model)?)?;
     config.prefix_cache = false;
     // All prompts in one step, so that decode steps are pure decode (llama-batched-bench
     // also processes every prompt before the first decode step).
@@ -98,11 +98,15 @@ fn round(engine: &Engine, args: &BenchArgs, npl: usize, round: u64) -> anyhow::R
     let spec = batch.stats().spec;
     if spec.draft_tokens > 0 {
         eprintln!(
-            "loupe bench: {npl} sequences: speculation verified {} drafts in {} steps, {:.0}% accepted, {:.2} tokens per verification (random prompts give prompt lookup little to copy)",
+            "loupe bench: {npl} sequences: speculation verified {} drafts in {} steps, {:.0}% accepted, {:.2} tokens per verification{}",
             spec.draft_tokens,
             spec.verify_steps,
             100.0 * spec.acceptance_rate(),
-            spec.tokens_per_verify_step()
+            spec.tokens_per_verify_step(),
+            match args.engine.speculation.speculate {
+                crate::args::SpeculateArg::Ngram => " (random prompts give prompt lookup little to copy)",
+                _ => "",
+            }
         );
     }
     Ok(((npl * args.n_prompt) as f64 / prefill_s, decoded as f64 / decode_s, peak, batch.stats().blocks_total))
@@ -154,7 +158,10 @@ pub fn run(engine: &Engine, args: &BenchArgs, counts: &[usize]) -> anyhow::Resul
     let isa = loupe_tensor::quant::Isa::active().name();
     let peak_rss = peak_rss_bytes();
     let size = model_size(model);
-    let config = args.engine.config(counts.iter().copied().max().unwrap_or(1))?;
+    let config = args.engine.config(
+        counts.iter().copied().max().unwrap_or(1),
+        crate::load::draft_model(&args.engine.speculation, &args.model)?,
+    )?;
     let kv_dtype = engine.graph().kv_dtype;
     let one = points.iter().find(|p| p.npl == 1).map(|p| median(&p.decode));
     let stdout = std::io::stdout();

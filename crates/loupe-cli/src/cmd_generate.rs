@@ -126,7 +126,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     };
     sampling.validate().map_err(UsageError)?;
     let grammar = args.grammar.spec()?;
-    let speculation = args.speculation.config()?;
+    let speculation = args.speculation.config(crate::load::draft_model(&args.speculation, &args.model)?)?;
     let profiler = args.profile.profiler()?;
     let engine = load(
         &args.model,
@@ -203,7 +203,8 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     );
     if let Some(s) = spec {
         eprintln!(
-            "loupe: speculation (ngram, up to {} drafts): {} verification steps, {} of {} drafts accepted ({:.0}%), {:.2} tokens per verification",
+            "loupe: speculation ({}, up to {} drafts): {} verification steps, {} of {} drafts accepted ({:.0}%), {:.2} tokens per verification",
+            if args.speculation.speculate == crate::args::SpeculateArg::Draft { "draft" } else { "ngram" },
             args.speculation.draft_tokens,
             s.verify_steps,
             s.accepted_tokens,

@@ -98,7 +98,8 @@ pub fn run(args: ServeArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     if args.engine.no_prefix_cache && args.prefix_disk.prefix_cache_dir.is_some() {
         return Err(UsageError("--prefix-cache-dir needs the prefix cache (drop --no-prefix-cache)".into()).into());
     }
-    let mut batch = args.engine.config(args.max_seqs)?;
+    let mut batch =
+        args.engine.config(args.max_seqs, crate::load::draft_model(&args.engine.speculation, &args.model)?)?;
     batch.prefix_cache_disk = args.prefix_disk.config()?;
     let request_timeout = seconds("--request-timeout", args.request_timeout)?;
     let options = loupe_server::ServeOptions {

@@ -108,3 +108,35 @@ pub fn cli_error(e: EngineError) -> anyhow::Error {
         other => UsageError(other.to_string()).into(),
     }
 }
+
+/// The draft model this process loaded (`--speculate draft`): `loupe bench --batch` asks
+/// for the engine's configuration once per round, and loads it once.
+static DRAFT_MODEL: std::sync::Mutex<Option<(PathBuf, loupe_runtime::DraftModel)>> = std::sync::Mutex::new(None);
+
+/// The draft model of `--speculate draft` (after checking the speculation flags), loaded as
+/// `model` loads the target but from `--draft-model` (once per process); `None` for the
+/// other drafters.
+pub fn draft_model(
+    speculation: &crate::args::SpeculationArgs,
+    model: &ModelArgs,
+) -> anyhow::Result<Option<loupe_runtime::DraftModel>> {
+    speculation.check()?;
+    let (crate::args::SpeculateArg::Draft, Some(path)) = (speculation.speculate, &speculation.draft_model) else {
+        return Ok(None);
+    };
+    let mut loaded = DRAFT_MODEL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, draft)) = loaded.as_ref() {
+        if p == path {
+            return Ok(Some(draft.clone()));
+        }
+    }
+    if !path.exists() {
+        return Err(UsageError(format!("--draft-model {}: no such file or directory", path.display())).into());
+    }
+    let args = ModelArgs { model: Some(path.clone()), ..model.clone() };
+    let precision = args.precision_or(crate::args::PrecisionArg::Auto);
+    let engine = load(&args, Load::new(precision), &DebugOptions::default())?;
+    let draft = loupe_runtime::DraftModel::new(engine);
+    *loaded = Some((path.clone(), draft.clone()));
+    Ok(Some(draft))
+}

@@ -29,8 +29,8 @@ use loupe_graph::exec::RunOptions;
 use loupe_graph::{Executor, Graph, GraphError, KvCache, Observer};
 
 pub use batch::{
-    ngram_draft, BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, Drafter, SeqEvent,
-    SeqId, SeqRequest, SequenceTap, SpecRecord, SpecStats, SpeculationConfig, StepShape, Usage, PHASE_DECODE,
+    ngram_draft, BatchConfig, BatchEngine, BatchStats, Completion, DiskCacheConfig, DiskStats, DraftModel, Drafter,
+    SeqEvent, SeqId, SeqRequest, SequenceTap, SpecRecord, SpecStats, SpeculationConfig, StepShape, Usage, PHASE_DECODE,
     PHASE_DRAFT, PHASE_PROMPT, PHASE_VERIFY,
 };
 pub use constraint::{Constraint, ConstraintError, GrammarSpec, Grammars};
@@ -53,6 +53,8 @@ pub enum RuntimeError {
     PromptTooLong { prompt: usize, context: usize },
     #[error("{0}")]
     InvalidRequest(String),
+    #[error("draft model {}: {reason}", path.display())]
+    DraftModel { path: std::path::PathBuf, reason: String },
     #[error(transparent)]
     Constraint(#[from] crate::constraint::ConstraintError),
     #[error(transparent)]

@@ -24,6 +24,7 @@
 
 pub mod blocks;
 pub mod disk;
+mod draft_model;
 mod offload;
 mod reset;
 mod schedule;
@@ -41,6 +42,7 @@ use crate::constraint::{Constraint, GrammarSpec};
 use crate::{Engine, FinishReason, RuntimeError, Sampler, SamplingParams, TokenLogprobs};
 pub use blocks::{BlockManager, PrefixStats};
 pub use disk::{DiskCacheConfig, DiskStats};
+pub use draft_model::DraftModel;
 use spec_log::{SpecLog, StepClock};
 pub use spec_log::{SpecRecord, PHASE_DECODE, PHASE_DRAFT, PHASE_PROMPT, PHASE_VERIFY};
 use speculate::SpecState;
@@ -226,6 +228,8 @@ struct Sequence {
     speculate: bool,
     spec: SpecState,
     draft: Vec<u32>,
+    /// The draft model's cache for this sequence (`--speculate draft`), made on first use.
+    draft_cache: Option<draft_model::DraftState>,
 }
 
 impl Sequence {
@@ -314,7 +318,10 @@ impl<'e> BatchEngine<'e> {
         kv_dtype.hash(&mut salt);
         config.block_size.hash(&mut salt);
         let salt = salt.finish();
-        let spec_log = match (&config.speculation_log, config.speculation) {
+        if let Some(SpeculationConfig { drafter: Drafter::Model(model), .. }) = &config.speculation {
+            model.check_fits(engine)?;
+        }
+        let spec_log = match (&config.speculation_log, &config.speculation) {
             (None, _) => None,
             (Some(path), Some(_)) => Some(SpecLog::create(path)?),
             (Some(_), None) => {
@@ -432,7 +439,12 @@ impl<'e> BatchEngine<'e> {
             computed: 0,
             cached_tokens: None,
             speculate: request.speculate && self.config.speculation.is_some(),
-            spec: SpecState::new(&self.config.speculation.unwrap_or_default()),
+            spec: self
+                .config
+                .speculation
+                .as_ref()
+                .map_or(SpecState::new(&SpeculationConfig::default()), SpecState::new),
+            draft_cache: None,
             draft: Vec::new(),
         });
         Ok(id)
@@ -651,7 +663,7 @@ impl<'e> BatchEngine<'e> {
                 spec.verify_steps += 1;
                 spec.draft_tokens += draft.len() as u64;
                 spec.accepted_tokens += accepted as u64;
-                let max = self.config.speculation.map_or(1, |c| c.max_draft);
+                let max = self.config.speculation.as_ref().map_or(1, |c| c.max_draft);
                 seq.spec.update(draft.len(), accepted, max);
             }
             if let Some(log) = self.spec_log.as_mut().filter(|_| seq.speculate) {

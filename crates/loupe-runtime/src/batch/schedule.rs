@@ -22,8 +22,8 @@ impl BatchEngine<'_> {
     }
 
     /// [`Self::draft_for`]'s draft, `None` where the drafter is not asked.
-    fn consult_drafter(&self, i: usize, budget: usize) -> Option<Vec<u32>> {
-        let (Some(config), seq) = (self.config.speculation, &self.running[i]) else { return None };
+    fn consult_drafter(&mut self, i: usize, budget: usize) -> Option<Vec<u32>> {
+        let (Some(config), seq) = (self.config.speculation.as_ref(), &mut self.running[i]) else { return None };
         // A grammar that fast-forwards appends forced tokens after the sampled one, which a
         // draft's rows cannot know of: no drafts there.
         if !seq.speculate || (seq.constraint.is_some() && seq.fast_forward) || seq.generated() == 0 {
@@ -35,7 +35,7 @@ impl BatchEngine<'_> {
             .min(seq.max_tokens.saturating_sub(seq.generated() + 1))
             .min(self.graph.context_length.saturating_sub(seq.tokens.len() + 1))
             .min(budget.saturating_sub(1));
-        Some(speculate::draft(&config, &seq.tokens, k))
+        Some(speculate::draft(config, &mut seq.draft_cache, &seq.tokens, k))
     }
 
     /// Plans one step: which sequences run how many tokens. Running sequences go first

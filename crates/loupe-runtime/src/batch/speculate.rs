@@ -13,20 +13,34 @@
 //!
 //! [`BatchSpan::logits`]: loupe_graph::BatchSpan::logits
 
+use super::draft_model::{DraftModel, DraftState};
 use crate::{Constraint, RuntimeError, Sampler, TokenLogprobs};
 
 /// What proposes draft tokens.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Drafter {
     /// Prompt lookup: n-grams of `min_ngram..=max_ngram` tokens.
     Ngram { min_ngram: usize, max_ngram: usize },
+    /// A smaller model with the target's tokenizer, greedy ([`super::draft_model`]).
+    Model(DraftModel),
     /// Any function of the tokens so far and the most it may propose (tests use one that
     /// proposes tokens a grammar forbids).
     Custom(fn(&[u32], usize) -> Vec<u32>),
 }
 
+impl Drafter {
+    /// Its name in flags, logs and reports: `ngram`, `draft`, `custom`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Drafter::Ngram { .. } => "ngram",
+            Drafter::Model(_) => "draft",
+            Drafter::Custom(_) => "custom",
+        }
+    }
+}
+
 /// Speculative decoding's settings ([`crate::BatchConfig::speculation`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SpeculationConfig {
     pub drafter: Drafter,
     /// The most draft tokens a sequence verifies in one step (vLLM's
@@ -94,10 +108,12 @@ impl SpecState {
 }
 
 /// The draft a generating sequence verifies next: up to `k` tokens (the caller's bound:
-/// its adaptive limit, what `max_tokens`, the context and the step's budget leave).
-pub(crate) fn draft(config: &SpeculationConfig, tokens: &[u32], k: usize) -> Vec<u32> {
-    match config.drafter {
-        Drafter::Ngram { min_ngram, max_ngram } => ngram_draft(tokens, min_ngram, max_ngram, k),
+/// its adaptive limit, what `max_tokens`, the context and the step's budget leave);
+/// `state` is the sequence's draft-model cache (unused by the other drafters).
+pub(crate) fn draft(config: &SpeculationConfig, state: &mut Option<DraftState>, tokens: &[u32], k: usize) -> Vec<u32> {
+    match &config.drafter {
+        Drafter::Ngram { min_ngram, max_ngram } => ngram_draft(tokens, *min_ngram, *max_ngram, k),
+        Drafter::Model(model) => model.draft(state, tokens, k),
         Drafter::Custom(f) => {
             let mut d = f(tokens, k);
             d.truncate(k);
