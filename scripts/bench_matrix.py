@@ -9,7 +9,8 @@ Per model, in this order:
   1. the pp/tg comparison: this script itself run on the model (`--model M -p P -n N -k K
      --json-out F`), the same loupe and llama-bench binaries for every model, its own noise
      flags and same-alternation ratios;
-  2. load time, K alternations: `loupe bench -p 0 -n 1 --warmup 0` (its `load_s`) against the
+  2. load time, K alternations: `loupe bench -p 0 -n 1 --warmup 0` (its `load_s`, and where
+     `--weights auto` put the weights: mapped in place or copied, shown beside it) against the
      wall time of `llama-bench -p 0 -n 1 --no-warmup` minus its one token (llama-bench does not
      report its load; the token's time is its tg figure from step 1). With `--cold`, the page
      cache is dropped before each load run (needs root: /proc/sys/vm/drop_caches).
@@ -72,8 +73,9 @@ def drop_page_cache() -> bool:
 
 
 def load_times(loupe, llama_bench, model, threads, k, cold, run_measured, log):
-    """K alternations of a minimal run of each engine: (loupe load s, llama.cpp load+1 token s)."""
-    ours, theirs = [], []
+    """K alternations of a minimal run of each engine: (loupe load s, llama.cpp load+1 token s,
+    where loupe's weights were: "mapped"/"copied" per run, `--weights auto`'s choice)."""
+    ours, theirs, placed = [], [], []
     for i in range(k):
         for engine in (("loupe", "llama") if i % 2 == 0 else ("llama", "loupe")):
             if cold and not drop_page_cache():
@@ -84,7 +86,9 @@ def load_times(loupe, llama_bench, model, threads, k, cold, run_measured, log):
                        "--warmup", "0", "--no-ceiling", "--json"]
                 code, out, _, _ = run_measured(cmd, 1800)
                 if code == 0:
-                    ours.append(json.loads(out.strip().splitlines()[-1])["load_s"])
+                    report = json.loads(out.strip().splitlines()[-1])
+                    ours.append(report["load_s"])
+                    placed.append(report.get("weights") or "?")
             else:
                 cmd = [str(llama_bench), "-m", str(model), "-t", str(threads), "-p", "0", "-n", "1", "-r", "1",
                        "--no-warmup", "-o", "json"]
@@ -94,7 +98,7 @@ def load_times(loupe, llama_bench, model, threads, k, cold, run_measured, log):
                 if code == 0:
                     tg = json.loads(out)[0].get("avg_ts") or 0
                     theirs.append(wall - (1.0 / tg if tg else 0.0))
-    return ours, theirs, cold
+    return ours, theirs, placed, cold
 
 
 def busy_note(doc):
@@ -136,7 +140,7 @@ def run(args, script: Path, repo: Path, llama_bench: Path, loupe: Path, cpu: str
             if r.returncode != 0:
                 die(f"matrix: {label}: the comparison failed (exit {r.returncode})")
             doc = json.loads(Path(tmp.name).read_text())
-        ours, theirs, cold = load_times(loupe, llama_bench, model, args.threads, args.alternations, cold,
+        ours, theirs, placed, cold = load_times(loupe, llama_bench, model, args.threads, args.alternations, cold,
                                         run_measured, log)
         peer = doc["summary"].get("llama-default") or {}
         lo = doc["engines"]["loupe"]
@@ -153,7 +157,7 @@ def run(args, script: Path, repo: Path, llama_bench: Path, loupe: Path, cpu: str
             "read_share": doc.get("read_bandwidth_share"),
             "rss_over_file_kv": rss / (size + kv) if rss else None,
             "rss_vs_llama": rss / peer_rss if rss and peer_rss else None,
-            "load_s": med(ours), "llama_load_s": med(theirs),
+            "load_s": med(ours), "llama_load_s": med(theirs), "weights": placed,
             "load_ratio": med(ours) / med(theirs) if med(ours) and med(theirs) else None,
             "noisy": (doc.get("noisy") or []) + busy_note(doc),
             "isa": doc["isa"],
@@ -163,14 +167,15 @@ def run(args, script: Path, repo: Path, llama_bench: Path, loupe: Path, cpu: str
           f"loupe --precision {args.precision}, {started}")
     print(f"CPU: {cpu}; loads {'cold (page cache dropped)' if cold else 'warm'}\n")
     print("| model | pp / tg | loupe pp, tg t/s | llama.cpp pp, tg t/s | prefill | decode | decode / read bw "
-          "| peak RSS / (file + KV) | RSS vs llama.cpp | load loupe, llama.cpp s | load | noisy |")
+          "| peak RSS / (file + KV) | RSS vs llama.cpp | load loupe (weights), llama.cpp s | load | noisy |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---|")
     for r in rows:
         share = "-" if r["read_share"] is None else f"{100 * r['read_share']:.0f}%"
         print(f"| {r['model']} | pp{r['pp']} / tg{r['tg']} | {r['loupe_pp'] or 0:.1f}, {r['loupe_tg'] or 0:.1f} "
               f"| {r['llama_pp'] or 0:.1f}, {r['llama_tg'] or 0:.1f} | {f2(r['pp_ratio'])} | {f2(r['tg_ratio'])} "
               f"| {share} | {f2(r['rss_over_file_kv'])} "
-              f"| {f2(r['rss_vs_llama'])} | {r['load_s'] or 0:.2f}, {r['llama_load_s'] or 0:.2f} | {f2(r['load_ratio'])} "
+              f"| {f2(r['rss_vs_llama'])} | {r['load_s'] or 0:.2f} ({'/'.join(sorted(set(r['weights']))) or '?'}), "
+              f"{r['llama_load_s'] or 0:.2f} | {f2(r['load_ratio'])} "
               f"| {'yes: ' + '; '.join(r['noisy']) if r['noisy'] else ''} |")
     met = [r for r in rows if (r["pp_ratio"] or 0) >= GOAL_PP and (r["tg_ratio"] or 0) >= GOAL_TG
            and (r["read_share"] or 0) >= GOAL_SHARE and (r["rss_over_file_kv"] or 9) <= GOAL_RSS
