@@ -83,6 +83,12 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
 /// Dot of one weight row with f32 `x`; `sums` holds the sum of `x` over each weight block
 /// (used by types with an offset term, Q4_1/Q5_1).
 pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) -> Result<f32, TensorError> {
+    // Float weights: the GGML float dots (F16C / AVX-512 conversion in registers, several
+    // accumulators), not the block-by-block reference, whose blocks here are one element.
+    if matches!(ty, GgmlType::F16 | GgmlType::BF16) {
+        whole_blocks(ty, w_row.len(), x.len())?;
+        return Ok(crate::quant::vec_dot_fn(isa, ty)(w_row, crate::linear::tiled::f32_bytes(x), x.len()));
+    }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         match ty {

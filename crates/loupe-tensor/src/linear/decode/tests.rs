@@ -220,6 +220,8 @@ fn every_isa_dot_matches_the_scalar_reference() {
         GgmlType::Fp8E4M3,
         GgmlType::Q4K,
         GgmlType::Q6K,
+        GgmlType::F16,
+        GgmlType::BF16,
     ] {
         let (q, _) = qmatrix_or_random(ty, 2, 256);
         let x = signed(256, 3);
@@ -607,4 +609,27 @@ fn qmatrix_or_random(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f3
         dequantize_row(ty, chunk, &mut deq[r * cols..(r + 1) * cols]).unwrap();
     }
     (QMatrix::new(ty, rows, cols, bytes).unwrap(), deq)
+}
+
+/// F16 and BF16 weights: every ISA's dot is the float kernel of `vec_dot_fn`, and a batch of
+/// rows computes each row exactly as a one-row call does (decode and batch agree).
+#[test]
+fn float_weight_rows_are_batch_invariant_at_every_isa() {
+    for ty in [GgmlType::F16, GgmlType::BF16] {
+        let (q, deq) = qmatrix(ty, 5, 200);
+        let x = signed(3 * 200, 11);
+        for isa in Isa::available() {
+            let mut batched = vec![0f32; 3 * 5];
+            matmul_wq_invariant_with(isa, &x, &q, &mut batched, 3).unwrap();
+            for (i, xi) in x.chunks(200).enumerate() {
+                let mut one = vec![0f32; 5];
+                matmul_wq_invariant_with(isa, xi, &q, &mut one, 1).unwrap();
+                assert_eq!(one, batched[i * 5..(i + 1) * 5], "{ty} {isa:?} row {i}");
+                for (r, &v) in one.iter().enumerate() {
+                    let exact: f32 = deq[r * 200..(r + 1) * 200].iter().zip(xi).map(|(a, b)| a * b).sum();
+                    assert!((v - exact).abs() <= 1e-4 * (1.0 + exact.abs()), "{ty} {isa:?}: {v} vs {exact}");
+                }
+            }
+        }
+    }
 }
