@@ -65,7 +65,7 @@ pub struct ModelArgs {
     /// Where a GGUF's weights live: mapped (read in place from the file's memory map, in the
     /// page cache: nothing copied, loads in the time it takes to map the pages), copied (into
     /// huge pages of loupe's own), or auto: mapped when the mapping gets 2 MiB pages or huge
-    /// pages are off, copied otherwise. See docs/performance.md
+    /// pages are off, copied otherwise. See README.md (`loupe bench`)
     #[arg(long, value_enum, default_value_t = WeightsArg::Auto)]
     pub weights: WeightsArg,
 }

@@ -169,6 +169,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     };
     // With --speculate: one sequence through the batched engine, whose tokens are these
     // (batch invariance; speculation changes no greedy token).
+    let drafter = speculation.as_ref().map(|s| s.drafter.name());
     let (result, spec) = match speculation {
         None => (engine.generate_tokens(&request, &mut on_text).map_err(usage_error)?, None),
         Some(s) => {
@@ -204,7 +205,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     if let Some(s) = spec {
         eprintln!(
             "loupe: speculation ({}, up to {} drafts): {} verification steps, {} of {} drafts accepted ({:.0}%), {:.2} tokens per verification",
-            if args.speculation.speculate == crate::args::SpeculateArg::Draft { "draft" } else { "ngram" },
+            drafter.unwrap_or_default(),
             args.speculation.draft_tokens,
             s.verify_steps,
             s.accepted_tokens,

@@ -21,8 +21,8 @@
 //! probe: populate 16 windows of 2 MiB spread over the file's data and read how much of the mapping
 //! `/proc/self/smaps` reports PMD-mapped), and also where neither way can have huge pages
 //! (`LOUPE_HUGEPAGES=0`, or not Linux); it copies when the page cache holds the file in
-//! smaller folios, where only the copy gets huge pages. BENCHMARKS.md ("Weights in place")
-//! measures both ways.
+//! smaller folios, where only the copy gets huge pages. BENCHMARKS.md (Results,
+//! "2026-11-29 (afternoon)") measures both ways.
 //!
 //! Matrices the loader must transform (llama.cpp's q/k row permutation undone, f32 or FP8
 //! precision, 1-D tensors) are computed into memory of their own either way.
@@ -45,23 +45,11 @@ pub enum WeightPlacement {
     Copied,
 }
 
-impl std::str::FromStr for WeightPlacement {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(WeightPlacement::Auto),
-            "mapped" => Ok(WeightPlacement::Mapped),
-            "copied" => Ok(WeightPlacement::Copied),
-            other => Err(format!("unknown weight placement '{other}' (expected auto, mapped or copied)")),
-        }
-    }
-}
-
 const HUGE_PAGE: usize = 2 << 20;
 
 /// Decides, for a GGUF about to be loaded at `precision`, whether its kept blocks are read in
 /// place (`true`). Advises the mapping into huge pages when they are wanted; the probe of
-/// `Auto` populates at most 2 MiB of the file.
+/// `Auto` populates [`PROBE_WINDOWS`] windows of 2 MiB of the file.
 pub(crate) fn in_place(gguf: &GgufFile, requested: WeightPlacement, precision: Precision) -> bool {
     let bytes = gguf.shared_bytes();
     // Owned bytes (files built in memory) have no mapping to use; f32 and FP8 compute from
@@ -116,14 +104,6 @@ fn probe_is_huge(bytes: &SharedBytes, data_start: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn placement_parses_its_three_names() {
-        assert_eq!("auto".parse(), Ok(WeightPlacement::Auto));
-        assert_eq!("mapped".parse(), Ok(WeightPlacement::Mapped));
-        assert_eq!("copied".parse(), Ok(WeightPlacement::Copied));
-        assert!("mmap".parse::<WeightPlacement>().unwrap_err().contains("expected auto, mapped or copied"));
-    }
 
     #[test]
     fn a_file_without_a_whole_huge_page_of_data_probes_no() {
