@@ -255,9 +255,12 @@ fn matmul_batch_invariant(c: &mut Criterion) {
         (GgmlType::Q4_1, 576, 1536),
         (GgmlType::Q4_1, 576, 576),
         (GgmlType::Q8_0, 49152, 576),
+        // An f16 target's MLP at Qwen2.5-0.5B's width (speculative verification: 5 rows).
+        (GgmlType::F16, 4864, 896),
     ] {
         let w = matrix(&mut rng, ty, n, k);
-        for m in [1usize, 8, 32] {
+        let ms: &[usize] = if ty == GgmlType::F16 { &[1, 5, 8] } else { &[1, 8, 32] };
+        for &m in ms {
             let x = rng.activations(m * k);
             let mut y = vec![0f32; m * n];
             let mut scratch = Vec::new();

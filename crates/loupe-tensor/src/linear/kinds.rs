@@ -1,4 +1,4 @@
-//! The block geometry of the types the Act16 kernels take (Q4_1, Q8_0, Q5_0, Q6_K, Q4_K),
+//! The block geometry of the types the Act16 kernels take (Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0),
 //! as `const` kind codes the SIMD kernels are generic over: where a 32-element block's
 //! bytes and scale sit inside a weight row, and whether the type has an offset term.
 //! ISA-neutral: every kernel family reads it.
@@ -16,6 +16,8 @@ pub(crate) const Q6_K: u8 = 3;
 
 pub(crate) const Q4_K: u8 = 4;
 
+pub(crate) const Q4_0: u8 = 5;
+
 /// Whether `KIND` adds an offset term (`m * sum` per block, Q4_1 and Q4_K).
 #[inline(always)]
 pub(crate) const fn has_offset(kind: u8) -> bool {
@@ -32,6 +34,7 @@ pub(crate) fn act16_kind(ty: GgmlType) -> Option<u8> {
         GgmlType::Q5_0 => Some(Q5_0),
         GgmlType::Q6K => Some(Q6_K),
         GgmlType::Q4K => Some(Q4_K),
+        GgmlType::Q4_0 => Some(Q4_0),
         _ => None,
     }
 }
@@ -50,7 +53,7 @@ pub(crate) const fn block_bytes(kind: u8) -> usize {
         Q4_1 => 20,
         Q5_0 => 22,
         Q6_K => 26,
-        Q4_K => 18,
+        Q4_K | Q4_0 => 18,
         _ => 34,
     }
 }

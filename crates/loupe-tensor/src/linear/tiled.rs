@@ -142,10 +142,7 @@ pub(crate) fn tile_rows(n: usize, row_bytes: usize) -> usize {
     by_cache.min(by_balance).max(1)
 }
 
-pub(crate) fn f32_bytes(x: &[f32]) -> &[u8] {
-    // SAFETY: any f32 is 4 initialized bytes; u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
-}
+pub(crate) use crate::quant::f32_bytes;
 
 /// `data` as f32s when it is 4-byte aligned (a `Vec<u8>` usually is, but nothing
 /// promises it).

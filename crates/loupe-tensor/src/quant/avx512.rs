@@ -129,42 +129,67 @@ unsafe fn odd_lanes_sum(v: __m128) -> f32 {
     _mm_cvtss_f32(_mm_movehdup_ps(t))
 }
 
-/// Shared body of the float kernels: `$load(p)` yields 16 weights as f32.
+/// Shared body of the float kernels: `$load(p)` yields 16 weights as f32. `$rows::<NA>` dots
+/// one weight row with `NA` activation rows (`stride` floats apart), each with exactly the
+/// operations of the one-row `$name` (which is `$rows::<1>`): the weights are loaded and
+/// widened once for all of them, so the batched engine's rows cost one pass over the weights.
 macro_rules! float_kernel {
-    ($name:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
+    ($name:ident, $rows:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         unsafe fn $name(w: *const u8, a: *const u8, n: usize) -> f32 {
-            let a = a.cast::<f32>();
-            let mut acc = [_mm512_setzero_ps(); 4];
+            $rows::<1>(w, a.cast::<f32>(), n, n)[0]
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        #[allow(clippy::needless_range_loop)]
+        pub(crate) unsafe fn $rows<const NA: usize>(w: *const u8, a: *const f32, n: usize, stride: usize) -> [f32; NA] {
+            let mut acc = [[_mm512_setzero_ps(); 4]; NA];
             let mut i = 0;
             while i + 64 <= n {
-                for (u, s) in acc.iter_mut().enumerate() {
+                // The weights ahead, into L2: the hardware prefetcher alone falls behind
+                // the stream ([`super::FLOAT_ROWS_PREFETCH`]).
+                let ahead = w.wrapping_add(i * $wsize + super::FLOAT_ROWS_PREFETCH);
+                for line in (0..64 * $wsize).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line).cast());
+                }
+                for u in 0..4 {
                     let $p = w.add((i + 16 * u) * $wsize);
-                    *s = _mm512_fmadd_ps($load, _mm512_loadu_ps(a.add(i + 16 * u)), *s);
+                    let wv = $load;
+                    for r in 0..NA {
+                        acc[r][u] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.add(r * stride + i + 16 * u)), acc[r][u]);
+                    }
                 }
                 i += 64;
             }
             while i + 16 <= n {
                 let $p = w.add(i * $wsize);
-                acc[0] = _mm512_fmadd_ps($load, _mm512_loadu_ps(a.add(i)), acc[0]);
+                let wv = $load;
+                for r in 0..NA {
+                    acc[r][0] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a.add(r * stride + i)), acc[r][0]);
+                }
                 i += 16;
             }
-            let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            let mut sum = _mm512_reduce_add_ps(v);
-            if i < n {
-                let wt = std::slice::from_raw_parts(w.add(i * $wsize), (n - i) * $wsize);
-                let at = std::slice::from_raw_parts(a.add(i).cast::<u8>(), (n - i) * 4);
-                sum += $scalar(wt, at, n - i);
+            let mut out = [0f32; NA];
+            for r in 0..NA {
+                let v = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+                out[r] = _mm512_reduce_add_ps(v);
+                if i < n {
+                    let wt = std::slice::from_raw_parts(w.add(i * $wsize), (n - i) * $wsize);
+                    let at = std::slice::from_raw_parts(a.add(r * stride + i).cast::<u8>(), (n - i) * 4);
+                    out[r] += $scalar(wt, at, n - i);
+                }
             }
-            sum
+            out
         }
     };
 }
 
-float_kernel!(dot_f32, 4, |p| _mm512_loadu_ps(p.cast()), super::scalar::f32_f32);
-float_kernel!(dot_f16, 2, |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), super::scalar::f16_f32);
+float_kernel!(dot_f32, dot_f32_rows, 4, |p| _mm512_loadu_ps(p.cast()), super::scalar::f32_f32);
+float_kernel!(dot_f16, dot_f16_rows, 2, |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), super::scalar::f16_f32);
 float_kernel!(
     dot_bf16,
+    dot_bf16_rows,
     2,
     |p| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())), 16)),
     super::scalar::bf16_f32

@@ -259,6 +259,83 @@ pub fn vec_dot_fn(isa: Isa, wty: GgmlType) -> VecDotFn {
     scalar::dot_fn(wty)
 }
 
+/// How far ahead of their loads the float dot kernels (one row and [`float_rows`]) prefetch
+/// the weights into L2, in bytes. Without it the hardware prefetcher fell behind the weight
+/// stream, the more so with several activation rows per weight row; 4 KiB is about half a
+/// microsecond of one core's share of the read bandwidth (BENCHMARKS.md, "Q4_0 decode and
+/// fast drafts", for the measurements).
+const FLOAT_ROWS_PREFETCH: usize = 4096;
+
+/// One float weight row (F32, F16 or BF16, `k` elements) against the `x.len() / k`
+/// activation rows of `x`: `store(i, dot)` for each row `i`, each dot bit for bit what
+/// [`vec_dot_fn`]`(isa, ty)` gives for that row alone (the same kernel, run on several rows
+/// at once so the weights are loaded and widened once for all of them): what keeps a
+/// float model's batched rows (speculative verification, the batched engine) identical to
+/// its one-row decode.
+///
+/// # Panics
+/// If this CPU does not support `isa`, `ty` is not a float type, or `w_row` and `x` are not
+/// whole rows of `k`.
+pub(crate) fn float_rows(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], k: usize, mut store: impl FnMut(usize, f32)) {
+    assert!(isa.is_supported(), "float_rows: this CPU does not support {isa}");
+    let size = match ty {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        _ => panic!("float_rows: {ty} is not a float type"),
+    };
+    assert!(
+        k > 0 && w_row.len() == k * size && x.len().is_multiple_of(k),
+        "float_rows: {} weight bytes and {} activations are not rows of {k}",
+        w_row.len(),
+        x.len()
+    );
+    let m = x.len() / k;
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        let (w, a) = (w_row.as_ptr(), x.as_ptr());
+        macro_rules! rows {
+            ($module:ident, $most:expr, [$($na:literal),*]) => {{
+                let mut i = 0;
+                while i < m {
+                    let na = (m - i).min($most);
+                    // SAFETY: the CPU supports the module's ISA (asserted above, `isa` at
+                    // least that level); the weight row holds `k` elements and rows `i..i +
+                    // na` of `x` lie within it (checked above).
+                    let ai = unsafe { a.add(i * k) };
+                    let dots: &[f32] = match (ty, na) {
+                        $(
+                            (GgmlType::F32, $na) => &unsafe { $module::dot_f32_rows::<$na>(w, ai, k, k) },
+                            (GgmlType::F16, $na) => &unsafe { $module::dot_f16_rows::<$na>(w, ai, k, k) },
+                            (_, $na) => &unsafe { $module::dot_bf16_rows::<$na>(w, ai, k, k) },
+                        )*
+                        _ => unreachable!("row counts are 1..={}", $most),
+                    };
+                    for (r, &v) in dots.iter().enumerate() {
+                        store(i + r, v);
+                    }
+                    i += na;
+                }
+            }};
+        }
+        if isa >= Isa::Avx512 {
+            rows!(avx512, 6, [1, 2, 3, 4, 5, 6]);
+        } else {
+            rows!(avx2, 3, [1, 2, 3]);
+        }
+        return;
+    }
+    let dot = vec_dot_fn(isa, ty);
+    for (i, xi) in x.chunks_exact(k).enumerate() {
+        store(i, dot(w_row, f32_bytes(xi), k));
+    }
+}
+
+/// `x` as its bytes (the activation side of a float [`VecDotFn`]).
+pub(crate) fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 initialized bytes; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
 /// A register-tiled dot kernel (the matmul microkernel): for `r < nw` weight rows
 /// and `c < na` activation rows, `out[c * out_stride + r] = dot(w_r, a_c)`, where
 /// `w_r = w + r * w_stride` and `a_c = a + c * a_stride` are rows of `n` elements.

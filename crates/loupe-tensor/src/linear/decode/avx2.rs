@@ -86,6 +86,14 @@ pub unsafe fn dot_q5_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
     dot_d_act16::<Q5_0>(w, q, ss)
 }
 
+/// Q4_0 row x 16-bit activations: [`dot_q8_0_act16`] with the weights `q - 8` of
+/// [`q4_0`]. Lengths are checked by the caller (`w.len() == 18 * blocks`). Also the
+/// kernel of AVX-512 machines (every Q4_0 path routes there, so decode and batch agree).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_0_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+    dot_d_act16::<Q4_0>(w, q, ss)
+}
+
 /// Q6_K row x 16-bit activations: per 32-element block, the exact `sc0 * isum0 + sc1 *
 /// isum1` lanes of [`q6_k`]'s scaled weights, FMA'd with `d * scale` (`d` the
 /// super-block's). Lengths are checked by the caller (`q.len()` a multiple of 256,

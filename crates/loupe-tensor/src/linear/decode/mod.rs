@@ -1,5 +1,5 @@
 //! One activation row against weight rows: the dot products of decode, one weight row at a
-//! time. Against 16-bit activation blocks ([`Act16`]) for Q4_1, Q8_0, Q5_0, Q6_K and Q4_K
+//! time. Against 16-bit activation blocks ([`Act16`]) for Q4_1, Q8_0, Q5_0, Q6_K, Q4_K and Q4_0
 //! (exact integer products; `--precision native`'s 100% argmax agreement), against f32
 //! activations for every other type. Dispatch by ISA here; each ISA's kernels in its file,
 //! the portable references in `scalar`.
@@ -25,8 +25,8 @@ use super::dispatch::avx2_kernels_at;
 use crate::quant::{dequantize_row, Isa};
 use crate::{GgmlType, TensorError};
 
-/// Dot of one Q4_1, Q8_0, Q5_0, Q6_K or Q4_K weight row with 16-bit activation blocks (the
-/// K types: rows of whole 256-element super-blocks). Q5_0, Q6_K and Q4_K have AVX2 kernels only: at
+/// Dot of one Q4_1, Q8_0, Q5_0, Q6_K, Q4_K or Q4_0 weight row with 16-bit activation blocks (the
+/// K types: rows of whole 256-element super-blocks). Q5_0, Q6_K, Q4_K and Q4_0 have AVX2 kernels only: at
 /// [`Isa::Avx512`] they run those, as the GEMV and the batch-invariant kernels do for them.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
@@ -60,6 +60,8 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             GgmlType::Q6K => return Ok(unsafe { avx2::dot_q6_k_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above (whole super-blocks checked above).
             GgmlType::Q4K => return Ok(unsafe { avx2::dot_q4_k_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above.
+            GgmlType::Q4_0 => return Ok(unsafe { avx2::dot_q4_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     } else if isa >= Isa::Avx2 {
@@ -73,6 +75,8 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             GgmlType::Q6K => return Ok(unsafe { avx2::dot_q6_k_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above (whole super-blocks checked above).
             GgmlType::Q4K => return Ok(unsafe { avx2::dot_q4_k_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above.
+            GgmlType::Q4_0 => return Ok(unsafe { avx2::dot_q4_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
         }
     }

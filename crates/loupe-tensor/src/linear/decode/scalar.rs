@@ -48,6 +48,13 @@ pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Resu
                 let dot: i32 = (0..32).map(|j| w(j) * xq[j] as i32).sum();
                 acc += d * scale * dot as f32;
             }
+            GgmlType::Q4_0 => {
+                let qs = &wb[2..18];
+                let dot: i32 = (0..16)
+                    .map(|i| ((qs[i] & 0x0F) as i32 - 8) * xq[i] as i32 + ((qs[i] >> 4) as i32 - 8) * xq[i + 16] as i32)
+                    .sum();
+                acc += d * scale * dot as f32;
+            }
             _ => return Err(TensorError::UnsupportedType { op: "dot_row_act16", dtype: ty }),
         }
     }

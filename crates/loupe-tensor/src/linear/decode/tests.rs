@@ -296,7 +296,7 @@ fn small_block_dots_of_raw_blocks_match_the_scalar_reference() {
 
 #[test]
 fn act16_dot_matches_scalar_reference_and_f32() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0] {
         let ks: &[usize] =
             if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[256, 768, 1536] } else { &[32, 64, 576, 1536] };
         for &k in ks {
@@ -615,21 +615,103 @@ fn qmatrix_or_random(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f3
 /// rows computes each row exactly as a one-row call does (decode and batch agree).
 #[test]
 fn float_weight_rows_are_batch_invariant_at_every_isa() {
+    // Row counts 1..=9 cover every tile of the multi-row float kernels (up to 4 rows) and
+    // their tails; k = 200 a tail past the vectors, 896 none.
     for ty in [GgmlType::F16, GgmlType::BF16] {
-        let (q, deq) = qmatrix(ty, 5, 200);
-        let x = signed(3 * 200, 11);
-        for isa in Isa::available() {
-            let mut batched = vec![0f32; 3 * 5];
-            matmul_wq_invariant_with(isa, &x, &q, &mut batched, 3).unwrap();
-            for (i, xi) in x.chunks(200).enumerate() {
-                let mut one = vec![0f32; 5];
-                matmul_wq_invariant_with(isa, xi, &q, &mut one, 1).unwrap();
-                assert_eq!(one, batched[i * 5..(i + 1) * 5], "{ty} {isa:?} row {i}");
-                for (r, &v) in one.iter().enumerate() {
-                    let exact: f32 = deq[r * 200..(r + 1) * 200].iter().zip(xi).map(|(a, b)| a * b).sum();
-                    assert!((v - exact).abs() <= 1e-4 * (1.0 + exact.abs()), "{ty} {isa:?}: {v} vs {exact}");
+        for k in [200, 896] {
+            let (q, deq) = qmatrix(ty, 5, k);
+            let x = signed(9 * k, 11);
+            for isa in Isa::available() {
+                let dot = crate::quant::vec_dot_fn(isa, ty);
+                for m in 1..=9 {
+                    let mut batched = vec![0f32; m * 5];
+                    matmul_wq_invariant_with(isa, &x[..m * k], &q, &mut batched, m).unwrap();
+                    for (i, xi) in x[..m * k].chunks(k).enumerate() {
+                        let mut one = vec![0f32; 5];
+                        matmul_wq_invariant_with(isa, xi, &q, &mut one, 1).unwrap();
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&one), bits(&batched[i * 5..(i + 1) * 5]), "{ty} k={k} {isa:?} m={m} row {i}");
+                        for (r, &v) in one.iter().enumerate() {
+                            let alone = dot(q.row(r), crate::quant::f32_bytes(xi), k);
+                            assert_eq!(v.to_bits(), alone.to_bits(), "{ty} k={k} {isa:?}: the decode dot");
+                            let exact: f32 = deq[r * k..(r + 1) * k].iter().zip(xi).map(|(a, b)| a * b).sum();
+                            assert!((v - exact).abs() <= 1e-4 * (1.0 + exact.abs()), "{ty} {isa:?}: {v} vs {exact}");
+                        }
+                    }
                 }
             }
         }
+    }
+}
+
+/// `rows` Q4_0 rows of `k` elements of raw random bytes (every nibble), with f16 scales
+/// `d` small and finite (2^-5 .. 2^-3, either sign).
+fn raw_q4_0_rows(rows: usize, k: usize, seed: u32) -> Vec<u8> {
+    let mut s = 0x2545_f491u32 ^ seed.wrapping_mul(0x85eb_ca6b);
+    let mut byte = || {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        (s >> 8) as u8
+    };
+    (0..rows * k / 32 * 18).map(|i| if i % 18 == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() }).collect()
+}
+
+/// The AVX2 and AVX-512 unpackings of Q4_0 blocks (the ones every Act16 path uses) give
+/// exactly `q - 8` for every element, on raw random blocks and fixed bit patterns.
+#[test]
+fn q4_0_unpacking_matches_dequantize() {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detected() >= Isa::Avx2 {
+        let mut blocks = raw_q4_0_rows(1, 32 * 256, 4);
+        for fill in [0x00, 0xFF, 0x88, 0x0F] {
+            blocks.extend([0x00, 0x3C]);
+            blocks.extend([fill; 16]);
+        }
+        for blk in blocks.chunks_exact_mut(18) {
+            blk[..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
+        }
+        for (i, blk) in blocks.chunks_exact(18).enumerate() {
+            let mut want = [0f32; 32];
+            dequantize_row(GgmlType::Q4_0, blk, &mut want).unwrap();
+            let mut got = [0i16; 32];
+            // SAFETY: AVX2 checked above; `blk` is one whole 18-byte block.
+            unsafe {
+                use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
+                let (lo, hi) = crate::linear::simd::avx2::q4_0(blk.as_ptr());
+                _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
+                _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
+            }
+            assert_eq!(got.map(f32::from), want, "block {i}: {blk:02x?}");
+            if Isa::detected() >= Isa::Avx512 && (i + 1) * 18 < blocks.len() {
+                // The pair unpacking: this block in words 0..16 of each half, the next in 16..32.
+                let mut next = [0f32; 32];
+                dequantize_row(GgmlType::Q4_0, &blocks[(i + 1) * 18..(i + 2) * 18], &mut next).unwrap();
+                let (mut lo, mut hi) = ([0i16; 32], [0i16; 32]);
+                // SAFETY: AVX-512 checked above; two whole blocks from `blk` on.
+                unsafe {
+                    use std::arch::x86_64::_mm512_storeu_si512;
+                    let (l, h) =
+                        crate::linear::simd::avx512::unpack_pair::<{ crate::linear::kinds::Q4_0 }>(blk.as_ptr());
+                    _mm512_storeu_si512(lo.as_mut_ptr().cast(), l);
+                    _mm512_storeu_si512(hi.as_mut_ptr().cast(), h);
+                }
+                let joined = |a: &[f32], b: &[f32]| a.iter().chain(b).copied().collect::<Vec<f32>>();
+                assert_eq!(lo.map(f32::from).to_vec(), joined(&want[..16], &next[..16]), "pair {i} low");
+                assert_eq!(hi.map(f32::from).to_vec(), joined(&want[16..], &next[16..]), "pair {i} high");
+            }
+        }
+    }
+}
+
+/// Q4_0 rows of raw random blocks at Qwen2.5-0.5B's and Llama's widths: the Act16 dot of
+/// every ISA is within the 16-bit activation error of the f32 reference `dot_row_scalar`
+/// (and of an f64 dot), and the decode and batched paths give its bits.
+#[test]
+fn q4_0_act16_dot_of_raw_blocks_matches_the_f32_reference() {
+    for (k, seed) in [(896, 1), (4864, 2), (96, 3), (2048, 4)] {
+        let n = 5;
+        let w = QMatrix::new(GgmlType::Q4_0, n, k, raw_q4_0_rows(n, k, seed)).unwrap();
+        check_act16_raw(&w, seed);
     }
 }

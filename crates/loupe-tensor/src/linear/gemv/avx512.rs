@@ -1,4 +1,4 @@
-//! The GEMV's AVX-512 groups: Q4_1 / Q8_0 on their own arithmetic, Q5_0 (and Q4_1 on AMX
+//! The GEMV's AVX-512 groups: Q4_1 / Q8_0 on their own arithmetic, Q5_0 and Q4_0 (and Q4_1 on AMX
 //! CPUs' batch paths) on the AVX2 arithmetic two blocks per 512-bit vector.
 
 use std::arch::x86_64::*;
@@ -18,11 +18,11 @@ pub(crate) unsafe fn rows_avx512(w: &QMatrix, rows: Range<usize>, act: &Act16<'_
     drive!(w, rows, act, out, group_avx512, [Q4_1, Q8_0])
 }
 
-/// AVX-512 driver for Q5_0 (see [`super::gemv_rows`] for the contract): two blocks per
+/// AVX-512 driver for Q5_0 and Q4_0 (see [`super::gemv_rows`] for the contract): two blocks per
 /// 512-bit vector with the AVX2 kernel's bits ([`group_avx512_pairs`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
 pub(crate) unsafe fn rows_avx512_pairs(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
-    drive!(w, rows, act, out, group_avx512_pairs, [Q5_0])
+    drive!(w, rows, act, out, group_avx512_pairs, [Q5_0, Q4_0])
 }
 
 /// `R` consecutive weight rows at `w` against the activations: per row, the
@@ -80,8 +80,8 @@ unsafe fn group_avx512<const R: usize, const KIND: u8>(
     }
 }
 
-/// `R` consecutive Q5_0 weight rows at `w` against the activations, bit for bit
-/// [`group_avx2`] (and so `decode::avx2::dot_q5_0_act16`) with half its vector
+/// `R` consecutive Q5_0 or Q4_0 weight rows at `w` against the activations, bit for bit
+/// [`group_avx2`] (and so `decode::avx2::dot_q5_0_act16` / `dot_q4_0_act16`) with half its vector
 /// instructions: blocks `b` (even) and `b + 1` share one 512-bit vector, block `b` in
 /// the low 256 bits, `b + 1` in the high ones. Then one `vpmaddwd` pair gives, in lanes
 /// 0..8, block `b`'s eight i32 lanes of the AVX2 kernel (elements `2i, 2i + 1` and
@@ -106,7 +106,7 @@ unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(
     p: *mut f32,
     y: *mut f32,
 ) {
-    debug_assert_eq!(KIND, Q5_0);
+    debug_assert!(KIND == Q5_0 || KIND == Q4_0);
     let _ = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
     let mut acc = [_mm512_setzero_ps(); R];
     let mut b = 0;
@@ -145,7 +145,7 @@ unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(
     }
     for r in 0..R {
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r])));
-        // Q5_0 has no offset (adding 0.0 would turn -0.0 into +0.0).
+        // Q5_0 and Q4_0 have no offset (adding 0.0 would turn -0.0 into +0.0).
         y.add(r).write(avx2::hsum(_mm256_add_ps(_mm512_castps512_ps256(acc[r]), hi)));
     }
 }

@@ -28,7 +28,7 @@ fn matrix(ty: GgmlType, n: usize, k: usize, seed: u32) -> QMatrix {
 #[test]
 #[allow(clippy::needless_range_loop)]
 fn rows_are_bit_identical_to_the_single_row_dot() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0] {
         let shapes: &[(usize, usize)] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) {
             &[(9, 256), (7, 512), (13, 768), (5, 4864)]
         } else {
@@ -68,7 +68,7 @@ fn rows_are_bit_identical_to_the_single_row_dot() {
 /// Q4_1, as the single-row kernels do (the sign of zero is part of the bits).
 #[test]
 fn zero_activations_keep_the_single_row_zero() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K] {
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0] {
         let (n, k) = (6, if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { 256 } else { 64 });
         let w = matrix(ty, n, k, 5);
         let x = vec![0f32; k];

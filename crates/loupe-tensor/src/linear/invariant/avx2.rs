@@ -53,6 +53,10 @@ pub(crate) unsafe fn act16_rows(
                     (Q6_K, 3) => &tile::<3, Q6_K>(row, blocks, q, k, pi),
                     (Q6_K, 2) => &tile::<2, Q6_K>(row, blocks, q, k, pi),
                     (Q6_K, _) => &tile::<1, Q6_K>(row, blocks, q, k, pi),
+                    (Q4_0, 4) => &tile::<4, Q4_0>(row, blocks, q, k, pi),
+                    (Q4_0, 3) => &tile::<3, Q4_0>(row, blocks, q, k, pi),
+                    (Q4_0, 2) => &tile::<2, Q4_0>(row, blocks, q, k, pi),
+                    (Q4_0, _) => &tile::<1, Q4_0>(row, blocks, q, k, pi),
                     (Q4_K, 4) => &tile::<4, Q4_K>(row, blocks, q, k, pi),
                     (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi),
                     (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi),
@@ -63,7 +67,7 @@ pub(crate) unsafe fn act16_rows(
                     (_, _) => &tile::<1, Q8_0>(row, blocks, q, k, pi),
                 };
                 for (a, &v) in r.iter().enumerate() {
-                    // Q8_0 / Q5_0 / Q6_K add no offset (adding 0.0 would turn -0.0 into +0.0).
+                    // Q8_0 / Q5_0 / Q6_K / Q4_0 add no offset (adding 0.0 would turn -0.0 into +0.0).
                     let v = if offset { v + off[i + a] } else { v };
                     yi.add(a * n).write(v);
                 }

@@ -15,13 +15,13 @@ use crate::pool::OutPtr;
 /// `off` `mp` floats of scratch (`mp`: `act.m` rounded up to [`LANES`]).
 ///
 /// `pairs`: the types that take the AVX2 arithmetic at AVX-512 (`super::avx2_kernels_at`),
-/// Q4_1 on AMX CPUs, Q5_0 and Q6_K, bit for bit `super::avx2::act16_rows` (and so the decode
+/// Q4_1 on AMX CPUs, Q5_0, Q6_K and Q4_0, bit for bit `super::avx2::act16_rows` (and so the decode
 /// dot) with half its vector instructions per block and 8 activation rows per weight row
 /// instead of 4 ([`tile_pairs`]). [`prepare`] computes the same f32 products and
 /// block-ordered offset sums as the AVX2 one.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1, Q5_0 or Q6_K)
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1, Q5_0, Q6_K or Q4_0)
 /// with `w.cols == act.k`; the caller owns columns `rows` of `y`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
 pub(crate) unsafe fn act16_rows(
@@ -49,7 +49,7 @@ pub(crate) unsafe fn act16_rows(
     }
 }
 
-/// One Q4_1, Q5_0 or Q6_K weight row against `NA` activation rows (see [`tile_q4_1`] for the
+/// One Q4_1, Q5_0, Q6_K or Q4_0 weight row against `NA` activation rows (see [`tile_q4_1`] for the
 /// arguments), bit for bit `super::avx2::tile`: blocks `b` (even) and `b + 1` share one
 /// 512-bit vector, `b` in the low 256 bits and `b + 1` in the high ones. One
 /// `vpmaddwd` pair then gives in lanes 0..8 block `b`'s eight i32 lanes of the AVX2
@@ -148,7 +148,7 @@ unsafe fn chunk_rows<const PAIRS: bool>(
     while i < m {
         let na = (m - i).min(8);
         let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(lane_at(i, 0, blocks)), y.add(i * n));
-        // Q8_0 and Q5_0 add no offset (a null `off`, see `store`).
+        // Q8_0, Q5_0, Q6_K and Q4_0 add no offset (a null `off`, see `store`).
         let o = if q4_1 { off.as_ptr().add(i) } else { std::ptr::null() };
         macro_rules! run {
             ($tile:ident $(, $kind:ident)?) => {
@@ -167,6 +167,7 @@ unsafe fn chunk_rows<const PAIRS: bool>(
         match (PAIRS, kind) {
             (true, Q4_1) => run!(tile_pairs, Q4_1),
             (true, Q6_K) => run!(tile_pairs, Q6_K),
+            (true, Q4_0) => run!(tile_pairs, Q4_0),
             (true, _) => run!(tile_pairs, Q5_0),
             (false, Q4_1) => run!(tile_q4_1),
             (false, _) => run!(tile_q8_0),

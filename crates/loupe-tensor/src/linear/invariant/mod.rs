@@ -333,6 +333,20 @@ fn batch_act16_in(
 /// [`dot_row`] per output, each against its own row and its own block sums.
 fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
+    if matches!(w.ty, GgmlType::F16 | GgmlType::BF16) && k > 0 {
+        // Float weights: each weight row widened once for all activation rows, every
+        // output the one-row dot's bits (`quant::float_rows`, the kernel `dot_row` runs).
+        let out = OutPtr(y.as_mut_ptr());
+        return bands(n, m, &|rows| {
+            for j in rows {
+                crate::quant::float_rows(isa, w.ty, w.row(j), x, k, |i, v| {
+                    // SAFETY: i < m, j < n; column j belongs to this task alone.
+                    unsafe { out.get().add(i * n + j).write(v) }
+                });
+            }
+            Ok(())
+        });
+    }
     let block = w.ty.block_size();
     let blocks = k / block.max(1);
     let out = OutPtr(y.as_mut_ptr());

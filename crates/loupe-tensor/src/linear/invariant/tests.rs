@@ -40,6 +40,8 @@ fn cases() -> Vec<(GgmlType, usize, usize)> {
         (GgmlType::F32, 7, 576),
         (GgmlType::F16, 5, 64),
         (GgmlType::Q4_0, 5, 64),
+        (GgmlType::Q4_0, 37, 96),
+        (GgmlType::Q4_0, 19, 896),
     ]
 }
 
@@ -77,6 +79,7 @@ fn a_row_keeps_its_bits_whatever_its_neighbours_and_position() {
             (GgmlType::Q5_0, 100, 896),
             (GgmlType::Q6K, 100, 768),
             (GgmlType::Q4K, 100, 768),
+            (GgmlType::Q4_0, 100, 896),
             (GgmlType::F32, 50, 576),
         ] {
             let (w, _) = matrix(ty, n, k, 4);
@@ -106,7 +109,10 @@ fn single_row_equals_matmul_wq_and_the_decode_dot() {
         matmul_wq_invariant(&x, &w, &mut a, 1).unwrap();
         matmul_wq(&x, &w, &mut b, 1).unwrap();
         assert_eq!(bits(&a), bits(&b), "{ty}");
-        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K) {
+        if matches!(
+            ty,
+            GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0
+        ) {
             // The single-row Act16 dot of the active ISA (today's decode kernel).
             let (mut q, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
             let act = Act16::quantize(&x, &mut q, &mut ss);

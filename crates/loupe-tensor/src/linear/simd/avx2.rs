@@ -78,6 +78,19 @@ pub(crate) unsafe fn q5_0(blk: *const u8) -> (__m256i, __m256i) {
     (lo, hi)
 }
 
+/// Q4_0 block at `blk` (`f16 d; u8 qs[16]`): elements 0..16 (low nibbles) and 16..32 (high
+/// nibbles) as i16 `q - 8` (-8..=7, ggml's `dequantize_row_q4_0`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0(blk: *const u8) -> (__m256i, __m256i) {
+    let w16 = widen_u8(blk.add(2));
+    let eight = _mm256_set1_epi16(8);
+    (
+        _mm256_sub_epi16(_mm256_and_si256(w16, _mm256_set1_epi16(0x0F)), eight),
+        _mm256_sub_epi16(_mm256_srli_epi16::<4>(w16), eight),
+    )
+}
+
 /// Q6_K's 32-element Act16 block `b` of a row at `w` (`block_q6_K { u8 ql[128]; u8
 /// qh[64]; i8 scales[16]; f16 d }`, 210 bytes per 256 elements): elements 0..16 and
 /// 16..32 as i16 `(q - 32) * scale`, each half one 16-element sub-block with its own
@@ -164,6 +177,7 @@ pub(crate) unsafe fn unpack<const KIND: u8>(w: *const u8, b: usize) -> (__m256i,
     match KIND {
         Q4_1 => nibbles(blk),
         Q5_0 => q5_0(blk),
+        Q4_0 => q4_0(blk),
         Q6_K => q6_k(w, b),
         Q4_K => q4_k(w, b),
         _ => bytes(blk),

@@ -1,6 +1,6 @@
 //! What the AVX-512 kernels of every layer share: the 16-lane horizontal sum in a fixed
 //! order, two Act16 blocks unpacked into one 512-bit vector pair with the AVX2
-//! arithmetic's bits (Q4_1 on AMX CPUs, Q5_0), and the panel packers' gather of one dword
+//! arithmetic's bits (Q4_1 on AMX CPUs, Q5_0, Q4_0), and the panel packers' gather of one dword
 //! from each of 16 weight rows.
 
 use std::arch::x86_64::*;
@@ -8,17 +8,25 @@ use std::arch::x86_64::*;
 use crate::linear::kinds::*;
 pub(crate) use crate::reduce::avx512::hsum;
 
-/// A pair of consecutive Q4_1 or Q5_0 blocks at `blk` as the AVX2 kernel's two vectors
+/// A pair of consecutive Q4_1, Q5_0 or Q4_0 blocks at `blk` as the AVX2 kernel's two vectors
 /// of each, joined: words 0..16 of the first result are block `b`'s elements 0..16 and
 /// words 16..32 block `b + 1`'s; the second result holds elements 16..32 alike. The
 /// qs bytes widened to words give the low nibbles (elements 0..16) and high ones
 /// (16..32); for Q5_0, where an element's fifth bit (bit `j` of its block's `qh`) is
-/// clear, 16 is subtracted (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`).
+/// clear, 16 is subtracted (`(nibble | bit << 4) - 16`, ggml's `dequantize_row_q5_0`); for
+/// Q4_0, 8 from every one (`nibble - 8`).
 /// Used by this module's [`tile_pairs`] and the decode GEMV's `group_avx512_pairs`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
 pub(crate) unsafe fn unpack_pair<const KIND: u8>(blk: *const u8) -> (__m512i, __m512i) {
-    let (bytes, qs) = (block_bytes(KIND), if KIND == Q4_1 { 4 } else { 6 });
+    let (bytes, qs) = (
+        block_bytes(KIND),
+        match KIND {
+            Q4_1 => 4,
+            Q4_0 => 2,
+            _ => 6,
+        },
+    );
     let nxt = blk.add(bytes);
     let both = _mm256_inserti128_si256::<1>(
         _mm256_castsi128_si256(_mm_loadu_si128(blk.add(qs) as *const __m128i)),
@@ -28,6 +36,10 @@ pub(crate) unsafe fn unpack_pair<const KIND: u8>(blk: *const u8) -> (__m512i, __
     let (lo, hi) = (_mm512_and_si512(w16, _mm512_set1_epi16(0x0F)), _mm512_srli_epi16::<4>(w16));
     if KIND == Q4_1 {
         return (lo, hi);
+    }
+    if KIND == Q4_0 {
+        let eight = _mm512_set1_epi16(8);
+        return (_mm512_sub_epi16(lo, eight), _mm512_sub_epi16(hi, eight));
     }
     let qh = |blk: *const u8| std::ptr::read_unaligned(blk.add(2) as *const u32);
     let (h0, h1) = (qh(blk), qh(nxt));
