@@ -11,7 +11,7 @@
 //! ```
 //!
 //! `T` compute threads (default 1), `COUNT` matrices (default 1) of `N x K` (default
-//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_k`, `q6_k`;
+//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_0`, `q4_k`, `q6_k`, `f16`;
 //! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels, `PREC=batch` through
 //! `matmul_wq_invariant`, the batched engine's native kernels, `PREC=chain` through
 //! `matmul_wq_chain`, its prompt rows' f32 chains, `PREC=prompt` through `matmul_q_prompt`, the
@@ -43,8 +43,10 @@ fn main() {
         Ok("q5_0") => GgmlType::Q5_0,
         Ok("q4_k") => GgmlType::Q4K,
         Ok("q6_k") => GgmlType::Q6K,
+        Ok("q4_0") => GgmlType::Q4_0,
+        Ok("f16") => GgmlType::F16,
         Ok("q8_0") | Err(_) => GgmlType::Q8_0,
-        Ok(other) => panic!("TY={other}: q8_0, q4_1, q5_0, q4_k or q6_k"),
+        Ok(other) => panic!("TY={other}: q8_0, q4_1, q5_0, q4_0, q4_k, q6_k or f16"),
     };
     // `batch`: the batch-invariant native kernels (`matmul_wq_invariant`, what the batched
     // engine runs at `--precision native`).
@@ -63,6 +65,8 @@ fn main() {
     let scale_at: &[usize] = match ty {
         GgmlType::Q4_1 | GgmlType::Q4K => &[0, 2],
         GgmlType::Q6K => &[208],
+        // Every element is a scale-sized f16 (no subnormal products to slow the FMAs).
+        GgmlType::F16 => &[0],
         _ => &[0],
     };
     let mut state = 0x1234_5678u32;
@@ -88,7 +92,15 @@ fn main() {
         .collect();
     // `M` activation rows (default 1, decode; more measures the prefill kernels).
     let m = env("M", 1).max(1);
-    let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    // The activations at a 64-byte boundary (`XALIGN=0`: 4 bytes past one, as a plain
+    // allocation may land): a misaligned zmm load spans two cache lines.
+    let mut x_buf = vec![0f32; m * k + 32];
+    let skip = (64 - x_buf.as_ptr() as usize % 64) % 64 / 4 + if env("XALIGN", 1) == 0 { 1 } else { 0 };
+    let x = &mut x_buf[skip..skip + m * k];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = ((i * 7919) % 1000) as f32 / 1000.0 - 0.5;
+    }
+    let x = &*x;
     let mut y = vec![0f32; m * n];
     let mut scratch = Vec::new();
     let mut rates: Vec<f64> = (0..15)
@@ -96,11 +108,11 @@ fn main() {
             let t = Instant::now();
             for w in &matrices {
                 match prec {
-                    "q8" => matmul_q(&x, w, &mut y, m, &mut scratch).expect("matmul"),
-                    "prompt" => matmul_q_prompt(&x, w, &mut y, m, &mut scratch).expect("matmul"),
-                    "batch" => matmul_wq_invariant(&x, w, &mut y, m).expect("matmul"),
-                    "chain" => matmul_wq_chain(&x, w, &mut y, m).expect("matmul"),
-                    _ => matmul_wq(&x, w, &mut y, m).expect("matmul"),
+                    "q8" => matmul_q(x, w, &mut y, m, &mut scratch).expect("matmul"),
+                    "prompt" => matmul_q_prompt(x, w, &mut y, m, &mut scratch).expect("matmul"),
+                    "batch" => matmul_wq_invariant(x, w, &mut y, m).expect("matmul"),
+                    "chain" => matmul_wq_chain(x, w, &mut y, m).expect("matmul"),
+                    _ => matmul_wq(x, w, &mut y, m).expect("matmul"),
                 }
             }
             (len * count) as f64 / t.elapsed().as_secs_f64() / 1e9

@@ -98,6 +98,17 @@ impl DraftModel {
         self.engine.path().to_path_buf()
     }
 
+    /// Runs `tokens` (a sequence's prompt) into its draft cache, so that the first draft
+    /// after the prompt costs the draft model one single-token pass rather than the whole
+    /// prompt: the batched engine calls this in the step that starts the prompt, where the
+    /// draft model's prefill joins the target's (time to first token) instead of the first
+    /// decode step. A failed pass leaves the cache empty (the first draft then runs it all).
+    pub(crate) fn prefill(&self, state: &mut Option<DraftState>, tokens: &[u32]) {
+        if !tokens.is_empty() && tokens.len() <= self.engine.graph().context_length {
+            let _ = self.catch_up(state, tokens, tokens.len());
+        }
+    }
+
     /// Up to `k` draft tokens to follow `tokens`, from the draft model's greedy choices,
     /// `state` holding (or, on the first call, made to hold) the sequence's draft cache. A
     /// draft stops short where the draft model's context ends or a pass fails (the step
@@ -109,21 +120,14 @@ impl DraftModel {
         if k == 0 || tokens.is_empty() {
             return Vec::new();
         }
-        let state = state.get_or_insert_with(|| DraftState {
-            executor: Executor::new(graph, self.engine.debug()),
-            kv: KvCache::with_dtype(graph.kv_layers, graph.kv_width, graph.context_length, graph.kv_dtype),
-            fed: Vec::new(),
-        });
         // Keep the shared prefix, less one token when it is all of `tokens`: the pass
         // needs a token to run to have the next logits.
-        let shared = state.fed.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(tokens.len() - 1);
-        state.kv.truncate(shared);
-        state.fed.truncate(shared);
+        let Some((state, first)) = self.catch_up(state, tokens, tokens.len() - 1) else { return Vec::new() };
         let mut draft = Vec::with_capacity(k);
-        let mut next = &tokens[shared..];
-        let mut last = [0u32];
-        loop {
-            let run = state.executor.run(graph, next, &mut state.kv, RunOptions { all_logits: false }, None);
+        draft.push(first);
+        let mut last = [first];
+        while draft.len() < k {
+            let run = state.executor.run(graph, &last, &mut state.kv, RunOptions { all_logits: false }, None);
             let Ok(logits) = run else {
                 // The cache no longer matches `fed` past a failed pass: start over next time.
                 state.kv.truncate(0);
@@ -131,15 +135,48 @@ impl DraftModel {
                 break;
             };
             let token = argmax(logits);
-            state.fed.extend_from_slice(next);
+            state.fed.push(last[0]);
             draft.push(token);
-            if draft.len() == k {
-                break;
-            }
             last[0] = token;
-            next = &last;
         }
         draft
+    }
+
+    /// Cuts `state`'s cache back to the prefix it shares with `tokens` (at most `keep`
+    /// tokens of it) and runs the rest in one pass: the cache then holds all of `tokens`,
+    /// and the draft model's greedy next token is returned. `None` where there is nothing
+    /// to run (the cache untouched) or the pass fails (the cache emptied).
+    fn catch_up<'s>(
+        &self,
+        state: &'s mut Option<DraftState>,
+        tokens: &[u32],
+        keep: usize,
+    ) -> Option<(&'s mut DraftState, u32)> {
+        let graph = self.engine.graph();
+        let state = state.get_or_insert_with(|| DraftState {
+            executor: Executor::new(graph, self.engine.debug()),
+            kv: KvCache::with_dtype(graph.kv_layers, graph.kv_width, graph.context_length, graph.kv_dtype),
+            fed: Vec::new(),
+        });
+        let shared = state.fed.iter().zip(tokens).take_while(|(a, b)| a == b).count().min(keep);
+        state.kv.truncate(shared);
+        state.fed.truncate(shared);
+        let next = &tokens[shared..];
+        if next.is_empty() {
+            return None;
+        }
+        match state.executor.run(graph, next, &mut state.kv, RunOptions { all_logits: false }, None) {
+            Ok(logits) => {
+                let token = argmax(logits);
+                state.fed.extend_from_slice(next);
+                Some((state, token))
+            }
+            Err(_) => {
+                state.kv.truncate(0);
+                state.fed.clear();
+                None
+            }
+        }
     }
 }
 
@@ -181,6 +218,13 @@ mod tests {
         assert_eq!(model.draft(&mut state, &expect[..10], 2), model.draft(&mut fresh, &expect[..10], 2));
         assert!(model.draft(&mut state, &[], 3).is_empty());
         assert!(model.draft(&mut state, &prompt, 0).is_empty());
+        // A prompt run in ahead (the engine's prompt step) changes no draft.
+        let mut primed = None;
+        model.prefill(&mut primed, &prompt);
+        assert_eq!(primed.as_ref().map(|s| s.fed.len()), Some(prompt.len()));
+        let mut generated = prompt.clone();
+        generated.push(expect[6]);
+        assert_eq!(model.draft(&mut primed, &generated, 3), expect[7..10]);
     }
 
     #[test]

@@ -21,6 +21,25 @@ impl BatchEngine<'_> {
         draft
     }
 
+    /// Runs running sequence `i`'s prompt through the draft model, when there is one and
+    /// the sequence's prompt runs this step ([`DraftModel::prefill`]; a no-op once the draft
+    /// cache holds the prompt, as on a long prompt's later chunks): its time goes on the
+    /// step's clock as drafting.
+    ///
+    /// [`DraftModel::prefill`]: super::draft_model::DraftModel::prefill
+    fn prefill_draft(&mut self, i: usize) {
+        let (Some(config), seq) = (self.config.speculation.as_ref(), &mut self.running[i]) else { return };
+        let speculate::Drafter::Model(model) = &config.drafter else { return };
+        if !seq.speculate || seq.generated() != 0 {
+            return;
+        }
+        let since = self.clock.is_some().then(Instant::now);
+        model.prefill(&mut seq.draft_cache, &seq.tokens);
+        if let (Some(clock), Some(since)) = (self.clock.as_mut(), since) {
+            clock.drafted(since);
+        }
+    }
+
     /// [`Self::draft_for`]'s draft, `None` where the drafter is not asked.
     fn consult_drafter(&mut self, i: usize, budget: usize) -> Option<Vec<u32>> {
         let (Some(config), seq) = (self.config.speculation.as_ref(), &mut self.running[i]) else { return None };
@@ -49,6 +68,9 @@ impl BatchEngine<'_> {
             let want = self.running[i].tokens.len() - self.running[i].computed;
             // A generating sequence's one token, and the drafts that follow it.
             let draft = if want == 1 { self.draft_for(i, budget) } else { Vec::new() };
+            if want > 1 {
+                self.prefill_draft(i);
+            }
             let n = (want + draft.len()).min(budget);
             self.running[i].draft = draft;
             if n == 0 {
@@ -107,6 +129,7 @@ impl BatchEngine<'_> {
             budget -= n;
             self.running.push(seq);
             plan.push(n);
+            self.prefill_draft(self.running.len() - 1);
         }
         plan
     }
