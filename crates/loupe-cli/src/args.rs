@@ -155,10 +155,14 @@ pub struct SpeculationArgs {
     #[arg(long, value_enum, default_value_t = SpeculateArg::Off)]
     pub speculate: SpeculateArg,
     /// With --speculate draft: the draft model, a GGUF file or checkpoint directory with the
-    /// target's tokenizer (loaded with the target's --precision, --threads, --kv-dtype and
-    /// --weights)
+    /// target's tokenizer (loaded with the target's --threads, --kv-dtype and --weights)
     #[arg(long, value_name = "PATH")]
     pub draft_model: Option<PathBuf>,
+    /// The draft model's arithmetic. It decides only which tokens are proposed, never the
+    /// output (the target verifies every one), so the default is the fastest: 8-bit
+    /// activation blocks, as llama.cpp computes [default: q8]
+    #[arg(long, value_enum, value_name = "PRECISION")]
+    pub draft_precision: Option<PrecisionArg>,
     /// The most draft tokens one step verifies (the number adapts to what is accepted)
     #[arg(long, value_name = "K", default_value_t = 5)]
     pub draft_tokens: usize,
@@ -188,6 +192,9 @@ impl SpeculationArgs {
         if self.draft_model.is_some() && self.speculate != SpeculateArg::Draft {
             return Err(UsageError("--draft-model needs --speculate draft".into()).into());
         }
+        if self.draft_precision.is_some() && self.speculate != SpeculateArg::Draft {
+            return Err(UsageError("--draft-precision needs --speculate draft".into()).into());
+        }
         if self.speculate == SpeculateArg::Draft && self.draft_model.is_none() {
             return Err(UsageError("--speculate draft needs --draft-model PATH".into()).into());
         }
@@ -195,6 +202,11 @@ impl SpeculationArgs {
             return Err(UsageError("--draft-tokens must be at least 1".into()).into());
         }
         Ok(())
+    }
+
+    /// The draft model's precision: `--draft-precision`, else 8-bit activation blocks.
+    pub fn draft_precision(&self) -> Precision {
+        self.draft_precision.unwrap_or(PrecisionArg::Q8).into()
     }
 
     /// The engine's speculation settings; `None` when off. `draft` is the loaded draft model
@@ -225,6 +237,9 @@ impl SpeculationArgs {
             vec!["--speculate".into(), name.into(), "--draft-tokens".into(), self.draft_tokens.to_string().into()];
         if let Some(path) = &self.draft_model {
             flags.extend(["--draft-model".into(), path.clone().into_os_string()]);
+            if let Some(p) = self.draft_precision {
+                flags.extend(["--draft-precision".into(), precision_name(p.into()).into()]);
+            }
         }
         if let Some(path) = &self.speculation_log {
             flags.extend(["--speculation-log".into(), path.clone().into_os_string()]);

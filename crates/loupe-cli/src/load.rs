@@ -134,8 +134,7 @@ pub fn draft_model(
         return Err(UsageError(format!("--draft-model {}: no such file or directory", path.display())).into());
     }
     let args = ModelArgs { model: Some(path.clone()), ..model.clone() };
-    let precision = args.precision_or(crate::args::PrecisionArg::Auto);
-    let engine = load(&args, Load::new(precision), &DebugOptions::default())?;
+    let engine = load(&args, Load::new(speculation.draft_precision()), &DebugOptions::default())?;
     let draft = loupe_runtime::DraftModel::new(engine);
     *loaded = Some((path.clone(), draft.clone()));
     Ok(Some(draft))
