@@ -11,7 +11,7 @@
 //! ```
 //!
 //! `T` compute threads (default 1), `COUNT` matrices (default 1) of `N x K` (default
-//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_0`, `q4_k`, `q6_k`, `f16`;
+//! 262,144 x 640, Gemma 3's lm_head) of type `TY` (`q8_0`, default, `q4_1`, `q5_0`, `q4_0`, `q4_k`, `q5_k`, `q6_k`, `f16`;
 //! `PREC=q8` multiplies through `matmul_q`, the 8-bit-activation kernels, `PREC=batch` through
 //! `matmul_wq_invariant`, the batched engine's native kernels, `PREC=chain` through
 //! `matmul_wq_chain`, its prompt rows' f32 chains, `PREC=prompt` through `matmul_q_prompt`, the
@@ -42,11 +42,12 @@ fn main() {
         Ok("q4_1") => GgmlType::Q4_1,
         Ok("q5_0") => GgmlType::Q5_0,
         Ok("q4_k") => GgmlType::Q4K,
+        Ok("q5_k") => GgmlType::Q5K,
         Ok("q6_k") => GgmlType::Q6K,
         Ok("q4_0") => GgmlType::Q4_0,
         Ok("f16") => GgmlType::F16,
         Ok("q8_0") | Err(_) => GgmlType::Q8_0,
-        Ok(other) => panic!("TY={other}: q8_0, q4_1, q5_0, q4_0, q4_k, q6_k or f16"),
+        Ok(other) => panic!("TY={other}: q8_0, q4_1, q5_0, q4_0, q4_k, q5_k, q6_k or f16"),
     };
     // `batch`: the batch-invariant native kernels (`matmul_wq_invariant`, what the batched
     // engine runs at `--precision native`).
@@ -63,7 +64,7 @@ fn main() {
     let len = n * k / ty.block_size() * ty.type_size();
     // Where each block keeps its f16 scales (overwritten with a small finite one).
     let scale_at: &[usize] = match ty {
-        GgmlType::Q4_1 | GgmlType::Q4K => &[0, 2],
+        GgmlType::Q4_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q6K => &[208],
         // Every element is a scale-sized f16 (no subnormal products to slow the FMAs).
         GgmlType::F16 => &[0],

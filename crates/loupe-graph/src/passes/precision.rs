@@ -70,8 +70,13 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
 /// loupe-cli; figures in README.md). Q8_K decode for Q6_K as well put Gemma 3 270M under
 /// 99%, and 8-bit activations for every type put SmolLM2 Q4_1 under it (BENCHMARKS.md), so
 /// the other types decode natively (Q6_K's prompt rows: [`auto_prompt_q8`]).
+///
+/// Q5_K, the bulk of a Q5_K_M file, takes them too: it has no 16-bit kernel (native runs it
+/// through the per-block reference, 2 GB/s), and its Q8_K activations are rounded exactly
+/// as Q4_K's, on weights with one more bit. No model of the goldens ships Q5_K, so its
+/// agreement rests on that argument, not on a measurement (BENCHMARKS.md, "Q5_K_M").
 pub fn auto_takes_q8(ty: loupe_tensor::GgmlType) -> bool {
-    ty == loupe_tensor::GgmlType::Q4K
+    matches!(ty, loupe_tensor::GgmlType::Q4K | loupe_tensor::GgmlType::Q5K)
 }
 
 /// The weight types whose prompt rows `--precision auto` multiplies with 8-bit activations
