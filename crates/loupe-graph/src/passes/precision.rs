@@ -74,7 +74,8 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
 /// Q5_K, the bulk of a Q5_K_M file, takes them too: it has no 16-bit kernel (native runs it
 /// through the per-block reference, 2 GB/s), and its Q8_K activations are rounded exactly
 /// as Q4_K's, on weights with one more bit. No model of the goldens ships Q5_K, so its
-/// agreement rests on that argument, not on a measurement (BENCHMARKS.md, "Q5_K_M").
+/// agreement rests on that argument, not on a measurement (BENCHMARKS.md, "Q4_0 decode and
+/// fast drafts", its Q5_K_M paragraph).
 pub fn auto_takes_q8(ty: loupe_tensor::GgmlType) -> bool {
     matches!(ty, loupe_tensor::GgmlType::Q4K | loupe_tensor::GgmlType::Q5K)
 }
