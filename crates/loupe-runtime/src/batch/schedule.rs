@@ -8,17 +8,23 @@ use super::{speculate, BatchEngine, SeqEvent};
 use crate::FinishReason;
 
 impl BatchEngine<'_> {
+    /// `f`'s result, with its time on the step's clock (when there is one) as drafting
+    /// where it did something (`Some`).
+    fn timed_drafting<T>(&mut self, f: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
+        let since = self.clock.is_some().then(Instant::now);
+        let out = f(self)?;
+        if let (Some(clock), Some(since)) = (self.clock.as_mut(), since) {
+            clock.drafted(since);
+        }
+        Some(out)
+    }
+
     /// The draft running sequence `i` verifies this step, within `budget` step tokens: none
     /// unless speculation is on and the sequence generates (its last token is not a prompt
     /// token); every step produces one token, drafts are the ones beyond. The drafter's
     /// time goes on the step's clock when there is one.
     fn draft_for(&mut self, i: usize, budget: usize) -> Vec<u32> {
-        let since = self.clock.is_some().then(Instant::now);
-        let Some(draft) = self.consult_drafter(i, budget) else { return Vec::new() };
-        if let (Some(clock), Some(since)) = (self.clock.as_mut(), since) {
-            clock.drafted(since);
-        }
-        draft
+        self.timed_drafting(|engine| engine.consult_drafter(i, budget)).unwrap_or_default()
     }
 
     /// Runs running sequence `i`'s prompt through the draft model, when there is one and
@@ -28,16 +34,15 @@ impl BatchEngine<'_> {
     ///
     /// [`DraftModel::prefill`]: super::draft_model::DraftModel::prefill
     fn prefill_draft(&mut self, i: usize) {
-        let (Some(config), seq) = (self.config.speculation.as_ref(), &mut self.running[i]) else { return };
-        let speculate::Drafter::Model(model) = &config.drafter else { return };
-        if !seq.speculate || seq.generated() != 0 {
-            return;
-        }
-        let since = self.clock.is_some().then(Instant::now);
-        model.prefill(&mut seq.draft_cache, &seq.tokens);
-        if let (Some(clock), Some(since)) = (self.clock.as_mut(), since) {
-            clock.drafted(since);
-        }
+        self.timed_drafting(|engine| {
+            let (Some(config), seq) = (engine.config.speculation.as_ref(), &mut engine.running[i]) else { return None };
+            let speculate::Drafter::Model(model) = &config.drafter else { return None };
+            if !seq.speculate || seq.generated() != 0 {
+                return None;
+            }
+            model.prefill(&mut seq.draft_cache, &seq.tokens);
+            Some(())
+        });
     }
 
     /// [`Self::draft_for`]'s draft, `None` where the drafter is not asked.

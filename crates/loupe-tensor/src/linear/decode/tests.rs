@@ -504,9 +504,11 @@ fn check_act16_raw(w: &QMatrix, seed: u32) {
     }
 }
 
-/// `rows` Q5_0 rows of `k` elements of raw random bytes (every nibble and `qh` bit),
-/// with f16 scales `d` small and finite (2^-5 .. 2^-3, either sign).
-fn raw_q5_0_rows(rows: usize, k: usize, seed: u32) -> Vec<u8> {
+/// `rows` rows of `k` elements of a type whose blocks start with their f16 scale `d`
+/// (Q5_0, Q4_0): raw random bytes (every nibble and `qh` bit), with `d` small and finite
+/// (2^-5 .. 2^-3, either sign).
+fn raw_d_first_rows(ty: GgmlType, rows: usize, k: usize, seed: u32) -> Vec<u8> {
+    let bytes = ty.type_size();
     let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
     let mut byte = || {
         s ^= s << 13;
@@ -514,7 +516,26 @@ fn raw_q5_0_rows(rows: usize, k: usize, seed: u32) -> Vec<u8> {
         s ^= s << 5;
         (s >> 8) as u8
     };
-    (0..rows * k / 32 * 22).map(|i| if i % 22 == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() }).collect()
+    (0..rows * k / 32 * bytes)
+        .map(|i| if i % bytes == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() })
+        .collect()
+}
+
+/// The 32 i16 codes an AVX2 Act16 unpacker gives for the block at `blk`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `blk` is one whole block of the unpacker's type.
+#[cfg(target_arch = "x86_64")]
+unsafe fn avx2_codes(
+    unpack: unsafe fn(*const u8) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+    blk: &[u8],
+) -> [i16; 32] {
+    use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
+    let mut got = [0i16; 32];
+    let (lo, hi) = unpack(blk.as_ptr());
+    _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
+    _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
+    got
 }
 
 /// The AVX2 unpacking of a Q5_0 block (the one every AVX2 Act16 path uses) gives
@@ -524,7 +545,7 @@ fn raw_q5_0_rows(rows: usize, k: usize, seed: u32) -> Vec<u8> {
 fn q5_0_unpacking_matches_dequantize() {
     #[cfg(target_arch = "x86_64")]
     if Isa::detected() >= Isa::Avx2 {
-        let mut blocks = raw_q5_0_rows(1, 32 * 256, 9);
+        let mut blocks = raw_d_first_rows(GgmlType::Q5_0, 1, 32 * 256, 9);
         for fill in [0x00, 0xFF, 0xAA, 0x0F] {
             blocks.extend([0x00, 0x3C]);
             blocks.extend([fill; 20]);
@@ -533,14 +554,8 @@ fn q5_0_unpacking_matches_dequantize() {
             blk[..2].copy_from_slice(&half::f16::ONE.to_le_bytes());
             let mut want = [0f32; 32];
             dequantize_row(GgmlType::Q5_0, blk, &mut want).unwrap();
-            let mut got = [0i16; 32];
             // SAFETY: AVX2 checked above; `blk` is one whole 22-byte block.
-            unsafe {
-                use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
-                let (lo, hi) = crate::linear::simd::avx2::q5_0(blk.as_ptr());
-                _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
-                _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
-            }
+            let got = unsafe { avx2_codes(crate::linear::simd::avx2::q5_0, blk) };
             assert_eq!(got.map(f32::from), want, "block {blk:02x?}");
         }
     }
@@ -553,7 +568,7 @@ fn q5_0_unpacking_matches_dequantize() {
 fn q5_0_act16_dot_of_raw_blocks_matches_the_f32_reference() {
     for (k, seed) in [(896, 1), (4864, 2), (96, 3)] {
         let n = 5;
-        let w = QMatrix::new(GgmlType::Q5_0, n, k, raw_q5_0_rows(n, k, seed)).unwrap();
+        let w = QMatrix::new(GgmlType::Q5_0, n, k, raw_d_first_rows(GgmlType::Q5_0, n, k, seed)).unwrap();
         check_act16_raw(&w, seed);
     }
 }
@@ -644,26 +659,13 @@ fn float_weight_rows_are_batch_invariant_at_every_isa() {
     }
 }
 
-/// `rows` Q4_0 rows of `k` elements of raw random bytes (every nibble), with f16 scales
-/// `d` small and finite (2^-5 .. 2^-3, either sign).
-fn raw_q4_0_rows(rows: usize, k: usize, seed: u32) -> Vec<u8> {
-    let mut s = 0x2545_f491u32 ^ seed.wrapping_mul(0x85eb_ca6b);
-    let mut byte = || {
-        s ^= s << 13;
-        s ^= s >> 17;
-        s ^= s << 5;
-        (s >> 8) as u8
-    };
-    (0..rows * k / 32 * 18).map(|i| if i % 18 == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() }).collect()
-}
-
 /// The AVX2 and AVX-512 unpackings of Q4_0 blocks (the ones every Act16 path uses) give
 /// exactly `q - 8` for every element, on raw random blocks and fixed bit patterns.
 #[test]
 fn q4_0_unpacking_matches_dequantize() {
     #[cfg(target_arch = "x86_64")]
     if Isa::detected() >= Isa::Avx2 {
-        let mut blocks = raw_q4_0_rows(1, 32 * 256, 4);
+        let mut blocks = raw_d_first_rows(GgmlType::Q4_0, 1, 32 * 256, 4);
         for fill in [0x00, 0xFF, 0x88, 0x0F] {
             blocks.extend([0x00, 0x3C]);
             blocks.extend([fill; 16]);
@@ -674,14 +676,8 @@ fn q4_0_unpacking_matches_dequantize() {
         for (i, blk) in blocks.chunks_exact(18).enumerate() {
             let mut want = [0f32; 32];
             dequantize_row(GgmlType::Q4_0, blk, &mut want).unwrap();
-            let mut got = [0i16; 32];
             // SAFETY: AVX2 checked above; `blk` is one whole 18-byte block.
-            unsafe {
-                use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
-                let (lo, hi) = crate::linear::simd::avx2::q4_0(blk.as_ptr());
-                _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
-                _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
-            }
+            let got = unsafe { avx2_codes(crate::linear::simd::avx2::q4_0, blk) };
             assert_eq!(got.map(f32::from), want, "block {i}: {blk:02x?}");
             if Isa::detected() >= Isa::Avx512 && (i + 1) * 18 < blocks.len() {
                 // The pair unpacking: this block in words 0..16 of each half, the next in 16..32.
@@ -711,7 +707,7 @@ fn q4_0_unpacking_matches_dequantize() {
 fn q4_0_act16_dot_of_raw_blocks_matches_the_f32_reference() {
     for (k, seed) in [(896, 1), (4864, 2), (96, 3), (2048, 4)] {
         let n = 5;
-        let w = QMatrix::new(GgmlType::Q4_0, n, k, raw_q4_0_rows(n, k, seed)).unwrap();
+        let w = QMatrix::new(GgmlType::Q4_0, n, k, raw_d_first_rows(GgmlType::Q4_0, n, k, seed)).unwrap();
         check_act16_raw(&w, seed);
     }
 }

@@ -346,8 +346,9 @@ fn aligned64<'a>(x: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
     &buf[skip..skip + x.len()]
 }
 
-/// Every other type (and Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K rows too long for the stack path): one
-/// [`dot_row`] per output, each against its own row and its own block sums.
+/// Every other type (and Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K / Q4_0 rows too long for the stack
+/// path): F16 / BF16 weight rows through `quant::float_rows`, all activation rows at once;
+/// the rest one [`dot_row`] per output, each against its own row and its own block sums.
 fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
     if matches!(w.ty, GgmlType::F16 | GgmlType::BF16) && k > 0 {
