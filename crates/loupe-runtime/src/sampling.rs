@@ -207,23 +207,17 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        let c = &mut self.candidates;
-        c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
-        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut c = Candidates::new(&mut self.candidates, logits, p.temperature);
         if p.top_k > 0 && p.top_k < c.len() {
-            c.truncate(p.top_k);
+            c.keep_top(p.top_k);
         }
-        // Softmax over the survivors, in f64.
-        let max = c[0].1 as f64;
-        let mut probs: Vec<f64> = c.iter().map(|&(_, l)| (l as f64 - max).exp()).collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= sum);
-        let mut keep = probs.len();
+        // Softmax over the survivors, in f64; probabilities are computed as the walks below
+        // reach them (`c.prob(i)`), so only the sorted prefix they visit is ever sorted.
+        let mut keep = c.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            for (i, q) in probs.iter().enumerate() {
-                acc += q;
+            for i in 0..c.len() {
+                acc += c.prob(i);
                 if acc >= p.top_p as f64 {
                     keep = i + 1;
                     break;
@@ -231,32 +225,143 @@ impl Sampler {
             }
         }
         if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+            let floor = c.prob(0) * p.min_p as f64;
+            let above = (0..keep).find(|&i| c.prob(i) < floor).unwrap_or(keep);
+            keep = keep.min(above.max(1));
         }
-        let mut total: f64 = probs[..keep].iter().sum();
+        // The draws below scale a uniform number by the kept mass and walk the unnormalized
+        // weights `exp(l - max)`: the softmax without its divisions, and without a second
+        // pass over the vocabulary when nothing is cut.
+        let mut total = c.kept_weight(keep);
+        let mut rejected = None;
         if let Some(d) = draft {
-            let q = c[..keep].iter().position(|&(t, _)| t == d).map_or(0.0, |i| probs[i]);
+            let q = c.weight_if_kept(d, keep);
             if self.rng.next_f64() * total < q {
                 return d;
             }
             // Rejected: the residual max(0, p - 1[d]) is p without the draft.
-            if let Some(i) = c[..keep].iter().position(|&(t, _)| t == d) {
-                total -= probs[i];
-                probs[i] = 0.0;
+            if q > 0.0 {
+                total -= q;
+                rejected = Some(d);
             }
             if total <= 0.0 {
                 return d;
             }
         }
         let mut r = self.rng.next_f64() * total;
-        for (i, q) in probs[..keep].iter().enumerate() {
-            if r < *q {
-                return c[i].0;
+        for i in 0..keep {
+            let q = c.weight(i);
+            if Some(c.id(i)) == rejected {
+                continue;
+            }
+            if r < q {
+                return c.id(i);
             }
             r -= q;
         }
-        c[keep - 1].0
+        c.id(keep - 1)
+    }
+}
+
+/// The candidates of one draw, `(token, logit / temperature)`, sorted lazily: the walks over
+/// them (top-p, min-p, the draw) visit tokens from the most likely down and almost always
+/// stop within the first few dozen, so sorting a 150k-token vocabulary for every token
+/// would be most of the cost of sampling (it was ~7% of a batched Qwen2.5 serving run's
+/// CPU time, BENCHMARKS.md). `list[..sorted]` holds the `sorted` most likely candidates in
+/// order (ties: lower id first); the rest follow in no particular order.
+struct Candidates<'a> {
+    list: &'a mut Vec<(u32, f32)>,
+    sorted: usize,
+    max: f64,
+    /// Sum of `exp(l - max)` over every candidate.
+    sum: f64,
+}
+
+/// Most likely first, ties by lower id.
+fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Least candidates sorted at once: one selection pass then covers a typical draw.
+const SORT_CHUNK: usize = 64;
+
+impl<'a> Candidates<'a> {
+    fn new(list: &'a mut Vec<(u32, f32)>, logits: &[f32], temperature: f32) -> Candidates<'a> {
+        list.clear();
+        list.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / temperature)));
+        let mut c = Candidates { list, sorted: 0, max: 0.0, sum: 0.0 };
+        c.normalize();
+        c
+    }
+
+    /// Keeps the `k` most likely candidates (sorted).
+    fn keep_top(&mut self, k: usize) {
+        self.list.select_nth_unstable_by(k - 1, by_logit);
+        self.list.truncate(k);
+        self.list.sort_unstable_by(by_logit);
+        self.sorted = k;
+        self.normalize();
+    }
+
+    fn normalize(&mut self) {
+        self.max = self.list.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
+        let max = self.max;
+        self.sum = self.list.iter().map(|&(_, l)| (l as f64 - max).exp()).sum();
+    }
+
+    fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Sorts until the first `n` candidates are the `n` most likely, in order.
+    fn sort_to(&mut self, n: usize) {
+        if n <= self.sorted {
+            return;
+        }
+        let len = self.list.len();
+        let end = n.max(2 * self.sorted).max(SORT_CHUNK).min(len);
+        let rest = &mut self.list[self.sorted..];
+        if end < len {
+            rest.select_nth_unstable_by(end - self.sorted - 1, by_logit);
+        }
+        rest[..end - self.sorted].sort_unstable_by(by_logit);
+        self.sorted = end;
+    }
+
+    /// The token of the `i`-th most likely candidate.
+    fn id(&mut self, i: usize) -> u32 {
+        self.sort_to(i + 1);
+        self.list[i].0
+    }
+
+    /// The unnormalized weight `exp(l - max)` of the `i`-th most likely candidate.
+    fn weight(&mut self, i: usize) -> f64 {
+        self.sort_to(i + 1);
+        (self.list[i].1 as f64 - self.max).exp()
+    }
+
+    /// The probability of the `i`-th most likely candidate.
+    fn prob(&mut self, i: usize) -> f64 {
+        self.weight(i) / self.sum
+    }
+
+    /// The summed weight of the `keep` most likely candidates.
+    fn kept_weight(&mut self, keep: usize) -> f64 {
+        if keep == self.list.len() {
+            return self.sum;
+        }
+        (0..keep).map(|i| self.weight(i)).sum()
+    }
+
+    /// `token`'s weight if it is among the `keep` most likely candidates, else 0.
+    fn weight_if_kept(&mut self, token: u32, keep: usize) -> f64 {
+        if keep < self.list.len() {
+            self.sort_to(keep);
+        }
+        match self.list[..keep].iter().position(|&(t, _)| t == token) {
+            Some(i) => (self.list[i].1 as f64 - self.max).exp(),
+            None => 0.0,
+        }
     }
 }
 
@@ -318,6 +423,76 @@ mod tests {
         assert!(a.contains(&0) && a.contains(&1));
     }
 
+    /// The sampler before lazy sorting: every candidate sorted, probabilities normalized up
+    /// front. The lazy one walks the same order with the same formulas (sums over the whole
+    /// vocabulary may add in another order), so it must draw the same tokens.
+    fn full_sort_draw(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
+        let mut c: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        c.sort_unstable_by(by_logit);
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.truncate(p.top_k);
+        }
+        let max = c[0].1 as f64;
+        let mut probs: Vec<f64> = c.iter().map(|&(_, l)| (l as f64 - max).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= sum);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            if let Some(i) = probs.iter().position(|q| {
+                acc += q;
+                acc >= p.top_p as f64
+            }) {
+                keep = i + 1;
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let mut r = u * total;
+        for (i, q) in probs[..keep].iter().enumerate() {
+            if r < *q {
+                return c[i].0;
+            }
+            r -= q;
+        }
+        c[keep - 1].0
+    }
+
+    #[test]
+    fn lazy_sorting_draws_what_a_full_sort_draws() {
+        // A 50k-token vocabulary with a peaked head and a long flat tail, as real logits.
+        let mut rng = Rng::new(3);
+        let logits: Vec<f32> = (0..50_000)
+            .map(|i| {
+                let u = rng.next_f64() as f32;
+                if i % 997 == 0 {
+                    8.0 + 4.0 * u
+                } else {
+                    6.0 * u - 3.0
+                }
+            })
+            .collect();
+        let settings = [
+            SamplingParams { temperature: 1.0, ..Default::default() },
+            SamplingParams { temperature: 0.7, top_p: 0.9, ..Default::default() },
+            SamplingParams { temperature: 1.3, min_p: 0.05, ..Default::default() },
+            SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, ..Default::default() },
+            SamplingParams { temperature: 2.0, top_p: 0.5, ..Default::default() },
+        ];
+        for params in settings {
+            for seed in 0..300 {
+                let params = SamplingParams { seed, ..params.clone() };
+                let mut s = Sampler::new(params.clone());
+                let got = s.sample(&mut logits.clone(), &[]);
+                let want = full_sort_draw(&logits, &params, Rng::new(seed).next_f64());
+                assert_eq!(got, want, "{params:?}");
+            }
+        }
+    }
+
     #[test]
     fn verifying_a_draft_keeps_the_distribution() {
         // Greedy: the argmax, whatever the draft.
@@ -344,6 +519,19 @@ mod tests {
                 let f = counts[t] as f64 / n as f64;
                 assert!((f - target[t]).abs() < 0.005, "draft {draft}: token {t} drawn {f}, target {}", target[t]);
             }
+        }
+    }
+
+    #[test]
+    fn a_draft_cut_by_top_p_is_never_returned() {
+        // 200 tokens: token 0 holds 99.9% of the mass, so top-p 0.5 keeps it alone and a
+        // draft of any other token must be rejected and resampled to token 0.
+        let mut logits = vec![0.0f32; 200];
+        logits[0] = 12.0;
+        for seed in 0..200 {
+            let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.5, seed, ..Default::default() });
+            assert_eq!(s.sample_or_accept(&mut logits.clone(), &[], 1 + seed as u32 % 199), 0);
+            assert_eq!(s.sample_or_accept(&mut logits.clone(), &[], 0), 0);
         }
     }
 

@@ -216,17 +216,32 @@ fn matmul_rows(
     if prompt_count == m {
         return for_prompt(x, q, y, m, scratch);
     }
-    // A step mixing prompt and decode rows: each class gathered, computed, put back.
-    for class in [true, false] {
-        let rows: Vec<usize> = (0..m).filter(|&i| prompt[i] == class).collect();
-        let xs: Vec<f32> = rows.iter().flat_map(|&i| &x[i * k..(i + 1) * k]).copied().collect();
-        let mut ys = vec![0f32; rows.len() * n];
-        (if class { for_prompt } else { for_decode })(&xs, q, &mut ys, rows.len(), scratch)?;
-        for (&i, row) in rows.iter().zip(ys.chunks_exact(n)) {
-            y[i * n..(i + 1) * n].copy_from_slice(row);
+    // A step mixing prompt and decode rows: each class gathered, computed, put back, through
+    // buffers kept for the next call (a serving step's every linear comes here, and fresh
+    // megabyte buffers would be mapped and faulted in each time).
+    MIXED_ROWS.with(|cell| {
+        let mut bufs = cell.take();
+        let (xs, ys) = &mut bufs;
+        for class in [true, false] {
+            let rows = || (0..m).filter(move |&i| prompt[i] == class);
+            xs.clear();
+            rows().for_each(|i| xs.extend_from_slice(&x[i * k..(i + 1) * k]));
+            let count = rows().count();
+            ys.clear();
+            ys.resize(count * n, 0.0);
+            (if class { for_prompt } else { for_decode })(xs, q, ys, count, scratch)?;
+            for (i, row) in rows().zip(ys.chunks_exact(n)) {
+                y[i * n..(i + 1) * n].copy_from_slice(row);
+            }
         }
-    }
-    Ok(())
+        cell.set(bufs);
+        Ok(())
+    })
+}
+
+thread_local! {
+    /// [`matmul_rows`]'s gathered inputs and outputs of one row class.
+    static MIXED_ROWS: std::cell::Cell<(Vec<f32>, Vec<f32>)> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// The routed experts of [`crate::Op::Experts`]: for each expert in ascending id, the rows
