@@ -259,7 +259,6 @@ pub struct BatchEngine<'e> {
     running: Vec<Sequence>,
     next_id: SeqId,
     stats: BatchStats,
-    logits_row: Vec<f32>,
     last_step: StepShape,
     /// Rows of the embedding table: the token ids a prompt may hold.
     vocab: usize,
@@ -350,7 +349,6 @@ impl<'e> BatchEngine<'e> {
             running: Vec::new(),
             next_id: 0,
             stats: BatchStats::default(),
-            logits_row: Vec::new(),
             last_step: StepShape::default(),
             vocab: graph
                 .nodes
@@ -642,22 +640,29 @@ impl<'e> BatchEngine<'e> {
         // with drafts verifies them row by row: each accepted draft is its token, the first
         // row that disagrees gives the token in its place, and a fully accepted draft gets
         // the next token from its last row.
-        let mut sampled = Vec::with_capacity(logit_seqs.len());
-        let mut row = 0;
-        let mut logged = Ok(());
-        for &(i, rows) in &logit_seqs {
-            let seq = &mut self.running[i];
-            let draft = std::mem::take(&mut seq.draft);
-            let verifier = speculate::Verifier {
-                tokens: &seq.tokens,
-                constraint: seq.constraint.as_mut(),
-                sampler: &mut seq.sampler,
-                stop_ids: &seq.stop_ids,
-                logprobs: seq.logprobs,
-            };
-            let rows_logits = &logits[row * vocab..(row + rows) * vocab];
-            let (new, accepted) = speculate::verify(verifier, &draft, rows_logits, vocab, &mut self.logits_row)?;
+        let mut jobs = Vec::with_capacity(logit_seqs.len());
+        let (mut row, mut wanted) = (0, logit_seqs.iter().peekable());
+        for (i, seq) in self.running.iter_mut().enumerate() {
+            let Some(&(_, rows)) = wanted.next_if(|&&(j, _)| j == i) else { continue };
+            jobs.push(speculate::SampleJob {
+                draft: std::mem::take(&mut seq.draft),
+                verifier: speculate::Verifier {
+                    tokens: &seq.tokens,
+                    constraint: seq.constraint.as_mut(),
+                    sampler: &mut seq.sampler,
+                    stop_ids: &seq.stop_ids,
+                    logprobs: seq.logprobs,
+                },
+                logits: &logits[row * vocab..(row + rows) * vocab],
+            });
             row += rows;
+        }
+        let verified = speculate::verify_all(jobs, vocab);
+        let mut sampled = Vec::with_capacity(logit_seqs.len());
+        let mut logged = Ok(());
+        for (&(i, _), (draft, result)) in logit_seqs.iter().zip(verified) {
+            let (new, accepted) = result?;
+            let seq = &mut self.running[i];
             if !draft.is_empty() {
                 let spec = &mut self.stats.spec;
                 spec.verify_steps += 1;

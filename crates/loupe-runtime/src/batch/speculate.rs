@@ -140,14 +140,13 @@ pub(crate) struct Verifier<'s> {
 /// is never accepted, and it stops when the grammar is complete); the last token, unless it
 /// is an accepted draft, is left for the caller to consume. Returns the tokens (with
 /// log-probabilities when asked) and how many drafts were accepted.
-#[allow(clippy::type_complexity)]
 pub(crate) fn verify(
     v: Verifier<'_>,
     draft: &[u32],
     logits: &[f32],
     vocab: usize,
     row: &mut Vec<f32>,
-) -> Result<(Vec<(u32, Option<TokenLogprobs>)>, usize), RuntimeError> {
+) -> Result<Verified, RuntimeError> {
     let Verifier { tokens, mut constraint, sampler, stop_ids, logprobs } = v;
     let mut out = Vec::with_capacity(draft.len() + 1);
     // The context the sampler's penalties see: the tokens so far and the accepted drafts.
@@ -177,6 +176,54 @@ pub(crate) fn verify(
     }
     let accepted = out.iter().zip(draft).take_while(|((t, _), d)| t == *d).count();
     Ok((out, accepted))
+}
+
+/// A sequence's token rows as [`verify`] samples them, with log-probabilities when asked,
+/// and how many drafts were accepted.
+pub(crate) type Verified = (Vec<(u32, Option<TokenLogprobs>)>, usize);
+
+/// One sequence's share of a step's sampling: its verifier, its drafts and its logits rows.
+pub(crate) struct SampleJob<'s> {
+    pub(crate) verifier: Verifier<'s>,
+    pub(crate) draft: Vec<u32>,
+    pub(crate) logits: &'s [f32],
+}
+
+thread_local! {
+    /// The row of logits [`verify`] masks and penalizes, per compute thread.
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`verify`] for every job, each on its own compute-pool task: a sampled row of a
+/// 150k-token vocabulary costs about a millisecond, which one thread paid for every
+/// sequence while the others waited (BENCHMARKS.md, "Serving"). Each sequence has its own
+/// sampler and random state, so which thread samples it changes nothing. Returns each job's
+/// drafts and result, in job order.
+pub(crate) fn verify_all(jobs: Vec<SampleJob<'_>>, vocab: usize) -> Vec<(Vec<u32>, Result<Verified, RuntimeError>)> {
+    type Slot<'s> = (Option<SampleJob<'s>>, Option<(Vec<u32>, Result<Verified, RuntimeError>)>);
+    let slots: Vec<std::sync::Mutex<Slot<'_>>> =
+        jobs.into_iter().map(|job| std::sync::Mutex::new((Some(job), None))).collect();
+    let run = |t: usize| {
+        let mut slot = slots[t].lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(SampleJob { verifier, draft, logits }) = slot.0.take() {
+            let out = ROW.with(|row| verify(verifier, &draft, logits, vocab, &mut row.borrow_mut()));
+            slot.1 = Some((draft, out));
+        }
+    };
+    if slots.len() > 1 {
+        loupe_tensor::pool::run(slots.len(), &run);
+    } else {
+        (0..slots.len()).for_each(run);
+    }
+    slots
+        .into_iter()
+        .map(|slot| {
+            let (_, done) = slot.into_inner().unwrap_or_else(|e| e.into_inner());
+            done.unwrap_or_else(|| {
+                (Vec::new(), Err(RuntimeError::InvalidRequest("a sampling task did not run".into())))
+            })
+        })
+        .collect()
 }
 
 /// Prompt lookup: the `k` tokens that followed the most recent earlier occurrence of the

@@ -3,6 +3,10 @@
 //! presence and frequency penalties (which transformers lacks) come first, with the
 //! repetition penalty.
 
+mod candidates;
+
+use self::candidates::Candidates;
+
 /// Sampling settings. `temperature == 0` means greedy (argmax).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -135,6 +139,8 @@ pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
     candidates: Vec<(u32, f32)>,
+    /// The candidates' weights, beside them ([`Candidates`]).
+    weights: Vec<f64>,
     /// How often this sampler produced each token, for the presence and frequency
     /// penalties (which, as in OpenAI's API, count generated tokens only).
     produced: std::collections::HashMap<u32, u32>,
@@ -154,7 +160,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, candidates: Vec::new(), produced: std::collections::HashMap::new() }
+        Sampler { params, rng, candidates: Vec::new(), weights: Vec::new(), produced: std::collections::HashMap::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -207,12 +213,12 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        let mut c = Candidates::new(&mut self.candidates, logits, p.temperature);
+        let mut c = Candidates::new(&mut self.candidates, &mut self.weights, logits, p.temperature);
         if p.top_k > 0 && p.top_k < c.len() {
             c.keep_top(p.top_k);
         }
-        // Softmax over the survivors, in f64; probabilities are computed as the walks below
-        // reach them (`c.prob(i)`), so only the sorted prefix they visit is ever sorted.
+        // Softmax over the survivors, in f64; top-p and min-p read the probabilities from
+        // the most likely down (`c.prob(i)` sorts as far as they read).
         let mut keep = c.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
@@ -229,9 +235,11 @@ impl Sampler {
             let above = (0..keep).find(|&i| c.prob(i) < floor).unwrap_or(keep);
             keep = keep.min(above.max(1));
         }
-        // The draws below scale a uniform number by the kept mass and walk the unnormalized
-        // weights `exp(l - max)`: the softmax without its divisions, and without a second
-        // pass over the vocabulary when nothing is cut.
+        // The draw: a uniform number scaled by the kept mass, then a walk over the kept
+        // candidates' unnormalized weights `exp(l - max)` until it is used up. A cut set
+        // (top-k, top-p, min-p) is walked most likely first; the whole vocabulary is walked
+        // in the order it lies (token order unless a cut sorted it), which draws from the
+        // same distribution without sorting 150k tokens per draw.
         let mut total = c.kept_weight(keep);
         let mut rejected = None;
         if let Some(d) = draft {
@@ -248,120 +256,7 @@ impl Sampler {
                 return d;
             }
         }
-        let mut r = self.rng.next_f64() * total;
-        for i in 0..keep {
-            let q = c.weight(i);
-            if Some(c.id(i)) == rejected {
-                continue;
-            }
-            if r < q {
-                return c.id(i);
-            }
-            r -= q;
-        }
-        c.id(keep - 1)
-    }
-}
-
-/// The candidates of one draw, `(token, logit / temperature)`, sorted lazily: the walks over
-/// them (top-p, min-p, the draw) visit tokens from the most likely down and almost always
-/// stop within the first few dozen, so sorting a 150k-token vocabulary for every token
-/// would be most of the cost of sampling (it was ~7% of a batched Qwen2.5 serving run's
-/// CPU time, BENCHMARKS.md). `list[..sorted]` holds the `sorted` most likely candidates in
-/// order (ties: lower id first); the rest follow in no particular order.
-struct Candidates<'a> {
-    list: &'a mut Vec<(u32, f32)>,
-    sorted: usize,
-    max: f64,
-    /// Sum of `exp(l - max)` over every candidate.
-    sum: f64,
-}
-
-/// Most likely first, ties by lower id.
-fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
-
-/// Least candidates sorted at once: one selection pass then covers a typical draw.
-const SORT_CHUNK: usize = 64;
-
-impl<'a> Candidates<'a> {
-    fn new(list: &'a mut Vec<(u32, f32)>, logits: &[f32], temperature: f32) -> Candidates<'a> {
-        list.clear();
-        list.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / temperature)));
-        let mut c = Candidates { list, sorted: 0, max: 0.0, sum: 0.0 };
-        c.normalize();
-        c
-    }
-
-    /// Keeps the `k` most likely candidates (sorted).
-    fn keep_top(&mut self, k: usize) {
-        self.list.select_nth_unstable_by(k - 1, by_logit);
-        self.list.truncate(k);
-        self.list.sort_unstable_by(by_logit);
-        self.sorted = k;
-        self.normalize();
-    }
-
-    fn normalize(&mut self) {
-        self.max = self.list.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
-        let max = self.max;
-        self.sum = self.list.iter().map(|&(_, l)| (l as f64 - max).exp()).sum();
-    }
-
-    fn len(&self) -> usize {
-        self.list.len()
-    }
-
-    /// Sorts until the first `n` candidates are the `n` most likely, in order.
-    fn sort_to(&mut self, n: usize) {
-        if n <= self.sorted {
-            return;
-        }
-        let len = self.list.len();
-        let end = n.max(2 * self.sorted).max(SORT_CHUNK).min(len);
-        let rest = &mut self.list[self.sorted..];
-        if end < len {
-            rest.select_nth_unstable_by(end - self.sorted - 1, by_logit);
-        }
-        rest[..end - self.sorted].sort_unstable_by(by_logit);
-        self.sorted = end;
-    }
-
-    /// The token of the `i`-th most likely candidate.
-    fn id(&mut self, i: usize) -> u32 {
-        self.sort_to(i + 1);
-        self.list[i].0
-    }
-
-    /// The unnormalized weight `exp(l - max)` of the `i`-th most likely candidate.
-    fn weight(&mut self, i: usize) -> f64 {
-        self.sort_to(i + 1);
-        (self.list[i].1 as f64 - self.max).exp()
-    }
-
-    /// The probability of the `i`-th most likely candidate.
-    fn prob(&mut self, i: usize) -> f64 {
-        self.weight(i) / self.sum
-    }
-
-    /// The summed weight of the `keep` most likely candidates.
-    fn kept_weight(&mut self, keep: usize) -> f64 {
-        if keep == self.list.len() {
-            return self.sum;
-        }
-        (0..keep).map(|i| self.weight(i)).sum()
-    }
-
-    /// `token`'s weight if it is among the `keep` most likely candidates, else 0.
-    fn weight_if_kept(&mut self, token: u32, keep: usize) -> f64 {
-        if keep < self.list.len() {
-            self.sort_to(keep);
-        }
-        match self.list[..keep].iter().position(|&(t, _)| t == token) {
-            Some(i) => (self.list[i].1 as f64 - self.max).exp(),
-            None => 0.0,
-        }
+        c.walk(keep, self.rng.next_f64() * total, rejected)
     }
 }
 
@@ -423,19 +318,23 @@ mod tests {
         assert!(a.contains(&0) && a.contains(&1));
     }
 
-    /// The sampler before lazy sorting: every candidate sorted, probabilities normalized up
-    /// front. The lazy one walks the same order with the same formulas (sums over the whole
-    /// vocabulary may add in another order), so it must draw the same tokens.
-    fn full_sort_draw(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
-        let mut c: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
-        c.sort_unstable_by(by_logit);
-        if p.top_k > 0 && p.top_k < c.len() {
+    /// The draw written plainly: every candidate sorted up front. A top-k, top-p or min-p
+    /// setting walks the kept candidates most likely first; with none, the draw walks the
+    /// whole vocabulary in token order. Weights are `exp(l - max)`, the mass they are drawn
+    /// against summed in the order the sampler sums it (sorted under top-k, else token order).
+    fn reference_draw(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
+        let scaled: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        let mut c = scaled.clone();
+        c.sort_unstable_by(candidates::by_logit);
+        let top_k = p.top_k > 0 && p.top_k < c.len();
+        if top_k {
             c.truncate(p.top_k);
         }
         let max = c[0].1 as f64;
-        let mut probs: Vec<f64> = c.iter().map(|&(_, l)| (l as f64 - max).exp()).collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= sum);
+        let weight = |l: f32| (l as f64 - max).exp();
+        let sum: f64 =
+            if top_k { c.iter().map(|x| weight(x.1)).sum() } else { scaled.iter().map(|x| weight(x.1)).sum() };
+        let probs: Vec<f64> = c.iter().map(|x| weight(x.1) / sum).collect();
         let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
@@ -450,19 +349,21 @@ mod tests {
             let floor = probs[0] * p.min_p as f64;
             keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
         }
-        let total: f64 = probs[..keep].iter().sum();
+        let cut = top_k || p.top_p < 1.0 || p.min_p > 0.0;
+        let order: &[(u32, f32)] = if cut { &c[..keep] } else { &scaled };
+        let total: f64 = if keep == c.len() { sum } else { order.iter().map(|x| weight(x.1)).sum() };
         let mut r = u * total;
-        for (i, q) in probs[..keep].iter().enumerate() {
-            if r < *q {
-                return c[i].0;
+        for &(t, l) in order {
+            if r < weight(l) {
+                return t;
             }
-            r -= q;
+            r -= weight(l);
         }
-        c[keep - 1].0
+        order[order.len() - 1].0
     }
 
     #[test]
-    fn lazy_sorting_draws_what_a_full_sort_draws() {
+    fn lazy_sorting_draws_what_the_plain_draw_draws() {
         // A 50k-token vocabulary with a peaked head and a long flat tail, as real logits.
         let mut rng = Rng::new(3);
         let logits: Vec<f32> = (0..50_000)
@@ -487,7 +388,7 @@ mod tests {
                 let params = SamplingParams { seed, ..params.clone() };
                 let mut s = Sampler::new(params.clone());
                 let got = s.sample(&mut logits.clone(), &[]);
-                let want = full_sort_draw(&logits, &params, Rng::new(seed).next_f64());
+                let want = reference_draw(&logits, &params, Rng::new(seed).next_f64());
                 assert_eq!(got, want, "{params:?}");
             }
         }
@@ -518,6 +419,34 @@ mod tests {
             for t in 0..3 {
                 let f = counts[t] as f64 / n as f64;
                 assert!((f - target[t]).abs() < 0.005, "draft {draft}: token {t} drawn {f}, target {}", target[t]);
+            }
+        }
+    }
+
+    #[test]
+    fn uncut_draws_and_draft_checks_keep_the_distribution() {
+        // No top-k, top-p or min-p: the draw walks the vocabulary in token order, and a
+        // draft's check reads its weight by index; both must still give the softmax.
+        let logits = [-1.0f32, 1.0, 0.0, -3.0, 0.5];
+        let target: Vec<f64> = {
+            let e: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|x| x / z).collect()
+        };
+        for draft in [None, Some(1u32), Some(3)] {
+            let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: 11, ..Default::default() });
+            let n = 200_000;
+            let mut counts = [0usize; 5];
+            for _ in 0..n {
+                let t = match draft {
+                    Some(d) => s.sample_or_accept(&mut logits.clone(), &[], d),
+                    None => s.sample(&mut logits.clone(), &[]),
+                };
+                counts[t as usize] += 1;
+            }
+            for t in 0..5 {
+                let f = counts[t] as f64 / n as f64;
+                assert!((f - target[t]).abs() < 0.005, "draft {draft:?}: token {t} drawn {f}, target {}", target[t]);
             }
         }
     }
