@@ -210,11 +210,8 @@ pub(crate) fn verify_all(jobs: Vec<SampleJob<'_>>, vocab: usize) -> Vec<(Vec<u32
             slot.1 = Some((draft, out));
         }
     };
-    if slots.len() > 1 {
-        loupe_tensor::pool::run(slots.len(), &run);
-    } else {
-        (0..slots.len()).for_each(run);
-    }
+    // (One job runs inline: the pool runs a single task on the calling thread.)
+    loupe_tensor::pool::run(slots.len(), &run);
     slots
         .into_iter()
         .map(|slot| {

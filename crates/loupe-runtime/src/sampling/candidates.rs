@@ -7,6 +7,7 @@
 //! all, so the list is sorted lazily: a prefix at a time, each found by a histogram pass and
 //! a selection over the few candidates near the top.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 
 /// Least candidates sorted at once: one selection then covers a typical top-p or min-p cut.
@@ -35,9 +36,31 @@ pub(super) struct Candidates<'a> {
     sum: f64,
 }
 
+/// A candidate list (`(token, logit / temperature)`) and its weights.
+type Scratch = (Vec<(u32, f32)>, Vec<f64>);
+
+thread_local! {
+    /// The candidate list and its weights, per thread: a vocabulary's worth each (2.4 MB at
+    /// 150k tokens), which every sequence's sampler would otherwise hold for its lifetime.
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `f` on every token of `logits` as candidates (scaled by `temperature`), in this thread's
+/// scratch buffers.
+pub(super) fn with_candidates<R>(logits: &[f32], temperature: f32, f: impl FnOnce(&mut Candidates<'_>) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let (list, weights) = &mut *scratch;
+            f(&mut Candidates::new(list, weights, logits, temperature))
+        }
+        // Re-entered on this thread (never in practice): fresh buffers.
+        Err(_) => f(&mut Candidates::new(&mut Vec::new(), &mut Vec::new(), logits, temperature)),
+    })
+}
+
 impl<'a> Candidates<'a> {
     /// Every token of `logits`, in token order.
-    pub(super) fn new(
+    fn new(
         list: &'a mut Vec<(u32, f32)>,
         weights: &'a mut Vec<f64>,
         logits: &[f32],

@@ -138,9 +138,6 @@ impl TokenLogprobs {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
-    candidates: Vec<(u32, f32)>,
-    /// The candidates' weights, beside them ([`Candidates`]).
-    weights: Vec<f64>,
     /// How often this sampler produced each token, for the presence and frequency
     /// penalties (which, as in OpenAI's API, count generated tokens only).
     produced: std::collections::HashMap<u32, u32>,
@@ -160,7 +157,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, candidates: Vec::new(), weights: Vec::new(), produced: std::collections::HashMap::new() }
+        Sampler { params, rng, produced: std::collections::HashMap::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -213,51 +210,57 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        let mut c = Candidates::new(&mut self.candidates, &mut self.weights, logits, p.temperature);
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.keep_top(p.top_k);
-        }
-        // Softmax over the survivors, in f64; top-p and min-p read the probabilities from
-        // the most likely down (`c.prob(i)` sorts as far as they read).
-        let mut keep = c.len();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            for i in 0..c.len() {
-                acc += c.prob(i);
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = c.prob(0) * p.min_p as f64;
-            let above = (0..keep).find(|&i| c.prob(i) < floor).unwrap_or(keep);
-            keep = keep.min(above.max(1));
-        }
-        // The draw: a uniform number scaled by the kept mass, then a walk over the kept
-        // candidates' unnormalized weights `exp(l - max)` until it is used up. A cut set
-        // (top-k, top-p, min-p) is walked most likely first; the whole vocabulary is walked
-        // in the order it lies (token order unless a cut sorted it), which draws from the
-        // same distribution without sorting 150k tokens per draw.
-        let mut total = c.kept_weight(keep);
-        let mut rejected = None;
-        if let Some(d) = draft {
-            let q = c.weight_if_kept(d, keep);
-            if self.rng.next_f64() * total < q {
-                return d;
-            }
-            // Rejected: the residual max(0, p - 1[d]) is p without the draft.
-            if q > 0.0 {
-                total -= q;
-                rejected = Some(d);
-            }
-            if total <= 0.0 {
-                return d;
-            }
-        }
-        c.walk(keep, self.rng.next_f64() * total, rejected)
+        let rng = &mut self.rng;
+        candidates::with_candidates(logits, p.temperature, |c| draw(c, p, rng, draft))
     }
+}
+
+/// One draw from `c` under `p`'s top-k, top-p and min-p, verifying `draft` first when there
+/// is one ([`Sampler::sample_or_accept`]).
+fn draw(c: &mut Candidates<'_>, p: &SamplingParams, rng: &mut Rng, draft: Option<u32>) -> u32 {
+    if p.top_k > 0 && p.top_k < c.len() {
+        c.keep_top(p.top_k);
+    }
+    // Softmax over the survivors, in f64; top-p and min-p read the probabilities from
+    // the most likely down (`c.prob(i)` sorts as far as they read).
+    let mut keep = c.len();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        for i in 0..c.len() {
+            acc += c.prob(i);
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    if p.min_p > 0.0 {
+        let floor = c.prob(0) * p.min_p as f64;
+        let above = (0..keep).find(|&i| c.prob(i) < floor).unwrap_or(keep);
+        keep = keep.min(above.max(1));
+    }
+    // The draw: a uniform number scaled by the kept mass, then a walk over the kept
+    // candidates' unnormalized weights `exp(l - max)` until it is used up. A cut set
+    // (top-k, top-p, min-p) is walked most likely first; the whole vocabulary is walked
+    // in the order it lies (token order unless a cut sorted it), which draws from the
+    // same distribution without sorting 150k tokens per draw.
+    let mut total = c.kept_weight(keep);
+    let mut rejected = None;
+    if let Some(d) = draft {
+        let q = c.weight_if_kept(d, keep);
+        if rng.next_f64() * total < q {
+            return d;
+        }
+        // Rejected: the residual max(0, p - 1[d]) is p without the draft.
+        if q > 0.0 {
+            total -= q;
+            rejected = Some(d);
+        }
+        if total <= 0.0 {
+            return d;
+        }
+    }
+    c.walk(keep, rng.next_f64() * total, rejected)
 }
 
 #[cfg(test)]
