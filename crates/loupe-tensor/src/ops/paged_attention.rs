@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::attention::rows::{attend_row, CachedRows};
+use super::attention::rows::{attend_heads, CachedRows, HeadRow};
 use super::attention::{AttentionShape, AttentionVariant, HeadMap};
 use super::kv_blocks::{KvBlocks, KvBlocksMut, MAX_HEAD_DIM};
 use crate::pool;
@@ -27,6 +27,10 @@ use crate::TensorError;
 
 /// Query rows of one sequence per task: small, so a long prefill chunk spreads over threads.
 const ROWS_PER_TASK: usize = 8;
+
+/// Query heads of one kv head per task: GQA groups up to 4 (Llama 3, Gemma 3) run as one
+/// task, larger ones split (Qwen2.5-0.5B's 7 as 4 + 3).
+const HEADS_PER_TASK: usize = 4;
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -178,12 +182,23 @@ pub fn paged_attention(
     }
     let group = n_heads / n_kv_heads;
     let isa = Isa::active();
-    // Tasks: (span, head, chunk of rows).
-    let mut tasks: Vec<(u32, u32, u32)> = Vec::new();
+    // The query heads of kv head `kv_h`, `i`-th of its group.
+    let head_of = |kv_h: usize, i: usize| match variant.head_map {
+        HeadMap::Grouped => kv_h * group + i,
+        HeadMap::Modulo => kv_h + i * n_kv_heads,
+    };
+    // Tasks: (span, kv head, part of its group, chunk of rows). A part's heads read each
+    // cached row once for all of them (`attend_heads`); parts of HEADS_PER_TASK keep a
+    // few sequences' decode rows spread over the threads.
+    let parts = group.div_ceil(HEADS_PER_TASK);
+    let part_heads = |part: usize| part * group / parts..(part + 1) * group / parts;
+    let mut tasks: Vec<(u32, u32, u32, u32)> = Vec::new();
     for (s, span) in spans.iter().enumerate() {
-        for h in 0..n_heads {
-            for c in 0..span.rows.len().div_ceil(ROWS_PER_TASK) {
-                tasks.push((s as u32, h as u32, c as u32));
+        for kv_h in 0..n_kv_heads {
+            for part in 0..parts {
+                for c in 0..span.rows.len().div_ceil(ROWS_PER_TASK) {
+                    tasks.push((s as u32, kv_h as u32, part as u32, c as u32));
+                }
             }
         }
     }
@@ -193,12 +208,9 @@ pub fn paged_attention(
         OutPtr(p.as_mut_ptr())
     });
     pool::run(tasks.len(), &|task| {
-        let (s, h, chunk) = tasks[task];
-        let (span, h) = (&spans[s as usize], h as usize);
-        let kv_h = match variant.head_map {
-            HeadMap::Grouped => h / group,
-            HeadMap::Modulo => h % n_kv_heads,
-        };
+        let (s, kv_h, part, chunk) = tasks[task];
+        let (span, kv_h) = (&spans[s as usize], kv_h as usize);
+        let heads = part_heads(part as usize);
         let first = span.rows.start + chunk as usize * ROWS_PER_TASK;
         let rows = first..(first + ROWS_PER_TASK).min(span.rows.end);
         // First element of kv head `kv_h` at position `p` of this span (in range: checked for
@@ -208,30 +220,43 @@ pub fn paged_attention(
         };
         let mut kv_row = [0f32; MAX_HEAD_DIM];
         let kv_row = &mut kv_row[..head_dim];
+        let ctx = span.context();
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
-            if scores.len() < span.context() {
-                scores.resize(span.context().next_power_of_two(), 0.0);
+            if scores.len() < heads.len() * ctx {
+                scores.resize((heads.len() * ctx).next_power_of_two(), 0.0);
             }
             for r in rows {
                 let position = span.past + (r - span.rows.start);
-                let visible = variant.mask.visible(position, span.context());
-                let q_row = &q[r * q_width + h * head_dim..][..head_dim];
-                let scores = &mut scores[..visible.end];
-                scores[..visible.start].fill(0.0);
-                // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone;
-                // out.len() == q.len() was checked above.
-                let o =
-                    unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim) };
+                let visible = variant.mask.visible(position, ctx);
+                let mut head_rows: Vec<HeadRow<'_>> = scores[..heads.len() * ctx]
+                    .chunks_exact_mut(ctx)
+                    .zip(heads.clone())
+                    .map(|(scores, i)| {
+                        let h = head_of(kv_h, i);
+                        let scores = &mut scores[..visible.end];
+                        scores[..visible.start].fill(0.0);
+                        // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task
+                        // alone (each head is in one part of one kv head's group); out.len() ==
+                        // q.len() was checked above.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim)
+                        };
+                        HeadRow { q: &q[r * q_width + h * head_dim..][..head_dim], scores, o }
+                    })
+                    .collect();
                 let cached = CachedRows { keys: &keys, values: &values, start_of: head_start };
-                attend_row(isa, q_row, &cached, visible.clone(), scores, scale, softcap, o, kv_row);
+                attend_heads(isa, &mut head_rows, &cached, visible.clone(), scale, softcap, kv_row);
                 if let Some(pp) = probs_ptr {
-                    // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to this
-                    // task alone; visible.end <= ctx_max; the length was checked above.
-                    let prow = unsafe {
-                        std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible.end)
-                    };
-                    prow.copy_from_slice(scores);
+                    for (row, i) in head_rows.iter().zip(heads.clone()) {
+                        let h = head_of(kv_h, i);
+                        // SAFETY: row (h, r) of probs ([n_heads, rows, ctx_max]) belongs to
+                        // this task alone; visible.end <= ctx_max; the length was checked above.
+                        let prow = unsafe {
+                            std::slice::from_raw_parts_mut(pp.get().add((h * total_rows + r) * ctx_max), visible.end)
+                        };
+                        prow.copy_from_slice(row.scores);
+                    }
                 }
             }
         });
@@ -371,6 +396,48 @@ mod tests {
             &k
         )
         .is_err());
+    }
+
+    /// Wide GQA groups (Qwen2.5-0.5B: 14 query heads on 2 kv heads, run as parts of 4 + 3),
+    /// both head maps, f16 pages: every row of a prefill span has the bits of the contiguous
+    /// decode path run for that row alone.
+    #[test]
+    fn grouped_heads_equal_the_contiguous_decode_path_row_by_row() {
+        let shape = AttentionShape { n_heads: 14, n_kv_heads: 2, head_dim: 64, scale: 0.125, softcap: None };
+        let (ctx, bs) = (11, 4);
+        let kvw = shape.n_kv_heads * shape.head_dim;
+        let qw = shape.n_heads * shape.head_dim;
+        let (k, v) = (signed(ctx * kvw, 21), signed(ctx * kvw, 22));
+        let table = [2u32, 0, 1];
+        let (mut k16, mut v16) = (vec![f16::ZERO; 3 * bs * kvw], vec![f16::ZERO; 3 * bs * kvw]);
+        write_paged(&mut KvBlocksMut::F16(&mut k16), kvw, bs, &table, 0, &k).unwrap();
+        write_paged(&mut KvBlocksMut::F16(&mut v16), kvw, bs, &table, 0, &v).unwrap();
+        let (kc, vc): (Vec<f16>, Vec<f16>) =
+            (k.iter().map(|&x| f16::from_f32(x)).collect(), v.iter().map(|&x| f16::from_f32(x)).collect());
+        let q = signed(ctx * qw, 23);
+        for head_map in [HeadMap::Grouped, HeadMap::Modulo] {
+            let variant = AttentionVariant { head_map, ..Default::default() };
+            let mut got = vec![0f32; ctx * qw];
+            let span = PagedSpan { rows: 0..ctx, past: 0, blocks: &table };
+            paged_attention(shape, variant, &q, KvBlocks::F16(&k16), KvBlocks::F16(&v16), bs, &[span], &mut got, None)
+                .unwrap();
+            for t in 0..ctx {
+                let mut want = vec![0f32; qw];
+                attention::attention_cached(
+                    shape,
+                    variant,
+                    &q[t * qw..(t + 1) * qw],
+                    KvBlocks::F16(&kc),
+                    KvBlocks::F16(&vc),
+                    t + 1,
+                    &mut want,
+                    None,
+                )
+                .unwrap();
+                let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got[t * qw..(t + 1) * qw]), bits(&want), "{head_map:?} row {t}");
+            }
+        }
     }
 
     #[test]

@@ -63,11 +63,15 @@ macro_rules! dot_axpy {
     };
 }
 
-/// Defines the row kernels of [`attend_row`] for one vector width: `scores` (every key's
-/// dot, each with the accumulators, order and reduction of `dot_axpy!`'s dot) and
-/// `weighted_sum` (the values' fused multiply-adds of `dot_axpy!`'s axpy in key order, the
-/// output held in up to four vectors across keys). Callers guarantee the features, a head
-/// size that is a whole number of vectors, rows in range and `keys.end` within the scores.
+/// Defines the row kernels of [`attend_heads`] for one vector width, each over `G` query
+/// heads that share a kv head (one key row loaded once for all of them): `scores` (every
+/// key's dot, each with the accumulators, order and reduction of `dot_axpy!`'s dot) and
+/// `weighted_sum` (the values' fused multiply-adds of `dot_axpy!`'s axpy in key order, each
+/// head's output held in up to four vectors across keys). Callers guarantee the features,
+/// a head size that is a whole number of vectors, rows in range and `keys.end` within the
+/// scores.
+///
+/// [`attend_heads`]: super::rows::attend_heads
 #[cfg(target_arch = "x86_64")]
 macro_rules! row_kernels {
     ($features:literal, $lanes:literal, $vec:ty, $zero:ident, $fmadd:ident, $add:ident, $loadf:ident, $storef:ident, $set1:ident, $hsum:path, $load16:path) => {
@@ -115,53 +119,93 @@ macro_rules! row_kernels {
             $add($add(acc[0], acc[1]), $add(acc[2], acc[3]))
         }
 
+        /// Raw scores of `G` query heads sharing a kv head: `scores[g][j] = q[g] . row(j)`
+        /// for every `j` in `keys`, each with the accumulators, order and reduction of
+        /// [`dot_vectors`]; each key's vectors are loaded (and widened) once for all `G`.
+        ///
+        /// # Safety
+        /// `q[g]` holds `n` floats, `scores[g]` at least `keys.end`; rows `start_of(j)..+n`
+        /// are inside `rows`; `n` is a whole number of vectors; the CPU has the features.
         #[target_feature(enable = $features)]
-        pub unsafe fn scores<E: RowElem>(
-            q: &[f32],
+        pub unsafe fn scores<E: RowElem, const G: usize>(
+            q: [*const f32; G],
+            n: usize,
             rows: &[E],
             start_of: &impl Fn(usize) -> usize,
             keys: std::ops::Range<usize>,
-            scores: &mut [f32],
+            scores: [*mut f32; G],
         ) {
-            let n = q.len();
-            let pa = q.as_ptr();
-            let out = scores.as_mut_ptr();
             for j in keys {
-                *out.add(j) = $hsum(dot_vectors(pa, rows.as_ptr().add(start_of(j)), n));
+                let pb = rows.as_ptr().add(start_of(j));
+                let mut acc: [[$vec; 4]; G] = [[$zero(); 4]; G];
+                let mut i = 0;
+                while i + 4 * $lanes <= n {
+                    for r in 0..4 {
+                        let k = E::load(pb.add(i + $lanes * r));
+                        for (acc, q) in acc.iter_mut().zip(&q) {
+                            acc[r] = $fmadd($loadf(q.add(i + $lanes * r)), k, acc[r]);
+                        }
+                    }
+                    i += 4 * $lanes;
+                }
+                while i + $lanes <= n {
+                    let k = E::load(pb.add(i));
+                    for (acc, q) in acc.iter_mut().zip(&q) {
+                        acc[0] = $fmadd($loadf(q.add(i)), k, acc[0]);
+                    }
+                    i += $lanes;
+                }
+                for (acc, s) in acc.iter().zip(&scores) {
+                    *s.add(j) = $hsum($add($add(acc[0], acc[1]), $add(acc[2], acc[3])));
+                }
             }
         }
 
+        /// `o[g] = sum_j w[g][j] row(j)` over `keys` for `G` heads sharing a kv head: the
+        /// fused multiply-adds of `dot_axpy!`'s axpy in key order, each head's output held
+        /// in up to four vectors across keys, each key's vectors loaded once for all `G`.
+        ///
+        /// # Safety
+        /// `o[g]` holds `n` floats, `w[g]` at least `keys.end`; otherwise as [`scores`].
         #[target_feature(enable = $features)]
-        pub unsafe fn weighted_sum<E: RowElem>(
-            w: &[f32],
+        pub unsafe fn weighted_sum<E: RowElem, const G: usize>(
+            w: [*const f32; G],
+            n: usize,
             rows: &[E],
             start_of: &impl Fn(usize) -> usize,
             keys: std::ops::Range<usize>,
-            o: &mut [f32],
+            o: [*mut f32; G],
         ) {
-            let n = o.len();
-            let (pw, po) = (w.as_ptr(), o.as_mut_ptr());
             let mut d = 0;
             while d + 4 * $lanes <= n {
-                let mut acc: [$vec; 4] = [$zero(); 4];
+                let mut acc: [[$vec; 4]; G] = [[$zero(); 4]; G];
                 for j in keys.clone() {
-                    let va = $set1(*pw.add(j));
                     let pb = rows.as_ptr().add(start_of(j) + d);
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        *acc = $fmadd(va, E::load(pb.add($lanes * r)), *acc);
+                    for r in 0..4 {
+                        let k = E::load(pb.add($lanes * r));
+                        for (acc, w) in acc.iter_mut().zip(&w) {
+                            acc[r] = $fmadd($set1(*w.add(j)), k, acc[r]);
+                        }
                     }
                 }
-                for (r, acc) in acc.iter().enumerate() {
-                    $storef(po.add(d + $lanes * r), *acc);
+                for (acc, o) in acc.iter().zip(&o) {
+                    for (r, acc) in acc.iter().enumerate() {
+                        $storef(o.add(d + $lanes * r), *acc);
+                    }
                 }
                 d += 4 * $lanes;
             }
             while d + $lanes <= n {
-                let mut acc = $zero();
+                let mut acc: [$vec; G] = [$zero(); G];
                 for j in keys.clone() {
-                    acc = $fmadd($set1(*pw.add(j)), E::load(rows.as_ptr().add(start_of(j) + d)), acc);
+                    let k = E::load(rows.as_ptr().add(start_of(j) + d));
+                    for (acc, w) in acc.iter_mut().zip(&w) {
+                        *acc = $fmadd($set1(*w.add(j)), k, *acc);
+                    }
                 }
-                $storef(po.add(d), acc);
+                for (acc, o) in acc.iter().zip(&o) {
+                    $storef(o.add(d), *acc);
+                }
                 d += $lanes;
             }
         }

@@ -15,20 +15,21 @@ pub(crate) struct CachedRows<'a, 'b, F: Fn(usize) -> usize> {
     pub start_of: F,
 }
 
+/// One query head's row among the heads that read the same cached rows (the query heads
+/// of one kv head at one position): its query, its scores (at least `visible.end` long)
+/// and its output (as long as the query).
+pub(crate) struct HeadRow<'a> {
+    pub q: &'a [f32],
+    pub scores: &'a mut [f32],
+    pub o: &'a mut [f32],
+}
+
 /// One query row of one head over the keys at positions `visible` (decode and paged rows):
-/// raw scores into `scores[visible]`, their softmax in place, and `o = sum_p scores[p] v_p`.
-/// `wide_row` (`q_row.len()` floats) is scratch for the per-key path.
-///
-/// The bits are those of the per-key loop of [`dot_cached`] and [`axpy_cached`]. Where the
-/// ISA has a row kernel for the head size (AVX-512: multiples of 16, AVX2: of 8) and the rows
-/// are f32 or f16, one call runs every key with the same accumulators in the same order,
-/// without a call per key and with the output in registers across keys (decode attention
-/// was 10% of SmolLM2's decode step, most of it calls and the output's store-to-load trips);
-/// elsewhere the per-key loop runs.
+/// [`attend_heads`] with a single head.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_row<F: Fn(usize) -> usize>(
     isa: Isa,
-    q_row: &[f32],
+    q: &[f32],
     rows: &CachedRows<'_, '_, F>,
     visible: std::ops::Range<usize>,
     scores: &mut [f32],
@@ -37,25 +38,80 @@ pub(crate) fn attend_row<F: Fn(usize) -> usize>(
     o: &mut [f32],
     wide_row: &mut [f32],
 ) {
+    attend_heads(isa, &mut [HeadRow { q, scores, o }], rows, visible, scale, softcap, wide_row);
+}
+
+/// Query rows of heads that share the cached rows `rows` (a GQA group at one position) over
+/// the keys at positions `visible`: each head's raw scores into `scores[visible]`, their
+/// softmax in place, and `o = sum_p scores[p] v_p`. `wide_row` (one head's length) is
+/// scratch for the per-key path.
+///
+/// Every head's bits are those of the per-key loop of [`dot_cached`] and [`axpy_cached`]
+/// run for that head alone. Where the ISA has a row kernel for the head size (AVX-512:
+/// multiples of 16, AVX2: of 8) and the rows are f32 or f16, one call runs every key for up
+/// to [`max_heads`] heads with each head's accumulators in the same order as the per-key
+/// loop: each key row is loaded and widened once for the heads instead of once per head,
+/// there is no call per key, and the outputs stay in registers across keys. Elsewhere the
+/// per-key loop runs head by head.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_heads<F: Fn(usize) -> usize>(
+    isa: Isa,
+    heads: &mut [HeadRow<'_>],
+    rows: &CachedRows<'_, '_, F>,
+    visible: std::ops::Range<usize>,
+    scale: f32,
+    softcap: Option<f32>,
+    wide_row: &mut [f32],
+) {
+    let Some(n) = heads.first().map(|h| h.q.len()) else { return };
+    let fits = heads.iter().all(|h| h.q.len() == n && h.o.len() == n && visible.end <= h.scores.len());
+    // Decided once for every head and both passes: the checks walk every visible key.
+    let kernel = row_kernel(isa, n, rows, visible.clone()).filter(|_| fits);
+    // Split into the fewest calls the kernel serves, of near-equal sizes (7 heads: 4 + 3).
+    let calls = heads.len().div_ceil(kernel.map_or(1, max_heads));
+    let mut rest = heads;
+    for call in 0..calls {
+        let (now, later) = rest.split_at_mut(rest.len().div_ceil(calls - call));
+        attend_call(isa, kernel, now, rows, visible.clone(), scale, softcap, wide_row);
+        rest = later;
+    }
+}
+
+/// [`attend_heads`] for at most [`max_heads`] heads of one kernel call.
+#[allow(clippy::too_many_arguments)]
+fn attend_call<F: Fn(usize) -> usize>(
+    isa: Isa,
+    kernel: Option<RowKernel>,
+    heads: &mut [HeadRow<'_>],
+    rows: &CachedRows<'_, '_, F>,
+    visible: std::ops::Range<usize>,
+    scale: f32,
+    softcap: Option<f32>,
+    wide_row: &mut [f32],
+) {
     let start_of = &rows.start_of;
-    // Decided once for both passes: the checks walk every visible key.
-    let kernel = row_kernel(isa, q_row.len(), rows, visible.clone()).filter(|_| visible.end <= scores.len());
     // SAFETY (both passes): row_kernel checked the ISA, the head size and every visible row's
-    // range in both the keys and the values; visible.end <= scores.len() just above.
-    if !kernel.is_some_and(|k| unsafe {
-        row_kernel_pass(k, RowPass::Scores { q: q_row, scores }, rows.keys, start_of, visible.clone())
-    }) {
-        for j in visible.clone() {
-            scores[j] = dot_cached(isa, q_row, rows.keys, start_of(j), wide_row);
+    // range in both the keys and the values; attend_heads checked every head's lengths.
+    if !kernel
+        .is_some_and(|k| unsafe { row_kernel_pass(k, RowPass::Scores, heads, rows.keys, start_of, visible.clone()) })
+    {
+        for head in heads.iter_mut() {
+            for j in visible.clone() {
+                head.scores[j] = dot_cached(isa, head.q, rows.keys, start_of(j), wide_row);
+            }
         }
     }
-    softmax_row(&mut scores[visible.clone()], scale, softcap);
-    o.fill(0.0);
+    for head in heads.iter_mut() {
+        softmax_row(&mut head.scores[visible.clone()], scale, softcap);
+        head.o.fill(0.0);
+    }
     if !kernel.is_some_and(|k| unsafe {
-        row_kernel_pass(k, RowPass::WeightedSum { w: scores, o }, rows.values, start_of, visible.clone())
+        row_kernel_pass(k, RowPass::WeightedSum, heads, rows.values, start_of, visible.clone())
     }) {
-        for j in visible {
-            axpy_cached(isa, scores[j], rows.values, start_of(j), wide_row, o);
+        for head in heads.iter_mut() {
+            for j in visible.clone() {
+                axpy_cached(isa, head.scores[j], rows.values, start_of(j), wide_row, head.o);
+            }
         }
     }
 }
@@ -68,6 +124,16 @@ pub(crate) fn attend_row<F: Fn(usize) -> usize>(
 enum RowKernel {
     Lanes16,
     Lanes8,
+}
+
+/// The most heads one call of `kernel` runs: four accumulator vectors per head and the key's
+/// vectors must stay in registers (32 zmm on AVX-512: 4 heads use 16 + 4 + 1 broadcast;
+/// 16 ymm on AVX2: 3 heads use 12 + 1 + 1).
+fn max_heads(kernel: RowKernel) -> usize {
+    match kernel {
+        RowKernel::Lanes16 => 4,
+        RowKernel::Lanes8 => 3,
+    }
 }
 
 fn row_kernel<F: Fn(usize) -> usize>(
@@ -86,38 +152,61 @@ fn row_kernel<F: Fn(usize) -> usize>(
     keys.into_iter().all(|p| (rows.start_of)(p).checked_add(n).is_some_and(|end| end <= len)).then_some(kernel)
 }
 
-/// One pass of [`attend_row`] over the keys: raw scores (`scores[p] = q . row(p)`) or the
-/// probability-weighted sum of the values (`o = sum_p w[p] row(p)`).
-enum RowPass<'a> {
-    Scores { q: &'a [f32], scores: &'a mut [f32] },
-    WeightedSum { w: &'a [f32], o: &'a mut [f32] },
+/// One pass of [`attend_heads`] over the keys: raw scores (`scores[p] = q . row(p)`) or the
+/// probability-weighted sum of the values (`o = sum_p scores[p] row(p)`), for every head.
+#[derive(Debug, Clone, Copy)]
+enum RowPass {
+    Scores,
+    WeightedSum,
 }
 
-/// Runs `pass` over `keys` with `kernel`; false, having written nothing, for rows it does not
-/// read (FP8, which callers widen first).
+/// Runs `pass` over `keys` with `kernel` for every head of `heads`; false, having written
+/// nothing, for rows it does not read (FP8, which callers widen first) or more heads than
+/// [`max_heads`].
 ///
 /// # Safety
-/// `kernel` is [`row_kernel`]'s answer for these rows, this head size and `keys`, and `keys.end`
-/// is within the scores (or weights) of `pass`.
+/// `kernel` is [`row_kernel`]'s answer for these rows, this head size and `keys`; every head's
+/// query and output are that size and its scores at least `keys.end` long.
 unsafe fn row_kernel_pass(
     kernel: RowKernel,
-    pass: RowPass<'_>,
+    pass: RowPass,
+    heads: &mut [HeadRow<'_>],
     rows: &KvBlocks<'_>,
     start_of: &impl Fn(usize) -> usize,
     keys: std::ops::Range<usize>,
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        let n = heads.first().map_or(0, |h| h.q.len());
+        macro_rules! run_heads {
+            ($simd:ident, $rows:expr, $g:literal) => {{
+                let q: [*const f32; $g] = std::array::from_fn(|g| heads[g].q.as_ptr());
+                match pass {
+                    RowPass::Scores => {
+                        let scores: [*mut f32; $g] = std::array::from_fn(|g| heads[g].scores.as_mut_ptr());
+                        $simd::scores(q, n, $rows, start_of, keys, scores)
+                    }
+                    RowPass::WeightedSum => {
+                        let w: [*const f32; $g] = std::array::from_fn(|g| heads[g].scores.as_ptr());
+                        let o: [*mut f32; $g] = std::array::from_fn(|g| heads[g].o.as_mut_ptr());
+                        $simd::weighted_sum(w, n, $rows, start_of, keys, o)
+                    }
+                }
+            }};
+        }
         macro_rules! run {
             ($simd:ident, $rows:expr) => {
-                match pass {
-                    RowPass::Scores { q, scores } => $simd::scores(q, $rows, start_of, keys, scores),
-                    RowPass::WeightedSum { w, o } => $simd::weighted_sum(w, $rows, start_of, keys, o),
+                match heads.len() {
+                    1 => run_heads!($simd, $rows, 1),
+                    2 => run_heads!($simd, $rows, 2),
+                    3 => run_heads!($simd, $rows, 3),
+                    4 if matches!(kernel, RowKernel::Lanes16) => run_heads!($simd, $rows, 4),
+                    _ => return false,
                 }
             };
         }
         // SAFETY: the caller's contract (the ISA's features, which include F16C; whole
-        // vectors; rows and keys in range).
+        // vectors; rows, keys and every head's slices in range).
         unsafe {
             match (kernel, rows) {
                 (RowKernel::Lanes16, KvBlocks::F32(d)) => run!(avx512, d),
@@ -129,7 +218,7 @@ unsafe fn row_kernel_pass(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (kernel, pass, rows, start_of, keys);
+    let _ = (kernel, pass, heads, rows, start_of, keys);
     true
 }
 

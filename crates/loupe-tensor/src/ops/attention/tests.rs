@@ -1,4 +1,4 @@
-use super::rows::{axpy, axpy_cached, dot, dot_cached, dot_scalar};
+use super::rows::{attend_heads, axpy, axpy_cached, dot, dot_cached, dot_scalar, HeadRow};
 use half::f16;
 
 use super::*;
@@ -322,6 +322,58 @@ fn row_kernels_give_the_bits_of_the_per_key_loop() {
                     attend_row(isa, &q, &rows, visible.clone(), &mut got_s, 0.3, None, &mut got_o, &mut wide);
                     assert_eq!(bits(&got_s), bits(&want_s), "{isa:?} head_dim {head_dim} {visible:?} scores");
                     assert_eq!(bits(&got_o), bits(&want_o), "{isa:?} head_dim {head_dim} {visible:?} output");
+                }
+            }
+        }
+    }
+}
+
+/// Heads that share cached rows, run together (1 to 7 heads: one kernel call and split
+/// ones), give each head the bits of that head run alone, on every ISA, f32 and f16 rows,
+/// whole-vector head sizes and others, windows that start past 0.
+#[test]
+fn grouped_heads_give_the_bits_of_each_head_alone() {
+    let gen = |n: usize, seed: usize| -> Vec<f32> { crate::testing::uniform(n, seed as u64, -2.0, 2.0) };
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for head_dim in [16, 64, 128, 24] {
+        let ctx = 29;
+        let (k, v) = (gen(ctx * head_dim, 2), gen(ctx * head_dim, 3));
+        let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+        let start_of = |p: usize| (p * 7 % ctx) * head_dim;
+        for (keys, values) in [(KvBlocks::F32(&k), KvBlocks::F32(&v)), (KvBlocks::F16(&k16), KvBlocks::F32(&v))] {
+            let rows = CachedRows { keys: &keys, values: &values, start_of };
+            for n_heads in 1..=7 {
+                let qs: Vec<Vec<f32>> = (0..n_heads).map(|h| gen(head_dim, 10 + h)).collect();
+                for visible in [0..ctx, 4..ctx] {
+                    for isa in Isa::available() {
+                        let mut wide = vec![0f32; head_dim];
+                        let mut scores = vec![vec![0f32; ctx]; n_heads];
+                        let mut outs = vec![vec![f32::NAN; head_dim]; n_heads];
+                        let mut heads: Vec<HeadRow<'_>> = qs
+                            .iter()
+                            .zip(scores.iter_mut())
+                            .zip(outs.iter_mut())
+                            .map(|((q, scores), o)| HeadRow { q, scores, o })
+                            .collect();
+                        attend_heads(isa, &mut heads, &rows, visible.clone(), 0.3, Some(4.0), &mut wide);
+                        for (h, q) in qs.iter().enumerate() {
+                            let (mut want_s, mut want_o) = (vec![0f32; ctx], vec![f32::NAN; head_dim]);
+                            attend_row(
+                                isa,
+                                q,
+                                &rows,
+                                visible.clone(),
+                                &mut want_s,
+                                0.3,
+                                Some(4.0),
+                                &mut want_o,
+                                &mut wide,
+                            );
+                            let what = format!("{isa:?} head_dim {head_dim} head {h} of {n_heads} {visible:?}");
+                            assert_eq!(bits(&scores[h]), bits(&want_s), "{what} scores");
+                            assert_eq!(bits(&outs[h]), bits(&want_o), "{what} output");
+                        }
+                    }
                 }
             }
         }
