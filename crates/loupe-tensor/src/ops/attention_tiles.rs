@@ -17,7 +17,7 @@
 //! output element `fma(s[j], v[j], acc)` over the keys in order from `+0.0`: the bits depend
 //! on neither the blocking, the chunking nor the thread count, but they are not `gemm`'s (its
 //! own summation order); the tests hold both within f32 rounding of an f64 reference.
-//! Decode keeps its own row kernel ([`super::attention::attend_row`]).
+//! Decode keeps its own row kernel ([`super::attention::rows::attend_heads`]).
 
 use crate::quant::Isa;
 

@@ -17,8 +17,8 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::attention::rows::{attend_heads, CachedRows, HeadRow};
-use super::attention::{AttentionShape, AttentionVariant, HeadMap};
+use super::attention::rows::{attend_heads, CachedRows, GroupParts, HeadRow, MAX_HEADS_PER_TASK};
+use super::attention::{AttentionShape, AttentionVariant};
 use super::kv_blocks::{KvBlocks, KvBlocksMut, MAX_HEAD_DIM};
 use crate::pool;
 use crate::pool::OutPtr;
@@ -27,10 +27,6 @@ use crate::TensorError;
 
 /// Query rows of one sequence per task: small, so a long prefill chunk spreads over threads.
 const ROWS_PER_TASK: usize = 8;
-
-/// Query heads of one kv head per task: GQA groups up to 4 (Llama 3, Gemma 3) run as one
-/// task, larger ones split (Qwen2.5-0.5B's 7 as 4 + 3).
-const HEADS_PER_TASK: usize = 4;
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -182,20 +178,15 @@ pub fn paged_attention(
     }
     let group = n_heads / n_kv_heads;
     let isa = Isa::active();
-    // The query heads of kv head `kv_h`, `i`-th of its group.
-    let head_of = |kv_h: usize, i: usize| match variant.head_map {
-        HeadMap::Grouped => kv_h * group + i,
-        HeadMap::Modulo => kv_h + i * n_kv_heads,
-    };
     // Tasks: (span, kv head, part of its group, chunk of rows). A part's heads read each
-    // cached row once for all of them (`attend_heads`); parts of HEADS_PER_TASK keep a
-    // few sequences' decode rows spread over the threads.
-    let parts = group.div_ceil(HEADS_PER_TASK);
-    let part_heads = |part: usize| part * group / parts..(part + 1) * group / parts;
+    // cached row once for all of them (`attend_heads`).
+    let chunks: usize = spans.iter().map(|span| span.rows.len().div_ceil(ROWS_PER_TASK)).sum();
+    let parts = GroupParts::new(group, n_kv_heads * chunks);
+    let head_of = |kv_h: usize, i: usize| variant.head_map.query_head(kv_h, i, group, n_kv_heads);
     let mut tasks: Vec<(u32, u32, u32, u32)> = Vec::new();
     for (s, span) in spans.iter().enumerate() {
         for kv_h in 0..n_kv_heads {
-            for part in 0..parts {
+            for part in 0..parts.count() {
                 for c in 0..span.rows.len().div_ceil(ROWS_PER_TASK) {
                     tasks.push((s as u32, kv_h as u32, part as u32, c as u32));
                 }
@@ -210,7 +201,7 @@ pub fn paged_attention(
     pool::run(tasks.len(), &|task| {
         let (s, kv_h, part, chunk) = tasks[task];
         let (span, kv_h) = (&spans[s as usize], kv_h as usize);
-        let heads = part_heads(part as usize);
+        let heads = parts.heads(part as usize);
         let first = span.rows.start + chunk as usize * ROWS_PER_TASK;
         let rows = first..(first + ROWS_PER_TASK).min(span.rows.end);
         // First element of kv head `kv_h` at position `p` of this span (in range: checked for
@@ -229,24 +220,22 @@ pub fn paged_attention(
             for r in rows {
                 let position = span.past + (r - span.rows.start);
                 let visible = variant.mask.visible(position, ctx);
-                let mut head_rows: Vec<HeadRow<'_>> = scores[..heads.len() * ctx]
-                    .chunks_exact_mut(ctx)
-                    .zip(heads.clone())
-                    .map(|(scores, i)| {
-                        let h = head_of(kv_h, i);
-                        let scores = &mut scores[..visible.end];
-                        scores[..visible.start].fill(0.0);
-                        // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task
-                        // alone (each head is in one part of one kv head's group); out.len() ==
-                        // q.len() was checked above.
-                        let o = unsafe {
-                            std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim)
-                        };
-                        HeadRow { q: &q[r * q_width + h * head_dim..][..head_dim], scores, o }
-                    })
-                    .collect();
+                let mut slots: [HeadRow<'_>; MAX_HEADS_PER_TASK] = std::array::from_fn(|_| HeadRow::empty());
+                for ((slot, scores), i) in slots.iter_mut().zip(scores.chunks_exact_mut(ctx)).zip(heads.clone()) {
+                    let h = head_of(kv_h, i);
+                    let scores = &mut scores[..visible.end];
+                    scores[..visible.start].fill(0.0);
+                    // SAFETY: row r, head h of `out` ([rows, q_width]) belongs to this task alone
+                    // (each head is in one part of one kv head's group); out.len() == q.len()
+                    // was checked above.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.get().add(r * q_width + h * head_dim), head_dim)
+                    };
+                    *slot = HeadRow { q: &q[r * q_width + h * head_dim..][..head_dim], scores, o };
+                }
+                let head_rows = &mut slots[..heads.len()];
                 let cached = CachedRows { keys: &keys, values: &values, start_of: head_start };
-                attend_heads(isa, &mut head_rows, &cached, visible.clone(), scale, softcap, kv_row);
+                attend_heads(isa, head_rows, &cached, visible.clone(), scale, softcap, kv_row);
                 if let Some(pp) = probs_ptr {
                     for (row, i) in head_rows.iter().zip(heads.clone()) {
                         let h = head_of(kv_h, i);
@@ -270,7 +259,7 @@ mod tests {
 
     use super::*;
     use crate::ops::attention::rows::{axpy, axpy_cached, dot, dot_cached};
-    use crate::ops::attention::{self, AttentionMask};
+    use crate::ops::attention::{self, AttentionMask, HeadMap};
     use crate::testing::signed;
 
     const SHAPE: AttentionShape =

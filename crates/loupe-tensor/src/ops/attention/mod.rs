@@ -20,7 +20,7 @@ mod tests;
 
 use std::cell::RefCell;
 
-use self::rows::{attend_row, softmax_row, CachedRows};
+use self::rows::{attend_heads, softmax_row, CachedRows, GroupParts, HeadRow, MAX_HEADS_PER_TASK};
 use super::attention_tiles as tiles;
 use super::kv_blocks::{KvBlocks, MAX_HEAD_DIM};
 use crate::linear::f32::gemm_x_wt;
@@ -83,6 +83,24 @@ pub enum HeadMap {
     /// `h % n_kv_heads`: the kv heads cycle (what tiling the kv heads, `k.repeat(1, g, 1)`,
     /// instead of `repeat_interleave` gives).
     Modulo,
+}
+
+impl HeadMap {
+    /// The `i`-th of the `group` query heads that read kv head `kv_h` (of `n_kv_heads`).
+    pub fn query_head(self, kv_h: usize, i: usize, group: usize, n_kv_heads: usize) -> usize {
+        match self {
+            HeadMap::Grouped => kv_h * group + i,
+            HeadMap::Modulo => kv_h + i * n_kv_heads,
+        }
+    }
+
+    /// The kv head query head `h` reads.
+    pub fn kv_head(self, h: usize, group: usize, n_kv_heads: usize) -> usize {
+        match self {
+            HeadMap::Grouped => h / group,
+            HeadMap::Modulo => h % n_kv_heads,
+        }
+    }
 }
 
 /// Which keys a query sees.
@@ -277,24 +295,30 @@ pub fn attention_cached(
     });
     let (keys_t, kt_stride) = (keys_t_guard.as_deref().unwrap_or(&[]), tiles::padded_keys(ctx));
 
-    // One task per (head, chunk of query rows); each writes only its rows of its head's
-    // slice of `out` and `probs`.
-    pool::run(n_heads * chunks, &|task| {
-        let (h, chunk) = (task / chunks, task % chunks);
-        let kv_h = match variant.head_map {
-            HeadMap::Grouped => h / group,
-            HeadMap::Modulo => h % n_kv_heads,
+    // Prefill: one task per (query head, chunk of query rows). Decode: one per (kv head, part
+    // of its query heads), which read each cached row once for the part. Each task writes
+    // only its rows of its heads' slices of `out` and `probs`.
+    let prefill = tokens >= GEMM_MIN_TOKENS;
+    let parts = GroupParts::new(group, n_kv_heads * chunks);
+    let n_tasks = if prefill { n_heads * chunks } else { n_kv_heads * parts.count() * chunks };
+    pool::run(n_tasks, &|task| {
+        let (unit, chunk) = (task / chunks, task % chunks);
+        // `h`: prefill's query head; `part`: decode's heads, as indices in kv_h's group.
+        let (h, kv_h, part) = if prefill {
+            (unit, variant.head_map.kv_head(unit, group, n_kv_heads), 0..1)
+        } else {
+            (0, unit / parts.count(), parts.heads(unit % parts.count()))
         };
         let rows = chunk * TOKENS_PER_TASK..((chunk + 1) * TOKENS_PER_TASK).min(tokens);
         let need = if tiled {
             rows.len() * tiles::padded_keys(ctx)
-        } else if tokens >= GEMM_MIN_TOKENS {
+        } else if prefill {
             rows.len() * ctx
         } else {
-            ctx
+            part.len() * ctx
         };
         let task = |scratch: &mut [f32]| {
-            if tokens >= GEMM_MIN_TOKENS {
+            if prefill {
                 // Prefill: the chunk's scores against every key its last row sees (tile
                 // kernels, or gemm), their softmax row by row, then the outputs.
                 let n_keys = visible_keys(rows.end - 1).end;
@@ -396,23 +420,33 @@ pub fn attention_cached(
             }
             let mut wide_row = [0f32; MAX_HEAD_DIM];
             let wide_row = &mut wide_row[..head_dim.min(MAX_HEAD_DIM)];
+            let row = CachedRows { keys: &k, values: &v, start_of: |j: usize| j * kv_width + kv_h * head_dim };
             for t in rows {
-                let q_row = &q[t * q_width + h * head_dim..][..head_dim];
                 let visible = visible_keys(t);
-                let scores = match probs_ptr {
-                    // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to this
-                    // task alone; the length was checked above.
-                    Some(p) => unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) },
-                    None => &mut scratch[..ctx],
-                };
-                // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
-                // this task alone; out.len() == q.len() was checked above.
-                let o =
-                    unsafe { std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim) };
-                let row = CachedRows { keys: &k, values: &v, start_of: |j: usize| j * kv_width + kv_h * head_dim };
-                attend_row(isa, q_row, &row, visible.clone(), scores, scale, softcap, o, wide_row);
-                scores[..visible.start].fill(0.0);
-                scores[visible.end..].fill(0.0);
+                let mut heads: [HeadRow<'_>; MAX_HEADS_PER_TASK] = std::array::from_fn(|_| HeadRow::empty());
+                let mut scratch_rows = scratch.chunks_exact_mut(ctx);
+                for (slot, i) in heads.iter_mut().zip(part.clone()) {
+                    let h = variant.head_map.query_head(kv_h, i, group, n_kv_heads);
+                    let scores = match probs_ptr {
+                        // SAFETY: row (h, t) of probs, [n_heads, tokens, ctx], belongs to this
+                        // task alone (h is in one part of one kv head's group); the length was
+                        // checked above.
+                        Some(p) => unsafe { std::slice::from_raw_parts_mut(p.get().add((h * tokens + t) * ctx), ctx) },
+                        None => scratch_rows.next().expect("scratch holds a score row per head of the part"),
+                    };
+                    // SAFETY: row t, head h of out ([tokens, n_heads * head_dim]) belongs to
+                    // this task alone; out.len() == q.len() was checked above.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.get().add(t * q_width + h * head_dim), head_dim)
+                    };
+                    *slot = HeadRow { q: &q[t * q_width + h * head_dim..][..head_dim], scores, o };
+                }
+                let heads = &mut heads[..part.len()];
+                attend_heads(isa, heads, &row, visible.clone(), scale, softcap, wide_row);
+                for head in heads {
+                    head.scores[..visible.start].fill(0.0);
+                    head.scores[visible.end..].fill(0.0);
+                }
             }
         };
         if need <= MIN_SCORE_SCRATCH {

@@ -5,6 +5,7 @@ use half::slice::HalfFloatSliceExt;
 
 use super::{avx2, avx512};
 use crate::ops::kv_blocks::KvBlocks;
+use crate::pool;
 use crate::quant::Isa;
 
 /// The cached keys and values one query row of one head reads: `start_of(p)` is the first
@@ -24,21 +25,51 @@ pub(crate) struct HeadRow<'a> {
     pub o: &'a mut [f32],
 }
 
-/// One query row of one head over the keys at positions `visible` (decode and paged rows):
-/// [`attend_heads`] with a single head.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_row<F: Fn(usize) -> usize>(
-    isa: Isa,
-    q: &[f32],
-    rows: &CachedRows<'_, '_, F>,
-    visible: std::ops::Range<usize>,
-    scores: &mut [f32],
-    scale: f32,
-    softcap: Option<f32>,
-    o: &mut [f32],
-    wide_row: &mut [f32],
-) {
-    attend_heads(isa, &mut [HeadRow { q, scores, o }], rows, visible, scale, softcap, wide_row);
+impl HeadRow<'_> {
+    /// A slot of a fixed array of heads that holds none (callers pass the filled prefix),
+    /// so decode builds its groups without allocating.
+    pub(crate) fn empty() -> Self {
+        HeadRow { q: &[], scores: &mut [], o: &mut [] }
+    }
+}
+
+/// The most query heads of one kv head an attention task runs (the slots decode fills
+/// without allocating); larger GQA groups (multi-query models) split into more tasks.
+pub(crate) const MAX_HEADS_PER_TASK: usize = 8;
+
+/// Attention tasks a call needs per compute thread before it splits GQA groups: one, since
+/// a head costs about half as much inside a group as alone (Qwen2.5 shapes,
+/// `examples/paged_attention`), so splitting further only pays for idle threads.
+const TASKS_PER_THREAD: usize = 1;
+
+/// A GQA group of `group` query heads split into parts, one per attention task, of
+/// near-equal sizes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupParts {
+    group: usize,
+    parts: usize,
+}
+
+impl GroupParts {
+    /// Parts for a call of `units` tasks before any split (sequences x kv heads x row
+    /// chunks). A group stays whole, so its heads read each cached row from memory once
+    /// (a second kernel call finds the rows in L2), unless the call has too few units to
+    /// keep every thread busy (one sequence of Gemma 3's single kv head on 2 threads: 2 heads
+    /// per task).
+    pub(crate) fn new(group: usize, units: usize) -> Self {
+        let group = group.max(1);
+        let want = (TASKS_PER_THREAD * pool::threads()).div_ceil(units.max(1));
+        GroupParts { group, parts: want.clamp(group.div_ceil(MAX_HEADS_PER_TASK), group) }
+    }
+
+    pub(crate) fn count(self) -> usize {
+        self.parts
+    }
+
+    /// Indices within the group (`0..group`) of part `part`'s heads.
+    pub(crate) fn heads(self, part: usize) -> std::ops::Range<usize> {
+        part * self.group / self.parts..(part + 1) * self.group / self.parts
+    }
 }
 
 /// Query rows of heads that share the cached rows `rows` (a GQA group at one position) over

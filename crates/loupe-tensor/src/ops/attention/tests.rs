@@ -141,7 +141,16 @@ fn prefill_and_decode_paths_match_a_naive_reference_for_every_variant() {
     // bites on most keys.
     let capped = AttentionShape { scale: 1.5, softcap: Some(2.0), ..plain };
     let gen = |n: usize, seed: usize| -> Vec<f32> { crate::testing::uniform(n, seed as u64, -1.0, 1.0) };
-    for (shape, head_map) in [(plain, HeadMap::Grouped), (plain, HeadMap::Modulo), (capped, HeadMap::Grouped)] {
+    // Qwen2.5-0.5B's group of 7 query heads per kv head, which decode splits into 4 + 3.
+    let wide = AttentionShape { n_heads: 14, ..plain };
+    for (shape, head_map) in [
+        (plain, HeadMap::Grouped),
+        (plain, HeadMap::Modulo),
+        (capped, HeadMap::Grouped),
+        (wide, HeadMap::Grouped),
+        (wide, HeadMap::Modulo),
+    ] {
+        let (q_width, kv_width) = (shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim);
         // Windows shorter than the context, longer than the call, and wider than it all.
         for mask in [
             AttentionMask::Causal,
@@ -153,10 +162,10 @@ fn prefill_and_decode_paths_match_a_naive_reference_for_every_variant() {
             let variant = AttentionVariant { head_map, mask };
             // 40 new tokens after 5 cached (prefill path), and 1 after 44 (decode).
             for (tokens, ctx) in [(40, 45), (1, 45)] {
-                let q = gen(tokens * 64, 7);
-                let k = gen(ctx * 32, 8);
-                let v = gen(ctx * 32, 9);
-                let mut out = vec![0.0; tokens * 64];
+                let q = gen(tokens * q_width, 7);
+                let k = gen(ctx * kv_width, 8);
+                let v = gen(ctx * kv_width, 9);
+                let mut out = vec![0.0; tokens * q_width];
                 attention(shape, variant, &q, &k, &v, ctx, &mut out, None).unwrap();
                 let want = naive(shape, variant, &q, &k, &v, ctx);
                 for (i, (a, b)) in out.iter().zip(&want).enumerate() {
@@ -319,7 +328,8 @@ fn row_kernels_give_the_bits_of_the_per_key_loop() {
                     }
                     let (mut got_s, mut got_o) = (vec![0f32; ctx], vec![f32::NAN; head_dim]);
                     let rows = CachedRows { keys: &keys, values: &values, start_of };
-                    attend_row(isa, &q, &rows, visible.clone(), &mut got_s, 0.3, None, &mut got_o, &mut wide);
+                    let mut head = [HeadRow { q: &q, scores: &mut got_s, o: &mut got_o }];
+                    attend_heads(isa, &mut head, &rows, visible.clone(), 0.3, None, &mut wide);
                     assert_eq!(bits(&got_s), bits(&want_s), "{isa:?} head_dim {head_dim} {visible:?} scores");
                     assert_eq!(bits(&got_o), bits(&want_o), "{isa:?} head_dim {head_dim} {visible:?} output");
                 }
@@ -358,17 +368,8 @@ fn grouped_heads_give_the_bits_of_each_head_alone() {
                         attend_heads(isa, &mut heads, &rows, visible.clone(), 0.3, Some(4.0), &mut wide);
                         for (h, q) in qs.iter().enumerate() {
                             let (mut want_s, mut want_o) = (vec![0f32; ctx], vec![f32::NAN; head_dim]);
-                            attend_row(
-                                isa,
-                                q,
-                                &rows,
-                                visible.clone(),
-                                &mut want_s,
-                                0.3,
-                                Some(4.0),
-                                &mut want_o,
-                                &mut wide,
-                            );
+                            let mut alone = [HeadRow { q, scores: &mut want_s, o: &mut want_o }];
+                            attend_heads(isa, &mut alone, &rows, visible.clone(), 0.3, Some(4.0), &mut wide);
                             let what = format!("{isa:?} head_dim {head_dim} head {h} of {n_heads} {visible:?}");
                             assert_eq!(bits(&scores[h]), bits(&want_s), "{what} scores");
                             assert_eq!(bits(&outs[h]), bits(&want_o), "{what} output");
