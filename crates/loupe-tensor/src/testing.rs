@@ -38,7 +38,8 @@ pub(crate) fn activations(n: usize, seed: u32) -> Vec<f32> {
 
 /// A `rows x cols` matrix of `ty` and its dequantized f32 values. Types without a
 /// quantizer (the K types) get random bytes whose trailing f16 scale is small and
-/// finite (Q6_K's layout; the other K types are not used here).
+/// finite (Q6_K's layout; Q4_K's and Q5_K's `d` and `dmin` lead the block; Q2_K and Q3_K
+/// are not used here).
 pub(crate) fn quant_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> (QMatrix, Vec<f32>) {
     let w = signed(rows * cols, seed);
     let q = if can_quantize(ty) {
@@ -48,8 +49,8 @@ pub(crate) fn quant_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) ->
         let mut bytes: Vec<u8> = signed(rows * row_bytes, seed + 1).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
         for blk in bytes.chunks_mut(ty.type_size()) {
             let n = blk.len();
-            if ty == GgmlType::Q4K {
-                // Q4_K's d and dmin lead the block.
+            if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
+                // Q4_K's and Q5_K's d and dmin lead the block.
                 blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
                 blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
             } else {

@@ -288,7 +288,7 @@ fn matmul_q_outputs_are_vec_dot_bits_for_any_row_count() {
     }
 }
 
-/// Q4_K and Q6_K against Q8_K keep one lane arithmetic on AVX2 and AVX-512 (`avx2_klanes`,
+/// Q4_K, Q5_K and Q6_K against Q8_K keep one lane arithmetic on AVX2 and AVX-512 (`avx2_klanes`,
 /// `avx512_ktile`): a row's output has the same bits on either ISA, through `vec_dot` and
 /// through the tiled matmul, so a request decodes the same tokens on both kinds of CPU.
 #[test]
@@ -299,7 +299,7 @@ fn k_quant_q8_dots_have_the_same_bits_on_avx2_and_avx512() {
         eprintln!("note: this CPU has {isas:?}; only each ISA's matmul against its own vec_dot is compared");
     }
     let mut rng = Rng::new(12);
-    for wty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for wty in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         let (k, rows, m) = (1024, 7, 3);
         let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wty, k)).collect();
         let qm = QMatrix::new(wty, rows, k, loupe_tensor::hugepages::WeightBytes::from(w.clone())).unwrap();

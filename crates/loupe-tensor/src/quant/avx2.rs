@@ -14,10 +14,10 @@ use std::ptr::read_unaligned;
 
 use loupe_core::GgmlType;
 
-use crate::reduce::avx2::{hsum, hsum_i32};
+use crate::reduce::avx2::hsum;
 
-use super::avx2_klanes::{dot_q4k, dot_q6k};
-use super::blocks::{scale_min_k4, K_SCALE_SIZE, QK, QK_K};
+use super::avx2_klanes::{dot_q4k, dot_q5k, dot_q6k};
+use super::blocks::QK;
 use super::VecDotFn;
 
 pub(super) fn dot_fn(ty: GgmlType) -> Option<VecDotFn> {
@@ -255,69 +255,4 @@ pub(super) unsafe fn dot_q8_0(w: *const u8, a: *const u8, n: usize) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
     }
     hsum(acc)
-}
-
-// K-quants: byte offsets inside `block_q8_K` (f32 d, qs[256], bsums[16]).
-const Q8K_SIZE: usize = 292;
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 4 + QK_K;
-
-#[inline(always)]
-unsafe fn q8k_d(y: *const u8) -> f32 {
-    read_unaligned(y.cast::<f32>())
-}
-
-#[inline(always)]
-unsafe fn q8k_bsum(y: *const u8, g: usize) -> i32 {
-    read_unaligned(y.add(Q8K_BSUMS + 2 * g).cast::<i16>()) as i32
-}
-
-/// Q5_K (Q4_K's super-block with a fifth bit per code; Q4_K itself is `avx2_klanes`'s):
-/// 4 chunks of 64 elements per super-block; each chunk is 32 bytes of
-/// `qs` whose low nibbles are sub-block `2c` and high nibbles sub-block `2c + 1`.
-/// For Q5_K, `qh` holds the 5th bits: bit `j` of `qh[l]` belongs to sub-block `j`,
-/// element `l`. Returns `sum_scaled_products - mins_term` for the super-block.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_block(x: *const u8, qs: *const u8, qh: Option<__m256i>, y: *const u8) -> f32 {
-    let d = rd_u16(x);
-    let dmin = rd_u16(x.add(2));
-    let (sc, mn) = scale_min_k4(&read_unaligned(x.add(4).cast::<[u8; K_SCALE_SIZE]>()));
-    let m4 = _mm256_set1_epi8(0x0F);
-    let bit4 = _mm256_set1_epi8(0x10);
-    let mut isum = _mm256_setzero_si256();
-    for c in 0..4 {
-        let q = _mm256_loadu_si256(qs.add(32 * c).cast());
-        let mut q0 = _mm256_and_si256(q, m4);
-        let mut q1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if let Some(qh) = qh {
-            // (qh >> j) << 4, masked to bit 4 of each byte; 16-bit shifts are exact
-            // here because only bit 4 of each byte survives the mask.
-            let h0 = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32));
-            let h1 = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1));
-            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi16(h0, 4), bit4));
-            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_slli_epi16(h1, 4), bit4));
-        }
-        let a0 = _mm256_loadu_si256(y.add(Q8K_QS + 64 * c).cast());
-        let a1 = _mm256_loadu_si256(y.add(Q8K_QS + 64 * c + 32).cast());
-        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q0, a0), _mm256_set1_epi16(sc[2 * c] as i16));
-        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q1, a1), _mm256_set1_epi16(sc[2 * c + 1] as i16));
-        isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
-    }
-    let summs: i32 = (0..8).map(|j| mn[j] as i32 * (q8k_bsum(y, 2 * j) + q8k_bsum(y, 2 * j + 1))).sum();
-    let yd = q8k_d(y);
-    let h = _mm_cvtph_ps(_mm_cvtsi32_si128((d as u32 | (dmin as u32) << 16) as i32));
-    let (df, dminf) = (_mm_cvtss_f32(h), _mm_cvtss_f32(_mm_movehdup_ps(h)));
-    yd * df * hsum_i32(isum) as f32 - yd * dminf * summs as f32
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5k(w: *const u8, a: *const u8, n: usize) -> f32 {
-    let mut sum = 0.0f32;
-    for i in 0..n / QK_K {
-        let x = w.add(i * 176);
-        let qh = _mm256_loadu_si256(x.add(16).cast());
-        sum += k4_block(x, x.add(48), Some(qh), a.add(i * Q8K_SIZE));
-    }
-    sum
 }

@@ -1,4 +1,4 @@
-//! AVX2 dots of Q4_K and Q6_K weight rows against Q8_K activations (the K-quants'
+//! AVX2 dots of Q4_K, Q5_K and Q6_K weight rows against Q8_K activations (the K-quants'
 //! arithmetic under `--precision q8` and `auto`), in the lane arithmetic that the AVX-512
 //! tiles (`avx512_ktile`) repeat bit for bit, so a row has the same bits on either ISA and
 //! in any tile shape.
@@ -6,7 +6,8 @@
 //! # The lane contract
 //! Each super-block of 256 weights gives 8 i32 lanes of exact integer sums. A super-block
 //! is read as 64-byte code vectors (Q4_K: the low or high nibbles of `qs[64k..64k + 64]`;
-//! Q6_K: one 64-element quarter-pair of a half, in element order); lane `j` sums byte
+//! Q5_K: the same with each element's fifth bit from `qh` as bit 4, 0..=31; Q6_K: one
+//! 64-element quarter-pair of a half, in element order); lane `j` sums byte
 //! columns `4j..4j + 4` of both 32-byte halves of every code vector, the products
 //! `code * activation * sub-block scale` as `vpmaddubsw` + `vpmaddwd` pair them. (Here the
 //! two halves are two 256-bit registers added at the end; the AVX-512 tiles hold them in
@@ -14,7 +15,7 @@
 //! * Q6_K subtracts its `-32` bias in integers: lane `j` minus
 //!   `32 * (sc_2j bsum_2j + sc_2j+1 bsum_2j+1)` (`bsums`: the activations' 16-element sums).
 //! * The f32 accumulator (8 lanes) takes, per super-block, `acc = fma(f32(isum), d_a * d_w,
-//!   acc)`; Q4_K's mins accumulator (8 lanes) `mins = fma(f32(corr), d_a * dmin_w, mins)`,
+//!   acc)`; Q4_K's (and Q5_K's) mins accumulator (8 lanes) `mins = fma(f32(corr), d_a * dmin_w, mins)`,
 //!   where lane `j` of `corr` is `m_j * (bsum_2j + bsum_2j+1)`, the sub-block min times its
 //!   activation sum (Q6_K's stays zero).
 //! * The row's value is `hsum(acc - mins)` in `reduce::avx2::hsum`'s order.
@@ -89,7 +90,13 @@ pub(super) unsafe fn finish(acc: __m256, mins: __m256) -> f32 {
 /// Dot of a Q4_K row with a Q8_K row.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_q4k(w: *const u8, a: *const u8, n: usize) -> f32 {
-    q4k_rows::<1>(w, a, 0, n)[0]
+    q4k_rows::<1, false>(w, a, 0, n)[0]
+}
+
+/// Dot of a Q5_K row with a Q8_K row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_q5k(w: *const u8, a: *const u8, n: usize) -> f32 {
+    q4k_rows::<1, true>(w, a, 0, n)[0]
 }
 
 /// Dot of a Q6_K row with a Q8_K row.
@@ -98,16 +105,28 @@ pub(super) unsafe fn dot_q6k(w: *const u8, a: *const u8, n: usize) -> f32 {
     q6k_rows::<1>(w, a, 0, n)[0]
 }
 
-/// Dots of one Q4_K row with `CA` Q8_K rows (`a_stride` bytes apart): the weight row's codes
-/// and scales unpacked once per super-block for all of them, each dot the single-row
-/// arithmetic (the contract above), so each has [`dot_q4k`]'s bits.
+/// Dots of one Q4_K row (with `Q5`, Q5_K) with `CA` Q8_K rows (`a_stride` bytes apart): the
+/// weight row's codes and scales unpacked once per super-block for all of them, each dot the
+/// single-row arithmetic (the contract above), so each has [`dot_q4k`]'s ([`dot_q5k`]'s)
+/// bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_rows<const CA: usize>(w: *const u8, a: *const u8, a_stride: usize, n: usize) -> [f32; CA] {
+unsafe fn q4k_rows<const CA: usize, const Q5: bool>(
+    w: *const u8,
+    a: *const u8,
+    a_stride: usize,
+    n: usize,
+) -> [f32; CA] {
     let m4 = _mm256_set1_epi8(0x0F);
+    let m1 = _mm256_set1_epi8(0x01);
+    // Q5_K: 32 bytes of fifth bits between the scales and the nibbles.
+    let (block_bytes, qs) = if Q5 { (176, 48) } else { (144, 16) };
     let mut acc = [_mm256_setzero_ps(); CA];
     let mut mins = [_mm256_setzero_ps(); CA];
     for i in 0..n / QK_K {
-        let x = w.add(i * 144);
+        let x = w.add(i * block_bytes);
+        // Bit j of qh[l] is element 32 j + l's fifth bit (ggml's dequantize_row_q5_K).
+        let qh = if Q5 { _mm256_loadu_si256(x.add(16).cast()) } else { _mm256_setzero_si256() };
+        let fifth = |j: i32| _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), m1));
         let y = |r: usize| a.add(r * a_stride + i * A_SIZE);
         let sm = q4k_scales_mins(x);
         let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
@@ -115,8 +134,12 @@ unsafe fn q4k_rows<const CA: usize>(w: *const u8, a: *const u8, a_stride: usize,
         // Chunk c (`qs[32c..32c + 32]`): low nibbles are sub-block 2c, high 2c + 1; chunks
         // 0 and 2 are the first 32 bytes of the contract's code vectors.
         for c in 0..4 {
-            let q = _mm256_loadu_si256(x.add(16 + 32 * c).cast());
-            let (lo, hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+            let q = _mm256_loadu_si256(x.add(qs + 32 * c).cast());
+            let (mut lo, mut hi) = (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4));
+            if Q5 {
+                lo = _mm256_or_si256(lo, fifth(2 * c as i32));
+                hi = _mm256_or_si256(hi, fifth(2 * c as i32 + 1));
+            }
             let s0 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16)));
             let s1 = _mm256_shuffle_epi8(sc, _mm256_broadcastsi128_si256(pick16(2 * c as i16 + 1)));
             for (r, sums) in isum.iter_mut().enumerate() {
@@ -198,12 +221,18 @@ unsafe fn q6k_rows<const CA: usize>(w: *const u8, a: *const u8, a_stride: usize,
 pub(super) const MAX_RW: usize = 4;
 pub(super) const MAX_CA: usize = 4;
 
-/// The AVX2 tile kernel of `ty` (Q4_K, Q6_K): each weight row unpacked once per
+/// The tile kernels' formats (`tile`'s const parameter).
+const Q4K: u8 = 0;
+const Q5K: u8 = 1;
+const Q6K: u8 = 2;
+
+/// The AVX2 tile kernel of `ty` (Q4_K, Q5_K, Q6_K): each weight row unpacked once per
 /// super-block for up to [`MAX_CA`] activation rows.
 pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
     Some(match ty {
-        GgmlType::Q4K => tile::<false>,
-        GgmlType::Q6K => tile::<true>,
+        GgmlType::Q4K => tile::<Q4K>,
+        GgmlType::Q5K => tile::<Q5K>,
+        GgmlType::Q6K => tile::<Q6K>,
         _ => return None,
     })
 }
@@ -211,7 +240,7 @@ pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
 /// The [`TileFn`] over [`q4k_rows`] / [`q6k_rows`]: `nw` weight rows one after the other.
 #[allow(clippy::too_many_arguments)] // the TileFn signature
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const Q6: bool>(
+unsafe fn tile<const FMT: u8>(
     w: *const u8,
     w_stride: usize,
     nw: usize,
@@ -229,15 +258,19 @@ unsafe fn tile<const Q6: bool>(
                 *out.add(c * out_stride + r) = *v;
             }
         };
-        match (Q6, na) {
-            (false, 1) => put(&q4k_rows::<1>(x, a, a_stride, n)),
-            (false, 2) => put(&q4k_rows::<2>(x, a, a_stride, n)),
-            (false, 3) => put(&q4k_rows::<3>(x, a, a_stride, n)),
-            (false, 4) => put(&q4k_rows::<4>(x, a, a_stride, n)),
-            (true, 1) => put(&q6k_rows::<1>(x, a, a_stride, n)),
-            (true, 2) => put(&q6k_rows::<2>(x, a, a_stride, n)),
-            (true, 3) => put(&q6k_rows::<3>(x, a, a_stride, n)),
-            (true, 4) => put(&q6k_rows::<4>(x, a, a_stride, n)),
+        match (FMT, na) {
+            (Q4K, 1) => put(&q4k_rows::<1, false>(x, a, a_stride, n)),
+            (Q4K, 2) => put(&q4k_rows::<2, false>(x, a, a_stride, n)),
+            (Q4K, 3) => put(&q4k_rows::<3, false>(x, a, a_stride, n)),
+            (Q4K, 4) => put(&q4k_rows::<4, false>(x, a, a_stride, n)),
+            (Q5K, 1) => put(&q4k_rows::<1, true>(x, a, a_stride, n)),
+            (Q5K, 2) => put(&q4k_rows::<2, true>(x, a, a_stride, n)),
+            (Q5K, 3) => put(&q4k_rows::<3, true>(x, a, a_stride, n)),
+            (Q5K, 4) => put(&q4k_rows::<4, true>(x, a, a_stride, n)),
+            (Q6K, 1) => put(&q6k_rows::<1>(x, a, a_stride, n)),
+            (Q6K, 2) => put(&q6k_rows::<2>(x, a, a_stride, n)),
+            (Q6K, 3) => put(&q6k_rows::<3>(x, a, a_stride, n)),
+            (Q6K, 4) => put(&q6k_rows::<4>(x, a, a_stride, n)),
             _ => unreachable!("tile {nw} x {na} exceeds {MAX_RW} x {MAX_CA} (checked by the caller)"),
         }
     }

@@ -1,4 +1,4 @@
-//! AVX-512 BW + VNNI register-tiled dot products of Q4_K and Q6_K weights against Q8_K
+//! AVX-512 BW + VNNI register-tiled dot products of Q4_K, Q5_K and Q6_K weights against Q8_K
 //! activations (the K-quants' arithmetic under `--precision q8` and `auto`): up to 4 weight
 //! rows x 2 activation rows per call, or 1 weight row x up to 8 activation rows (prefill: a
 //! weight row's codes unpacked once serve 8 activation rows), the tile contract of
@@ -7,7 +7,7 @@
 //! The arithmetic is `avx2_klanes`'s lane contract, its two 256-bit halves of codes as one
 //! 512-bit register: per super-block and (weight row, activation row) pair,
 //! * the codes as unsigned bytes, 64 per vector (Q4_K: the low or high nibbles of 64
-//!   `qs` bytes; Q6_K: 4 low bits of `ql` or'ed with 2 bits of `qh`, 0..=63);
+//!   `qs` bytes; Q5_K: those with the fifth bit from `qh` as bit 4; Q6_K: 4 low bits of `ql` or'ed with 2 bits of `qh`, 0..=63);
 //! * `vpmaddubsw` against the int8 activations gives i16 pairs, and `vpdpwssd` with the
 //!   sub-block scales as i16 lanes (spread by `vpshufb`) accumulates `scale * pair` into
 //!   16 i32 lanes, exactly, folded to 8 (lane `j` plus lane `j + 8`);
@@ -50,7 +50,8 @@ const PREFETCH_TILES: usize = 2;
 
 pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
     Some(match ty {
-        GgmlType::Q4K => dispatch::<Q4K>,
+        GgmlType::Q4K => dispatch::<K4<false>>,
+        GgmlType::Q5K => dispatch::<K4<true>>,
         GgmlType::Q6K => dispatch::<Q6K>,
         _ => return None,
     })
@@ -58,10 +59,10 @@ pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
 
 /// The activation pass the tiles of `ty` expect (see the module note).
 pub(super) fn arrange_fn(ty: GgmlType) -> Option<fn(&mut [u8])> {
-    (ty == GgmlType::Q4K).then_some(arrange_q4k as fn(&mut [u8]))
+    matches!(ty, GgmlType::Q4K | GgmlType::Q5K).then_some(arrange_q4k as fn(&mut [u8]))
 }
 
-/// Q8_K rows into the order the Q4_K tiles read: in every 128 activations of a block,
+/// Q8_K rows into the order the Q4_K and Q5_K tiles read: in every 128 activations of a block,
 /// elements `32..64` and `64..96` trade places. `rows` is whole Q8_K blocks.
 fn arrange_q4k(rows: &mut [u8]) {
     for block in rows.chunks_exact_mut(A_SIZE) {
@@ -104,7 +105,8 @@ trait KFmt {
     ) -> (__m256, __m256);
 }
 
-struct Q4K;
+/// Q4_K, and with `Q5` Q5_K (Q4_K's super-block with a fifth bit per code).
+struct K4<const Q5: bool>;
 struct Q6K;
 
 /// The four activation vectors of the Q8_K block at `y`, in the order the codes pair with
@@ -140,31 +142,52 @@ unsafe fn isum(w: &WeightBlock, av: &[__m512i; 4]) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
 }
 
-impl KFmt for Q4K {
-    const WS: usize = 144;
+/// A Q4_K super-block (with `Q5`, a Q5_K one) at `x`, unpacked.
+#[inline(always)]
+unsafe fn q4k_weights<const Q5: bool>(x: *const u8) -> WeightBlock {
+    let sm = q4k_scales_mins(x);
+    let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+    let m4 = _mm512_set1_epi8(0x0F);
+    // Q5_K: 32 bytes of fifth bits between the scales and the nibbles.
+    let qs = if Q5 { 48 } else { 16 };
+    let v0 = _mm512_loadu_si512(x.add(qs).cast());
+    let v1 = _mm512_loadu_si512(x.add(qs + 64).cast());
+    // Low nibbles of qs[64k..]: sub-blocks 4k (bytes 0..32) and 4k + 2; high: 4k + 1, 4k + 3.
+    let mut codes = [
+        _mm512_and_si512(v0, m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
+        _mm512_and_si512(v1, m4),
+        _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
+    ];
+    if Q5 {
+        // Bit j of qh[l] is element 32 j + l's fifth bit (ggml's dequantize_row_q5_K): code
+        // vector t holds sub-blocks (a, b) = (0, 2), (1, 3), (4, 6), (5, 7) in its halves, so
+        // each half of qh shifts by its sub-block (64-bit shifts: the bits they pull across
+        // byte boundaries are masked off).
+        let qh = _mm256_loadu_si256(x.add(16).cast());
+        let qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+        let m1 = _mm512_set1_epi8(0x01);
+        for (code, (a, b)) in codes.iter_mut().zip([(0, 2), (1, 3), (4, 6), (5, 7)]) {
+            let bit = _mm512_and_si512(_mm512_srlv_epi64(qh2, _mm512_set_epi64(b, b, b, b, a, a, a, a)), m1);
+            *code = _mm512_or_si512(*code, _mm512_slli_epi16::<4>(bit));
+        }
+    }
+    let scales = [
+        _mm512_shuffle_epi8(sc, pick16x4([0, 0, 2, 2])),
+        _mm512_shuffle_epi8(sc, pick16x4([1, 1, 3, 3])),
+        _mm512_shuffle_epi8(sc, pick16x4([4, 4, 6, 6])),
+        _mm512_shuffle_epi8(sc, pick16x4([5, 5, 7, 7])),
+    ];
+    let (d, dmin) = (_mm256_set1_ps(f16_at(x)), _mm256_set1_ps(f16_at(x.add(2))));
+    WeightBlock { codes, scales, side: q4k_mins_pairs(sm), d, dmin }
+}
+
+impl<const Q5: bool> KFmt for K4<Q5> {
+    const WS: usize = if Q5 { 176 } else { 144 };
 
     #[inline(always)]
     unsafe fn weights(x: *const u8) -> WeightBlock {
-        let sm = q4k_scales_mins(x);
-        let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
-        let m4 = _mm512_set1_epi8(0x0F);
-        let v0 = _mm512_loadu_si512(x.add(16).cast());
-        let v1 = _mm512_loadu_si512(x.add(80).cast());
-        // Low nibbles of qs[64k..]: sub-blocks 4k (bytes 0..32) and 4k + 2; high: 4k + 1, 4k + 3.
-        let codes = [
-            _mm512_and_si512(v0, m4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v0), m4),
-            _mm512_and_si512(v1, m4),
-            _mm512_and_si512(_mm512_srli_epi16::<4>(v1), m4),
-        ];
-        let scales = [
-            _mm512_shuffle_epi8(sc, pick16x4([0, 0, 2, 2])),
-            _mm512_shuffle_epi8(sc, pick16x4([1, 1, 3, 3])),
-            _mm512_shuffle_epi8(sc, pick16x4([4, 4, 6, 6])),
-            _mm512_shuffle_epi8(sc, pick16x4([5, 5, 7, 7])),
-        ];
-        let (d, dmin) = (_mm256_set1_ps(f16_at(x)), _mm256_set1_ps(f16_at(x.add(2))));
-        WeightBlock { codes, scales, side: q4k_mins_pairs(sm), d, dmin }
+        q4k_weights::<Q5>(x)
     }
 
     #[inline(always)]

@@ -369,7 +369,8 @@ pub(crate) struct Tile {
 }
 
 /// The tiled kernel for weights of type `wty` at ISA level `isa`, where one exists
-/// (AVX-512: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, F32, F16, BF16; AVX2: Q4_K, Q6_K);
+/// (AVX-512: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16; AVX2: Q4_K, Q5_K,
+/// Q6_K);
 /// otherwise matmul calls
 /// [`vec_dot_fn`] per output.
 ///

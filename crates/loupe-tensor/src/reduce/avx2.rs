@@ -10,12 +10,3 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let a = _mm_add_ps(a, _mm_movehl_ps(a, a));
     _mm_cvtss_f32(a) + _mm_cvtss_f32(_mm_movehdup_ps(a))
 }
-
-/// The horizontal sum of 8 i32 lanes (exact, so its order does not matter).
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
-}

@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use super::layout::{Format, Rows, CODES, Q4K_BYTES, Q6K_BYTES, Q8_0_BYTES, SIDE_BYTES};
+use super::layout::{Format, Rows, CODES, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, Q8_0_BYTES, SIDE_BYTES};
 use crate::linear::simd::avx512::RowGather;
 use crate::GgmlType;
 
@@ -89,27 +89,40 @@ unsafe fn tile<const G: usize, const R: usize>(run: &Rows<'_>, i0: usize, y: *mu
     }
 }
 
-/// The Q4_K packer (`pack::pack`'s bytes).
+/// The Q4_K packer, and with `Q5` the Q5_K one (`pack::pack`'s bytes).
 ///
 /// # Safety
-/// `w` holds `cols <= 16` rows of `row_bytes` each (Q4_K, `sbs` super-blocks), `16 *
-/// row_bytes` fits an i32; `panel` is `sbs` records, 64-aligned; the CPU has AVX-512 F/BW.
+/// `w` holds `cols <= 16` rows of `row_bytes` each (Q4_K, or Q5_K with `Q5`, `sbs`
+/// super-blocks), `16 * row_bytes` fits an i32; `panel` is `sbs` records, 64-aligned; the
+/// CPU has AVX-512 F/BW.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
-pub(super) unsafe fn pack_q4k(w: *const u8, row_bytes: usize, cols: usize, sbs: usize, panel: *mut u8) {
-    let fmt = Format::of(GgmlType::Q4K).expect("Q4_K has panels");
+pub(super) unsafe fn pack_q4k<const Q5: bool>(w: *const u8, row_bytes: usize, cols: usize, sbs: usize, panel: *mut u8) {
+    let fmt = Format::of(if Q5 { GgmlType::Q5K } else { GgmlType::Q4K }).expect("Q4_K and Q5_K have panels");
+    let (block_bytes, qs) = if Q5 { (Q5K_BYTES, 48) } else { (Q4K_BYTES, 16) };
     let rows = RowGather::new(row_bytes, cols);
     let gather = |at: *const u8| rows.at(at);
     let nib = _mm512_set1_epi32(0x0F0F_0F0F);
+    let one = _mm512_set1_epi32(0x0101_0101);
     let byte = _mm512_set1_epi32(0xFF);
     for s in 0..sbs {
-        let (blk, rec) = (w.add(s * Q4K_BYTES), panel.add(s * fmt.sb_bytes()));
+        let (blk, rec) = (w.add(s * block_bytes), panel.add(s * fmt.sb_bytes()));
         // Codes: qs bytes 32 p + 4 v .. + 4 hold dword v of sub-blocks 2 p (low nibbles) and
-        // 2 p + 1 (high nibbles).
-        for p in 0..4 {
-            for v in 0..8 {
-                let q = gather(blk.add(16 + 32 * p + 4 * v));
-                let lo = _mm512_and_si512(q, nib);
-                let hi = _mm512_and_si512(_mm512_srli_epi32::<4>(q), nib);
+        // 2 p + 1 (high nibbles); Q5_K's fifth bit of sub-block j is bit j of the qh bytes
+        // 4 v .. + 4.
+        for v in 0..8 {
+            let qh = if Q5 { gather(blk.add(16 + 4 * v)) } else { _mm512_setzero_si512() };
+            let fifth = |j: i32| {
+                let bit = _mm512_and_si512(_mm512_srlv_epi32(qh, _mm512_set1_epi32(j)), one);
+                _mm512_slli_epi32::<4>(bit)
+            };
+            for p in 0..4 {
+                let q = gather(blk.add(qs + 32 * p + 4 * v));
+                let mut lo = _mm512_and_si512(q, nib);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi32::<4>(q), nib);
+                if Q5 {
+                    lo = _mm512_or_si512(lo, fifth(2 * p as i32));
+                    hi = _mm512_or_si512(hi, fifth(2 * p as i32 + 1));
+                }
                 _mm512_store_si512(rec.add(CODES + (16 * p + v) * 64).cast(), lo);
                 _mm512_store_si512(rec.add(CODES + (16 * p + 8 + v) * 64).cast(), hi);
             }

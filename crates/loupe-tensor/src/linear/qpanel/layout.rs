@@ -9,6 +9,10 @@ pub(crate) use crate::linear::panel_tasks::PANEL;
 /// Bytes of a Q4_K super-block (`d`, `dmin`, 12 bytes of scales, 128 of codes).
 pub(crate) const Q4K_BYTES: usize = 144;
 
+/// Bytes of a Q5_K super-block (`d`, `dmin`, 12 bytes of scales, 32 of high bits `qh`, 128
+/// of low nibbles `qs`).
+pub(crate) const Q5K_BYTES: usize = 176;
+
 /// Bytes of a Q6_K super-block (`ql[128]`, `qh[64]`, 16 signed scales, `d`).
 pub(crate) const Q6K_BYTES: usize = 210;
 
@@ -23,8 +27,8 @@ pub(crate) const CODES: usize = 0;
 /// `s_a` of each sum group (at most 16) as f32.
 pub(crate) const SIDE_BYTES: usize = 96;
 
-/// A weight type the panels take: Q4_K (8 sum groups of 32 per super-block, each with a
-/// scale and a min) or Q6_K (16 groups of 16, each a signed scale; the codes' bias of 32 is
+/// A weight type the panels take: Q4_K or Q5_K (8 sum groups of 32 per super-block, each
+/// with a scale and a min; Q5_K's codes have a fifth bit) or Q6_K (16 groups of 16, each a signed scale; the codes' bias of 32 is
 /// the min term `wm = 32 ws`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Format {
@@ -36,7 +40,7 @@ pub(crate) struct Format {
 impl Format {
     pub(crate) fn of(ty: GgmlType) -> Option<Format> {
         match ty {
-            GgmlType::Q4K => Some(Format { ty, groups: 8 }),
+            GgmlType::Q4K | GgmlType::Q5K => Some(Format { ty, groups: 8 }),
             GgmlType::Q6K => Some(Format { ty, groups: 16 }),
             _ => None,
         }

@@ -1,4 +1,4 @@
-//! [`matmul_q_prompt`]: prompt rows against Q4_K and Q6_K weights with 8-bit activations
+//! [`matmul_q_prompt`]: prompt rows against Q4_K, Q5_K and Q6_K weights with 8-bit activations
 //! (`--precision auto` and `q8`), on AVX-512 VNNI, through weight panels whose lanes are
 //! output columns.
 //!
@@ -8,7 +8,7 @@
 //! `vpdpwssd`), two multiplies per 64 products. Here 16 weight rows are rearranged so that a
 //! 64-byte vector holds 4 consecutive codes of each of the 16 rows: one `vpdpbusd` against 4
 //! activations broadcast adds 64 products into the 16 rows' lanes, and after the vectors of a
-//! sum group (32 elements for Q4_K, 16 for Q6_K: one scale each) each lane holds that row's
+//! sum group (32 elements for Q4_K and Q5_K, 16 for Q6_K: one scale each) each lane holds that row's
 //! group sum. One multiply per 64 products, and no horizontal sum at all: a lane is an output.
 //!
 //! **Activations in blocks of 32** (Q8_0: an f16 scale per 32 values), not Q8_K's 256: the
@@ -18,10 +18,10 @@
 //! (98.7-99.3% as the f32 rounding fell), with these above it (tests/gemma3.rs).
 //!
 //! **Arithmetic** (the contract; [`pack::rows_scalar`] is its reference). Weight codes are
-//! unsigned (Q4_K 0..=15, Q6_K 0..=63). For weight row `j` (per group `g`: `ws_g = d * sc_g`
-//! and `wm_g`, f32: Q4_K's `dmin * m_g`, Q6_K's `32 * ws_g`, its codes' bias) and activation
-//! row `i` (codes `a`; per block of 32 `d_a` from its f16; per group `s_a = d_a * f32(sum
-//! a)`), starting from `acc = +0.0`, groups in order:
+//! unsigned (Q4_K 0..=15, Q5_K 0..=31, Q6_K 0..=63). For weight row `j` (per group `g`:
+//! `ws_g = d * sc_g` and `wm_g`, f32: Q4_K's and Q5_K's `dmin * m_g`, Q6_K's `32 * ws_g`, its
+//! codes' bias) and activation row `i` (codes `a`; per block of 32 `d_a` from its f16; per
+//! group `s_a = d_a * f32(sum a)`), starting from `acc = +0.0`, groups in order:
 //! * `dot = sum_{e in g} q_e a_e`, exact in i32;
 //! * `acc = fma(f32(dot), ws_g * d_a, acc)`, then `acc = fma(-wm_g, s_a, acc)`;
 //!
@@ -34,7 +34,7 @@
 //! **Layout.** A task packs [`PANEL`] weight rows (`pack::pack`) into one super-block record
 //! after another ([`Format::sb_bytes`] each): the codes as bytes, `codes[(e / 4) * 64 + 4 r +
 //! e % 4]` = row `r`'s element `e`, then `ws` and `wm` of the 16 rows per group as f32 lanes.
-//! A Q4_K panel of `k` columns is `20 k` bytes (160 KiB at `k = 8192`), Q6_K's `24 k`, held
+//! A Q4_K or Q5_K panel of `k` columns is `20 k` bytes (160 KiB at `k = 8192`), Q6_K's `24 k`, held
 //! in L2 while every activation row streams past it; packing costs about one pass over the
 //! weights per call, small next to prefill's `m` passes.
 
@@ -58,7 +58,7 @@ use crate::quant::{self, Isa};
 use crate::{GgmlType, TensorError};
 
 /// Whether prompt rows of `ty` take the panels at `isa` (else [`matmul_q_prompt`] is
-/// `matmul_q`): Q4_K and Q6_K on AVX-512 VNNI.
+/// `matmul_q`): Q4_K, Q5_K and Q6_K on AVX-512 VNNI.
 pub fn has_q8_panels(isa: Isa, ty: GgmlType) -> bool {
     cfg!(target_arch = "x86_64") && isa >= Isa::Avx512 && Format::of(ty).is_some()
 }

@@ -1,7 +1,7 @@
 //! Packing weight rows into panel records, and the reference of the panels' arithmetic: the
 //! scalar forms every SIMD path is tested against (same bytes, same bits).
 
-use super::layout::{Format, Rows, CODES, PANEL, Q4K_BYTES, Q6K_BYTES, Q8_0_BYTES, SIDE_BYTES};
+use super::layout::{Format, Rows, CODES, PANEL, Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, Q8_0_BYTES, SIDE_BYTES};
 use crate::linear::qmatrix::QMatrix;
 use crate::quant::blocks::{scale_min_k4, QK_K};
 use crate::quant::Isa;
@@ -21,7 +21,8 @@ pub(super) fn pack(isa: Isa, scalar: bool, fmt: Format, w: &QMatrix, j0: usize, 
         // (a buffer of `Line`s); AVX-512 is available.
         unsafe {
             match fmt.ty {
-                GgmlType::Q4K => super::avx512::pack_q4k(src, stride, cols, sbs, dst),
+                GgmlType::Q4K => super::avx512::pack_q4k::<false>(src, stride, cols, sbs, dst),
+                GgmlType::Q5K => super::avx512::pack_q4k::<true>(src, stride, cols, sbs, dst),
                 _ => super::avx512::pack_q6k(src, stride, cols, sbs, dst),
             }
         }
@@ -40,14 +41,21 @@ pub(super) fn pack(isa: Isa, scalar: bool, fmt: Format, w: &QMatrix, j0: usize, 
             let mut put = |v: usize, x: f32| rec[v * 64 + 4 * r..][..4].copy_from_slice(&x.to_le_bytes());
             let mut codes = [0u8; QK_K];
             match fmt.ty {
-                GgmlType::Q4K => {
-                    let blk = &row[s * Q4K_BYTES..(s + 1) * Q4K_BYTES];
+                GgmlType::Q4K | GgmlType::Q5K => {
+                    let q5 = fmt.ty == GgmlType::Q5K;
+                    let bytes = if q5 { Q5K_BYTES } else { Q4K_BYTES };
+                    let blk = &row[s * bytes..(s + 1) * bytes];
                     let (sc, mn) = scale_min_k4(blk[4..16].try_into().expect("12 bytes"));
                     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+                    // Q5_K's 32 bytes of high bits sit between the scales and the nibbles.
+                    let qs = if q5 { 48 } else { 16 };
                     for (e, c) in codes.iter_mut().enumerate() {
                         // The low nibbles of qs[32 (e / 64)..] for even sub-blocks, the high
-                        // ones for odd (ggml's Q4_K order).
-                        *c = (blk[16 + 32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F;
+                        // ones for odd (ggml's Q4_K order); Q5_K's fifth bit is bit e / 32 of
+                        // qh[e % 32] (ggml's dequantize_row_q5_K).
+                        let low = (blk[qs + 32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F;
+                        let high = if q5 { (blk[16 + e % 32] >> (e / 32)) & 1 } else { 0 };
+                        *c = low | high << 4;
                     }
                     for g in 0..8 {
                         put(fmt.scales() / 64 + g, d * sc[g] as f32);

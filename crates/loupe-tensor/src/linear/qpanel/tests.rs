@@ -4,7 +4,7 @@ use crate::linear::panel_tasks::{line_bytes, Line};
 use crate::quant::blocks::QK_K;
 use crate::testing::{activations, quant_matrix as matrix};
 
-const TYPES: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
+const TYPES: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
