@@ -222,6 +222,41 @@ fn plan_memory_shares_slots_only_between_values_whose_lifetimes_do_not_overlap()
     }
 }
 
+/// Wide values share few slots: a slot's buffer keeps the capacity of the largest value it
+/// ever held, so the planner puts each value in the smallest free slot it fits. The slots that
+/// ever hold a value of the widest row (the MLP's intermediate) are exactly as many as such
+/// values are live at once (gate, up and their product), not every slot of the plan.
+#[test]
+fn plan_memory_keeps_the_widest_values_in_as_few_slots_as_are_live_at_once() {
+    let g = lowered(&model(Precision::Native).graph);
+    let plan = g.memory_plan.as_ref().unwrap();
+    let width = |v: ValueId| -> Option<usize> {
+        match g.value(v).shape.as_slice() {
+            [Dim::Tokens, Dim::Fixed(w)] if Some(v) != g.logits => Some(*w),
+            _ => None,
+        }
+    };
+    let ranges = live_ranges(&g);
+    // Side outputs only a tap reads are never written otherwise: they size no buffer.
+    let sized = |v: &ValueId| !g.nodes.iter().any(|n| n.side == Some(*v)) || ranges[v].0 != ranges[v].1;
+    let widest = ranges.keys().filter(|v| sized(v)).filter_map(|&v| width(v)).max().unwrap();
+    let wide: Vec<ValueId> = ranges.keys().copied().filter(|v| sized(v) && width(*v) == Some(widest)).collect();
+    let live_at_once = (0..g.nodes.len())
+        .map(|i| wide.iter().filter(|v| ranges[*v].0 <= i && i <= ranges[*v].1).count())
+        .max()
+        .unwrap();
+    let mut wide_slots: Vec<u32> = wide.iter().map(|v| plan.slot[v.0 as usize]).collect();
+    wide_slots.sort_unstable();
+    wide_slots.dedup();
+    assert!(live_at_once >= 2 && wide.len() > live_at_once, "the tiny model has {} wide values", wide.len());
+    assert_eq!(
+        wide_slots.len(),
+        live_at_once,
+        "values {widest} wide are spread over slots {wide_slots:?} of {}; at most {live_at_once} are live at once",
+        plan.n_slots
+    );
+}
+
 #[test]
 fn select_kernels_names_one_kernel_per_node_by_weight_type_and_precision() {
     for (precision, want) in [

@@ -5,8 +5,31 @@
 //! of inputs it reads for the last time are freed, so no kernel writes over its own input.
 //! Values nobody reads (side outputs, tapped-only values) free their slot right after their
 //! node. The logits keep their slot: the executor hands them out after the run.
+//!
+//! **Which free slot.** A slot's buffer grows to the largest value it ever holds and keeps
+//! that capacity, so the plan's memory is the sum of each slot's largest value. A value takes
+//! the smallest free slot that already holds one at least its size (best fit), else the
+//! largest free slot (which grows the least); sizes are compared at [`PLAN_TOKENS`] rows and
+//! context. Handed out last-freed-first instead, the MLP's wide values wander over every
+//! slot: Qwen2.5-0.5B's six slots would all hold 4,864 floats per prompt row where three
+//! suffice (BENCHMARKS.md, "Q5_K prompt panels; prefill buffers").
 
-use crate::ir::{Graph, MemoryPlan};
+use crate::ir::{Dim, Graph, MemoryPlan, ValueInfo};
+
+/// Rows and context at which values' sizes are compared ([`plan_memory`]): a long prompt,
+/// where the buffers are largest. Any value gives a correct plan; it only ranks sizes.
+const PLAN_TOKENS: usize = 512;
+
+/// Elements of `v` at [`PLAN_TOKENS`] rows and context.
+fn plan_size(v: &ValueInfo) -> usize {
+    v.shape
+        .iter()
+        .map(|d| match d {
+            Dim::Tokens | Dim::Context => PLAN_TOKENS,
+            Dim::Fixed(n) => *n,
+        })
+        .fold(1usize, |a, b| a.saturating_mul(b))
+}
 
 /// Plans the slots of `graph` (used by the pass, and by the executor for an unlowered graph).
 pub fn plan_memory(graph: &Graph) -> MemoryPlan {
@@ -18,18 +41,33 @@ pub fn plan_memory(graph: &Graph) -> MemoryPlan {
         }
     }
     let mut slot = vec![u32::MAX; n_values];
+    // Free slots, and each slot's largest value so far.
     let mut free: Vec<u32> = Vec::new();
-    let mut n_slots = 0usize;
-    let mut take = |free: &mut Vec<u32>| {
-        free.pop().unwrap_or_else(|| {
-            n_slots += 1;
-            (n_slots - 1) as u32
-        })
+    let mut largest: Vec<usize> = Vec::new();
+    let mut take = |free: &mut Vec<u32>, size: usize| {
+        let fits = free
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| largest[s as usize] >= size)
+            .min_by_key(|(_, &s)| largest[s as usize]);
+        let pick = fits.or_else(|| free.iter().enumerate().max_by_key(|(_, &s)| largest[s as usize]));
+        let s = match pick.map(|(at, _)| at) {
+            Some(at) => free.swap_remove(at),
+            None => {
+                largest.push(0);
+                (largest.len() - 1) as u32
+            }
+        };
+        largest[s as usize] = largest[s as usize].max(size);
+        s
     };
     for (i, node) in graph.nodes.iter().enumerate() {
         let outs = std::iter::once(node.output).chain(node.side);
         for v in outs.clone() {
-            slot[v.0 as usize] = take(&mut free);
+            // A side output nobody reads is written only when a tap observes it (attention's
+            // probabilities, the SwiGLU's activation): it does not size its slot.
+            let observed_only = node.side == Some(v) && last_use[v.0 as usize].is_none();
+            slot[v.0 as usize] = take(&mut free, if observed_only { 0 } else { plan_size(graph.value(v)) });
         }
         let mut release = |v: crate::ValueId| {
             if graph.logits != Some(v) && slot[v.0 as usize] != u32::MAX {
@@ -48,5 +86,6 @@ pub fn plan_memory(graph: &Graph) -> MemoryPlan {
             }
         }
     }
+    let n_slots = slot.iter().filter(|&&s| s != u32::MAX).map(|&s| s as usize + 1).max().unwrap_or(0);
     MemoryPlan { slot, n_slots }
 }
