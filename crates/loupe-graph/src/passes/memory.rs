@@ -12,7 +12,7 @@
 //! largest free slot (which grows the least); sizes are compared at [`PLAN_TOKENS`] rows and
 //! context. Handed out last-freed-first instead, the MLP's wide values wander over every
 //! slot: Qwen2.5-0.5B's six slots would all hold 4,864 floats per prompt row where three
-//! suffice (BENCHMARKS.md, "Q5_K prompt panels; prefill buffers").
+//! suffice (BENCHMARKS.md, "2026-11-30 (night)": prefill buffers planned by size).
 
 use crate::ir::{Dim, Graph, MemoryPlan, ValueInfo};
 
