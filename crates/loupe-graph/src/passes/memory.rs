@@ -14,7 +14,7 @@
 //! slot: Qwen2.5-0.5B's six slots would all hold 4,864 floats per prompt row where three
 //! suffice (BENCHMARKS.md, "2026-11-30 (night)": prefill buffers planned by size).
 
-use crate::ir::{Dim, Graph, MemoryPlan, ValueInfo};
+use crate::ir::{Graph, MemoryPlan, ValueInfo};
 
 /// Rows and context at which values' sizes are compared ([`plan_memory`]): a long prompt,
 /// where the buffers are largest. Any value gives a correct plan; it only ranks sizes.
@@ -22,13 +22,7 @@ const PLAN_TOKENS: usize = 512;
 
 /// Elements of `v` at [`PLAN_TOKENS`] rows and context.
 fn plan_size(v: &ValueInfo) -> usize {
-    v.shape
-        .iter()
-        .map(|d| match d {
-            Dim::Tokens | Dim::Context => PLAN_TOKENS,
-            Dim::Fixed(n) => *n,
-        })
-        .fold(1usize, |a, b| a.saturating_mul(b))
+    v.concrete_shape(PLAN_TOKENS, PLAN_TOKENS).into_iter().fold(1, usize::saturating_mul)
 }
 
 /// Plans the slots of `graph` (used by the pass, and by the executor for an unlowered graph).
