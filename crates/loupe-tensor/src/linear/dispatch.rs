@@ -50,7 +50,7 @@ pub(crate) fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
 
 /// Which 512-bit multi-row kernel `ty` takes at `isa`: `Some(false)` its own AVX-512
 /// arithmetic, `Some(true)` the AVX2 arithmetic two blocks per vector (the types that take
-/// the AVX2 arithmetic at AVX-512 and have a pairs kernel: Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_0),
+/// the AVX2 arithmetic at AVX-512 and have a pairs kernel: Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_K, Q4_0),
 /// `None` the AVX2 multi-row kernel.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
@@ -58,7 +58,7 @@ pub(crate) fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
         None
     } else if !avx2_kernels_at(isa, ty) {
         Some(false)
-    } else if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4_0) {
+    } else if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0) {
         Some(true)
     } else {
         None

@@ -16,7 +16,7 @@
 //! Qwen2.5-0.5B's), Q6_K and Q4_K each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
 //! up to 8 (AVX-512; Q5_0, Q6_K and Q4_K take the AVX2 arithmetic in every path on
-//! AVX-512 machines, Q5_0 and Q6_K two blocks per 512-bit vector) or 4 (AVX2) activation rows, each row keeping its own accumulators
+//! AVX-512 machines, two blocks per 512-bit vector) or 4 (AVX2) activation rows, each row keeping its own accumulators
 //! in exactly the order of the single-row kernel ([`crate::linear::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
 //! are computed vectorized across activation rows (lanes = rows, so each lane does the
@@ -306,7 +306,7 @@ fn batch_act16_in(
                 // Types that run the AVX2 kernels at AVX-512 (`avx2_kernels_at`: Q5_0, Q6_K
                 // and Q4_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
                 // gemv, here), so decode and batch agree there too.
-                // At AVX-512, Q4_1, Q5_0 and Q6_K compute that AVX2 arithmetic two blocks per
+                // At AVX-512, Q4_1, Q5_0, Q6_K, Q4_K and Q4_0 compute that AVX2 arithmetic two blocks per
                 // 512-bit vector (`avx512::act16_rows` with `pairs`, the same bits).
                 unsafe {
                     match rows_kernel {
