@@ -206,7 +206,7 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
         eprintln!(
             "loupe: speculation ({}, up to {} drafts): {} verification steps, {} of {} drafts accepted ({:.0}%), {:.2} tokens per verification",
             drafter.unwrap_or_default(),
-            args.speculation.draft_tokens,
+            args.speculation.draft_tokens(),
             s.verify_steps,
             s.accepted_tokens,
             s.draft_tokens,

@@ -52,8 +52,8 @@ impl Default for SpeculationConfig {
     fn default() -> Self {
         // Prompt lookup as vLLM's `ngram` method sets it up by default (lookup of 1..=5
         // tokens would match single common tokens everywhere; 2..=4 keeps the drafts that
-        // continue a real copy).
-        SpeculationConfig { drafter: Drafter::Ngram { min_ngram: 2, max_ngram: 4 }, max_draft: 5 }
+        // continue a real copy), up to 8 drafts (`loupe --draft-tokens`' default for it).
+        SpeculationConfig { drafter: Drafter::Ngram { min_ngram: 2, max_ngram: 4 }, max_draft: 8 }
     }
 }
 
@@ -100,10 +100,10 @@ impl SpecState {
         SpecState { limit: config.max_draft.clamp(1, 2) }
     }
 
-    /// After a verification of `drafted` tokens of which `accepted` were: one more next
+    /// After a verification of `drafted` tokens of which `accepted` were: twice as many next
     /// time when all were, else as many as were accepted plus one (at least 1).
     pub(crate) fn update(&mut self, drafted: usize, accepted: usize, max: usize) {
-        self.limit = if accepted == drafted { (self.limit + 1).min(max) } else { (accepted + 1).min(max) }.max(1);
+        self.limit = if accepted == drafted { (self.limit * 2).min(max) } else { (accepted + 1).min(max) }.max(1);
     }
 }
 
@@ -281,18 +281,26 @@ mod tests {
 
     #[test]
     fn the_draft_limit_follows_acceptance() {
-        let config = SpeculationConfig { max_draft: 4, ..SpeculationConfig::default() };
+        let config = SpeculationConfig { max_draft: 6, ..SpeculationConfig::default() };
         let mut s = SpecState::new(&config);
         assert_eq!(s.limit, 2);
-        s.update(2, 2, 4);
-        assert_eq!(s.limit, 3);
-        s.update(3, 3, 4);
-        s.update(4, 4, 4);
+        // All accepted: twice as many, up to the most.
+        s.update(2, 2, 6);
         assert_eq!(s.limit, 4);
-        s.update(4, 1, 4);
+        s.update(4, 4, 6);
+        assert_eq!(s.limit, 6);
+        s.update(6, 6, 6);
+        assert_eq!(s.limit, 6);
+        // A draft cut short by what was left (the drafter found fewer) and all accepted.
+        s.update(3, 3, 6);
+        assert_eq!(s.limit, 6);
+        // A rejection: what was accepted plus one.
+        s.update(6, 1, 6);
         assert_eq!(s.limit, 2);
-        s.update(2, 0, 4);
+        s.update(2, 0, 6);
         assert_eq!(s.limit, 1);
+        s.update(1, 1, 6);
+        assert_eq!(s.limit, 2);
         let stats = SpecStats { verify_steps: 4, draft_tokens: 10, accepted_tokens: 6 };
         assert!((stats.acceptance_rate() - 0.6).abs() < 1e-12 && (stats.tokens_per_verify_step() - 2.5).abs() < 1e-12);
     }
