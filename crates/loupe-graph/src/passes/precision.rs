@@ -71,11 +71,11 @@ fn precision_of(graph: &Graph, id: WeightId) -> MatmulPrecision {
 /// 99%, and 8-bit activations for every type put SmolLM2 Q4_1 under it (BENCHMARKS.md), so
 /// the other types decode natively (Q6_K's prompt rows: [`auto_prompt_q8`]).
 ///
-/// Q5_K, the bulk of a Q5_K_M file, takes them too: it has no 16-bit kernel (native runs it
-/// through the per-block reference, 2 GB/s), and its Q8_K activations are rounded exactly
-/// as Q4_K's, on weights with one more bit. No model of the goldens ships Q5_K, so its
-/// agreement rests on that argument, not on a measurement (BENCHMARKS.md, "Q4_0 decode and
-/// fast drafts", its Q5_K_M paragraph).
+/// Q5_K, the bulk of a Q5_K_M file, takes them too: its Q8_K kernels decode faster than
+/// its 16-bit ones (the AVX2 Act16 arithmetic, which native runs), and its Q8_K activations
+/// are rounded exactly as Q4_K's, on weights with one more bit. No model of the goldens
+/// ships Q5_K, so its agreement rests on that argument, not on a measurement (BENCHMARKS.md,
+/// "Q4_0 decode and fast drafts", its Q5_K_M paragraph).
 pub fn auto_takes_q8(ty: loupe_tensor::GgmlType) -> bool {
     matches!(ty, loupe_tensor::GgmlType::Q4K | loupe_tensor::GgmlType::Q5K)
 }

@@ -12,7 +12,7 @@ use crate::GgmlType;
 pub(crate) const MAX_STACK_BLOCKS: usize = 512;
 
 /// Whether [`matmul_wq_group`] can take `w` against `k` activations: Q4_1, Q8_0, Q5_0,
-/// Q6_K, Q4_K or Q4_0 rows of `k` columns, `k` a multiple of the block (32; the K types 256) with at most
+/// Q6_K, Q4_K, Q4_0 or Q5_K rows of `k` columns, `k` a multiple of the block (32; the K types 256) with at most
 /// [`MAX_STACK_BLOCKS`] blocks of 32 (the decode path of [`matmul_wq_invariant`]).
 pub fn can_group(w: &QMatrix, k: usize) -> bool {
     act16_kind(w.ty).is_some()
@@ -24,12 +24,12 @@ pub fn can_group(w: &QMatrix, k: usize) -> bool {
 
 /// Whether a type runs the AVX2 Act16 kernels at `isa` (at or above [`Isa::Avx512`]) too:
 /// every path (single row, gemv, batch) asks this, so decode and batch agree. Q5_0, Q6_K,
-/// Q4_K and Q4_0 have no AVX-512 ones. Q4_1 takes the AVX2 ones on AMX CPUs (Sapphire Rapids class),
+/// Q4_K, Q4_0 and Q5_K have no AVX-512 ones. Q4_1 takes the AVX2 ones on AMX CPUs (Sapphire Rapids class),
 /// where SmolLM2 decoded faster on them, while on AVX-512 CPUs without AMX the AVX-512 kernel
 /// was slightly ahead (BENCHMARKS.md, "Measurements once in doc comments").
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn avx2_kernels_at(isa: Isa, ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0)
+    matches!(ty, GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0 | GgmlType::Q5K)
         || (isa >= Isa::Amx && ty == GgmlType::Q4_1)
 }
 
@@ -50,7 +50,7 @@ pub(crate) fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
 
 /// Which 512-bit multi-row kernel `ty` takes at `isa`: `Some(false)` its own AVX-512
 /// arithmetic, `Some(true)` the AVX2 arithmetic two blocks per vector (the types that take
-/// the AVX2 arithmetic at AVX-512 and have a pairs kernel: Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_K, Q4_0),
+/// the AVX2 arithmetic at AVX-512 and have a pairs kernel: Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_K, Q4_0, Q5_K),
 /// `None` the AVX2 multi-row kernel.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
@@ -58,7 +58,10 @@ pub(crate) fn avx512_rows_kernel(isa: Isa, ty: GgmlType) -> Option<bool> {
         None
     } else if !avx2_kernels_at(isa, ty) {
         Some(false)
-    } else if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0) {
+    } else if matches!(
+        ty,
+        GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0 | GgmlType::Q5K
+    ) {
         Some(true)
     } else {
         None

@@ -8,7 +8,7 @@
 //! activations (see BENCHMARKS.md / the engine issue's closing note).
 //!
 //! * decode (`m == 1`): a fused dequantize-and-dot per weight row, rows split over threads;
-//!   for Q4_1/Q8_0/Q5_0/Q6_K/Q4_K the activation row is first quantized to 16-bit blocks ([`Act16`]),
+//!   for Q4_1/Q8_0/Q5_0/Q6_K/Q4_K/Q4_0/Q5_K the activation row is first quantized to 16-bit blocks ([`Act16`]),
 //!   exact integer products with error under 2^-16 of each block's largest activation
 //!   (100% argmax agreement on the goldens through the decode path, see
 //!   `tests/native_agreement.rs`), for half the vector work of widening weights to f32;

@@ -2,8 +2,16 @@ use super::*;
 use crate::testing::{quant_matrix as matrix, signed};
 use loupe_core::GgmlType;
 
-const TYPES: [GgmlType; 7] =
-    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16];
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::F16,
+];
 
 /// Every output is the FMA chain of its row and weight row, written out here, on every ISA
 /// this CPU has; a last panel of 5 rows and row counts past and under a tile.

@@ -1,5 +1,5 @@
 //! AVX2 (+FMA, F16C) kernels: the single-row Act16 dots that `decode::dot_row_act16`
-//! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, Q6_K and Q4_K, at `Avx512` too), and their
+//! runs at [`crate::quant::Isa::Avx2`] (and, for Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K, at `Avx512` too), and their
 //! multi-row twins, which repeat the single-row arithmetic per activation row.
 //!
 //! Per block `b` of 32: the 32 weights widened to two vectors of 16 i16, each
@@ -7,8 +7,8 @@
 //! 4 products of |w| <= 128 and |q| <= 32767 per lane, < 2^24 so the f32
 //! conversion is exact too; Q6_K's weights carry their sub-block scale, |w| <= 4096,
 //! lanes < 2^29 exact in i32 and rounded once by the conversion, see [`q6_k`]), converted, and FMA'd with `d * scale` broadcast into
-//! accumulator `b % 2` (Q6_K / Q4_K: a super-block of 8 blocks per iteration, same
-//! order); Q4_1's (Q4_K's `-(dmin * m)`) `m * sum` is added to a scalar offset from +0.0 block
+//! accumulator `b % 2` (Q6_K / Q4_K / Q5_K: a super-block of 8 blocks per iteration, same
+//! order); Q4_1's (Q4_K's and Q5_K's `-(dmin * m)`) `m * sum` is added to a scalar offset from +0.0 block
 //! by block. Result: `hsum(acc0 + acc1) (+ offset)`.
 
 use std::arch::x86_64::*;
@@ -32,6 +32,13 @@ pub unsafe fn dot_q4_k_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
     dot_dm_act16::<Q4_K>(w, q, ss)
 }
 
+/// Q5_K row x 16-bit activations: [`dot_q4_k_act16`]'s arithmetic on the 5-bit codes of
+/// [`q5_k`] (`w.len() == 176 * q.len() / 256`). Also the kernel of AVX-512 machines.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q5_k_act16(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
+    dot_dm_act16::<Q5_K>(w, q, ss)
+}
+
 /// The offset formats (`value = d q + m`): per block `d * scale` FMA'd with the exact
 /// integer dot into accumulator `b % 2`, `m * sum` added to a scalar offset from +0.0.
 #[inline]
@@ -41,14 +48,14 @@ unsafe fn dot_dm_act16<const KIND: u8>(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
     let (wp, qp, sp) = (w.as_ptr(), q.as_ptr(), ss.as_ptr());
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut off = 0f32;
-    // Q4_K: the super-block's 8 (d', m') pairs, decoded at its first block.
+    // Q4_K / Q5_K: the super-block's 8 (d', m') pairs, decoded at its first block.
     let mut dms = ([0f32; 8], [0f32; 8]);
     macro_rules! step {
         ($b:expr, $acc:ident) => {{
             let b = $b;
-            let (d, m) = if KIND == Q4_K {
+            let (d, m) = if KIND == Q4_K || KIND == Q5_K {
                 if b % 8 == 0 {
-                    dms = q4_k_dms(wp.add(b / 8 * 144));
+                    dms = q4_k_dms(wp.add(b / 8 * k_super_bytes(KIND)));
                 }
                 (dms.0[b % 8], dms.1[b % 8])
             } else {

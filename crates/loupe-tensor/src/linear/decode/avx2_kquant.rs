@@ -25,9 +25,10 @@ use std::arch::x86_64::*;
 
 use super::avx2_f32::{block32, fma8, nibbles};
 use crate::linear::simd::avx2::{f16_at, hsum, scales_mins_q4k};
-use crate::quant::blocks::{read, scale_min_k4, BlockQ4K, BlockQ6K, QK_K};
+use crate::quant::blocks::{read, scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 
 const Q4K_BYTES: usize = 144;
+const Q5K_BYTES: usize = 176;
 const Q6K_BYTES: usize = 210;
 // Byte offsets inside `block_q4_K` / `block_q6_K`.
 const Q4K_SCALES: usize = 4;
@@ -148,21 +149,50 @@ pub(crate) unsafe fn dot_q6_k(w: &[u8], x: &[f32]) -> f32 {
 pub(crate) unsafe fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
     for (blk, out) in src.chunks_exact(Q4K_BYTES).zip(dst.chunks_exact_mut(QK_K)) {
         let b: BlockQ4K = read(blk, 0);
-        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        let (sc, mn) = scale_min_k4(&b.scales);
-        let o = out.as_mut_ptr();
-        for j in 0..4 {
-            let q = b.qs.as_ptr().add(32 * j);
-            let (lo0, hi0) = nibbles(_mm_loadu_si128(q.cast()));
-            let (lo1, hi1) = nibbles(_mm_loadu_si128(q.add(16).cast()));
-            for (sub, lo, hi) in [(2 * j, lo0, lo1), (2 * j + 1, hi0, hi1)] {
-                let dl = _mm256_set1_ps(d * sc[sub] as f32);
-                let ml = _mm256_set1_ps(dmin * mn[sub] as f32);
-                let os = o.add(32 * sub);
-                for (i, v) in [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)].into_iter().enumerate() {
-                    let qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                    _mm256_storeu_ps(os.add(8 * i), _mm256_sub_ps(_mm256_mul_ps(dl, qf), ml));
-                }
+        dequant_q45_k(b.d.to_f32(), b.dmin.to_f32(), &b.scales, &b.qs, None, out);
+    }
+}
+
+/// Dequantizes a Q5_K row bit-identically to `quant::dequant::q5_k`: [`dequant_q4_k`]'s
+/// arithmetic on the 5-bit codes (the nibble, plus 16 where bit `j` of `qh[l]` is set
+/// for element `l` of sub-block `j`).
+///
+/// # Safety
+/// AVX2 + FMA; `src` whole 176-byte super-blocks, `dst` 256 floats per super-block.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
+    for (blk, out) in src.chunks_exact(Q5K_BYTES).zip(dst.chunks_exact_mut(QK_K)) {
+        let b: BlockQ5K = read(blk, 0);
+        dequant_q45_k(b.d.to_f32(), b.dmin.to_f32(), &b.scales, &b.qs, Some(&b.qh), out);
+    }
+}
+
+/// One Q4_K / Q5_K super-block (`qh`: Q5_K's fifth bits) into the 256 floats of `out`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dequant_q45_k(d: f32, dmin: f32, scales: &[u8; 12], qs: &[u8; 128], qh: Option<&[u8; 32]>, out: &mut [f32]) {
+    let (sc, mn) = scale_min_k4(scales);
+    let o = out.as_mut_ptr();
+    // Bit `sub` of each of 16 `qh` bytes, moved to bit 4 (a 16-bit shift by sub < 8 brings
+    // no bit of a high byte into a low one).
+    let fifth = |h: __m128i, sub: usize| {
+        _mm_slli_epi16::<4>(_mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128(sub as i32)), _mm_set1_epi8(1)))
+    };
+    for j in 0..4 {
+        let q = qs.as_ptr().add(32 * j);
+        let (lo0, hi0) = nibbles(_mm_loadu_si128(q.cast()));
+        let (lo1, hi1) = nibbles(_mm_loadu_si128(q.add(16).cast()));
+        for (sub, mut lo, mut hi) in [(2 * j, lo0, lo1), (2 * j + 1, hi0, hi1)] {
+            if let Some(qh) = qh {
+                lo = _mm_or_si128(lo, fifth(_mm_loadu_si128(qh.as_ptr().cast()), sub));
+                hi = _mm_or_si128(hi, fifth(_mm_loadu_si128(qh.as_ptr().add(16).cast()), sub));
+            }
+            let dl = _mm256_set1_ps(d * sc[sub] as f32);
+            let ml = _mm256_set1_ps(dmin * mn[sub] as f32);
+            let os = o.add(32 * sub);
+            for (i, v) in [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)].into_iter().enumerate() {
+                let qf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+                _mm256_storeu_ps(os.add(8 * i), _mm256_sub_ps(_mm256_mul_ps(dl, qf), ml));
             }
         }
     }

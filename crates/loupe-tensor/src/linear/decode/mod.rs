@@ -1,5 +1,5 @@
 //! One activation row against weight rows: the dot products of decode, one weight row at a
-//! time. Against 16-bit activation blocks ([`Act16`]) for Q4_1, Q8_0, Q5_0, Q6_K, Q4_K and Q4_0
+//! time. Against 16-bit activation blocks ([`Act16`]) for Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K
 //! (exact integer products; `--precision native`'s 100% argmax agreement), against f32
 //! activations for every other type. Dispatch by ISA here; each ISA's kernels in its file,
 //! the portable references in `scalar`.
@@ -25,13 +25,13 @@ use super::dispatch::avx2_kernels_at;
 use crate::quant::{dequantize_row, Isa};
 use crate::{GgmlType, TensorError};
 
-/// Dot of one Q4_1, Q8_0, Q5_0, Q6_K, Q4_K or Q4_0 weight row with 16-bit activation blocks (the
-/// K types: rows of whole 256-element super-blocks). Q5_0, Q6_K, Q4_K and Q4_0 have AVX2 kernels only: at
+/// Dot of one Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0 or Q5_K weight row with 16-bit activation blocks (the
+/// K types: rows of whole 256-element super-blocks). Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K have AVX2 kernels only: at
 /// [`Isa::Avx512`] they run those, as the GEMV and the batch-invariant kernels do for them.
 pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Result<f32, TensorError> {
     let blocks = act.q.len() / 32;
     let per = ty.block_size();
-    let takes = per == 32 || matches!(ty, GgmlType::Q6K | GgmlType::Q4K);
+    let takes = per == 32 || matches!(ty, GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q5K);
     if !act.q.len().is_multiple_of(32)
         || act.scale_sum.len() != 2 * blocks
         || !takes
@@ -60,6 +60,8 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             GgmlType::Q6K => return Ok(unsafe { avx2::dot_q6_k_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above (whole super-blocks checked above).
             GgmlType::Q4K => return Ok(unsafe { avx2::dot_q4_k_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above (whole super-blocks checked above).
+            GgmlType::Q5K => return Ok(unsafe { avx2::dot_q5_k_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above.
             GgmlType::Q4_0 => return Ok(unsafe { avx2::dot_q4_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
@@ -75,6 +77,8 @@ pub fn dot_row_act16(isa: Isa, ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> R
             GgmlType::Q6K => return Ok(unsafe { avx2::dot_q6_k_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above (whole super-blocks checked above).
             GgmlType::Q4K => return Ok(unsafe { avx2::dot_q4_k_act16(w_row, act.q, act.scale_sum) }),
+            // SAFETY: as above (whole super-blocks checked above).
+            GgmlType::Q5K => return Ok(unsafe { avx2::dot_q5_k_act16(w_row, act.q, act.scale_sum) }),
             // SAFETY: as above.
             GgmlType::Q4_0 => return Ok(unsafe { avx2::dot_q4_0_act16(w_row, act.q, act.scale_sum) }),
             _ => {}
@@ -143,7 +147,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
     dot_row_scalar(ty, w_row, x)
 }
 
-/// Dequantizes one row, with AVX-512 for Q4_1 / Q5_0 / Q8_0 and AVX2 for Q4_K/Q6_K;
+/// Dequantizes one row, with AVX-512 for Q4_1 / Q5_0 / Q8_0 and AVX2 for Q4_K / Q5_K / Q6_K;
 /// bit-identical to [`dequantize_row`].
 pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
@@ -157,7 +161,7 @@ pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<
     }
     #[cfg(target_arch = "x86_64")]
     if Isa::active() >= Isa::Avx2
-        && matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+        && matches!(ty, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K)
         && dst.len().is_multiple_of(ty.block_size())
         && src.len() == dst.len() / ty.block_size() * ty.type_size()
     {
@@ -166,6 +170,7 @@ pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<
         unsafe {
             match ty {
                 GgmlType::Q4K => avx2_kquant::dequant_q4_k(src, dst),
+                GgmlType::Q5K => avx2_kquant::dequant_q5_k(src, dst),
                 _ => avx2_kquant::dequant_q6_k(src, dst),
             }
         }

@@ -16,8 +16,8 @@ pub fn dot_row_act16_scalar(ty: GgmlType, w_row: &[u8], act: &Act16<'_>) -> Resu
     if ty == GgmlType::Q6K {
         return Ok(dot_q6_k_act16_scalar(w_row, act));
     }
-    if ty == GgmlType::Q4K {
-        return Ok(dot_q4_k_act16_scalar(w_row, act));
+    if ty == GgmlType::Q4K || ty == GgmlType::Q5K {
+        return Ok(dot_q4_k_act16_scalar(w_row, act, ty == GgmlType::Q5K));
     }
     let bytes = ty.type_size();
     let mut acc = 0f32;
@@ -87,20 +87,27 @@ fn dot_q6_k_act16_scalar(w_row: &[u8], act: &Act16<'_>) -> f32 {
     acc
 }
 
-/// [`dot_row_act16_scalar`] for Q4_K (super-blocks of 144 bytes): per 32-element sub-block
-/// `j`, `d' = d * sc` and `m' = -(dmin * m)` (exact in f32), the exact integer dot of the
-/// 4-bit codes, and `acc += d' * scale * dot + m' * sum`, Q4_1's form.
-fn dot_q4_k_act16_scalar(w_row: &[u8], act: &Act16<'_>) -> f32 {
+/// [`dot_row_act16_scalar`] for Q4_K (super-blocks of 144 bytes) and, `five`, Q5_K (176
+/// bytes: 32 bytes of fifth bits before the nibbles, bit `j` of `qh[l]` adding 16 to
+/// element `l` of sub-block `j`): per 32-element sub-block `j`, `d' = d * sc` and
+/// `m' = -(dmin * m)` (exact in f32), the exact integer dot of the codes, and
+/// `acc += d' * scale * dot + m' * sum`, Q4_1's form.
+fn dot_q4_k_act16_scalar(w_row: &[u8], act: &Act16<'_>, five: bool) -> f32 {
+    let (sb_bytes, qs_at) = if five { (176, 48) } else { (144, 16) };
     let mut acc = 0f32;
-    for (s, sb) in w_row.chunks_exact(144).enumerate() {
+    for (s, sb) in w_row.chunks_exact(sb_bytes).enumerate() {
         let d = half::f16::from_le_bytes([sb[0], sb[1]]).to_f32();
         let dmin = half::f16::from_le_bytes([sb[2], sb[3]]).to_f32();
         let (sc, mn) = crate::quant::blocks::scale_min_k4(sb[4..16].try_into().unwrap());
         for j in 0..8 {
             let b = 8 * s + j;
             let xq = &act.q[b * 32..(b + 1) * 32];
-            let qs = &sb[16 + 32 * (j / 2)..16 + 32 * (j / 2) + 32];
-            let dot: i32 = qs.iter().zip(xq).map(|(&q, &x)| ((q >> (4 * (j % 2))) & 0x0F) as i32 * x as i32).sum();
+            let qs = &sb[qs_at + 32 * (j / 2)..qs_at + 32 * (j / 2) + 32];
+            let code = |l: usize| {
+                let fifth = if five { ((sb[16 + l] >> j) & 1) << 4 } else { 0 };
+                (((qs[l] >> (4 * (j % 2))) & 0x0F) | fifth) as i32
+            };
+            let dot: i32 = (0..32).map(|l| code(l) * xq[l] as i32).sum();
             let (dp, mp) = (d * sc[j] as f32, -(dmin * mn[j] as f32));
             acc += dp * act.scale_sum[2 * b] * dot as f32 + mp * act.scale_sum[2 * b + 1];
         }

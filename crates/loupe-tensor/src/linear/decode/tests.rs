@@ -31,14 +31,14 @@ fn simd_dequant_equals_reference_bit_for_bit() {
     }
 }
 
-/// Q4_K and Q6_K rows of raw random bytes (every f16 bit pattern for the scales: zero,
+/// Q4_K, Q6_K and Q5_K rows of raw random bytes (every f16 bit pattern for the scales: zero,
 /// subnormal, infinite, NaN) and of small finite scales: the AVX2 dequantizer writes
 /// exactly the scalar one's bits, through `dequantize_row_fast` and called directly
 /// (so the comparison runs under `LOUPE_ISA=scalar` too).
 #[test]
 fn kquant_simd_dequant_equals_reference_bit_for_bit() {
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5K] {
         for (k, seed) in [(256, 1), (512, 2), (4864, 3), (4864, 4)] {
             // Seed 4: any f16 pattern in the scale fields, NaN and infinity included.
             let row = raw_kquant_row(ty, k, seed, seed != 4);
@@ -54,6 +54,7 @@ fn kquant_simd_dequant_equals_reference_bit_for_bit() {
                 unsafe {
                     match ty {
                         GgmlType::Q4K => avx2_kquant::dequant_q4_k(&row, &mut direct),
+                        GgmlType::Q5K => avx2_kquant::dequant_q5_k(&row, &mut direct),
                         _ => avx2_kquant::dequant_q6_k(&row, &mut direct),
                     }
                 }
@@ -93,8 +94,8 @@ fn q4k_scale_unpacking_matches_scale_min_k4() {
     }
 }
 
-/// A Q4_K / Q6_K row of `k` elements of random bytes; with `sane_scales` its f16 scales
-/// (Q4_K's `d` and `dmin`, Q6_K's `d`) are near +-1.
+/// A Q4_K / Q5_K / Q6_K row of `k` elements of random bytes; with `sane_scales` its f16
+/// scales (Q4_K's and Q5_K's `d` and `dmin`, Q6_K's `d`) are near +-1.
 fn raw_kquant_row(ty: GgmlType, k: usize, seed: u32, sane_scales: bool) -> Vec<u8> {
     let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
     let mut byte = || {
@@ -106,7 +107,9 @@ fn raw_kquant_row(ty: GgmlType, k: usize, seed: u32, sane_scales: bool) -> Vec<u
     let bytes = ty.type_size();
     (0..k / ty.block_size() * bytes)
         .map(|i| match (ty, i % bytes) {
-            (GgmlType::Q4K, 1 | 3) | (GgmlType::Q6K, 209) if sane_scales => (0x3B + byte() % 3) | (byte() & 0x80),
+            (GgmlType::Q4K | GgmlType::Q5K, 1 | 3) | (GgmlType::Q6K, 209) if sane_scales => {
+                (0x3B + byte() % 3) | (byte() & 0x80)
+            }
             _ => byte(),
         })
         .collect()
@@ -296,9 +299,14 @@ fn small_block_dots_of_raw_blocks_match_the_scalar_reference() {
 
 #[test]
 fn act16_dot_matches_scalar_reference_and_f32() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0] {
-        let ks: &[usize] =
-            if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { &[256, 768, 1536] } else { &[32, 64, 576, 1536] };
+    for ty in
+        [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0, GgmlType::Q5K]
+    {
+        let ks: &[usize] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q5K) {
+            &[256, 768, 1536]
+        } else {
+            &[32, 64, 576, 1536]
+        };
         for &k in ks {
             let (q, deq) = qmatrix_or_random(ty, 3, k);
             let x = signed(k, 3);
@@ -328,8 +336,8 @@ fn act16_dot_matches_scalar_reference_and_f32() {
     let (mut xq, mut ss) = (vec![0i16; 32], vec![0f32; 2]);
     let act = Act16::quantize(&signed(32, 1), &mut xq, &mut ss);
     assert!(dot_row_act16(Isa::active(), GgmlType::Q4_1, q.row(0), &act).is_err());
-    // Q6_K / Q4_K: only whole super-blocks against exactly their activations.
-    for ty in [GgmlType::Q6K, GgmlType::Q4K] {
+    // Q6_K / Q4_K / Q5_K: only whole super-blocks against exactly their activations.
+    for ty in [GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q5K] {
         let row = raw_kquant_row(ty, 1024, 3, true);
         for k in [896, 768, 1280, 32] {
             let (mut xq, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
@@ -382,54 +390,60 @@ fn q6_k_unpacking_matches_dequantize() {
     }
 }
 
-/// The AVX2 unpacking of a Q4_K Act16 block gives its 4-bit codes and [`q4_k_dm`] its
-/// `(d * sc, -(dmin * m))`: with them, `d' q + m'` is the dequantized value bit for bit
-/// (`quant::dequant::q4_k` rounds `d * sc`, `dmin * m` (both exact), then `dl q - ml`),
-/// on raw random super-blocks (every code, scale and min).
+/// The AVX2 unpacking of a Q4_K (Q5_K) Act16 block gives its 4-bit (5-bit: the nibble and
+/// the fifth bit from `qh`) codes and [`q4_k_dm`] its `(d * sc, -(dmin * m))`: with them,
+/// `d' q + m'` is the dequantized value bit for bit (`quant::dequant` rounds `d * sc`,
+/// `dmin * m` (both exact), then `dl q - ml`), on raw random super-blocks (every code,
+/// scale, min and fifth bit) and one of all-ones bytes.
 #[test]
-fn q4_k_unpacking_matches_dequantize() {
+fn q4_k_and_q5_k_unpacking_matches_dequantize() {
     #[cfg(target_arch = "x86_64")]
     if Isa::detected() >= Isa::Avx2 {
-        let mut row = raw_kquant_row(GgmlType::Q4K, 256 * 64, 7, true);
-        row.extend(vec![0xFFu8; 144]);
-        let last = row.len() - 144;
-        row[last..last + 4].copy_from_slice(&[0x00, 0x3C, 0x00, 0xBC]);
-        for sb in row.chunks_exact(144) {
-            let mut want = [0f32; 256];
-            dequantize_row(GgmlType::Q4K, sb, &mut want).unwrap();
-            for b in 0..8 {
-                let mut got = [0i16; 32];
-                // SAFETY: AVX2 checked above; `sb` is one whole 144-byte super-block
-                // holding blocks 0..8.
-                let (d, m) = unsafe {
-                    use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
-                    let (lo, hi) = crate::linear::simd::avx2::q4_k(sb.as_ptr(), b);
-                    _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
-                    _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
-                    let (ds, ms) = crate::linear::simd::avx2::q4_k_dms(sb.as_ptr());
-                    let dm = crate::linear::simd::avx2::q4_k_dm(sb.as_ptr(), b);
-                    assert_eq!(
-                        (ds[b].to_bits(), ms[b].to_bits()),
-                        (dm.0.to_bits(), dm.1.to_bits()),
-                        "block {b}: q4_k_dms vs q4_k_dm"
-                    );
-                    dm
-                };
-                assert!(got.iter().all(|&q| (0..16).contains(&q)), "block {b}: codes {got:?}");
-                let value: Vec<f32> = got.iter().map(|&q| d * q as f32 + m).collect();
-                assert_eq!(value, want[32 * b..32 * b + 32], "block {b} of {sb:02x?}");
+        use crate::linear::simd::avx2::{q4_k, q4_k_dm, q4_k_dms, q5_k};
+        type Unpack = unsafe fn(*const u8, usize) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i);
+        for (ty, unpack, codes) in [(GgmlType::Q4K, q4_k as Unpack, 16), (GgmlType::Q5K, q5_k as Unpack, 32)] {
+            let sb_bytes = ty.type_size();
+            let mut row = raw_kquant_row(ty, 256 * 64, 7, true);
+            row.extend(vec![0xFFu8; sb_bytes]);
+            let last = row.len() - sb_bytes;
+            row[last..last + 4].copy_from_slice(&[0x00, 0x3C, 0x00, 0xBC]);
+            for sb in row.chunks_exact(sb_bytes) {
+                let mut want = [0f32; 256];
+                dequantize_row(ty, sb, &mut want).unwrap();
+                for b in 0..8 {
+                    let mut got = [0i16; 32];
+                    // SAFETY: AVX2 checked above; `sb` is one whole super-block of `ty`
+                    // holding blocks 0..8.
+                    let (d, m) = unsafe {
+                        use std::arch::x86_64::{__m256i, _mm256_storeu_si256};
+                        let (lo, hi) = unpack(sb.as_ptr(), b);
+                        _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, lo);
+                        _mm256_storeu_si256(got.as_mut_ptr().add(16) as *mut __m256i, hi);
+                        let (ds, ms) = q4_k_dms(sb.as_ptr());
+                        let dm = q4_k_dm(sb.as_ptr(), b);
+                        assert_eq!(
+                            (ds[b].to_bits(), ms[b].to_bits()),
+                            (dm.0.to_bits(), dm.1.to_bits()),
+                            "{ty} block {b}: q4_k_dms vs q4_k_dm"
+                        );
+                        dm
+                    };
+                    assert!(got.iter().all(|&q| (0..codes).contains(&q)), "{ty} block {b}: codes {got:?}");
+                    let value: Vec<f32> = got.iter().map(|&q| d * q as f32 + m).collect();
+                    assert_eq!(value, want[32 * b..32 * b + 32], "{ty} block {b} of {sb:02x?}");
+                }
             }
         }
     }
 }
 
-/// Q4_K and Q6_K rows of raw random super-blocks (every code, every scale, `d` and
+/// Q4_K, Q6_K and Q5_K rows of raw random super-blocks (every code, every scale, `d` and
 /// `dmin` near +-1) at 1, 3 and 19 super-blocks: the Act16 dot of every ISA is within
 /// the 16-bit activation error of the f32 reference `dot_row_scalar` (and of an f64
 /// dot), the decode and batched paths give its bits; a 896-wide matrix is refused.
 #[test]
 fn kquant_act16_dot_of_raw_blocks_matches_the_f32_reference() {
-    for ty in [GgmlType::Q4K, GgmlType::Q6K] {
+    for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5K] {
         assert!(
             QMatrix::new(ty, 1, 896, vec![0u8; 896 / 256 * ty.type_size()]).is_err(),
             "{ty}: 896 columns are not whole super-blocks"
@@ -614,10 +628,16 @@ fn qmatrix_or_random(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f3
     }
     let row_bytes = cols / ty.block_size() * ty.type_size();
     let mut bytes: Vec<u8> = signed(rows * row_bytes, 5).iter().map(|v| ((v + 1.0) * 127.0) as u8).collect();
-    // Q6_K ends each block with an f16 scale: make it small and finite.
+    // Q6_K ends each block with an f16 scale, Q4_K and Q5_K start with `d` and `dmin`: make
+    // them small and finite.
     for blk in bytes.chunks_mut(ty.type_size()) {
         let n = blk.len();
-        blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        if matches!(ty, GgmlType::Q4K | GgmlType::Q5K) {
+            blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            blk[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+        } else {
+            blk[n - 2..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        }
     }
     let mut deq = vec![0f32; rows * cols];
     for (r, chunk) in bytes.chunks(row_bytes).enumerate() {

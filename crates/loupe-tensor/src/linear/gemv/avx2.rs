@@ -14,7 +14,7 @@ use crate::pool::OutPtr;
 /// AVX2 driver (see [`super::gemv_rows`] for the contract).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn rows_avx2(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
-    drive!(w, rows, act, out, group_avx2, [Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0])
+    drive!(w, rows, act, out, group_avx2, [Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0, Q5_K])
 }
 
 /// `R` consecutive weight rows at `w` against the activations: per row, the

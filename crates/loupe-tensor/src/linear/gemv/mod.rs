@@ -19,10 +19,10 @@
 //! multi-row kernels (`crate::linear::invariant`), which repeat that arithmetic per activation row,
 //! stay bit-identical to it (tested in `tests.rs` and in `invariant`).
 //!
-//! Q5_0, Q6_K, Q4_K and Q4_0 have AVX2 arithmetic only (single-row, group, multi-row): an AVX-512
+//! Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K have AVX2 arithmetic only (single-row, group, multi-row): an AVX-512
 //! machine runs it for them in every path, so the agreement holds there as well. This decode
 //! group computes Q5_0's and Q4_0's AVX2 arithmetic with 512-bit vectors, two blocks per vector, with
-//! the same bits (`avx512::group_avx512_pairs`); doing the same for Q6_K and Q4_K (two AVX2
+//! the same bits (`avx512::group_avx512_pairs`); doing the same for Q6_K and Q4_K / Q5_K (two AVX2
 //! unpackings joined) measured slower than their AVX2 group (BENCHMARKS.md, "Measurements once in doc comments"). On AMX CPUs Q4_1
 //! takes the AVX2 arithmetic too, in every path (`dispatch::avx2_kernels_at`), where it
 //! decoded faster than the AVX-512 group.
@@ -47,7 +47,7 @@ use crate::pool::OutPtr;
 use crate::quant::Isa;
 use crate::{GgmlType, TensorError};
 
-/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0, Q5_0, Q6_K, Q4_K or Q4_0 with `act` of `w.cols`
+/// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0 or Q5_K with `act` of `w.cols`
 /// activations (checked by the caller, [`crate::linear::invariant`]).
 ///
 /// # Safety
@@ -64,7 +64,7 @@ pub(crate) unsafe fn gemv_rows(
 ) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && act16_kind(w.ty).is_some() {
-        // Q5_0 / Q6_K / Q4_K / Q4_0 (and Q4_1 on AMX CPUs): the AVX2 kernels at AVX-512 too, as
+        // Q5_0 / Q6_K / Q4_K / Q4_0 / Q5_K (and Q4_1 on AMX CPUs): the AVX2 kernels at AVX-512 too, as
         // `decode::dot_row_act16` and `batch` run (`dispatch::avx2_kernels_at`).
         if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
             avx512::rows_avx512(w, rows, act, out);

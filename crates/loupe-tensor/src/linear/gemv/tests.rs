@@ -2,10 +2,14 @@ use super::*;
 use crate::linear::decode::dot_row_act16;
 use crate::testing::activations;
 
-/// `n x k` of `ty`: quantized from [`data`], or for Q6_K / Q4_K (no quantizer) random
-/// bytes with each super-block's f16 `d` (and Q4_K's `dmin`) small and finite.
+/// The Act16 types.
+const KINDS: [GgmlType; 7] =
+    [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0, GgmlType::Q5K];
+
+/// `n x k` of `ty`: quantized from [`data`], or for Q6_K / Q4_K / Q5_K (no quantizer) random
+/// bytes with each super-block's f16 `d` (and Q4_K's / Q5_K's `dmin`) small and finite.
 fn matrix(ty: GgmlType, n: usize, k: usize, seed: u32) -> QMatrix {
-    if !matches!(ty, GgmlType::Q6K | GgmlType::Q4K) {
+    if !matches!(ty, GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q5K) {
         return QMatrix::quantize(ty, n, k, &activations(n * k, seed)).unwrap();
     }
     let bytes_per = ty.type_size();
@@ -28,8 +32,8 @@ fn matrix(ty: GgmlType, n: usize, k: usize, seed: u32) -> QMatrix {
 #[test]
 #[allow(clippy::needless_range_loop)]
 fn rows_are_bit_identical_to_the_single_row_dot() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0] {
-        let shapes: &[(usize, usize)] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) {
+    for ty in KINDS {
+        let shapes: &[(usize, usize)] = if matches!(ty, GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q5K) {
             &[(9, 256), (7, 512), (13, 768), (5, 4864)]
         } else {
             &[(9, 32), (7, 64), (13, 576), (5, 1536), (4, 96), (6, 896)]
@@ -68,8 +72,8 @@ fn rows_are_bit_identical_to_the_single_row_dot() {
 /// Q4_1, as the single-row kernels do (the sign of zero is part of the bits).
 #[test]
 fn zero_activations_keep_the_single_row_zero() {
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q4_0] {
-        let (n, k) = (6, if matches!(ty, GgmlType::Q6K | GgmlType::Q4K) { 256 } else { 64 });
+    for ty in KINDS {
+        let (n, k) = (6, if matches!(ty, GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q5K) { 256 } else { 64 });
         let w = matrix(ty, n, k, 5);
         let x = vec![0f32; k];
         let mut q = vec![0i16; k];

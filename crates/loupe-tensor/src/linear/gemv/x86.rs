@@ -16,7 +16,7 @@ pub const ROWS: usize = 4;
 /// Q4_1: `p[2 * (b * R + r)] = d_{r,b} * scale_b` and `p[2 * (b * R + r) + 1] = m_{r,b} *
 /// sum_b`; the offset of row `r` is `sum_b m_{r,b} * sum_b`, added block by block from
 /// +0.0. Q8_0, Q5_0 and Q6_K: `p[b * R + r] = d_{r,b} * scale_b` (Q6_K: its super-block's
-/// `d`), offsets 0. Q4_K: `p[b * R + r] = d'_{r,b} * scale_b` and the offset `sum_b
+/// `d`), offsets 0. Q4_K and Q5_K: `p[b * R + r] = d'_{r,b} * scale_b` and the offset `sum_b
 /// m'_{r,b} * sum_b` with `d' = d * sc`, `m' = -(dmin * m)` (`avx2::q4_k_dms`). `[d, m] * [scale, sum]` as
 /// a lane multiply and the offset as a lane add are the operations of both single-row
 /// kernels (the AVX2 one spells them as scalar f32 operations; IEEE makes them the same).
@@ -35,7 +35,7 @@ pub(crate) unsafe fn prepare<const R: usize, const KIND: u8>(
     p: *mut f32,
 ) -> [f32; R] {
     let mut offsets = [0f32; R];
-    if R == 4 && KIND != Q4_K {
+    if R == 4 && KIND != Q4_K && KIND != Q5_K {
         let rd32 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 20) as *const i32);
         let rd16 =
             |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + d_at(KIND, b)) as *const u16) as u64;
@@ -64,12 +64,12 @@ pub(crate) unsafe fn prepare<const R: usize, const KIND: u8>(
         return offsets;
     }
     let mut off = [_mm_setzero_ps(); R];
-    if KIND == Q4_K {
+    if KIND == Q4_K || KIND == Q5_K {
         // [d', m'] * [scale, sum] (`avx2::q4_k_dms`, a super-block's 8 at a time), the
         // single-row kernel's products; each row's offset added block by block.
         for s in 0..blocks / 8 {
             for r in 0..R {
-                let (d, m) = avx2::q4_k_dms(w.add(r * row_bytes + s * 144));
+                let (d, m) = avx2::q4_k_dms(w.add(r * row_bytes + s * k_super_bytes(KIND)));
                 for j in 0..8 {
                     let b = 8 * s + j;
                     let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));
@@ -81,7 +81,7 @@ pub(crate) unsafe fn prepare<const R: usize, const KIND: u8>(
         }
     }
     for b in 0..blocks {
-        if KIND == Q4_K {
+        if KIND == Q4_K || KIND == Q5_K {
             break;
         } else if KIND == Q4_1 {
             let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));
@@ -157,7 +157,7 @@ pub(crate) unsafe fn prefetch_pair<const R: usize, const KIND: u8>(
 macro_rules! block_pairs {
     ($kind:expr, $blocks:expr, $prefetch:expr, $step:ident, $acc0:ident, $acc1:ident) => {{
         let mut b = 0;
-        if $kind == Q6_K || $kind == Q4_K {
+        if is_k($kind) {
             for s in 0..$blocks / 8 {
                 let b8 = 8 * s;
                 $prefetch(b8);

@@ -61,6 +61,10 @@ pub(crate) unsafe fn act16_rows(
                     (Q4_K, 3) => &tile::<3, Q4_K>(row, blocks, q, k, pi),
                     (Q4_K, 2) => &tile::<2, Q4_K>(row, blocks, q, k, pi),
                     (Q4_K, _) => &tile::<1, Q4_K>(row, blocks, q, k, pi),
+                    (Q5_K, 4) => &tile::<4, Q5_K>(row, blocks, q, k, pi),
+                    (Q5_K, 3) => &tile::<3, Q5_K>(row, blocks, q, k, pi),
+                    (Q5_K, 2) => &tile::<2, Q5_K>(row, blocks, q, k, pi),
+                    (Q5_K, _) => &tile::<1, Q5_K>(row, blocks, q, k, pi),
                     (_, 4) => &tile::<4, Q8_0>(row, blocks, q, k, pi),
                     (_, 3) => &tile::<3, Q8_0>(row, blocks, q, k, pi),
                     (_, 2) => &tile::<2, Q8_0>(row, blocks, q, k, pi),
@@ -87,11 +91,11 @@ unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<us
     let blocks = act.blocks;
     let offset = has_offset(kind);
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
-    // Q4_K: every block's (d', m') decoded once per weight row.
+    // Q4_K / Q5_K: every block's (d', m') decoded once per weight row.
     let mut q4k = [[0f32; 8]; 2 * super::MAX_STACK_BLOCKS / 8];
-    if kind == Q4_K {
+    if kind == Q4_K || kind == Q5_K {
         for s in 0..blocks / 8 {
-            (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * 144));
+            (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * k_super_bytes(kind)));
         }
     }
     for c in i_rows.step_by(8) {
@@ -100,7 +104,7 @@ unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<us
             let at = lane_at(c, b, blocks);
             let (dv, mv) = match kind {
                 Q4_1 => dm_at::<Q4_1>(row, b),
-                Q4_K => (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]),
+                Q4_K | Q5_K => (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]),
                 _ => (f16_at(row.add(d_at(kind, b))), 0.0),
             };
             let d = _mm256_set1_ps(dv);

@@ -16,13 +16,13 @@ use crate::pool::OutPtr;
 /// `off` `mp` floats of scratch (`mp`: `act.m` rounded up to [`LANES`]).
 ///
 /// `pairs`: the types that take the AVX2 arithmetic at AVX-512 (`super::avx2_kernels_at`),
-/// Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_K and Q4_0, bit for bit `super::avx2::act16_rows` (and so the decode
+/// Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K, bit for bit `super::avx2::act16_rows` (and so the decode
 /// dot) with half its vector instructions per block and 8 activation rows per weight row
 /// instead of 4 ([`tile_pairs`]). [`prepare`] computes the same f32 products and
 /// block-ordered offset sums as the AVX2 one.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1, Q5_0, Q6_K, Q4_K or Q4_0)
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C; `w.ty` is Q4_1 or Q8_0 (`pairs`: Q4_1, Q5_0, Q6_K, Q4_K, Q4_0 or Q5_K)
 /// with `w.cols == act.k`; the caller owns columns `rows` of `y`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
 pub(crate) unsafe fn act16_rows(
@@ -50,7 +50,7 @@ pub(crate) unsafe fn act16_rows(
     }
 }
 
-/// One Q4_1, Q5_0, Q6_K, Q4_K or Q4_0 weight row against `NA` activation rows (see [`tile_q4_1`] for the
+/// One Q4_1, Q5_0, Q6_K, Q4_K, Q4_0 or Q5_K weight row against `NA` activation rows (see [`tile_q4_1`] for the
 /// arguments), bit for bit `super::avx2::tile`: blocks `b` (even) and `b + 1` share one
 /// 512-bit vector, `b` in the low 256 bits and `b + 1` in the high ones. One
 /// `vpmaddwd` pair then gives in lanes 0..8 block `b`'s eight i32 lanes of the AVX2
@@ -75,7 +75,7 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
     let mut acc = [_mm512_setzero_ps(); NA];
     let mut b = 0;
     while b + 2 <= blocks {
-        let (wlo, whi) = if KIND == Q6_K || KIND == Q4_K {
+        let (wlo, whi) = if is_k(KIND) {
             // Blocks b and b + 1 lie in one super-block (b is even, 8 blocks to one).
             let ((l0, h0), (l1, h1)) = (avx2::unpack::<KIND>(w, b), avx2::unpack::<KIND>(w, b + 1));
             (
@@ -149,7 +149,7 @@ unsafe fn chunk_rows<const PAIRS: bool>(
     while i < m {
         let na = (m - i).min(8);
         let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(lane_at(i, 0, blocks)), y.add(i * n));
-        // Q8_0, Q5_0, Q6_K and Q4_0 add no offset (a null `off`, see `store`); Q4_1 and Q4_K do.
+        // Q8_0, Q5_0, Q6_K and Q4_0 add no offset (a null `off`, see `store`); Q4_1, Q4_K and Q5_K do.
         let o = if offset { off.as_ptr().add(i) } else { std::ptr::null() };
         macro_rules! run {
             ($tile:ident $(, $kind:ident)?) => {
@@ -169,6 +169,7 @@ unsafe fn chunk_rows<const PAIRS: bool>(
             (true, Q4_1) => run!(tile_pairs, Q4_1),
             (true, Q6_K) => run!(tile_pairs, Q6_K),
             (true, Q4_K) => run!(tile_pairs, Q4_K),
+            (true, Q5_K) => run!(tile_pairs, Q5_K),
             (true, Q4_0) => run!(tile_pairs, Q4_0),
             (true, _) => run!(tile_pairs, Q5_0),
             (false, Q4_1) => run!(tile_q4_1),
@@ -202,18 +203,18 @@ unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *cons
 unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
     let blocks = act.blocks;
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
-    // Q4_K: every block's (d', m') decoded once per weight row, as the AVX2 `prepare`.
+    // Q4_K / Q5_K: every block's (d', m') decoded once per weight row, as the AVX2 `prepare`.
     let mut q4k = [[0f32; 8]; 2 * super::MAX_STACK_BLOCKS / 8];
-    if kind == Q4_K {
+    if kind == Q4_K || kind == Q5_K {
         for s in 0..blocks / 8 {
-            (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * 144));
+            (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * k_super_bytes(kind)));
         }
     }
     for c in i_rows.step_by(16) {
         let mut o = _mm512_setzero_ps();
         for b in 0..blocks {
             let at = lane_at(c, b, blocks);
-            if kind == Q4_K {
+            if kind == Q4_K || kind == Q5_K {
                 let (dv, mv) = (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]);
                 _mm512_storeu_ps(p.add(at), _mm512_mul_ps(_mm512_set1_ps(dv), _mm512_loadu_ps(st.add(at))));
                 o = _mm512_add_ps(o, _mm512_mul_ps(_mm512_set1_ps(mv), _mm512_loadu_ps(su.add(at))));

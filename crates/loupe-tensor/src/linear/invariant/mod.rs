@@ -13,9 +13,9 @@
 //! to each other, each is to itself across `m`).
 //!
 //! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types), Q5_0 (most of
-//! Qwen2.5-0.5B's), Q6_K and Q4_K each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
+//! Qwen2.5-0.5B's), Q6_K, Q4_K, Q4_0 and Q5_K each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
-//! up to 8 (AVX-512; Q5_0, Q6_K and Q4_K take the AVX2 arithmetic in every path on
+//! up to 8 (AVX-512; Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K take the AVX2 arithmetic in every path on
 //! AVX-512 machines, two blocks per 512-bit vector) or 4 (AVX2) activation rows, each row keeping its own accumulators
 //! in exactly the order of the single-row kernel ([`crate::linear::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`
@@ -303,10 +303,10 @@ fn batch_act16_in(
                 // m rows of k quantized activations and mp-lane transposed scales; the
                 // weight rows are whole rows of `w`; this task alone writes columns
                 // `rows` of y (m x n).
-                // Types that run the AVX2 kernels at AVX-512 (`avx2_kernels_at`: Q5_0, Q6_K
-                // and Q4_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
+                // Types that run the AVX2 kernels at AVX-512 (`avx2_kernels_at`: Q5_0, Q6_K,
+                // Q4_K, Q4_0 and Q5_K everywhere, Q4_1 on AMX CPUs) do so in every path (single row,
                 // gemv, here), so decode and batch agree there too.
-                // At AVX-512, Q4_1, Q5_0, Q6_K, Q4_K and Q4_0 compute that AVX2 arithmetic two blocks per
+                // At AVX-512, Q4_1, Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K compute that AVX2 arithmetic two blocks per
                 // 512-bit vector (`avx512::act16_rows` with `pairs`, the same bits).
                 unsafe {
                     match rows_kernel {

@@ -36,6 +36,8 @@ fn cases() -> Vec<(GgmlType, usize, usize)> {
         (GgmlType::Q6K, 7, 4864),
         (GgmlType::Q4K, 9, 512),
         (GgmlType::Q4K, 7, 4864),
+        (GgmlType::Q5K, 9, 512),
+        (GgmlType::Q5K, 7, 4864),
         (GgmlType::F32, 23, 100),
         (GgmlType::F32, 7, 576),
         (GgmlType::F16, 5, 64),
@@ -79,6 +81,7 @@ fn a_row_keeps_its_bits_whatever_its_neighbours_and_position() {
             (GgmlType::Q5_0, 100, 896),
             (GgmlType::Q6K, 100, 768),
             (GgmlType::Q4K, 100, 768),
+            (GgmlType::Q5K, 100, 768),
             (GgmlType::Q4_0, 100, 896),
             (GgmlType::F32, 50, 576),
         ] {
@@ -111,7 +114,13 @@ fn single_row_equals_matmul_wq_and_the_decode_dot() {
         assert_eq!(bits(&a), bits(&b), "{ty}");
         if matches!(
             ty,
-            GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q6K | GgmlType::Q4K | GgmlType::Q4_0
+            GgmlType::Q4_1
+                | GgmlType::Q8_0
+                | GgmlType::Q5_0
+                | GgmlType::Q6K
+                | GgmlType::Q4K
+                | GgmlType::Q4_0
+                | GgmlType::Q5K
         ) {
             // The single-row Act16 dot of the active ISA (today's decode kernel).
             let (mut q, mut ss) = (vec![0i16; k], vec![0f32; 2 * k / 32]);
@@ -237,7 +246,7 @@ fn a_group_equals_its_matrices_one_by_one() {
     // Q6_K and Q4_K (whole super-blocks: k = 768) mixed with Q5_0 and Q8_0.
     let k6 = 768;
     let mats6: Vec<QMatrix> =
-        [(GgmlType::Q6K, 67), (GgmlType::Q5_0, 100), (GgmlType::Q4K, 30), (GgmlType::Q6K, 256), (GgmlType::Q4K, 5)]
+        [(GgmlType::Q6K, 67), (GgmlType::Q5_0, 100), (GgmlType::Q4K, 30), (GgmlType::Q6K, 256), (GgmlType::Q5K, 5)]
             .iter()
             .enumerate()
             .map(|(s, &(ty, n))| matrix(ty, n, k6, 60 + s as u32).0)

@@ -132,7 +132,7 @@ pub(crate) unsafe fn q6_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
 /// to the first block left (0 for the other kinds).
 macro_rules! super_blocks {
     ($kind:expr, $blocks:expr, $step:ident, $acc0:ident, $acc1:ident) => {{
-        if $kind == Q6_K || $kind == Q4_K {
+        if is_k($kind) {
             for s in 0..$blocks / 8 {
                 let b8 = 8 * s;
                 $step!(b8, $acc0);
@@ -167,6 +167,25 @@ pub(crate) unsafe fn q4_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
     (_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(q)))
 }
 
+/// Q5_K's 32-element Act16 block `b` of a row at `w` (`block_q5_K { f16 d; f16 dmin;
+/// u8 scales[12]; u8 qh[32]; u8 qs[128] }`, 176 bytes per 256 elements): [`q4_k`]'s nibble
+/// of sub-block `j = b % 8` from `qs[32 (j / 2)..][..32]`, plus 16 where bit `j` of `qh[l]`
+/// is set (ggml's `dequantize_row_q5_K`): codes 0..=31, unscaled, as i16. The integer
+/// lanes of [`block_dot`] stay exact in f32 (4 * 31 * 32767 < 2^24).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
+    let (j, sb) = (b % 8, w.add(b / 8 * 176));
+    let v = _mm256_loadu_si256(sb.add(48 + 32 * (j / 2)) as *const __m256i);
+    let low = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j % 2) as i32)), _mm256_set1_epi8(0x0F));
+    // Bit j of each qh byte to bit 0 (a 16-bit shift by j < 8 brings no bit of the high byte
+    // into bit 0 of the low one), then to bit 4 (inside its byte).
+    let qh = _mm256_loadu_si256(sb.add(16) as *const __m256i);
+    let bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)), _mm256_set1_epi8(1));
+    let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(bit));
+    (_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(q)))
+}
+
 /// Block `b` of a row at `w` of `KIND`, elements 0..16 and 16..32 as i16 (the
 /// unpacking every AVX2 Act16 kernel uses; the integer lanes of [`block_dot`] depend
 /// only on it).
@@ -180,6 +199,7 @@ pub(crate) unsafe fn unpack<const KIND: u8>(w: *const u8, b: usize) -> (__m256i,
         Q4_0 => q4_0(blk),
         Q6_K => q6_k(w, b),
         Q4_K => q4_k(w, b),
+        Q5_K => q5_k(w, b),
         _ => bytes(blk),
     }
 }
@@ -194,19 +214,20 @@ pub(crate) unsafe fn block_dot(w: (__m256i, __m256i), q: *const i16) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi))
 }
 
-/// Block `b`'s `(d, m)` of an offset kind: Q4_1's two halves; Q4_K's `d * sc` and
+/// Block `b`'s `(d, m)` of an offset kind: Q4_1's two halves; Q4_K's (Q5_K's) `d * sc` and
 /// `-(dmin * m)` ([`q4_k_dm`]).
 #[inline(always)]
 pub(crate) unsafe fn dm_at<const KIND: u8>(w: *const u8, b: usize) -> (f32, f32) {
-    if KIND == Q4_K {
-        q4_k_dm(w.add(b / 8 * 144), b % 8)
+    if KIND == Q4_K || KIND == Q5_K {
+        q4_k_dm(w.add(b / 8 * k_super_bytes(KIND)), b % 8)
     } else {
         let blk = w.add(b * 20);
         (f16_at(blk), f16_at(blk.add(2)))
     }
 }
 
-/// Sub-block `j`'s `(d * sc, -(dmin * m))` of the Q4_K super-block at `sb` (ggml's
+/// Sub-block `j`'s `(d * sc, -(dmin * m))` of the Q4_K (or Q5_K: the same first 16 bytes)
+/// super-block at `sb` (ggml's
 /// `get_scale_min_k4`; both products of an f16 and a 6-bit integer, exact in f32, and
 /// the negation exact: the value `d sc q - dmin m` is `d' q + m'`).
 #[inline(always)]
