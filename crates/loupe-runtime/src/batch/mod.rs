@@ -668,8 +668,9 @@ impl<'e> BatchEngine<'e> {
                 spec.verify_steps += 1;
                 spec.draft_tokens += draft.len() as u64;
                 spec.accepted_tokens += accepted as u64;
-                let max = self.config.speculation.as_ref().map_or(1, |c| c.max_draft);
-                seq.spec.update(draft.len(), accepted, max);
+                let (max, free) =
+                    self.config.speculation.as_ref().map_or((1, true), |c| (c.max_draft, c.drafter.drafts_are_free()));
+                seq.spec.update(draft.len(), accepted, max, free);
             }
             if let Some(log) = self.spec_log.as_mut().filter(|_| seq.speculate) {
                 let produced: Vec<u32> = new.iter().map(|&(t, _)| t).collect();

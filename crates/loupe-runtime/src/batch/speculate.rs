@@ -29,6 +29,12 @@ pub enum Drafter {
 }
 
 impl Drafter {
+    /// Whether proposing a draft token costs nothing next to a step of the target (prompt
+    /// lookup, a test's function), unlike a draft model's pass per token.
+    pub fn drafts_are_free(&self) -> bool {
+        !matches!(self, Drafter::Model(_))
+    }
+
     /// Its name in flags, logs and reports: `ngram`, `draft`, `custom`.
     pub fn name(&self) -> &'static str {
         match self {
@@ -100,10 +106,13 @@ impl SpecState {
         SpecState { limit: config.max_draft.clamp(1, 2) }
     }
 
-    /// After a verification of `drafted` tokens of which `accepted` were: twice as many next
-    /// time when all were, else as many as were accepted plus one (at least 1).
-    pub(crate) fn update(&mut self, drafted: usize, accepted: usize, max: usize) {
-        self.limit = if accepted == drafted { (self.limit * 2).min(max) } else { (accepted + 1).min(max) }.max(1);
+    /// After a verification of `drafted` tokens of which `accepted` were: more next time when
+    /// all were (twice as many where drafts cost nothing to propose, `free_drafts`: prompt
+    /// lookup reaches a long copied run in a few steps; one more where each costs a pass of
+    /// a draft model), else as many as were accepted plus one (at least 1).
+    pub(crate) fn update(&mut self, drafted: usize, accepted: usize, max: usize, free_drafts: bool) {
+        let grown = if free_drafts { self.limit * 2 } else { self.limit + 1 };
+        self.limit = if accepted == drafted { grown.min(max) } else { (accepted + 1).min(max) }.max(1);
     }
 }
 
@@ -282,25 +291,33 @@ mod tests {
     #[test]
     fn the_draft_limit_follows_acceptance() {
         let config = SpeculationConfig { max_draft: 6, ..SpeculationConfig::default() };
+        assert!(config.drafter.drafts_are_free());
         let mut s = SpecState::new(&config);
         assert_eq!(s.limit, 2);
         // All accepted: twice as many, up to the most.
-        s.update(2, 2, 6);
+        s.update(2, 2, 6, true);
         assert_eq!(s.limit, 4);
-        s.update(4, 4, 6);
+        s.update(4, 4, 6, true);
         assert_eq!(s.limit, 6);
-        s.update(6, 6, 6);
+        s.update(6, 6, 6, true);
         assert_eq!(s.limit, 6);
         // A draft cut short by what was left (the drafter found fewer) and all accepted.
-        s.update(3, 3, 6);
+        s.update(3, 3, 6, true);
         assert_eq!(s.limit, 6);
         // A rejection: what was accepted plus one.
-        s.update(6, 1, 6);
+        s.update(6, 1, 6, true);
         assert_eq!(s.limit, 2);
-        s.update(2, 0, 6);
+        s.update(2, 0, 6, true);
         assert_eq!(s.limit, 1);
-        s.update(1, 1, 6);
+        s.update(1, 1, 6, true);
         assert_eq!(s.limit, 2);
+        // Drafts that cost a pass each: one more at a time.
+        s.update(2, 2, 6, false);
+        assert_eq!(s.limit, 3);
+        s.update(3, 3, 6, false);
+        assert_eq!(s.limit, 4);
+        s.update(4, 2, 6, false);
+        assert_eq!(s.limit, 3);
         let stats = SpecStats { verify_steps: 4, draft_tokens: 10, accepted_tokens: 6 };
         assert!((stats.acceptance_rate() - 0.6).abs() < 1e-12 && (stats.tokens_per_verify_step() - 2.5).abs() < 1e-12);
     }
