@@ -34,6 +34,13 @@ pub(crate) const fn is_k(kind: u8) -> bool {
     kind == Q6_K || kind == Q4_K || kind == Q5_K
 }
 
+/// Whether `KIND` scales each 32-element sub-block by its super-block's 6-bit scale and min,
+/// `d' = d * sc` and `m' = -(dmin * m)` (Q4_K and Q5_K: the same 16-byte head).
+#[inline(always)]
+pub(crate) const fn has_k_scales(kind: u8) -> bool {
+    kind == Q4_K || kind == Q5_K
+}
+
 /// Q4_K / Q5_K: bytes per super-block (`d`, `dmin` and the 6-bit scales and mins first,
 /// the same 16 bytes in both, then Q5_K's fifth bits and the nibbles).
 #[inline(always)]

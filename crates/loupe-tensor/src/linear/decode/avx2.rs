@@ -53,7 +53,7 @@ unsafe fn dot_dm_act16<const KIND: u8>(w: &[u8], q: &[i16], ss: &[f32]) -> f32 {
     macro_rules! step {
         ($b:expr, $acc:ident) => {{
             let b = $b;
-            let (d, m) = if KIND == Q4_K || KIND == Q5_K {
+            let (d, m) = if has_k_scales(KIND) {
                 if b % 8 == 0 {
                     dms = q4_k_dms(wp.add(b / 8 * k_super_bytes(KIND)));
                 }

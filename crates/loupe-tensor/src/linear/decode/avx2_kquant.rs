@@ -178,14 +178,16 @@ unsafe fn dequant_q45_k(d: f32, dmin: f32, scales: &[u8; 12], qs: &[u8; 128], qh
     let fifth = |h: __m128i, sub: usize| {
         _mm_slli_epi16::<4>(_mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128(sub as i32)), _mm_set1_epi8(1)))
     };
+    // Q5_K's fifth bits of elements 0..16 and 16..32, loaded once per super-block.
+    let qh = qh.map(|h| (_mm_loadu_si128(h.as_ptr().cast()), _mm_loadu_si128(h.as_ptr().add(16).cast())));
     for j in 0..4 {
         let q = qs.as_ptr().add(32 * j);
         let (lo0, hi0) = nibbles(_mm_loadu_si128(q.cast()));
         let (lo1, hi1) = nibbles(_mm_loadu_si128(q.add(16).cast()));
         for (sub, mut lo, mut hi) in [(2 * j, lo0, lo1), (2 * j + 1, hi0, hi1)] {
-            if let Some(qh) = qh {
-                lo = _mm_or_si128(lo, fifth(_mm_loadu_si128(qh.as_ptr().cast()), sub));
-                hi = _mm_or_si128(hi, fifth(_mm_loadu_si128(qh.as_ptr().add(16).cast()), sub));
+            if let Some((h0, h1)) = qh {
+                lo = _mm_or_si128(lo, fifth(h0, sub));
+                hi = _mm_or_si128(hi, fifth(h1, sub));
             }
             let dl = _mm256_set1_ps(d * sc[sub] as f32);
             let ml = _mm256_set1_ps(dmin * mn[sub] as f32);

@@ -35,7 +35,7 @@ pub(crate) unsafe fn prepare<const R: usize, const KIND: u8>(
     p: *mut f32,
 ) -> [f32; R] {
     let mut offsets = [0f32; R];
-    if R == 4 && KIND != Q4_K && KIND != Q5_K {
+    if R == 4 && !has_k_scales(KIND) {
         let rd32 = |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + b * 20) as *const i32);
         let rd16 =
             |b: usize, r: usize| std::ptr::read_unaligned(w.add(r * row_bytes + d_at(KIND, b)) as *const u16) as u64;
@@ -64,7 +64,7 @@ pub(crate) unsafe fn prepare<const R: usize, const KIND: u8>(
         return offsets;
     }
     let mut off = [_mm_setzero_ps(); R];
-    if KIND == Q4_K || KIND == Q5_K {
+    if has_k_scales(KIND) {
         // [d', m'] * [scale, sum] (`avx2::q4_k_dms`, a super-block's 8 at a time), the
         // single-row kernel's products; each row's offset added block by block.
         for s in 0..blocks / 8 {
@@ -81,7 +81,7 @@ pub(crate) unsafe fn prepare<const R: usize, const KIND: u8>(
         }
     }
     for b in 0..blocks {
-        if KIND == Q4_K || KIND == Q5_K {
+        if has_k_scales(KIND) {
             break;
         } else if KIND == Q4_1 {
             let sc = _mm_castpd_ps(_mm_load_sd(ss.add(2 * b) as *const f64));

@@ -91,20 +91,14 @@ unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<us
     let blocks = act.blocks;
     let offset = has_offset(kind);
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
-    // Q4_K / Q5_K: every block's (d', m') decoded once per weight row.
-    let mut q4k = [[0f32; 8]; 2 * super::MAX_STACK_BLOCKS / 8];
-    if kind == Q4_K || kind == Q5_K {
-        for s in 0..blocks / 8 {
-            (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * k_super_bytes(kind)));
-        }
-    }
+    let kdms = KDms::of_row(row, kind, blocks);
     for c in i_rows.step_by(8) {
         let mut o = _mm256_setzero_ps();
         for b in 0..blocks {
             let at = lane_at(c, b, blocks);
             let (dv, mv) = match kind {
                 Q4_1 => dm_at::<Q4_1>(row, b),
-                Q4_K | Q5_K => (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]),
+                _ if has_k_scales(kind) => kdms.at(b),
                 _ => (f16_at(row.add(d_at(kind, b))), 0.0),
             };
             let d = _mm256_set1_ps(dv);

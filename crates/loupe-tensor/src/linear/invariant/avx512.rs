@@ -7,7 +7,7 @@ use std::ops::Range;
 use super::rows::*;
 use crate::linear::kinds::*;
 use crate::linear::qmatrix::QMatrix;
-use crate::linear::simd::avx2::q4_k_dms;
+use crate::linear::simd::avx2::KDms;
 use crate::linear::simd::avx512::{hsum, unpack_pair};
 use crate::pool::OutPtr;
 
@@ -203,19 +203,13 @@ unsafe fn store<const NA: usize>(r: [f32; NA], y: *mut f32, n: usize, off: *cons
 unsafe fn prepare(row: *const u8, kind: u8, act: &ActBatch<'_>, i_rows: Range<usize>, p: *mut f32, off: *mut f32) {
     let blocks = act.blocks;
     let (st, su) = (act.st.as_ptr(), act.su.as_ptr());
-    // Q4_K / Q5_K: every block's (d', m') decoded once per weight row, as the AVX2 `prepare`.
-    let mut q4k = [[0f32; 8]; 2 * super::MAX_STACK_BLOCKS / 8];
-    if kind == Q4_K || kind == Q5_K {
-        for s in 0..blocks / 8 {
-            (q4k[2 * s], q4k[2 * s + 1]) = q4_k_dms(row.add(s * k_super_bytes(kind)));
-        }
-    }
+    let kdms = KDms::of_row(row, kind, blocks);
     for c in i_rows.step_by(16) {
         let mut o = _mm512_setzero_ps();
         for b in 0..blocks {
             let at = lane_at(c, b, blocks);
-            if kind == Q4_K || kind == Q5_K {
-                let (dv, mv) = (q4k[b / 8 * 2][b % 8], q4k[b / 8 * 2 + 1][b % 8]);
+            if has_k_scales(kind) {
+                let (dv, mv) = kdms.at(b);
                 _mm512_storeu_ps(p.add(at), _mm512_mul_ps(_mm512_set1_ps(dv), _mm512_loadu_ps(st.add(at))));
                 o = _mm512_add_ps(o, _mm512_mul_ps(_mm512_set1_ps(mv), _mm512_loadu_ps(su.add(at))));
                 continue;

@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::linear::dispatch::MAX_STACK_BLOCKS;
 use crate::linear::kinds::*;
 pub(crate) use crate::reduce::avx2::hsum;
 
@@ -161,9 +162,22 @@ pub(crate) use super_blocks;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
-    let j = b % 8;
-    let v = _mm256_loadu_si256(w.add(b / 8 * 144 + 16 + 32 * (j / 2)) as *const __m256i);
-    let q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j % 2) as i32)), _mm256_set1_epi8(0x0F));
+    widen_bytes(k_nibbles(w.add(b / 8 * 144 + 16), b % 8))
+}
+
+/// Sub-block `j`'s 32 nibbles (0..=15, as bytes) of the 128 code bytes at `qs` of a Q4_K /
+/// Q5_K super-block: the low (`j` even) or high nibbles of `qs[32 (j / 2)..][..32]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k_nibbles(qs: *const u8, j: usize) -> __m256i {
+    let v = _mm256_loadu_si256(qs.add(32 * (j / 2)) as *const __m256i);
+    _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j % 2) as i32)), _mm256_set1_epi8(0x0F))
+}
+
+/// 32 unsigned bytes as i16, elements 0..16 and 16..32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_bytes(q: __m256i) -> (__m256i, __m256i) {
     (_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(q)))
 }
 
@@ -176,14 +190,11 @@ pub(crate) unsafe fn q4_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q5_k(w: *const u8, b: usize) -> (__m256i, __m256i) {
     let (j, sb) = (b % 8, w.add(b / 8 * 176));
-    let v = _mm256_loadu_si256(sb.add(48 + 32 * (j / 2)) as *const __m256i);
-    let low = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j % 2) as i32)), _mm256_set1_epi8(0x0F));
     // Bit j of each qh byte to bit 0 (a 16-bit shift by j < 8 brings no bit of the high byte
     // into bit 0 of the low one), then to bit 4 (inside its byte).
     let qh = _mm256_loadu_si256(sb.add(16) as *const __m256i);
     let bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32)), _mm256_set1_epi8(1));
-    let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(bit));
-    (_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(q)))
+    widen_bytes(_mm256_or_si256(k_nibbles(sb.add(48), j), _mm256_slli_epi16::<4>(bit)))
 }
 
 /// Block `b` of a row at `w` of `KIND`, elements 0..16 and 16..32 as i16 (the
@@ -218,7 +229,7 @@ pub(crate) unsafe fn block_dot(w: (__m256i, __m256i), q: *const i16) -> __m256 {
 /// `-(dmin * m)` ([`q4_k_dm`]).
 #[inline(always)]
 pub(crate) unsafe fn dm_at<const KIND: u8>(w: *const u8, b: usize) -> (f32, f32) {
-    if KIND == Q4_K || KIND == Q5_K {
+    if has_k_scales(KIND) {
         q4_k_dm(w.add(b / 8 * k_super_bytes(KIND)), b % 8)
     } else {
         let blk = w.add(b * 20);
@@ -253,6 +264,35 @@ pub(crate) unsafe fn q4_k_dms(sb: *const u8) -> ([f32; 8], [f32; 8]) {
     _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(f16_at(sb)), sc));
     _mm256_storeu_ps(m.as_mut_ptr(), _mm256_mul_ps(_mm256_set1_ps(-f16_at(sb.add(2))), mn));
     (d, m)
+}
+
+/// Every Act16 block's `(d', m')` ([`q4_k_dms`]) of one Q4_K / Q5_K weight row, decoded once
+/// for the multi-row kernels' per-row `prepare` of every ISA.
+pub(crate) struct KDms([[f32; 8]; 2 * MAX_STACK_BLOCKS / 8]);
+
+impl KDms {
+    /// The table of the row at `row` of `kind` with `blocks` Act16 blocks (at most
+    /// [`MAX_STACK_BLOCKS`]); all zeros for a kind without K scales ([`has_k_scales`]).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `row` holds `blocks / 8` whole super-blocks of `kind`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn of_row(row: *const u8, kind: u8, blocks: usize) -> KDms {
+        let mut t = [[0f32; 8]; 2 * MAX_STACK_BLOCKS / 8];
+        if has_k_scales(kind) {
+            for s in 0..blocks / 8 {
+                (t[2 * s], t[2 * s + 1]) = q4_k_dms(row.add(s * k_super_bytes(kind)));
+            }
+        }
+        KDms(t)
+    }
+
+    /// Block `b`'s `(d', m')`.
+    #[inline(always)]
+    pub(crate) fn at(&self, b: usize) -> (f32, f32) {
+        (self.0[b / 8 * 2][b % 8], self.0[b / 8 * 2 + 1][b % 8])
+    }
 }
 
 /// The 8 six-bit scales and 8 mins of a Q4_K block as f32 lanes
