@@ -208,15 +208,11 @@ impl SpeculationArgs {
         Ok(())
     }
 
-    /// `--draft-tokens`, else the drafter's default: prompt lookup's drafts cost nothing to
-    /// propose, so it verifies up to 8 (a copied run is accepted whole: on the code edit of
-    /// `scripts/bench-speculation`, 7.2 tokens per verification against 4.6 at 5); a draft
-    /// model pays one pass per draft token, so up to 5.
+    /// `--draft-tokens`, else the drafter's default (`Drafter::default_max_draft`: a draft
+    /// model's proposals each cost a pass, prompt lookup's nothing).
     pub fn draft_tokens(&self) -> usize {
-        self.draft_tokens.unwrap_or(match self.speculate {
-            SpeculateArg::Draft => 5,
-            _ => 8,
-        })
+        let free = self.speculate != SpeculateArg::Draft;
+        self.draft_tokens.unwrap_or(loupe_runtime::Drafter::default_max_draft(free))
     }
 
     /// The draft model's precision: `--draft-precision`, else 8-bit activation blocks.
