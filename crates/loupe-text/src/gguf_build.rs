@@ -1,4 +1,4 @@
-//! Builds a `tokenizers::Tokenizer` from GGUF tokenizer metadata exactly as transformers 5.x does
+//! Builds a `tokenizers` pipeline ([`Backend`]) from GGUF tokenizer metadata exactly as transformers 5.x does
 //! in `AutoTokenizer.from_pretrained(dir, gguf_file=name)`.
 //!
 //! The reference is `transformers/integrations/gguf/gguf_tokenizer_mapping.py` plus the classes it
@@ -17,6 +17,7 @@
 //!
 //! Known, deliberate non-mirroring: `tokenizer.ggml.add_space_prefix` is ignored, as in HF.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -34,12 +35,14 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
+use crate::backend::{Backend, TokenModel};
 use crate::error::{Result, TextError};
+use crate::scored_bpe::{generate_merges, ScoredBpe};
 use crate::spec::{invalid, token_type, TokenizerSpec};
 
 /// What a build produces: the backend plus the special-token facts HF keeps beside it.
 pub(crate) struct Built {
-    pub tokenizer: tokenizers::Tokenizer,
+    pub tokenizer: Backend,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
     pub unk_token: Option<String>,
@@ -107,7 +110,7 @@ pub fn bytes_to_unicode() -> [char; 256] {
 }
 
 /// `byte_level_tokenizer` + `GPT2Tokenizer.__init__`.
-fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
+fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
     let table = bytes_to_unicode();
     let alphabet: HashSet<char> = table.iter().copied().collect();
     // A token written outside the byte alphabet (llama.cpp stores some as plain text) is respelled
@@ -121,7 +124,7 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
         };
         vocab.insert(key, id as u32);
     }
-    let merges = merges_of(spec, &spec.tokens, None)?;
+    let merges = merges_of(spec, &spec.tokens)?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .continuing_subword_prefix(String::new())
@@ -129,7 +132,7 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
         .fuse_unk(false)
         .build()
         .map_err(|e| build_err("BPE model", e))?;
-    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    let mut tokenizer = Backend::new(bpe.into());
     tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     // GPT2Tokenizer's defaults: unk = bos = eos = "<|endoftext|>".
@@ -138,11 +141,11 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
 }
 
 /// `sentencepiece_tokenizer` + `LlamaTokenizer.__init__` (legacy=False, add_prefix_space=True).
-fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
+fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
     // No unk_token on the model: LlamaTokenizer does not pass one, so unknown characters without
     // a byte token are dropped, as in HF.
     let bpe = sentencepiece_bpe(spec, &spec.tokens, None, None)?;
-    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    let mut tokenizer = Backend::new(bpe);
     tokenizer.with_pre_tokenizer(Some(Metaspace::new('\u{2581}', PrependScheme::First, false)));
     tokenizer.with_decoder(Some(sentencepiece_decoder(true)?));
     // LlamaTokenizer's defaults, in SPECIAL_TOKENS_ATTRIBUTES order (bos, eos, unk).
@@ -152,25 +155,32 @@ fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer
 }
 
 /// `sentencepiece_tokenizer(tokenizer_dict, vocab_scores)`'s model: `tokens` as the vocabulary
-/// (a later duplicate overwrites the id, as a Python dict does), merges from the file or derived
-/// by `get_merges` (ranked by `vocab_scores`, else the file's scores), byte fallback, `unk`
-/// as the model's unknown token when the tokenizer class passes one.
-fn sentencepiece_bpe(
+/// (a later duplicate overwrites the id, as a Python dict does), byte fallback, `unk` as the
+/// model's unknown token when the tokenizer class passes one, and the merges: the file's, else
+/// those `get_merges` derives from `tokens` ranked by `vocab_scores` (else the file's scores),
+/// which [`ScoredBpe`] looks up instead of listing.
+fn sentencepiece_bpe<T: AsRef<str>>(
     spec: &TokenizerSpec,
-    tokens: &[String],
+    tokens: &[T],
     vocab_scores: Option<&[f32]>,
     unk: Option<&str>,
-) -> Result<BPE> {
+) -> Result<TokenModel> {
+    if spec.merges.is_empty() {
+        let scores = vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
+            invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
+        })?;
+        return Ok(ScoredBpe::new(tokens, scores, unk)?.into());
+    }
     let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, token) in tokens.iter().enumerate() {
-        vocab.insert(token.clone(), id as u32);
+        vocab.insert(token.as_ref().to_owned(), id as u32);
     }
-    let merges = merges_of(spec, tokens, vocab_scores)?;
+    let merges = file_merges(spec)?;
     let mut builder = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
     if let Some(unk) = unk {
         builder = builder.unk_token(unk.into());
     }
-    builder.build().map_err(|e| build_err("BPE model", e))
+    Ok(builder.build().map_err(|e| build_err("BPE model", e))?.into())
 }
 
 /// The SentencePiece decoder: `▁` back to spaces, byte tokens to bytes, fused; `strip_prefix`
@@ -185,7 +195,7 @@ fn sentencepiece_decoder(strip_prefix: bool) -> Result<DecoderSequence> {
 }
 
 /// `phi3_tokenizer`: the prefix space comes from a normalizer and there is no pre-tokenizer.
-fn phi3_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
+fn phi3_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
     let mut tokenizer = sentencepiece_tokenizer(spec)?;
     let replace = Replace::new(" ", "\u{2581}").map_err(|e| build_err("normalizer", e))?;
     let normalizer = NormalizerSequence::new(vec![Prepend::new("\u{2581}".into()).into(), replace.into()]);
@@ -206,22 +216,22 @@ fn py_isspace(c: char) -> bool {
 /// from the vocabulary ranked by file position (score `-index`), not by the file's scores.
 /// Then Gemma's pipeline: spaces replaced by `▁` in a normalizer, no prefix space, a split
 /// on " " merged with the previous piece, byte fallback, and `<unk>` as the model's unknown.
-fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
-    let respelled: Vec<String> = spec
+fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
+    let respelled: Vec<Cow<'_, str>> = spec
         .tokens
         .iter()
         .map(|t| {
             if t.contains(' ') && t.chars().all(py_isspace) {
-                "\u{2581}".repeat(t.chars().count())
+                Cow::Owned("\u{2581}".repeat(t.chars().count()))
             } else {
-                t.clone()
+                Cow::Borrowed(t.as_str())
             }
         })
         .collect();
     // Positions as scores: exact in f32 below 2^24 entries (Vocab sizes are far smaller).
     let positions: Vec<f32> = (0..respelled.len()).map(|i| -(i as f32)).collect();
     let bpe = sentencepiece_bpe(spec, &respelled, Some(&positions), Some("<unk>"))?;
-    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    let mut tokenizer = Backend::new(bpe);
     let split = Split::new(SplitPattern::String(" ".into()), SplitDelimiterBehavior::MergedWithPrevious, false)
         .map_err(|e| build_err("split pre-tokenizer", e))?;
     tokenizer.with_pre_tokenizer(Some(split));
@@ -233,89 +243,37 @@ fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<tokenizers::Tokenizer> {
     Ok(tokenizer)
 }
 
-/// `get_merges(tokenizer_dict, vocab_scores)`: the file's merges, or ones derived from the
-/// vocabulary `tokens` ranked by `vocab_scores`, else by the file's scores.
-fn merges_of(spec: &TokenizerSpec, tokens: &[String], vocab_scores: Option<&[f32]>) -> Result<Vec<(String, String)>> {
+/// `get_merges(tokenizer_dict, vocab_scores)` of a byte-level vocabulary: the file's merges, or
+/// ones derived from `tokens` ranked by the file's scores.
+fn merges_of(spec: &TokenizerSpec, tokens: &[String]) -> Result<Vec<(String, String)>> {
     if !spec.merges.is_empty() {
-        return spec
-            .merges
-            .iter()
-            .enumerate()
-            .map(|(i, m)| match m.split(' ').collect::<Vec<_>>().as_slice() {
-                [l, r] => Ok(((*l).to_owned(), (*r).to_owned())),
-                _ => Err(invalid(
-                    "tokenizer.ggml.merges",
-                    format!("merge {i} ({m:?}) is not two tokens separated by one space"),
-                )),
-            })
-            .collect();
+        return file_merges(spec);
     }
-    let scores = vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
+    let scores = spec.scores.as_deref().ok_or_else(|| {
         invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
     })?;
     Ok(generate_merges(tokens, scores))
 }
 
-/// `generate_merges(vocab, vocab_scores)` of transformers: every split of every token into two
-/// tokens of the vocabulary, best score first. Python dict semantics are kept: a duplicate token
-/// keeps its first position in iteration but its last id and score.
-///
-/// Built for large vocabularies (Gemma 3's 262,144 tokens, derived on every load): one hash
-/// lookup per half, with a fast hasher, and sort keys computed once per merge (ids, score,
-/// lengths in code points) rather than in the comparators.
-pub(crate) fn generate_merges(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
-    let mut id_of: ahash::AHashMap<&str, (u32, f32)> = ahash::AHashMap::with_capacity(tokens.len());
-    let mut order: Vec<&str> = Vec::with_capacity(tokens.len());
-    for (id, token) in tokens.iter().enumerate() {
-        if id_of.insert(token, (id as u32, scores[id])).is_none() {
-            order.push(token);
-        }
-    }
-    struct Merge<'t> {
-        left: &'t str,
-        right: &'t str,
-        score: f32,
-        left_chars: u32,
-        right_chars: u32,
-    }
-    let mut merges: Vec<Merge<'_>> = Vec::new();
-    // (left id, right id, split byte offset, left length in code points) of one piece.
-    let mut local: Vec<(u32, u32, usize, u32)> = Vec::new();
-    for &piece in &order {
-        let score = id_of[piece].1;
-        local.clear();
-        // Python slices by code point, so split at char boundaries.
-        for (chars, (at, _)) in piece.char_indices().enumerate().skip(1) {
-            let (l, r) = piece.split_at(at);
-            if let (Some(&(li, _)), Some(&(ri, _))) = (id_of.get(l), id_of.get(r)) {
-                local.push((li, ri, at, chars as u32));
-            }
-        }
-        if local.is_empty() {
-            continue;
-        }
-        let total_chars = piece.chars().count() as u32;
-        // Stable, by (id of left, id of right): Python's sorted(key=...) on the pairs.
-        local.sort_by_key(|&(li, ri, _, _)| (li, ri));
-        merges.extend(local.iter().map(|&(_, _, at, lc)| Merge {
-            left: &piece[..at],
-            right: &piece[at..],
-            score,
-            left_chars: lc,
-            right_chars: total_chars - lc,
-        }));
-    }
-    // sorted(key=(score, len(l), len(r)), reverse=True) is stable: ties keep their order.
-    merges.sort_by(|a, b| {
-        b.score.total_cmp(&a.score).then_with(|| (b.left_chars, b.right_chars).cmp(&(a.left_chars, a.right_chars)))
-    });
-    merges.into_iter().map(|m| (m.left.to_owned(), m.right.to_owned())).collect()
+/// `tokenizer.ggml.merges`, each "left right".
+fn file_merges(spec: &TokenizerSpec) -> Result<Vec<(String, String)>> {
+    spec.merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| match m.split(' ').collect::<Vec<_>>().as_slice() {
+            [l, r] => Ok(((*l).to_owned(), (*r).to_owned())),
+            _ => Err(invalid(
+                "tokenizer.ggml.merges",
+                format!("merge {i} ({m:?}) is not two tokens separated by one space"),
+            )),
+        })
+        .collect()
 }
 
 /// `add_gguf_special_tokens`: CONTROL tokens become special added tokens (in a byte-level vocab
 /// only those spelled in the byte alphabet: others are llama.cpp mislabels); USER_DEFINED tokens
 /// present in the vocabulary become plain added tokens.
-fn add_gguf_special_tokens(tokenizer: &mut tokenizers::Tokenizer, spec: &TokenizerSpec) {
+fn add_gguf_special_tokens(tokenizer: &mut Backend, spec: &TokenizerSpec) {
     let byte_level = spec.model == "gpt2";
     let alphabet: HashSet<char> = bytes_to_unicode().iter().copied().collect();
     let control: Vec<AddedToken> = spec
@@ -378,7 +336,7 @@ fn split_regex_for(pre: &str) -> Option<&'static str> {
 }
 
 /// `set_split_regex`: the listed `pre` values split with their regex, then map to bytes.
-fn set_split_regex(tokenizer: &mut tokenizers::Tokenizer, spec: &TokenizerSpec) -> Result<()> {
+fn set_split_regex(tokenizer: &mut Backend, spec: &TokenizerSpec) -> Result<()> {
     let Some(regex) = spec.pre.as_deref().and_then(split_regex_for) else {
         return Ok(());
     };
@@ -391,7 +349,7 @@ fn set_split_regex(tokenizer: &mut tokenizers::Tokenizer, spec: &TokenizerSpec) 
 
 /// Adds each token as a special added token unless an added token with that content exists
 /// (TokenizersBackend compares by content), in one call so the matcher is rebuilt once.
-pub(crate) fn add_missing_specials(tokenizer: &mut tokenizers::Tokenizer, tokens: &[&String]) {
+pub(crate) fn add_missing_specials(tokenizer: &mut Backend, tokens: &[&String]) {
     let existing: HashSet<String> = tokenizer.get_added_tokens_decoder().into_values().map(|t| t.content).collect();
     let mut seen = HashSet::new();
     let new: Vec<AddedToken> = tokens
@@ -406,7 +364,7 @@ pub(crate) fn add_missing_specials(tokenizer: &mut tokenizers::Tokenizer, tokens
 
 /// `update_post_processor`: `[bos] $A [eos]` per the flags.
 pub(crate) fn bos_eos_post_processor(
-    tokenizer: &tokenizers::Tokenizer,
+    tokenizer: &Backend,
     bos: Option<&str>,
     eos: Option<&str>,
     add_bos: bool,

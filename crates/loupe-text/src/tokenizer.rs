@@ -12,6 +12,7 @@
 
 use std::path::Path;
 
+use crate::backend::{Backend, TokenModel};
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{preview, Result, TextError};
 use crate::gguf_build;
@@ -34,7 +35,7 @@ pub const END_OF_GENERATION_TOKENS: &[&str] = &[
 /// A tokenizer whose ids equal transformers' for the same model.
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Backend,
     bos_token: Option<String>,
     eos_token: Option<String>,
     unk_token: Option<String>,
@@ -84,7 +85,7 @@ impl Tokenizer {
     /// or `add_eos_token`, the post-processor is replaced by `[bos] $A [eos]` per those flags (a
     /// missing one counts as false); otherwise tokenizer.json's post-processor is kept.
     pub fn from_file(tokenizer_json: &Path, tokenizer_config: Option<&Path>) -> Result<Self> {
-        let mut inner = tokenizers::Tokenizer::from_file(tokenizer_json)
+        let mut inner = Backend::from_file(tokenizer_json)
             .map_err(|e| TextError::Parse { path: tokenizer_json.to_path_buf(), message: e.to_string() })?;
         // tokenizer.json may carry a padding and truncation setting (all-MiniLM-L6-v2's pads
         // every input to 128). transformers' `tokenizer(text)` turns both off for the call
@@ -116,7 +117,8 @@ impl Tokenizer {
             )?;
             inner.with_post_processor(Some(post));
         }
-        let is_bpe = matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_));
+        let is_bpe =
+            matches!(inner.get_model(), TokenModel::Hf(tokenizers::ModelWrapper::BPE(_)) | TokenModel::Scored(_));
         let mut tokenizer = Self {
             inner,
             bos_token: config.bos_token,
@@ -303,7 +305,7 @@ impl Tokenizer {
     }
 
     /// The underlying `tokenizers` tokenizer, for what this wrapper does not expose.
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
+    pub fn inner(&self) -> &Backend {
         &self.inner
     }
 }

@@ -1,0 +1,54 @@
+//! The `scored_bpe` fuzz target's body over a few thousand seeded inputs, under `cargo test`:
+//! vocabularies of short pieces over a small alphabet (so merges happen) and random bytes.
+//! A failure names the iteration; the seed is fixed.
+
+use loupe_text::fuzzing::scored_bpe;
+
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn run(i: usize, input: &[u8]) {
+    if std::panic::catch_unwind(|| scored_bpe(input)).is_err() {
+        panic!("scored_bpe: iteration {i} panicked on input {input:02x?}");
+    }
+}
+
+#[test]
+fn scored_bpe_agrees_with_listed_merges_on_seeded_inputs() {
+    let mut rng = SplitMix64(0x6c6f_7570_6500_0002);
+    // Letters, a two-byte and a three-byte character, <0x..> byte tokens, spaces.
+    let alphabet: [&[u8]; 8] = [b"a", b"b", b"c", "é".as_bytes(), "猫".as_bytes(), b"<0x61>", b"<0xC3>", b" "];
+    for i in 0..3000 {
+        let mut input = Vec::new();
+        for _ in 0..rng.below(80) {
+            for _ in 0..1 + rng.below(4) {
+                input.extend_from_slice(alphabet[rng.below(alphabet.len())]);
+            }
+            input.push(0xFF);
+        }
+        if i % 5 == 0 {
+            // Raw bytes: invalid UTF-8, stray separators.
+            input.extend((0..rng.below(64)).map(|_| rng.next() as u8));
+        } else {
+            for _ in 0..rng.below(60) {
+                input.extend_from_slice(alphabet[rng.below(alphabet.len())]);
+            }
+        }
+        run(i, &input);
+    }
+    run(3000, &[]);
+    run(3001, &[0xFF, 0xFF, 0xFF]);
+}
