@@ -20,7 +20,8 @@ readers accept instead of having to discover magic numbers and layouts itself:
     max_parse           Modular MAX .max tensors of several dtypes and ranks
     openai_request      /v1/chat/completions, /v1/completions and /v1/embeddings bodies
     kv_block_parse      the prefix cache's disk-tier block files (f16, f32, FP8 payloads)
-    scored_bpe          SentencePiece-style vocabularies (0xFF-separated tokens) and a text
+    compact_bpe         vocabularies (0xFF-separated tokens) and a text whose first byte
+                        picks scored or listed merges
 
 Python standard library only; the output is the same bytes on every run. Every layout
 follows the reader in crates/loupe-formats (or loupe-server's request.rs) it seeds; a
@@ -536,7 +537,7 @@ def kv_block_seeds():
     }
 
 
-def scored_bpe_seeds():
+def compact_bpe_seeds():
     def seed(tokens, text):
         return b"\xff".join(t.encode() for t in tokens) + b"\xff" + text.encode()
 
@@ -545,6 +546,7 @@ def scored_bpe_seeds():
         "letters.bin": seed(pieces, "abc cab \u2581abcabc"),
         "bytes_and_unk.bin": seed(pieces, "\u00e9\u732b\u00dfa \u00e9\u00e9"),
         "duplicates.bin": seed(["a", "b", "ab", "ab", "b", "ba"], "abab baba"),
+        "listed.bin": seed(pieces, "babc cab abcabc"),
     }
 
 
@@ -558,7 +560,7 @@ SEEDS = {
     "max_parse": max_seeds,
     "openai_request": openai_seeds,
     "kv_block_parse": kv_block_seeds,
-    "scored_bpe": scored_bpe_seeds,
+    "compact_bpe": compact_bpe_seeds,
 }
 
 

@@ -336,3 +336,48 @@ pub fn prompt_args(g: &Golden) -> Vec<String> {
     }
     a
 }
+
+/// Texts whose ids or offsets differ between the model's tokenizer, whose BPE is
+/// `loupe_text::CompactBpe`, and the same pipeline around `tokenizers`' BPE with the merges
+/// listed: the goldens' prompts, a chat turn, code, whitespace runs and seeded text mixing
+/// scripts, emoji and characters the vocabulary may lack.
+pub fn compact_tokenizer_mismatches(model: &Path, goldens: &[Golden]) -> Vec<String> {
+    use loupe_text::TokenModel;
+    let mut gguf = loupe_formats::GgufFile::open(model).expect("open");
+    let spec = loupe_models::tokenizer::spec_from_gguf(&mut gguf).expect("tokenizer spec");
+    let tok = loupe_text::Tokenizer::from_spec(&spec).expect("tokenizer");
+    assert!(matches!(tok.inner().get_model(), TokenModel::Compact(_)), "{}: not a CompactBpe", model.display());
+    let mut listed = tok.inner().clone();
+    listed.with_model(tok.inner().get_model().to_hf().expect("listed merges"));
+
+    let mut texts: Vec<String> = goldens.iter().map(|g| g.prompt.clone()).collect();
+    let pool: Vec<char> = "abcdefghijklmnopqrstuvwxyzABCXYZ0123456789 \n\t  ,.;:!?'\"()[]{}<>=+-*/_#@\\\
+        éèçàßøñüÅ日本語の猫は可愛いです中文字符한국어русскийтекстالعربيةहिन्दी🙂🚀👩‍💻\u{0301}\u{200b}\u{7}"
+        .chars()
+        .collect();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..400 {
+        let mut text = String::new();
+        for _ in 0..1 + state % 120 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            text.push(pool[(state % pool.len() as u64) as usize]);
+        }
+        texts.push(text);
+    }
+    texts.push("fn main() {\n    let x = vec![1, 2, 3];\n\n\n        println!(\"{x:?}\");\n}\n".into());
+    texts.push("   leading and trailing   ".into());
+    if let Ok(chat) = tok.chat_ids(&[loupe_text::ChatMessage::user("Hi there, how are you?")], true) {
+        texts.push(tok.decode(&chat, false).expect("decode"));
+    }
+    let mut bad = Vec::new();
+    for text in &texts {
+        let ours = tok.inner().encode_fast(text.as_str(), true).expect("encode");
+        let theirs = listed.encode_fast(text.as_str(), true).expect("encode");
+        if (ours.get_ids(), ours.get_offsets()) != (theirs.get_ids(), theirs.get_offsets()) {
+            bad.push(format!("{text:?}: {:?} vs {:?}", ours.get_ids(), theirs.get_ids()));
+        }
+    }
+    bad
+}

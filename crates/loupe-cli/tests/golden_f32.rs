@@ -18,3 +18,12 @@ fn f32_greedy_matches_reference_goldens() {
     let failures = f32_greedy_failures(&real_model(), &goldens());
     assert!(failures.is_empty(), "f32 greedy diverged from the reference:\n{}", failures.join("\n"));
 }
+
+/// SmolLM2's byte-level tokenizer (listed merges) through `loupe_text::CompactBpe`: the same
+/// ids and offsets as `tokenizers`' BPE.
+#[test]
+#[ignore = "needs the real model (scripts/test fetches it)"]
+fn smollm2_compact_tokenizer_equals_tokenizers_bpe() {
+    let bad = compact_tokenizer_mismatches(&real_model(), &goldens());
+    assert!(bad.is_empty(), "{} texts tokenize differently:\n{}", bad.len(), bad.join("\n"));
+}

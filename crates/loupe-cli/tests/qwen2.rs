@@ -53,3 +53,12 @@ fn qwen_auto_teacher_forced_argmax_agreement_at_least_99_percent() {
     let (agree, total, _, _) = teacher_forced_agreement(&model.graph, &goldens_of(SET), "Qwen2.5-Coder auto");
     assert!(agree as f64 >= 0.99 * total as f64, "auto agreement {agree}/{total} is below 99%");
 }
+
+/// Qwen's byte-level tokenizer (listed merges) through `loupe_text::CompactBpe`: the
+/// same ids and offsets as `tokenizers`' BPE.
+#[test]
+#[ignore = "needs Qwen2.5-Coder-0.5B (scripts/test fetches it)"]
+fn qwen_compact_tokenizer_equals_tokenizers_bpe() {
+    let bad = compact_tokenizer_mismatches(&qwen_model(), &goldens_of(SET));
+    assert!(bad.is_empty(), "{} texts tokenize differently:\n{}", bad.len(), bad.join("\n"));
+}

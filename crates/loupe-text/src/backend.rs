@@ -1,31 +1,31 @@
 //! [`Backend`]: the `tokenizers` pipeline (added tokens, normalizer, pre-tokenizer,
 //! post-processor, decoder) around a [`TokenModel`], which is either one of `tokenizers`' own
-//! models or loupe's [`ScoredBpe`] for the SentencePiece vocabularies whose merges transformers
-//! derives from scores (Gemma's, Llama 2's GGUFs).
+//! models or loupe's [`CompactBpe`], which GGUF vocabularies get (Gemma's and Llama 2's merges
+//! derived from scores, SmolLM2's and Qwen's listed).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::models::bpe::BPE;
 use tokenizers::models::{ModelWrapper, TrainerWrapper};
 use tokenizers::{DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, Token};
 
-use crate::scored_bpe::{generate_merges, ScoredBpe};
+use crate::compact_bpe::CompactBpe;
 
 /// The tokenizer pipeline loupe runs: `tokenizers::Tokenizer` with [`TokenModel`] as its model.
 pub type Backend =
     tokenizers::TokenizerImpl<TokenModel, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
 
 /// The model step of a [`Backend`]. One per tokenizer, so the size gap between the variants
-/// (`tokenizers`' models are large structs, [`ScoredBpe`] an `Arc`) costs nothing worth a box.
+/// (`tokenizers`' models are large structs, [`CompactBpe`] an `Arc`) costs nothing worth a box.
 #[derive(Clone, Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum TokenModel {
     /// One of `tokenizers`' models (from a tokenizer.json, or a GGUF with its merges).
     Hf(ModelWrapper),
-    /// Merges derived from scores, looked up rather than stored.
-    Scored(ScoredBpe),
+    /// The vocabulary held once, merges looked up (derived from scores, or the file's).
+    Compact(CompactBpe),
 }
 
 impl From<ModelWrapper> for TokenModel {
@@ -40,31 +40,19 @@ impl From<BPE> for TokenModel {
     }
 }
 
-impl From<ScoredBpe> for TokenModel {
-    fn from(model: ScoredBpe) -> Self {
-        Self::Scored(model)
+impl From<CompactBpe> for TokenModel {
+    fn from(model: CompactBpe) -> Self {
+        Self::Compact(model)
     }
 }
 
 impl TokenModel {
-    /// The `tokenizers` BPE this model stands for, merges spelled out (what tokenizer.json
-    /// holds). Builds the whole derived merge list: for saving, not for encoding.
+    /// The `tokenizers` model this one stands for, merges spelled out (what tokenizer.json
+    /// holds): for saving and for the tests, not for encoding.
     pub fn to_hf(&self) -> tokenizers::Result<ModelWrapper> {
         match self {
             Self::Hf(model) => Ok(model.clone()),
-            Self::Scored(bpe) => {
-                let (tokens, scores) = bpe.tokens_and_scores();
-                let merges = generate_merges(&tokens, &scores);
-                let mut vocab = Vocab::with_capacity(tokens.len());
-                for (id, token) in tokens.into_iter().enumerate() {
-                    vocab.insert(token, id as u32);
-                }
-                let mut builder = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
-                if let Some(unk) = bpe.unk_token() {
-                    builder = builder.unk_token(unk.to_owned());
-                }
-                Ok(builder.build()?.into())
-            }
+            Self::Compact(bpe) => Ok(bpe.to_hf()?.into()),
         }
     }
 }
@@ -75,7 +63,7 @@ impl Model for TokenModel {
     fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
         match self {
             Self::Hf(model) => model.tokenize(sequence),
-            Self::Scored(bpe) => Ok(bpe
+            Self::Compact(bpe) => Ok(bpe
                 .tokenize(sequence)?
                 .into_iter()
                 .map(|(id, offsets)| Token::new(id, bpe.id_to_token(id).unwrap_or_default().to_owned(), offsets))
@@ -86,28 +74,28 @@ impl Model for TokenModel {
     fn token_to_id(&self, token: &str) -> Option<u32> {
         match self {
             Self::Hf(model) => model.token_to_id(token),
-            Self::Scored(bpe) => bpe.token_to_id(token),
+            Self::Compact(bpe) => bpe.token_to_id(token),
         }
     }
 
     fn id_to_token(&self, id: u32) -> Option<String> {
         match self {
             Self::Hf(model) => model.id_to_token(id),
-            Self::Scored(bpe) => bpe.id_to_token(id).map(str::to_owned),
+            Self::Compact(bpe) => bpe.id_to_token(id).map(str::to_owned),
         }
     }
 
     fn get_vocab(&self) -> HashMap<String, u32> {
         match self {
             Self::Hf(model) => model.get_vocab(),
-            Self::Scored(bpe) => bpe.get_vocab(),
+            Self::Compact(bpe) => bpe.get_vocab(),
         }
     }
 
     fn get_vocab_size(&self) -> usize {
         match self {
             Self::Hf(model) => model.get_vocab_size(),
-            Self::Scored(bpe) => bpe.vocab_size(),
+            Self::Compact(bpe) => bpe.vocab_size(),
         }
     }
 
@@ -118,7 +106,7 @@ impl Model for TokenModel {
     fn get_trainer(&self) -> TrainerWrapper {
         match self {
             Self::Hf(model) => model.get_trainer(),
-            Self::Scored(_) => tokenizers::models::bpe::BpeTrainer::default().into(),
+            Self::Compact(_) => tokenizers::models::bpe::BpeTrainer::default().into(),
         }
     }
 }
@@ -129,7 +117,7 @@ impl Serialize for TokenModel {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             Self::Hf(model) => model.serialize(serializer),
-            Self::Scored(_) => self.to_hf().map_err(serde::ser::Error::custom)?.serialize(serializer),
+            Self::Compact(_) => self.to_hf().map_err(serde::ser::Error::custom)?.serialize(serializer),
         }
     }
 }

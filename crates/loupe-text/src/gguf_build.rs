@@ -36,8 +36,8 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::backend::{Backend, TokenModel};
+use crate::compact_bpe::{generate_merges, CompactBpe};
 use crate::error::{Result, TextError};
-use crate::scored_bpe::{generate_merges, ScoredBpe};
 use crate::spec::{invalid, token_type, TokenizerSpec};
 
 /// What a build produces: the backend plus the special-token facts HF keeps beside it.
@@ -115,24 +115,35 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
     let alphabet: HashSet<char> = table.iter().copied().collect();
     // A token written outside the byte alphabet (llama.cpp stores some as plain text) is respelled
     // from its UTF-8 bytes. A Python dict comprehension: a later duplicate overwrites the id.
-    let mut vocab = Vocab::with_capacity(spec.tokens.len());
-    for (id, token) in spec.tokens.iter().enumerate() {
-        let key = if token.chars().all(|c| alphabet.contains(&c)) {
-            token.clone()
-        } else {
-            token.bytes().map(|b| table[b as usize]).collect()
-        };
-        vocab.insert(key, id as u32);
-    }
-    let merges = merges_of(spec, &spec.tokens)?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .continuing_subword_prefix(String::new())
-        .end_of_word_suffix(String::new())
-        .fuse_unk(false)
-        .build()
-        .map_err(|e| build_err("BPE model", e))?;
-    let mut tokenizer = Backend::new(bpe.into());
+    let keys: Vec<Cow<'_, str>> = spec
+        .tokens
+        .iter()
+        .map(|token| {
+            if token.chars().all(|c| alphabet.contains(&c)) {
+                Cow::Borrowed(token.as_str())
+            } else {
+                Cow::Owned(token.bytes().map(|b| table[b as usize]).collect())
+            }
+        })
+        .collect();
+    let bpe: TokenModel = if spec.merges.is_empty() {
+        // Merges derived from the scores over the unrespelled tokens, as transformers does.
+        let mut vocab = Vocab::with_capacity(keys.len());
+        for (id, key) in keys.iter().enumerate() {
+            vocab.insert(key.to_string(), id as u32);
+        }
+        BPE::builder()
+            .vocab_and_merges(vocab, derived_merges(spec, &spec.tokens)?)
+            .continuing_subword_prefix(String::new())
+            .end_of_word_suffix(String::new())
+            .fuse_unk(false)
+            .build()
+            .map_err(|e| build_err("BPE model", e))?
+            .into()
+    } else {
+        CompactBpe::listed(&keys, &spec.merges)?.into()
+    };
+    let mut tokenizer = Backend::new(bpe);
     tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
     // GPT2Tokenizer's defaults: unk = bos = eos = "<|endoftext|>".
@@ -158,7 +169,7 @@ fn sentencepiece_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
 /// (a later duplicate overwrites the id, as a Python dict does), byte fallback, `unk` as the
 /// model's unknown token when the tokenizer class passes one, and the merges: the file's, else
 /// those `get_merges` derives from `tokens` ranked by `vocab_scores` (else the file's scores),
-/// which [`ScoredBpe`] looks up instead of listing.
+/// which [`CompactBpe`] looks up instead of listing.
 fn sentencepiece_bpe<T: AsRef<str>>(
     spec: &TokenizerSpec,
     tokens: &[T],
@@ -169,7 +180,7 @@ fn sentencepiece_bpe<T: AsRef<str>>(
         let scores = vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
             invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
         })?;
-        return Ok(ScoredBpe::new(tokens, scores, unk)?.into());
+        return Ok(CompactBpe::scored(tokens, scores, unk)?.into());
     }
     let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, token) in tokens.iter().enumerate() {
@@ -243,12 +254,9 @@ fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
     Ok(tokenizer)
 }
 
-/// `get_merges(tokenizer_dict, vocab_scores)` of a byte-level vocabulary: the file's merges, or
-/// ones derived from `tokens` ranked by the file's scores.
-fn merges_of(spec: &TokenizerSpec, tokens: &[String]) -> Result<Vec<(String, String)>> {
-    if !spec.merges.is_empty() {
-        return file_merges(spec);
-    }
+/// `get_merges(tokenizer_dict, vocab_scores)` of a byte-level vocabulary without merges: ones
+/// derived from `tokens` ranked by the file's scores.
+fn derived_merges(spec: &TokenizerSpec, tokens: &[String]) -> Result<Vec<(String, String)>> {
     let scores = spec.scores.as_deref().ok_or_else(|| {
         invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
     })?;

@@ -31,13 +31,13 @@
 
 mod backend;
 mod chat;
+mod compact_bpe;
 mod error;
-/// The `scored_bpe` fuzz target's body (`fuzz/`), also run by tests/fuzz_smoke.rs.
+/// The `compact_bpe` fuzz target's body (`fuzz/`), also run by tests/fuzz_smoke.rs.
 pub mod fuzzing;
 mod gguf_build;
 mod hf_config;
 mod pyjson;
-mod scored_bpe;
 pub mod sections;
 pub mod spec;
 mod stream;
@@ -47,11 +47,11 @@ mod tokenizer;
 
 pub use backend::{Backend, TokenModel};
 pub use chat::{ChatMessage, ChatTemplate};
+pub use compact_bpe::CompactBpe;
 pub use error::{Result, TextError};
 /// GPT-2's byte-to-unicode table, for writers of byte-level BPE vocabularies.
 pub use gguf_build::{bytes_to_unicode, GGUF_PRE_SPLITS};
 pub use hf_config::TokenizerConfig;
-pub use scored_bpe::ScoredBpe;
 pub use sections::{Section, SectionMarkers, SectionSplitter, REASONING_PARSERS};
 pub use spec::TokenizerSpec;
 pub use stream::StreamDecoder;

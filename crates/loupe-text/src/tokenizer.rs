@@ -118,7 +118,7 @@ impl Tokenizer {
             inner.with_post_processor(Some(post));
         }
         let is_bpe =
-            matches!(inner.get_model(), TokenModel::Hf(tokenizers::ModelWrapper::BPE(_)) | TokenModel::Scored(_));
+            matches!(inner.get_model(), TokenModel::Hf(tokenizers::ModelWrapper::BPE(_)) | TokenModel::Compact(_));
         let mut tokenizer = Self {
             inner,
             bos_token: config.bos_token,

@@ -1,8 +1,8 @@
-//! The `scored_bpe` fuzz target's body over a few thousand seeded inputs, under `cargo test`:
+//! The `compact_bpe` fuzz target's body over a few thousand seeded inputs, under `cargo test`:
 //! vocabularies of short pieces over a small alphabet (so merges happen) and random bytes.
 //! A failure names the iteration; the seed is fixed.
 
-use loupe_text::fuzzing::scored_bpe;
+use loupe_text::fuzzing::compact_bpe;
 
 struct SplitMix64(u64);
 
@@ -21,13 +21,13 @@ impl SplitMix64 {
 }
 
 fn run(i: usize, input: &[u8]) {
-    if std::panic::catch_unwind(|| scored_bpe(input)).is_err() {
-        panic!("scored_bpe: iteration {i} panicked on input {input:02x?}");
+    if std::panic::catch_unwind(|| compact_bpe(input)).is_err() {
+        panic!("compact_bpe: iteration {i} panicked on input {input:02x?}");
     }
 }
 
 #[test]
-fn scored_bpe_agrees_with_listed_merges_on_seeded_inputs() {
+fn compact_bpe_agrees_with_tokenizers_bpe_on_seeded_inputs() {
     let mut rng = SplitMix64(0x6c6f_7570_6500_0002);
     // Letters, a two-byte and a three-byte character, <0x..> byte tokens, spaces.
     let alphabet: [&[u8]; 8] = [b"a", b"b", b"c", "é".as_bytes(), "猫".as_bytes(), b"<0x61>", b"<0xC3>", b" "];

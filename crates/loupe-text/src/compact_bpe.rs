@@ -1,19 +1,23 @@
-//! [`ScoredBpe`]: the SentencePiece BPE that transformers builds for a GGUF file without merges,
-//! with the merges looked up instead of stored.
+//! [`CompactBpe`]: `tokenizers`' BPE model, the same ids from a fraction of its memory and
+//! build time, for the GGUF vocabularies whose tokenizer transformers builds as a BPE.
 //!
-//! For such a file transformers derives its merges from the vocabulary (`generate_merges`, in
-//! `gguf_build`): every split of a token into two tokens, ranked by the token's score, then by
-//! the halves' lengths. Gemma 3's 262,144 tokens give 514,847 of them; as `tokenizers`' BPE holds
-//! them (a merges list, a pair map and two vocabulary maps of owned strings) they took ~115 MB of
-//! heap to build and most of Gemma 3's load time. The rank of a pair needs none of that: the pair
-//! `(l, r)` is a merge exactly when `l + r` is a token (both halves are tokens, being symbols),
-//! and its place in the sorted list is given by that token's score, the two lengths and the
-//! token's first position. So this model keeps the vocabulary once (one byte arena, an
-//! open-addressing index of ids) and computes the rank of a pair when the merge loop asks.
+//! `tokenizers`' BPE holds a vocabulary map and its reverse (owned strings), a pair map and,
+//! while building, the merges as string pairs. For Gemma 3's 262,144 tokens transformers
+//! derives 514,847 merges from the scores (`generate_merges`, below): building them took ~115
+//! MB of heap and most of Gemma 3's load time. This model keeps the vocabulary once (one byte
+//! arena and an open-addressing index of ids) and finds a pair's rank when the merge loop asks:
+//! - **scored** (SentencePiece files without merges: Gemma, Llama 2): the pair `(l, r)` is a
+//!   merge exactly when `l + r` is a token (both halves are tokens, being symbols), and its
+//!   place in the derived list is given by that token's score, the halves' lengths and the
+//!   token's first position; nothing is stored beyond the scores.
+//! - **listed** (files with `tokenizer.ggml.merges`: GPT-2-style byte-level vocabularies such
+//!   as SmolLM2's and Qwen's): an open-addressing table from a pair of ids to its rank and the
+//!   merged id, 16 bytes a slot.
 //!
 //! The merge loop, byte fallback, unknown-token fusion and token offsets follow `tokenizers`'
 //! `BPE::merge_word` and `Word::merge_all` (0.22) step for step, so the ids are the same; the
-//! tests compare the two on synthetic vocabularies and, with `LOUPE_GEMMA_MODEL`, on Gemma 3's.
+//! tests compare the two on random vocabularies and, with the real models, on Gemma 3's,
+//! SmolLM2's and Qwen's.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -26,7 +30,7 @@ use crate::spec::invalid;
 const NONE: u32 = u32::MAX;
 
 /// The vocabulary as `tokenizers`' BPE sees it: a Python-dict view (a later duplicate spelling
-/// takes the id), plus what the derived ranks need (each id's score, each spelling's first id).
+/// takes the id), plus each spelling's first id (the derived ranks need it).
 #[derive(Debug)]
 struct Vocabulary {
     /// Every id's spelling, concatenated; `ends[id]` is where id's spelling ends.
@@ -35,8 +39,6 @@ struct Vocabulary {
     /// Open addressing, linear probing, a power of two long: the id of each distinct spelling
     /// (the last id spelled so), or [`NONE`].
     slots: Box<[u32]>,
-    /// The rank's score per id: the file's score, or the position for Gemma.
-    scores: Box<[f32]>,
     /// The first id spelled as this (last) id is: Python's dict keeps a key's first position.
     first: Box<[u32]>,
     /// The ids of `<0x00>` .. `<0xFF>`, or [`NONE`].
@@ -45,19 +47,29 @@ struct Vocabulary {
     hasher: ahash::RandomState,
 }
 
-/// SentencePiece BPE over a scored vocabulary: the ids of `tokenizers`' BPE built with
-/// `generate_merges(tokens, scores)`, byte fallback and fused unknowns, in a fraction of the
-/// memory and build time (module docs).
-#[derive(Clone, Debug)]
-pub struct ScoredBpe {
-    vocab: Arc<Vocabulary>,
-    unk: Option<String>,
+/// Where a pair's rank comes from.
+#[derive(Debug)]
+enum Ranks {
+    /// Derived from the merged token's score (one per id: the file's, or the position).
+    Scored(Box<[f32]>),
+    /// The file's merges: `[left, right, rank, merged]` per slot, open addressing on the pair,
+    /// `left == NONE` for an empty slot.
+    Listed(Box<[[u32; 4]]>),
 }
 
-/// A pair's place in the derived merge list, smaller first: the token's score (higher first),
-/// the left then the right half's length in code points (longer first), the token's first
-/// position. Within one token the left length tells its splits apart, so this is a total order
-/// equal to the stable sort in `generate_merges`.
+/// `tokenizers`' BPE over a vocabulary held once, merges looked up (module docs).
+#[derive(Clone, Debug)]
+pub struct CompactBpe {
+    vocab: Arc<Vocabulary>,
+    ranks: Arc<Ranks>,
+    unk: Option<String>,
+    byte_fallback: bool,
+}
+
+/// A pair's place in the merge list, smaller first. Listed: `(rank, 0, 0, 0)`. Scored: the
+/// token's score (higher first), the left then the right half's length in code points (longer
+/// first), the token's first position; within one token the left length tells its splits
+/// apart, so this is a total order equal to the stable sort in `generate_merges`.
 type Rank = (u32, u32, u32, u32);
 
 /// An `f32` as a `u32` whose ascending order is `f32::total_cmp`'s, inverted so that a higher
@@ -78,12 +90,15 @@ fn chars(s: &str) -> u32 {
     s.chars().count() as u32
 }
 
+/// The slot of a pair in a table of `mask + 1` slots (Fibonacci hashing of the two ids).
+fn pair_slot(left: u32, right: u32, mask: usize) -> usize {
+    let key = (u64::from(left) << 32) | u64::from(right);
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize & mask
+}
+
 impl Vocabulary {
-    fn build<T: AsRef<str>>(tokens: &[T], scores: &[f32]) -> Result<Self> {
+    fn build<T: AsRef<str>>(tokens: &[T]) -> Result<Self> {
         let n = tokens.len();
-        if scores.len() != n {
-            return Err(invalid("tokenizer.ggml.scores", format!("{} scores for {n} tokens", scores.len())));
-        }
         let total: usize = tokens.iter().map(|t| t.as_ref().len()).sum();
         if u32::try_from(total).is_err() || n >= (1usize << 31) {
             return Err(invalid(
@@ -102,7 +117,6 @@ impl Vocabulary {
             text: text.into_boxed_str(),
             ends: ends.into_boxed_slice(),
             slots: vec![NONE; capacity].into_boxed_slice(),
-            scores: scores.into(),
             first: (0..n as u32).collect(),
             byte_ids: Box::new([NONE; 256]),
             distinct: 0,
@@ -150,15 +164,63 @@ impl Vocabulary {
     fn id(&self, s: &str) -> Option<u32> {
         Some(self.slots[self.slot_of(s)]).filter(|&id| id != NONE)
     }
+}
+
+impl Ranks {
+    /// `BpeBuilder::build`'s merge map from `tokenizer.ggml.merges` ("left right" each): a
+    /// merge whose halves or result are not tokens is an error, and a repeated pair takes its
+    /// later rank, as the map's insertion order gives.
+    fn listed(vocab: &Vocabulary, merges: &[String]) -> Result<Self> {
+        let capacity = (merges.len().max(1) * 2).next_power_of_two();
+        let mut table = vec![[NONE; 4]; capacity].into_boxed_slice();
+        let mask = capacity - 1;
+        let mut joined = String::new();
+        for (rank, merge) in merges.iter().enumerate() {
+            let bad = |what: &str| invalid("tokenizer.ggml.merges", format!("merge {rank} ({merge:?}) {what}"));
+            let (l, r) = merge
+                .split_once(' ')
+                .filter(|(_, r)| !r.contains(' '))
+                .ok_or_else(|| bad("is not two tokens separated by one space"))?;
+            joined.clear();
+            joined.push_str(l);
+            joined.push_str(r);
+            let (Some(left), Some(right)) = (vocab.id(l), vocab.id(r)) else {
+                return Err(bad("names a token that is not in the vocabulary"));
+            };
+            let merged = vocab.id(&joined).ok_or_else(|| bad("makes a token that is not in the vocabulary"))?;
+            let rank = u32::try_from(rank).map_err(|_| bad("is past 2^32 merges"))?;
+            let mut slot = pair_slot(left, right, mask);
+            while table[slot][0] != NONE && (table[slot][0], table[slot][1]) != (left, right) {
+                slot = (slot + 1) & mask;
+            }
+            table[slot] = [left, right, rank, merged];
+        }
+        Ok(Self::Listed(table))
+    }
 
     /// The merge of symbols `left` and `right`: its rank and the merged token's id.
-    fn merge(&self, left: u32, right: u32, joined: &mut String) -> Option<(Rank, u32)> {
-        let (l, r) = (self.spelling(left), self.spelling(right));
-        joined.clear();
-        joined.push_str(l);
-        joined.push_str(r);
-        let piece = self.id(joined)? as usize;
-        Some(((score_key(self.scores[piece]), !chars(l), !chars(r), self.first[piece]), piece as u32))
+    fn merge(&self, vocab: &Vocabulary, left: u32, right: u32, joined: &mut String) -> Option<(Rank, u32)> {
+        match self {
+            Self::Scored(scores) => {
+                let (l, r) = (vocab.spelling(left), vocab.spelling(right));
+                joined.clear();
+                joined.push_str(l);
+                joined.push_str(r);
+                let piece = vocab.id(joined)? as usize;
+                Some(((score_key(scores[piece]), !chars(l), !chars(r), vocab.first[piece]), piece as u32))
+            }
+            Self::Listed(table) => {
+                let mask = table.len() - 1;
+                let mut slot = pair_slot(left, right, mask);
+                loop {
+                    match table[slot] {
+                        [NONE, ..] => return None,
+                        [l, r, rank, merged] if (l, r) == (left, right) => return Some(((rank, 0, 0, 0), merged)),
+                        _ => slot = (slot + 1) & mask,
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -172,22 +234,62 @@ struct Symbol {
     len: usize,
 }
 
-impl ScoredBpe {
-    /// The model for `tokens` ranked by `scores` (one per token), with `unk` as the unknown
-    /// token when the tokenizer class names one.
-    pub fn new<T: AsRef<str>>(tokens: &[T], scores: &[f32], unk: Option<&str>) -> Result<Self> {
-        Ok(Self { vocab: Arc::new(Vocabulary::build(tokens, scores)?), unk: unk.map(str::to_owned) })
+impl CompactBpe {
+    /// SentencePiece BPE whose merges transformers derives from `scores` (one per token):
+    /// `generate_merges(tokens, scores)`, byte fallback, `unk` as the unknown token (fused) when
+    /// the tokenizer class names one.
+    pub fn scored<T: AsRef<str>>(tokens: &[T], scores: &[f32], unk: Option<&str>) -> Result<Self> {
+        let n = tokens.len();
+        if scores.len() != n {
+            return Err(invalid("tokenizer.ggml.scores", format!("{} scores for {n} tokens", scores.len())));
+        }
+        Ok(Self {
+            vocab: Arc::new(Vocabulary::build(tokens)?),
+            ranks: Arc::new(Ranks::Scored(scores.into())),
+            unk: unk.map(str::to_owned),
+            byte_fallback: true,
+        })
     }
 
-    /// Every id's spelling (ids that a later duplicate shadows included) and score: enough to
-    /// rebuild the merges `tokenizers` would derive.
-    pub fn tokens_and_scores(&self) -> (Vec<String>, Vec<f32>) {
+    /// BPE with the file's merges ("left right" each, best first), no byte fallback and no
+    /// unknown token (characters outside the vocabulary are dropped): `tokenizers`' BPE as
+    /// transformers builds it for a byte-level GGUF vocabulary (`tokens` respelled in the
+    /// byte alphabet).
+    pub fn listed<T: AsRef<str>>(tokens: &[T], merges: &[String]) -> Result<Self> {
+        let vocab = Vocabulary::build(tokens)?;
+        let ranks = Ranks::listed(&vocab, merges)?;
+        Ok(Self { vocab: Arc::new(vocab), ranks: Arc::new(ranks), unk: None, byte_fallback: false })
+    }
+
+    /// The configuration as `tokenizers`' BPE builder takes it: every id's spelling (ids that
+    /// a later duplicate shadows included) and the merges, listed (derived from the scores for
+    /// a scored model, which builds the whole list: for saving, not for encoding).
+    pub fn to_hf(&self) -> tokenizers::Result<tokenizers::models::bpe::BPE> {
+        use tokenizers::models::bpe::{Vocab, BPE};
         let v = &self.vocab;
-        ((0..v.ends.len() as u32).map(|id| v.spelling(id).to_owned()).collect(), v.scores.to_vec())
-    }
-
-    pub fn unk_token(&self) -> Option<&str> {
-        self.unk.as_deref()
+        let tokens: Vec<String> = (0..v.ends.len() as u32).map(|id| v.spelling(id).to_owned()).collect();
+        let merges = match &*self.ranks {
+            Ranks::Scored(scores) => generate_merges(&tokens, scores),
+            Ranks::Listed(table) => {
+                let mut listed: Vec<&[u32; 4]> = table.iter().filter(|e| e[0] != NONE).collect();
+                listed.sort_unstable_by_key(|e| e[2]);
+                listed.iter().map(|e| (v.spelling(e[0]).to_owned(), v.spelling(e[1]).to_owned())).collect()
+            }
+        };
+        let mut vocab = Vocab::with_capacity(tokens.len());
+        for (id, token) in tokens.into_iter().enumerate() {
+            vocab.insert(token, id as u32);
+        }
+        let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(self.byte_fallback);
+        if matches!(*self.ranks, Ranks::Listed(_)) {
+            // Only byte-level vocabularies are listed here; gguf_build sets these for them.
+            builder = builder.continuing_subword_prefix(String::new()).end_of_word_suffix(String::new());
+        }
+        builder = match &self.unk {
+            Some(unk) => builder.unk_token(unk.clone()).fuse_unk(true),
+            None => builder.fuse_unk(self.byte_fallback),
+        };
+        builder.build()
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -209,6 +311,10 @@ impl ScoredBpe {
     /// Distinct spellings, as `tokenizers`' vocabulary map counts them.
     pub fn vocab_size(&self) -> usize {
         self.vocab.distinct
+    }
+
+    fn merge(&self, left: u32, right: u32, joined: &mut String) -> Option<(Rank, u32)> {
+        self.ranks.merge(&self.vocab, left, right, joined)
     }
 
     /// `BPE::tokenize` of one pre-tokenized word: `(id, byte range in word)` per token.
@@ -252,8 +358,10 @@ impl ScoredBpe {
                 push(id, s.len());
                 continue;
             }
-            let bytes: Option<Vec<u32>> =
-                s.bytes().map(|b| Some(v.byte_ids[b as usize]).filter(|&id| id != NONE)).collect();
+            let bytes: Option<Vec<u32>> = self
+                .byte_fallback
+                .then(|| s.bytes().map(|b| Some(v.byte_ids[b as usize]).filter(|&id| id != NONE)).collect())
+                .flatten();
             if let Some(bytes) = bytes {
                 for id in bytes {
                     push(id, 1);
@@ -276,11 +384,10 @@ impl ScoredBpe {
     /// `Word::merge_all` without dropout: repeatedly merge the pair of lowest rank (leftmost
     /// among equals), skipping queue entries that earlier merges made stale.
     fn merge_all(&self, symbols: &mut [Symbol]) {
-        let v = &self.vocab;
         let mut joined = String::new();
         let mut queue: BinaryHeap<Reverse<(Rank, usize, u32)>> = BinaryHeap::with_capacity(symbols.len());
         for pos in 0..symbols.len().saturating_sub(1) {
-            if let Some((rank, id)) = v.merge(symbols[pos].id, symbols[pos + 1].id, &mut joined) {
+            if let Some((rank, id)) = self.merge(symbols[pos].id, symbols[pos + 1].id, &mut joined) {
                 queue.push(Reverse((rank, pos, id)));
             }
         }
@@ -290,7 +397,7 @@ impl ScoredBpe {
             }
             let next = symbols[pos].next as usize;
             let right = symbols[next];
-            if v.merge(symbols[pos].id, right.id, &mut joined).is_none_or(|(_, id)| id != new_id) {
+            if self.merge(symbols[pos].id, right.id, &mut joined).is_none_or(|(_, id)| id != new_id) {
                 continue;
             }
             symbols[pos].id = new_id;
@@ -303,12 +410,12 @@ impl ScoredBpe {
             let current = symbols[pos];
             if current.prev >= 0 {
                 let prev = current.prev as usize;
-                if let Some((rank, id)) = v.merge(symbols[prev].id, current.id, &mut joined) {
+                if let Some((rank, id)) = self.merge(symbols[prev].id, current.id, &mut joined) {
                     queue.push(Reverse((rank, prev, id)));
                 }
             }
             if current.next >= 0 && (current.next as usize) < symbols.len() {
-                if let Some((rank, id)) = v.merge(current.id, symbols[current.next as usize].id, &mut joined) {
+                if let Some((rank, id)) = self.merge(current.id, symbols[current.next as usize].id, &mut joined) {
                     queue.push(Reverse((rank, pos, id)));
                 }
             }
@@ -320,7 +427,7 @@ impl ScoredBpe {
 /// tokens of the vocabulary, best score first. Python dict semantics are kept: a duplicate token
 /// keeps its first position in iteration but its last id and score.
 ///
-/// Used where the merges must be listed (a tokenizer.json saved from a [`ScoredBpe`], a
+/// Used where the merges must be listed (a tokenizer.json saved from a [`CompactBpe`], a
 /// byte-level file without merges) and by the tests as the reference; built for large
 /// vocabularies (Gemma 3's 262,144 tokens give 514,847 merges in ~1 s): one hash
 /// lookup per half, with a fast hasher, and sort keys computed once per merge (ids, score,
@@ -375,5 +482,5 @@ pub(crate) fn generate_merges(tokens: &[String], scores: &[f32]) -> Vec<(String,
 }
 
 #[cfg(test)]
-#[path = "scored_bpe_tests.rs"]
+#[path = "compact_bpe_tests.rs"]
 mod tests;
