@@ -355,16 +355,10 @@ pub fn compact_tokenizer_mismatches(model: &Path, goldens: &[Golden]) -> Vec<Str
         éèçàßøñüÅ日本語の猫は可愛いです中文字符한국어русскийтекстالعربيةहिन्दी🙂🚀👩‍💻\u{0301}\u{200b}\u{7}"
         .chars()
         .collect();
-    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = loupe_core::SplitMix64(0x2545_f491_4f6c_dd1d);
     for _ in 0..400 {
-        let mut text = String::new();
-        for _ in 0..1 + state % 120 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            text.push(pool[(state % pool.len() as u64) as usize]);
-        }
-        texts.push(text);
+        let len = 1 + rng.below(120);
+        texts.push((0..len).map(|_| pool[rng.below(pool.len())]).collect());
     }
     texts.push("fn main() {\n    let x = vec![1, 2, 3];\n\n\n        println!(\"{x:?}\");\n}\n".into());
     texts.push("   leading and trailing   ".into());

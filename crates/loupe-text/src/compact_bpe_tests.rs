@@ -1,23 +1,8 @@
+use loupe_core::SplitMix64 as Rng;
 use tokenizers::Model;
 
 use super::*;
 use crate::backend::TokenModel;
-
-/// xorshift64*: a seeded stream for the random vocabularies (no dependency for a test).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 const ALPHABET: [&str; 7] = ["a", "b", "c", "\u{2581}", "é", "ß", "猫"];
 

@@ -2,23 +2,8 @@
 //! vocabularies of short pieces over a small alphabet (so merges happen) and random bytes.
 //! A failure names the iteration; the seed is fixed.
 
+use loupe_core::SplitMix64;
 use loupe_text::fuzzing::compact_bpe;
-
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 fn run(i: usize, input: &[u8]) {
     if std::panic::catch_unwind(|| compact_bpe(input)).is_err() {
@@ -41,7 +26,7 @@ fn compact_bpe_agrees_with_tokenizers_bpe_on_seeded_inputs() {
         }
         if i % 5 == 0 {
             // Raw bytes: invalid UTF-8, stray separators.
-            input.extend((0..rng.below(64)).map(|_| rng.next() as u8));
+            input.extend((0..rng.below(64)).map(|_| rng.next_u64() as u8));
         } else {
             for _ in 0..rng.below(60) {
                 input.extend_from_slice(alphabet[rng.below(alphabet.len())]);
