@@ -66,7 +66,7 @@ impl Model for TokenModel {
             Self::Compact(bpe) => Ok(bpe
                 .tokenize(sequence)?
                 .into_iter()
-                .map(|(id, offsets)| Token::new(id, bpe.id_to_token(id).unwrap_or_default().to_owned(), offsets))
+                .map(|(id, offsets)| Token::new(id, bpe.spelling(id).to_owned(), offsets))
                 .collect()),
         }
     }

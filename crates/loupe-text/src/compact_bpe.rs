@@ -23,6 +23,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
+use tokenizers::models::bpe::{Vocab, BPE};
+
 use crate::error::{Result, TextError};
 use crate::spec::invalid;
 
@@ -63,7 +65,6 @@ pub struct CompactBpe {
     vocab: Arc<Vocabulary>,
     ranks: Arc<Ranks>,
     unk: Option<String>,
-    byte_fallback: bool,
 }
 
 /// A pair's place in the merge list, smaller first. Listed: `(rank, 0, 0, 0)`. Scored: the
@@ -176,11 +177,8 @@ impl Ranks {
         let mask = capacity - 1;
         let mut joined = String::new();
         for (rank, merge) in merges.iter().enumerate() {
+            let (l, r) = split_merge(rank, merge)?;
             let bad = |what: &str| invalid("tokenizer.ggml.merges", format!("merge {rank} ({merge:?}) {what}"));
-            let (l, r) = merge
-                .split_once(' ')
-                .filter(|(_, r)| !r.contains(' '))
-                .ok_or_else(|| bad("is not two tokens separated by one space"))?;
             joined.clear();
             joined.push_str(l);
             joined.push_str(r);
@@ -247,7 +245,6 @@ impl CompactBpe {
             vocab: Arc::new(Vocabulary::build(tokens)?),
             ranks: Arc::new(Ranks::Scored(scores.into())),
             unk: unk.map(str::to_owned),
-            byte_fallback: true,
         })
     }
 
@@ -258,14 +255,13 @@ impl CompactBpe {
     pub fn listed<T: AsRef<str>>(tokens: &[T], merges: &[String]) -> Result<Self> {
         let vocab = Vocabulary::build(tokens)?;
         let ranks = Ranks::listed(&vocab, merges)?;
-        Ok(Self { vocab: Arc::new(vocab), ranks: Arc::new(ranks), unk: None, byte_fallback: false })
+        Ok(Self { vocab: Arc::new(vocab), ranks: Arc::new(ranks), unk: None })
     }
 
     /// The configuration as `tokenizers`' BPE builder takes it: every id's spelling (ids that
     /// a later duplicate shadows included) and the merges, listed (derived from the scores for
     /// a scored model, which builds the whole list: for saving, not for encoding).
-    pub fn to_hf(&self) -> tokenizers::Result<tokenizers::models::bpe::BPE> {
-        use tokenizers::models::bpe::{Vocab, BPE};
+    pub fn to_hf(&self) -> tokenizers::Result<BPE> {
         let v = &self.vocab;
         let tokens: Vec<String> = (0..v.ends.len() as u32).map(|id| v.spelling(id).to_owned()).collect();
         let merges = match &*self.ranks {
@@ -276,20 +272,17 @@ impl CompactBpe {
                 listed.iter().map(|e| (v.spelling(e[0]).to_owned(), v.spelling(e[1]).to_owned())).collect()
             }
         };
-        let mut vocab = Vocab::with_capacity(tokens.len());
-        for (id, token) in tokens.into_iter().enumerate() {
-            vocab.insert(token, id as u32);
-        }
-        let mut builder = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(self.byte_fallback);
-        if matches!(*self.ranks, Ranks::Listed(_)) {
-            // Only byte-level vocabularies are listed here; gguf_build sets these for them.
-            builder = builder.continuing_subword_prefix(String::new()).end_of_word_suffix(String::new());
-        }
-        builder = match &self.unk {
-            Some(unk) => builder.unk_token(unk.clone()).fuse_unk(true),
-            None => builder.fuse_unk(self.byte_fallback),
-        };
-        builder.build()
+        tokenizers_bpe(&tokens, merges, !self.is_sentencepiece(), self.unk.as_deref())
+    }
+
+    /// Scored vocabularies are SentencePiece ones (byte fallback), listed ones byte-level.
+    fn is_sentencepiece(&self) -> bool {
+        matches!(*self.ranks, Ranks::Scored(_))
+    }
+
+    /// The spelling of an id that [`Self::tokenize`] returned (always its spelling's id).
+    pub fn spelling(&self, id: u32) -> &str {
+        self.vocab.spelling(id)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -359,7 +352,7 @@ impl CompactBpe {
                 continue;
             }
             let bytes: Option<Vec<u32>> = self
-                .byte_fallback
+                .is_sentencepiece()
                 .then(|| s.bytes().map(|b| Some(v.byte_ids[b as usize]).filter(|&id| id != NONE)).collect())
                 .flatten();
             if let Some(bytes) = bytes {
@@ -421,6 +414,41 @@ impl CompactBpe {
             }
         }
     }
+}
+
+/// `tokenizers`' BPE as transformers configures it for a GGUF vocabulary: `tokens` as a Python
+/// dict (a later duplicate overwrites the id), and either byte-level (GPT-2: empty subword
+/// prefix and suffix, unknowns not fused) or SentencePiece (byte fallback, fused unknowns,
+/// `unk` when the tokenizer class names one). What [`CompactBpe`] stands for, the builder of
+/// the vocabularies it does not hold, and the tests' reference.
+pub(crate) fn tokenizers_bpe<T: AsRef<str>>(
+    tokens: &[T],
+    merges: Vec<(String, String)>,
+    byte_level: bool,
+    unk: Option<&str>,
+) -> tokenizers::Result<BPE> {
+    let mut vocab = Vocab::with_capacity(tokens.len());
+    for (id, token) in tokens.iter().enumerate() {
+        vocab.insert(token.as_ref().to_owned(), id as u32);
+    }
+    let builder = BPE::builder().vocab_and_merges(vocab, merges);
+    let builder = if byte_level {
+        builder.continuing_subword_prefix(String::new()).end_of_word_suffix(String::new()).fuse_unk(false)
+    } else {
+        builder.fuse_unk(true).byte_fallback(true)
+    };
+    match unk {
+        Some(unk) => builder.unk_token(unk.to_owned()),
+        None => builder,
+    }
+    .build()
+}
+
+/// Merge `i` of `tokenizer.ggml.merges`, "left right" with exactly one space.
+pub(crate) fn split_merge(i: usize, merge: &str) -> Result<(&str, &str)> {
+    merge.split_once(' ').filter(|(_, r)| !r.contains(' ')).ok_or_else(|| {
+        invalid("tokenizer.ggml.merges", format!("merge {i} ({merge:?}) is not two tokens separated by one space"))
+    })
 }
 
 /// `generate_merges(vocab, vocab_scores)` of transformers: every split of every token into two

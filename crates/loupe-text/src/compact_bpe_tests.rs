@@ -89,24 +89,6 @@ fn random_merges(tokens: &[String], rng: &mut Rng) -> Vec<String> {
     merges
 }
 
-/// `tokenizers`' BPE as gguf_build configured it for byte-level files before `CompactBpe`.
-fn byte_level_reference(tokens: &[String], merges: &[String]) -> tokenizers::models::ModelWrapper {
-    use tokenizers::models::bpe::{Vocab, BPE};
-    let mut vocab = Vocab::new();
-    for (id, t) in tokens.iter().enumerate() {
-        vocab.insert(t.clone(), id as u32);
-    }
-    let merges = merges.iter().map(|m| m.split_once(' ').map(|(l, r)| (l.to_owned(), r.to_owned())).unwrap()).collect();
-    BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .continuing_subword_prefix(String::new())
-        .end_of_word_suffix(String::new())
-        .fuse_unk(false)
-        .build()
-        .expect("reference BPE")
-        .into()
-}
-
 #[test]
 fn listed_merges_give_the_ids_and_offsets_of_tokenizers_bpe() {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
@@ -114,7 +96,9 @@ fn listed_merges_give_the_ids_and_offsets_of_tokenizers_bpe() {
         let (tokens, _) = random_vocab(&mut rng);
         let merges = random_merges(&tokens, &mut rng);
         let ours: TokenModel = CompactBpe::listed(&tokens, &merges).expect("build").into();
-        let reference = byte_level_reference(&tokens, &merges);
+        let pairs = merges.iter().map(|m| m.split_once(' ').map(|(l, r)| (l.to_owned(), r.to_owned())).unwrap());
+        let reference: tokenizers::models::ModelWrapper =
+            tokenizers_bpe(&tokens, pairs.collect(), true, None).expect("reference BPE").into();
         let saved = ours.to_hf().expect("listed");
         assert_eq!(ours.get_vocab(), reference.get_vocab(), "vocabulary {vocab_seed}");
         for _ in 0..200 {

@@ -4,11 +4,10 @@
 //! it. Building may fail on bad input, the same way for both; neither may panic, and when both
 //! tokenize they must agree.
 
-use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::Model;
 
 use crate::backend::TokenModel;
-use crate::compact_bpe::{generate_merges, CompactBpe};
+use crate::compact_bpe::{generate_merges, split_merge, tokenizers_bpe, CompactBpe};
 
 /// `data`: tokens separated by 0xFF bytes (lossy UTF-8), the last segment the text. The text's
 /// first byte picks the model: bit 1 set, listed merges (every split of a token into two
@@ -38,32 +37,16 @@ pub fn compact_bpe(data: &[u8]) {
             merges.push(format!("{a} {b}"));
         }
         let ours = CompactBpe::listed(&tokens, &merges);
-        let pairs = merges.iter().map(|m| m.split_once(' ').map(|(l, r)| (l.to_owned(), r.to_owned())));
-        let reference = pairs
-            .collect::<Option<Vec<_>>>()
-            .filter(|_| merges.iter().all(|m| m.matches(' ').count() == 1))
-            .and_then(|merges| {
-                BPE::builder()
-                    .vocab_and_merges(vocab_of(&tokens), merges)
-                    .continuing_subword_prefix(String::new())
-                    .end_of_word_suffix(String::new())
-                    .fuse_unk(false)
-                    .build()
-                    .ok()
-            });
+        let pairs =
+            merges.iter().enumerate().map(|(i, m)| split_merge(i, m).map(|(l, r)| (l.to_owned(), r.to_owned())));
+        let reference =
+            pairs.collect::<crate::Result<Vec<_>>>().ok().and_then(|m| tokenizers_bpe(&tokens, m, true, None).ok());
         (ours, reference)
     } else {
         let scores: Vec<f32> = parts.iter().map(|p| -f32::from(p.first().copied().unwrap_or(0) % 8)).collect();
         let unk = (mode % 2 == 1 && !tokens.is_empty()).then(|| tokens[0].as_str());
         let ours = CompactBpe::scored(&tokens, &scores, unk);
-        let mut builder = BPE::builder()
-            .vocab_and_merges(vocab_of(&tokens), generate_merges(&tokens, &scores))
-            .fuse_unk(true)
-            .byte_fallback(true);
-        if let Some(unk) = unk {
-            builder = builder.unk_token(unk.to_owned());
-        }
-        (ours, builder.build().ok())
+        (ours, tokenizers_bpe(&tokens, generate_merges(&tokens, &scores), false, unk).ok())
     };
     let (ours, reference) = match (ours, reference) {
         (Ok(ours), Some(reference)) => (TokenModel::from(ours), reference),
@@ -84,8 +67,4 @@ pub fn compact_bpe(data: &[u8]) {
             (a, b) => panic!("one model failed: {a:?} vs {b:?} on {word:?} of vocabulary {tokens:?}"),
         }
     }
-}
-
-fn vocab_of(tokens: &[String]) -> Vocab {
-    tokens.iter().enumerate().map(|(id, t)| (t.clone(), id as u32)).collect()
 }

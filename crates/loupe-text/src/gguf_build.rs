@@ -26,7 +26,6 @@ use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
-use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -36,7 +35,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::backend::{Backend, TokenModel};
-use crate::compact_bpe::{generate_merges, CompactBpe};
+use crate::compact_bpe::{generate_merges, split_merge, tokenizers_bpe, CompactBpe};
 use crate::error::{Result, TextError};
 use crate::spec::{invalid, token_type, TokenizerSpec};
 
@@ -128,18 +127,8 @@ fn byte_level_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
         .collect();
     let bpe: TokenModel = if spec.merges.is_empty() {
         // Merges derived from the scores over the unrespelled tokens, as transformers does.
-        let mut vocab = Vocab::with_capacity(keys.len());
-        for (id, key) in keys.iter().enumerate() {
-            vocab.insert(key.to_string(), id as u32);
-        }
-        BPE::builder()
-            .vocab_and_merges(vocab, derived_merges(spec, &spec.tokens)?)
-            .continuing_subword_prefix(String::new())
-            .end_of_word_suffix(String::new())
-            .fuse_unk(false)
-            .build()
-            .map_err(|e| build_err("BPE model", e))?
-            .into()
+        let merges = generate_merges(&spec.tokens, scores_to_rank(spec, None)?);
+        tokenizers_bpe(&keys, merges, true, None).map_err(|e| build_err("BPE model", e))?.into()
     } else {
         CompactBpe::listed(&keys, &spec.merges)?.into()
     };
@@ -177,21 +166,15 @@ fn sentencepiece_bpe<T: AsRef<str>>(
     unk: Option<&str>,
 ) -> Result<TokenModel> {
     if spec.merges.is_empty() {
-        let scores = vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
-            invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
-        })?;
-        return Ok(CompactBpe::scored(tokens, scores, unk)?.into());
+        return Ok(CompactBpe::scored(tokens, scores_to_rank(spec, vocab_scores)?, unk)?.into());
     }
-    let mut vocab = Vocab::with_capacity(tokens.len());
-    for (id, token) in tokens.iter().enumerate() {
-        vocab.insert(token.as_ref().to_owned(), id as u32);
-    }
-    let merges = file_merges(spec)?;
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges).fuse_unk(true).byte_fallback(true);
-    if let Some(unk) = unk {
-        builder = builder.unk_token(unk.into());
-    }
-    Ok(builder.build().map_err(|e| build_err("BPE model", e))?.into())
+    let merges = spec
+        .merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| split_merge(i, m).map(|(l, r)| (l.to_owned(), r.to_owned())))
+        .collect::<Result<_>>()?;
+    Ok(tokenizers_bpe(tokens, merges, false, unk).map_err(|e| build_err("BPE model", e))?.into())
 }
 
 /// The SentencePiece decoder: `▁` back to spaces, byte tokens to bytes, fused; `strip_prefix`
@@ -254,28 +237,12 @@ fn gemma_tokenizer(spec: &TokenizerSpec) -> Result<Backend> {
     Ok(tokenizer)
 }
 
-/// `get_merges(tokenizer_dict, vocab_scores)` of a byte-level vocabulary without merges: ones
-/// derived from `tokens` ranked by the file's scores.
-fn derived_merges(spec: &TokenizerSpec, tokens: &[String]) -> Result<Vec<(String, String)>> {
-    let scores = spec.scores.as_deref().ok_or_else(|| {
+/// The scores `get_merges(tokenizer_dict, vocab_scores)` ranks derived merges by: the
+/// class's `vocab_scores`, else the file's.
+fn scores_to_rank<'s>(spec: &'s TokenizerSpec, vocab_scores: Option<&'s [f32]>) -> Result<&'s [f32]> {
+    vocab_scores.or(spec.scores.as_deref()).ok_or_else(|| {
         invalid("tokenizer.ggml.scores", "needed to derive merges: the file has neither merges nor scores")
-    })?;
-    Ok(generate_merges(tokens, scores))
-}
-
-/// `tokenizer.ggml.merges`, each "left right".
-fn file_merges(spec: &TokenizerSpec) -> Result<Vec<(String, String)>> {
-    spec.merges
-        .iter()
-        .enumerate()
-        .map(|(i, m)| match m.split(' ').collect::<Vec<_>>().as_slice() {
-            [l, r] => Ok(((*l).to_owned(), (*r).to_owned())),
-            _ => Err(invalid(
-                "tokenizer.ggml.merges",
-                format!("merge {i} ({m:?}) is not two tokens separated by one space"),
-            )),
-        })
-        .collect()
+    })
 }
 
 /// `add_gguf_special_tokens`: CONTROL tokens become special added tokens (in a byte-level vocab
