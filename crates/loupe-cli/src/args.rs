@@ -413,6 +413,25 @@ mod tests {
     }
 }
 
+/// `--prefill-chunk` (`generate`, `bench`): prompt rows per forward pass of one sequence.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct PrefillArgs {
+    /// Prompt rows per forward pass: a longer prompt runs in chunks of this many rows, so
+    /// prefill's activation buffers stay this size whatever the prompt's length (llama.cpp's
+    /// --ubatch-size) [default: 512]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefill_chunk: Option<u32>,
+}
+
+impl PrefillArgs {
+    /// Sets the engine's chunk when the flag is given.
+    pub fn apply(&self, engine: &mut loupe_runtime::Engine) {
+        if let Some(rows) = self.prefill_chunk {
+            engine.set_prefill_chunk(rows as usize);
+        }
+    }
+}
+
 /// `--profile` and its output (`generate`, `bench`, `serve`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct ProfileArgs {

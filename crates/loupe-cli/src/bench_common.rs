@@ -50,6 +50,8 @@ pub struct BenchArgs {
     pub no_ceiling: bool,
     #[command(flatten)]
     pub engine: crate::args::BatchEngineArgs,
+    #[command(flatten)]
+    pub prefill: crate::args::PrefillArgs,
     /// With a grammar (--json-schema, --regex, ...): two more decode tests, alternated run
     /// by run, greedy decoding without and with the grammar's masks, and their ratio (what
     /// constrained decoding costs at batch 1).

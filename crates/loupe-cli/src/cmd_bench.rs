@@ -70,11 +70,12 @@ impl DecodeTraffic {
 pub fn run(args: BenchArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     check_args(&args)?;
     let profiler = args.profile.profiler()?;
-    let engine = load(
+    let mut engine = load(
         &args.model,
         Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Auto)) },
         debug,
     )?;
+    args.prefill.apply(&mut engine);
     if let Some(counts) = args.batch.clone() {
         crate::bench_batch::run(&engine, &args, &counts.0)?;
         return args.profile.report(profiler.as_ref());

@@ -61,6 +61,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub speculation: crate::args::SpeculationArgs,
     #[command(flatten)]
+    pub prefill: crate::args::PrefillArgs,
+    #[command(flatten)]
     pub profile: crate::args::ProfileArgs,
 }
 
@@ -128,11 +130,12 @@ pub fn run(args: GenerateArgs, debug: &DebugOptions) -> anyhow::Result<()> {
     let grammar = args.grammar.spec()?;
     let speculation = args.speculation.config(crate::load::draft_model(&args.speculation, &args.model)?)?;
     let profiler = args.profile.profiler()?;
-    let engine = load(
+    let mut engine = load(
         &args.model,
         Load { profiler: profiler.clone(), ..Load::new(args.model.precision_or(PrecisionArg::Auto)) },
         debug,
     )?;
+    args.prefill.apply(&mut engine);
     let prompt = Prompt { text: &args.prompt, chat: args.chat, system: args.system.as_deref() };
     let prompt_tokens = engine.prompt_tokens(&prompt).map_err(cli_error)?;
     let context = engine.config().max_position_embeddings();

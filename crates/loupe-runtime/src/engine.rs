@@ -141,6 +141,7 @@ pub struct Engine {
     ir_files: Vec<PathBuf>,
     profiler: Option<Profiler>,
     grammars: std::sync::OnceLock<Result<Grammars, ConstraintError>>,
+    prefill_chunk: usize,
 }
 
 impl Engine {
@@ -195,6 +196,7 @@ impl Engine {
             ir_files,
             profiler: options.profiler,
             grammars: std::sync::OnceLock::new(),
+            prefill_chunk: crate::DEFAULT_PREFILL_CHUNK,
         })
     }
 
@@ -261,7 +263,14 @@ impl Engine {
     pub fn session(&self, context: usize) -> Session<'_> {
         let mut s = Session::new(&self.model.graph, context, &self.debug);
         s.set_profiler(self.profiler.clone());
+        s.set_prefill_chunk(self.prefill_chunk);
         s
+    }
+
+    /// Prompt rows per forward pass of this engine's sessions ([`Session::forward`]);
+    /// at least 1. The batched engine chunks prompts by its own token budget.
+    pub fn set_prefill_chunk(&mut self, rows: usize) {
+        self.prefill_chunk = rows.max(1);
     }
 
     /// Token ids as transformers builds them: the chat template rendered and encoded without

@@ -68,7 +68,13 @@ pub struct Session<'g> {
     graph: &'g Graph,
     executor: Executor,
     kv: KvCache,
+    prefill_chunk: usize,
 }
+
+/// Rows per executor call when [`Session::forward`] runs a long prompt (see there): 512, the
+/// default of llama.cpp's `n_ubatch` (common/common.h), which prefills at full speed on every
+/// model of the benchmark matrix (BENCHMARKS.md, "prefill in chunks").
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
 impl<'g> Session<'g> {
     /// A session whose cache holds up to `context` positions (at most the model's window)
@@ -77,7 +83,16 @@ impl<'g> Session<'g> {
     pub fn new(graph: &'g Graph, context: usize, debug: &DebugOptions) -> Session<'g> {
         let capacity = context.min(graph.context_length);
         let kv = KvCache::with_dtype(graph.kv_layers, graph.kv_width, capacity, graph.kv_dtype);
-        Session { graph, executor: Executor::new(graph, debug), kv }
+        Session { graph, executor: Executor::new(graph, debug), kv, prefill_chunk: DEFAULT_PREFILL_CHUNK }
+    }
+
+    /// Rows per executor call of a chunked prompt ([`Session::forward`]); at least 1.
+    pub fn set_prefill_chunk(&mut self, rows: usize) {
+        self.prefill_chunk = rows.max(1);
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
     }
 
     pub fn graph(&self) -> &Graph {
@@ -114,13 +129,38 @@ impl<'g> Session<'g> {
 
     /// Runs `tokens` after what is cached; returns the last token's logits (or every
     /// token's with `all_logits`), showing values to `observer`.
+    ///
+    /// A decoder's prompt longer than [`Session::prefill_chunk`] rows, run for its last
+    /// logits and without an observer, goes through the executor in chunks of that many
+    /// rows: the executor's activation buffers grow to the rows of its largest call, so the
+    /// chunk bounds prefill's memory whatever the prompt's length (llama.cpp's `n_ubatch`
+    /// plays the same part). Each chunk appends its keys and values to the cache and its
+    /// rows attend to every earlier position there, as one pass does: attention reads the
+    /// current pass's keys back from the cache too. Taps and every row's logits
+    /// (teacher forcing, encoders) keep one pass, so a dump holds the whole prompt.
     pub fn forward(
         &mut self,
         tokens: &[u32],
         all_logits: bool,
-        observer: Option<&mut dyn Observer>,
+        mut observer: Option<&mut dyn Observer>,
     ) -> Result<&[f32], RuntimeError> {
-        Ok(self.executor.run(self.graph, tokens, &mut self.kv, RunOptions { all_logits }, observer)?)
+        let chunk = self.prefill_chunk.max(1);
+        if all_logits || observer.is_some() || self.graph.encoder || tokens.len() <= chunk {
+            return Ok(self.executor.run(
+                self.graph,
+                tokens,
+                &mut self.kv,
+                RunOptions { all_logits },
+                observer.take(),
+            )?);
+        }
+        // Room for the whole prompt is checked before the first chunk, so a prompt that
+        // does not fit leaves the cache as it was.
+        self.kv.check_room(tokens.len())?;
+        for rows in tokens.chunks(chunk) {
+            self.executor.run(self.graph, rows, &mut self.kv, RunOptions { all_logits: false }, None)?;
+        }
+        Ok(self.executor.logits())
     }
 
     /// Teacher forcing: one forward pass over `tokens` from an empty cache; returns the

@@ -187,6 +187,11 @@ impl Executor {
         Ok(&self.logits)
     }
 
+    /// The logits of the last [`Executor::run`] or [`Executor::run_batch`].
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
     /// One batched step: `tokens` holds the spans' tokens one after the other (span `i`'s
     /// rows follow span `i - 1`'s). Keys and values go into each span's blocks of `kv`;
     /// every op computes each row with arithmetic that does not depend on the other rows
