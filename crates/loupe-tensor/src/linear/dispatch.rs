@@ -37,14 +37,23 @@ pub(crate) fn avx2_kernels_at(isa: Isa, ty: GgmlType) -> bool {
 /// instead of the multi-row kernels, whose per-weight-row preparation (every block's scale
 /// products for 16 lanes of rows, the offset chain) does not pay off on so few rows: `isa`'s
 /// multi-row kernel for `ty` is the 512-bit one (8 rows per weight row) or the AVX2 one (4).
-/// The thresholds are where `loupe bench --batch` measured the multi-row kernels overtaking
-/// the GEMV on SmolLM2 at each ISA (BENCHMARKS.md, "Measurements once in doc comments").
+/// Both give the same bits, so this only chooses the faster. The thresholds are where the
+/// multi-row kernels overtook the GEMV: on SmolLM2 with `loupe bench --batch` (Intel, 3 rows
+/// at AVX-512); on AMD's AVX-512 cores (Zen 4: 512-bit vectors on 256-bit units), per type
+/// with `stream_gemv PREC=batch` (BENCHMARKS.md, "2026-11-30 (afternoon)").
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn gemv_max_rows(isa: Isa, ty: GgmlType) -> usize {
-    if avx512_rows_kernel(isa, ty).is_some() {
-        3
-    } else {
+    if avx512_rows_kernel(isa, ty).is_none() {
         8
+    } else if crate::quant::vendor_is_amd() {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_1 => 9,
+            GgmlType::Q4_0 => 7,
+            GgmlType::Q5_0 => 4,
+            _ => 3,
+        }
+    } else {
+        3
     }
 }
 

@@ -111,6 +111,30 @@ fn detect() -> Isa {
     Isa::Scalar
 }
 
+/// Whether this CPU is AMD's (CPUID leaf 0's vendor string `AuthenticAMD`). Its AVX-512
+/// cores (Zen 4) run 512-bit vectors on 256-bit units, which moves where one kernel
+/// overtakes another ([`crate::linear::dispatch`]).
+pub fn vendor_is_amd() -> bool {
+    static AMD: OnceLock<bool> = OnceLock::new();
+    *AMD.get_or_init(detect_amd)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_amd() -> bool {
+    // The vendor string is EBX, EDX, ECX of leaf 0 (AMD APM vol. 3, CPUID Fn0000_0000).
+    let leaf0 = std::arch::x86_64::__cpuid(0);
+    let mut vendor = [0u8; 12];
+    for (i, reg) in [leaf0.ebx, leaf0.edx, leaf0.ecx].into_iter().enumerate() {
+        vendor[4 * i..4 * i + 4].copy_from_slice(&reg.to_le_bytes());
+    }
+    &vendor == b"AuthenticAMD"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_amd() -> bool {
+    false
+}
+
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the OS granted this process the tile
 /// state (asked once; later calls return the first answer).
 pub fn tiles_usable() -> bool {
@@ -136,4 +160,18 @@ fn request_tiles() -> bool {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 fn request_tiles() -> bool {
     false
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests {
+    /// CPUID's vendor against the kernel's reading of it.
+    #[test]
+    fn vendor_matches_proc_cpuinfo() {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("reading /proc/cpuinfo");
+        let vendor = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("vendor_id").map(|v| v.trim_start_matches([' ', '\t', ':']).trim()))
+            .expect("/proc/cpuinfo has a vendor_id line");
+        assert_eq!(super::vendor_is_amd(), vendor == "AuthenticAMD", "vendor_id {vendor}");
+    }
 }

@@ -80,7 +80,7 @@ mod avx512_tile;
 #[cfg(target_endian = "big")]
 compile_error!("loupe reads GGML blocks in place as little-endian; big-endian targets are unsupported");
 
-pub use isa::Isa;
+pub use isa::{vendor_is_amd, Isa};
 
 use crate::TensorError;
 use loupe_core::GgmlType;
