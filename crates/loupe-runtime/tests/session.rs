@@ -35,6 +35,11 @@ fn continue_greedy(session: &mut Session<'_>, logits: &[f32], n: usize) -> Vec<u
     out
 }
 
+/// How far chunked and one-pass values may drift apart: a chunk of few rows runs decode's
+/// kernels where one pass runs the prompt's (another activation rounding, ~1e-3 relative at
+/// AVX2), while a chunk at the wrong positions or in the wrong order is off by O(1).
+const CHUNK_TOLERANCE: f32 = 1e-2;
+
 #[test]
 fn a_prompt_in_chunks_computes_what_one_pass_computes() {
     let engine = engine();
@@ -48,14 +53,14 @@ fn a_prompt_in_chunks_computes_what_one_pass_computes() {
         let chunked_logits = chunked.forward(&tokens, false, None).unwrap().to_vec();
         assert_eq!(chunked.position(), len, "prompt {len}, chunk {chunk}: cached positions");
         let diff = relative_diff(&whole_logits, &chunked_logits);
-        assert!(diff < 1e-3, "prompt {len}, chunk {chunk}: last logits differ by {diff} (relative)");
+        assert!(diff < CHUNK_TOLERANCE, "prompt {len}, chunk {chunk}: last logits differ by {diff} (relative)");
         for layer in 0..engine.graph().kv_layers {
             let (wk, wv) = whole.kv().layer(layer);
             let (ck, cv) = chunked.kv().layer(layer);
             for (name, w, c) in [("keys", wk, ck), ("values", wv, cv)] {
                 let (w, c) = (w.to_f32_vec(), c.to_f32_vec());
                 let diff = relative_diff(&w, &c);
-                assert!(diff < 1e-3, "prompt {len}, chunk {chunk}: layer {layer} {name} differ by {diff}");
+                assert!(diff < CHUNK_TOLERANCE, "prompt {len}, chunk {chunk}: layer {layer} {name} differ by {diff}");
             }
         }
         assert_eq!(
