@@ -142,17 +142,11 @@ impl<'g> Session<'g> {
         &mut self,
         tokens: &[u32],
         all_logits: bool,
-        mut observer: Option<&mut dyn Observer>,
+        observer: Option<&mut dyn Observer>,
     ) -> Result<&[f32], RuntimeError> {
-        let chunk = self.prefill_chunk.max(1);
+        let chunk = self.prefill_chunk;
         if all_logits || observer.is_some() || self.graph.encoder || tokens.len() <= chunk {
-            return Ok(self.executor.run(
-                self.graph,
-                tokens,
-                &mut self.kv,
-                RunOptions { all_logits },
-                observer.take(),
-            )?);
+            return Ok(self.executor.run(self.graph, tokens, &mut self.kv, RunOptions { all_logits }, observer)?);
         }
         // Room for the whole prompt is checked before the first chunk, so a prompt that
         // does not fit leaves the cache as it was.

@@ -444,8 +444,14 @@ pub(crate) fn tokenizers_bpe<T: AsRef<str>>(
     .build()
 }
 
+/// `tokenizer.ggml.merges` as the owned pairs `tokenizers`' BPE builder takes ([`split_merge`]
+/// each).
+pub(crate) fn merge_pairs(merges: &[String]) -> Result<Vec<(String, String)>> {
+    merges.iter().enumerate().map(|(i, m)| split_merge(i, m).map(|(l, r)| (l.to_owned(), r.to_owned()))).collect()
+}
+
 /// Merge `i` of `tokenizer.ggml.merges`, "left right" with exactly one space.
-pub(crate) fn split_merge(i: usize, merge: &str) -> Result<(&str, &str)> {
+fn split_merge(i: usize, merge: &str) -> Result<(&str, &str)> {
     merge.split_once(' ').filter(|(_, r)| !r.contains(' ')).ok_or_else(|| {
         invalid("tokenizer.ggml.merges", format!("merge {i} ({merge:?}) is not two tokens separated by one space"))
     })

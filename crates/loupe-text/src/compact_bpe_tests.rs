@@ -96,9 +96,9 @@ fn listed_merges_give_the_ids_and_offsets_of_tokenizers_bpe() {
         let (tokens, _) = random_vocab(&mut rng);
         let merges = random_merges(&tokens, &mut rng);
         let ours: TokenModel = CompactBpe::listed(&tokens, &merges).expect("build").into();
-        let pairs = merges.iter().map(|m| m.split_once(' ').map(|(l, r)| (l.to_owned(), r.to_owned())).unwrap());
+        let pairs = merge_pairs(&merges).expect("random merges are well-formed");
         let reference: tokenizers::models::ModelWrapper =
-            tokenizers_bpe(&tokens, pairs.collect(), true, None).expect("reference BPE").into();
+            tokenizers_bpe(&tokens, pairs, true, None).expect("reference BPE").into();
         let saved = ours.to_hf().expect("listed");
         assert_eq!(ours.get_vocab(), reference.get_vocab(), "vocabulary {vocab_seed}");
         for _ in 0..200 {

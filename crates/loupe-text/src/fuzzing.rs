@@ -7,7 +7,7 @@
 use tokenizers::Model;
 
 use crate::backend::TokenModel;
-use crate::compact_bpe::{generate_merges, split_merge, tokenizers_bpe, CompactBpe};
+use crate::compact_bpe::{generate_merges, merge_pairs, tokenizers_bpe, CompactBpe};
 
 /// `data`: tokens separated by 0xFF bytes (lossy UTF-8), the last segment the text. The text's
 /// first byte picks the model: bit 1 set, listed merges (every split of a token into two
@@ -37,10 +37,7 @@ pub fn compact_bpe(data: &[u8]) {
             merges.push(format!("{a} {b}"));
         }
         let ours = CompactBpe::listed(&tokens, &merges);
-        let pairs =
-            merges.iter().enumerate().map(|(i, m)| split_merge(i, m).map(|(l, r)| (l.to_owned(), r.to_owned())));
-        let reference =
-            pairs.collect::<crate::Result<Vec<_>>>().ok().and_then(|m| tokenizers_bpe(&tokens, m, true, None).ok());
+        let reference = merge_pairs(&merges).ok().and_then(|m| tokenizers_bpe(&tokens, m, true, None).ok());
         (ours, reference)
     } else {
         let scores: Vec<f32> = parts.iter().map(|p| -f32::from(p.first().copied().unwrap_or(0) % 8)).collect();

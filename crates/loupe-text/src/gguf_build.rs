@@ -35,7 +35,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::backend::{Backend, TokenModel};
-use crate::compact_bpe::{generate_merges, split_merge, tokenizers_bpe, CompactBpe};
+use crate::compact_bpe::{generate_merges, merge_pairs, tokenizers_bpe, CompactBpe};
 use crate::error::{Result, TextError};
 use crate::spec::{invalid, token_type, TokenizerSpec};
 
@@ -168,13 +168,7 @@ fn sentencepiece_bpe<T: AsRef<str>>(
     if spec.merges.is_empty() {
         return Ok(CompactBpe::scored(tokens, scores_to_rank(spec, vocab_scores)?, unk)?.into());
     }
-    let merges = spec
-        .merges
-        .iter()
-        .enumerate()
-        .map(|(i, m)| split_merge(i, m).map(|(l, r)| (l.to_owned(), r.to_owned())))
-        .collect::<Result<_>>()?;
-    Ok(tokenizers_bpe(tokens, merges, false, unk).map_err(|e| build_err("BPE model", e))?.into())
+    Ok(tokenizers_bpe(tokens, merge_pairs(&spec.merges)?, false, unk).map_err(|e| build_err("BPE model", e))?.into())
 }
 
 /// The SentencePiece decoder: `▁` back to spaces, byte tokens to bytes, fused; `strip_prefix`
