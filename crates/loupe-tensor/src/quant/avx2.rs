@@ -122,7 +122,7 @@ unsafe fn dot_u8(w: __m256i, a: __m256i) -> __m256i {
 /// one weight row with `NA` activation rows (`stride` floats apart), each with exactly the
 /// operations of the one-row `$name` (which is `$rows::<1>`), the weights loaded once.
 macro_rules! float_kernel {
-    ($name:ident, $rows:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
+    ($name:ident, $rows:ident, $chains:ident, $finish:ident, $segmented:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name(w: *const u8, a: *const u8, n: usize) -> f32 {
             $rows::<1>(w, a.cast::<f32>(), n, n)[0]
@@ -130,13 +130,30 @@ macro_rules! float_kernel {
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        #[allow(clippy::needless_range_loop)]
         pub(crate) unsafe fn $rows<const NA: usize>(w: *const u8, a: *const f32, n: usize, stride: usize) -> [f32; NA] {
             let mut acc = [[_mm256_setzero_ps(); 4]; NA];
-            let mut i = 0;
-            while i + 32 <= n {
+            let n32 = n / 32 * 32;
+            $chains::<NA>(w, a, stride, 0..n32, super::FLOAT_ROWS_PREFETCH, &mut acc);
+            $finish::<NA>(w, a, n, stride, n32, &acc)
+        }
+
+        /// `$rows`'s main loop over the elements `range` (whole steps of 32, below `n / 32 *
+        /// 32`) into its four chains per activation row, `acc` (in registers for the loop).
+        #[inline(always)]
+        #[allow(clippy::needless_range_loop)]
+        unsafe fn $chains<const NA: usize>(
+            w: *const u8,
+            a: *const f32,
+            stride: usize,
+            range: std::ops::Range<usize>,
+            ahead: usize,
+            acc_out: &mut [[__m256; 4]; NA],
+        ) {
+            let mut acc = *acc_out;
+            let mut i = range.start;
+            while i < range.end {
                 // As the AVX-512 kernels: the weights prefetched ahead into L2.
-                let ahead = w.wrapping_add(i * $wsize + super::FLOAT_ROWS_PREFETCH);
+                let ahead = w.wrapping_add(i * $wsize).wrapping_add(ahead);
                 for line in (0..32 * $wsize).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line).cast());
                 }
@@ -149,6 +166,23 @@ macro_rules! float_kernel {
                 }
                 i += 32;
             }
+            *acc_out = acc;
+        }
+
+        /// `$rows`'s end from element `n32 = n / 32 * 32`: the 8-wide steps into the first
+        /// chain, the chains' sum and reduction, the scalar tail.
+        #[inline(always)]
+        #[allow(clippy::needless_range_loop)]
+        unsafe fn $finish<const NA: usize>(
+            w: *const u8,
+            a: *const f32,
+            n: usize,
+            stride: usize,
+            n32: usize,
+            acc_in: &[[__m256; 4]; NA],
+        ) -> [f32; NA] {
+            let mut acc = *acc_in;
+            let mut i = n32;
             while i + 8 <= n {
                 let $p = w.add(i * $wsize);
                 let wv = $load;
@@ -169,14 +203,64 @@ macro_rules! float_kernel {
             }
             out
         }
+
+        /// `$rows` for `rows` weight rows against the same activation rows, segment by
+        /// segment, as the AVX-512 `float_kernel!`'s `$segmented`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(crate) unsafe fn $segmented<const NA: usize>(
+            w: *const u8,
+            wstride: usize,
+            rows: usize,
+            a: *const f32,
+            n: usize,
+            stride: usize,
+            out: &mut [f32],
+        ) {
+            super::float_segmented_body!(
+                $chains,
+                $finish,
+                _mm256_setzero_ps(),
+                32,
+                $wsize,
+                w,
+                wstride,
+                rows,
+                a,
+                n,
+                stride,
+                out
+            )
+        }
     };
 }
 
-float_kernel!(dot_f32, dot_f32_rows, 4, |p| _mm256_loadu_ps(p.cast()), super::scalar::f32_f32);
-float_kernel!(dot_f16, dot_f16_rows, 2, |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())), super::scalar::f16_f32);
+float_kernel!(
+    dot_f32,
+    dot_f32_rows,
+    f32_chains,
+    f32_finish,
+    dot_f32_segmented,
+    4,
+    |p| _mm256_loadu_ps(p.cast()),
+    super::scalar::f32_f32
+);
+float_kernel!(
+    dot_f16,
+    dot_f16_rows,
+    f16_chains,
+    f16_finish,
+    dot_f16_segmented,
+    2,
+    |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+    super::scalar::f16_f32
+);
 float_kernel!(
     dot_bf16,
     dot_bf16_rows,
+    bf16_chains,
+    bf16_finish,
+    dot_bf16_segmented,
     2,
     |p| _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())), 16)),
     super::scalar::bf16_f32

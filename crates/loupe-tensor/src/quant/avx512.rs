@@ -134,7 +134,7 @@ unsafe fn odd_lanes_sum(v: __m128) -> f32 {
 /// operations of the one-row `$name` (which is `$rows::<1>`): the weights are loaded and
 /// widened once for all of them, so the batched engine's rows cost one pass over the weights.
 macro_rules! float_kernel {
-    ($name:ident, $rows:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
+    ($name:ident, $rows:ident, $chains:ident, $finish:ident, $segmented:ident, $wsize:expr, |$p:ident| $load:expr, $scalar:path) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         unsafe fn $name(w: *const u8, a: *const u8, n: usize) -> f32 {
             $rows::<1>(w, a.cast::<f32>(), n, n)[0]
@@ -142,14 +142,31 @@ macro_rules! float_kernel {
 
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        #[allow(clippy::needless_range_loop)]
         pub(crate) unsafe fn $rows<const NA: usize>(w: *const u8, a: *const f32, n: usize, stride: usize) -> [f32; NA] {
             let mut acc = [[_mm512_setzero_ps(); 4]; NA];
-            let mut i = 0;
-            while i + 64 <= n {
+            let n64 = n / 64 * 64;
+            $chains::<NA>(w, a, stride, 0..n64, super::FLOAT_ROWS_PREFETCH, &mut acc);
+            $finish::<NA>(w, a, n, stride, n64, &acc)
+        }
+
+        /// `$rows`'s main loop over the elements `range` (whole steps of 64, below `n / 64 *
+        /// 64`) into its four chains per activation row, `acc` (in registers for the loop).
+        #[inline(always)]
+        #[allow(clippy::needless_range_loop)]
+        unsafe fn $chains<const NA: usize>(
+            w: *const u8,
+            a: *const f32,
+            stride: usize,
+            range: std::ops::Range<usize>,
+            ahead: usize,
+            acc_out: &mut [[__m512; 4]; NA],
+        ) {
+            let mut acc = *acc_out;
+            let mut i = range.start;
+            while i < range.end {
                 // The weights ahead, into L2: the hardware prefetcher alone falls behind
                 // the stream ([`super::FLOAT_ROWS_PREFETCH`]).
-                let ahead = w.wrapping_add(i * $wsize + super::FLOAT_ROWS_PREFETCH);
+                let ahead = w.wrapping_add(i * $wsize).wrapping_add(ahead);
                 for line in (0..64 * $wsize).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(line).cast());
                 }
@@ -162,6 +179,23 @@ macro_rules! float_kernel {
                 }
                 i += 64;
             }
+            *acc_out = acc;
+        }
+
+        /// `$rows`'s end from element `n64 = n / 64 * 64`: the 16-wide steps into the first
+        /// chain, the chains' sum and reduction, the scalar tail.
+        #[inline(always)]
+        #[allow(clippy::needless_range_loop)]
+        unsafe fn $finish<const NA: usize>(
+            w: *const u8,
+            a: *const f32,
+            n: usize,
+            stride: usize,
+            n64: usize,
+            acc_in: &[[__m512; 4]; NA],
+        ) -> [f32; NA] {
+            let mut acc = *acc_in;
+            let mut i = n64;
             while i + 16 <= n {
                 let $p = w.add(i * $wsize);
                 let wv = $load;
@@ -182,14 +216,68 @@ macro_rules! float_kernel {
             }
             out
         }
+
+        /// `$rows` for each of `rows` weight rows (`wstride` bytes apart) against the same
+        /// `NA` activation rows, `out[j * NA + r]` for weight row `j` and activation row `r`,
+        /// every output `$rows`'s bits: the same chains advanced [`super::FLOAT_SEGMENT`]
+        /// elements at a time for a group of weight rows, so that many elements of the
+        /// activation rows stay in L1 while the group's rows pass over them (a whole row of
+        /// `k = 4864` is 19 KiB per activation row: `$rows` alone read them from L2).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(crate) unsafe fn $segmented<const NA: usize>(
+            w: *const u8,
+            wstride: usize,
+            rows: usize,
+            a: *const f32,
+            n: usize,
+            stride: usize,
+            out: &mut [f32],
+        ) {
+            super::float_segmented_body!(
+                $chains,
+                $finish,
+                _mm512_setzero_ps(),
+                64,
+                $wsize,
+                w,
+                wstride,
+                rows,
+                a,
+                n,
+                stride,
+                out
+            )
+        }
     };
 }
 
-float_kernel!(dot_f32, dot_f32_rows, 4, |p| _mm512_loadu_ps(p.cast()), super::scalar::f32_f32);
-float_kernel!(dot_f16, dot_f16_rows, 2, |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())), super::scalar::f16_f32);
+float_kernel!(
+    dot_f32,
+    dot_f32_rows,
+    f32_chains,
+    f32_finish,
+    dot_f32_segmented,
+    4,
+    |p| _mm512_loadu_ps(p.cast()),
+    super::scalar::f32_f32
+);
+float_kernel!(
+    dot_f16,
+    dot_f16_rows,
+    f16_chains,
+    f16_finish,
+    dot_f16_segmented,
+    2,
+    |p| _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())),
+    super::scalar::f16_f32
+);
 float_kernel!(
     dot_bf16,
     dot_bf16_rows,
+    bf16_chains,
+    bf16_finish,
+    dot_bf16_segmented,
     2,
     |p| _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())), 16)),
     super::scalar::bf16_f32

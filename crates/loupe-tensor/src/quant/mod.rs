@@ -330,6 +330,137 @@ pub(crate) fn float_rows(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], k: usi
     }
 }
 
+/// Elements of `k` the segmented float kernels (`avx512::dot_f16_segmented` and kin) advance a
+/// group of weight rows' chains by before the next segment: 6 activation rows of 1,024 f32
+/// (24 KiB) stay in a 32 KiB L1 while the group's rows pass over them.
+const FLOAT_SEGMENT: usize = 1024;
+
+/// Weight rows whose chains the segmented float kernels carry across segments (their
+/// accumulators, 1.5 KiB per row at 6 activation rows on AVX-512, wait in L1 and L2): 16 read
+/// an f16 4864-wide down_proj at 5 activation rows 1.7x faster than one row at a time, 8 and
+/// 32 slower than 16 (BENCHMARKS.md, "Float weights' verification rows").
+const FLOAT_SEGMENT_GROUP: usize = 16;
+
+/// The body of both ISAs' `$segmented` float kernels (their `float_kernel!`): groups of
+/// [`FLOAT_SEGMENT_GROUP`] weight rows, each group's chains (`$chains`, vectors of `$lanes`
+/// f32 made by `$zero`) advanced a segment at a time, then `$finish`ed row by row into `$out`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! float_segmented_body {
+    ($chains:ident, $finish:ident, $zero:expr, $lanes:expr, $wsize:expr,
+     $w:ident, $wstride:ident, $rows:ident, $a:ident, $n:ident, $stride:ident, $out:ident) => {{
+        const GROUP: usize = super::FLOAT_SEGMENT_GROUP;
+        let whole = $n / $lanes * $lanes;
+        let mut j0 = 0;
+        while j0 < $rows {
+            let g = ($rows - j0).min(GROUP);
+            let mut acc = [[[$zero; 4]; NA]; GROUP];
+            let mut s = 0;
+            while s < whole {
+                let e = (s + super::FLOAT_SEGMENT).min(whole);
+                // Prefetched while a row runs a segment: its next segment, or after its last,
+                // the start of the next group's row in its place (the order rows are read in).
+                let ahead = if e < whole { super::FLOAT_SEGMENT * $wsize } else { GROUP * $wstride - s * $wsize };
+                for j in 0..g {
+                    $chains::<NA>($w.add((j0 + j) * $wstride), $a, $stride, s..e, ahead, &mut acc[j]);
+                }
+                s = e;
+            }
+            for j in 0..g {
+                let dots = $finish::<NA>($w.add((j0 + j) * $wstride), $a, $n, $stride, whole, &acc[j]);
+                $out[(j0 + j) * NA..(j0 + j + 1) * NA].copy_from_slice(&dots);
+            }
+            j0 += g;
+        }
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use float_segmented_body;
+
+/// Rows of `k` from which [`float_rows_band`] takes the segmented kernels: below, a few
+/// activation rows of `k` fit L1 whole.
+const FLOAT_SEGMENT_MIN_K: usize = 2 * FLOAT_SEGMENT;
+
+/// [`float_rows`] for each of the `w_rows.len() / (k * size)` consecutive weight rows of
+/// `w_rows`: `store(i, j, dot)` for activation row `i` and weight row `j`, each dot bit for bit
+/// [`float_rows`]'s. Several activation rows of a long `k` go through the segmented kernels,
+/// which advance the same chains a segment at a time over a group of weight rows, so the
+/// activations' segment is read from L1 by every row of the group.
+///
+/// # Panics
+/// As [`float_rows`], and if `w_rows` is not whole rows of `k`.
+pub(crate) fn float_rows_band(
+    isa: Isa,
+    ty: GgmlType,
+    w_rows: &[u8],
+    x: &[f32],
+    k: usize,
+    mut store: impl FnMut(usize, usize, f32),
+) {
+    let size = if ty == GgmlType::F32 { 4 } else { 2 };
+    let row_bytes = k * size;
+    assert!(
+        k > 0 && w_rows.len().is_multiple_of(row_bytes) && x.len().is_multiple_of(k),
+        "float_rows_band: {} weight bytes and {} activations are not rows of {k}",
+        w_rows.len(),
+        x.len()
+    );
+    let (n, m) = (w_rows.len() / row_bytes, x.len() / k);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && m > 1 && k >= FLOAT_SEGMENT_MIN_K {
+        assert!(isa.is_supported(), "float_rows_band: this CPU does not support {isa}");
+        assert!(
+            matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16),
+            "float_rows_band: {ty} is not a float type"
+        );
+        /// Weight rows per call of a segmented kernel (its outputs on the stack); more than 6
+        /// activation rows pass over them in turn while they are in L2 (311 KiB of F16 rows
+        /// of 4864).
+        const ROWS: usize = 32;
+        let mut out = [0f32; ROWS * 6];
+        macro_rules! segmented {
+            ($module:ident, $most:expr, [$($na:literal),*]) => {{
+                let mut j = 0;
+                while j < n {
+                    let rows = (n - j).min(ROWS);
+                    let mut i = 0;
+                    while i < m {
+                        let na = (m - i).min($most);
+                        let (w, a) = (w_rows[j * row_bytes..].as_ptr(), x[i * k..].as_ptr());
+                        let out = &mut out[..rows * na];
+                        // SAFETY: the CPU supports the module's ISA (asserted above); weight rows
+                        // `j..j + rows` and activation rows `i..i + na` lie within `w_rows` and
+                        // `x` (whole rows of `k`, checked above); `out` holds `rows * na` values.
+                        match (ty, na) {
+                            $(
+                                (GgmlType::F32, $na) => unsafe { $module::dot_f32_segmented::<$na>(w, row_bytes, rows, a, k, k, out) },
+                                (GgmlType::F16, $na) => unsafe { $module::dot_f16_segmented::<$na>(w, row_bytes, rows, a, k, k, out) },
+                                (_, $na) => unsafe { $module::dot_bf16_segmented::<$na>(w, row_bytes, rows, a, k, k, out) },
+                            )*
+                            _ => unreachable!("row counts are 1..={}", $most),
+                        }
+                        for (jr, dots) in out.chunks_exact(na).enumerate() {
+                            for (r, &v) in dots.iter().enumerate() {
+                                store(i + r, j + jr, v);
+                            }
+                        }
+                        i += na;
+                    }
+                    j += rows;
+                }
+            }};
+        }
+        if isa >= Isa::Avx512 {
+            segmented!(avx512, 6, [1, 2, 3, 4, 5, 6]);
+        } else {
+            segmented!(avx2, 3, [1, 2, 3]);
+        }
+        return;
+    }
+    for j in 0..n {
+        float_rows(isa, ty, &w_rows[j * row_bytes..(j + 1) * row_bytes], x, k, |i, v| store(i, j, v));
+    }
+}
+
 /// `x` as its bytes (the activation side of a float [`VecDotFn`]).
 pub(crate) fn f32_bytes(x: &[f32]) -> &[u8] {
     // SAFETY: any f32 is 4 initialized bytes; u8 has alignment 1.

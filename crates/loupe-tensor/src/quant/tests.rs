@@ -486,3 +486,40 @@ fn fp8_e4m3_blocks_quantize_with_a_guarded_scale() {
     assert_eq!(f16::from_le_bytes([q[0], q[1]]), f16::MAX);
     assert!(deq(GgmlType::Fp8E4M3, &q, 32).iter().all(|y| y.is_finite()));
 }
+
+/// The banded float kernels (segmented over long `k`) give every output the bits of the
+/// one-weight-row kernel, on every ISA this CPU has: `k` past the segmented threshold with a
+/// 16-wide and a scalar tail, more weight rows than one group and one call, 1..8 activation rows.
+#[test]
+fn float_rows_band_matches_float_rows_bit_for_bit() {
+    use super::{float_rows, float_rows_band, Isa};
+    for isa in Isa::available() {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for (n, k) in [(70, 2100), (21, 4096), (5, 896)] {
+                let wf = crate::testing::signed(n * k, 7);
+                let w: Vec<u8> = match ty {
+                    GgmlType::F32 => wf.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    GgmlType::F16 => wf.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+                    _ => wf.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+                };
+                let row_bytes = w.len() / n;
+                for m in 1..=8 {
+                    let x = crate::testing::signed(m * k, 11 + m as u32);
+                    let mut band = vec![f32::NAN; m * n];
+                    float_rows_band(isa, ty, &w, &x, k, |i, j, v| band[i * n + j] = v);
+                    for j in 0..n {
+                        let mut one = vec![f32::NAN; m];
+                        float_rows(isa, ty, &w[j * row_bytes..(j + 1) * row_bytes], &x, k, |i, v| one[i] = v);
+                        for i in 0..m {
+                            assert_eq!(
+                                band[i * n + j].to_bits(),
+                                one[i].to_bits(),
+                                "{isa} {ty} {n}x{k} m={m} ({i}, {j})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

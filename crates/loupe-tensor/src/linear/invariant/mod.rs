@@ -347,7 +347,7 @@ fn aligned64<'a>(x: &'a [f32], buf: &'a mut Vec<f32>) -> &'a [f32] {
 }
 
 /// Every other type (and Q4_1 / Q8_0 / Q5_0 / Q6_K / Q4_K / Q4_0 rows too long for the stack
-/// path): F16 / BF16 weight rows through `quant::float_rows`, all activation rows at once;
+/// path): F16 / BF16 weight rows through `quant::float_rows_band`, a band of weight rows against all activation rows at once;
 /// the rest one [`dot_row`] per output, each against its own row and its own block sums.
 fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<(), TensorError> {
     let (n, k) = (w.rows, w.cols);
@@ -357,12 +357,13 @@ fn generic(isa: Isa, x: &[f32], w: &QMatrix, y: &mut [f32], m: usize) -> Result<
         let out = OutPtr(y.as_mut_ptr());
         let run = |x: &[f32]| {
             bands(n, m, &|rows| {
-                for j in rows {
-                    crate::quant::float_rows(isa, w.ty, w.row(j), x, k, |i, v| {
-                        // SAFETY: i < m, j < n; column j belongs to this task alone.
-                        unsafe { out.get().add(i * n + j).write(v) }
-                    });
-                }
+                let row_bytes = w.row_bytes();
+                let band = &w.data[rows.start * row_bytes..rows.end * row_bytes];
+                crate::quant::float_rows_band(isa, w.ty, band, x, k, |i, j, v| {
+                    // SAFETY: i < m and rows.start + j < rows.end <= n; the band's columns
+                    // belong to this task alone.
+                    unsafe { out.get().add(i * n + rows.start + j).write(v) }
+                });
                 Ok(())
             })
         };
