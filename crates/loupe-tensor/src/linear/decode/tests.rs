@@ -31,6 +31,25 @@ fn simd_dequant_equals_reference_bit_for_bit() {
     }
 }
 
+/// F16 rows widen to the reference's bits for every f16 bit pattern (zeros, subnormals,
+/// infinities, NaNs), whole vectors and a tail, aligned or not.
+#[test]
+fn f16_fast_dequant_equals_reference_for_every_pattern() {
+    let bytes: Vec<u8> = (0..=u16::MAX).chain(0..7).flat_map(|h| h.to_le_bytes()).collect();
+    let n = bytes.len() / 2;
+    let mut want = vec![0f32; n];
+    dequantize_row(GgmlType::F16, &bytes, &mut want).unwrap();
+    let mut got = vec![f32::NAN; n];
+    dequantize_row_fast(GgmlType::F16, &bytes, &mut got).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+    let shifted = [&[0u8][..], &bytes[..64]].concat();
+    let mut unaligned = vec![f32::NAN; 32];
+    dequantize_row_fast(GgmlType::F16, &shifted[1..], &mut unaligned).unwrap();
+    assert_eq!(bits(&unaligned), bits(&want[..32]));
+    assert!(dequantize_row_fast(GgmlType::F16, &bytes[..63], &mut [0f32; 32]).is_err());
+}
+
 /// Q4_K, Q6_K and Q5_K rows of raw random bytes (every f16 bit pattern for the scales: zero,
 /// subnormal, infinite, NaN) and of small finite scales: the AVX2 dequantizer writes
 /// exactly the scalar one's bits, through `dequantize_row_fast` and called directly
