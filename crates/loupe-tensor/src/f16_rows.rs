@@ -117,6 +117,28 @@ pub fn widen_at(isa: Isa, src: &[f16], dst: &mut [f32]) {
     }
 }
 
+/// `dst[i]` = the bf16 `src[i]` (as bits) as f32, `half::bf16::to_f32`'s bits: its 16 bits on
+/// top of 16 zero bits, a NaN made quiet (its top mantissa bit set). On the calling thread with
+/// `isa`'s instructions.
+pub fn widen_bf16_at(isa: Isa, src: &[u16], dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: each kernel runs only where the CPU has its features; it reads src[..n] and
+        // writes dst[..n] alone.
+        if isa >= Isa::Avx512 && Isa::detected() >= Isa::Avx512 {
+            done = unsafe { x86::widen_bf16_avx512(src.as_ptr(), dst.as_mut_ptr(), n) };
+        } else if isa >= Isa::Avx2 && Isa::detected() >= Isa::Avx2 {
+            done = unsafe { x86::widen_bf16_avx2(src.as_ptr(), dst.as_mut_ptr(), n) };
+        }
+    }
+    let _ = isa;
+    for (d, &s) in dst[done..n].iter_mut().zip(&src[done..n]) {
+        *d = half::bf16::from_bits(s).to_f32();
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -150,6 +172,37 @@ mod x86 {
         while i + 16 <= n {
             _mm512_storeu_ps(dst.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(i) as *const __m256i)));
             i += 16;
+        }
+        i
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn widen_bf16_avx512(src: *const u16, dst: *mut f32, n: usize) -> usize {
+        let mut i = 0;
+        while i + 16 <= n {
+            let v = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(src.add(i) as *const __m256i)));
+            // NaNs (magnitude above infinity's bits) made quiet, as `half` does.
+            let nan = _mm512_cmpgt_epi32_mask(
+                _mm512_and_si512(v, _mm512_set1_epi32(0x7FFF_FFFF)),
+                _mm512_set1_epi32(0x7F80_0000),
+            );
+            let v = _mm512_mask_or_epi32(v, nan, v, _mm512_set1_epi32(0x0040_0000));
+            _mm512_storeu_ps(dst.add(i), _mm512_castsi512_ps(v));
+            i += 16;
+        }
+        i
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn widen_bf16_avx2(src: *const u16, dst: *mut f32, n: usize) -> usize {
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(src.add(i) as *const __m128i)));
+            let nan =
+                _mm256_cmpgt_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF_FFFF)), _mm256_set1_epi32(0x7F80_0000));
+            let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000)));
+            _mm256_storeu_ps(dst.add(i), _mm256_castsi256_ps(v));
+            i += 8;
         }
         i
     }
@@ -247,6 +300,19 @@ mod tests {
             "narrow_extend differs"
         );
         assert_eq!(appended.len(), 2 + long.len() + 5);
+    }
+
+    #[test]
+    fn bf16_widening_is_exact_on_every_isa() {
+        let src: Vec<u16> = (0..=u16::MAX).chain(0..11).collect();
+        for isa in Isa::available() {
+            let mut got = vec![0f32; src.len()];
+            widen_bf16_at(isa, &src, &mut got);
+            for (&b, g) in src.iter().zip(&got) {
+                let want = half::bf16::from_bits(b).to_f32();
+                assert_eq!(g.to_bits(), want.to_bits(), "{isa:?}: {b:#06x} -> {g:e}, half gives {want:e}");
+            }
+        }
     }
 
     #[test]

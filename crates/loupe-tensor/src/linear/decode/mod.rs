@@ -148,7 +148,7 @@ pub fn dot_row(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], sums: &[f32]) ->
 }
 
 /// Dequantizes one row, with AVX-512 for Q4_1 / Q5_0 / Q8_0, AVX2 for Q4_K / Q5_K / Q6_K and
-/// F16C or AVX-512 for F16;
+/// AVX2 (F16C) or AVX-512 for F16 and BF16;
 /// bit-identical to [`dequantize_row`].
 pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), TensorError> {
     #[cfg(target_arch = "x86_64")]
@@ -168,6 +168,12 @@ pub fn dequantize_row_fast(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<
         // every bit pattern is a valid f16.
         let halves = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<half::f16>(), dst.len()) };
         crate::f16_rows::widen_at(Isa::active(), halves, dst);
+        return Ok(());
+    }
+    if ty == GgmlType::BF16 && src.len() == 2 * dst.len() && src.as_ptr().align_offset(2) == 0 {
+        // SAFETY: as for F16 above (u16, 2-byte aligned, dst.len() of them).
+        let halves = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u16>(), dst.len()) };
+        crate::f16_rows::widen_bf16_at(Isa::active(), halves, dst);
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]

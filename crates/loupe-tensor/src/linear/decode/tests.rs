@@ -31,23 +31,26 @@ fn simd_dequant_equals_reference_bit_for_bit() {
     }
 }
 
-/// F16 rows widen to the reference's bits for every f16 bit pattern (zeros, subnormals,
+/// F16 and BF16 rows widen to the reference's bits for every 16-bit pattern (zeros, subnormals,
 /// infinities, NaNs), whole vectors and a tail, aligned or not.
 #[test]
-fn f16_fast_dequant_equals_reference_for_every_pattern() {
+fn f16_and_bf16_fast_dequant_equal_reference_for_every_pattern() {
     let bytes: Vec<u8> = (0..=u16::MAX).chain(0..7).flat_map(|h| h.to_le_bytes()).collect();
     let n = bytes.len() / 2;
-    let mut want = vec![0f32; n];
-    dequantize_row(GgmlType::F16, &bytes, &mut want).unwrap();
-    let mut got = vec![f32::NAN; n];
-    dequantize_row_fast(GgmlType::F16, &bytes, &mut got).unwrap();
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&got), bits(&want));
-    let shifted = [&[0u8][..], &bytes[..64]].concat();
-    let mut unaligned = vec![f32::NAN; 32];
-    dequantize_row_fast(GgmlType::F16, &shifted[1..], &mut unaligned).unwrap();
-    assert_eq!(bits(&unaligned), bits(&want[..32]));
-    assert!(dequantize_row_fast(GgmlType::F16, &bytes[..63], &mut [0f32; 32]).is_err());
+    for ty in [GgmlType::F16, GgmlType::BF16] {
+        let mut want = vec![0f32; n];
+        dequantize_row(ty, &bytes, &mut want).unwrap();
+        let mut got = vec![f32::NAN; n];
+        dequantize_row_fast(ty, &bytes, &mut got).unwrap();
+        let first = bits(&got).iter().zip(bits(&want)).position(|(g, w)| *g != w);
+        assert_eq!(first, None, "{ty}: first differing pattern");
+        let shifted = [&[0u8][..], &bytes[..64]].concat();
+        let mut unaligned = vec![f32::NAN; 32];
+        dequantize_row_fast(ty, &shifted[1..], &mut unaligned).unwrap();
+        assert_eq!(bits(&unaligned), bits(&want[..32]), "{ty}");
+        assert!(dequantize_row_fast(ty, &bytes[..63], &mut [0f32; 32]).is_err(), "{ty}");
+    }
 }
 
 /// Q4_K, Q6_K and Q5_K rows of raw random bytes (every f16 bit pattern for the scales: zero,
