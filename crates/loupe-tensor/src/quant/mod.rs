@@ -336,9 +336,9 @@ pub(crate) fn float_rows(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], k: usi
 const FLOAT_SEGMENT: usize = 1024;
 
 /// Weight rows whose chains the segmented float kernels carry across segments (their
-/// accumulators, 1.5 KiB per row at 6 activation rows on AVX-512, wait in L1 and L2): 16 read
-/// an f16 4864-wide down_proj at 5 activation rows 1.7x faster than one row at a time, 8 and
-/// 32 slower than 16 (BENCHMARKS.md, "Float weights' verification rows").
+/// accumulators, 1.5 KiB per row at 6 activation rows on AVX-512, wait in L1 and L2): the
+/// smallest group with which an f16 4864-wide down_proj at 5 activation rows streamed at its
+/// best, 1.7x one row at a time (BENCHMARKS.md, "Float weights' verification rows").
 const FLOAT_SEGMENT_GROUP: usize = 16;
 
 /// The body of both ISAs' `$segmented` float kernels (their `float_kernel!`): groups of
