@@ -278,11 +278,7 @@ const FLOAT_ROWS_PREFETCH: usize = 4096;
 /// whole rows of `k`.
 pub(crate) fn float_rows(isa: Isa, ty: GgmlType, w_row: &[u8], x: &[f32], k: usize, mut store: impl FnMut(usize, f32)) {
     assert!(isa.is_supported(), "float_rows: this CPU does not support {isa}");
-    let size = match ty {
-        GgmlType::F32 => 4,
-        GgmlType::F16 | GgmlType::BF16 => 2,
-        _ => panic!("float_rows: {ty} is not a float type"),
-    };
+    let size = float_size("float_rows", ty);
     assert!(
         k > 0 && w_row.len() == k * size && x.len().is_multiple_of(k),
         "float_rows: {} weight bytes and {} activations are not rows of {k}",
@@ -396,8 +392,7 @@ pub(crate) fn float_rows_band(
     k: usize,
     mut store: impl FnMut(usize, usize, f32),
 ) {
-    let size = if ty == GgmlType::F32 { 4 } else { 2 };
-    let row_bytes = k * size;
+    let row_bytes = k * float_size("float_rows_band", ty);
     assert!(
         k > 0 && w_rows.len().is_multiple_of(row_bytes) && x.len().is_multiple_of(k),
         "float_rows_band: {} weight bytes and {} activations are not rows of {k}",
@@ -408,10 +403,6 @@ pub(crate) fn float_rows_band(
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && m > 1 && k >= FLOAT_SEGMENT_MIN_K {
         assert!(isa.is_supported(), "float_rows_band: this CPU does not support {isa}");
-        assert!(
-            matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16),
-            "float_rows_band: {ty} is not a float type"
-        );
         /// Weight rows per call of a segmented kernel (its outputs on the stack); more than 6
         /// activation rows pass over them in turn while they are in L2 (311 KiB of F16 rows
         /// of 4864).
@@ -458,6 +449,18 @@ pub(crate) fn float_rows_band(
     }
     for j in 0..n {
         float_rows(isa, ty, &w_rows[j * row_bytes..(j + 1) * row_bytes], x, k, |i, v| store(i, j, v));
+    }
+}
+
+/// Bytes per element of a float weight type (F32, F16, BF16).
+///
+/// # Panics
+/// If `ty` is not one of them (`op` names the caller).
+fn float_size(op: &str, ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        _ => panic!("{op}: {ty} is not a float type"),
     }
 }
 
