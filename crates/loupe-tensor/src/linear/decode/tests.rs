@@ -412,6 +412,45 @@ fn q6_k_unpacking_matches_dequantize() {
     }
 }
 
+/// The AVX-512 unpacking of a pair of Q6_K blocks (`simd::avx512::q6_k_pair`, the GEMV's and the
+/// multi-row kernels') gives exactly the AVX2 unpacking of each block, joined (words 0..16 block
+/// `b`'s elements 0..16, words 16..32 block `b + 1`'s; then elements 16..32 alike), on raw
+/// random super-blocks (every code and signed scale) and extreme ones.
+#[test]
+fn q6_k_pair_unpacking_matches_avx2() {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detected() >= Isa::Avx512 {
+        let mut row = raw_kquant_row(GgmlType::Q6K, 256 * 64, 11, false);
+        row.extend(vec![0xFFu8; 210]);
+        row.extend(vec![0u8; 192]);
+        row.extend([0x80u8; 18]);
+        for sb in row.chunks_exact(210) {
+            for t in 0..4 {
+                let (mut got, mut want) = ([0i16; 64], [0i16; 64]);
+                // SAFETY: AVX-512 (with AVX2) checked above; `sb` is one whole 210-byte
+                // super-block holding blocks 0..8.
+                unsafe {
+                    use crate::linear::simd::{avx2, avx512};
+                    use std::arch::x86_64::*;
+                    let (lo, hi) = match t {
+                        0 => avx512::q6_k_pair::<0>(sb.as_ptr()),
+                        1 => avx512::q6_k_pair::<1>(sb.as_ptr()),
+                        2 => avx512::q6_k_pair::<2>(sb.as_ptr()),
+                        _ => avx512::q6_k_pair::<3>(sb.as_ptr()),
+                    };
+                    _mm512_storeu_si512(got.as_mut_ptr() as *mut _, lo);
+                    _mm512_storeu_si512(got.as_mut_ptr().add(32) as *mut _, hi);
+                    let ((l0, h0), (l1, h1)) = (avx2::q6_k(sb.as_ptr(), 2 * t), avx2::q6_k(sb.as_ptr(), 2 * t + 1));
+                    for (at, v) in [(0, l0), (16, l1), (32, h0), (48, h1)] {
+                        _mm256_storeu_si256(want.as_mut_ptr().add(at) as *mut __m256i, v);
+                    }
+                }
+                assert_eq!(got, want, "blocks {} and {} of {sb:02x?}", 2 * t, 2 * t + 1);
+            }
+        }
+    }
+}
+
 /// The AVX2 unpacking of a Q4_K (Q5_K) Act16 block gives its 4-bit (5-bit: the nibble and
 /// the fifth bit from `qh`) codes and [`q4_k_dm`] its `(d * sc, -(dmin * m))`: with them,
 /// `d' q + m'` is the dequantized value bit for bit (`quant::dequant` rounds `d * sc`,

@@ -1,5 +1,5 @@
-//! The GEMV's AVX-512 groups: Q4_1 / Q8_0 on their own arithmetic, Q5_0 and Q4_0 (and Q4_1 on AMX
-//! CPUs' batch paths) on the AVX2 arithmetic two blocks per 512-bit vector.
+//! The GEMV's AVX-512 groups: Q4_1 / Q8_0 on their own arithmetic, Q5_0, Q4_0 and Q6_K (and Q4_1
+//! on AMX CPUs' batch paths) on the AVX2 arithmetic two blocks per 512-bit vector.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -10,6 +10,7 @@ use crate::linear::dispatch::MAX_STACK_BLOCKS;
 use crate::linear::kinds::*;
 use crate::linear::qmatrix::QMatrix;
 use crate::linear::simd::avx2;
+use crate::linear::simd::avx512::{pair_acts, pair_fma, q6_k_pair, unpack_pair};
 use crate::pool::OutPtr;
 
 /// AVX-512 driver (see [`super::gemv_rows`] for the contract), Q4_1 and Q8_0 only.
@@ -18,11 +19,11 @@ pub(crate) unsafe fn rows_avx512(w: &QMatrix, rows: Range<usize>, act: &Act16<'_
     drive!(w, rows, act, out, group_avx512, [Q4_1, Q8_0])
 }
 
-/// AVX-512 driver for Q5_0 and Q4_0 (see [`super::gemv_rows`] for the contract): two blocks per
-/// 512-bit vector with the AVX2 kernel's bits ([`group_avx512_pairs`]).
+/// AVX-512 driver for Q5_0, Q4_0 and Q6_K (see [`super::gemv_rows`] for the contract): two blocks
+/// per 512-bit vector with the AVX2 kernel's bits ([`group_avx512_pairs`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
 pub(crate) unsafe fn rows_avx512_pairs(w: &QMatrix, rows: Range<usize>, act: &Act16<'_>, out: OutPtr) {
-    drive!(w, rows, act, out, group_avx512_pairs, [Q5_0, Q4_0])
+    drive!(w, rows, act, out, group_avx512_pairs, [Q5_0, Q4_0, Q6_K])
 }
 
 /// `R` consecutive weight rows at `w` against the activations: per row, the
@@ -80,7 +81,7 @@ unsafe fn group_avx512<const R: usize, const KIND: u8>(
     }
 }
 
-/// `R` consecutive Q5_0 or Q4_0 weight rows at `w` against the activations, bit for bit
+/// `R` consecutive Q5_0, Q4_0 or Q6_K weight rows at `w` against the activations, bit for bit
 /// [`group_avx2`] (and so `decode::avx2::dot_q5_0_act16` / `dot_q4_0_act16`) with half its vector
 /// instructions: blocks `b` (even) and `b + 1` share one 512-bit vector, block `b` in
 /// the low 256 bits, `b + 1` in the high ones. Then one `vpmaddwd` pair gives, in lanes
@@ -92,8 +93,8 @@ unsafe fn group_avx512<const R: usize, const KIND: u8>(
 /// order; an odd last block goes to the low half alone; the sum is AVX2's
 /// `hsum(acc0 + acc1)`.
 ///
-/// The unpacking of a pair is `simd::avx512::unpack_pair`, which the batched kernel's
-/// pairs tile shares.
+/// The unpacking of a pair is `simd::avx512::unpack_pair` (Q6_K: `q6_k_pair`, a super-block
+/// per iteration), which the batched kernel's pairs tile shares.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -106,26 +107,45 @@ unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(
     p: *mut f32,
     y: *mut f32,
 ) {
-    debug_assert!(KIND == Q5_0 || KIND == Q4_0);
+    debug_assert!(KIND == Q5_0 || KIND == Q4_0 || KIND == Q6_K);
     let _ = prepare::<R, KIND>(w, row_bytes, blocks, ss, p);
     let mut acc = [_mm512_setzero_ps(); R];
+    // Blocks `b` and `b + 1` of every row of the group; `$unpack(row, b)` gives the pair.
+    macro_rules! pair {
+        ($b:expr, $unpack:expr) => {{
+            let b = $b;
+            prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes);
+            let x = pair_acts(q.add(b * 32));
+            for r in 0..R {
+                acc[r] =
+                    pair_fma(acc[r], $unpack(w.add(r * row_bytes), b), x, p.add(b * R + r), p.add((b + 1) * R + r));
+            }
+        }};
+    }
     let mut b = 0;
-    while b + 2 <= blocks {
-        prefetch_pair::<R, KIND>(w, row_bytes, b, PREFETCH_GROUPS * ROWS * row_bytes);
-        // Activations: [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32].
-        let (xa, xb) =
-            (_mm512_loadu_si512(q.add(b * 32) as *const _), _mm512_loadu_si512(q.add(b * 32 + 32) as *const _));
-        let (xlo, xhi) = (_mm512_shuffle_i64x2::<0x44>(xa, xb), _mm512_shuffle_i64x2::<0xEE>(xa, xb));
-        for r in 0..R {
-            let (wlo, whi) = crate::linear::simd::avx512::unpack_pair::<KIND>(w.add(r * row_bytes + block_at(KIND, b)));
-            let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
-            let scale = _mm512_mask_broadcastss_ps(
-                _mm512_set1_ps(*p.add(b * R + r)),
-                0xFF00,
-                _mm_load_ss(p.add((b + 1) * R + r)),
-            );
-            acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[r]);
+    if KIND == Q6_K {
+        // A super-block per iteration: its activations once, then each row's four pairs in
+        // order (pair `t`'s shifts and offsets are constants).
+        for s in 0..blocks / 8 {
+            let b8 = 8 * s;
+            let mut x = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
+            for (t, xt) in x.iter_mut().enumerate() {
+                prefetch_pair::<R, KIND>(w, row_bytes, b8 + 2 * t, PREFETCH_GROUPS * ROWS * row_bytes);
+                *xt = pair_acts(q.add((b8 + 2 * t) * 32));
+            }
+            for r in 0..R {
+                let sb = w.add(r * row_bytes + s * 210);
+                let pairs = [q6_k_pair::<0>(sb), q6_k_pair::<1>(sb), q6_k_pair::<2>(sb), q6_k_pair::<3>(sb)];
+                for t in 0..4 {
+                    let b = b8 + 2 * t;
+                    acc[r] = pair_fma(acc[r], pairs[t], x[t], p.add(b * R + r), p.add((b + 1) * R + r));
+                }
+            }
         }
+        b = blocks / 8 * 8;
+    }
+    while b + 2 <= blocks {
+        pair!(b, |row: *const u8, b| unpack_pair::<KIND>(row.add(block_at(KIND, b))));
         b += 2;
     }
     if b < blocks {

@@ -21,9 +21,10 @@
 //!
 //! Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K have AVX2 arithmetic only (single-row, group, multi-row): an AVX-512
 //! machine runs it for them in every path, so the agreement holds there as well. This decode
-//! group computes Q5_0's and Q4_0's AVX2 arithmetic with 512-bit vectors, two blocks per vector, with
-//! the same bits (`avx512::group_avx512_pairs`); doing the same for Q6_K and Q4_K / Q5_K (two AVX2
-//! unpackings joined) measured slower than their AVX2 group (BENCHMARKS.md, "Measurements once in doc comments"). On AMX CPUs Q4_1
+//! group computes Q5_0's, Q4_0's and Q6_K's AVX2 arithmetic with 512-bit vectors, two blocks per
+//! vector, with the same bits (`avx512::group_avx512_pairs`; Q6_K's pair unpacked at once by
+//! `simd::avx512::q6_k_pair`); for Q4_K / Q5_K (two AVX2 unpackings joined) it measured slower
+//! than their AVX2 group (BENCHMARKS.md, "Measurements once in doc comments"). On AMX CPUs Q4_1
 //! takes the AVX2 arithmetic too, in every path (`dispatch::avx2_kernels_at`), where it
 //! decoded faster than the AVX-512 group.
 
@@ -68,7 +69,7 @@ pub(crate) unsafe fn gemv_rows(
         // `decode::dot_row_act16` and `batch` run (`dispatch::avx2_kernels_at`).
         if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
             avx512::rows_avx512(w, rows, act, out);
-        } else if isa >= Isa::Avx512 && matches!(w.ty, GgmlType::Q5_0 | GgmlType::Q4_0) {
+        } else if isa >= Isa::Avx512 && matches!(w.ty, GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q6K) {
             // The AVX2 kernel's bits, two blocks per 512-bit vector.
             avx512::rows_avx512_pairs(w, rows, act, out);
         } else {

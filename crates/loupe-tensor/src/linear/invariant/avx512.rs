@@ -8,7 +8,7 @@ use super::rows::*;
 use crate::linear::kinds::*;
 use crate::linear::qmatrix::QMatrix;
 use crate::linear::simd::avx2::KDms;
-use crate::linear::simd::avx512::{hsum, unpack_pair};
+use crate::linear::simd::avx512::{hsum, pair_fma, q6_k_pair, unpack_pair};
 use crate::pool::OutPtr;
 
 /// Q4_1 / Q8_0 weight rows `rows` against every activation row of `act`; writes
@@ -73,9 +73,33 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
 ) -> [f32; NA] {
     use crate::linear::simd::avx2;
     let mut acc = [_mm512_setzero_ps(); NA];
+    // Blocks `b` and `b + 1`, unpacked as `$w`, against every activation row.
+    macro_rules! pair {
+        ($b:expr, $w:expr) => {{
+            let b = $b;
+            let wv = $w;
+            for a in 0..NA {
+                // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32] (`arrange_pairs`).
+                let at = q.add(a * k + b * 32);
+                let x = (_mm512_loadu_si512(at as *const _), _mm512_loadu_si512(at.add(32) as *const _));
+                acc[a] = pair_fma(acc[a], wv, x, p.add(b * LANES + a), p.add((b + 1) * LANES + a));
+            }
+        }};
+    }
     let mut b = 0;
+    if KIND == Q6_K {
+        // A super-block per iteration, so each pair's shifts and offsets are constants.
+        for s in 0..blocks / 8 {
+            let sb = w.add(s * 210);
+            pair!(8 * s, q6_k_pair::<0>(sb));
+            pair!(8 * s + 2, q6_k_pair::<1>(sb));
+            pair!(8 * s + 4, q6_k_pair::<2>(sb));
+            pair!(8 * s + 6, q6_k_pair::<3>(sb));
+        }
+        b = blocks / 8 * 8;
+    }
     while b + 2 <= blocks {
-        let (wlo, whi) = if is_k(KIND) {
+        let wv = if is_k(KIND) {
             // Blocks b and b + 1 lie in one super-block (b is even, 8 blocks to one).
             let ((l0, h0), (l1, h1)) = (avx2::unpack::<KIND>(w, b), avx2::unpack::<KIND>(w, b + 1));
             (
@@ -85,20 +109,7 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
         } else {
             unpack_pair::<KIND>(w.add(b * block_bytes(KIND)))
         };
-        for a in 0..NA {
-            // [x_b 0..16 | x_b+1 0..16] and [x_b 16..32 | x_b+1 16..32] (`arrange_pairs`).
-            let (xlo, xhi) = (
-                _mm512_loadu_si512(q.add(a * k + b * 32) as *const _),
-                _mm512_loadu_si512(q.add(a * k + b * 32 + 32) as *const _),
-            );
-            let dot = _mm512_add_epi32(_mm512_madd_epi16(wlo, xlo), _mm512_madd_epi16(whi, xhi));
-            let scale = _mm512_mask_broadcastss_ps(
-                _mm512_set1_ps(*p.add(b * LANES + a)),
-                0xFF00,
-                _mm_load_ss(p.add((b + 1) * LANES + a)),
-            );
-            acc[a] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(dot), acc[a]);
-        }
+        pair!(b, wv);
         b += 2;
     }
     if b < blocks {
