@@ -23,8 +23,8 @@
 //! machine runs it for them in every path, so the agreement holds there as well. This decode
 //! group computes Q5_0's, Q4_0's and Q6_K's AVX2 arithmetic with 512-bit vectors, two blocks per
 //! vector, with the same bits (`avx512::group_avx512_pairs`; Q6_K's pair unpacked at once by
-//! `simd::avx512::q6_k_pair`); for Q4_K / Q5_K (two AVX2 unpackings joined) it measured slower
-//! than their AVX2 group (BENCHMARKS.md, "Measurements once in doc comments"). On AMX CPUs Q4_1
+//! `simd::avx512::q6_k_pair`, on AMD CPUs); for Q4_K / Q5_K (two AVX2 unpackings joined) it
+//! measured slower than their AVX2 group (BENCHMARKS.md, "Measurements once in doc comments"). On AMX CPUs Q4_1
 //! takes the AVX2 arithmetic too, in every path (`dispatch::avx2_kernels_at`), where it
 //! decoded faster than the AVX-512 group.
 
@@ -48,6 +48,15 @@ use crate::pool::OutPtr;
 use crate::quant::Isa;
 use crate::{GgmlType, TensorError};
 
+/// Whether Q6_K rows take the pairs group at AVX-512: on AMD CPUs, where it read 9% more of
+/// the memory bus than the AVX2 group (Zen 4, BENCHMARKS.md, "2026-11-30 (night)"). Intel CPUs
+/// keep the AVX2 group: an earlier pairs kernel for Q6_K (two AVX2 unpackings joined) was slower
+/// there, and this one has not been measured on them.
+#[cfg(target_arch = "x86_64")]
+fn q6_k_pairs(ty: GgmlType) -> bool {
+    ty == GgmlType::Q6K && crate::quant::vendor_is_amd()
+}
+
 /// `y[j] = W[j] . x` for `j` in `rows`, `W` Q4_1, Q8_0, Q5_0, Q6_K, Q4_K, Q4_0 or Q5_K with `act` of `w.cols`
 /// activations (checked by the caller, [`crate::linear::invariant`]).
 ///
@@ -69,7 +78,7 @@ pub(crate) unsafe fn gemv_rows(
         // `decode::dot_row_act16` and `batch` run (`dispatch::avx2_kernels_at`).
         if isa >= Isa::Avx512 && !avx2_kernels_at(isa, w.ty) {
             avx512::rows_avx512(w, rows, act, out);
-        } else if isa >= Isa::Avx512 && matches!(w.ty, GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q6K) {
+        } else if isa >= Isa::Avx512 && (matches!(w.ty, GgmlType::Q5_0 | GgmlType::Q4_0) || q6_k_pairs(w.ty)) {
             // The AVX2 kernel's bits, two blocks per 512-bit vector.
             avx512::rows_avx512_pairs(w, rows, act, out);
         } else {
