@@ -65,3 +65,30 @@ pub(crate) fn quant_matrix(ty: GgmlType, rows: usize, cols: usize, seed: u32) ->
     }
     (q, deq)
 }
+
+/// A generator of raw random bytes (xorshift32 from `seed`) for blocks whose every bit
+/// pattern a test must meet.
+pub(crate) fn raw_bytes(seed: u32) -> impl FnMut() -> u8 {
+    let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
+    move || {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        (s >> 8) as u8
+    }
+}
+
+/// A Q4_K / Q5_K / Q6_K row of `k` elements of random bytes; with `sane_scales` its f16
+/// scales (Q4_K's and Q5_K's `d` and `dmin`, Q6_K's `d`) are near +-1.
+pub(crate) fn raw_kquant_row(ty: GgmlType, k: usize, seed: u32, sane_scales: bool) -> Vec<u8> {
+    let mut byte = raw_bytes(seed);
+    let bytes = ty.type_size();
+    (0..k / ty.block_size() * bytes)
+        .map(|i| match (ty, i % bytes) {
+            (GgmlType::Q4K | GgmlType::Q5K, 1 | 3) | (GgmlType::Q6K, 209) if sane_scales => {
+                (0x3B + byte() % 3) | (byte() & 0x80)
+            }
+            _ => byte(),
+        })
+        .collect()
+}

@@ -3,7 +3,7 @@ use crate::linear::invariant::matmul_wq_invariant_with;
 use crate::linear::prefill::matmul_wq;
 use crate::linear::qmatrix::QMatrix;
 use crate::quant::quantize_row;
-use crate::testing::signed;
+use crate::testing::{raw_bytes, raw_kquant_row, signed};
 
 fn qmatrix(ty: GgmlType, rows: usize, cols: usize) -> (QMatrix, Vec<f32>) {
     let w = signed(rows * cols, 7);
@@ -114,27 +114,6 @@ fn q4k_scale_unpacking_matches_scale_min_k4() {
             assert_eq!(got_mn, mn.map(f32::from), "mins of {packed:02x?}");
         }
     }
-}
-
-/// A Q4_K / Q5_K / Q6_K row of `k` elements of random bytes; with `sane_scales` its f16
-/// scales (Q4_K's and Q5_K's `d` and `dmin`, Q6_K's `d`) are near +-1.
-fn raw_kquant_row(ty: GgmlType, k: usize, seed: u32, sane_scales: bool) -> Vec<u8> {
-    let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
-    let mut byte = || {
-        s ^= s << 13;
-        s ^= s >> 17;
-        s ^= s << 5;
-        (s >> 8) as u8
-    };
-    let bytes = ty.type_size();
-    (0..k / ty.block_size() * bytes)
-        .map(|i| match (ty, i % bytes) {
-            (GgmlType::Q4K | GgmlType::Q5K, 1 | 3) | (GgmlType::Q6K, 209) if sane_scales => {
-                (0x3B + byte() % 3) | (byte() & 0x80)
-            }
-            _ => byte(),
-        })
-        .collect()
 }
 
 /// Q4_K / Q6_K rows of raw random bytes (every 4- and 6-bit code, every 6-bit scale and
@@ -265,13 +244,7 @@ fn every_isa_dot_matches_the_scalar_reference() {
 /// rounding of the block-by-block reference.
 #[test]
 fn small_block_dots_of_raw_blocks_match_the_scalar_reference() {
-    let mut s = 0x9e37_79b9u32;
-    let mut byte = || {
-        s ^= s << 13;
-        s ^= s >> 17;
-        s ^= s << 5;
-        (s >> 8) as u8
-    };
+    let mut byte = raw_bytes(0);
     for (ty, blocks) in [
         (GgmlType::Mxfp4, 24),
         (GgmlType::Nvfp4, 12),
@@ -412,45 +385,6 @@ fn q6_k_unpacking_matches_dequantize() {
     }
 }
 
-/// The AVX-512 unpacking of a pair of Q6_K blocks (`simd::avx512::q6_k_pair`, the GEMV's and the
-/// multi-row kernels') gives exactly the AVX2 unpacking of each block, joined (words 0..16 block
-/// `b`'s elements 0..16, words 16..32 block `b + 1`'s; then elements 16..32 alike), on raw
-/// random super-blocks (every code and signed scale) and extreme ones.
-#[test]
-fn q6_k_pair_unpacking_matches_avx2() {
-    #[cfg(target_arch = "x86_64")]
-    if Isa::detected() >= Isa::Avx512 {
-        let mut row = raw_kquant_row(GgmlType::Q6K, 256 * 64, 11, false);
-        row.extend(vec![0xFFu8; 210]);
-        row.extend(vec![0u8; 192]);
-        row.extend([0x80u8; 18]);
-        for sb in row.chunks_exact(210) {
-            for t in 0..4 {
-                let (mut got, mut want) = ([0i16; 64], [0i16; 64]);
-                // SAFETY: AVX-512 (with AVX2) checked above; `sb` is one whole 210-byte
-                // super-block holding blocks 0..8.
-                unsafe {
-                    use crate::linear::simd::{avx2, avx512};
-                    use std::arch::x86_64::*;
-                    let (lo, hi) = match t {
-                        0 => avx512::q6_k_pair::<0>(sb.as_ptr()),
-                        1 => avx512::q6_k_pair::<1>(sb.as_ptr()),
-                        2 => avx512::q6_k_pair::<2>(sb.as_ptr()),
-                        _ => avx512::q6_k_pair::<3>(sb.as_ptr()),
-                    };
-                    _mm512_storeu_si512(got.as_mut_ptr() as *mut _, lo);
-                    _mm512_storeu_si512(got.as_mut_ptr().add(32) as *mut _, hi);
-                    let ((l0, h0), (l1, h1)) = (avx2::q6_k(sb.as_ptr(), 2 * t), avx2::q6_k(sb.as_ptr(), 2 * t + 1));
-                    for (at, v) in [(0, l0), (16, l1), (32, h0), (48, h1)] {
-                        _mm256_storeu_si256(want.as_mut_ptr().add(at) as *mut __m256i, v);
-                    }
-                }
-                assert_eq!(got, want, "blocks {} and {} of {sb:02x?}", 2 * t, 2 * t + 1);
-            }
-        }
-    }
-}
-
 /// The AVX2 unpacking of a Q4_K (Q5_K) Act16 block gives its 4-bit (5-bit: the nibble and
 /// the fifth bit from `qh`) codes and [`q4_k_dm`] its `(d * sc, -(dmin * m))`: with them,
 /// `d' q + m'` is the dequantized value bit for bit (`quant::dequant` rounds `d * sc`,
@@ -584,13 +518,7 @@ fn check_act16_raw(w: &QMatrix, seed: u32) {
 /// (2^-5 .. 2^-3, either sign).
 fn raw_d_first_rows(ty: GgmlType, rows: usize, k: usize, seed: u32) -> Vec<u8> {
     let bytes = ty.type_size();
-    let mut s = 0x9e37_79b9u32 ^ seed.wrapping_mul(0x85eb_ca6b);
-    let mut byte = || {
-        s ^= s << 13;
-        s ^= s >> 17;
-        s ^= s << 5;
-        (s >> 8) as u8
-    };
+    let mut byte = raw_bytes(seed);
     (0..rows * k / 32 * bytes)
         .map(|i| if i % bytes == 1 { (0x28 + byte() % 8) | (byte() & 0x80) } else { byte() })
         .collect()

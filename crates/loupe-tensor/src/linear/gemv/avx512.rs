@@ -134,7 +134,7 @@ unsafe fn group_avx512_pairs<const R: usize, const KIND: u8>(
                 *xt = pair_acts(q.add((b8 + 2 * t) * 32));
             }
             for r in 0..R {
-                let sb = w.add(r * row_bytes + s * 210);
+                let sb = w.add(r * row_bytes + block_at(KIND, b8));
                 let pairs = [q6_k_pair::<0>(sb), q6_k_pair::<1>(sb), q6_k_pair::<2>(sb), q6_k_pair::<3>(sb)];
                 for t in 0..4 {
                     let b = b8 + 2 * t;

@@ -90,7 +90,7 @@ unsafe fn tile_pairs<const NA: usize, const KIND: u8>(
     if KIND == Q6_K {
         // A super-block per iteration, so each pair's shifts and offsets are constants.
         for s in 0..blocks / 8 {
-            let sb = w.add(s * 210);
+            let sb = w.add(block_at(KIND, 8 * s));
             pair!(8 * s, q6_k_pair::<0>(sb));
             pair!(8 * s + 2, q6_k_pair::<1>(sb));
             pair!(8 * s + 4, q6_k_pair::<2>(sb));
