@@ -324,6 +324,26 @@ pub fn teacher_forced_agreement(
     (agree, total, gen_agree, gen_total)
 }
 
+/// Argmax agreement with the goldens through the decode path: each golden sequence fed one
+/// token per step, as generation runs it (decode rows take other kernels than the
+/// teacher-forced pass's prompt rows). Returns (agreeing, total) and prints them.
+pub fn decode_path_agreement(graph: &loupe_graph::Graph, goldens: &[Golden], label: &str) -> (usize, usize) {
+    let (mut agree, mut total) = (0, 0);
+    for g in goldens {
+        let mut seq = g.prompt_tokens.clone();
+        seq.extend_from_slice(&g.tokens);
+        seq.pop();
+        let mut session = loupe_runtime::Session::new(graph, seq.len(), &Default::default());
+        for (&token, &want) in seq.iter().zip(&g.argmax) {
+            let got = loupe_runtime::argmax(session.forward(&[token], false, None).expect("decode step"));
+            total += 1;
+            agree += (got == want) as usize;
+        }
+    }
+    eprintln!("{label}: decode-path argmax agreement {agree}/{total} = {:.2}%", 100.0 * agree as f64 / total as f64);
+    (agree, total)
+}
+
 /// `loupe generate` arguments reproducing a golden's prompt.
 pub fn prompt_args(g: &Golden) -> Vec<String> {
     let mut a = vec![g.prompt.clone()];

@@ -4,7 +4,6 @@
 mod common;
 use common::*;
 use loupe_models::{LoadOptions, Precision};
-use loupe_runtime::Session;
 
 fn agreement(precision: Precision) -> (usize, usize, usize, usize) {
     agreement_with_kv(precision, None)
@@ -83,19 +82,7 @@ fn native_decode_path_argmax_agreement_at_least_99_percent() {
         },
     )
     .expect("load");
-    let (mut agree, mut total) = (0, 0);
-    for g in goldens() {
-        let mut seq = g.prompt_tokens.clone();
-        seq.extend_from_slice(&g.tokens);
-        seq.pop();
-        let mut session = Session::new(&model.graph, seq.len(), &Default::default());
-        for (&token, &want) in seq.iter().zip(&g.argmax) {
-            let got = loupe_runtime::argmax(session.forward(&[token], false, None).expect("decode step"));
-            total += 1;
-            agree += (got == want) as usize;
-        }
-    }
-    eprintln!("Native decode path: argmax agreement {agree}/{total} = {:.2}%", 100.0 * agree as f64 / total as f64);
+    let (agree, total) = decode_path_agreement(&model.graph, &goldens(), "Native");
     assert!(agree as f64 >= 0.99 * total as f64, "native decode-path agreement {agree}/{total} is below 99%");
 }
 

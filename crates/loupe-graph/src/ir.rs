@@ -322,7 +322,7 @@ pub struct Graph {
     /// scheme) instead of multiplying dequantized weights by f32 activations.
     pub quantize_activations: bool,
     /// `--precision auto`: 8-bit activation blocks for the weight types
-    /// `passes::precision::auto_takes_q8` names (Q4_K, Q5_K), 16-bit ones (native) for the others.
+    /// `passes::precision::auto_takes_q8` names (Q4_K, Q5_K; Q5_0 at AVX-512), 16-bit ones (native) for the others.
     pub q8_k_quants: bool,
     /// Element type of a single sequence's KV cache ([`crate::KvCache`]): f16 for graphs
     /// that keep quantized weights (half the bytes decode reads per cached position, as

@@ -29,6 +29,11 @@ pub enum MatmulPrecision {
     /// batched step's prompt tokens) 8-bit activations through
     /// `loupe_tensor::linear::matmul_q_prompt`.
     NativeQ8Prompt,
+    /// `--precision auto`'s Q5_0 on AVX-512 CPUs: decode rows (and every row verified or
+    /// batched with them) [`MatmulPrecision::Q8`]'s arithmetic, prompt rows native 16-bit
+    /// activations (their panels run faster than the 8-bit dot kernels, which Q5_0 has no
+    /// panels for).
+    Q8NativePrompt,
 }
 
 /// A matmul kernel: its arithmetic, the weight type it reads and the ISA whose arithmetic
@@ -49,6 +54,7 @@ impl fmt::Display for Matmul {
             MatmulPrecision::Q8 => write!(f, "matmul_q({ty}x8-bit activations,{isa})"),
             MatmulPrecision::Native => write!(f, "matmul_wq({ty},{isa})"),
             MatmulPrecision::NativeQ8Prompt => write!(f, "matmul_wq({ty},{isa};prompt rows x8-bit activations)"),
+            MatmulPrecision::Q8NativePrompt => write!(f, "matmul_q({ty}x8-bit activations,{isa};prompt rows native)"),
         }
     }
 }

@@ -21,6 +21,8 @@ enum Weights<'a> {
     Native(&'a QMatrix),
     /// Native decode rows, 8-bit prompt rows ([`MatmulPrecision::NativeQ8Prompt`]).
     NativeQ8Prompt(&'a QMatrix),
+    /// 8-bit decode rows, native prompt rows ([`MatmulPrecision::Q8NativePrompt`]).
+    Q8NativePrompt(&'a QMatrix),
 }
 
 /// The weights of `w` for kernel `m`; a kernel selected for another storage is an error
@@ -31,6 +33,7 @@ fn weights<'a>(m: &Matmul, w: &'a Weight) -> Result<Weights<'a>, TensorError> {
         (MatmulPrecision::Q8, WeightData::Quant(q)) => Ok(Weights::Q8(q)),
         (MatmulPrecision::Native, WeightData::Quant(q)) => Ok(Weights::Native(q)),
         (MatmulPrecision::NativeQ8Prompt, WeightData::Quant(q)) => Ok(Weights::NativeQ8Prompt(q)),
+        (MatmulPrecision::Q8NativePrompt, WeightData::Quant(q)) => Ok(Weights::Q8NativePrompt(q)),
         (_, data) => Err(TensorError::Shape {
             op: "linear",
             detail: format!(
@@ -77,7 +80,9 @@ pub(crate) fn matmul(
             // them, the arithmetic of the batched engine's prompt rows; decode keeps the dot's.
             Weights::Q8(q) | Weights::NativeQ8Prompt(q) if m >= 2 => matmul_q_prompt(x, q, y, m, scratch),
             Weights::Q8(q) => matmul_q(x, q, y, m, scratch),
-            Weights::Native(q) | Weights::NativeQ8Prompt(q) => matmul_wq(x, q, y, m),
+            // Q5_0's prompt rows through its 16-bit panels, its decode row at 8 bits.
+            Weights::Q8NativePrompt(q) if m == 1 => matmul_q(x, q, y, m, scratch),
+            Weights::Native(q) | Weights::NativeQ8Prompt(q) | Weights::Q8NativePrompt(q) => matmul_wq(x, q, y, m),
         };
     }
     if x.len() != m * k || y.len() != m * n {
@@ -91,9 +96,9 @@ pub(crate) fn matmul(
         // Block types: every output of matmul_q has its row's `vec_dot` bits whatever the
         // number of rows (tested in loupe-tensor's `matmul_q_outputs_are_vec_dot_bits_...`),
         // so the rows go through together and each weight tile is read once.
-        Weights::Q8(q) if q8_rows_invariant(q.ty) => matmul_q(x, q, y, m, scratch),
+        Weights::Q8(q) | Weights::Q8NativePrompt(q) if q8_rows_invariant(q.ty) => matmul_q(x, q, y, m, scratch),
         // Float weights (a GEMM from some row count on): one row at a time.
-        Weights::Q8(q) => {
+        Weights::Q8(q) | Weights::Q8NativePrompt(q) => {
             for (xr, yr) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
                 matmul_q(xr, q, yr, 1, scratch)?;
             }
@@ -196,6 +201,9 @@ fn matmul_rows(
         }
         Weights::Q8(q) if q8_rows_invariant(q.ty) => (q, matmul_q_prompt, matmul_q),
         Weights::NativeQ8Prompt(q) => (q, matmul_q_prompt, |x, q, y, m, _| matmul_wq_invariant(x, q, y, m)),
+        Weights::Q8NativePrompt(q) if q8_rows_invariant(q.ty) => {
+            (q, |x, q, y, m, _| matmul_wq_prompt(x, q, y, m), matmul_q)
+        }
         _ => return matmul(kernel, w, x, y, m, k, n, true, scratch),
     };
     if prompt.len() != m || x.len() != m * k || y.len() != m * n {

@@ -35,7 +35,7 @@ pub fn select_kernels(
         })?;
         let isa = match precision {
             MatmulPrecision::Native | MatmulPrecision::NativeQ8Prompt => native_kernel_isa(isa, ty),
-            MatmulPrecision::F32 | MatmulPrecision::Fp8 | MatmulPrecision::Q8 => isa,
+            MatmulPrecision::F32 | MatmulPrecision::Fp8 | MatmulPrecision::Q8 | MatmulPrecision::Q8NativePrompt => isa,
         };
         Ok(Matmul { precision, ty, isa })
     };
