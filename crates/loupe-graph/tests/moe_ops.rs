@@ -187,8 +187,8 @@ fn experts_follow_their_formula_in_prefill_decode_and_batched_steps() {
         let mut exec = Executor::new(&g, &DebugOptions::default());
         let mut paged = PagedKvCache::new(0, 0, 4, 4, KvDtype::F32);
         let spans = [
-            BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 5 },
-            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
+            BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 5, argmax_only: false },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3, argmax_only: false },
         ];
         let mut cap = Capture(Vec::new());
         exec.run_batch(&g, &prompt, &spans, &mut paged, Some(&mut cap)).unwrap();

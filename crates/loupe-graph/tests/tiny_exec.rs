@@ -11,7 +11,7 @@ use loupe_graph::debug::DebugOptions;
 use loupe_graph::exec::RunOptions;
 use loupe_graph::kernel::{Kernel, Matmul, MatmulPrecision};
 use loupe_graph::verify::verify;
-use loupe_graph::{Dim, Executor, Graph, GraphError, KvCache, Observer, Op, ValueId, ValueInfo};
+use loupe_graph::{Dim, Executor, Graph, GraphError, KvCache, Observer, Op, ValueId, ValueInfo, WeightData};
 use loupe_models::tiny::TinyLlama;
 use loupe_models::{load, LoadOptions, Precision};
 use loupe_tensor::quant::Isa;
@@ -490,8 +490,8 @@ fn a_soft_cap_after_lm_head_runs_on_the_logits_rows_only() {
         let batched = |graph: &Graph| {
             let mut kv = PagedKvCache::new(graph.kv_layers, graph.kv_width, 4, 8, KvDtype::F32);
             let spans = [
-                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 },
-                BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
+                BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6, argmax_only: false },
+                BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3, argmax_only: false },
             ];
             executor(graph).run_batch(graph, &PROMPT, &spans, &mut kv, None).unwrap().to_vec()
         };
@@ -578,4 +578,40 @@ fn the_executor_runs_the_selected_kernel_and_reports_one_that_does_not_fit_the_w
         other => panic!("{other:?}"),
     }
     assert!(err.to_string().contains("selected for weight model.layers.0.self_attn.q_proj.weight"), "{err}");
+}
+
+/// Spans that read their logits only for each row's argmax (`BatchSpan::argmax_only`):
+/// `lm_head` (block-quantized, native) screens them, so each row's argmax and its value
+/// are the full computation's, bit for bit, while other values may differ (the screen ran);
+/// a step where one span needs its logits, or an observer watches, computes them in full.
+#[test]
+fn argmax_only_spans_keep_every_rows_argmax() {
+    use loupe_graph::{BatchSpan, KvDtype, PagedKvCache};
+    use loupe_tensor::linear::can_screen;
+    let g = lowered(&model(Precision::Native).graph);
+    let head = g.nodes.iter().find(|n| Some(n.output) == g.logits).unwrap();
+    let Op::Linear { weight, .. } = &head.op else { panic!("the logits come from {:?}", head.op) };
+    let WeightData::Quant(q) = &g.weight(*weight).data else { panic!("lm_head is not block-quantized") };
+    assert!(can_screen(q), "the tiny lm_head ({}) cannot be screened: the test proves nothing", q.ty);
+    let run = |argmax_only: [bool; 2]| {
+        let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
+        // Verification-like spans: several logits rows each.
+        let spans = [
+            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 4, prompt_rows: 2, argmax_only: argmax_only[0] },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 3, prompt_rows: 0, argmax_only: argmax_only[1] },
+        ];
+        executor(&g).run_batch(&g, &PROMPT, &spans, &mut kv, None).unwrap().to_vec()
+    };
+    let full = run([false, false]);
+    let screened = run([true, true]);
+    let vocab = full.len() / 7;
+    let argmax = |row: &[f32]| (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+    for (r, (f, s)) in full.chunks_exact(vocab).zip(screened.chunks_exact(vocab)).enumerate() {
+        let best = argmax(f);
+        assert_eq!(argmax(s), best, "row {r}");
+        assert_eq!(s[best].to_bits(), f[best].to_bits(), "row {r}: the argmax keeps its bits");
+    }
+    assert!(full.iter().zip(&screened).any(|(a, b)| a.to_bits() != b.to_bits()), "the screen did not run");
+    // One span needs its logits: the whole step computes them in full.
+    assert!(run([true, false]).iter().zip(&full).all(|(a, b)| a.to_bits() == b.to_bits()));
 }

@@ -5,12 +5,13 @@
 //! selection says which arithmetic, the step says which form.
 
 use loupe_tensor::linear::{
-    matmul_f32, matmul_f32_invariant, matmul_q, matmul_q_prompt, matmul_wq, matmul_wq_invariant, matmul_wq_prompt,
-    q8_rows_invariant, QMatrix,
+    can_screen, matmul_f32, matmul_f32_invariant, matmul_q, matmul_q_prompt, matmul_wq, matmul_wq_invariant,
+    matmul_wq_prompt, q8_rows_invariant, screen_norms, screened_argmax_logits, QMatrix,
 };
 use loupe_tensor::ops::{add_in_place, expert_id, gelu, mul_in_place, silu};
 use loupe_tensor::TensorError;
 
+use super::step::Scratch;
 use crate::ir::{ExpertWeights, Graph, Weight, WeightData, WeightId};
 use crate::kernel::{Matmul, MatmulPrecision};
 
@@ -114,6 +115,8 @@ pub(crate) fn matmul(
 pub(crate) struct BatchRows<'a> {
     pub(crate) gather: Option<&'a [usize]>,
     pub(crate) prompt: &'a [bool],
+    /// The gathered rows are logits read only for their argmax ([`screened`]).
+    pub(crate) argmax_only: bool,
 }
 
 /// A linear node: `x_all` is its input, every token's rows; it computes `rows` rows (the
@@ -129,9 +132,9 @@ pub(crate) fn linear(
     out: &mut [f32],
     rows: usize,
     batch: Option<BatchRows<'_>>,
-    gathered: &mut Vec<f32>,
-    scratch: &mut Vec<u8>,
+    scratch: &mut Scratch,
 ) -> Result<(), TensorError> {
+    let Scratch { quant: scratch, gathered } = scratch;
     let w = graph.weight(weight);
     let (n, k) = (w.shape[0], w.shape[1]);
     match batch {
@@ -143,7 +146,7 @@ pub(crate) fn linear(
             })?;
             matmul(kernel, w, &x_all[start..], out, rows, k, n, false, scratch)?;
         }
-        Some(BatchRows { gather, prompt }) => {
+        Some(BatchRows { gather, prompt, argmax_only }) => {
             match gather {
                 // The logits' rows (one per sequence) take decode's arithmetic whatever their
                 // class: a prefill's last row through the f32 chains would dequantize the
@@ -159,7 +162,12 @@ pub(crate) fn linear(
                         })?;
                         gathered.extend_from_slice(row);
                     }
-                    matmul(kernel, w, gathered, out, rows, k, n, true, scratch)?;
+                    match screened(kernel, w, bias, argmax_only) {
+                        Some(q) => {
+                            screened_argmax_logits(gathered, q, screen_norms(q)?, out, rows, scratch)?;
+                        }
+                        None => matmul(kernel, w, gathered, out, rows, k, n, true, scratch)?,
+                    }
                 }
                 None => matmul_rows(kernel, w, x_all, out, rows, k, n, prompt, scratch)?,
             }
@@ -172,6 +180,18 @@ pub(crate) fn linear(
         }
     }
     Ok(())
+}
+
+/// The weights of a logits linear whose rows are read only for their argmax, where
+/// [`screened_argmax_logits`] gives native's argmax for less: native decode arithmetic
+/// (8-bit kernels gain nothing), a type it screens, and no bias (which would move the
+/// values it compares).
+fn screened<'a>(kernel: &Matmul, w: &'a Weight, bias: Option<WeightId>, argmax_only: bool) -> Option<&'a QMatrix> {
+    let native = matches!(kernel.precision, MatmulPrecision::Native | MatmulPrecision::NativeQ8Prompt);
+    match &w.data {
+        WeightData::Quant(q) if argmax_only && native && bias.is_none() && can_screen(q) => Some(q),
+        _ => None,
+    }
 }
 
 /// A batched step's matmul whose row `i` is a prompt token where `prompt[i]`. At `--precision

@@ -80,6 +80,13 @@ pub struct BatchSpan<'a> {
     /// decode's. A position's arithmetic then depends only on whether it is in its own
     /// sequence's prompt, never on the batch.
     pub prompt_rows: usize,
+    /// The caller reads the span's logits only for each row's argmax (greedy sampling with
+    /// no penalty, grammar mask or log-probabilities). When every span of a step with two
+    /// or more logits rows says so (and no observer watches), a block-quantized `lm_head` at
+    /// native arithmetic computes them by `loupe_tensor::linear::screened_argmax_logits`:
+    /// native's argmax, bit for bit, at 8-bit arithmetic's cost; the other values are not
+    /// native's.
+    pub argmax_only: bool,
 }
 
 /// Reusable execution state for one graph.
@@ -273,7 +280,8 @@ impl Executor {
             logit_rows.extend(row - span.logits..row);
         }
         let n_logits = logit_rows.len();
-        let mut step = StepKv::Batch { kv, spans: paged, logit_rows, prompt_rows };
+        let argmax_only = n_logits >= 2 && observer.is_none() && spans.iter().all(|s| s.logits == 0 || s.argmax_only);
+        let mut step = StepKv::Batch { kv, spans: paged, logit_rows, prompt_rows, argmax_only };
         self.run_step(graph, tokens, &mut step, context, n_logits, attn, observer)?;
         Ok(&self.logits)
     }

@@ -105,12 +105,14 @@ pub(crate) fn exec_node(
             let Some(Kernel::Linear(matmul)) = kernel else { return Err(unselected(node, kernel)) };
             let batch = match &*step {
                 StepKv::Single { .. } => None,
-                StepKv::Batch { logit_rows, prompt_rows, .. } => {
-                    Some(linear::BatchRows { gather: gathers.then_some(&logit_rows[..]), prompt: prompt_rows })
-                }
+                StepKv::Batch { logit_rows, prompt_rows, argmax_only, .. } => Some(linear::BatchRows {
+                    gather: gathers.then_some(&logit_rows[..]),
+                    prompt: prompt_rows,
+                    // Only where this node's output is the logits themselves.
+                    argmax_only: gathers && *argmax_only && graph.logits == Some(node.output),
+                }),
             };
-            let (gathered, quant) = (&mut scratch.gathered, &mut scratch.quant);
-            linear::linear(graph, matmul, *weight, *bias, slots.input(node, 0), out, rows, batch, gathered, quant)
+            linear::linear(graph, matmul, *weight, *bias, slots.input(node, 0), out, rows, batch, scratch)
         }
         Op::Rope { n_heads, table, mode } => match step {
             StepKv::Single { past, .. } => table.apply_mode_into(slots.input(node, 0), out, *n_heads, *past, *mode),

@@ -10,8 +10,15 @@ pub(crate) enum StepKv<'k, 's> {
     Single { kv: &'k mut KvCache, past: usize },
     /// Many sequences over a paged cache; `spans[i].rows` are span i's rows of the step,
     /// `logit_rows` the rows whose logits the step returns, `prompt_rows[r]` whether row `r`
-    /// is a prompt token (see `BatchSpan::prompt_rows`).
-    Batch { kv: &'k mut PagedKvCache, spans: Vec<PagedSpan<'s>>, logit_rows: Vec<usize>, prompt_rows: Vec<bool> },
+    /// is a prompt token (see `BatchSpan::prompt_rows`), `argmax_only` whether the logits
+    /// are read only for their argmax (see `BatchSpan::argmax_only`).
+    Batch {
+        kv: &'k mut PagedKvCache,
+        spans: Vec<PagedSpan<'s>>,
+        logit_rows: Vec<usize>,
+        prompt_rows: Vec<bool>,
+        argmax_only: bool,
+    },
 }
 
 impl StepKv<'_, '_> {

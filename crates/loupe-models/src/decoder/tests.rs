@@ -190,8 +190,8 @@ fn batched_engine_faults_show_only_in_batched_steps() {
         let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
         let tokens = [3u32, 14, 15, 9, 26, 5, 7, 8, 2];
         let spans = [
-            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 },
-            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
+            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6, argmax_only: false },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3, argmax_only: false },
         ];
         exec.run_batch(g, &tokens, &spans, &mut kv, None).unwrap().to_vec()
     };
@@ -220,10 +220,10 @@ fn the_spec_mask_fault_shows_only_in_verify_steps() {
         let mut exec = Executor::new(g, &Default::default());
         let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
         let prompt = [3u32, 14, 15, 9, 26];
-        let span = BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 5 };
+        let span = BatchSpan { len: 5, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 5, argmax_only: false };
         exec.run_batch(g, &prompt, &[span], &mut kv, None).unwrap();
         let next = [5u32, 7, 8];
-        let span = BatchSpan { len: 3, past: 5, blocks: &[0, 1], logits: verify, prompt_rows: 0 };
+        let span = BatchSpan { len: 3, past: 5, blocks: &[0, 1], logits: verify, prompt_rows: 0, argmax_only: false };
         exec.run_batch(g, &next, &[span], &mut kv, None).unwrap().to_vec()
     };
     assert_eq!(steps(&faulty, 1), steps(&clean, 1), "a step without drafts changed");
@@ -602,8 +602,8 @@ fn moe_batched_step_equals_single_sequences_and_lowering_changes_nothing() {
         let mut kv = PagedKvCache::new(g.kv_layers, g.kv_width, 4, 8, KvDtype::F32);
         let tokens: Vec<u32> = seqs.concat();
         let spans = [
-            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 },
-            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3 },
+            BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6, argmax_only: false },
+            BatchSpan { len: 3, past: 0, blocks: &[2], logits: 1, prompt_rows: 3, argmax_only: false },
         ];
         let batched = exec.run_batch(&g, &tokens, &spans, &mut kv, None).unwrap().to_vec();
         let vocab = batched.len() / 2;
@@ -698,7 +698,7 @@ fn moe_experts_run_quantized_weights() {
                 .run_batch(
                     &g,
                     &tokens,
-                    &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6 }],
+                    &[BatchSpan { len: 6, past: 0, blocks: &[0, 1], logits: 1, prompt_rows: 6, argmax_only: false }],
                     &mut kv,
                     None,
                 )

@@ -594,7 +594,9 @@ impl<'e> BatchEngine<'e> {
             tokens.extend_from_slice(&seq.tokens[seq.computed..seq.computed + own]);
             tokens.extend_from_slice(&seq.draft);
             let prompt_rows = seq.prompt_len.saturating_sub(seq.computed).min(n);
-            spans.push(BatchSpan { len: n, past: seq.computed, blocks: &seq.blocks, logits, prompt_rows });
+            // Greedy with nothing else reading the logits: only each row's argmax matters.
+            let argmax_only = seq.sampler.is_plain_greedy() && seq.constraint.is_none() && seq.logprobs.is_none();
+            spans.push(BatchSpan { len: n, past: seq.computed, blocks: &seq.blocks, logits, prompt_rows, argmax_only });
             if logits > 0 {
                 logit_seqs.push((i, logits));
                 logit_rows += logits;

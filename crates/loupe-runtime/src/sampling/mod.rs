@@ -164,6 +164,13 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether this sampler reads only the argmax of its logits: greedy, with no penalty
+    /// that moves a logit first.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0 && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0
+    }
+
     /// Chooses the next token from `logits` (modified in place by the penalty); `context`
     /// is every token so far (prompt and generated), for the repetition penalty.
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> u32 {

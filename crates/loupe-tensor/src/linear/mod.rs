@@ -45,6 +45,7 @@ pub mod prompt16;
 pub mod q8;
 pub mod qmatrix;
 pub mod qpanel;
+pub mod screen;
 pub(crate) mod simd;
 mod tiled;
 
@@ -62,3 +63,4 @@ pub use prompt16::{has_act16_panels, matmul_wq_prompt, matmul_wq_prompt_scalar, 
 pub use q8::{matmul_q, matmul_q_with, q8_rows_invariant};
 pub use qmatrix::QMatrix;
 pub use qpanel::{has_q8_panels, matmul_q_prompt, matmul_q_prompt_scalar, matmul_q_prompt_with};
+pub use screen::{can_screen, row_norms, screen_norms, screened_argmax_logits};

@@ -29,6 +29,9 @@ pub struct QMatrix {
     /// ([`QMatrix::apply_tensor_scale`]), as llama.cpp scales the result of an NVFP4 matmul.
     pub tensor_scale: f32,
     pub(crate) layout: Layout,
+    /// Its rows' L2 norms once a screen asked for them ([`QMatrix::screen_norms_with`]), shared
+    /// by the clones (a graph and its lowered copy).
+    screen_norms: std::sync::Arc<std::sync::OnceLock<Vec<f32>>>,
 }
 
 impl QMatrix {
@@ -55,7 +58,15 @@ impl QMatrix {
                 got: data.len(),
             });
         }
-        Ok(QMatrix { ty, rows, cols, data, tensor_scale: 1.0, layout: Layout::RowMajor })
+        Ok(QMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+            tensor_scale: 1.0,
+            layout: Layout::RowMajor,
+            screen_norms: Default::default(),
+        })
     }
 
     /// Quantizes an f32 `[rows, cols]` matrix (types [`quant::quantize_row`] supports).
@@ -95,6 +106,21 @@ impl QMatrix {
             let s = self.tensor_scale;
             y.iter_mut().for_each(|v| *v *= s);
         }
+    }
+
+    /// Its rows' L2 norms as `init` computes them (`linear::screen::screen_norms`), on first
+    /// use (one pass over the matrix), then kept: the weights do not change after loading.
+    pub(crate) fn screen_norms_with(
+        &self,
+        init: impl FnOnce(&QMatrix) -> Result<Vec<f32>, TensorError>,
+    ) -> Result<&[f32], TensorError> {
+        if let Some(norms) = self.screen_norms.get() {
+            return Ok(norms);
+        }
+        let norms = init(self)?;
+        // Another thread may have set them meanwhile: the same values.
+        let _ = self.screen_norms.set(norms);
+        Ok(self.screen_norms.get().map(Vec::as_slice).unwrap_or_default())
     }
 
     /// Bytes per row.
