@@ -24,7 +24,8 @@ pub enum PrecisionArg {
     /// guarded scales, f32 accumulation: FP8 W8A8 numerics, emulated (speed of f32).
     Fp8,
     /// The default of generate, bench, serve: blocks kept; 8-bit activation blocks for Q4_K/Q5_K
-    /// weights (and, on AVX-512 CPUs, for Q5_0 ones and the prompt rows of Q6_K ones), native arithmetic
+    /// weights (and, on AVX-512 CPUs, for the prompt rows of Q6_K ones and, without AMX, the
+    /// decode rows of Q5_0 ones), native arithmetic
     /// for the rest (>= 99% teacher-forced agreement with f32 on every model's goldens).
     Auto,
 }

@@ -44,8 +44,8 @@ pub enum Precision {
     /// The default of generate, bench and serve: blocks kept as `Native`, and per weight
     /// type the faster arithmetic whose teacher-forced argmax agreement with f32 stays at
     /// least 99% on every model's goldens: `Q8`'s 8-bit activation blocks for Q4_K and Q5_K
-    /// (and Q5_0 on AVX-512 CPUs without AMX), `Native`'s 16-bit ones for the others
-    /// (`loupe_graph::passes::precision::auto_takes_q8`).
+    /// (and for Q5_0's decode rows on AVX-512 CPUs without AMX), `Native`'s 16-bit ones for
+    /// the others (`loupe_graph::passes::precision::auto_takes_q8`, `auto_decode_q8`).
     Auto,
 }
 
