@@ -251,23 +251,27 @@ fn quantizers_identical_on_every_isa() {
 }
 
 /// `--precision q8`'s matmul gives every output the bits of `vec_dot` on its row, whatever
-/// the number of activation rows (the tiled kernels' shapes differ with it): decode and
-/// any batch agree. Every type, every ISA of this CPU; rows of random blocks.
+/// the number of activation rows (the tiled kernels' shapes differ with it: 4 x 2 tiles, and
+/// from 3 rows on AVX-512 the wide 2 x 10 tiles in balanced groups): decode and any batch
+/// agree. Every type, every ISA of this CPU; rows of random blocks; an even and an odd block
+/// count (the one-block tail).
 #[test]
 fn matmul_q_outputs_are_vec_dot_bits_for_any_row_count() {
     use loupe_tensor::linear::{matmul_q_with, QMatrix};
     let mut rng = Rng::new(11);
-    for wty in all_types() {
+    for (wty, k) in all_types().into_iter().flat_map(|ty| {
+        let k = 2 * ty.block_size().max(256);
+        [(ty, k), (ty, k + ty.block_size())]
+    }) {
         if !loupe_tensor::linear::q8_rows_invariant(wty) {
             continue; // float weights: a GEMM from some row count on, not claimed invariant
         }
-        let k = 2 * wty.block_size().max(256);
         let rows = 9;
         let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, wty, k)).collect();
         let qm = QMatrix::new(wty, rows, k, loupe_tensor::hugepages::WeightBytes::from(w.clone())).unwrap();
         let row_bytes = w.len() / rows;
         for isa in Isa::available() {
-            for m in [1usize, 2, 3, 5] {
+            for m in [1usize, 2, 3, 5, 9, 10, 11, 23] {
                 let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..m).map(|_| random_act(&mut rng, wty, k)).collect();
                 let x: Vec<f32> = acts.iter().flat_map(|(x, _)| x.iter().copied()).collect();
                 let mut y = vec![0f32; m * rows];

@@ -47,22 +47,92 @@ impl Rows<'_> {
 ///
 /// Work is split over tasks that each own a tile of weight rows (output columns)
 /// and run every activation row over it, so the tile is fetched from memory once
-/// and then served from L1/L2.
+/// and then served from L1/L2. From the wide tile's `min_ca` rows on, the activation rows
+/// are first written in its prepared layout (on the calling thread, into a buffer it keeps),
+/// and the tasks run the wide tile over them.
 pub(crate) fn run(isa: Isa, w: Rows<'_>, act: &[u8], act_row: usize, m: usize, y: &mut [f32]) {
-    let n = w.n;
     let tile = quant::tile_fn(isa, w.ty);
+    match tile.and_then(|t| t.wide).filter(|wt| m >= wt.min_ca) {
+        Some(wt) => PREPARED.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                run_tasks(isa, w, act, act_row, m, y, tile, Some(prepare(wt, w.k, act, act_row, m, &mut buf)))
+            }
+            // Re-entered on this thread (not done today): a buffer of its own.
+            Err(_) => {
+                let mut buf = Vec::new();
+                run_tasks(isa, w, act, act_row, m, y, tile, Some(prepare(wt, w.k, act, act_row, m, &mut buf)))
+            }
+        }),
+        None => run_tasks(isa, w, act, act_row, m, y, tile, None),
+    }
+}
+
+thread_local! {
+    /// The calling thread's prepared activation rows for the wide tile (grows to the largest
+    /// batch seen, then allocates nothing).
+    static PREPARED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Activation rows in a wide tile's prepared layout: the tile, the rows (64-byte aligned)
+/// and the bytes from one row to the next.
+#[derive(Clone, Copy)]
+pub(crate) struct Prepared<'a> {
+    tile: quant::WideTile,
+    rows: &'a [u8],
+    stride: usize,
+}
+
+/// Writes the `m` quantized rows of `act` in `wt`'s prepared layout into `buf`.
+fn prepare<'a>(
+    wt: quant::WideTile,
+    k: usize,
+    act: &[u8],
+    act_row: usize,
+    m: usize,
+    buf: &'a mut Vec<u8>,
+) -> Prepared<'a> {
+    let stride = (wt.row_bytes)(k);
+    let need = m * stride + 64;
+    if buf.len() < need {
+        buf.resize(need, 0);
+    }
+    let start = buf.as_ptr().align_offset(64);
+    let rows = &mut buf[start..start + m * stride];
+    for (i, dst) in rows.chunks_exact_mut(stride).enumerate() {
+        let src = &act[i * act_row..(i + 1) * act_row];
+        // SAFETY: `wt` came from `quant::tile_fn` for this CPU; `src` is one whole quantized
+        // row of `k` elements and `dst` is `row_bytes(k)` bytes.
+        unsafe { (wt.prepare)(src.as_ptr(), k, dst.as_mut_ptr()) };
+    }
+    Prepared { tile: wt, rows, stride }
+}
+
+#[allow(clippy::too_many_arguments)] // run's arguments and what it looked up
+fn run_tasks(
+    isa: Isa,
+    w: Rows<'_>,
+    act: &[u8],
+    act_row: usize,
+    m: usize,
+    y: &mut [f32],
+    tile: Option<quant::Tile>,
+    prepared: Option<Prepared<'_>>,
+) {
+    let n = w.n;
     let step = tile.map_or(1, |t| t.max_rw);
     let per_task = tile_rows(n, w.row_bytes).next_multiple_of(step);
     let tasks = n.div_ceil(per_task);
     let out = OutPtr(y.as_mut_ptr());
     let task = |t: usize| {
         let cols = t * per_task..((t + 1) * per_task).min(n);
-        match tile {
-            // SAFETY: `y` has m * n elements (checked by the callers) and is
-            // exclusively borrowed for this call; this task writes only columns in
-            // `cols`, which no other task owns.
-            Some(tk) => unsafe { task_tiled(w, act, act_row, m, cols, tk, out) },
-            None => {
+        match (tile, prepared) {
+            // SAFETY: `y` has m * n elements (checked by the callers) and is exclusively
+            // borrowed for this call; this task writes only columns in `cols`, which no other
+            // task owns; `prepared` holds the same m rows as `act`.
+            (Some(_), Some(p)) => unsafe { task_wide(w, p, m, cols, out) },
+            // SAFETY: as above.
+            (Some(tk), None) => unsafe { task_tiled(w, act, act_row, m, cols, tk, out) },
+            (None, _) => {
                 let dot = quant::vec_dot_fn(isa, w.ty);
                 for i in 0..m {
                     let a = &act[i * act_row..(i + 1) * act_row];
@@ -82,6 +152,21 @@ pub(crate) fn run(isa: Isa, w: Rows<'_>, act: &[u8], act_row: usize, m: usize, y
     }
 }
 
+/// One task of [`run`] with the wide tile: the `m` rows in balanced groups of at most
+/// `max_ca` (9 rows: one group; 11: 6 and 5), each sweeping the task's weight rows
+/// `max_rw` at a time. Every group has at least `min_ca` rows when `m` does (`max_ca >= 2 *
+/// min_ca - 1`).
+///
+/// # Safety
+/// As [`task_tiled`]; `p` holds `m` prepared rows.
+unsafe fn task_wide(w: Rows<'_>, p: Prepared<'_>, m: usize, cols: std::ops::Range<usize>, out: OutPtr) {
+    let wt = p.tile;
+    let groups = m.div_ceil(wt.max_ca);
+    let sizes = (0..groups).map(|g| m / groups + usize::from(g < m % groups));
+    // SAFETY: the caller's contract; the groups cover 0..m with min_ca..=max_ca rows each.
+    unsafe { sweep(wt.f, wt.max_rw, w, p.rows, p.stride, sizes, cols, out) }
+}
+
 /// One task of [`run`] with the register-tiled microkernel: blocks of `max_ca`
 /// activation rows sweep the task's weight rows `max_rw` at a time.
 ///
@@ -97,27 +182,51 @@ pub(crate) unsafe fn task_tiled(
     t: quant::Tile,
     out: OutPtr,
 ) {
+    let sizes = (0..m.div_ceil(t.max_ca)).map(|g| t.max_ca.min(m - g * t.max_ca));
+    // SAFETY: the caller's contract; the groups cover 0..m with 1..=max_ca rows each.
+    unsafe { sweep(t.f, t.max_rw, w, act, act_row, sizes, cols, out) }
+}
+
+/// Runs `f` over groups of activation rows (of the sizes `sizes` gives, in order from row
+/// 0, each within the tile's limits), each group sweeping weight rows `cols` `max_rw` at a
+/// time.
+///
+/// # Safety
+/// `out` points to `y[m, w.n]` with `m` the sum of `sizes`; `act` holds those rows, `stride`
+/// bytes apart, in the layout `f` reads; no one else reads or writes columns `cols` of `y`.
+#[allow(clippy::too_many_arguments)] // a tile call's operands
+unsafe fn sweep(
+    f: quant::TileFn,
+    max_rw: usize,
+    w: Rows<'_>,
+    act: &[u8],
+    stride: usize,
+    sizes: impl Iterator<Item = usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+) {
     let mut i = 0;
-    while i < m {
-        let na = t.max_ca.min(m - i);
+    for na in sizes {
         let mut j = cols.start;
         while j < cols.end {
-            let nw = t.max_rw.min(cols.end - j);
-            // SAFETY (TileFn contract): 1 <= nw <= max_rw, 1 <= na <= max_ca; rows
-            // j..j + nw <= n of `w` and i..i + na <= m of `act` are in bounds (the
-            // slices' lengths were checked by the callers); outputs
-            // (i + c) * n + j + r are in `y` and in this task's columns.
-            (t.f)(
-                w.data.as_ptr().add(j * w.row_bytes),
-                w.row_bytes,
-                nw,
-                act.as_ptr().add(i * act_row),
-                act_row,
-                na,
-                w.k,
-                out.get().add(i * w.n + j),
-                w.n,
-            );
+            let nw = max_rw.min(cols.end - j);
+            // SAFETY (TileFn contract): 1 <= nw <= max_rw and na within the tile's limits;
+            // rows j..j + nw <= n of `w` and i..i + na <= m of `act` are in bounds (the
+            // slices' lengths were checked by the callers); outputs (i + c) * n + j + r are
+            // in `y` and in this task's columns.
+            unsafe {
+                f(
+                    w.data.as_ptr().add(j * w.row_bytes),
+                    w.row_bytes,
+                    nw,
+                    act.as_ptr().add(i * stride),
+                    stride,
+                    na,
+                    w.k,
+                    out.get().add(i * w.n + j),
+                    w.n,
+                )
+            };
             j += nw;
         }
         i += na;

@@ -34,7 +34,7 @@ use super::TileFn;
 /// 612 for Q8_0 at k = 576), and reading four of them side by side splits the sequential
 /// stream into short ones the hardware prefetcher barely trains on. Eight tiles ahead
 /// (BENCHMARKS.md, "Prefetching weights into L2").
-const PREFETCH_TILES: usize = 8;
+pub(super) const PREFETCH_TILES: usize = 8;
 
 /// Largest tile: weight rows x activation rows.
 pub(super) const MAX_RW: usize = 4;
@@ -52,7 +52,7 @@ pub(super) fn tile_fn(ty: GgmlType) -> Option<TileFn> {
 }
 
 /// A block format paired with its activation format.
-trait Fmt {
+pub(super) trait Fmt {
     /// Bytes per weight / activation block.
     const WS: usize;
     const AS: usize;
@@ -82,7 +82,7 @@ unsafe fn rd_u32(p: *const u8) -> i32 {
 /// The same shape serves activations: `[d0, s0, d1, s1]`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn head(p0: *const u8, p1: *const u8, has_min: bool) -> __m128 {
+pub(super) unsafe fn head(p0: *const u8, p1: *const u8, has_min: bool) -> __m128 {
     let h =
         if has_min { _mm_set_epi32(0, 0, rd_u32(p1), rd_u32(p0)) } else { _mm_set_epi32(0, 0, rd_u16(p1), rd_u16(p0)) };
     _mm_cvtph_ps(h)
@@ -91,7 +91,7 @@ unsafe fn head(p0: *const u8, p1: *const u8, has_min: bool) -> __m128 {
 /// Lanes 0-7 <- lane 0 of `v`, lanes 8-15 <- lane 2: the per-block scale of a pair.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn spread(v: __m128) -> __m512 {
+pub(super) unsafe fn spread(v: __m128) -> __m512 {
     let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v))
 }
@@ -108,7 +108,7 @@ unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn load2x32(p0: *const u8, p1: *const u8) -> __m512i {
+pub(super) unsafe fn load2x32(p0: *const u8, p1: *const u8) -> __m512i {
     let lo = _mm256_loadu_si256(p0.cast());
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(p1.cast()), 1)
 }
@@ -122,11 +122,11 @@ unsafe fn q5_codes(x0: *const u8, x1: *const u8, qh_off: usize) -> __m512i {
     _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16))
 }
 
-struct Q4_0;
-struct Q4_1;
-struct Q5_0;
-struct Q5_1;
-struct Q8_0;
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+pub(super) struct Q8_0;
 
 impl Fmt for Q4_0 {
     const WS: usize = 18;

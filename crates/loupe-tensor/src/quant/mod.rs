@@ -9,13 +9,13 @@
 //! Every dot kernel has a scalar reference (`scalar.rs`); AVX2 (`avx2.rs`) and
 //! AVX-512 VNNI (`avx512.rs`) versions are picked at run time by [`Isa::active`]
 //! and tested against the reference over every ISA this CPU has. Matmul uses
-//! register-tiled variants (`avx512_tile.rs`, `avx512_ftile.rs`, `avx512_ktile.rs`: several weight
+//! register-tiled variants (`avx512_tile.rs`, `avx512_wide.rs`, `avx512_ftile.rs`, `avx512_ktile.rs`: several weight
 //! rows x several activation rows per call) where they exist.
 //!
 //! | weight | activations | scalar | AVX2 | AVX-512 | AVX-512 tile |
 //! | --- | --- | --- | --- | --- | --- |
 //! | F32, F16, BF16 | F32 | yes | yes | yes | 4 x 4 |
-//! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes (VNNI) | 4 x 2 |
+//! | Q4_0, Q5_0, Q8_0 | Q8_0 | yes | yes | yes (VNNI) | 4 x 2, 2 x 10 (same bits) |
 //! | Q4_1, Q5_1 | Q8_1 | yes | yes | yes (VNNI) | 4 x 2 |
 //! | Q8_1 | Q8_1 | yes | - | - | - |
 //! | Q4_K, Q6_K | Q8_K | yes | yes (lanes; 1 x 4 tiles) | (AVX2) | 4 x 2, 1 x 8 (lanes, same bits) |
@@ -76,6 +76,8 @@ mod avx512_ftile;
 mod avx512_ktile;
 #[cfg(target_arch = "x86_64")]
 mod avx512_tile;
+#[cfg(target_arch = "x86_64")]
+mod avx512_wide;
 
 #[cfg(target_endian = "big")]
 compile_error!("loupe reads GGML blocks in place as little-endian; big-endian targets are unsupported");
@@ -490,6 +492,13 @@ pub(crate) type TileFn = unsafe fn(
     out_stride: usize,
 );
 
+/// Writes one quantized activation row of `k` elements (at the first pointer) in a wide
+/// tile's prepared layout (at the second, [`WideTile::row_bytes`] bytes).
+///
+/// # Safety
+/// The CPU supports the tile's ISA; both pointers are valid for those lengths.
+pub(crate) type PrepareFn = unsafe fn(*const u8, usize, *mut u8);
+
 /// A [`TileFn`] with its largest tile.
 #[derive(Clone, Copy)]
 pub(crate) struct Tile {
@@ -500,6 +509,23 @@ pub(crate) struct Tile {
     /// the kernel reads, in place, once per matmul before any tile runs; `None` when it
     /// reads them as quantized.
     pub arrange: Option<fn(&mut [u8])>,
+    /// A tile for many activation rows, with the same bits per output, where one exists.
+    pub wide: Option<WideTile>,
+}
+
+/// A wide tile (`avx512_wide`): `max_rw` weight rows x `min_ca..=max_ca` activation rows
+/// per call, reading activation rows that [`WideTile::prepare`] wrote once per matmul. Each
+/// output has the bits [`Tile::f`] gives it.
+#[derive(Clone, Copy)]
+pub(crate) struct WideTile {
+    /// A [`TileFn`] whose `a` rows are prepared rows, `a_stride` apart (64-byte aligned).
+    pub f: TileFn,
+    pub max_rw: usize,
+    pub min_ca: usize,
+    pub max_ca: usize,
+    /// Bytes of one prepared row of `k` elements (a multiple of 64).
+    pub row_bytes: fn(usize) -> usize,
+    pub prepare: PrepareFn,
 }
 
 /// The tiled kernel for weights of type `wty` at ISA level `isa`, where one exists
@@ -516,19 +542,34 @@ pub(crate) fn tile_fn(isa: Isa, wty: GgmlType) -> Option<Tile> {
     if isa >= Isa::Avx512 {
         if let Some(f) = avx512_ktile::tile_fn(wty) {
             let arrange = avx512_ktile::arrange_fn(wty);
-            return Some(Tile { f, max_rw: avx512_ktile::MAX_RW, max_ca: avx512_ktile::MAX_CA, arrange });
+            return Some(Tile { f, max_rw: avx512_ktile::MAX_RW, max_ca: avx512_ktile::MAX_CA, arrange, wide: None });
         }
         if let Some(f) = avx512_tile::tile_fn(wty) {
-            return Some(Tile { f, max_rw: avx512_tile::MAX_RW, max_ca: avx512_tile::MAX_CA, arrange: None });
+            let wide = avx512_wide::tile_fn(wty).map(|(f, prepare)| WideTile {
+                f,
+                max_rw: avx512_wide::MAX_RW,
+                min_ca: avx512_wide::MIN_CA,
+                max_ca: avx512_wide::MAX_CA,
+                row_bytes: avx512_wide::row_bytes,
+                prepare,
+            });
+            return Some(Tile { f, max_rw: avx512_tile::MAX_RW, max_ca: avx512_tile::MAX_CA, arrange: None, wide });
         }
         if let Some(f) = avx512_ftile::tile_fn(wty) {
-            return Some(Tile { f, max_rw: avx512_ftile::MAX_RW, max_ca: avx512_ftile::MAX_CA, arrange: None });
+            let (max_rw, max_ca) = (avx512_ftile::MAX_RW, avx512_ftile::MAX_CA);
+            return Some(Tile { f, max_rw, max_ca, arrange: None, wide: None });
         }
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         if let Some(f) = avx2_klanes::tile_fn(wty) {
-            return Some(Tile { f, max_rw: avx2_klanes::MAX_RW, max_ca: avx2_klanes::MAX_CA, arrange: None });
+            return Some(Tile {
+                f,
+                max_rw: avx2_klanes::MAX_RW,
+                max_ca: avx2_klanes::MAX_CA,
+                arrange: None,
+                wide: None,
+            });
         }
     }
     let _ = wty;

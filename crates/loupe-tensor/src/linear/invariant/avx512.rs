@@ -35,7 +35,10 @@ pub(crate) unsafe fn act16_rows(
     pairs: bool,
 ) {
     let (m, k) = (act.m, act.k);
-    let chunk = if m * k * 2 <= ACT_L1_BYTES { m } else { CHUNK_ROWS };
+    // Up to MAX_TILE_ROWS rows go in one chunk even past L1: a weight row unpacked once for
+    // all of them (a verification step's ~9 rows) beats two passes, the rows streaming from
+    // L2 (Q6_K's 4864-wide down_proj at 9 rows: BENCHMARKS.md, "Wide 8-bit tiles").
+    let chunk = if m * k * 2 <= ACT_L1_BYTES || m <= LANES { m } else { CHUNK_ROWS };
     for c0 in (0..m).step_by(chunk) {
         let c1 = (c0 + chunk).min(m);
         for j in rows.clone() {
@@ -157,14 +160,25 @@ unsafe fn chunk_rows<const PAIRS: bool>(
     prepare(row, kind, act, i_rows.clone(), p.as_mut_ptr(), off.as_mut_ptr());
     let (pp, y) = (p.as_ptr(), out.get().add(j));
     let (mut i, m) = (i_rows.start, i_rows.end);
+    // Tiles of at most MAX_TILE_ROWS rows, balanced within each group of LANES rows (a tile
+    // reads its rows' products from one group's lanes): 9 rows, one tile; 16, two of 8; 13,
+    // 7 and 6.
+    let (mut seg_end, mut left) = (i, 0);
     while i < m {
-        let na = (m - i).min(8);
+        if i == seg_end {
+            seg_end = ((i / LANES + 1) * LANES).min(m);
+            left = (seg_end - i).div_ceil(MAX_TILE_ROWS);
+        }
+        let na = (seg_end - i).div_ceil(left);
+        left -= 1;
         let (q, pi, yi) = (act.q.as_ptr().add(i * k), pp.add(lane_at(i, 0, blocks)), y.add(i * n));
         // Q8_0, Q5_0, Q6_K and Q4_0 add no offset (a null `off`, see `store`); Q4_1, Q4_K and Q5_K do.
         let o = if offset { off.as_ptr().add(i) } else { std::ptr::null() };
         macro_rules! run {
             ($tile:ident $(, $kind:ident)?) => {
                 match na {
+                    10 => store($tile::<10 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
+                    9 => store($tile::<9 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
                     8 => store($tile::<8 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
                     7 => store($tile::<7 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
                     6 => store($tile::<6 $(, $kind)?>(row, blocks, q, k, pi), yi, n, o),
@@ -189,6 +203,10 @@ unsafe fn chunk_rows<const PAIRS: bool>(
         i += na;
     }
 }
+
+/// Most activation rows one tile takes (the accumulators and a weight pair fit the 32
+/// vector registers).
+const MAX_TILE_ROWS: usize = 10;
 
 /// Writes `r[a] (+ off[a])` to `y[a * n]`. Q8_0 and Q5_0 pass a null `off`: the
 /// single-row kernel adds no offset term, and adding 0.0 would turn a -0.0 into +0.0.

@@ -16,7 +16,7 @@ fn acts(m: usize, k: usize, seed: u32) -> Vec<f32> {
     x
 }
 
-const MS: [usize; 10] = [1, 2, 3, 4, 5, 7, 8, 13, 32, 33];
+const MS: [usize; 13] = [1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 13, 32, 33];
 
 /// (type, n, k) cases: odd block counts (the even/odd accumulator tail), SmolLM2's
 /// widths, a K type, f32 with k not a multiple of the vector width, and a Q4_1 row
