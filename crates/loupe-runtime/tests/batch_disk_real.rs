@@ -7,22 +7,15 @@
 //! Ignored by default; scripts/test fetches the model (`scripts/fetch-model gemma3-270m`)
 //! and runs it with `--include-ignored`. Without the model it fails, naming how to get it.
 
+mod common;
+
 use std::path::PathBuf;
 
 use loupe_runtime::{BatchConfig, BatchEngine, DiskCacheConfig, Engine, LoadOptions, SamplingParams, SeqRequest};
 
 /// Gemma 3 270M: `$LOUPE_GEMMA_MODEL`, else where `scripts/fetch-model gemma3-270m` puts it.
 fn gemma_model() -> PathBuf {
-    let path = match std::env::var_os("LOUPE_GEMMA_MODEL").filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => loupe_models::cache_dir().join("models").join("gemma-3-270m-q4_k_m.gguf"),
-    };
-    assert!(
-        path.is_file(),
-        "needs Gemma 3 270M at {} (missing): run scripts/fetch-model gemma3-270m or set LOUPE_GEMMA_MODEL",
-        path.display()
-    );
-    path
+    common::real_gguf("LOUPE_GEMMA_MODEL", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m")
 }
 
 /// The golden prompt longer than `min` tokens (tests/golden/gemma3-270m).

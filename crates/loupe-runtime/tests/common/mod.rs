@@ -5,6 +5,7 @@ use std::path::PathBuf;
 /// The tiny model of `spec` under the target's temporary folder, named by its bytes' hash
 /// (written once, atomically, shared by concurrent test binaries and by the tests of one
 /// binary, which run on parallel threads: each writer has a temporary name of its own).
+#[allow(dead_code)] // not every test binary that shares this module uses it
 pub fn tiny_file(spec: &loupe_models::tiny::TinyLlama) -> PathBuf {
     let bytes = loupe_models::tiny::tiny_llama_gguf_bytes(spec).expect("building the tiny model");
     let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
@@ -17,5 +18,22 @@ pub fn tiny_file(spec: &loupe_models::tiny::TinyLlama) -> PathBuf {
         std::fs::write(&tmp, &bytes).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
     }
+    path
+}
+
+/// A real model the tests use (fetched by `scripts/test`): `$env_var` when set, else
+/// `file` where `scripts/fetch-model fetch_name` puts it; a missing file fails with one line
+/// saying how to get it.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn real_gguf(env_var: &str, file: &str, fetch_name: &str) -> PathBuf {
+    let path = match std::env::var_os(env_var).filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => loupe_models::cache_dir().join("models").join(file),
+    };
+    assert!(
+        path.is_file(),
+        "needs {file} at {} (missing): run scripts/fetch-model {fetch_name} or set {env_var}",
+        path.display()
+    );
     path
 }
