@@ -17,7 +17,7 @@ use crate::pool::OutPtr;
 ///
 /// `pairs`: the types that take the AVX2 arithmetic at AVX-512 (`super::avx2_kernels_at`),
 /// Q4_1 on AMX CPUs, Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K, bit for bit `super::avx2::act16_rows` (and so the decode
-/// dot) with half its vector instructions per block and 8 activation rows per weight row
+/// dot) with half its vector instructions per block and up to 10 activation rows per weight row
 /// instead of 4 ([`tile_pairs`]). [`prepare`] computes the same f32 products and
 /// block-ordered offset sums as the AVX2 one.
 ///

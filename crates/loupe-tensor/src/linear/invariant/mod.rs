@@ -15,7 +15,7 @@
 //! **How it stays fast.** For Q4_1 and Q8_0 (SmolLM2's types), Q5_0 (most of
 //! Qwen2.5-0.5B's), Q6_K, Q4_K, Q4_0 and Q5_K each activation row is quantized row-locally to 16-bit blocks ([`Act16`], exactly as the single-row decode
 //! does), and multi-row kernels unpack each weight block once and `vpmaddwd` it against
-//! up to 8 (AVX-512; Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K take the AVX2 arithmetic in every path on
+//! up to 10 (AVX-512; Q5_0, Q6_K, Q4_K, Q4_0 and Q5_K take the AVX2 arithmetic in every path on
 //! AVX-512 machines, two blocks per 512-bit vector) or 4 (AVX2) activation rows, each row keeping its own accumulators
 //! in exactly the order of the single-row kernel ([`crate::linear::dot_row_act16`]). The
 //! per-block scale products `d_w * scale_x` and the Q4_1 offset sums `sum_b m_w * sum(x_b)`

@@ -12,7 +12,8 @@ pub(crate) const LANES: usize = 16;
 /// 36 KiB, measured faster unchunked) stay in L1 (48 KiB on Sapphire Rapids) while every
 /// weight row of a band passes over all of them; past it (SmolLM2's FFN down projection,
 /// k = 1536, at m = 32 is 96 KiB) the rows are taken [`CHUNK_ROWS`] at a time and the
-/// band's weight rows (in L2) pass over each chunk instead.
+/// band's weight rows (in L2) pass over each chunk instead. (The AVX-512 kernels keep up to 16
+/// rows in one chunk whatever their size: see `avx512::act16_rows`.)
 pub(crate) const ACT_L1_BYTES: usize = 40 << 10;
 
 /// Activation rows per chunk when they do not all fit in L1 (one AVX-512 tile).
