@@ -1,15 +1,17 @@
-//! Speculative decoding (prompt lookup) on Qwen2.5-Coder-0.5B and Gemma 3 270M under the
-//! default precision (`auto`, whose verification rows run the 8-bit wide tiles on AVX-512
-//! CPUs and the native multi-row kernels elsewhere): every golden's greedy tokens, and those
-//! of a code edit that drafts long accepted runs, are the same with and without speculation,
-//! each alone and all among 16-way concurrency, with their log-probabilities bit for bit.
+//! Speculative decoding on Qwen2.5-Coder-0.5B and Gemma 3 270M under the default precision
+//! (`auto`, whose verification rows run the 8-bit wide tiles on AVX-512 CPUs and the native
+//! multi-row kernels elsewhere), with both drafters (prompt lookup, and a draft model: the
+//! same file at 8-bit activations): every golden's greedy tokens, and those of a code edit
+//! that drafts long accepted runs, are the same with and without speculation, each alone
+//! (with their log-probabilities bit for bit) and all among 16-way concurrency.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
 use loupe_runtime::{
-    BatchConfig, BatchEngine, Engine, LoadOptions, Prompt, SamplingParams, SeqEvent, SeqId, SeqRequest,
+    BatchConfig, BatchEngine, DraftModel, Drafter, Engine, LoadOptions, Prompt, SamplingParams, SeqEvent, SeqId,
+    SeqRequest, SpeculationConfig,
 };
 
 /// A golden's prompt, length and stop ids (tests/golden/<model>/*.json).
@@ -94,32 +96,55 @@ fn check(model: PathBuf, golden_dir: &str) {
         .iter()
         .map(|r| run(&mut BatchEngine::new(&engine, plain.clone()).unwrap(), std::slice::from_ref(r)).remove(0))
         .collect();
-    let spec = BatchConfig { speculation: Some(loupe_runtime::SpeculationConfig::default()), ..BatchConfig::default() };
-    for (k, (r, w)) in with_lp.iter().zip(&want).enumerate() {
-        let mut b = BatchEngine::new(&engine, BatchConfig { prefix_cache: false, ..spec.clone() }).unwrap();
-        let got = run(&mut b, std::slice::from_ref(r)).remove(0);
-        assert_eq!(&got, w, "{golden_dir}: request {k} alone, with speculation: (token, log-prob bits)");
-    }
-    for (reqs, what) in [(&with_lp, "with log-probs"), (&greedy, "greedy")] {
-        let mut b = BatchEngine::new(&engine, spec.clone()).unwrap();
-        let sixteen: Vec<SeqRequest> = (0..16).map(|k| reqs[k % reqs.len()].clone()).collect();
-        let got = run(&mut b, &sixteen);
-        for (k, g) in got.iter().enumerate() {
-            let w = &want[k % reqs.len()];
-            if what == "greedy" {
-                let tokens = |v: &[(u32, u32)]| v.iter().map(|p| p.0).collect::<Vec<u32>>();
-                assert_eq!(tokens(g), tokens(w), "{golden_dir}: request {k} among 16, {what}, with speculation");
-            } else {
-                assert_eq!(g, w, "{golden_dir}: request {k} among 16, {what}, with speculation");
-            }
+    // The draft model: the same file at `--precision q8` (`--draft-precision`'s default), whose
+    // greedy choices differ from the target's now and then, so drafts are rejected too.
+    let draft_options = LoadOptions { precision: loupe_models::Precision::Q8, ..LoadOptions::default() };
+    let draft = DraftModel::new(Engine::load(&model, draft_options).expect("loading the draft model"));
+    let drafters = [
+        ("prompt lookup", SpeculationConfig::default()),
+        (
+            "a draft model",
+            SpeculationConfig { drafter: Drafter::Model(draft), max_draft: Drafter::default_max_draft(false) },
+        ),
+    ];
+    for (drafter, config) in drafters {
+        let spec = BatchConfig { speculation: Some(config), ..BatchConfig::default() };
+        for (k, (r, w)) in with_lp.iter().zip(&want).enumerate() {
+            let mut b = BatchEngine::new(&engine, BatchConfig { prefix_cache: false, ..spec.clone() }).unwrap();
+            let got = run(&mut b, std::slice::from_ref(r)).remove(0);
+            assert_eq!(&got, w, "{golden_dir}: request {k} alone, with {drafter}: (token, log-prob bits)");
         }
-        let s = b.stats().spec;
-        eprintln!(
-            "{golden_dir} among 16, {what}: {s:?}, acceptance {:.2}, {:.2} tokens per verification",
-            s.acceptance_rate(),
-            s.tokens_per_verify_step()
-        );
-        assert!(s.tokens_per_verify_step() > 3.0, "{golden_dir}: the code edit should verify long runs: {s:?}");
+        // Among 16: greedy (the screened lm_head), and with log-probs for prompt lookup (a
+        // draft model's passes run one sequence at a time, so once is enough there).
+        let runs: &[(&Vec<SeqRequest>, &str)] = if drafter == "prompt lookup" {
+            &[(&with_lp, "with log-probs"), (&greedy, "greedy")]
+        } else {
+            &[(&greedy, "greedy")]
+        };
+        for &(reqs, what) in runs {
+            let mut b = BatchEngine::new(&engine, spec.clone()).unwrap();
+            let sixteen: Vec<SeqRequest> = (0..16).map(|k| reqs[k % reqs.len()].clone()).collect();
+            let got = run(&mut b, &sixteen);
+            for (k, g) in got.iter().enumerate() {
+                let w = &want[k % reqs.len()];
+                if what == "greedy" {
+                    let tokens = |v: &[(u32, u32)]| v.iter().map(|p| p.0).collect::<Vec<u32>>();
+                    assert_eq!(tokens(g), tokens(w), "{golden_dir}: request {k} among 16, {what}, with {drafter}");
+                } else {
+                    assert_eq!(g, w, "{golden_dir}: request {k} among 16, {what}, with {drafter}");
+                }
+            }
+            let s = b.stats().spec;
+            eprintln!(
+                "{golden_dir} among 16, {what}, {drafter}: {s:?}, acceptance {:.2}, {:.2} tokens per verification",
+                s.acceptance_rate(),
+                s.tokens_per_verify_step()
+            );
+            assert!(
+                s.tokens_per_verify_step() > 3.0,
+                "{golden_dir}, {drafter}: drafts should be accepted in runs: {s:?}"
+            );
+        }
     }
 }
 
