@@ -252,7 +252,8 @@ fn quantizers_identical_on_every_isa() {
 
 /// `--precision q8`'s matmul gives every output the bits of `vec_dot` on its row, whatever
 /// the number of activation rows (the tiled kernels' shapes differ with it: 4 x 2 tiles, and
-/// from 3 rows on AVX-512 the wide 2 x 10 tiles in balanced groups): decode and any batch
+/// from 3 rows on AVX-512 the wide 2 x 10 tiles in balanced groups, prepared 64 rows at most
+/// at a time): decode and any batch
 /// agree. Every type, every ISA of this CPU; rows of random blocks; an even and an odd block
 /// count (the one-block tail).
 #[test]
@@ -271,7 +272,7 @@ fn matmul_q_outputs_are_vec_dot_bits_for_any_row_count() {
         let qm = QMatrix::new(wty, rows, k, loupe_tensor::hugepages::WeightBytes::from(w.clone())).unwrap();
         let row_bytes = w.len() / rows;
         for isa in Isa::available() {
-            for m in [1usize, 2, 3, 5, 9, 10, 11, 23] {
+            for m in [1usize, 2, 3, 5, 9, 10, 11, 23, 130] {
                 let acts: Vec<(Vec<f32>, Vec<u8>)> = (0..m).map(|_| random_act(&mut rng, wty, k)).collect();
                 let x: Vec<f32> = acts.iter().flat_map(|(x, _)| x.iter().copied()).collect();
                 let mut y = vec![0f32; m * rows];
