@@ -81,7 +81,7 @@ const PREPARED_ROWS: usize = 64;
 
 thread_local! {
     /// The calling thread's prepared activation rows for the wide tile (grows to the largest
-    /// batch seen, then allocates nothing).
+    /// chunk seen, at most [`PREPARED_ROWS`] rows, then allocates nothing).
     static PREPARED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
