@@ -20,19 +20,11 @@ fn gemma_model() -> PathBuf {
 
 /// The golden prompt longer than `min` tokens (tests/golden/gemma3-270m).
 fn long_prompt(min: usize) -> Vec<u32> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/gemma3-270m");
-    let mut best: Vec<u32> = Vec::new();
-    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let ids: Vec<u32> = v["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-        if ids.len() > best.len() {
-            best = ids;
-        }
-    }
+    let best = common::golden_files("gemma3-270m")
+        .iter()
+        .map(|v| common::ids(&v["prompt_tokens"]))
+        .max_by_key(Vec::len)
+        .unwrap_or_default();
     assert!(best.len() > min, "no Gemma 3 golden prompt is longer than {min} tokens (longest: {})", best.len());
     best
 }

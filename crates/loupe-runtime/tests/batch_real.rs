@@ -4,7 +4,7 @@
 //! prompt served from the prefix cache, and under a KV budget that forces preemption —
 //! greedy and seeded sampling.
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use loupe_runtime::{BatchConfig, BatchEngine, Engine, LoadOptions, Prompt, SamplingParams, SeqRequest};
 
@@ -28,27 +28,16 @@ struct Golden {
 }
 
 fn goldens() -> Vec<Golden> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-q4_1");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    let ids =
-        |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
-    files
+    use common::ids;
+    common::golden_files("smollm2-q4_1")
         .iter()
-        .map(|f| {
-            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
-            Golden {
-                name: v["name"].as_str().unwrap().to_string(),
-                prompt: v["prompt"].as_str().unwrap().to_string(),
-                prompt_tokens: ids(&v["prompt_tokens"]),
-                max_tokens: v["max_tokens"].as_u64().unwrap() as usize,
-                eos: ids(&v["eos_token_ids"]),
-                tokens: ids(&v["tokens"]),
-            }
+        .map(|v| Golden {
+            name: v["name"].as_str().unwrap().to_string(),
+            prompt: v["prompt"].as_str().unwrap().to_string(),
+            prompt_tokens: ids(&v["prompt_tokens"]),
+            max_tokens: v["max_tokens"].as_u64().unwrap() as usize,
+            eos: ids(&v["eos_token_ids"]),
+            tokens: ids(&v["tokens"]),
         })
         .collect()
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use loupe_runtime::{
     BatchConfig, BatchEngine, DraftModel, Drafter, Engine, LoadOptions, Prompt, SamplingParams, SeqEvent, SeqId,
@@ -16,22 +16,11 @@ use loupe_runtime::{
 
 /// A golden's prompt, length and stop ids (tests/golden/<model>/*.json).
 fn golden_requests(dir: &str) -> Vec<SeqRequest> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(dir);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    let ids =
-        |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
-    files
-        .iter()
-        .map(|f| {
-            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
-            request(ids(&v["prompt_tokens"]), v["max_tokens"].as_u64().unwrap() as usize, ids(&v["eos_token_ids"]))
-        })
-        .collect()
+    use common::ids;
+    let request_of = |v: &serde_json::Value| {
+        request(ids(&v["prompt_tokens"]), v["max_tokens"].as_u64().unwrap() as usize, ids(&v["eos_token_ids"]))
+    };
+    common::golden_files(dir).iter().map(request_of).collect()
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize, stop_ids: Vec<u32>) -> SeqRequest {

@@ -37,3 +37,22 @@ pub fn real_gguf(env_var: &str, file: &str, fetch_name: &str) -> PathBuf {
     );
     path
 }
+
+/// The golden files of one model (`tests/golden/<model>/*.json`), parsed, in file-name order.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn golden_files(model: &str) -> Vec<serde_json::Value> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(model);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files.iter().map(|f| serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap()).collect()
+}
+
+/// A golden's array of token ids (`prompt_tokens`, `tokens`, `eos_token_ids`).
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
